@@ -1,0 +1,46 @@
+"""Typed errors for caller mistakes and broken invariants. Lost races are outcomes, not errors."""
+
+from __future__ import annotations
+
+
+class RunfleetError(Exception):
+    """Base of every error runfleet raises on purpose."""
+
+
+class InvalidInput(RunfleetError, ValueError):
+    """A caller passed a value the store refuses; nothing was written."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"invalid {field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+class ExecutionIdentityConflict(RunfleetError):
+    """An execution id was reused with a different identity; names the first differing field."""
+
+    def __init__(self, run_id: str, field: str, existing: object, attempted: object) -> None:
+        super().__init__(
+            f"run {run_id!r} already exists with a different {field}: "
+            f"existing={existing!r} attempted={attempted!r}"
+        )
+        self.run_id = run_id
+        self.field = field
+        self.existing = existing
+        self.attempted = attempted
+
+
+class FlowCycleDetected(RunfleetError):
+    """Recording a parent edge would close a cycle; the transaction left no trace."""
+
+    def __init__(self, path: list[str]) -> None:
+        super().__init__("run DAG cycle: " + " -> ".join(path))
+        self.path = path
+
+
+class JournalConflict(RunfleetError):
+    """A fenced journal record collided with a different record at the same address."""
+
+
+class StoreUnavailable(RunfleetError):
+    """The database could not be reached; the caller should retry with backoff."""

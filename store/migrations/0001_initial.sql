@@ -1,0 +1,118 @@
+-- runfleet schema v1: runs, journal, run DAG, steps/attempts, deferreds, clocks.
+-- All times are epoch milliseconds from the database clock (runfleet.now_ms()).
+
+CREATE SCHEMA IF NOT EXISTS runfleet;
+
+CREATE OR REPLACE FUNCTION runfleet.now_ms() RETURNS bigint
+    LANGUAGE sql VOLATILE AS
+$$ SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint $$;
+
+CREATE TABLE runfleet.runs (
+    id                      text PRIMARY KEY CHECK (length(id) BETWEEN 1 AND 255),
+    flow                    text NOT NULL CHECK (length(flow) BETWEEN 1 AND 255),
+    queue                   text NOT NULL CHECK (length(queue) BETWEEN 1 AND 255),
+    status                  text NOT NULL CHECK (status IN
+                                ('pending', 'running', 'suspended', 'completed', 'failed', 'cancelled')),
+    state                   jsonb NOT NULL DEFAULT '{}'::jsonb,
+    owner_host              text,
+    owner_pid               integer,
+    owner_nonce             text,
+    epoch                   bigint NOT NULL DEFAULT 0,
+    heartbeat_at_ms         bigint,
+    claim_host              text,
+    claim_pid               integer,
+    claim_nonce             text,
+    claimed_at_ms           bigint,
+    cancel_requested_at_ms  bigint,
+    lineage_id              text NOT NULL,
+    round_ordinal           integer NOT NULL DEFAULT 0,
+    parent_run_id           text,
+    created_at_ms           bigint NOT NULL,
+    updated_at_ms           bigint NOT NULL,
+    waiting_reason          text,
+    waiting_wake_at_ms      bigint,
+    waiting_token           text,
+    waiting_request         jsonb,
+    CHECK ((owner_host IS NULL) = (owner_nonce IS NULL)),
+    CHECK ((claim_host IS NULL) = (claimed_at_ms IS NULL)),
+    CHECK (status <> 'running' OR owner_host IS NOT NULL)
+);
+
+CREATE UNIQUE INDEX runs_lineage_round_idx ON runfleet.runs (lineage_id, round_ordinal);
+CREATE INDEX runs_stale_running_idx ON runfleet.runs (heartbeat_at_ms)
+    WHERE status = 'running';
+CREATE INDEX runs_waiting_idx ON runfleet.runs (waiting_reason, waiting_wake_at_ms)
+    WHERE waiting_reason IS NOT NULL;
+CREATE INDEX runs_pending_idx ON runfleet.runs (created_at_ms, id)
+    WHERE status = 'pending';
+CREATE INDEX runs_pending_flow_idx ON runfleet.runs (flow, created_at_ms, id)
+    WHERE status = 'pending';
+CREATE INDEX runs_cancel_pending_idx ON runfleet.runs (created_at_ms, id)
+    WHERE cancel_requested_at_ms IS NOT NULL AND status IN ('pending', 'suspended');
+CREATE INDEX runs_owner_idx ON runfleet.runs (owner_host, owner_pid, owner_nonce)
+    WHERE status = 'running';
+CREATE INDEX runs_status_created_idx ON runfleet.runs (status, created_at_ms);
+
+CREATE TABLE runfleet.journal (
+    seq         bigserial PRIMARY KEY,
+    run_id      text NOT NULL,
+    kind        text NOT NULL,
+    source_id   text NOT NULL,
+    source_seq  bigint NOT NULL,
+    payload     jsonb NOT NULL DEFAULT '{}'::jsonb,
+    digest      text NOT NULL,
+    at_ms       bigint NOT NULL,
+    UNIQUE (source_id, source_seq)
+);
+CREATE INDEX journal_run_idx ON runfleet.journal (run_id, seq);
+
+CREATE TABLE runfleet.run_parents (
+    child_id    text NOT NULL,
+    parent_id   text NOT NULL,
+    seq         bigserial NOT NULL,
+    PRIMARY KEY (child_id, parent_id),
+    CHECK (child_id <> parent_id)
+);
+CREATE INDEX run_parents_parent_idx ON runfleet.run_parents (parent_id, seq);
+
+CREATE TABLE runfleet.steps (
+    run_id          text NOT NULL,
+    key             text NOT NULL,
+    name            text NOT NULL,
+    output          jsonb,
+    digest          text NOT NULL,
+    epoch           bigint NOT NULL,
+    recorded_at_ms  bigint NOT NULL,
+    PRIMARY KEY (run_id, key)
+);
+
+CREATE TABLE runfleet.attempts (
+    run_id          text NOT NULL,
+    key             text NOT NULL,
+    attempt         integer NOT NULL CHECK (attempt >= 1),
+    started_at_ms   bigint NOT NULL,
+    finished_at_ms  bigint,
+    error           text,
+    PRIMARY KEY (run_id, key, attempt)
+);
+
+CREATE TABLE runfleet.deferreds (
+    run_id           text NOT NULL,
+    name             text NOT NULL,
+    value            jsonb,
+    metadata         jsonb,
+    completed_at_ms  bigint NOT NULL,
+    consumed_at_ms   bigint,
+    PRIMARY KEY (run_id, name)
+);
+
+CREATE TABLE runfleet.clocks (
+    run_id           text NOT NULL,
+    name             text NOT NULL,
+    deferred_name    text NOT NULL,
+    due_at_ms        bigint NOT NULL,
+    completed_at_ms  bigint,
+    PRIMARY KEY (run_id, name)
+);
+CREATE INDEX clocks_due_idx ON runfleet.clocks (due_at_ms, run_id, name)
+    WHERE completed_at_ms IS NULL;

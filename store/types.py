@@ -1,0 +1,393 @@
+"""Typed rows and outcomes that cross the store boundary.
+
+Every compare-and-swap answers with one frozen dataclass per outcome so callers
+``match`` on them; a lost race is an ordinary answer, never an exception.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias
+
+JsonValue: TypeAlias = Any
+"""A value that round-trips through JSON (validated at the store boundary)."""
+
+
+class RunStatus(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
+
+
+class WaitingReason(enum.StrEnum):
+    TIMER = "timer"
+    EVENT = "event"
+    APPROVAL = "approval"
+    QUOTA = "quota"
+    RELEASED = "released"
+    QUARANTINE = "quarantine"
+    CHILD = "child"
+
+
+class OnParentExit(enum.StrEnum):
+    CANCEL = "cancel"
+    DETACH = "detach"
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """A worker process: equal only when host, pid and the per-start nonce all match."""
+
+    host_id: str
+    pid: int
+    nonce: str
+
+    @classmethod
+    def for_this_process(cls, host_id: str) -> Owner:
+        return cls(host_id=host_id, pid=os.getpid(), nonce=secrets.token_hex(6))
+
+    @property
+    def key(self) -> str:
+        return f"{self.host_id}:{self.pid}:{self.nonce}"
+
+    def __str__(self) -> str:
+        return f"{self.host_id} pid {self.pid} ({self.nonce})"
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What a claimant read: any change to these fields since then makes its CAS lose."""
+
+    status: RunStatus
+    owner: Owner | None
+    heartbeat_at_ms: int | None
+    claim: Owner | None
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A park's declaration: why the run waits, until when, and what it asked."""
+
+    reason: str
+    wake_at_ms: int | None = None
+    token: str | None = None
+    request: JsonValue = None
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingRow:
+    run_id: str
+    reason: str
+    wake_at_ms: int | None
+    token: str | None
+    request: JsonValue
+    depth: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    id: str
+    flow: str
+    queue: str
+    status: RunStatus
+    state: dict[str, JsonValue]
+    owner: Owner | None
+    epoch: int
+    heartbeat_at_ms: int | None
+    claim: Owner | None
+    claimed_at_ms: int | None
+    cancel_requested_at_ms: int | None
+    lineage_id: str
+    round_ordinal: int
+    parent_run_id: str | None
+    created_at_ms: int
+    updated_at_ms: int
+    waiting: Waiting | None
+    now_ms: int = 0
+    """Database time when this row was read (for lease-age arithmetic)."""
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return Snapshot(self.status, self.owner, self.heartbeat_at_ms, self.claim)
+
+    @property
+    def payload(self) -> JsonValue:
+        return self.state.get("payload")
+
+    @property
+    def scopes(self) -> tuple[str, ...]:
+        return tuple(self.state.get("scopes") or ())
+
+    @property
+    def result(self) -> JsonValue:
+        return self.state.get("result")
+
+    @property
+    def on_parent_exit(self) -> OnParentExit:
+        return OnParentExit(self.state.get("on_parent_exit") or OnParentExit.CANCEL)
+
+
+@dataclass(frozen=True, slots=True)
+class NewRun:
+    """An admission request. ``id`` doubles as the idempotency key."""
+
+    id: str
+    flow: str
+    queue: str = "default"
+    payload: JsonValue = None
+    scopes: tuple[str, ...] = ()
+    parent_run_id: str | None = None
+    on_parent_exit: OnParentExit = OnParentExit.CANCEL
+    lineage_id: str | None = None
+    round_ordinal: int = 0
+    max_rounds: int | None = None
+    deadline_ms: int | None = None
+    delay_until_ms: int | None = None
+    extra: dict[str, JsonValue] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class JournalRecord:
+    seq: int
+    run_id: str
+    kind: str
+    source_id: str
+    source_seq: int
+    payload: JsonValue
+    at_ms: int
+
+
+# ---- outcomes --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    row: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class Joined:
+    """The id already named an identical run: the caller joins it."""
+
+    row: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    row: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class Activated:
+    row: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class Stolen:
+    row: RunRow
+    previous: Owner
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotChanged:
+    current: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseFresh:
+    """A steal was refused by the database clock: the owner renewed recently."""
+
+    current: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class NotFound:
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Transitioned:
+    row: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class GuardFailed:
+    """A cancel request landed first; the caller must cancel instead of settling."""
+
+    current: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class NotOwner:
+    current: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequested:
+    row: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class AlreadyRequested:
+    row: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class AlreadyTerminal:
+    row: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class Parked:
+    row: WaitingRow
+
+
+@dataclass(frozen=True, slots=True)
+class AlreadySatisfied:
+    """The deferred a park waits on completed first: the run keeps running."""
+
+    deferred_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Woken:
+    row: WaitingRow
+
+
+@dataclass(frozen=True, slots=True)
+class NotWaiting:
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """One renewal round: runs still fenced to us, cancel requests among them, db time."""
+
+    confirmed: frozenset[str]
+    cancel_requested: frozenset[str]
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class StaleRunning:
+    run_id: str
+    owner: Owner
+    heartbeat_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class PendingCursor:
+    run_id: str
+    created_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    seq: int
+    existing_payload: JsonValue
+
+
+EmitOutcome: TypeAlias = Accepted | Duplicate | Conflict
+CreateOutcome: TypeAlias = Created | Joined
+ClaimOutcome: TypeAlias = Claimed | SnapshotChanged | NotFound
+ActivateOutcome: TypeAlias = Activated | SnapshotChanged | NotFound
+StealOutcome: TypeAlias = Stolen | SnapshotChanged | LeaseFresh | NotFound
+TransitionOutcome: TypeAlias = Transitioned | GuardFailed | NotOwner | NotFound
+CancelOutcome: TypeAlias = CancelRequested | AlreadyRequested | AlreadyTerminal | NotFound
+ParkOutcome: TypeAlias = Parked | AlreadySatisfied | NotOwner | NotFound
+WakeOutcome: TypeAlias = Woken | NotWaiting | NotFound
+
+
+@dataclass(frozen=True, slots=True)
+class DeferredRow:
+    run_id: str
+    name: str
+    value: JsonValue
+    metadata: JsonValue
+    completed_at_ms: int
+    consumed_at_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeferredCompleted:
+    row: DeferredRow
+
+
+@dataclass(frozen=True, slots=True)
+class DeferredExisting:
+    row: DeferredRow
+
+
+@dataclass(frozen=True, slots=True)
+class ClockRow:
+    run_id: str
+    name: str
+    deferred_name: str
+    due_at_ms: int
+    completed_at_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClockScheduled:
+    row: ClockRow
+
+
+@dataclass(frozen=True, slots=True)
+class ClockExisting:
+    row: ClockRow
+
+
+@dataclass(frozen=True, slots=True)
+class ClockCompleted:
+    row: ClockRow
+
+
+@dataclass(frozen=True, slots=True)
+class ClockAlreadyCompleted:
+    row: ClockRow
+
+
+@dataclass(frozen=True, slots=True)
+class ParentEdge:
+    child_id: str
+    parent_id: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeRecorded:
+    edge: ParentEdge
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeExisting:
+    edge: ParentEdge
+
+
+def canonical_json(value: JsonValue) -> str:
+    """Key-order-independent JSON text: the identity used for payload comparison and digests."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

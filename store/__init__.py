@@ -1,1 +1,55 @@
 """Postgres: the single source of truth for runs, the journal, waits, clocks and the run DAG."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from store.config import Settings
+from store.dag import Dag
+from store.db import Conn, Database, default_source_id, open_pool
+from store.journal import Journal, Kind
+from store.lifecycle import Lifecycle
+from store.runs import Runs
+from store.sweeps import SweepKind, Sweeps
+from store.waits import Waits
+
+__all__ = ["Kind", "Settings", "Store", "SweepKind"]
+
+
+class Store:
+    """The store's operations, grouped by concept, over one pool and one transaction boundary.
+
+    ``async with store.transaction():`` makes every operation inside it atomic;
+    nested blocks become savepoints.
+    """
+
+    def __init__(self, db: Database, settings: Settings) -> None:
+        self.db = db
+        self.settings = settings
+        self.journal = Journal(db)
+        self.dag = Dag(db, self.journal)
+        self.runs = Runs(db, self.journal, self.dag, settings)
+        self.lifecycle = Lifecycle(db, self.journal, settings)
+        self.waits = Waits(db, self.journal, settings)
+        self.sweeps = Sweeps(db)
+
+    @classmethod
+    async def open(
+        cls,
+        settings: Settings,
+        *,
+        source_id: str | None = None,
+        min_size: int | None = None,
+        max_size: int | None = None,
+    ) -> Store:
+        pool = await open_pool(settings, min_size=min_size, max_size=max_size)
+        return cls(Database(pool, source_id or default_source_id()), settings)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Conn]:
+        async with self.db.transaction() as conn:
+            yield conn
+
+    async def close(self) -> None:
+        await self.db.pool.close()

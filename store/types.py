@@ -11,7 +11,7 @@ import json
 import os
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, TypeAlias
 
 JsonValue: TypeAlias = Any
 """A value that round-trips through JSON (validated at the store boundary)."""
@@ -150,9 +150,12 @@ class NewRun:
     queue: str = "default"
     payload: JsonValue = None
     scopes: tuple[str, ...] = ()
-    parent_run_id: str | None = None
+    parent_id: str | None = None
+    """The run that admitted this one as a child (a DAG edge is recorded)."""
     on_parent_exit: OnParentExit = OnParentExit.CANCEL
     lineage_id: str | None = None
+    previous_round_id: str | None = None
+    """The round this one continues (handoff chain); stored as ``parent_run_id``."""
     round_ordinal: int = 0
     max_rounds: int | None = None
     deadline_ms: int | None = None
@@ -193,6 +196,11 @@ class Claimed:
 
 @dataclass(frozen=True, slots=True)
 class Activated:
+    row: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRecovered:
     row: RunRow
 
 
@@ -318,7 +326,7 @@ ActivateOutcome: TypeAlias = Activated | SnapshotChanged | NotFound
 StealOutcome: TypeAlias = Stolen | SnapshotChanged | LeaseFresh | NotFound
 TransitionOutcome: TypeAlias = Transitioned | GuardFailed | NotOwner | NotFound
 CancelOutcome: TypeAlias = CancelRequested | AlreadyRequested | AlreadyTerminal | NotFound
-ParkOutcome: TypeAlias = Parked | AlreadySatisfied | NotOwner | NotFound
+ParkOutcome: TypeAlias = Parked | AlreadySatisfied | GuardFailed | NotOwner | NotFound
 WakeOutcome: TypeAlias = Woken | NotWaiting | NotFound
 
 

@@ -33,6 +33,7 @@ CREATE TABLE runfleet.runs (
     waiting_wake_at_ms      bigint,
     waiting_token           text,
     waiting_request         jsonb,
+    waiting_deferred        text,
     CHECK ((owner_host IS NULL) = (owner_nonce IS NULL)),
     CHECK ((claim_host IS NULL) = (claimed_at_ms IS NULL)),
     CHECK (status <> 'running' OR owner_host IS NOT NULL)

@@ -1,0 +1,167 @@
+"""The journal: the append-only record of every decision, written with the CAS it describes."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from store.db import Database
+from store.rows import journal_record, owner_params
+from store.types import (
+    Accepted,
+    Conflict,
+    Duplicate,
+    EmitOutcome,
+    JournalRecord,
+    Owner,
+    canonical_json,
+)
+
+log = logging.getLogger("runfleet.store.journal")
+
+
+class Kind:
+    """Journal record kinds (stable strings: operators and tools read them)."""
+
+    CREATED = "created"
+    PARENT_RECORDED = "parent-recorded"
+    CLAIMED_AND_ACTIVATED = "claimed-and-activated"
+    CLAIMED = "claimed"
+    ACTIVATED = "activated"
+    STOLEN_AND_ACTIVATED = "stolen-and-activated"
+    CLAIM_RECOVERED = "claim-recovered"
+    CLAIM_ABANDONED = "claim-abandoned"
+    CLAIM_LOST = "claim-lost"
+    ACTIVATION_LOST = "activation-lost"
+    STEAL_REFUSED_OWNER_ALIVE = "steal-refused-owner-alive"
+    RESUMED = "resumed"
+    TRANSITIONED = "transitioned"
+    PARKED = "parked"
+    WOKEN = "woken"
+    INTERRUPT_RELEASED = "interrupt-released"
+    CANCEL_REQUESTED = "cancel-requested"
+    INTERRUPTED = "interrupted"
+    HANDED_OFF = "handed-off"
+    LINEAGE_EXHAUSTED = "lineage-exhausted"
+    ROUND_INVALID = "round-invalid"
+    WAKE_SCHEDULED = "wake-scheduled"
+    CHILD_POLICY_APPLIED = "child-policy-applied"
+    QUARANTINED = "quarantined"
+    LEASE_RECONFIRMED = "lease-reconfirmed"
+    DEFERRED_COMPLETED = "deferred-completed"
+    CLOCK_FIRED = "clock-fired"
+
+
+def digest(payload: Any) -> str:
+    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()[:32]
+
+
+def evidence_address(run_id: str, owner: Owner | None, lease_ms: int | None, kind: str) -> str:
+    """A stable address for evidence about a run this process does not own.
+
+    The same refusal observed every sweep tick against the same lease maps to the
+    same address, so it is written once; a later stall (new heartbeat) is new.
+    """
+    who = owner.key if owner else "-"
+    return f"evidence:{run_id}:{who}:{lease_ms}:{kind}"
+
+
+class Journal:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def record(self, run_id: str, kind: str, payload: dict[str, Any]) -> int:
+        """Append a record of this process's own CAS inside the current transaction.
+
+        Failure is fatal on purpose: it propagates and rolls back the CAS with it.
+        """
+        row = await self._db.one(
+            "journal.append",
+            {
+                "run_id": run_id,
+                "kind": kind,
+                "source_id": self._db.source_id,
+                "source_seq": self._db.next_source_seq(),
+                "payload": Jsonb(payload),
+                "digest": digest(payload),
+            },
+        )
+        if row is None:
+            raise RuntimeError(f"journal address collision for {self._db.source_id}")
+        return int(row["seq"])
+
+    async def emit_owned(
+        self, run_id: str, owner: Owner, epoch: int, kind: str, payload: dict[str, Any]
+    ) -> int | None:
+        """Append a record only while ``owner`` still holds the run at ``epoch``.
+
+        Returns the sequence number, or None when the fence refused the write.
+        """
+        row = await self._db.one(
+            "journal.append_owned",
+            {
+                "run_id": run_id,
+                "kind": kind,
+                "source_id": self._db.source_id,
+                "source_seq": self._db.next_source_seq(),
+                "payload": Jsonb(payload),
+                "digest": digest(payload),
+                "epoch": epoch,
+                **owner_params(owner),
+            },
+        )
+        return int(row["seq"]) if row else None
+
+    async def emit(
+        self,
+        run_id: str,
+        kind: str,
+        payload: dict[str, Any],
+        *,
+        source_id: str,
+        source_seq: int = 0,
+    ) -> EmitOutcome:
+        """Unfenced, idempotent append addressed by the caller.
+
+        The same payload at the same address is a ``Duplicate``; a different one
+        is a ``Conflict`` (logged — audit records never stop a driver).
+        """
+        params = {
+            "run_id": run_id,
+            "kind": kind,
+            "source_id": source_id,
+            "source_seq": source_seq,
+            "payload": Jsonb(payload),
+            "digest": digest(payload),
+        }
+        async with self._db.transaction():
+            row = await self._db.one("journal.append", params)
+            if row is not None:
+                return Accepted(int(row["seq"]))
+            existing = await self._db.one(
+                "journal.at_address", {"source_id": source_id, "source_seq": source_seq}
+            )
+        if existing is None:  # pragma: no cover - the conflicting row cannot vanish
+            raise RuntimeError(f"journal address {source_id}/{source_seq} vanished")
+        if existing["digest"] == params["digest"]:
+            return Duplicate(int(existing["seq"]))
+        log.warning(
+            "journal.idempotency_conflict",
+            extra={"run_id": run_id, "source_id": source_id, "kind": kind},
+        )
+        return Conflict(int(existing["seq"]), existing["payload"])
+
+    async def records(
+        self, run_id: str, *, after_seq: int = 0, limit: int = 1000
+    ) -> list[JournalRecord]:
+        rows = await self._db.all(
+            "journal.records", {"run_id": run_id, "after_seq": after_seq, "limit": limit}
+        )
+        return [journal_record(r) for r in rows]
+
+    async def last(self, run_id: str, limit: int = 20) -> list[JournalRecord]:
+        rows = await self._db.all("journal.last_records", {"run_id": run_id, "limit": limit})
+        return [journal_record(r) for r in rows]

@@ -1,0 +1,174 @@
+"""Owned transitions and cancellation: how a run leaves ``running`` and how it ends.
+
+A settlement and everything it implies — journal record, the run's clocks closed,
+its attached descendants cancelled — commit in one transaction or not at all.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from store import validate
+from store.config import Settings
+from store.db import Database
+from store.errors import InvalidInput
+from store.journal import Journal, Kind
+from store.rows import owner_params, run_row
+from store.types import (
+    AlreadyRequested,
+    AlreadyTerminal,
+    CancelOutcome,
+    CancelRequested,
+    GuardFailed,
+    NotFound,
+    NotOwner,
+    Owner,
+    RunRow,
+    RunStatus,
+    Transitioned,
+    TransitionOutcome,
+    Waiting,
+)
+
+
+class Lifecycle:
+    def __init__(self, db: Database, journal: Journal, settings: Settings) -> None:
+        self._db = db
+        self._journal = journal
+        self._settings = settings
+
+    async def _get(self, run_id: str) -> RunRow | None:
+        row = await self._db.one("runs.get", {"id": run_id})
+        return run_row(row) if row else None
+
+    async def transition_owned(
+        self,
+        run_id: str,
+        me: Owner,
+        epoch: int,
+        to_status: RunStatus,
+        *,
+        state_patch: dict[str, Any] | None = None,
+        guard: bool = True,
+        waiting: Waiting | None = None,
+        kind: str = Kind.TRANSITIONED,
+        record: dict[str, Any] | None = None,
+    ) -> TransitionOutcome:
+        """Move a run ``me`` owns at ``epoch`` out of ``running``.
+
+        With ``guard`` (the default) a cancel request that landed first turns the
+        write into GuardFailed and the caller must cancel instead: a run is never
+        both cancelled and completed.
+        """
+        to_status = validate.status(to_status)
+        if to_status is RunStatus.RUNNING or to_status is RunStatus.PENDING:
+            raise InvalidInput("to_status", f"an owned run cannot transition to {to_status}")
+        if (to_status is RunStatus.SUSPENDED) != (waiting is not None):
+            raise InvalidInput("waiting", "a suspended run needs a waiting reason, others none")
+        patch = state_patch or {}
+        validate.json_value("state", patch, self._settings.max_payload_bytes)
+        w = waiting or Waiting(reason="")
+        async with self._db.transaction():
+            row = await self._db.one(
+                "runs.transition_owned",
+                {
+                    "id": run_id,
+                    "epoch": epoch,
+                    "to_status": to_status.value,
+                    "state_patch": Jsonb(patch),
+                    "guard": guard,
+                    "waiting_reason": waiting.reason if waiting else None,
+                    "waiting_wake_at_ms": w.wake_at_ms,
+                    "waiting_token": w.token,
+                    "waiting_request": Jsonb(w.request) if w.request is not None else None,
+                    "waiting_deferred": None,
+                    **owner_params(me),
+                },
+            )
+            if row is None:
+                return await self._refusal(run_id, me, epoch)
+            moved = run_row(row)
+            await self._journal.record(
+                run_id, kind, {"to": to_status.value, "epoch": epoch, **(record or {})}
+            )
+            if to_status.terminal:
+                await self._db.execute("runs.close_clocks", {"ids": [run_id]})
+                await self._cascade(run_id, cause=f"parent-{to_status.value}")
+            return Transitioned(moved)
+
+    async def _refusal(self, run_id: str, me: Owner, epoch: int) -> TransitionOutcome:
+        current = await self._get(run_id)
+        if current is None:
+            return NotFound(run_id)
+        owned = (
+            current.status is RunStatus.RUNNING and current.owner == me and current.epoch == epoch
+        )
+        if owned and current.cancel_requested_at_ms is not None:
+            return GuardFailed(current)
+        return NotOwner(current)
+
+    async def _cascade(self, run_id: str, *, cause: str) -> list[str]:
+        """Cancel every unsettled attached descendant of ``run_id``; journal the policy."""
+        rows = await self._db.all("runs.attached_descendants", {"id": run_id})
+        ids = [r["id"] for r in rows]
+        if not ids:
+            return []
+        closed = await self._db.all("runs.cascade_cancel", {"ids": ids, "parent": run_id})
+        settled = [r["id"] for r in closed if r["status"] == RunStatus.CANCELLED.value]
+        if settled:
+            await self._db.execute("runs.close_clocks", {"ids": settled})
+        for child in settled:
+            await self._journal.record(
+                child, Kind.INTERRUPTED, {"cancelled": True, "cause": cause, "by": run_id}
+            )
+        await self._journal.record(
+            run_id,
+            Kind.CHILD_POLICY_APPLIED,
+            {"cause": cause, "cascaded_to": ids, "closed": settled},
+        )
+        return ids
+
+    async def request_cancel(
+        self, run_id: str, *, actor: str | None = None, reason: str | None = None
+    ) -> CancelOutcome:
+        """Durably ask for a run's cancellation (first writer wins), from any process.
+
+        Attached descendants get the request in the same transaction; those nobody
+        is executing are closed at once. The run itself is closed by its owner (or,
+        when pending or parked, by the cancellation sweeps).
+        """
+        validate.identifier("run_id", run_id)
+        async with self._db.transaction():
+            row = await self._db.one("runs.request_cancel", {"id": run_id})
+            if row is None:
+                current = await self._get(run_id)
+                if current is None:
+                    return NotFound(run_id)
+                if current.status.terminal:
+                    return AlreadyTerminal(current)
+                return AlreadyRequested(current)
+            requested = run_row(row)
+            await self._journal.record(
+                run_id,
+                Kind.CANCEL_REQUESTED,
+                {"actor": actor, "reason": reason, "status": requested.status.value},
+            )
+            await self._cascade(run_id, cause="parent-cancelled")
+            return CancelRequested(requested)
+
+    async def acknowledge_cancel(
+        self, run_id: str, me: Owner, epoch: int, *, record: dict[str, Any] | None = None
+    ) -> TransitionOutcome:
+        """The owner closes a run as cancelled: cascade, clocks and record included."""
+        return await self.transition_owned(
+            run_id,
+            me,
+            epoch,
+            RunStatus.CANCELLED,
+            state_patch={"cancellation": {"acknowledged_by": me.key, **(record or {})}},
+            guard=False,
+            kind=Kind.INTERRUPTED,
+            record={"cancelled": True, **(record or {})},
+        )

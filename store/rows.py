@@ -1,0 +1,113 @@
+"""Conversions from database rows (dicts) to the typed rows of ``store.types``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from store.types import (
+    ClockRow,
+    DeferredRow,
+    JournalRecord,
+    Owner,
+    ParentEdge,
+    RunRow,
+    RunStatus,
+    Waiting,
+    WaitingRow,
+)
+
+Row = dict[str, Any]
+
+
+def _owner(row: Row, prefix: str) -> Owner | None:
+    host = row[f"{prefix}_host"]
+    if host is None:
+        return None
+    return Owner(host_id=host, pid=int(row[f"{prefix}_pid"]), nonce=row[f"{prefix}_nonce"])
+
+
+def run_row(row: Row) -> RunRow:
+    waiting = None
+    if row["waiting_reason"] is not None:
+        waiting = Waiting(
+            reason=row["waiting_reason"],
+            wake_at_ms=row["waiting_wake_at_ms"],
+            token=row["waiting_token"],
+            request=row["waiting_request"],
+        )
+    return RunRow(
+        id=row["id"],
+        flow=row["flow"],
+        queue=row["queue"],
+        status=RunStatus(row["status"]),
+        state=row["state"] or {},
+        owner=_owner(row, "owner"),
+        epoch=int(row["epoch"]),
+        heartbeat_at_ms=row["heartbeat_at_ms"],
+        claim=_owner(row, "claim"),
+        claimed_at_ms=row["claimed_at_ms"],
+        cancel_requested_at_ms=row["cancel_requested_at_ms"],
+        lineage_id=row["lineage_id"],
+        round_ordinal=int(row["round_ordinal"]),
+        parent_run_id=row["parent_run_id"],
+        created_at_ms=int(row["created_at_ms"]),
+        updated_at_ms=int(row["updated_at_ms"]),
+        waiting=waiting,
+        now_ms=int(row.get("now_ms") or 0),
+    )
+
+
+def waiting_row(row: Row) -> WaitingRow:
+    return WaitingRow(
+        run_id=row["run_id"],
+        reason=row["reason"],
+        wake_at_ms=row["wake_at_ms"],
+        token=row["token"],
+        request=row["request"],
+        depth=int(row.get("depth") or 0),
+    )
+
+
+def deferred_row(row: Row) -> DeferredRow:
+    return DeferredRow(
+        run_id=row["run_id"],
+        name=row["name"],
+        value=row["value"],
+        metadata=row["metadata"],
+        completed_at_ms=int(row["completed_at_ms"]),
+        consumed_at_ms=row["consumed_at_ms"],
+    )
+
+
+def clock_row(row: Row) -> ClockRow:
+    return ClockRow(
+        run_id=row["run_id"],
+        name=row["name"],
+        deferred_name=row["deferred_name"],
+        due_at_ms=int(row["due_at_ms"]),
+        completed_at_ms=row["completed_at_ms"],
+    )
+
+
+def edge(row: Row) -> ParentEdge:
+    return ParentEdge(child_id=row["child_id"], parent_id=row["parent_id"], seq=int(row["seq"]))
+
+
+def journal_record(row: Row) -> JournalRecord:
+    return JournalRecord(
+        seq=int(row["seq"]),
+        run_id=row["run_id"],
+        kind=row["kind"],
+        source_id=row["source_id"],
+        source_seq=int(row["source_seq"]),
+        payload=row["payload"],
+        at_ms=int(row["at_ms"]),
+    )
+
+
+def owner_params(owner: Owner, prefix: str = "") -> dict[str, Any]:
+    return {
+        f"{prefix}host": owner.host_id,
+        f"{prefix}pid": owner.pid,
+        f"{prefix}nonce": owner.nonce,
+    }

@@ -1,0 +1,322 @@
+"""Run admission, reads, and the claim / activate / steal compare-and-swap family.
+
+Each CAS states its full precondition in SQL and writes its journal record in the
+same transaction; zero rows updated is reported as the outcome that explains why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from store import validate
+from store.config import Settings
+from store.dag import Dag
+from store.db import Database
+from store.errors import ExecutionIdentityConflict, InvalidInput
+from store.journal import Journal, Kind
+from store.rows import owner_params, run_row
+from store.types import (
+    Activated,
+    ActivateOutcome,
+    Claimed,
+    ClaimOutcome,
+    ClaimRecovered,
+    Created,
+    CreateOutcome,
+    Heartbeat,
+    Joined,
+    LeaseFresh,
+    NewRun,
+    NotFound,
+    OnParentExit,
+    Owner,
+    RunRow,
+    RunStatus,
+    Snapshot,
+    SnapshotChanged,
+    StealOutcome,
+    Stolen,
+    canonical_json,
+)
+
+
+def _expected(expected: Snapshot) -> dict[str, Any]:
+    owner = expected.owner
+    return {
+        "status": expected.status.value,
+        "exp_owner_host": owner.host_id if owner else None,
+        "exp_owner_pid": owner.pid if owner else None,
+        "exp_owner_nonce": owner.nonce if owner else None,
+        "exp_heartbeat_at_ms": expected.heartbeat_at_ms,
+    }
+
+
+def _identity(row: RunRow) -> list[tuple[str, Any]]:
+    return [
+        ("flow", row.flow),
+        ("payload", canonical_json(row.payload)),
+        ("scopes", sorted(row.scopes)),
+        ("lineage_id", row.lineage_id),
+        ("round_ordinal", row.round_ordinal),
+        ("parent", row.state.get("parent")),
+    ]
+
+
+class Runs:
+    def __init__(self, db: Database, journal: Journal, dag: Dag, settings: Settings) -> None:
+        self._db = db
+        self._journal = journal
+        self._dag = dag
+        self._settings = settings
+
+    # ---- reads -------------------------------------------------------------
+
+    async def get(self, run_id: str) -> RunRow | None:
+        row = await self._db.one("runs.get", {"id": run_id})
+        return run_row(row) if row else None
+
+    async def get_for_update(self, run_id: str) -> RunRow | None:
+        """Read and lock the row until the enclosing transaction ends."""
+        row = await self._db.one("runs.get_for_update", {"id": run_id})
+        return run_row(row) if row else None
+
+    async def latest_round(self, lineage_id: str) -> RunRow | None:
+        row = await self._db.one("runs.latest_round", {"lineage_id": lineage_id})
+        return run_row(row) if row else None
+
+    # ---- admission ---------------------------------------------------------
+
+    def _state(self, new: NewRun) -> dict[str, Any]:
+        state: dict[str, Any] = dict(new.extra)
+        state.update(
+            payload=new.payload,
+            scopes=sorted(set(new.scopes)),
+            parent=new.parent_id,
+            on_parent_exit=new.on_parent_exit.value,
+            max_rounds=new.max_rounds,
+            deadline_ms=new.deadline_ms,
+        )
+        return state
+
+    def _validate(self, new: NewRun) -> None:
+        validate.identifier("run_id", new.id)
+        validate.identifier("flow", new.flow)
+        validate.identifier("queue", new.queue)
+        validate.json_value("payload", new.payload, self._settings.max_payload_bytes)
+        validate.json_value("extra", new.extra, self._settings.max_payload_bytes)
+        for scope in new.scopes:
+            validate.identifier("scopes", scope)
+        if new.parent_id is not None:
+            validate.identifier("parent_id", new.parent_id)
+            if new.parent_id == new.id:
+                raise InvalidInput("parent_id", "a run cannot be its own parent")
+        if new.lineage_id is not None:
+            validate.identifier("lineage_id", new.lineage_id)
+        if new.round_ordinal < 0:
+            raise InvalidInput("round_ordinal", "must be >= 0")
+        if new.max_rounds is not None and new.max_rounds < 1:
+            raise InvalidInput("max_rounds", "must be >= 1 when given")
+
+    async def create(self, new: NewRun) -> CreateOutcome:
+        """Admit a run (row + ``created`` record + parent edge) in one transaction.
+
+        Re-admitting the same id joins the existing run when its identity matches and
+        raises ExecutionIdentityConflict naming the first differing field otherwise.
+        A child whose attached parent is already cancelled or settled inherits the
+        cancellation here, under the parent's row lock, so no interleaving with the
+        parent's cascade can leave it running unsupervised.
+        """
+        self._validate(new)
+        state = self._state(new)
+        async with self._db.transaction():
+            inherit = False
+            if new.parent_id is not None:
+                parent = await self.get_for_update(new.parent_id)
+                if parent is None:
+                    raise InvalidInput("parent_id", f"run {new.parent_id!r} does not exist")
+                if not set(state["scopes"]) <= set(parent.scopes):
+                    raise InvalidInput("scopes", "a child cannot widen its parent's scopes")
+                inherit = new.on_parent_exit is OnParentExit.CANCEL and (
+                    parent.cancel_requested_at_ms is not None or parent.status.terminal
+                )
+            row = await self._db.one(
+                "runs.insert",
+                {
+                    "id": new.id,
+                    "flow": new.flow,
+                    "queue": new.queue,
+                    "state": Jsonb(state),
+                    "lineage_id": new.lineage_id or new.id,
+                    "round_ordinal": new.round_ordinal,
+                    "previous_round_id": new.previous_round_id,
+                    "inherit_cancel": inherit,
+                    "delay_until_ms": new.delay_until_ms,
+                },
+            )
+            if row is None:
+                existing = await self.get(new.id)
+                assert existing is not None, "conflicting run vanished"
+                self._check_identity(existing, new, state)
+                return Joined(existing)
+            created = run_row(row)
+            await self._journal.record(
+                new.id,
+                Kind.CREATED,
+                {"flow": new.flow, "queue": new.queue, "inherited_cancel": inherit},
+            )
+            if new.parent_id is not None:
+                await self._dag.record_parent(new.id, new.parent_id)
+            return Created(created)
+
+    def _check_identity(self, existing: RunRow, new: NewRun, state: dict[str, Any]) -> None:
+        wanted = [
+            ("flow", new.flow),
+            ("payload", canonical_json(new.payload)),
+            ("scopes", sorted(set(new.scopes))),
+            ("lineage_id", new.lineage_id or new.id),
+            ("round_ordinal", new.round_ordinal),
+            ("parent", new.parent_id),
+        ]
+        for (field, have), (_, want) in zip(_identity(existing), wanted, strict=True):
+            if have != want:
+                raise ExecutionIdentityConflict(existing.id, field, have, want)
+
+    # ---- claim / activate / steal -----------------------------------------
+
+    async def _changed_or_missing(self, run_id: str) -> SnapshotChanged | NotFound:
+        current = await self.get(run_id)
+        return SnapshotChanged(current) if current else NotFound(run_id)
+
+    async def claim(self, run_id: str, expected: Snapshot, me: Owner) -> ClaimOutcome:
+        async with self._db.transaction():
+            row = await self._db.one(
+                "runs.claim", {"id": run_id, **owner_params(me), **_expected(expected)}
+            )
+            if row is None:
+                return await self._changed_or_missing(run_id)
+            await self._journal.record(run_id, Kind.CLAIMED, {"claimant": me.key})
+            return Claimed(run_row(row))
+
+    async def activate(self, run_id: str, me: Owner, claimed_at_ms: int) -> ActivateOutcome:
+        async with self._db.transaction():
+            row = await self._db.one(
+                "runs.activate",
+                {"id": run_id, "claimed_at_ms": claimed_at_ms, **owner_params(me)},
+            )
+            if row is None:
+                return await self._changed_or_missing(run_id)
+            activated = run_row(row)
+            await self._journal.record(
+                run_id, Kind.ACTIVATED, {"owner": me.key, "epoch": activated.epoch}
+            )
+            return Activated(activated)
+
+    async def claim_and_activate(
+        self, run_id: str, expected: Snapshot, me: Owner
+    ) -> ActivateOutcome:
+        """The fast path: claim and activation in one statement and one record."""
+        async with self._db.transaction():
+            row = await self._db.one(
+                "runs.claim_and_activate",
+                {"id": run_id, **owner_params(me), **_expected(expected)},
+            )
+            if row is None:
+                return await self._changed_or_missing(run_id)
+            activated = run_row(row)
+            await self._journal.record(
+                run_id,
+                Kind.CLAIMED_AND_ACTIVATED,
+                {"owner": me.key, "epoch": activated.epoch, "from": expected.status.value},
+            )
+            return Activated(activated)
+
+    async def steal(
+        self,
+        run_id: str,
+        expected: Snapshot,
+        me: Owner,
+        evidence: dict[str, Any],
+        *,
+        stale_after_ms: int | None = None,
+    ) -> StealOutcome:
+        """Take over a running row whose lease is stale by database time.
+
+        ``evidence`` is what the liveness probe saw; it is journaled with the
+        previous owner and its last heartbeat as ``stolen-and-activated``.
+        """
+        previous = expected.owner
+        if expected.status is not RunStatus.RUNNING or previous is None:
+            raise InvalidInput("expected", "only a running row with an owner can be stolen")
+        stale = self._settings.stale_after_ms if stale_after_ms is None else stale_after_ms
+        async with self._db.transaction():
+            row = await self._db.one(
+                "runs.steal",
+                {
+                    "id": run_id,
+                    "stale_after_ms": stale,
+                    **owner_params(me),
+                    **_expected(expected),
+                },
+            )
+            if row is None:
+                current = await self.get(run_id)
+                if current is None:
+                    return NotFound(run_id)
+                if current.snapshot == expected:
+                    return LeaseFresh(current)
+                return SnapshotChanged(current)
+            stolen = run_row(row)
+            await self._journal.record(
+                run_id,
+                Kind.STOLEN_AND_ACTIVATED,
+                {
+                    "owner": me.key,
+                    "epoch": stolen.epoch,
+                    "previous_owner": previous.key,
+                    "previous_heartbeat_at_ms": expected.heartbeat_at_ms,
+                    "lease_age_ms": stolen.now_ms - (expected.heartbeat_at_ms or 0),
+                    **evidence,
+                },
+            )
+            return Stolen(stolen, previous)
+
+    async def recover_claim(
+        self, run_id: str, claimant: Owner, claimed_at_ms: int, evidence: dict[str, Any]
+    ) -> ClaimRecovered | SnapshotChanged | NotFound:
+        """Clear a claim stranded by a claimant the caller's probe found dead."""
+        async with self._db.transaction():
+            row = await self._db.one(
+                "runs.recover_claim",
+                {
+                    "id": run_id,
+                    "exp_claim_nonce": claimant.nonce,
+                    "exp_claimed_at_ms": claimed_at_ms,
+                    "stale_after_ms": self._settings.stale_after_ms,
+                },
+            )
+            if row is None:
+                return await self._changed_or_missing(run_id)
+            await self._journal.record(
+                run_id, Kind.CLAIM_RECOVERED, {"claimant": claimant.key, **evidence}
+            )
+            return ClaimRecovered(run_row(row))
+
+    async def abandon_claim(self, run_id: str, me: Owner) -> bool:
+        async with self._db.transaction():
+            row = await self._db.one("runs.abandon_claim", {"id": run_id, **owner_params(me)})
+            if row is not None:
+                await self._journal.record(run_id, Kind.CLAIM_ABANDONED, {"claimant": me.key})
+            return row is not None
+
+    # ---- leases ------------------------------------------------------------
+
+    async def heartbeat(self, me: Owner, run_ids: list[str]) -> Heartbeat:
+        """Renew every listed run ``me`` owns in one statement; report the confirmed set."""
+        rows = await self._db.all("runs.heartbeat", {"ids": run_ids, **owner_params(me)})
+        confirmed = frozenset(r["id"] for r in rows if r["id"] is not None)
+        cancels = frozenset(r["id"] for r in rows if r["id"] is not None and r["cancel_requested"])
+        return Heartbeat(
+            confirmed=confirmed, cancel_requested=cancels, now_ms=int(rows[0]["now_ms"])
+        )

@@ -1,0 +1,37 @@
+-- The run DAG: durable parent edges, cycle-checked inside the inserting transaction.
+
+-- name: lock_dag
+-- Edge inserts serialize on one transaction-scoped lock, so two transactions
+-- that jointly close a cycle cannot both pass their checks.
+SELECT pg_advisory_xact_lock(7320112026);
+
+-- name: insert_edge
+INSERT INTO runfleet.run_parents (child_id, parent_id) VALUES (%(child)s, %(parent)s)
+ON CONFLICT (child_id, parent_id) DO NOTHING
+RETURNING child_id, parent_id, seq;
+
+-- name: get_edge
+SELECT child_id, parent_id, seq FROM runfleet.run_parents
+ WHERE child_id = %(child)s AND parent_id = %(parent)s;
+
+-- name: ancestor_path
+-- Walks up from the new parent; a path that reaches the child closes a cycle.
+WITH RECURSIVE up(id, path) AS (
+    SELECT %(parent)s::text, ARRAY[%(child)s::text, %(parent)s::text]
+    UNION ALL
+    SELECT e.parent_id, up.path || e.parent_id FROM up
+      JOIN runfleet.run_parents e ON e.child_id = up.id
+     WHERE NOT e.parent_id = ANY(up.path[2:]) AND cardinality(up.path) < 256
+)
+SELECT path FROM up WHERE id = %(child)s LIMIT 1;
+
+-- name: parents
+SELECT child_id, parent_id, seq FROM runfleet.run_parents
+ WHERE child_id = %(id)s ORDER BY seq;
+
+-- name: children
+SELECT child_id, parent_id, seq FROM runfleet.run_parents
+ WHERE parent_id = %(id)s ORDER BY seq;
+
+-- name: remove_edges
+DELETE FROM runfleet.run_parents WHERE child_id = %(id)s OR parent_id = %(id)s;

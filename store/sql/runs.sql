@@ -1,0 +1,178 @@
+-- Run rows: admission, the claim/activate/steal CAS family, owned transitions,
+-- heartbeats and cancellation. Every UPDATE states its whole precondition in its
+-- WHERE clause, so zero rows returned means "lost the race", never "half done".
+
+-- name: get
+SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r WHERE r.id = %(id)s;
+
+-- name: get_for_update
+SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r WHERE r.id = %(id)s FOR UPDATE;
+
+-- name: latest_round
+SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r
+ WHERE r.lineage_id = %(lineage_id)s
+ ORDER BY r.round_ordinal DESC LIMIT 1;
+
+-- name: insert
+INSERT INTO runfleet.runs AS r (
+    id, flow, queue, status, state, lineage_id, round_ordinal, parent_run_id,
+    created_at_ms, updated_at_ms, cancel_requested_at_ms,
+    waiting_reason, waiting_wake_at_ms)
+VALUES (
+    %(id)s, %(flow)s, %(queue)s, 'pending', %(state)s, %(lineage_id)s, %(round_ordinal)s,
+    %(previous_round_id)s, runfleet.now_ms(), runfleet.now_ms(),
+    CASE WHEN %(inherit_cancel)s THEN runfleet.now_ms() END,
+    CASE WHEN %(delay_until_ms)s::bigint IS NOT NULL THEN 'timer' END, %(delay_until_ms)s)
+ON CONFLICT (id) DO NOTHING
+RETURNING r.*, runfleet.now_ms() AS now_ms;
+
+-- name: claim_and_activate
+-- The fast path: claim and activation in one statement. Only a runnable row
+-- (pending or suspended, nobody's wait pending, no stranded claim) qualifies,
+-- and only if nothing in the caller's snapshot moved.
+UPDATE runfleet.runs AS r SET
+    status = 'running', owner_host = %(host)s, owner_pid = %(pid)s, owner_nonce = %(nonce)s,
+    epoch = r.epoch + 1, heartbeat_at_ms = runfleet.now_ms(),
+    claim_host = NULL, claim_pid = NULL, claim_nonce = NULL, claimed_at_ms = NULL,
+    updated_at_ms = runfleet.now_ms()
+ WHERE r.id = %(id)s AND r.status = %(status)s AND r.status IN ('pending', 'suspended')
+   AND r.waiting_reason IS NULL AND r.claim_host IS NULL
+   AND r.owner_host IS NOT DISTINCT FROM %(exp_owner_host)s
+   AND r.owner_pid IS NOT DISTINCT FROM %(exp_owner_pid)s
+   AND r.owner_nonce IS NOT DISTINCT FROM %(exp_owner_nonce)s
+   AND r.heartbeat_at_ms IS NOT DISTINCT FROM %(exp_heartbeat_at_ms)s
+RETURNING r.*, runfleet.now_ms() AS now_ms;
+
+-- name: claim
+UPDATE runfleet.runs AS r SET
+    claim_host = %(host)s, claim_pid = %(pid)s, claim_nonce = %(nonce)s,
+    claimed_at_ms = runfleet.now_ms(), updated_at_ms = runfleet.now_ms()
+ WHERE r.id = %(id)s AND r.status = %(status)s AND r.status IN ('pending', 'suspended')
+   AND r.waiting_reason IS NULL AND r.claim_host IS NULL
+   AND r.owner_host IS NOT DISTINCT FROM %(exp_owner_host)s
+   AND r.owner_pid IS NOT DISTINCT FROM %(exp_owner_pid)s
+   AND r.owner_nonce IS NOT DISTINCT FROM %(exp_owner_nonce)s
+   AND r.heartbeat_at_ms IS NOT DISTINCT FROM %(exp_heartbeat_at_ms)s
+RETURNING r.*, runfleet.now_ms() AS now_ms;
+
+-- name: activate
+UPDATE runfleet.runs AS r SET
+    status = 'running', owner_host = r.claim_host, owner_pid = r.claim_pid,
+    owner_nonce = r.claim_nonce, epoch = r.epoch + 1, heartbeat_at_ms = runfleet.now_ms(),
+    claim_host = NULL, claim_pid = NULL, claim_nonce = NULL, claimed_at_ms = NULL,
+    updated_at_ms = runfleet.now_ms()
+ WHERE r.id = %(id)s AND r.status IN ('pending', 'suspended') AND r.waiting_reason IS NULL
+   AND r.claim_host = %(host)s AND r.claim_pid = %(pid)s AND r.claim_nonce = %(nonce)s
+   AND r.claimed_at_ms = %(claimed_at_ms)s
+RETURNING r.*, runfleet.now_ms() AS now_ms;
+
+-- name: recover_claim
+-- A claim whose claimant died between claim and activation; the caller has
+-- already probed the claimant. Database time decides staleness.
+UPDATE runfleet.runs AS r SET
+    claim_host = NULL, claim_pid = NULL, claim_nonce = NULL, claimed_at_ms = NULL,
+    updated_at_ms = runfleet.now_ms()
+ WHERE r.id = %(id)s AND r.claim_nonce = %(exp_claim_nonce)s
+   AND r.claimed_at_ms = %(exp_claimed_at_ms)s
+   AND r.claimed_at_ms < runfleet.now_ms() - %(stale_after_ms)s
+RETURNING r.*, runfleet.now_ms() AS now_ms;
+
+-- name: abandon_claim
+UPDATE runfleet.runs AS r SET
+    claim_host = NULL, claim_pid = NULL, claim_nonce = NULL, claimed_at_ms = NULL,
+    updated_at_ms = runfleet.now_ms()
+ WHERE r.id = %(id)s AND r.claim_host = %(host)s AND r.claim_pid = %(pid)s
+   AND r.claim_nonce = %(nonce)s
+RETURNING r.*, runfleet.now_ms() AS now_ms;
+
+-- name: steal
+-- Takeover needs the stale lease to be judged by the database clock here, in the
+-- same statement that moves ownership; the liveness probe was the caller's part.
+UPDATE runfleet.runs AS r SET
+    owner_host = %(host)s, owner_pid = %(pid)s, owner_nonce = %(nonce)s,
+    epoch = r.epoch + 1, heartbeat_at_ms = runfleet.now_ms(),
+    claim_host = NULL, claim_pid = NULL, claim_nonce = NULL, claimed_at_ms = NULL,
+    updated_at_ms = runfleet.now_ms()
+ WHERE r.id = %(id)s AND r.status = 'running'
+   AND r.owner_nonce = %(exp_owner_nonce)s AND r.owner_pid = %(exp_owner_pid)s
+   AND r.owner_host = %(exp_owner_host)s
+   AND r.heartbeat_at_ms = %(exp_heartbeat_at_ms)s
+   AND r.heartbeat_at_ms < runfleet.now_ms() - %(stale_after_ms)s
+RETURNING r.*, runfleet.now_ms() AS now_ms;
+
+-- name: transition_owned
+-- Leaving 'running' drops the owner (the epoch stays as the fence history).
+-- With the guard on, a pending cancel request makes a settlement lose.
+UPDATE runfleet.runs AS r SET
+    status = %(to_status)s, state = r.state || %(state_patch)s,
+    owner_host = CASE WHEN %(to_status)s = 'running' THEN r.owner_host END,
+    owner_pid = CASE WHEN %(to_status)s = 'running' THEN r.owner_pid END,
+    owner_nonce = CASE WHEN %(to_status)s = 'running' THEN r.owner_nonce END,
+    heartbeat_at_ms = CASE WHEN %(to_status)s = 'running' THEN r.heartbeat_at_ms END,
+    waiting_reason = %(waiting_reason)s, waiting_wake_at_ms = %(waiting_wake_at_ms)s,
+    waiting_token = %(waiting_token)s, waiting_request = %(waiting_request)s,
+    waiting_deferred = %(waiting_deferred)s,
+    updated_at_ms = runfleet.now_ms()
+ WHERE r.id = %(id)s AND r.status = 'running'
+   AND r.owner_host = %(host)s AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s
+   AND r.epoch = %(epoch)s
+   AND (NOT %(guard)s OR r.cancel_requested_at_ms IS NULL)
+RETURNING r.*, runfleet.now_ms() AS now_ms;
+
+-- name: heartbeat
+-- One statement renews every run a process owns; the answer is the confirmed
+-- set (a run missing from it lost its fence) plus which of them a cancel hit.
+WITH renewed AS (
+    UPDATE runfleet.runs AS r SET heartbeat_at_ms = runfleet.now_ms()
+     WHERE r.id = ANY(%(ids)s) AND r.status = 'running'
+       AND r.owner_host = %(host)s AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s
+    RETURNING r.id, r.cancel_requested_at_ms IS NOT NULL AS cancel_requested
+)
+SELECT renewed.id, renewed.cancel_requested, runfleet.now_ms() AS now_ms
+  FROM (SELECT 1) AS one LEFT JOIN renewed ON true;
+
+-- name: request_cancel
+UPDATE runfleet.runs AS r SET cancel_requested_at_ms = runfleet.now_ms(),
+    updated_at_ms = runfleet.now_ms()
+ WHERE r.id = %(id)s AND r.cancel_requested_at_ms IS NULL
+   AND r.status NOT IN ('completed', 'failed', 'cancelled')
+RETURNING r.*, runfleet.now_ms() AS now_ms;
+
+-- name: attached_descendants
+-- Every unsettled attached descendant, through any number of attached edges.
+WITH RECURSIVE tree(id, depth) AS (
+    SELECT e.child_id, 1 FROM runfleet.run_parents e
+      JOIN runfleet.runs c ON c.id = e.child_id
+     WHERE e.parent_id = %(id)s AND coalesce(c.state->>'on_parent_exit', 'cancel') = 'cancel'
+    UNION
+    SELECT e.child_id, t.depth + 1 FROM tree t
+      JOIN runfleet.run_parents e ON e.parent_id = t.id
+      JOIN runfleet.runs c ON c.id = e.child_id
+     WHERE coalesce(c.state->>'on_parent_exit', 'cancel') = 'cancel' AND t.depth < 64
+)
+SELECT DISTINCT r.id FROM tree JOIN runfleet.runs r ON r.id = tree.id
+ WHERE r.status NOT IN ('completed', 'failed', 'cancelled');
+
+-- name: cascade_cancel
+-- Descendants nobody is executing are closed here; running ones get the request
+-- and their owners close them (they see it at their next heartbeat or publish).
+UPDATE runfleet.runs AS r SET
+    cancel_requested_at_ms = coalesce(r.cancel_requested_at_ms, runfleet.now_ms()),
+    status = CASE WHEN r.status = 'running' THEN r.status ELSE 'cancelled' END,
+    state = CASE WHEN r.status = 'running' THEN r.state
+                 ELSE r.state || jsonb_build_object('cancellation',
+                      jsonb_build_object('cause', 'parent-cancelled', 'parent', %(parent)s::text))
+            END,
+    waiting_reason = CASE WHEN r.status = 'running' THEN r.waiting_reason END,
+    waiting_wake_at_ms = CASE WHEN r.status = 'running' THEN r.waiting_wake_at_ms END,
+    waiting_token = CASE WHEN r.status = 'running' THEN r.waiting_token END,
+    waiting_request = CASE WHEN r.status = 'running' THEN r.waiting_request END,
+    waiting_deferred = CASE WHEN r.status = 'running' THEN r.waiting_deferred END,
+    claim_host = NULL, claim_pid = NULL, claim_nonce = NULL, claimed_at_ms = NULL,
+    updated_at_ms = runfleet.now_ms()
+ WHERE r.id = ANY(%(ids)s) AND r.status NOT IN ('completed', 'failed', 'cancelled')
+RETURNING r.id, r.status;
+
+-- name: close_clocks
+UPDATE runfleet.clocks SET completed_at_ms = runfleet.now_ms()
+ WHERE run_id = ANY(%(ids)s) AND completed_at_ms IS NULL;

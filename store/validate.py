@@ -1,0 +1,52 @@
+"""Input checks at the store boundary: bad input raises InvalidInput and writes nothing."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from store.errors import InvalidInput
+from store.types import RunStatus
+
+MAX_ID_LENGTH = 255
+
+
+def identifier(field: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise InvalidInput(field, f"must be a string, got {type(value).__name__}")
+    if not value:
+        raise InvalidInput(field, "must not be empty")
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidInput(field, f"is {len(value)} characters, the limit is {MAX_ID_LENGTH}")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        raise InvalidInput(field, "must not contain control characters")
+    return value
+
+
+def json_value(field: str, value: Any, max_bytes: int) -> str:
+    """Canonical JSON text of ``value``; refuses NaN, non-JSON types and oversized values."""
+    try:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(field, f"is not JSON-serialisable ({exc})") from None
+    if "\\u0000" in text:
+        raise InvalidInput(field, "contains a NUL character, which Postgres jsonb refuses")
+    size = len(text.encode())
+    if size > max_bytes:
+        raise InvalidInput(field, f"is {size} bytes encoded, the limit is {max_bytes}")
+    return text
+
+
+def status(value: object) -> RunStatus:
+    try:
+        return RunStatus(str(value))
+    except ValueError:
+        allowed = ", ".join(s.value for s in RunStatus)
+        raise InvalidInput("status", f"{value!r} is not one of {allowed}") from None
+
+
+def finite_ms(field: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidInput(field, f"must be a finite number of milliseconds, got {value!r}")
+    return int(value)

@@ -77,6 +77,9 @@ class Runs:
         row = await self._db.one("runs.get", {"id": run_id})
         return run_row(row) if row else None
 
+    async def get_many(self, run_ids: list[str]) -> list[RunRow]:
+        return [run_row(r) for r in await self._db.all("runs.get_many", {"ids": run_ids})]
+
     async def get_for_update(self, run_id: str) -> RunRow | None:
         """Read and lock the row until the enclosing transaction ends."""
         row = await self._db.one("runs.get_for_update", {"id": run_id})
@@ -157,7 +160,12 @@ class Runs:
             )
             if row is None:
                 existing = await self.get(new.id)
-                assert existing is not None, "conflicting run vanished"
+                if existing is None:  # the insert lost on (lineage_id, round_ordinal)
+                    raise InvalidInput(
+                        "round_ordinal",
+                        f"round {new.round_ordinal} of lineage {new.lineage_id or new.id!r}"
+                        " already belongs to another run",
+                    )
                 self._check_identity(existing, new, state)
                 return Joined(existing)
             created = run_row(row)

@@ -50,6 +50,8 @@ CREATE INDEX runs_pending_flow_idx ON runfleet.runs (flow, created_at_ms, id)
     WHERE status = 'pending';
 CREATE INDEX runs_cancel_pending_idx ON runfleet.runs (created_at_ms, id)
     WHERE cancel_requested_at_ms IS NOT NULL AND status IN ('pending', 'suspended');
+CREATE INDEX runs_runnable_suspended_idx ON runfleet.runs (updated_at_ms, id)
+    WHERE status = 'suspended' AND waiting_reason IS NULL;
 CREATE INDEX runs_owner_idx ON runfleet.runs (owner_host, owner_pid, owner_nonce)
     WHERE status = 'running';
 CREATE INDEX runs_status_created_idx ON runfleet.runs (status, created_at_ms);

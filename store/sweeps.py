@@ -89,6 +89,12 @@ class Sweeps:
         )
         return [PendingCursor(r["id"], int(r["created_at_ms"])) for r in rows]
 
+    async def runnable_suspended(self, *, older_than_ms: int, limit: int = 64) -> list[str]:
+        rows = await self._db.all(
+            "sweeps.runnable_suspended", {"older_than_ms": older_than_ms, "limit": limit}
+        )
+        return [r["id"] for r in rows]
+
     async def stranded_claims(
         self, stale_after_ms: int, limit: int = 64
     ) -> list[tuple[str, Owner, int]]:

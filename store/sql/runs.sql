@@ -14,6 +14,9 @@ SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r
  ORDER BY r.round_ordinal DESC LIMIT 1;
 
 -- name: insert
+-- No conflict target: every unique index is an arbiter. With only (id) as arbiter, two
+-- concurrent identical admissions both pass the id pre-check and the loser then fails
+-- on (lineage_id, round_ordinal) with a unique violation instead of joining.
 INSERT INTO runfleet.runs AS r (
     id, flow, queue, status, state, lineage_id, round_ordinal, parent_run_id,
     created_at_ms, updated_at_ms, cancel_requested_at_ms,
@@ -23,7 +26,7 @@ VALUES (
     %(previous_round_id)s, runfleet.now_ms(), runfleet.now_ms(),
     CASE WHEN %(inherit_cancel)s THEN runfleet.now_ms() END,
     CASE WHEN %(delay_until_ms)s::bigint IS NOT NULL THEN 'timer' END, %(delay_until_ms)s)
-ON CONFLICT (id) DO NOTHING
+ON CONFLICT DO NOTHING
 RETURNING r.*, runfleet.now_ms() AS now_ms;
 
 -- name: claim_and_activate
@@ -176,3 +179,6 @@ RETURNING r.id, r.status;
 -- name: close_clocks
 UPDATE runfleet.clocks SET completed_at_ms = runfleet.now_ms()
  WHERE run_id = ANY(%(ids)s) AND completed_at_ms IS NULL;
+
+-- name: get_many
+SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r WHERE r.id = ANY(%(ids)s);

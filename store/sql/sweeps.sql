@@ -35,3 +35,11 @@ SELECT id, claim_host, claim_pid, claim_nonce, claimed_at_ms FROM runfleet.runs
 
 -- name: try_sweep_lock
 SELECT pg_try_advisory_xact_lock(7320112027, %(kind)s) AS locked;
+
+-- name: runnable_suspended
+-- Suspended rows whose wait was cleared but that nobody resumed (the wake message
+-- after a completion was lost): as stranded as a pending run with a lost wake.
+SELECT id FROM runfleet.runs
+ WHERE status = 'suspended' AND waiting_reason IS NULL AND claim_host IS NULL
+   AND updated_at_ms < runfleet.now_ms() - %(older_than_ms)s
+ ORDER BY updated_at_ms, id LIMIT %(limit)s;

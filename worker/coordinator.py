@@ -1,0 +1,79 @@
+"""One drive per run at a time in this process; wakes for a run already in a drive coalesce."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from worker.driver import Driver
+
+log = logging.getLogger("runfleet.worker.coordinator")
+
+
+class Coordinator:
+    """Keyed scheduling of drives.
+
+    ``schedule`` starts a drive unless one is active for that run, in which case
+    the wake is remembered and one more drive follows the current one — so a wake
+    that arrives mid-drive is never lost, and a burst of wakes costs one drive.
+    """
+
+    def __init__(self, driver: Driver) -> None:
+        self._driver = driver
+        self._active: dict[str, asyncio.Task[None]] = {}
+        self._again: set[str] = set()
+        self.changed = asyncio.Event()
+
+    def active(self) -> int:
+        return len(self._active)
+
+    def is_active(self, run_id: str) -> bool:
+        return run_id in self._active
+
+    def schedule(self, run_id: str, on_decided: Callable[[], None] | None = None) -> bool:
+        """Start (or coalesce into) a drive of ``run_id``; True if a new drive started."""
+        if run_id in self._active:
+            self._again.add(run_id)
+            if on_decided is not None:
+                on_decided()
+            return False
+        task = asyncio.create_task(self._run(run_id, on_decided), name=f"drive:{run_id}")
+        self._active[run_id] = task
+        self.changed.set()
+        return True
+
+    async def _run(self, run_id: str, on_decided: Callable[[], None] | None) -> None:
+        try:
+            while True:
+                try:
+                    await self._driver.drive(run_id, on_decided)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    # Infrastructure errors land here (the database went away mid-drive).
+                    # The run stays durable; a sweep or a later wake drives it again.
+                    log.exception("run.drive_failed", extra={"run_id": run_id})
+                on_decided = None
+                if run_id not in self._again:
+                    return
+                self._again.discard(run_id)
+        finally:
+            self._active.pop(run_id, None)
+            self.changed.set()
+
+    def request_interrupt(self, run_id: str, cause: str) -> bool:
+        return self._driver.interrupt(run_id, cause)
+
+    async def join(self, timeout: float | None = None) -> bool:
+        """Wait for every active drive; True if all finished within ``timeout``."""
+        tasks = list(self._active.values())
+        if not tasks:
+            return True
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
+        return not pending
+
+    async def cancel_all(self) -> None:
+        for task in list(self._active.values()):
+            task.cancel()
+        await asyncio.gather(*self._active.values(), return_exceptions=True)

@@ -1,0 +1,404 @@
+"""The run driver: decide (claim, steal or leave), execute, and settle exactly once.
+
+One ``drive(run_id)`` reads the row and takes the one step its state allows:
+a runnable row is claimed and activated; a running row whose lease is stale by
+database time is probed and, if no witness vouches for its owner, stolen with the
+evidence journaled; anything else is left alone. An activated run is executed and
+settled with the cancel guard, so a run is never both cancelled and completed.
+A run that leaves this process's fence (the heartbeat did not confirm it) is
+interrupted and writes nothing more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.liveness import Probe
+from store import Kind, Store
+from store.config import Settings
+from store.types import (
+    Activated,
+    ClaimRecovered,
+    GuardFailed,
+    LeaseFresh,
+    NotFound,
+    NotOwner,
+    Owner,
+    RunRow,
+    RunStatus,
+    SnapshotChanged,
+    Stolen,
+    Transitioned,
+    Waiting,
+    WaitingReason,
+)
+from worker import metrics
+from worker.context import Context, Interrupted
+from worker.evidence import RefusalLadder, journal_evidence
+from worker.flows import Flow, UnknownFlow, resolve
+from worker.retry import with_retry
+
+log = logging.getLogger("runfleet.worker.driver")
+
+ProbeFn = Callable[[Owner], Awaitable[Probe]]
+SettledFn = Callable[[str, str], Awaitable[None]]
+ReleasedFn = Callable[[RunRow], Awaitable[None]]
+UNKNOWN_PROBE = Probe(verdict="unknown", evidence="lease-expired")
+_WAKE_ON_DUE = {WaitingReason.TIMER.value, WaitingReason.QUOTA.value}
+
+
+@dataclass
+class Execution:
+    """A run this process owns right now, at one epoch."""
+
+    ctx: Context
+    task: asyncio.Task[Any] | None = None
+    cause: str | None = field(default=None)
+
+
+class Driver:
+    def __init__(
+        self,
+        store: Store,
+        owner: Owner,
+        settings: Settings,
+        *,
+        probe: ProbeFn | None = None,
+        on_settled: SettledFn | None = None,
+        on_released: ReleasedFn | None = None,
+    ) -> None:
+        self.store = store
+        self.owner = owner
+        self.settings = settings
+        self._probe = probe
+        self._on_settled = on_settled
+        self._on_released = on_released
+        self.owned: dict[str, Execution] = {}
+        self.ladder = RefusalLadder(settings.heartbeat_interval, settings.stale_after)
+        self._warned_unknown: set[str] = set()
+
+    # ---- decide ------------------------------------------------------------
+
+    async def drive(self, run_id: str, on_decided: Callable[[], None] | None = None) -> str:
+        """Take the one step the run's row allows; returns a short word for what happened."""
+        try:
+            row = await self.store.runs.get(run_id)
+            outcome, activated = await self._decide(row, run_id)
+        finally:
+            if on_decided is not None:
+                on_decided()
+        metrics.CLAIM_OUTCOMES.labels(outcome).inc()
+        if activated is not None:
+            await self._execute(*activated)
+        return outcome
+
+    async def _decide(
+        self, row: RunRow | None, run_id: str
+    ) -> tuple[str, tuple[RunRow, Flow | None] | None]:
+        if row is None:
+            return "not_found", None
+        if row.status.terminal:
+            return "terminal", None
+        if row.id in self.owned:
+            return "already_owned", None
+        flow = self._flow(row)
+        if flow is None and row.cancel_requested_at_ms is None:
+            return "unknown_flow", None
+        if row.status is RunStatus.RUNNING:
+            return await self._maybe_steal(row, flow)
+        return await self._claim(row, flow)
+
+    def _flow(self, row: RunRow) -> Flow | None:
+        try:
+            return resolve(row.flow)
+        except UnknownFlow as exc:
+            if row.id not in self._warned_unknown:
+                self._warned_unknown.add(row.id)
+                log.warning(
+                    "run.unknown_flow",
+                    extra={"run_id": row.id, "flow": row.flow, "error": str(exc)},
+                )
+            return None
+
+    async def _claim(
+        self, row: RunRow, flow: Flow | None
+    ) -> tuple[str, tuple[RunRow, Flow | None] | None]:
+        if row.waiting is not None:
+            if not self._wakeable(row):
+                return "waiting", None
+            await self.store.waits.wake(row.id, cause=f"driver:{row.waiting.reason}")
+            fresh = await self.store.runs.get(row.id)
+            if fresh is None:
+                return "not_found", None
+            row = fresh
+        if row.claim is not None:
+            return await self._stranded_claim(row)
+        match await self.store.runs.claim_and_activate(row.id, row.snapshot, self.owner):
+            case Activated(row=activated):
+                if activated.epoch == 1:
+                    metrics.ENQUEUE_TO_START.observe(
+                        max(0, activated.now_ms - activated.created_at_ms) / 1000
+                    )
+                return "activated", (activated, flow)
+            case SnapshotChanged(current=current):
+                await journal_evidence(
+                    self.store,
+                    row.id,
+                    Kind.CLAIM_LOST,
+                    current.owner,
+                    current.heartbeat_at_ms,
+                    {"observer": self.owner.key, "status": current.status.value},
+                )
+                return "claim_lost", None
+            case NotFound():
+                return "not_found", None
+
+    def _wakeable(self, row: RunRow) -> bool:
+        waiting = row.waiting
+        assert waiting is not None
+        if waiting.reason == WaitingReason.QUARANTINE.value:
+            return False  # only an operator's explicit resume moves a quarantined run
+        if row.cancel_requested_at_ms is not None or waiting.reason == WaitingReason.RELEASED:
+            return True
+        due = waiting.wake_at_ms is not None and waiting.wake_at_ms <= row.now_ms
+        return waiting.reason in _WAKE_ON_DUE and due
+
+    async def _stranded_claim(self, row: RunRow) -> tuple[str, None]:
+        assert row.claim is not None and row.claimed_at_ms is not None
+        if row.now_ms - row.claimed_at_ms <= self.settings.stale_after_ms:
+            return "claim_pending", None
+        probe = await self._probe_owner(row.claim)
+        if probe.vouches:
+            return "claimant_alive", None
+        match await self.store.runs.recover_claim(
+            row.id, row.claim, row.claimed_at_ms, {"probe": probe.evidence}
+        ):
+            case ClaimRecovered():
+                return "claim_recovered", None
+            case _:
+                return "claim_lost", None
+
+    async def _maybe_steal(
+        self, row: RunRow, flow: Flow | None
+    ) -> tuple[str, tuple[RunRow, Flow | None] | None]:
+        owner, heartbeat = row.owner, row.heartbeat_at_ms
+        assert owner is not None and heartbeat is not None
+        if owner == self.owner:
+            return "already_owned", None
+        if row.now_ms - heartbeat <= self.settings.stale_after_ms:
+            return "heartbeat_fresh", None
+        if not self.ladder.due(row.id, heartbeat):
+            return "steal_backoff", None
+        probe = await self._probe_owner(owner)
+        if probe.vouches:
+            delay = self.ladder.refused(row.id, heartbeat)
+            await journal_evidence(
+                self.store,
+                row.id,
+                Kind.STEAL_REFUSED_OWNER_ALIVE,
+                owner,
+                heartbeat,
+                {
+                    "evidence": "probe",
+                    "probe": probe.evidence,
+                    "observer": self.owner.key,
+                    "lease_age_ms": row.now_ms - heartbeat,
+                    "retry_in_s": delay,
+                },
+            )
+            return "steal_refused_owner_alive", None
+        evidence = {
+            "probe": probe.evidence,
+            "observer": self.owner.key,
+            "probe_detail": dict(probe.detail),
+        }
+        match await self.store.runs.steal(row.id, row.snapshot, self.owner, evidence):
+            case Stolen(row=stolen):
+                self.ladder.forget(row.id)
+                metrics.STEALS.labels(probe.evidence).inc()
+                log.info(
+                    "run.stolen",
+                    extra={"run_id": row.id, "previous": owner.key, "evidence": probe.evidence},
+                )
+                return "stolen", (stolen, flow)
+            case LeaseFresh(current=current):
+                await journal_evidence(
+                    self.store,
+                    row.id,
+                    Kind.STEAL_REFUSED_OWNER_ALIVE,
+                    owner,
+                    current.heartbeat_at_ms,
+                    {"evidence": "lease-fresh", "observer": self.owner.key},
+                )
+                return "heartbeat_fresh", None
+            case SnapshotChanged() | NotFound():
+                return "activation_lost", None
+
+    async def _probe_owner(self, owner: Owner) -> Probe:
+        if self._probe is None:
+            return UNKNOWN_PROBE
+        try:
+            return await self._probe(owner)
+        except Exception:  # the probe is a witness, not a judge: no answer is "unknown"
+            log.exception("probe.failed", extra={"owner": owner.key})
+            return UNKNOWN_PROBE
+
+    # ---- execute -----------------------------------------------------------
+
+    async def _execute(self, row: RunRow, flow: Flow | None) -> None:
+        ctx = Context(run=row, owner=self.owner, epoch=row.epoch)
+        execution = Execution(ctx)
+        self.owned[row.id] = execution
+        metrics.RUNS_IN_FLIGHT.inc()
+        try:
+            if row.cancel_requested_at_ms is not None or flow is None:
+                await self._settle_cancelled(row, ctx)
+                return
+            execution.task = asyncio.create_task(self._call(flow, ctx), name=f"run:{row.id}")
+            await asyncio.wait({execution.task})
+            await self._settle(row, ctx, execution)
+        finally:
+            self.owned.pop(row.id, None)
+            metrics.RUNS_IN_FLIGHT.dec()
+
+    async def _call(self, flow: Flow, ctx: Context) -> Any:
+        args, kwargs = ctx.args, ctx.kwargs
+        if flow.takes_context:
+            args = [ctx, *args]
+        if flow.is_async:
+            return await flow.fn(*args, **kwargs)
+        return await asyncio.to_thread(flow.fn, *args, **kwargs)
+
+    def interrupt(self, run_id: str, cause: str) -> bool:
+        """Stop executing a run (cancel request, lost fence, lapse, shutdown)."""
+        execution = self.owned.get(run_id)
+        if execution is None:
+            return False
+        # A lost fence outranks everything: once another owner holds the run, this
+        # process must not write, not even a cancellation or a release.
+        if execution.cause is None or cause == "lost-fence":
+            execution.cause = cause
+            execution.ctx._interrupt = cause
+        if execution.task is not None and not execution.task.done():
+            execution.task.cancel(msg=cause)
+        return True
+
+    # ---- settle ------------------------------------------------------------
+
+    async def _settle(self, row: RunRow, ctx: Context, execution: Execution) -> None:
+        task = execution.task
+        assert task is not None
+        cause = execution.cause
+        if cause is None and not task.cancelled():
+            exc = task.exception()
+            if isinstance(exc, Interrupted):
+                cause = exc.cause
+        if cause is None and task.cancelled():
+            cause = "shutdown"
+        if cause == "lost-fence":
+            log.warning("run.fence_lost", extra={"run_id": row.id, "epoch": row.epoch})
+            return
+        if cause == "cancelled":
+            await self._settle_cancelled(row, ctx)
+            return
+        if cause is not None:
+            await self.release(row, cause)
+            return
+        exc = task.exception()
+        if exc is not None:
+            error = {
+                "type": type(exc).__name__,
+                "message": str(exc),
+                "traceback": "".join(traceback.format_exception(exc))[-4000:],
+            }
+            await self._finish(row, ctx, RunStatus.FAILED, {"error": error})
+            return
+        result = task.result()
+        try:
+            json.dumps(result, allow_nan=False)
+        except (TypeError, ValueError) as enc:
+            note = f"result of type {type(result).__name__} is not JSON-encodable: {enc}"
+            await self._finish(
+                row,
+                ctx,
+                RunStatus.FAILED,
+                {"error": {"type": "ResultEncodingError", "message": note}},
+            )
+            return
+        await self._finish(row, ctx, RunStatus.COMPLETED, {"result": result})
+
+    async def _finish(
+        self, row: RunRow, ctx: Context, status: RunStatus, patch: dict[str, Any]
+    ) -> None:
+        outcome = await with_retry(
+            "settle",
+            lambda: self.store.lifecycle.transition_owned(
+                row.id, self.owner, ctx.epoch, status, state_patch=patch
+            ),
+        )
+        match outcome:
+            case Transitioned():
+                metrics.SETTLEMENTS.labels(status.value).inc()
+                await self._announce(row.id, status.value)
+            case GuardFailed():
+                await self._settle_cancelled(row, ctx)
+            case NotOwner() | NotFound():
+                log.warning("run.fence_lost", extra={"run_id": row.id, "epoch": ctx.epoch})
+
+    async def _settle_cancelled(self, row: RunRow, ctx: Context) -> None:
+        outcome = await with_retry(
+            "settle", lambda: self.store.lifecycle.acknowledge_cancel(row.id, self.owner, ctx.epoch)
+        )
+        match outcome:
+            case Transitioned():
+                metrics.SETTLEMENTS.labels(RunStatus.CANCELLED.value).inc()
+                await self._announce(row.id, RunStatus.CANCELLED.value)
+            case _:
+                log.warning("run.fence_lost", extra={"run_id": row.id, "epoch": ctx.epoch})
+
+    async def _announce(self, run_id: str, status: str) -> None:
+        if self._on_settled is not None:
+            await self._on_settled(run_id, status)
+
+    async def _park_released(self, row: RunRow, cause: str) -> bool:
+        async with self.store.transaction():
+            outcome = await self.store.waits.park(
+                row.id,
+                self.owner,
+                row.epoch,
+                Waiting(reason=WaitingReason.RELEASED.value),
+                guard=False,
+            )
+            if isinstance(outcome, NotOwner | NotFound):
+                return False
+            await self.store.journal.record(
+                row.id,
+                Kind.INTERRUPT_RELEASED,
+                {
+                    "cause": "lease-lapsed" if cause == "lease-lapsed" else "interrupted",
+                    "detail": cause,
+                    "owner": self.owner.key,
+                    "epoch": row.epoch,
+                },
+            )
+            return True
+
+    async def release(self, row: RunRow, cause: str) -> bool:
+        """Hand an unsettled run back (shutdown, lapse): park ``released``, journaled.
+
+        Compensations do not run: shutdown is not cancellation. Returns False when
+        the fence was already gone (another owner took the run meanwhile).
+        """
+        if not await with_retry("release", lambda: self._park_released(row, cause)):
+            return False
+        metrics.RELEASES.labels(cause).inc()
+        log.info("run.released", extra={"run_id": row.id, "cause": cause})
+        if self._on_released is not None:
+            await self._on_released(row)
+        return True

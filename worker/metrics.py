@@ -1,0 +1,38 @@
+"""Prometheus metrics of a worker process (served on ``--metrics-port``)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+CLAIM_OUTCOMES = Counter(
+    "runfleet_claim_outcomes_total",
+    "Decisions of the claim path, by outcome.",
+    ["outcome"],
+)
+SETTLEMENTS = Counter(
+    "runfleet_settlements_total", "Runs settled by this process, by final status.", ["status"]
+)
+STEALS = Counter("runfleet_steals_total", "Runs taken over, by probe evidence.", ["evidence"])
+RELEASES = Counter("runfleet_releases_total", "Runs released unsettled, by cause.", ["cause"])
+LEASE_LAPSES = Counter("runfleet_lease_lapses_total", "Times this process's lease lapsed.")
+INFRA_ERRORS = Counter(
+    "runfleet_infrastructure_errors_total",
+    "Database/Redis errors survived with a retry, by component.",
+    ["component"],
+)
+SWEEP_DURATION = Histogram(
+    "runfleet_sweep_duration_seconds", "Duration of one sweep of one kind.", ["kind"]
+)
+SWEEP_BATCH = Histogram(
+    "runfleet_sweep_batch_size",
+    "Rows one sweep acted on.",
+    ["kind"],
+    buckets=(0, 1, 2, 4, 8, 16, 32, 64),
+)
+STREAM_LAG = Gauge("runfleet_stream_lag", "Undelivered + unacknowledged stream entries.", ["queue"])
+ENQUEUE_TO_START = Histogram(
+    "runfleet_enqueue_to_start_seconds",
+    "Database time from admission to first activation.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+RUNS_IN_FLIGHT = Gauge("runfleet_runs_in_flight", "Runs this process is executing now.")

@@ -1,0 +1,276 @@
+"""One worker process: stream reader, drives, lease, sweeps and cancel delivery.
+
+Side tasks run under one TaskGroup: if any dies unexpectedly the worker stops
+loudly instead of limping on. Shutdown (DESIGN §10): stop reading, give running
+runs the grace period, then release what is left so another worker resumes it at
+once; a hard stop releases immediately.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from broker.client import connect
+from broker.codec import StreamMessage
+from broker.liveness import Liveness
+from broker.notify import Notifier
+from broker.streams import Delivery, Streams
+from store import Store
+from store.config import Settings
+from store.types import Owner, RunRow
+from worker import metrics
+from worker.coordinator import Coordinator
+from worker.driver import Driver
+from worker.lease import Lease
+from worker.retry import INFRA_ERRORS
+from worker.sweeper import Sweeper
+
+log = logging.getLogger("runfleet.worker.process")
+
+
+def import_flows(modules: Sequence[str]) -> None:
+    """Import the modules whose ``@flow`` decorators register this worker's flows."""
+    for name in modules:
+        importlib.import_module(name)
+
+
+class Worker:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        queues: Sequence[str] = ("default",),
+        concurrency: int = 16,
+        owner: Owner | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        self.settings = settings
+        self.queues = list(dict.fromkeys(queues))
+        self.concurrency = concurrency
+        self.owner = owner or Owner.for_this_process(settings.host_id)
+        self._stopping = asyncio.Event()
+        self._hard = asyncio.Event()
+        self._side_stop = asyncio.Event()
+        self._background: set[asyncio.Task[object]] = set()
+        self.started = asyncio.Event()
+        self.driver: Driver | None = None
+
+    # ---- service surface -----------------------------------------------------
+
+    def stop(self, *, hard: bool = False) -> None:
+        """First call: graceful stop. A second call (or ``hard``): release now. Idempotent."""
+        if self._stopping.is_set() or hard:
+            self._hard.set()
+        self._stopping.set()
+
+    async def run(self) -> None:
+        store = await Store.open(
+            self.settings, source_id=self.owner.key, max_size=max(4, self.settings.pool_max)
+        )
+        redis = connect(self.settings, client_name=f"runfleet:{self.owner.key}")
+        prefix = self.settings.redis_prefix
+        self.streams = Streams(redis, prefix)
+        self.notifier = Notifier(redis, prefix)
+        self.liveness = Liveness(redis, prefix, self.settings.host_id)
+        self.store = store
+        driver = Driver(
+            store,
+            self.owner,
+            self.settings,
+            probe=self.liveness.probe,
+            on_settled=self._settled,
+            on_released=self._released,
+        )
+        self.driver = driver
+        self.coordinator = Coordinator(driver)
+        lease = Lease(store, driver, self.owner, self.settings, refresh_liveness=self._refresh)
+        sweeper = Sweeper(store, self.settings, self._dispatch)
+        self._started_ms = int(time.time() * 1000)
+        try:
+            try:
+                await self.streams.ensure_groups(self.queues)
+            except INFRA_ERRORS as exc:
+                log.warning("stream.groups_unavailable", extra={"error": repr(exc)})
+            await lease.tick()
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(lease.run(self._side_stop), name="lease")
+                tg.create_task(sweeper.run(self._side_stop), name="sweeper")
+                tg.create_task(self._cancel_listener(), name="cancel-listener")
+                reader = tg.create_task(self._read_loop(), name="reader")
+                self.started.set()
+                log.info(
+                    "worker.started",
+                    extra={
+                        "owner": self.owner.key,
+                        "queues": self.queues,
+                        "concurrency": self.concurrency,
+                    },
+                )
+                await self._stopping.wait()
+                await reader
+                await self._drain()
+                self._side_stop.set()
+        finally:
+            await self._close(store, redis)
+
+    async def _drain(self) -> None:
+        grace = self.settings.grace_period
+        join = asyncio.create_task(self.coordinator.join(timeout=None))
+        hard = asyncio.create_task(self._hard.wait())
+        await asyncio.wait({join, hard}, timeout=grace, return_when=asyncio.FIRST_COMPLETED)
+        hard.cancel()
+        if not join.done():
+            assert self.driver is not None
+            left = list(self.driver.owned)
+            log.info("worker.releasing", extra={"runs": len(left)})
+            for run_id in left:
+                self.driver.interrupt(run_id, "shutdown")
+            await join
+
+    async def _close(self, store: Store, redis: object) -> None:
+        for task in list(self._background):
+            task.cancel()
+        try:
+            await asyncio.wait_for(self.liveness.clear(self.owner), timeout=1.0)
+        except Exception as exc:
+            log.warning("liveness.clear_failed", extra={"error": repr(exc)})
+        await store.close()
+        await self.streams_close(redis)
+        log.info("worker.stopped", extra={"owner": self.owner.key})
+
+    @staticmethod
+    async def streams_close(redis: object) -> None:
+        close = getattr(redis, "aclose", None)
+        if close is not None:
+            try:
+                await close()
+            except Exception:
+                pass
+
+    # ---- reading -------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        backoff = 0.1
+        last_reclaim = time.monotonic()
+        while not self._stopping.is_set():
+            free = self.concurrency - self.coordinator.active()
+            if free <= 0:
+                self.coordinator.changed.clear()
+                await self._wait_any(self.coordinator.changed, 0.5)
+                continue
+            try:
+                deliveries = await self.streams.read(self.owner.key, self.queues, free, 500)
+                if time.monotonic() - last_reclaim > self.settings.stale_after * 2:
+                    last_reclaim = time.monotonic()
+                    deliveries += await self.streams.reclaim(
+                        self.owner.key,
+                        self.queues,
+                        self.settings.stale_after_ms * 3,
+                        max(0, free - len(deliveries)),
+                    )
+                backoff = 0.1
+            except INFRA_ERRORS as exc:
+                metrics.INFRA_ERRORS.labels("stream").inc()
+                log.warning("stream.read_failed", extra={"error": repr(exc), "retry_in": backoff})
+                await self._wait_any(self._stopping, backoff)
+                backoff = min(backoff * 2, 5.0)
+                await self._regroup()
+                continue
+            for delivery in deliveries:
+                self.coordinator.schedule(delivery.message.run, self._acker(delivery))
+
+    async def _regroup(self) -> None:
+        try:
+            await self.streams.ensure_groups(self.queues)
+        except INFRA_ERRORS:
+            pass
+
+    def _acker(self, delivery: Delivery) -> Callable[[], None]:
+        def ack() -> None:
+            self._spawn(self._ack(delivery))
+
+        return ack
+
+    async def _ack(self, delivery: Delivery) -> None:
+        try:
+            await self.streams.ack(delivery.queue, delivery.entry_id)
+        except INFRA_ERRORS as exc:
+            log.warning(
+                "stream.ack_failed", extra={"run_id": delivery.message.run, "error": repr(exc)}
+            )
+
+    def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
+        task: asyncio.Task[object] = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    @staticmethod
+    async def _wait_any(event: asyncio.Event, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(event.wait(), timeout=timeout)
+        except TimeoutError:
+            pass
+
+    # ---- fast paths ----------------------------------------------------------
+
+    async def _dispatch(self, run_ids: list[str], reason: str) -> None:
+        """Get runs driven: a wake on their queue's stream, or a local drive without Redis."""
+        rows = await self.store.runs.get_many(run_ids)
+        try:
+            await self.streams.publish_many([(row.queue, self._wake(row, reason)) for row in rows])
+            return
+        except INFRA_ERRORS as exc:
+            log.warning("stream.publish_failed", extra={"runs": len(rows), "error": repr(exc)})
+        free = self.concurrency - self.coordinator.active()
+        for row in rows:
+            if free <= 0:
+                break
+            if row.queue in self.queues and self.coordinator.schedule(row.id):
+                free -= 1
+
+    @staticmethod
+    def _wake(row: RunRow, reason: str) -> StreamMessage:
+        return StreamMessage(
+            v=1,
+            kind="wake",
+            run=row.id,
+            flow=row.flow,
+            reason=reason,
+            at_ms=int(time.time() * 1000),
+        )
+
+    async def _released(self, row: RunRow) -> None:
+        try:
+            await self.streams.publish(row.queue, self._wake(row, "released"))
+        except INFRA_ERRORS as exc:
+            log.warning("stream.publish_failed", extra={"run_id": row.id, "error": repr(exc)})
+
+    async def _settled(self, run_id: str, status: str) -> None:
+        await self.notifier.publish_settled(run_id, status)
+
+    async def _refresh(self, confirmed_ms: int, lapsed: bool, runs: int) -> None:
+        await self.liveness.refresh(
+            self.owner,
+            confirmed_ms,
+            lapsed,
+            ttl_s=3 * self.settings.heartbeat_interval,
+            info={"started_ms": self._started_ms, "queues": ",".join(self.queues), "runs": runs},
+        )
+
+    async def _cancel_listener(self) -> None:
+        """Act on cancel publishes in milliseconds; the heartbeat poll is the backstop."""
+        async for notice in self.notifier.listen("cancel"):
+            if self._side_stop.is_set():
+                return
+            assert self.driver is not None
+            if notice.run_id not in self.driver.owned:
+                continue
+            row = await self.store.runs.get(notice.run_id)
+            if row is not None and row.cancel_requested_at_ms is not None:
+                self.driver.interrupt(notice.run_id, "cancelled")

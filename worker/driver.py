@@ -278,8 +278,8 @@ class Driver:
     def interrupt(self, run_id: str, cause: str) -> bool:
         """Stop executing a run (cancel request, lost fence, lapse, shutdown)."""
         execution = self.owned.get(run_id)
-        if execution is None:
-            return False
+        if execution is None or (execution.task is not None and execution.task.done()):
+            return False  # not ours, or its body already ended and its settlement decides
         # A lost fence outranks everything: once another owner holds the run, this
         # process must not write, not even a cancellation or a release.
         if execution.cause is None or cause == "lost-fence":

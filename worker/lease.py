@@ -73,9 +73,8 @@ class Lease:
         self.last_confirmed = time.monotonic()
         self.last_confirmed_ms = beat.now_ms
         for run_id in owned:
-            if run_id not in beat.confirmed:
+            if run_id not in beat.confirmed and self._driver.interrupt(run_id, "lost-fence"):
                 log.warning("run.fence_lost", extra={"run_id": run_id, "via": "heartbeat"})
-                self._driver.interrupt(run_id, "lost-fence")
         for run_id in beat.cancel_requested:
             self._driver.interrupt(run_id, "cancelled")
         if self.lapsed:

@@ -101,7 +101,7 @@ class Worker:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(lease.run(self._side_stop), name="lease")
                 tg.create_task(sweeper.run(self._side_stop), name="sweeper")
-                tg.create_task(self._cancel_listener(), name="cancel-listener")
+                listener = tg.create_task(self._cancel_listener(), name="cancel-listener")
                 reader = tg.create_task(self._read_loop(), name="reader")
                 self.started.set()
                 log.info(
@@ -116,6 +116,7 @@ class Worker:
                 await reader
                 await self._drain()
                 self._side_stop.set()
+                listener.cancel()
         finally:
             await self._close(store, redis)
 

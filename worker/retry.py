@@ -55,7 +55,7 @@ async def with_retry(
     """Call ``fn`` until it succeeds, retrying infrastructure errors with jittered backoff."""
     async for attempt in AsyncRetrying(
         retry=retry_if_exception_type(INFRA_ERRORS),
-        wait=wait_exponential_jitter(initial=0.1, max=2.0),
+        wait=wait_exponential_jitter(multiplier=0.1, max=2.0),
         stop=stop_after_delay(give_up_after),
         before_sleep=_log_retry(component),
         reraise=True,

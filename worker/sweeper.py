@@ -63,7 +63,9 @@ class Sweeper:
                     run_ids = await sweep()
             except Exception as exc:
                 metrics.INFRA_ERRORS.labels(f"sweep:{kind.name.lower()}").inc()
-                log.warning("sweep.failed", extra={"kind": kind.name, "error": repr(exc)})
+                log.warning(
+                    "sweep.failed", extra={"kind": kind.name, "error": repr(exc)}, exc_info=True
+                )
                 continue
             metrics.SWEEP_DURATION.labels(kind.name.lower()).observe(time.monotonic() - started)
             metrics.SWEEP_BATCH.labels(kind.name.lower()).observe(len(run_ids))

@@ -34,7 +34,7 @@ SELECT id, claim_host, claim_pid, claim_nonce, claimed_at_ms FROM runfleet.runs
  ORDER BY claimed_at_ms, id LIMIT %(limit)s;
 
 -- name: try_sweep_lock
-SELECT pg_try_advisory_xact_lock(7320112027, %(kind)s) AS locked;
+SELECT pg_try_advisory_xact_lock(732011, %(kind)s::int) AS locked;
 
 -- name: runnable_suspended
 -- Suspended rows whose wait was cleared but that nobody resumed (the wake message

@@ -1,0 +1,77 @@
+"""Every Redis key and channel name runfleet uses, derived from one prefix.
+
+Names live in one place so that two processes configured with the same
+``redis_prefix`` always agree on them, and so that a test (or a second fleet on
+the same Redis) isolates itself completely by choosing another prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from store.errors import InvalidInput
+from store.types import Owner
+
+DEFAULT_PREFIX = "runfleet"
+GROUP = "workers"
+"""The one consumer group on every queue stream: each worker process is a consumer in it."""
+
+_GLOB_SPECIAL = frozenset("*?[]\\")
+
+
+def glob_escape(text: str) -> str:
+    """Escape ``text`` for a Redis MATCH pattern, so a prefix like ``a[1]`` matches literally."""
+    return "".join("\\" + ch if ch in _GLOB_SPECIAL else ch for ch in text)
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Key and channel names under one prefix."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        if not self.prefix:
+            raise InvalidInput("redis_prefix", "must be non-empty")
+
+    def stream(self, queue: str) -> str:
+        """The stream that carries schedule/wake messages for ``queue``."""
+        if not queue:
+            raise InvalidInput("queue", "must be non-empty")
+        return f"{self.prefix}:q:{queue}"
+
+    def alive(self, owner: Owner) -> str:
+        """The liveness key a worker process refreshes while it runs."""
+        return f"{self.alive_base}{owner.host_id}:{owner.pid}:{owner.nonce}"
+
+    @property
+    def alive_base(self) -> str:
+        return f"{self.prefix}:alive:"
+
+    @property
+    def alive_pattern(self) -> str:
+        """SCAN pattern matching every liveness key under this prefix (and nothing else)."""
+        return glob_escape(self.alive_base) + "*"
+
+    def owner_of(self, alive_key: str) -> Owner | None:
+        """Parse a liveness key back into its owner; ``None`` if it is not one of ours.
+
+        Split from the right: pid and nonce never contain ``:``, a host id might.
+        """
+        if not alive_key.startswith(self.alive_base):
+            return None
+        parts = alive_key[len(self.alive_base) :].rsplit(":", 2)
+        if len(parts) != 3 or not parts[0] or not parts[2]:
+            return None
+        host, pid, nonce = parts
+        if not pid.isdigit():
+            return None
+        return Owner(host_id=host, pid=int(pid), nonce=nonce)
+
+    @property
+    def cancel_channel(self) -> str:
+        return f"{self.prefix}:cancel"
+
+    @property
+    def settled_channel(self) -> str:
+        return f"{self.prefix}:settled"

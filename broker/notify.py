@@ -1,0 +1,306 @@
+"""Cancel and settled fast paths over Redis pub/sub: hints that Postgres backs up.
+
+``cancel`` lets an owner act on a durable cancel request in milliseconds rather
+than at its next heartbeat poll; ``settled`` wakes producers blocked in
+``run.result()``. Pub/sub is fire-and-forget: a notice published while nobody
+listens, or while Redis is away, is simply lost, so every consumer of these
+notices also polls Postgres and a failure to publish is logged, never raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import random
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal, TypeAlias
+
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+from redis.exceptions import RedisError
+
+from broker.client import require_binary
+from broker.keys import DEFAULT_PREFIX, Keys
+
+log = logging.getLogger("runfleet.broker.notify")
+
+ChannelKind: TypeAlias = Literal["cancel", "settled"]
+DEFAULT_TIMEOUT = 1.0
+_BACKOFF_INITIAL = 0.1
+_BACKOFF_MAX = 5.0
+_POLL_S = 1.0
+_UNAVAILABLE = (RedisError, OSError, TimeoutError)
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """One hint: run ``run_id`` was asked to cancel, or settled with ``status``."""
+
+    kind: ChannelKind
+    run_id: str
+    status: str | None = None
+
+
+Callback: TypeAlias = Callable[[Notice], Awaitable[None] | None]
+
+
+async def _close_quietly(pubsub: PubSub) -> None:
+    """Release a pubsub connection; errors are moot, the connection is being dropped anyway."""
+    with contextlib.suppress(Exception):
+        await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+
+
+def _decode(kind: ChannelKind, data: Any) -> Notice:
+    """Parse a channel payload (JSON, so ``redis-cli subscribe`` shows it readably)."""
+    value = json.loads(data)
+    if not isinstance(value, dict) or not isinstance(value.get("run"), str) or not value["run"]:
+        raise ValueError("payload has no run id")
+    status = value.get("status")
+    if kind == "settled" and not isinstance(status, str):
+        raise ValueError("settled payload has no status")
+    return Notice(kind, value["run"], status if isinstance(status, str) else None)
+
+
+class Notifier:
+    """Publishes and subscribes to the cancel and settled channels of one prefix."""
+
+    def __init__(
+        self, redis: Redis, prefix: str = DEFAULT_PREFIX, *, timeout: float = DEFAULT_TIMEOUT
+    ) -> None:
+        self._redis = require_binary(redis)
+        self._keys = Keys(prefix)
+        self._timeout = timeout
+
+    def channel(self, kind: ChannelKind) -> str:
+        return self._keys.cancel_channel if kind == "cancel" else self._keys.settled_channel
+
+    async def publish_cancel(self, run_id: str) -> bool:
+        """Tell the owner of ``run_id`` to look at its (already durable) cancel request."""
+        return await self._publish("cancel", {"run": run_id}, "notify.cancel_failed")
+
+    async def publish_settled(self, run_id: str, status: str) -> bool:
+        """Wake producers waiting on ``run_id``; call after the settling transaction committed."""
+        payload = {"run": run_id, "status": status}
+        return await self._publish("settled", payload, "notify.settled_failed")
+
+    async def _publish(self, kind: ChannelKind, payload: dict[str, str], event: str) -> bool:
+        """Publish within ``timeout``; ``False`` (and a warning) if Redis did not take it."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._redis.publish(self.channel(kind), json.dumps(payload))
+        except _UNAVAILABLE as exc:
+            log.warning(event, extra={"run_id": payload["run"], "error": repr(exc)})
+            return False
+        return True
+
+    async def _subscribe(self, pubsub: PubSub, channel: str) -> None:
+        """Subscribe and wait for the server's confirmation: only then is nothing missed."""
+        async with asyncio.timeout(self._timeout):
+            await pubsub.subscribe(channel)
+            while True:
+                msg = await pubsub.get_message(timeout=self._timeout)
+                if msg is not None and msg.get("type") in ("subscribe", b"subscribe"):
+                    return
+
+    async def _open(self, kind: ChannelKind) -> PubSub | None:
+        """A confirmed subscription to ``kind``, or ``None`` (logged) if Redis is unavailable."""
+        channel = self.channel(kind)
+        pubsub = self._redis.pubsub()
+        try:
+            await self._subscribe(pubsub, channel)
+        except _UNAVAILABLE as exc:
+            log.warning("notify.watch_unavailable", extra={"channel": channel, "error": repr(exc)})
+            await _close_quietly(pubsub)
+            return None
+        return pubsub
+
+    async def listen(
+        self,
+        kind: ChannelKind,
+        *,
+        on_ready: Callable[[], None] | None = None,
+        on_lost: Callable[[], None] | None = None,
+        max_backoff: float = _BACKOFF_MAX,
+    ) -> AsyncGenerator[Notice, None]:
+        """Yield notices forever, resubscribing with jittered backoff whenever Redis goes away.
+
+        Notices published while disconnected are lost; ``on_ready`` runs after each
+        (re)subscription so a caller can re-check Postgres for what it may have missed,
+        ``on_lost`` when the connection drops.
+        """
+        channel = self.channel(kind)
+        backoff = _BACKOFF_INITIAL
+        while True:
+            pubsub = self._redis.pubsub()
+            try:
+                await self._subscribe(pubsub, channel)
+                backoff = _BACKOFF_INITIAL
+                log.info("notify.subscribed", extra={"channel": channel})
+                if on_ready is not None:
+                    on_ready()
+                while True:
+                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=_POLL_S)
+                    if msg is None or msg.get("type") not in ("message", b"message"):
+                        continue
+                    try:
+                        notice = _decode(kind, msg["data"])
+                    except ValueError as exc:
+                        log.warning(
+                            "notify.malformed", extra={"channel": channel, "reason": str(exc)}
+                        )
+                        continue
+                    yield notice
+            except _UNAVAILABLE as exc:
+                if on_lost is not None:
+                    on_lost()
+                log.warning(
+                    "notify.subscription_lost",
+                    extra={"channel": channel, "error": repr(exc), "retry_in_s": backoff},
+                )
+            finally:
+                await _close_quietly(pubsub)
+            await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
+            backoff = min(backoff * 2, max_backoff)
+
+    def subscription(self, kind: ChannelKind, callback: Callback) -> Subscription:
+        """A service that calls ``callback`` for each notice of ``kind``; see ``Subscription``."""
+        return Subscription(self, kind, callback)
+
+    def watch_settled(self, *run_ids: str) -> SettledWatch:
+        """Subscribe before checking Postgres, so a settle between check and wait is not missed."""
+        return SettledWatch(self, frozenset(run_ids))
+
+    async def wait_settled(self, run_id: str, timeout: float) -> Notice | None:
+        """Return the settled notice for ``run_id``, or ``None`` after ``timeout``.
+
+        Subscribes on entry, so a settle that committed just before the call is missed;
+        callers check Postgres after each return (or use ``watch_settled``).
+        """
+        async with self.watch_settled(run_id) as watch:
+            return await watch.wait(timeout)
+
+
+class SettledWatch:
+    """A settled-channel subscription scoped to some run ids.
+
+    Usage: ``async with notifier.watch_settled(rid) as w:`` check Postgres, then
+    ``await w.wait(t)`` and check again. If Redis is unavailable ``wait`` sleeps out
+    its timeout and returns ``None``, so a caller's poll loop keeps its pace.
+    """
+
+    def __init__(self, notifier: Notifier, run_ids: frozenset[str]) -> None:
+        self._notifier = notifier
+        self._run_ids = run_ids
+        self._pubsub: PubSub | None = None
+
+    async def __aenter__(self) -> SettledWatch:
+        self._pubsub = await self._notifier._open("settled")
+        return self
+
+    async def wait(self, timeout: float) -> Notice | None:
+        """The first settled notice for a watched run within ``timeout``, else ``None``."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        while (remaining := deadline - time.monotonic()) > 0:
+            if self._pubsub is None:
+                await asyncio.sleep(remaining)
+                return None
+            try:
+                msg = await self._pubsub.get_message(
+                    ignore_subscribe_messages=True, timeout=remaining
+                )
+            except _UNAVAILABLE as exc:
+                log.warning("notify.watch_unavailable", extra={"error": repr(exc)})
+                await self._close()
+                continue
+            if msg is None or msg.get("type") not in ("message", b"message"):
+                continue
+            try:
+                notice = _decode("settled", msg["data"])
+            except ValueError:
+                continue
+            if notice.run_id in self._run_ids:
+                return notice
+        return None
+
+    async def _close(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            await _close_quietly(pubsub)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._close()
+
+
+class Subscription:
+    """Runs ``callback`` for every notice of one channel kind until stopped.
+
+    Survives Redis restarts (``Notifier.listen`` resubscribes). A callback that
+    raises is logged (``notify.callback_failed``) and the subscription goes on: a
+    missed hint costs latency, never correctness. Callbacks run one at a time.
+    ``start``/``stop`` are idempotent; stopping before starting is harmless.
+    """
+
+    def __init__(self, notifier: Notifier, kind: ChannelKind, callback: Callback) -> None:
+        self._notifier = notifier
+        self._kind = kind
+        self._callback = callback
+        self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+
+    @property
+    def ready(self) -> bool:
+        """Subscribed right now (false while reconnecting)."""
+        return self._ready.is_set()
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"runfleet-notify-{self._kind}")
+
+    async def wait_ready(self, timeout: float) -> bool:
+        """Wait until subscribed; ``False`` if that took longer than ``timeout``."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._ready.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Cancel the listener and wait (up to ``grace``) for it to close its connection."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            async with asyncio.timeout(grace):
+                await task
+        self._ready.clear()
+
+    async def _run(self) -> None:
+        notices = self._notifier.listen(
+            self._kind, on_ready=self._ready.set, on_lost=self._ready.clear
+        )
+        try:
+            async for notice in notices:
+                try:
+                    result = self._callback(notice)
+                    if inspect.isawaitable(result):
+                        await result
+                except Exception:
+                    log.exception(
+                        "notify.callback_failed",
+                        extra={"kind": self._kind, "run_id": notice.run_id},
+                    )
+        finally:
+            await notices.aclose()

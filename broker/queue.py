@@ -1,0 +1,296 @@
+"""Producers: ``Queue`` (synchronous, rq-shaped) and ``AsyncQueue`` over one admission path.
+
+Admission is one Postgres transaction (run row + ``created`` record), then one
+stream message. The message is only a hint: if Redis fails after the commit the
+run is still durable and the lost-wake sweep schedules it. ``Queue`` runs the
+same ``AsyncQueue`` code on a private event-loop thread, so the two differ only
+in how they are called.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from redis.asyncio import Redis
+
+from broker.client import connect
+from broker.codec import StreamMessage
+from broker.notify import Notifier
+from broker.streams import Streams
+from store import Store
+from store.config import Settings
+from store.errors import InvalidInput, RunfleetError
+from store.types import CancelOutcome, NewRun, RunRow, RunStatus
+
+log = logging.getLogger("runfleet.broker.queue")
+
+_PUBLISH_ERRORS = (OSError, TimeoutError, ConnectionError)
+
+
+class RunFailed(RunfleetError):
+    """The run settled ``failed``; ``error`` is what the worker recorded."""
+
+    def __init__(self, run_id: str, error: Any) -> None:
+        super().__init__(f"run {run_id!r} failed: {error}")
+        self.run_id = run_id
+        self.error = error
+
+
+class RunCancelled(RunfleetError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id!r} was cancelled")
+        self.run_id = run_id
+
+
+class RunNotFound(RunfleetError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run with id {run_id!r}")
+        self.run_id = run_id
+
+
+def flow_target(target: Any) -> tuple[str, str | None, Callable[..., Any] | None, bool]:
+    """(flow name, its declared queue, the function to check arguments against, takes ctx).
+
+    Accepts a ``@flow`` object (recognised by its ``runfleet_flow`` attribute, so
+    the broker never imports the worker), a plain function (rq-style implicit
+    single-step flow) or a ``"module:function"`` name (late binding).
+    """
+    declared = getattr(target, "runfleet_flow", None)
+    if declared is not None:
+        name, queue = declared
+        return name, queue, getattr(target, "fn", None), True
+    if isinstance(target, str):
+        if not target:
+            raise InvalidInput("flow", "must not be empty")
+        return target, None, None, False
+    if callable(target) and hasattr(target, "__module__") and hasattr(target, "__qualname__"):
+        if "<locals>" in target.__qualname__ or target.__qualname__ == "<lambda>":
+            raise InvalidInput("flow", f"{target.__qualname__} is not importable by a worker")
+        return f"{target.__module__}:{target.__qualname__}", None, target, False
+    raise InvalidInput("flow", f"cannot enqueue {target!r}: pass a flow, a function or 'mod:fn'")
+
+
+def _check_signature(
+    fn: Callable[..., Any] | None, takes_ctx: bool, args: Sequence[Any], kwargs: dict[str, Any]
+) -> None:
+    if fn is None:
+        return
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*([None] if takes_ctx else []), *args, **kwargs)
+    except TypeError as exc:
+        raise InvalidInput(
+            "payload", f"does not match {fn.__qualname__}{signature}: {exc}"
+        ) from None
+
+
+@dataclass(frozen=True)
+class EnqueueSpec:
+    """One run of an ``enqueue_many`` batch (rq's ``Queue.prepare_data``)."""
+
+    target: Any
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    run_id: str | None = None
+
+
+class AsyncRun:
+    """A handle on one run: id, status, result, cancel."""
+
+    def __init__(self, queue: AsyncQueue, run_id: str) -> None:
+        self._queue = queue
+        self.id = run_id
+
+    def __repr__(self) -> str:
+        return f"AsyncRun({self.id!r})"
+
+    async def fetch(self) -> RunRow:
+        row = await self._queue.store.runs.get(self.id)
+        if row is None:
+            raise RunNotFound(self.id)
+        return row
+
+    async def get_status(self) -> RunStatus:
+        return (await self.fetch()).status
+
+    async def return_value(self) -> Any:
+        """The result if the run completed, else None (rq's meaning; never waits)."""
+        row = await self.fetch()
+        return row.result if row.status is RunStatus.COMPLETED else None
+
+    async def result(self, timeout: float = 30.0) -> Any:
+        """Wait until the run settles; its result, or RunFailed / RunCancelled / TimeoutError.
+
+        Woken by the settled notification; polls Postgres as a fallback, so a lost
+        notification (or no Redis at all) costs at most one poll interval.
+        """
+        deadline = time.monotonic() + timeout
+        async with self._queue.notifier.watch_settled(self.id) as watch:
+            while True:
+                row = await self.fetch()
+                if row.status.terminal:
+                    return _outcome(row)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"run {self.id!r} is still {row.status.value}")
+                await watch.wait(min(remaining, 0.5))
+
+    async def cancel(self, *, actor: str | None = None) -> CancelOutcome:
+        return await self._queue.cancel(self.id, actor=actor)
+
+
+def _outcome(row: RunRow) -> Any:
+    if row.status is RunStatus.COMPLETED:
+        return row.result
+    if row.status is RunStatus.CANCELLED:
+        raise RunCancelled(row.id)
+    raise RunFailed(row.id, row.state.get("error"))
+
+
+class AsyncQueue:
+    """Admit runs to one queue from asyncio code."""
+
+    def __init__(
+        self,
+        name: str = "default",
+        *,
+        settings: Settings | None = None,
+        database_url: str | None = None,
+        redis_url: str | None = None,
+        scopes: Iterable[str] = (),
+    ) -> None:
+        overrides = {
+            k: v for k, v in (("database_url", database_url), ("redis_url", redis_url)) if v
+        }
+        base = settings or Settings()
+        self.settings = base.model_copy(update=overrides)
+        self.name = name
+        self.scopes = tuple(scopes)
+        self._store: Store | None = None
+        self._redis: Redis | None = None
+
+    async def connect(self) -> AsyncQueue:
+        if self._store is None:
+            self._store = await Store.open(self.settings, min_size=1)
+            self._redis = connect(self.settings)
+            self.streams = Streams(self._redis, self.settings.redis_prefix)
+            self.notifier = Notifier(self._redis, self.settings.redis_prefix)
+        return self
+
+    async def close(self) -> None:
+        if self._store is not None:
+            await self._store.close()
+            self._store = None
+        if self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
+
+    async def __aenter__(self) -> AsyncQueue:
+        return await self.connect()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise RuntimeError("queue is not connected: use `async with AsyncQueue(...)`")
+        return self._store
+
+    # ---- admission -----------------------------------------------------------
+
+    def _new_run(self, spec: EnqueueSpec, delay_until_ms: int | None = None) -> NewRun:
+        name, _declared_queue, fn, takes_ctx = flow_target(spec.target)
+        args, kwargs = list(spec.args), dict(spec.kwargs)
+        _check_signature(fn, takes_ctx, args, kwargs)
+        return NewRun(
+            id=spec.run_id or uuid.uuid4().hex,
+            flow=name,
+            queue=self.name,  # as in rq, the queue enqueued on decides
+            payload={"args": args, "kwargs": kwargs},
+            scopes=self.scopes,
+            delay_until_ms=delay_until_ms,
+        )
+
+    async def _admit(self, news: list[NewRun]) -> list[AsyncRun]:
+        async with self.store.transaction():
+            rows = [await self.store.runs.create(new) for new in news]
+        ready = [o.row for o in rows if o.row.status is RunStatus.PENDING and o.row.waiting is None]
+        now = int(time.time() * 1000)
+        messages = [
+            (
+                row.queue,
+                StreamMessage(
+                    v=1, kind="schedule", run=row.id, flow=row.flow, reason="enqueue", at_ms=now
+                ),
+            )
+            for row in ready
+        ]
+        try:
+            await self.streams.publish_many(messages)
+        except Exception as exc:
+            log.warning("enqueue.publish_failed", extra={"runs": len(messages), "error": repr(exc)})
+        return [AsyncRun(self, o.row.id) for o in rows]
+
+    async def enqueue(
+        self,
+        f: Any,
+        *args: Any,
+        run_id: str | None = None,
+        job_id: str | None = None,
+        **kwargs: Any,
+    ) -> AsyncRun:
+        """Admit one run of ``f(*args, **kwargs)``; ``run_id`` (or rq's ``job_id``) dedupes."""
+        spec = EnqueueSpec(f, args, kwargs, run_id or job_id)
+        return (await self._admit([self._new_run(spec)]))[0]
+
+    async def enqueue_at(
+        self, when: datetime, f: Any, *args: Any, run_id: str | None = None, **kwargs: Any
+    ) -> AsyncRun:
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        spec = EnqueueSpec(f, args, kwargs, run_id)
+        return (await self._admit([self._new_run(spec, int(when.timestamp() * 1000))]))[0]
+
+    async def enqueue_in(
+        self, delay: timedelta, f: Any, *args: Any, run_id: str | None = None, **kwargs: Any
+    ) -> AsyncRun:
+        return await self.enqueue_at(
+            datetime.now(UTC) + delay, f, *args, run_id=run_id, **kwargs
+        )
+
+    async def enqueue_many(self, specs: Sequence[EnqueueSpec]) -> list[AsyncRun]:
+        """Admit a batch in one transaction and one pipeline: all or nothing."""
+        return await self._admit([self._new_run(spec) for spec in specs])
+
+    @staticmethod
+    def prepare_data(
+        f: Any,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        job_id: str | None = None,
+        run_id: str | None = None,
+    ) -> EnqueueSpec:
+        return EnqueueSpec(f, tuple(args), dict(kwargs or {}), run_id or job_id)
+
+    # ---- other producer calls ------------------------------------------------
+
+    def run(self, run_id: str) -> AsyncRun:
+        return AsyncRun(self, run_id)
+
+    async def cancel(self, run_id: str, *, actor: str | None = None) -> CancelOutcome:
+        """Durably request cancellation, then tell the owner by publish (a hint)."""
+        outcome = await self.store.lifecycle.request_cancel(run_id, actor=actor)
+        await self.notifier.publish_cancel(run_id)
+        return outcome

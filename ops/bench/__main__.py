@@ -1,0 +1,105 @@
+"""``python -m ops.bench COMMAND``: each benchmark is one command of this typer app.
+
+Add a benchmark as a module beside ``store_bench`` plus one ``@app.command`` here that
+parses options, calls it, and prints through ``_emit`` (a rich table, or ``--json``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ops.bench import store_bench
+from ops.bench.scratch import BenchError, server_url
+
+app = typer.Typer(help="runfleet benchmarks (each in a scratch database it drops).")
+
+DatabaseUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--database-url",
+        help="Server to benchmark (CREATEDB rights); default RUNFLEET_DATABASE_URL, "
+        "else the services ops.services resolves for the app.",
+    ),
+]
+Concurrency = Annotated[int, typer.Option("--concurrency", "-k", min=1, help="Concurrent tasks.")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
+
+
+@app.callback()
+def main() -> None:
+    """runfleet benchmarks."""
+
+
+def _emit(payload: dict[str, Any], table: Table, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(payload, indent=2))
+    else:
+        Console().print(table)
+
+
+def _fail(exc: BenchError) -> typer.Exit:
+    Console(stderr=True).print(f"[red]bench failed:[/red] {exc}")
+    return typer.Exit(code=2)
+
+
+@app.command("store")
+def store(
+    runs: Annotated[int, typer.Option("--runs", "-n", min=1, help="Lifecycles to time.")] = 2000,
+    concurrency: Concurrency = 8,
+    warmup: Annotated[
+        int | None, typer.Option("--warmup", min=0, help="Untimed lifecycles first.")
+    ] = None,
+    database_url: DatabaseUrl = None,
+    as_json: AsJson = False,
+) -> None:
+    """Durable run lifecycles/s against a pgbench-style one-row-commit baseline."""
+    try:
+        with server_url(database_url) as url:
+            result = asyncio.run(
+                store_bench.run(
+                    url,
+                    runs=runs,
+                    concurrency=concurrency,
+                    warmup=min(200, runs // 10) if warmup is None else warmup,
+                )
+            )
+    except BenchError as exc:
+        raise _fail(exc) from exc
+    _emit(result.as_json(), _store_table(result), as_json)
+
+
+def _store_table(result: store_bench.StoreBenchResult) -> Table:
+    table = Table(
+        title=f"store: {result.runs} runs, {result.concurrency} tasks, Postgres "
+        f"{result.server_version} (synchronous_commit={result.synchronous_commit})"
+    )
+    table.add_column("")
+    table.add_column("runfleet lifecycles", justify="right")
+    table.add_column("baseline commits", justify="right")
+    rf, base = result.runfleet, result.baseline
+    table.add_row("units", f"{rf.units}", f"{base.units}")
+    table.add_row("transactions", f"{rf.transactions}", f"{base.transactions}")
+    table.add_row("seconds", f"{rf.seconds:.2f}", f"{base.seconds:.2f}")
+    table.add_row("units/s", f"{rf.units_per_s:,.0f} runs/s", f"{base.units_per_s:,.0f}")
+    table.add_row(
+        "transactions/s", f"{rf.transactions_per_s:,.0f}", f"{base.transactions_per_s:,.0f}"
+    )
+    table.add_row(
+        "p50 / p99 ms",
+        f"{rf.percentile(50):.2f} / {rf.percentile(99):.2f}",
+        f"{base.percentile(50):.2f} / {base.percentile(99):.2f}",
+    )
+    table.add_section()
+    table.add_row("runs/s ÷ commits/s", f"{result.lifecycle_ratio:.3f}", "")
+    table.add_row("tx/s ÷ commits/s", f"{result.transaction_ratio:.3f}", "")
+    return table
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,207 @@
+"""The store benchmark: durable run lifecycles per second against this server's commit rate.
+
+A lifecycle is what the driver commits for a run whose flow does nothing: admission (row +
+``created`` record), claim-and-activate (CAS + record), settlement (CAS + record, clocks
+closed, cascade checked) — three transactions, each on its own, as the real driver does.
+The baseline is the same number of tasks committing one-row INSERTs, one transaction each,
+into a scratch table of the same database: the best case for a commit on this server. The
+ratio says how much of that ceiling runfleet's bookkeeping leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import secrets
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from ops.bench.scratch import BenchError, scratch_database
+from store import Settings, Store
+from store.migrate import migrate
+from store.types import Activated, Created, NewRun, Owner, RunStatus, Transitioned
+
+TRANSACTIONS_PER_LIFECYCLE = 3
+
+# The baseline's own table and statement. They describe no runfleet behaviour (the
+# store's SQL lives in store/sql); they are the yardstick runfleet is measured against.
+BASELINE_TABLE = (
+    "CREATE TABLE bench_commits ("
+    " id bigserial PRIMARY KEY, payload jsonb NOT NULL, at_ms bigint NOT NULL)"
+)
+BASELINE_INSERT = (
+    "INSERT INTO bench_commits (payload, at_ms)"
+    " VALUES (%s, (extract(epoch FROM clock_timestamp()) * 1000)::bigint)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """One timed phase: ``units`` lifecycles (or commits) of ``transactions`` commits total."""
+
+    units: int
+    transactions: int
+    seconds: float
+    latencies_ms: tuple[float, ...]
+
+    @property
+    def units_per_s(self) -> float:
+        return self.units / self.seconds
+
+    @property
+    def transactions_per_s(self) -> float:
+        return self.transactions / self.seconds
+
+    def percentile(self, q: int) -> float:
+        cuts = statistics.quantiles(self.latencies_ms, n=100, method="inclusive")
+        return cuts[q - 1]
+
+    def as_json(self) -> dict[str, float | int]:
+        return {
+            "units": self.units,
+            "transactions": self.transactions,
+            "seconds": round(self.seconds, 4),
+            "units_per_s": round(self.units_per_s, 1),
+            "transactions_per_s": round(self.transactions_per_s, 1),
+            "p50_ms": round(self.percentile(50), 3),
+            "p99_ms": round(self.percentile(99), 3),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StoreBenchResult:
+    runs: int
+    concurrency: int
+    server_version: str
+    synchronous_commit: str
+    runfleet: Phase
+    baseline: Phase
+
+    @property
+    def lifecycle_ratio(self) -> float:
+        """Runfleet lifecycles/s per baseline commit/s (1/3 would be a perfect 3-commit run)."""
+        return self.runfleet.units_per_s / self.baseline.transactions_per_s
+
+    @property
+    def transaction_ratio(self) -> float:
+        """Runfleet transactions/s per baseline commit/s: 1.0 means no bookkeeping cost."""
+        return self.runfleet.transactions_per_s / self.baseline.transactions_per_s
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "benchmark": "store",
+            "runs": self.runs,
+            "concurrency": self.concurrency,
+            "server_version": self.server_version,
+            "synchronous_commit": self.synchronous_commit,
+            "runfleet": self.runfleet.as_json(),
+            "baseline": self.baseline.as_json(),
+            "lifecycle_ratio": round(self.lifecycle_ratio, 4),
+            "transaction_ratio": round(self.transaction_ratio, 4),
+        }
+
+
+async def _spread(total: int, concurrency: int, work: Callable[[int], Awaitable[None]]) -> Phase:
+    """Run ``work(0..total-1)`` on ``concurrency`` tasks pulling from one counter."""
+    indices = itertools.count()
+    latencies: list[float] = []
+
+    async def task() -> None:
+        for i in indices:
+            if i >= total:
+                return
+            began = time.perf_counter()
+            await work(i)
+            latencies.append((time.perf_counter() - began) * 1000)
+
+    began = time.perf_counter()
+    async with asyncio.TaskGroup() as group:
+        for _ in range(concurrency):
+            group.create_task(task())
+    return Phase(total, total, time.perf_counter() - began, tuple(latencies))
+
+
+async def _lifecycle(store: Store, me: Owner, run_id: str) -> None:
+    """Admit, claim-and-activate and complete one run: three transactions, three records."""
+    created = await store.runs.create(NewRun(id=run_id, flow="bench.noop", payload={"n": 1}))
+    if not isinstance(created, Created):
+        raise BenchError(f"{run_id}: admission answered {created!r}")
+    activated = await store.runs.claim_and_activate(run_id, created.row.snapshot, me)
+    if not isinstance(activated, Activated):
+        raise BenchError(f"{run_id}: claim answered {activated!r}")
+    settled = await store.lifecycle.transition_owned(
+        run_id, me, activated.row.epoch, RunStatus.COMPLETED, state_patch={"result": None}
+    )
+    if not isinstance(settled, Transitioned):
+        raise BenchError(f"{run_id}: settlement answered {settled!r}")
+
+
+async def _runfleet_phase(url: str, runs: int, warmup: int, concurrency: int) -> Phase:
+    settings = Settings(database_url=url)
+    store = await Store.open(
+        settings, source_id="bench", min_size=concurrency, max_size=concurrency
+    )
+    me = Owner.for_this_process(settings.host_id)
+    tag = secrets.token_hex(3)
+    try:
+        await _spread(warmup, concurrency, lambda i: _lifecycle(store, me, f"warm-{tag}-{i}"))
+        phase = await _spread(runs, concurrency, lambda i: _lifecycle(store, me, f"b-{tag}-{i}"))
+    finally:
+        await store.close()
+    return Phase(runs, runs * TRANSACTIONS_PER_LIFECYCLE, phase.seconds, phase.latencies_ms)
+
+
+async def _baseline_phase(url: str, commits: int, warmup: int, concurrency: int) -> Phase:
+    pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
+        url,
+        min_size=concurrency,
+        max_size=concurrency,
+        kwargs={"autocommit": True},
+        open=False,
+        name="bench-baseline",
+    )
+    await pool.open(wait=True, timeout=30)
+    try:
+        async with pool.connection() as conn:
+            await conn.execute(BASELINE_TABLE)
+
+        async def commit(i: int) -> None:
+            async with pool.connection() as conn:
+                await conn.execute(BASELINE_INSERT, (Jsonb({"n": i}),))
+
+        await _spread(warmup, concurrency, commit)
+        return await _spread(commits, concurrency, commit)
+    finally:
+        await pool.close()
+
+
+async def _server_facts(url: str) -> tuple[str, str]:
+    async with await AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute("SHOW synchronous_commit")
+        row = await cur.fetchone()
+        version = conn.info.server_version
+    major, minor = divmod(version, 10000)
+    return f"{major}.{minor}", str(row[0]) if row else "?"
+
+
+async def run(admin_url: str, *, runs: int, concurrency: int, warmup: int) -> StoreBenchResult:
+    """Benchmark in a scratch database on ``admin_url``'s server; the database is dropped."""
+    if runs < 1 or concurrency < 1 or warmup < 0:
+        raise BenchError("runs and concurrency must be >= 1, warmup >= 0")
+    async with scratch_database(admin_url) as url:
+        await migrate(url)
+        version, sync_commit = await _server_facts(url)
+        runfleet = await _runfleet_phase(url, runs, warmup, concurrency)
+        # The same number of commits as runfleet made, so both phases see the same WAL
+        # volume order and run for comparable times.
+        baseline = await _baseline_phase(
+            url, runfleet.transactions, warmup * TRANSACTIONS_PER_LIFECYCLE, concurrency
+        )
+    return StoreBenchResult(runs, concurrency, version, sync_commit, runfleet, baseline)

@@ -1,0 +1,81 @@
+"""The ``runfleet`` command line (typer + rich)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from store.config import Settings
+
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="runfleet: durable runs for Python worker fleets.",
+)
+console = Console()
+err = Console(stderr=True)
+
+
+def fail(message: str, code: int = 1) -> None:
+    """One clear line and a non-zero exit: no tracebacks for user mistakes."""
+    err.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(code)
+
+
+@app.command()
+def migrate(
+    database_url: Annotated[
+        str | None, typer.Option(help="defaults to RUNFLEET_DATABASE_URL")
+    ] = None,
+) -> None:
+    """Apply the schema migrations (idempotent; safe to run from many hosts at once)."""
+    import psycopg
+
+    from store.migrate import migrate as run_migrations
+
+    url = database_url or Settings().database_url
+    try:
+        applied = asyncio.run(run_migrations(url))
+    except psycopg.OperationalError as exc:
+        fail(f"cannot reach the database: {str(exc).strip().splitlines()[0]}")
+    console.print(f"migrations applied: {applied or 'none (up to date)'}")
+
+
+@app.command()
+def worker(
+    flows: Annotated[str, typer.Option(help="comma-separated modules that register flows")] = "",
+    queues: Annotated[
+        str, typer.Option(help="comma-separated queues, in priority order")
+    ] = "default",
+    concurrency: Annotated[int, typer.Option(min=1, help="runs in flight per process")] = 16,
+    processes: Annotated[int, typer.Option(min=1, help="worker processes (supervised)")] = 1,
+    metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics")] = None,
+    log_level: Annotated[str, typer.Option()] = "INFO",
+    log_json: Annotated[bool, typer.Option(help="one JSON object per log line")] = False,
+) -> None:
+    """Run worker processes until SIGTERM/SIGINT (twice: release runs immediately)."""
+    from worker.supervisor import WorkerOptions, parse_csv, run_foreground, supervise
+
+    options = WorkerOptions(
+        flows=parse_csv(flows),
+        queues=parse_csv(queues) or ("default",),
+        concurrency=concurrency,
+        metrics_port=metrics_port,
+        log_level=log_level,
+        log_json=log_json,
+    )
+    settings = Settings()
+    if processes == 1:
+        run_foreground(settings, options)
+        return
+    from ops.logs import configure
+
+    configure(log_level, json_lines=log_json)
+    raise typer.Exit(supervise(settings, options, processes))
+
+
+def main() -> None:  # pragma: no cover
+    app()

@@ -1,0 +1,378 @@
+"""Throwaway Postgres and Redis servers from local binaries, on free loopback ports.
+
+The test harness starts one of each per session; chaos tests start their own and kill,
+restart or stop them. Each server keeps its port and data dir across ``kill()`` and
+``restart()``, so clients reconnect to the same address as they would after a real crash.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import itertools
+import os
+import pwd
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import psycopg
+import redis
+
+MIN_POSTGRES = 14  # DROP DATABASE ... WITH (FORCE) and initdb --no-instructions
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 15.0
+_PR_SET_CHILD_SUBREAPER = 36  # from <linux/prctl.h>
+_EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+class ServicesUnavailable(RuntimeError):
+    """No environment URL, Docker engine or local binary could provide a service."""
+
+
+def postgres_bindir() -> Path | None:
+    """The newest directory holding ``initdb`` and ``postgres`` of a supported version."""
+    dirs = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin"),
+        key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+        reverse=True,
+    )
+    for tool in ("initdb", "postgres", "pg_ctl"):
+        if found := shutil.which(tool):
+            dirs.append(Path(found).resolve().parent)
+    for bindir in dirs:
+        if (bindir / "initdb").exists() and (bindir / "postgres").exists():
+            out = subprocess.run([bindir / "postgres", "--version"], capture_output=True, text=True)
+            version = re.search(r"(\d+)(?:\.\d+)*", out.stdout)
+            if version and int(version[1]) >= MIN_POSTGRES:
+                return bindir
+    return None
+
+
+_LIVE: set[_Throwaway] = set()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    # Servers run in their own session (a terminal Ctrl-C must not kill them before the
+    # harness tears down), so an interpreter exit has to stop them explicitly.
+    for server in list(_LIVE):
+        server.stop()
+
+
+class _Throwaway:
+    """A server process on a loopback port with its data in a private temp dir.
+
+    The port is chosen at the first start and kept: ``restart()`` (after ``kill()`` or
+    not) must bring the server back where its clients are still looking, with the same
+    data dir. ``stop()`` deletes the data; stopping twice or before starting is harmless.
+    """
+
+    name = "server"
+    stop_signal = signal.SIGTERM
+
+    def __init__(self) -> None:
+        self.port = 0
+        self._dir: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> Self:
+        if self.running:
+            return self
+        fresh = self._dir is None
+        try:
+            if self._dir is None:
+                self._dir = Path(tempfile.mkdtemp(prefix=f"runfleet-{self.name}-"))
+                _LIVE.add(self)
+                if os.geteuid() == 0:  # servers run as nobody; see _credentials
+                    os.chown(self._dir, *_nobody())
+                self._prepare(self._dir)
+            self._launch(self._dir, fresh)
+        except BaseException:
+            if fresh:  # nothing worth keeping: a failed first start leaves no temp dir
+                self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        self._shutdown()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+        _LIVE.discard(self)
+
+    def kill(self) -> None:
+        """SIGKILL the server and its children, as a crash would; the data dir stays."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGSTOP)  # a stopped parent cannot fork a child we miss
+        children = _children(proc.pid)
+        with _adopting_orphans():
+            proc.kill()
+            proc.wait()
+            for pid in children:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            _reap(children)
+
+    def restart(self) -> None:
+        if self._dir is None:
+            raise RuntimeError(f"restart() of a {self.name} that was never started")
+        self._shutdown()
+        self.start()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def _shutdown(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(self.stop_signal)
+        try:
+            proc.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self._proc = proc
+            self.kill()
+
+    def _launch(self, workdir: Path, fresh: bool) -> None:
+        # A first start may meet a port taken since we probed it: pick another. A restart
+        # keeps its port and retries, since a killed predecessor may still be letting go.
+        deadline = time.monotonic() + START_TIMEOUT
+        log = workdir / "server.log"
+        user, group, groups = _credentials()
+        for attempt in itertools.count():
+            if not self.port or (fresh and attempt > 0):
+                self.port = _free_port()
+            with log.open("ab") as out:
+                proc = subprocess.Popen(
+                    self._command(workdir),
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    cwd=workdir, start_new_session=True,
+                    user=user, group=group, extra_groups=groups,
+                )  # fmt: skip
+            while proc.poll() is None and time.monotonic() < deadline:
+                if self._answers():
+                    self._proc = proc
+                    return
+                time.sleep(0.05)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if time.monotonic() >= deadline:
+                tail = log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"{self.name} did not start on port {self.port}:\n{tail}")
+            time.sleep(0.1)
+
+    def _prepare(self, workdir: Path) -> None:
+        """One-time setup of a fresh data dir."""
+
+    def _command(self, workdir: Path) -> list[str]:
+        raise NotImplementedError
+
+    def _answers(self) -> bool:
+        raise NotImplementedError
+
+
+class ThrowawayPostgres(_Throwaway):
+    """A private PostgreSQL cluster (trust auth, user ``postgres``), tuned for tests.
+
+    fsync and full-page writes are off: they only protect against an OS crash, which a
+    test never simulates. ``synchronous_commit`` is off too unless ``durable_commits``:
+    chaos tests that SIGKILL Postgres and then check that no committed run was lost need
+    it on, or a commit acknowledged just before the kill may legitimately vanish.
+    """
+
+    name = "postgres"
+    stop_signal = signal.SIGINT  # "fast" shutdown: roll back clients, checkpoint, exit
+
+    def __init__(self, *, durable_commits: bool = False) -> None:
+        super().__init__()
+        self.durable_commits = durable_commits
+        bindir = postgres_bindir()
+        if bindir is None:
+            raise ServicesUnavailable(f"PostgreSQL >= {MIN_POSTGRES} server binaries not found")
+        self.bindir = bindir
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _prepare(self, workdir: Path) -> None:
+        for sub in ("data", "sock"):
+            (workdir / sub).mkdir(mode=0o700)
+            if os.geteuid() == 0:
+                os.chown(workdir / sub, *_nobody())
+        user, group, groups = _credentials()
+        subprocess.run(
+            [self.bindir / "initdb", "-D", workdir / "data", "-A", "trust", "-U", "postgres",
+             "-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions"],
+            cwd=workdir, capture_output=True, check=True,
+            user=user, group=group, extra_groups=groups,
+        )  # fmt: skip
+
+    def _command(self, workdir: Path) -> list[str]:
+        sync = "on" if self.durable_commits else "off"
+        settings = {
+            "fsync": "off",
+            "synchronous_commit": sync,
+            "full_page_writes": "off",
+            "max_connections": "300",
+        }
+        flags = [arg for key, value in settings.items() for arg in ("-c", f"{key}={value}")]
+        return [
+            str(self.bindir / "postgres"), "-D", str(workdir / "data"), *flags,
+            "-k", str(workdir / "sock"), "-p", str(self.port), "-h", "127.0.0.1",
+        ]  # fmt: skip
+
+    def _answers(self) -> bool:
+        return postgres_answers(self.url)
+
+
+class ThrowawayRedis(_Throwaway):
+    """A private redis-server with persistence off: a restart comes back empty."""
+
+    name = "redis"
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _command(self, workdir: Path) -> list[str]:
+        return [
+            "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+            "--save", "", "--appendonly", "no", "--dir", str(workdir),
+        ]  # fmt: skip
+
+    def _answers(self) -> bool:
+        return redis_answers(self.url)
+
+
+def postgres_answers(url: str) -> bool:
+    try:
+        psycopg.connect(url, connect_timeout=2).close()
+    except psycopg.OperationalError:
+        return False
+    return True
+
+
+def redis_answers(url: str) -> bool:
+    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while not condition():
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{what} not ready within {START_TIMEOUT:.0f}s")
+        time.sleep(0.05)
+
+
+def _free_port() -> int:
+    """A free loopback port outside the kernel's ephemeral range.
+
+    Clients retrying a killed server connect from ephemeral ports; one that drew the
+    server's own port would connect to itself (TCP simultaneous open) and hold it, and the
+    restart would find its port taken.
+    """
+    try:
+        low, high = map(int, Path(_EPHEMERAL_RANGE).read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    ports = [p for p in range(10_000, 65_536) if not low <= p <= high]
+    for port in random.sample(ports, 50):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port outside the ephemeral range")
+
+
+def _nobody() -> tuple[int, int]:
+    entry = pwd.getpwnam("nobody")
+    return entry.pw_uid, entry.pw_gid
+
+
+def _credentials() -> tuple[int | None, int | None, list[int] | None]:
+    """Popen ``user``, ``group``, ``extra_groups``: root drops to nobody, since Postgres
+    refuses to run as root; anyone else runs servers as themselves."""
+    if os.geteuid() != 0:
+        return None, None, None
+    uid, gid = _nobody()
+    return uid, gid, []
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (Linux /proc; elsewhere none, and restart retries)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
+
+
+@contextlib.contextmanager
+def _adopting_orphans() -> Iterator[None]:
+    """Make this process the subreaper of orphans created inside the block (Linux).
+
+    A killed server's children would otherwise be reparented to init, and an init that
+    never reaps (some container and VM inits) leaves them as zombies for good.
+    """
+    prctl = ctypes.CDLL(None).prctl if sys.platform == "linux" else None
+    if prctl is not None:
+        prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    try:
+        yield
+    finally:
+        if prctl is not None:
+            prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+def _reap(pids: list[int]) -> None:
+    """Wait until every pid has exited: reaped if adopted, else gone from /proc."""
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    wait_until(lambda: not any(_alive(pid) for pid in pids), "killed server processes")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")

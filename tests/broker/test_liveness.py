@@ -1,0 +1,195 @@
+"""The liveness probe (DESIGN §5) against real processes and a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from redis.asyncio import Redis
+
+from broker.liveness import Liveness, Probe
+from store.types import Owner
+from tests.broker.helpers import eventually
+
+
+def nonce() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+async def exited_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
+    await proc.wait()
+    return proc.pid
+
+
+def spawn_zombie() -> subprocess.Popen[bytes]:
+    """A child that exits at once and is not reaped until the caller waits for it."""
+    return subprocess.Popen([sys.executable, "-c", "pass"])
+
+
+# ---- same host -----------------------------------------------------------------
+
+
+async def test_same_host_dead_pid_is_dead(liveness: Liveness, host_id: str) -> None:
+    owner = Owner(host_id, await exited_pid(), nonce())
+    # Even a leftover key cannot vouch for a pid that no longer exists.
+    await liveness.refresh(owner, confirmed_ms=1, lapsed=False, ttl_s=30)
+    probe = await liveness.probe(owner)
+    assert (probe.verdict, probe.evidence) == ("dead", "same-host-pid-dead")
+    assert not probe.vouches
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+async def test_same_host_zombie_is_dead(liveness: Liveness, host_id: str) -> None:
+    child = spawn_zombie()
+    try:
+
+        async def state() -> bytes:
+            with open(f"/proc/{child.pid}/stat", "rb") as fh:  # noqa: ASYNC230 - procfs read
+                stat = fh.read()
+            return stat[stat.rindex(b")") + 2 :][:1]
+
+        await eventually(state, lambda s: s == b"Z")
+        probe = await liveness.probe(Owner(host_id, child.pid, nonce()))
+        assert (probe.verdict, probe.evidence) == ("dead", "same-host-pid-dead")
+        assert probe.detail["pid_state"] == "zombie"
+    finally:
+        child.wait()
+
+
+async def test_same_host_live_pid_with_its_key_is_alive(liveness: Liveness, host_id: str) -> None:
+    owner = Owner(host_id, os.getpid(), nonce())
+    await liveness.refresh(owner, confirmed_ms=1234, lapsed=False, ttl_s=30)
+    probe = await liveness.probe(owner)
+    assert probe == Probe(
+        "alive",
+        "same-host-pid-alive",
+        {"pid": os.getpid(), "key": "present", "confirmed_ms": 1234, "lapsed": False},
+    )
+    assert probe.vouches
+
+
+async def test_same_host_live_pid_without_key_for_nonce_is_reused(
+    liveness: Liveness, host_id: str
+) -> None:
+    mine = Owner(host_id, os.getpid(), nonce())
+    await liveness.refresh(mine, confirmed_ms=1, lapsed=False, ttl_s=30)
+    # The same pid under another nonce: an earlier process whose pid we now hold.
+    earlier = Owner(host_id, os.getpid(), nonce())
+    probe = await liveness.probe(earlier)
+    assert (probe.verdict, probe.evidence) == ("dead", "same-host-pid-reused")
+
+
+async def test_same_host_lapsed_owner_is_dead(liveness: Liveness, host_id: str) -> None:
+    owner = Owner(host_id, os.getpid(), nonce())
+    await liveness.refresh(owner, confirmed_ms=5, lapsed=True, ttl_s=30)
+    probe = await liveness.probe(owner)
+    assert (probe.verdict, probe.evidence) == ("dead", "owner-lapsed")
+
+
+async def test_same_host_redis_down_trusts_a_live_pid(
+    dead_redis: Redis, redis_prefix: str, host_id: str
+) -> None:
+    offline = Liveness(dead_redis, redis_prefix, host_id)
+    started = time.monotonic()
+    probe = await offline.probe(Owner(host_id, os.getpid(), nonce()))
+    assert (probe.verdict, probe.evidence) == ("alive", "same-host-pid-alive")
+    assert probe.detail["key"] == "unverified"
+    assert time.monotonic() - started < 1.5
+    # A dead pid needs no Redis at all.
+    dead = await offline.probe(Owner(host_id, await exited_pid(), nonce()))
+    assert (dead.verdict, dead.evidence) == ("dead", "same-host-pid-dead")
+
+
+async def test_nonpositive_pid_is_never_signalled(liveness: Liveness, host_id: str) -> None:
+    for pid in (0, -1):
+        probe = await liveness.probe(Owner(host_id, pid, nonce()))
+        assert (probe.verdict, probe.evidence) == ("dead", "same-host-pid-dead")
+
+
+# ---- other hosts ---------------------------------------------------------------
+
+
+async def test_cross_host_fresh_key_is_alive(liveness: Liveness) -> None:
+    owner = Owner("elsewhere", 4242, nonce())
+    await liveness.refresh(owner, confirmed_ms=99, lapsed=False, ttl_s=30)
+    probe = await liveness.probe(owner)
+    assert (probe.verdict, probe.evidence) == ("alive", "cross-host-key-fresh")
+    assert probe.detail["confirmed_ms"] == 99
+
+
+async def test_cross_host_expired_key_is_dead(liveness: Liveness) -> None:
+    owner = Owner("elsewhere", 4242, nonce())
+    await liveness.refresh(owner, confirmed_ms=99, lapsed=False, ttl_s=0.1)
+    probe = await eventually(lambda: liveness.probe(owner), lambda p: p.verdict == "dead")
+    assert probe.evidence == "cross-host-unreachable-stale"
+    never = await liveness.probe(Owner("elsewhere", 1, nonce()))
+    assert (never.verdict, never.evidence) == ("dead", "cross-host-unreachable-stale")
+
+
+async def test_cross_host_lapsed_is_dead(liveness: Liveness) -> None:
+    owner = Owner("elsewhere", 4242, nonce())
+    await liveness.refresh(owner, confirmed_ms=99, lapsed=True, ttl_s=30)
+    probe = await liveness.probe(owner)
+    assert (probe.verdict, probe.evidence) == ("dead", "owner-lapsed")
+
+
+async def test_cross_host_redis_unreachable_is_unknown_within_a_second(
+    dead_redis: Redis, redis_prefix: str, host_id: str
+) -> None:
+    offline = Liveness(dead_redis, redis_prefix, host_id)
+    started = time.monotonic()
+    probe = await offline.probe(Owner("elsewhere", 4242, nonce()))
+    assert (probe.verdict, probe.evidence) == ("unknown", "lease-expired")
+    assert not probe.vouches
+    assert time.monotonic() - started < 1.5
+
+
+async def test_garbage_at_the_key_is_unknown_cross_host(
+    liveness: Liveness, redis: Redis, redis_prefix: str
+) -> None:
+    owner = Owner("elsewhere", 4242, nonce())
+    await redis.set(f"{redis_prefix}:alive:{owner.key}", b"\xc1garbage")
+    probe = await liveness.probe(owner)
+    assert (probe.verdict, probe.evidence) == ("unknown", "lease-expired")
+    assert probe.detail["key"] == "unreadable"
+
+
+# ---- refresh, clear, fleet ------------------------------------------------------
+
+
+async def test_clear_removes_the_key(liveness: Liveness) -> None:
+    owner = Owner("elsewhere", 7, nonce())
+    await liveness.refresh(owner, confirmed_ms=1, lapsed=False, ttl_s=30)
+    await liveness.clear(owner)
+    assert (await liveness.probe(owner)).verdict == "dead"
+    await liveness.clear(owner)  # twice is harmless
+
+
+async def test_fleet_lists_members(liveness: Liveness, redis: Redis, redis_prefix: str) -> None:
+    a = Owner("host:a", 10, nonce())  # a host id with ':' still parses
+    b = Owner("host-b", 20, nonce())
+    await liveness.refresh(
+        a, 100, False, 30, {"started_ms": 50, "queues": "default,high", "runs": 3, "ver": "1"}
+    )
+    await liveness.refresh(b, 200, True, 30)
+    await redis.set(f"{redis_prefix}:alive:host-c:30:abc", b"not msgpack")
+    members = await liveness.fleet()
+    assert [m.owner for m in members] == [b, a]  # sorted by host: "host-b" < "host:a"
+    second, first = members
+    assert (first.confirmed_ms, first.lapsed, first.started_ms, first.runs) == (100, False, 50, 3)
+    assert first.queues == ("default", "high")
+    assert first.info == {"ver": "1"}
+    assert 0 < first.ttl_ms <= 30_000
+    assert (second.lapsed, second.started_ms, second.queues, second.runs) == (True, None, (), None)
+
+
+def test_host_id_is_required(redis: Redis) -> None:
+    with pytest.raises(ValueError):
+        Liveness(redis, "p", "")

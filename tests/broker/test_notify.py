@@ -1,0 +1,140 @@
+"""Cancel/settled pub/sub hints: delivered fast when Redis is there, harmless when it is not."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from broker.client import connect
+from broker.notify import Notice, Notifier
+from tests.broker.helpers import eventually
+
+
+@pytest.fixture
+async def named_redis(redis_url: str, redis_prefix: str) -> AsyncIterator[Redis]:
+    """A client whose connections carry a name unique to this test, so it can kill them."""
+    client = connect(redis_url, client_name=f"{redis_prefix}-sub")
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+async def test_publish_settled_wakes_a_watch(notifier: Notifier) -> None:
+    async with notifier.watch_settled("r1", "r2") as watch:
+        # Subscribed on entry: a settle right after (the caller's Postgres check) is seen.
+        assert await notifier.publish_settled("other", "completed")
+        assert await notifier.publish_settled("r2", "failed")
+        assert await watch.wait(2.0) == Notice("settled", "r2", "failed")
+
+
+async def test_wait_settled_returns_the_notice(notifier: Notifier) -> None:
+    waiter = asyncio.create_task(notifier.wait_settled("r1", timeout=5.0))
+
+    async def publish_until_woken() -> bool:
+        await notifier.publish_settled("r1", "completed")
+        await asyncio.sleep(0.02)
+        return waiter.done()
+
+    await eventually(publish_until_woken, bool)
+    assert waiter.result() == Notice("settled", "r1", "completed")
+
+
+async def test_wait_settled_times_out_with_none(notifier: Notifier, redis: Redis) -> None:
+    async with notifier.watch_settled("r1") as watch:
+        await redis.publish(notifier.channel("settled"), b"\xc1 not json")
+        await notifier.publish_settled("someone-else", "completed")
+        started = time.monotonic()
+        assert await watch.wait(0.2) is None
+        assert 0.15 < time.monotonic() - started < 1.5
+
+
+async def test_publish_with_redis_down_does_not_raise(
+    dead_redis: Redis, redis_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    offline = Notifier(dead_redis, redis_prefix, timeout=0.5)
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="runfleet.broker.notify"):
+        assert await offline.publish_cancel("r1") is False
+        assert await offline.publish_settled("r1", "completed") is False
+    assert time.monotonic() - started < 2.0
+    events = [r.getMessage() for r in caplog.records]
+    assert events == ["notify.cancel_failed", "notify.settled_failed"]
+    assert all(r.__dict__["run_id"] == "r1" for r in caplog.records)
+
+
+async def test_wait_settled_with_redis_down_keeps_the_poll_pace(
+    dead_redis: Redis, redis_prefix: str
+) -> None:
+    offline = Notifier(dead_redis, redis_prefix, timeout=0.2)
+    started = time.monotonic()
+    assert await offline.wait_settled("r1", timeout=0.5) is None
+    # Neither raised nor returned at once (which would make a caller's poll loop spin).
+    assert 0.4 < time.monotonic() - started < 2.0
+
+
+async def test_subscription_delivers_cancels_and_survives_a_bad_callback(
+    notifier: Notifier, redis: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: list[Notice] = []
+
+    async def on_cancel(notice: Notice) -> None:
+        if notice.run_id == "boom":
+            raise RuntimeError("callback bug")
+        seen.append(notice)
+
+    sub = notifier.subscription("cancel", on_cancel)
+    await sub.stop()  # before start: harmless
+    await sub.start()
+    await sub.start()  # twice: one listener
+    assert await sub.wait_ready(3.0)
+    with caplog.at_level(logging.WARNING, logger="runfleet.broker.notify"):
+        await notifier.publish_cancel("boom")
+        await redis.publish(notifier.channel("cancel"), b'{"no-run": 1}')
+        await notifier.publish_cancel("r1")
+        await eventually(lambda: asyncio.sleep(0, seen), lambda s: len(s) == 1)
+    assert seen == [Notice("cancel", "r1")]
+    events = [r.getMessage() for r in caplog.records]
+    assert "notify.callback_failed" in events
+    assert "notify.malformed" in events
+    await sub.stop()
+    await sub.stop()
+    assert not sub.ready
+
+
+async def test_subscription_resubscribes_after_its_connection_is_killed(
+    named_redis: Redis, redis: Redis, redis_prefix: str
+) -> None:
+    seen: list[str] = []
+    sub = Notifier(named_redis, redis_prefix).subscription(
+        "settled", lambda n: seen.append(n.run_id)
+    )
+    await sub.start()
+    try:
+        assert await sub.wait_ready(3.0)
+        publisher = Notifier(redis, redis_prefix)
+        await publisher.publish_settled("before", "completed")
+        await eventually(lambda: asyncio.sleep(0, seen), lambda s: "before" in s)
+
+        victims = [
+            c["id"]
+            for c in await redis.client_list()
+            if c.get("name") == f"{redis_prefix}-sub" and "P" in c.get("flags", "")
+        ]
+        assert victims, "the subscription's connection should be listed"
+        for client_id in victims:
+            await redis.client_kill_filter(_id=client_id)
+
+        async def publish_and_look() -> list[str]:
+            await publisher.publish_settled("after", "completed")
+            await asyncio.sleep(0.05)
+            return seen
+
+        await eventually(publish_and_look, lambda s: "after" in s, within=10.0)
+    finally:
+        await sub.stop()

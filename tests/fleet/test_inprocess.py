@@ -1,0 +1,73 @@
+"""The driver end to end inside the test's own event loop (real Postgres + Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+import tests.fleet.flows as flows
+from broker import AsyncQueue, RunCancelled, RunFailed
+from store import Store
+from store.config import Settings
+from store.types import RunStatus
+from worker.process import Worker
+
+
+@pytest.fixture
+async def worker(settings: Settings) -> AsyncIterator[Worker]:
+    w = Worker(settings, queues=["default"], concurrency=4)
+    task = asyncio.create_task(w.run())
+    await asyncio.wait_for(w.started.wait(), 10)
+    try:
+        yield w
+    finally:
+        w.stop(hard=True)
+        await asyncio.wait_for(task, 15)
+
+
+@pytest.fixture
+async def queue(settings: Settings) -> AsyncIterator[AsyncQueue]:
+    async with AsyncQueue("default", settings=settings) as q:
+        yield q
+
+
+async def test_round_trip_plain_function(worker: Worker, queue: AsyncQueue) -> None:
+    run = await queue.enqueue(flows.add, 2, 3)
+    assert await run.result(timeout=10) == 5
+    assert await run.get_status() is RunStatus.COMPLETED
+
+
+async def test_flow_failure_and_unencodable_result(worker: Worker, queue: AsyncQueue) -> None:
+    failing = await queue.enqueue(flows.boom, "kaput")
+    with pytest.raises(RunFailed) as info:
+        await failing.result(timeout=10)
+    assert info.value.error["type"] == "ValueError"
+    odd = await queue.enqueue(flows.unencodable)
+    with pytest.raises(RunFailed) as info:
+        await odd.result(timeout=10)
+    assert info.value.error["type"] == "ResultEncodingError"
+
+
+async def test_cancel_running(worker: Worker, queue: AsyncQueue, store: Store) -> None:
+    run = await queue.enqueue(flows.forever)
+    for _ in range(100):
+        if await run.get_status() is RunStatus.RUNNING:
+            break
+        await asyncio.sleep(0.05)
+    await run.cancel()
+    with pytest.raises(RunCancelled):
+        await run.result(timeout=5)
+    kinds = [r.kind for r in await store.journal.records(run.id)]
+    assert kinds[-2:] == ["cancel-requested", "interrupted"]
+
+
+async def test_concurrency_limit(worker: Worker, queue: AsyncQueue, store: Store) -> None:
+    runs = [await queue.enqueue(flows.sleepy, 300) for _ in range(10)]
+    peak = 0
+    for _ in range(60):
+        peak = max(peak, len(worker.driver.owned) if worker.driver else 0)
+        await asyncio.sleep(0.02)
+    assert [await r.result(timeout=10) for r in runs]
+    assert peak == 4

@@ -1,0 +1,232 @@
+"""Shared set-up for the store contract tests: owners, runs in a given state, db time, gates.
+
+Everything here goes through the public ``Store`` API except the few read-only probes a
+test needs to prove "nothing was written" (row counts) and the lock gate that makes
+contenders queue on the same row at the same instant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import sql
+
+from store import Store
+from store.config import Settings
+from store.types import (
+    Activated,
+    Created,
+    JsonValue,
+    NewRun,
+    OnParentExit,
+    Owner,
+    Parked,
+    RunRow,
+    RunStatus,
+    Waiting,
+)
+
+OWNER_A = Owner("host-a", 101, "nonce-a")
+OWNER_B = Owner("host-b", 202, "nonce-b")
+OWNER_C = Owner("host-c", 303, "nonce-c")
+NOBODY = Owner("host-z", 999, "nonce-z")
+"""Owns nothing: used where an operation needs an owner but must match no row."""
+
+DEADLINE_S = 10.0
+T = TypeVar("T")
+
+
+async def create(
+    store: Store,
+    run_id: str,
+    *,
+    flow: str = "tests.flow",
+    payload: JsonValue = None,
+    parent_id: str | None = None,
+    on_parent_exit: OnParentExit = OnParentExit.CANCEL,
+    scopes: tuple[str, ...] = (),
+    **extra: Any,
+) -> RunRow:
+    """Admit a new run and insist it was created (not joined)."""
+    outcome = await store.runs.create(
+        NewRun(
+            id=run_id,
+            flow=flow,
+            payload=payload,
+            parent_id=parent_id,
+            on_parent_exit=on_parent_exit,
+            scopes=scopes,
+            **extra,
+        )
+    )
+    assert isinstance(outcome, Created), outcome
+    return outcome.row
+
+
+async def activate(store: Store, run_id: str, owner: Owner = OWNER_A) -> RunRow:
+    """Claim-and-activate a runnable row from a fresh read; insist it worked."""
+    current = await store.runs.get(run_id)
+    assert current is not None
+    outcome = await store.runs.claim_and_activate(run_id, current.snapshot, owner)
+    assert isinstance(outcome, Activated), outcome
+    return outcome.row
+
+
+async def make_running(
+    store: Store, run_id: str, owner: Owner = OWNER_A, **create_kwargs: Any
+) -> RunRow:
+    """A new run, running under ``owner`` at epoch 1."""
+    await create(store, run_id, **create_kwargs)
+    row = await activate(store, run_id, owner)
+    assert row.status is RunStatus.RUNNING and row.owner == owner and row.epoch == 1
+    return row
+
+
+async def make_parked(
+    store: Store,
+    run_id: str,
+    waiting: Waiting,
+    owner: Owner = OWNER_A,
+    *,
+    deferred: str | None = None,
+    **create_kwargs: Any,
+) -> RunRow:
+    """A new run that ran once and parked on ``waiting`` (suspended, wait pending)."""
+    running = await make_running(store, run_id, owner, **create_kwargs)
+    outcome = await store.waits.park(run_id, owner, running.epoch, waiting, deferred=deferred)
+    assert isinstance(outcome, Parked), outcome
+    row = await store.runs.get(run_id)
+    assert row is not None and row.status is RunStatus.SUSPENDED
+    return row
+
+
+async def must_get(store: Store, run_id: str) -> RunRow:
+    row = await store.runs.get(run_id)
+    assert row is not None, f"run {run_id} missing"
+    return row
+
+
+async def db_now(store: Store) -> int:
+    """Database time in ms (a heartbeat for no runs renews nothing and reports the clock)."""
+    return (await store.runs.heartbeat(NOBODY, [])).now_ms
+
+
+async def wait_db_time_past(store: Store, ms: int) -> int:
+    """Wait until the database clock reads strictly more than ``ms``; return that time."""
+    return await eventually(lambda: db_now(store), lambda now: now > ms, f"db time > {ms}")
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T]],
+    done: Callable[[T], bool],
+    what: str,
+    deadline_s: float = DEADLINE_S,
+) -> T:
+    """Poll ``probe`` until ``done`` holds or the deadline passes (then fail, naming it)."""
+    give_up = time.monotonic() + deadline_s
+    while True:
+        value = await probe()
+        if done(value):
+            return value
+        if time.monotonic() > give_up:
+            raise AssertionError(f"timed out waiting for {what}; last value {value!r}")
+        await asyncio.sleep(0.002)
+
+
+async def journal_kinds(store: Store, run_id: str) -> list[str]:
+    return [r.kind for r in await store.journal.records(run_id)]
+
+
+async def count(database_url: str, table: str) -> int:
+    """Rows in ``runfleet.<table>`` (read-only probe for "nothing was written")."""
+    query = sql.SQL("SELECT count(*) FROM runfleet.{}").format(sql.Identifier(table))
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        cur = await conn.execute(query)
+        row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def counts(database_url: str) -> dict[str, int]:
+    tables = ("runs", "journal", "run_parents", "deferreds", "clocks")
+    return {table: await count(database_url, table) for table in tables}
+
+
+@asynccontextmanager
+async def extra_stores(settings: Settings, n: int) -> AsyncIterator[list[Store]]:
+    """``n`` independent stores (own pool, own connections, own journal source id)."""
+    stores: list[Store] = []
+    try:
+        for _ in range(n):
+            stores.append(await Store.open(settings, min_size=1, max_size=2))
+        yield stores
+    finally:
+        for opened in stores:
+            await opened.close()
+
+
+class LockGate:
+    """Holds a lock so that contenders pile up behind it, then lets them all go at once.
+
+    A race is only tested if the contenders are really in flight together: the gate
+    waits until the database reports ``n`` sessions blocked on a lock before releasing.
+    """
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self._conn = conn
+
+    async def waiters(self) -> int:
+        cur = await self._conn.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            " AND pid <> pg_backend_pid()"
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+@asynccontextmanager
+async def row_lock_gate(database_url: str, run_id: str) -> AsyncIterator[LockGate]:
+    """Lock ``run_id``'s row until the block ends (the gate's transaction commits)."""
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        async with conn.transaction():
+            await conn.execute("SELECT 1 FROM runfleet.runs WHERE id = %s FOR UPDATE", (run_id,))
+            async with await psycopg.AsyncConnection.connect(
+                database_url, autocommit=True
+            ) as observer:
+                yield LockGate(observer)
+
+
+async def race(
+    contenders: list[Callable[[], Awaitable[T]]],
+    *,
+    gate: AbstractAsyncContextManager[LockGate] | None = None,
+) -> list[T]:
+    """Start every contender at the same instant; with ``gate``, also make them queue.
+
+    Without a gate the contenders wait on one event and go together. With a gate they
+    go while it holds its lock, and the gate opens only once all are blocked behind it.
+    """
+    start = asyncio.Event()
+
+    async def run(contender: Callable[[], Awaitable[T]]) -> T:
+        await start.wait()
+        return await contender()
+
+    if gate is None:
+        tasks = [asyncio.ensure_future(run(c)) for c in contenders]
+        start.set()
+        return list(await asyncio.gather(*tasks))
+    async with gate as lock:
+        tasks = [asyncio.ensure_future(run(c)) for c in contenders]
+        start.set()
+        await eventually(
+            lock.waiters, lambda n: n >= len(contenders), f"{len(contenders)} lock waiters"
+        )
+    return list(await asyncio.gather(*tasks))

@@ -1,0 +1,291 @@
+"""Admission: create / join / identity conflicts, the ``created`` record, child admission, reads."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from store import Store
+from store.config import Settings
+from store.errors import ExecutionIdentityConflict, InvalidInput
+from store.types import (
+    Created,
+    Joined,
+    NewRun,
+    OnParentExit,
+    RunStatus,
+    Transitioned,
+)
+from tests.store.helpers import (
+    OWNER_A,
+    count,
+    counts,
+    create,
+    extra_stores,
+    journal_kinds,
+    make_running,
+    must_get,
+    race,
+)
+
+
+class Boom(Exception):
+    """Raised on purpose to roll back an outer transaction."""
+
+
+async def test_create_admits_a_pending_row_with_its_state(store: Store) -> None:
+    outcome = await store.runs.create(
+        NewRun(
+            id="r1",
+            flow="orders.fulfil",
+            queue="high",
+            payload={"order": 42},
+            scopes=("b", "a", "b"),
+            max_rounds=3,
+            extra={"note": "x"},
+        )
+    )
+    assert isinstance(outcome, Created)
+    row = outcome.row
+    assert (row.id, row.flow, row.queue, row.status) == (
+        "r1",
+        "orders.fulfil",
+        "high",
+        RunStatus.PENDING,
+    )
+    assert row.payload == {"order": 42}
+    assert row.scopes == ("a", "b")
+    assert row.state["max_rounds"] == 3 and row.state["note"] == "x"
+    assert row.owner is None and row.claim is None and row.epoch == 0
+    assert row.lineage_id == "r1" and row.round_ordinal == 0
+    assert row.cancel_requested_at_ms is None and row.waiting is None
+    assert row.created_at_ms == row.updated_at_ms > 0
+    assert replace(await must_get(store, "r1"), now_ms=0) == replace(row, now_ms=0)
+
+
+async def test_created_record_carries_flow_and_queue(store: Store) -> None:
+    await create(store, "r1", flow="f")
+    records = await store.journal.records("r1")
+    assert [r.kind for r in records] == ["created"]
+    assert records[0].payload == {"flow": "f", "queue": "default", "inherited_cancel": False}
+    assert records[0].source_id == store.db.source_id
+
+
+async def test_identical_readmission_joins_regardless_of_key_and_scope_order(
+    store: Store,
+) -> None:
+    first = NewRun(
+        id="r1", flow="f", payload={"a": 1, "b": {"x": [1, 2], "y": None}}, scopes=("s1", "s2")
+    )
+    created = await store.runs.create(first)
+    assert isinstance(created, Created)
+    again = NewRun(
+        id="r1", flow="f", payload={"b": {"y": None, "x": [1, 2]}, "a": 1}, scopes=("s2", "s1")
+    )
+    joined = await store.runs.create(again)
+    assert isinstance(joined, Joined)
+    assert joined.row.id == "r1" and joined.row.created_at_ms == created.row.created_at_ms
+    assert await journal_kinds(store, "r1") == ["created"]
+
+
+async def test_join_sees_the_run_as_it_is_now(store: Store) -> None:
+    await make_running(store, "r1", flow="f")
+    joined = await store.runs.create(NewRun(id="r1", flow="f"))
+    assert isinstance(joined, Joined)
+    assert joined.row.status is RunStatus.RUNNING and joined.row.owner == OWNER_A
+
+
+@pytest.mark.parametrize(
+    ("field", "changed"),
+    [
+        ("flow", {"flow": "other.flow"}),
+        ("payload", {"payload": {"n": 2}}),
+        ("scopes", {"scopes": ("s1",)}),
+        ("lineage_id", {"lineage_id": "another-lineage"}),
+        ("round_ordinal", {"round_ordinal": 1}),
+        ("parent", {"parent_id": "p2"}),
+    ],
+)
+async def test_readmission_with_a_different_identity_names_the_field(
+    store: Store, database_url: str, field: str, changed: dict[str, object]
+) -> None:
+    await create(store, "p1", scopes=("s1", "s2"))
+    await create(store, "p2", scopes=("s1", "s2"))
+    original = NewRun(id="r1", flow="f", payload={"n": 1}, scopes=("s1", "s2"), parent_id="p1")
+    assert isinstance(await store.runs.create(original), Created)
+    before = await counts(database_url)
+    row_before = await must_get(store, "r1")
+
+    with pytest.raises(ExecutionIdentityConflict) as caught:
+        await store.runs.create(replace(original, **changed))  # type: ignore[arg-type]
+
+    assert caught.value.field == field
+    assert caught.value.run_id == "r1"
+    assert await counts(database_url) == before
+    assert replace(await must_get(store, "r1"), now_ms=0) == replace(row_before, now_ms=0)
+
+
+async def test_conflict_names_the_first_differing_field(store: Store) -> None:
+    await create(store, "r1", flow="f", payload=1)
+    with pytest.raises(ExecutionIdentityConflict) as caught:
+        await store.runs.create(NewRun(id="r1", flow="g", payload=2))
+    assert caught.value.field == "flow"
+    assert caught.value.existing == "f" and caught.value.attempted == "g"
+
+
+async def test_conflict_on_missing_versus_present_parent(store: Store) -> None:
+    await create(store, "p1")
+    await create(store, "r1")
+    with pytest.raises(ExecutionIdentityConflict) as caught:
+        await store.runs.create(NewRun(id="r1", flow="tests.flow", parent_id="p1"))
+    assert caught.value.field == "parent"
+    assert await store.dag.parents("r1") == []
+
+
+async def test_rolled_back_outer_transaction_leaves_neither_row_nor_record(
+    store: Store, database_url: str
+) -> None:
+    before = await counts(database_url)
+    with pytest.raises(Boom):
+        async with store.transaction():
+            await create(store, "r1")
+            assert await store.runs.get("r1") is not None  # visible inside the transaction
+            assert await journal_kinds(store, "r1") == ["created"]
+            raise Boom
+    assert await store.runs.get("r1") is None
+    assert await store.journal.records("r1") == []
+    assert await counts(database_url) == before
+
+
+async def test_admissions_in_one_transaction_commit_together(
+    store: Store, database_url: str
+) -> None:
+    async with store.transaction():
+        await create(store, "r1")
+        await create(store, "r2")
+    assert await count(database_url, "runs") == 2
+    assert await journal_kinds(store, "r1") == ["created"]
+    assert await journal_kinds(store, "r2") == ["created"]
+
+
+async def test_child_admission_records_the_edge_and_parent(store: Store) -> None:
+    await create(store, "parent")
+    child = await create(store, "child", parent_id="parent")
+    assert child.state["parent"] == "parent"
+    assert child.on_parent_exit is OnParentExit.CANCEL
+    assert child.cancel_requested_at_ms is None
+    assert [(e.child_id, e.parent_id) for e in await store.dag.parents("child")] == [
+        ("child", "parent")
+    ]
+    assert await journal_kinds(store, "child") == ["created", "parent-recorded"]
+
+
+async def test_child_of_a_missing_parent_is_refused_and_writes_nothing(
+    store: Store, database_url: str
+) -> None:
+    before = await counts(database_url)
+    with pytest.raises(InvalidInput) as caught:
+        await store.runs.create(NewRun(id="child", flow="f", parent_id="ghost"))
+    assert caught.value.field == "parent_id"
+    assert await counts(database_url) == before
+
+
+async def test_child_of_a_cancel_requested_parent_inherits_the_request(store: Store) -> None:
+    await create(store, "parent")
+    await store.lifecycle.request_cancel("parent")
+    parent = await must_get(store, "parent")
+    child = await create(store, "child", parent_id="parent")
+    assert child.cancel_requested_at_ms is not None
+    assert child.cancel_requested_at_ms >= (parent.cancel_requested_at_ms or 0)
+    created = (await store.journal.records("child"))[0]
+    assert created.kind == "created" and created.payload["inherited_cancel"] is True
+
+
+@pytest.mark.parametrize("status", [RunStatus.COMPLETED, RunStatus.FAILED])
+async def test_child_of_a_settled_parent_inherits_cancellation(
+    store: Store, status: RunStatus
+) -> None:
+    parent = await make_running(store, "parent")
+    settled = await store.lifecycle.transition_owned("parent", OWNER_A, parent.epoch, status)
+    assert isinstance(settled, Transitioned)
+    child = await create(store, "child", parent_id="parent")
+    assert child.cancel_requested_at_ms is not None
+    assert await store.sweeps.pending_cancellations() != []
+
+
+async def test_detached_child_of_a_cancelled_parent_does_not_inherit(store: Store) -> None:
+    await create(store, "parent")
+    await store.lifecycle.request_cancel("parent")
+    child = await create(store, "child", parent_id="parent", on_parent_exit=OnParentExit.DETACH)
+    assert child.cancel_requested_at_ms is None
+    assert child.on_parent_exit is OnParentExit.DETACH
+
+
+async def test_child_may_narrow_but_not_widen_its_parents_scopes(
+    store: Store, database_url: str
+) -> None:
+    await create(store, "parent", scopes=("a", "b"))
+    narrowed = await create(store, "narrow", parent_id="parent", scopes=("a",))
+    assert narrowed.scopes == ("a",)
+    before = await counts(database_url)
+    with pytest.raises(InvalidInput) as caught:
+        await store.runs.create(NewRun(id="wide", flow="f", parent_id="parent", scopes=("a", "c")))
+    assert caught.value.field == "scopes"
+    assert await counts(database_url) == before
+    assert await store.runs.get("wide") is None
+
+
+async def test_get_unknown_run_is_none(store: Store) -> None:
+    assert await store.runs.get("nope") is None
+
+
+async def test_get_reports_database_time(store: Store) -> None:
+    row = await create(store, "r1")
+    again = await must_get(store, "r1")
+    assert again.now_ms >= row.created_at_ms
+
+
+async def test_latest_round_follows_the_lineage(store: Store) -> None:
+    await create(store, "r0", lineage_id="lin")
+    await create(store, "r1", lineage_id="lin", round_ordinal=1, previous_round_id="r0")
+    await create(store, "r2", lineage_id="lin", round_ordinal=2, previous_round_id="r1")
+    await create(store, "solo")
+    latest = await store.runs.latest_round("lin")
+    assert latest is not None and latest.id == "r2" and latest.parent_run_id == "r1"
+    solo = await store.runs.latest_round("solo")
+    assert solo is not None and solo.id == "solo"
+    assert await store.runs.latest_round("unknown") is None
+
+
+async def test_delayed_admission_waits_on_a_timer(store: Store) -> None:
+    row = await create(store, "r1", delay_until_ms=123_456)
+    assert row.status is RunStatus.PENDING
+    assert row.waiting is not None and row.waiting.reason == "timer"
+    assert row.waiting.wake_at_ms == 123_456
+
+
+async def test_concurrent_identical_admissions_create_once(
+    settings: Settings, store: Store, database_url: str
+) -> None:
+    async with extra_stores(settings, 6) as stores:
+        for i in range(20):
+            run_id = f"r{i}"
+            new = NewRun(id=run_id, flow="f", payload={"i": i})
+            outcomes = await race([lambda s=s: s.runs.create(new) for s in stores])
+            assert sum(isinstance(o, Created) for o in outcomes) == 1, outcomes
+            assert sum(isinstance(o, Joined) for o in outcomes) == len(stores) - 1
+            assert await journal_kinds(store, run_id) == ["created"]
+    assert await count(database_url, "runs") == 20
+
+
+async def test_another_id_for_a_taken_lineage_round_is_refused(
+    store: Store, database_url: str
+) -> None:
+    await create(store, "r0", lineage_id="lin")
+    before = await counts(database_url)
+    with pytest.raises(InvalidInput) as caught:
+        await store.runs.create(NewRun(id="imposter", flow="f", lineage_id="lin"))
+    assert caught.value.field == "round_ordinal"
+    assert await counts(database_url) == before
+    assert await store.runs.get("imposter") is None

@@ -1,0 +1,115 @@
+"""Running worker processes: one in the foreground, or P children under a supervisor.
+
+Signal handlers only set events. First SIGTERM/SIGINT: graceful stop (stop
+reading, grace period, release). Second: release now. The supervisor forwards
+signals to its children and restarts a child that died unexpectedly — each
+restart is a new process, so a new owner identity (new nonce).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+import signal
+import time
+from dataclasses import dataclass
+
+from store.config import Settings
+
+log = logging.getLogger("runfleet.worker.supervisor")
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    flows: tuple[str, ...]
+    queues: tuple[str, ...]
+    concurrency: int
+    metrics_port: int | None = None
+    log_level: str = "INFO"
+    log_json: bool = False
+
+
+def run_foreground(settings: Settings, options: WorkerOptions) -> None:
+    """Run one worker in this process until signalled."""
+    from ops.logs import configure
+    from worker.process import Worker, import_flows
+
+    configure(options.log_level, json_lines=options.log_json)
+    import_flows(options.flows)
+    if options.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(options.metrics_port)
+
+    async def main() -> None:
+        worker = Worker(settings, queues=options.queues, concurrency=options.concurrency)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        await worker.run()
+
+    asyncio.run(main())
+
+
+def _child(settings_json: str, options: WorkerOptions, port: int | None) -> None:
+    settings = Settings.model_validate_json(settings_json)
+    run_foreground(settings, WorkerOptions(**{**options.__dict__, "metrics_port": port}))
+
+
+def supervise(settings: Settings, options: WorkerOptions, processes: int) -> int:
+    """Start ``processes`` children; restart crashed ones; forward stop signals."""
+    ctx = mp.get_context("spawn")
+    stopping = {"signals": 0}
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stopping["signals"] += 1
+        for proc in children.values():
+            if proc.is_alive() and proc.pid:
+                try:
+                    import os
+
+                    os.kill(proc.pid, signum)
+                except ProcessLookupError:
+                    pass
+
+    def start(slot: int) -> mp.process.BaseProcess:
+        port = options.metrics_port + slot if options.metrics_port else None
+        proc = ctx.Process(
+            target=_child,
+            args=(settings.model_dump_json(), options, port),
+            name=f"runfleet-worker-{slot}",
+        )
+        proc.start()
+        log.info("supervisor.child_started", extra={"slot": slot, "pid": proc.pid})
+        return proc
+
+    children: dict[int, mp.process.BaseProcess] = {}
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    for slot in range(processes):
+        children[slot] = start(slot)
+    restarts: dict[int, list[float]] = {slot: [] for slot in children}
+    while True:
+        time.sleep(0.2)
+        if all(not p.is_alive() for p in children.values()):
+            break
+        if stopping["signals"]:
+            continue
+        for slot, proc in list(children.items()):
+            if proc.is_alive():
+                continue
+            log.warning(
+                "supervisor.child_died",
+                extra={"slot": slot, "pid": proc.pid, "exitcode": proc.exitcode},
+            )
+            recent = [t for t in restarts[slot] if time.monotonic() - t < 60]
+            delay = min(10.0, 0.5 * 2 ** len(recent))
+            time.sleep(delay)
+            restarts[slot] = [*recent, time.monotonic()]
+            children[slot] = start(slot)
+    return 0 if stopping["signals"] else 1
+
+
+def parse_csv(value: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in value.split(",") if part.strip())

@@ -220,6 +220,7 @@ class Waits:
     ) -> ClockScheduled | ClockExisting | NotOwner | NotFound:
         """Owner-fenced; an existing clock wins, so a replayed sleep keeps its deadline."""
         validate.identifier("clock name", name)
+        validate.identifier("deferred name", deferred_name)
         validate.finite_ms("due_at_ms", due_at_ms)
         async with self._db.transaction():
             row = await self._db.one(
@@ -258,7 +259,9 @@ class Waits:
                 existing = await self.clock(run_id, name)
                 return (ClockAlreadyCompleted(existing) if existing else NotFound(run_id)), False
             fired = clock_row(row)
-            done = await self.complete_deferred(run_id, fired.deferred_name, {"fired_at_ms": None})
+            done = await self.complete_deferred(
+                run_id, fired.deferred_name, {"fired_at_ms": fired.completed_at_ms}
+            )
             await self._journal.record(run_id, Kind.CLOCK_FIRED, {"clock": name})
             return ClockCompleted(fired), done.woke
 

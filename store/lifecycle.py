@@ -62,7 +62,7 @@ class Lifecycle:
         write into GuardFailed and the caller must cancel instead: a run is never
         both cancelled and completed.
         """
-        to_status = validate.status(to_status)
+        to_status = validate.status(to_status, "to_status")
         if to_status is RunStatus.RUNNING or to_status is RunStatus.PENDING:
             raise InvalidInput("to_status", f"an owned run cannot transition to {to_status}")
         if (to_status is RunStatus.SUSPENDED) != (waiting is not None):

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from store.errors import InvalidInput
 from store.types import RunStatus
 
 MAX_ID_LENGTH = 255
+# A JSON "\u0000" escape: preceded by an even number of backslashes (zero included), so
+# the text of a literal backslash followed by "u0000" (escaped as "\\u0000") is not one.
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def identifier(field: str, value: object) -> str:
@@ -30,7 +34,7 @@ def json_value(field: str, value: Any, max_bytes: int) -> str:
         text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(field, f"is not JSON-serialisable ({exc})") from None
-    if "\\u0000" in text:
+    if _NUL_ESCAPE.search(text):
         raise InvalidInput(field, "contains a NUL character, which Postgres jsonb refuses")
     size = len(text.encode())
     if size > max_bytes:
@@ -38,12 +42,12 @@ def json_value(field: str, value: Any, max_bytes: int) -> str:
     return text
 
 
-def status(value: object) -> RunStatus:
+def status(value: object, field: str = "status") -> RunStatus:
     try:
         return RunStatus(str(value))
     except ValueError:
         allowed = ", ".join(s.value for s in RunStatus)
-        raise InvalidInput("status", f"{value!r} is not one of {allowed}") from None
+        raise InvalidInput(field, f"{value!r} is not one of {allowed}") from None
 
 
 def finite_ms(field: str, value: object) -> int:

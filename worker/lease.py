@@ -44,6 +44,7 @@ class Lease:
         self.last_confirmed = time.monotonic()
         self.last_confirmed_ms = 0
         self.lapsed = False
+        self._inflight: asyncio.Task[Heartbeat] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Renew every interval until ``stop`` is set."""
@@ -60,11 +61,8 @@ class Lease:
     async def tick(self) -> Heartbeat | None:
         owned = list(self._driver.owned)
         try:
-            beat = await asyncio.wait_for(
-                self._store.runs.heartbeat(self._owner, owned),
-                timeout=self._settings.heartbeat_interval,
-            )
-        except (TimeoutError, OSError, Exception) as exc:
+            beat = await self._renew(owned)
+        except Exception as exc:
             metrics.INFRA_ERRORS.labels("heartbeat").inc()
             log.warning("lease.renew_failed", extra={"error": repr(exc), "runs": len(owned)})
             self._check_lapse()
@@ -82,6 +80,25 @@ class Lease:
             log.info("lease.reconfirmed", extra={"owner": self._owner.key})
         await self._publish()
         return beat
+
+    async def _renew(self, owned: list[str]) -> Heartbeat:
+        """One renewal, waited for at most one interval.
+
+        The statement runs in its own task that is never cancelled: cancelling a
+        psycopg query against a partitioned server waits for the cancel request,
+        which would freeze this loop — and a frozen lease loop can neither notice
+        its own lapse nor keep its liveness key honest. A renewal still hanging
+        from an earlier tick counts as unconfirmed; its late answer is ignored.
+        """
+        if self._inflight is not None and not self._inflight.done():
+            raise TimeoutError("previous renewal still in flight")
+        task = asyncio.create_task(self._store.runs.heartbeat(self._owner, owned))
+        self._inflight = task
+        task.add_done_callback(_consume)
+        done, _ = await asyncio.wait({task}, timeout=self._settings.heartbeat_interval)
+        if not done:
+            raise TimeoutError("renewal not confirmed within one interval")
+        return task.result()
 
     def _check_lapse(self) -> None:
         if self.lapsed:
@@ -102,3 +119,9 @@ class Lease:
         except Exception as exc:
             metrics.INFRA_ERRORS.labels("liveness").inc()
             log.warning("liveness.refresh_failed", extra={"error": repr(exc)})
+
+
+def _consume(task: asyncio.Task[Heartbeat]) -> None:
+    """Retrieve a finished renewal's exception so a late failure is not reported as lost."""
+    if not task.cancelled():
+        task.exception()

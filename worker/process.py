@@ -22,7 +22,7 @@ from broker.notify import Notifier
 from broker.streams import Delivery, Streams
 from store import Store
 from store.config import Settings
-from store.types import Owner, RunRow
+from store.types import Owner, RunRow, RunStatus
 from worker import metrics
 from worker.coordinator import Coordinator
 from worker.driver import Driver
@@ -221,8 +221,24 @@ class Worker:
     # ---- fast paths ----------------------------------------------------------
 
     async def _dispatch(self, run_ids: list[str], reason: str) -> None:
-        """Get runs driven: a wake on their queue's stream, or a local drive without Redis."""
+        """Get runs driven: a wake on their queue's stream, or a local drive without Redis.
+
+        A cancel request on a run nobody executes (pending or parked) is closed here:
+        that needs no handler and no reader of its queue (DESIGN §7.1, §7.4), and a
+        wake on a queue no worker reads would leave it pending forever.
+        """
         rows = await self.store.runs.get_many(run_ids)
+        closing = {
+            row.id
+            for row in rows
+            if row.cancel_requested_at_ms is not None
+            and row.status in (RunStatus.PENDING, RunStatus.SUSPENDED)
+        }
+        for run_id in closing:
+            self.coordinator.schedule(run_id)
+        rows = [row for row in rows if row.id not in closing]
+        if not rows:
+            return
         try:
             await self.streams.publish_many([(row.queue, self._wake(row, reason)) for row in rows])
             return

@@ -55,6 +55,9 @@ def store(
     warmup: Annotated[
         int | None, typer.Option("--warmup", min=0, help="Untimed lifecycles first.")
     ] = None,
+    rounds: Annotated[
+        int, typer.Option("--rounds", min=1, help="Alternations of runfleet and baseline.")
+    ] = 3,
     database_url: DatabaseUrl = None,
     as_json: AsJson = False,
 ) -> None:
@@ -67,6 +70,7 @@ def store(
                     runs=runs,
                     concurrency=concurrency,
                     warmup=min(200, runs // 10) if warmup is None else warmup,
+                    rounds=rounds,
                 )
             )
     except BenchError as exc:

@@ -16,6 +16,7 @@ import secrets
 import statistics
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +45,7 @@ BASELINE_INSERT = (
 
 @dataclass(frozen=True, slots=True)
 class Phase:
-    """One timed phase: ``units`` lifecycles (or commits) of ``transactions`` commits total."""
+    """Timed work: ``units`` lifecycles (or commits) making ``transactions`` commits in all."""
 
     units: int
     transactions: int
@@ -60,6 +61,8 @@ class Phase:
         return self.transactions / self.seconds
 
     def percentile(self, q: int) -> float:
+        if len(self.latencies_ms) < 2:
+            return self.latencies_ms[0] if self.latencies_ms else 0.0
         cuts = statistics.quantiles(self.latencies_ms, n=100, method="inclusive")
         return cuts[q - 1]
 
@@ -143,22 +146,19 @@ async def _lifecycle(store: Store, me: Owner, run_id: str) -> None:
         raise BenchError(f"{run_id}: settlement answered {settled!r}")
 
 
-async def _runfleet_phase(url: str, runs: int, warmup: int, concurrency: int) -> Phase:
-    settings = Settings(database_url=url)
-    store = await Store.open(
-        settings, source_id="bench", min_size=concurrency, max_size=concurrency
+def _merge(phases: list[Phase], transactions_per_unit: int) -> Phase:
+    units = sum(p.units for p in phases)
+    return Phase(
+        units,
+        units * transactions_per_unit,
+        sum(p.seconds for p in phases),
+        tuple(ms for p in phases for ms in p.latencies_ms),
     )
-    me = Owner.for_this_process(settings.host_id)
-    tag = secrets.token_hex(3)
-    try:
-        await _spread(warmup, concurrency, lambda i: _lifecycle(store, me, f"warm-{tag}-{i}"))
-        phase = await _spread(runs, concurrency, lambda i: _lifecycle(store, me, f"b-{tag}-{i}"))
-    finally:
-        await store.close()
-    return Phase(runs, runs * TRANSACTIONS_PER_LIFECYCLE, phase.seconds, phase.latencies_ms)
 
 
-async def _baseline_phase(url: str, commits: int, warmup: int, concurrency: int) -> Phase:
+async def _open_baseline_pool(
+    url: str, concurrency: int
+) -> AsyncConnectionPool[AsyncConnection[Any]]:
     pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
         url,
         min_size=concurrency,
@@ -168,18 +168,47 @@ async def _baseline_phase(url: str, commits: int, warmup: int, concurrency: int)
         name="bench-baseline",
     )
     await pool.open(wait=True, timeout=30)
-    try:
-        async with pool.connection() as conn:
-            await conn.execute(BASELINE_TABLE)
+    async with pool.connection() as conn:
+        await conn.execute(BASELINE_TABLE)
+    return pool
+
+
+async def _measure(
+    url: str, runs: int, concurrency: int, warmup: int, rounds: int
+) -> tuple[Phase, Phase]:
+    """Alternate runfleet and baseline rounds, so load from elsewhere hits both alike.
+
+    Each baseline round commits as many transactions as the runfleet round before it.
+    """
+    settings = Settings(database_url=url)
+    me = Owner.for_this_process(settings.host_id)
+    tag = secrets.token_hex(3)
+    ours: list[Phase] = []
+    theirs: list[Phase] = []
+    async with AsyncExitStack() as stack:
+        store = await Store.open(
+            settings, source_id="bench", min_size=concurrency, max_size=concurrency
+        )
+        stack.push_async_callback(store.close)
+        pool = await _open_baseline_pool(url, concurrency)
+        stack.push_async_callback(pool.close)
+
+        def lifecycles(prefix: str) -> Callable[[int], Awaitable[None]]:
+            return lambda i: _lifecycle(store, me, f"{prefix}-{i}")
 
         async def commit(i: int) -> None:
             async with pool.connection() as conn:
                 await conn.execute(BASELINE_INSERT, (Jsonb({"n": i}),))
 
-        await _spread(warmup, concurrency, commit)
-        return await _spread(commits, concurrency, commit)
-    finally:
-        await pool.close()
+        await _spread(warmup, concurrency, lifecycles(f"w-{tag}"))
+        await _spread(warmup * TRANSACTIONS_PER_LIFECYCLE, concurrency, commit)
+        for r in range(rounds):
+            share = runs // rounds + (1 if r < runs % rounds else 0)
+            if share == 0:
+                continue
+            ours.append(await _spread(share, concurrency, lifecycles(f"b-{tag}-{r}")))
+            theirs.append(await _spread(share * TRANSACTIONS_PER_LIFECYCLE, concurrency, commit))
+    return _merge(ours, TRANSACTIONS_PER_LIFECYCLE), _merge(theirs, 1)
 
 
 async def _server_facts(url: str) -> tuple[str, str]:
@@ -191,17 +220,14 @@ async def _server_facts(url: str) -> tuple[str, str]:
     return f"{major}.{minor}", str(row[0]) if row else "?"
 
 
-async def run(admin_url: str, *, runs: int, concurrency: int, warmup: int) -> StoreBenchResult:
+async def run(
+    admin_url: str, *, runs: int, concurrency: int, warmup: int, rounds: int = 3
+) -> StoreBenchResult:
     """Benchmark in a scratch database on ``admin_url``'s server; the database is dropped."""
-    if runs < 1 or concurrency < 1 or warmup < 0:
-        raise BenchError("runs and concurrency must be >= 1, warmup >= 0")
+    if runs < 1 or concurrency < 1 or warmup < 0 or rounds < 1:
+        raise BenchError("runs, concurrency and rounds must be >= 1, warmup >= 0")
     async with scratch_database(admin_url) as url:
         await migrate(url)
         version, sync_commit = await _server_facts(url)
-        runfleet = await _runfleet_phase(url, runs, warmup, concurrency)
-        # The same number of commits as runfleet made, so both phases see the same WAL
-        # volume order and run for comparable times.
-        baseline = await _baseline_phase(
-            url, runfleet.transactions, warmup * TRANSACTIONS_PER_LIFECYCLE, concurrency
-        )
+        runfleet, baseline = await _measure(url, runs, concurrency, warmup, rounds)
     return StoreBenchResult(runs, concurrency, version, sync_commit, runfleet, baseline)

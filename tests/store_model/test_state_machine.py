@@ -19,7 +19,7 @@ SEQUENCES = st.lists(INTENTS, min_size=1, max_size=30)
 
 
 @settings(
-    max_examples=400,
+    max_examples=40,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

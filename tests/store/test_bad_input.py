@@ -1,0 +1,213 @@
+"""Bad input raises InvalidInput naming the field, and nothing durable is written."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from store import Store
+from store.config import Settings
+from store.errors import InvalidInput
+from store.types import Created, NewRun, RunStatus, Waiting
+from tests.store.helpers import OWNER_A, counts, create, make_running, must_get
+
+GOOD = NewRun(id="r-new", flow="tests.flow", queue="default", payload={"ok": True})
+
+BAD_IDS: list[Any] = ["", "x" * 256, "line\nbreak", "tab\there", "nul\x00", "del\x7f", 42, None]
+BAD_JSON: list[Any] = [
+    {1, 2},
+    object(),
+    float("nan"),
+    {"nested": [float("inf")]},
+    {"k": b"bytes"},
+    "nul \x00 inside",
+    {"key\x00": 1},
+]
+
+
+async def _refused(
+    database_url: str, field: str, action: Callable[[], Awaitable[object]]
+) -> InvalidInput:
+    """Run ``action``, insist it raises InvalidInput for ``field``, and wrote nothing."""
+    before = await counts(database_url)
+    with pytest.raises(InvalidInput) as caught:
+        await action()
+    assert caught.value.field == field, caught.value
+    assert field in str(caught.value)
+    assert await counts(database_url) == before
+    return caught.value
+
+
+# ---- admission ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", BAD_IDS, ids=repr)
+@pytest.mark.parametrize(
+    ("attr", "field"), [("id", "run_id"), ("flow", "flow"), ("queue", "queue")]
+)
+async def test_create_refuses_bad_identifiers(
+    store: Store, database_url: str, attr: str, field: str, bad: Any
+) -> None:
+    new = replace(GOOD, **{attr: bad})
+    await _refused(database_url, field, lambda: store.runs.create(new))
+
+
+@pytest.mark.parametrize("bad", BAD_JSON, ids=repr)
+async def test_create_refuses_a_payload_that_is_not_json(
+    store: Store, database_url: str, bad: Any
+) -> None:
+    new = replace(GOOD, payload=bad)
+    await _refused(database_url, "payload", lambda: store.runs.create(new))
+
+
+async def test_create_refuses_an_oversized_payload(
+    store: Store, settings: Settings, database_url: str
+) -> None:
+    too_big = "x" * settings.max_payload_bytes  # plus two quotes once encoded
+    error = await _refused(
+        database_url, "payload", lambda: store.runs.create(replace(GOOD, payload=too_big))
+    )
+    assert str(settings.max_payload_bytes) in error.problem
+    just_fits = "x" * (settings.max_payload_bytes - 2)
+    assert isinstance(await store.runs.create(replace(GOOD, payload=just_fits)), Created)
+
+
+async def test_create_refuses_oversized_or_non_json_extra(
+    store: Store, settings: Settings, database_url: str
+) -> None:
+    for extra in ({"blob": "y" * settings.max_payload_bytes}, {"s": {1}}):
+        new = replace(GOOD, extra=extra)
+        await _refused(database_url, "extra", lambda new=new: store.runs.create(new))
+
+
+async def test_create_accepts_the_longest_identifier_and_odd_but_legal_json(store: Store) -> None:
+    longest = "x" * 255
+    row = await create(store, longest, flow="f" * 255, payload="C:\\u0000 is text, not NUL")
+    assert row.id == longest
+    assert row.payload == "C:\\u0000 is text, not NUL"
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"scopes": ("ok", "")}, "scopes"),
+        ({"scopes": ("bad\nscope",)}, "scopes"),
+        ({"parent_id": ""}, "parent_id"),
+        ({"parent_id": "r-new"}, "parent_id"),
+        ({"lineage_id": "x" * 256}, "lineage_id"),
+        ({"round_ordinal": -1}, "round_ordinal"),
+        ({"max_rounds": 0}, "max_rounds"),
+    ],
+    ids=["empty-scope", "control-scope", "empty-parent", "own-parent", "long-lineage",
+         "negative-round", "zero-max-rounds"],
+)
+async def test_create_refuses_bad_identity_fields(
+    store: Store, database_url: str, changes: dict[str, Any], field: str
+) -> None:
+    new = replace(GOOD, **changes)
+    await _refused(database_url, field, lambda: store.runs.create(new))
+
+
+# ---- owned writes ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", ["finished", "", "RUNNING!", 3])
+async def test_transition_refuses_an_unknown_status(
+    store: Store, database_url: str, bad: Any
+) -> None:
+    running = await make_running(store, "r1")
+    await _refused(
+        database_url,
+        "to_status",
+        lambda: store.lifecycle.transition_owned("r1", OWNER_A, 1, bad),
+    )
+    after = await must_get(store, "r1")
+    assert after.status is RunStatus.RUNNING and after.updated_at_ms == running.updated_at_ms
+
+
+@pytest.mark.parametrize("bad", BAD_JSON[:4], ids=repr)
+async def test_transition_refuses_a_state_patch_that_is_not_json(
+    store: Store, database_url: str, bad: Any
+) -> None:
+    await make_running(store, "r1")
+    await _refused(
+        database_url,
+        "state",
+        lambda: store.lifecycle.transition_owned(
+            "r1", OWNER_A, 1, RunStatus.COMPLETED, state_patch={"result": bad}
+        ),
+    )
+    assert (await must_get(store, "r1")).status is RunStatus.RUNNING
+
+
+async def test_park_refuses_a_bad_reason_or_request(store: Store, database_url: str) -> None:
+    await make_running(store, "r1")
+    await _refused(
+        database_url, "waiting.reason", lambda: store.waits.park("r1", OWNER_A, 1, Waiting(""))
+    )
+    await _refused(
+        database_url,
+        "waiting.request",
+        lambda: store.waits.park("r1", OWNER_A, 1, Waiting("approval", request={1, 2})),
+    )
+    assert (await must_get(store, "r1")).status is RunStatus.RUNNING
+
+
+async def test_complete_deferred_refuses_bad_name_value_or_metadata(
+    store: Store, settings: Settings, database_url: str
+) -> None:
+    await create(store, "r1")
+    waits = store.waits
+    await _refused(database_url, "deferred name", lambda: waits.complete_deferred("r1", ""))
+    await _refused(
+        database_url, "value", lambda: waits.complete_deferred("r1", "d", float("nan"))
+    )
+    await _refused(
+        database_url,
+        "value",
+        lambda: waits.complete_deferred("r1", "d", "v" * settings.max_payload_bytes),
+    )
+    await _refused(database_url, "metadata", lambda: waits.complete_deferred("r1", "d", 1, {3}))
+    assert await waits.deferred("r1", "d") is None
+
+
+@pytest.mark.parametrize(
+    ("name", "deferred_name", "due", "field"),
+    [
+        ("", "d", 1, "clock name"),
+        ("c", "", 1, "deferred name"),
+        ("c", "bad\nname", 1, "deferred name"),
+        ("c", "d", float("nan"), "due_at_ms"),
+        ("c", "d", float("inf"), "due_at_ms"),
+        ("c", "d", True, "due_at_ms"),
+        ("c", "d", "soon", "due_at_ms"),
+    ],
+)
+async def test_schedule_clock_refuses_bad_input(
+    store: Store, database_url: str, name: str, deferred_name: str, due: Any, field: str
+) -> None:
+    await make_running(store, "r1")
+    await _refused(
+        database_url,
+        field,
+        lambda: store.waits.schedule_clock("r1", name, deferred_name, due, OWNER_A, 1),
+    )
+
+
+# ---- unowned writes ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", BAD_IDS[:6], ids=repr)
+async def test_request_cancel_refuses_a_bad_run_id(
+    store: Store, database_url: str, bad: str
+) -> None:
+    await _refused(database_url, "run_id", lambda: store.lifecycle.request_cancel(bad))
+
+
+@pytest.mark.parametrize("bad", BAD_IDS[:6], ids=repr)
+async def test_record_parent_refuses_bad_ids(store: Store, database_url: str, bad: str) -> None:
+    await _refused(database_url, "child_id", lambda: store.dag.record_parent(bad, "p"))
+    await _refused(database_url, "parent_id", lambda: store.dag.record_parent("c", bad))

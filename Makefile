@@ -7,10 +7,16 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.runfleet-installed
 
-.PHONY: test lint clean
+.PHONY: test lint demo clean
 
 test: lint
 	$(BIN)/pytest -q
+
+# The main job: a live fleet of three workers survives one of them being SIGKILLed.
+# Services: RUNFLEET_DATABASE_URL / RUNFLEET_REDIS_URL if set, else Docker, else throwaway
+# local servers (ops/services.py resolves them, as for the tests).
+demo: $(STAMP)
+	$(BIN)/python -m ops.demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -11,6 +11,7 @@ from store.db import Conn, Database, default_source_id, open_pool
 from store.journal import Journal, Kind
 from store.lifecycle import Lifecycle
 from store.runs import Runs
+from store.stats import Stats
 from store.sweeps import SweepKind, Sweeps
 from store.waits import Waits
 
@@ -33,6 +34,7 @@ class Store:
         self.lifecycle = Lifecycle(db, self.journal, settings)
         self.waits = Waits(db, self.journal, settings)
         self.sweeps = Sweeps(db)
+        self.stats = Stats(db)
 
     @classmethod
     async def open(

@@ -12,7 +12,7 @@ import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from store.errors import RunfleetError
 
@@ -59,14 +59,29 @@ def qualified_name(fn: Callable[..., Any]) -> str:
     return f"{fn.__module__}:{fn.__qualname__}"
 
 
+@overload
+def flow(fn: Callable[..., Any], /) -> Flow: ...
+
+
+@overload
 def flow(
-    fn: Callable[..., Any] | None = None,
     *,
     name: str | None = None,
     queue: str = "default",
     max_rounds: int | None = None,
     timeout: float | None = None,
-) -> Any:
+) -> Callable[[Callable[..., Any]], Flow]: ...
+
+
+def flow(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    queue: str = "default",
+    max_rounds: int | None = None,
+    timeout: float | None = None,
+) -> Flow | Callable[[Callable[..., Any]], Flow]:
     """Register ``fn`` as a flow; usable as ``@flow`` or ``@flow(name=..., queue=...)``."""
 
     def register(target: Callable[..., Any]) -> Flow:

@@ -1,0 +1,23 @@
+-- Fleet-wide counts for operators, the demo and benchmarks.
+
+-- name: status_counts
+SELECT status, count(*) AS n FROM runfleet.runs
+ WHERE (%(flow)s::text IS NULL OR flow = %(flow)s)
+ GROUP BY status;
+
+-- name: settled_more_than_once
+-- A run whose terminal decision was journaled twice: must never happen.
+SELECT run_id, count(*) AS n FROM runfleet.journal
+ WHERE (kind = 'transitioned' AND payload->>'to' IN ('completed', 'failed', 'cancelled'))
+    OR (kind = 'interrupted' AND (payload->>'cancelled')::boolean)
+ GROUP BY run_id HAVING count(*) > 1;
+
+-- name: records_of_kind
+SELECT seq, run_id, kind, source_id, source_seq, payload, at_ms FROM runfleet.journal
+ WHERE kind = %(kind)s AND seq > %(after_seq)s ORDER BY seq LIMIT %(limit)s;
+
+-- name: db_now
+SELECT runfleet.now_ms() AS now_ms;
+
+-- name: running_by_owner_pid
+SELECT owner_pid, count(*) AS n FROM runfleet.runs WHERE status = 'running' GROUP BY owner_pid;

@@ -1,0 +1,40 @@
+"""Fleet-wide reads: how many runs are where, and whether any rule was broken."""
+
+from __future__ import annotations
+
+from store.db import Database
+from store.rows import journal_record
+from store.types import JournalRecord, RunStatus
+
+
+class Stats:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def status_counts(self, *, flow: str | None = None) -> dict[RunStatus, int]:
+        rows = await self._db.all("stats.status_counts", {"flow": flow})
+        counts = {status: 0 for status in RunStatus}
+        for row in rows:
+            counts[RunStatus(row["status"])] = int(row["n"])
+        return counts
+
+    async def settled_more_than_once(self) -> dict[str, int]:
+        rows = await self._db.all("stats.settled_more_than_once")
+        return {row["run_id"]: int(row["n"]) for row in rows}
+
+    async def records_of_kind(
+        self, kind: str, *, after_seq: int = 0, limit: int = 100_000
+    ) -> list[JournalRecord]:
+        rows = await self._db.all(
+            "stats.records_of_kind", {"kind": kind, "after_seq": after_seq, "limit": limit}
+        )
+        return [journal_record(r) for r in rows]
+
+    async def running_by_owner_pid(self) -> dict[int, int]:
+        rows = await self._db.all("stats.running_by_owner_pid")
+        return {int(row["owner_pid"]): int(row["n"]) for row in rows}
+
+    async def now_ms(self) -> int:
+        row = await self._db.one("stats.db_now")
+        assert row is not None
+        return int(row["now_ms"])

@@ -72,11 +72,12 @@ async def test_unknown_flow_stays_pending_and_is_warned_once(
 ) -> None:
     run = await queue.enqueue(UNKNOWN, 1, 2)
     stream = f"{settings.redis_prefix}:q:default"
-    # Three sweep cycles re-dispatched it, and the worker read and acknowledged them all.
-    async def three_wakes() -> bool:
-        return await sweep_wakes(redis, stream, run.id) >= 3
 
-    await until(three_wakes, 15, "three sweep wakes")
+    async def five_wakes() -> bool:
+        return await sweep_wakes(redis, stream, run.id) >= 5
+
+    # Five sweep cycles re-dispatched it, and the worker read and acknowledged them all.
+    await until(five_wakes, 15, "five sweep wakes")
     await until(lambda: group_drained(redis, stream), 5, "the worker to consume every wake")
 
     row = await run.fetch()

@@ -77,7 +77,7 @@ def flow_target(target: Any) -> tuple[str, str | None, Callable[..., Any] | None
     raise InvalidInput("flow", f"cannot enqueue {target!r}: pass a flow, a function or 'mod:fn'")
 
 
-def _check_signature(
+def check_signature(
     fn: Callable[..., Any] | None, takes_ctx: bool, args: Sequence[Any], kwargs: dict[str, Any]
 ) -> None:
     if fn is None:
@@ -212,7 +212,7 @@ class AsyncQueue:
     def _new_run(self, spec: EnqueueSpec, delay_until_ms: int | None = None) -> NewRun:
         name, _declared_queue, fn, takes_ctx = flow_target(spec.target)
         args, kwargs = list(spec.args), dict(spec.kwargs)
-        _check_signature(fn, takes_ctx, args, kwargs)
+        check_signature(fn, takes_ctx, args, kwargs)
         return NewRun(
             id=spec.run_id or uuid.uuid4().hex,
             flow=name,
@@ -265,9 +265,7 @@ class AsyncQueue:
     async def enqueue_in(
         self, delay: timedelta, f: Any, *args: Any, run_id: str | None = None, **kwargs: Any
     ) -> AsyncRun:
-        return await self.enqueue_at(
-            datetime.now(UTC) + delay, f, *args, run_id=run_id, **kwargs
-        )
+        return await self.enqueue_at(datetime.now(UTC) + delay, f, *args, run_id=run_id, **kwargs)
 
     async def enqueue_many(self, specs: Sequence[EnqueueSpec]) -> list[AsyncRun]:
         """Admit a batch in one transaction and one pipeline: all or nothing."""

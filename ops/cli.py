@@ -77,5 +77,14 @@ def worker(
     raise typer.Exit(supervise(settings, options, processes))
 
 
+def _mount_bench() -> None:
+    from ops.bench.__main__ import app as bench_app
+
+    app.add_typer(bench_app, name="bench")
+
+
+_mount_bench()
+
+
 def main() -> None:  # pragma: no cover
     app()

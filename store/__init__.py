@@ -8,10 +8,12 @@ from contextlib import asynccontextmanager
 from store.config import Settings
 from store.dag import Dag
 from store.db import Conn, Database, default_source_id, open_pool
+from store.inspect import Inspect
 from store.journal import Journal, Kind
 from store.lifecycle import Lifecycle
 from store.runs import Runs
 from store.stats import Stats
+from store.steps import Steps
 from store.sweeps import SweepKind, Sweeps
 from store.waits import Waits
 
@@ -35,6 +37,8 @@ class Store:
         self.waits = Waits(db, self.journal, settings)
         self.sweeps = Sweeps(db)
         self.stats = Stats(db)
+        self.inspect = Inspect(db)
+        self.steps = Steps(db, self.journal, settings)
 
     @classmethod
     async def open(

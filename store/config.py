@@ -30,6 +30,10 @@ class Settings(BaseSettings):
     pool_min: int = Field(default=1, ge=1)
     pool_max: int = Field(default=8, ge=1)
     max_payload_bytes: int = Field(default=1_000_000, gt=0)
+    inline_sleep_max: float = Field(default=2.0, ge=0)
+    """A durable sleep whose remainder is at most this is slept in-process, holding its slot."""
+    park_backoff_over: float = Field(default=5.0, ge=0)
+    """A step retry backoff longer than this parks the run on a timer instead of a slot."""
 
     @property
     def heartbeat_interval_ms(self) -> int:

@@ -96,6 +96,7 @@ class Lifecycle:
             if to_status.terminal:
                 await self._db.execute("runs.close_clocks", {"ids": [run_id]})
                 await self._cascade(run_id, cause=f"parent-{to_status.value}")
+                await self.notify_parents(moved)
             return Transitioned(moved)
 
     async def _refusal(self, run_id: str, me: Owner, epoch: int) -> TransitionOutcome:
@@ -123,12 +124,28 @@ class Lifecycle:
             await self._journal.record(
                 child, Kind.INTERRUPTED, {"cancelled": True, "cause": cause, "by": run_id}
             )
+            closed_row = await self._get(child)
+            if closed_row is not None:
+                await self.notify_parents(closed_row)
         await self._journal.record(
             run_id,
             Kind.CHILD_POLICY_APPLIED,
             {"cause": cause, "cascaded_to": ids, "closed": settled},
         )
         return ids
+
+    async def notify_parents(self, child: RunRow) -> list[str]:
+        """Hand a settled child's outcome to every parent; the ids of parents it woke."""
+        value = {
+            "status": child.status.value,
+            "result": child.state.get("result"),
+            "error": child.state.get("error"),
+            "handed_off_to": child.state.get("handed_off_to"),
+        }
+        rows = await self._db.all(
+            "waits.notify_parents", {"child": child.id, "value": Jsonb(value)}
+        )
+        return [r["id"] for r in rows]
 
     async def request_cancel(
         self, run_id: str, *, actor: str | None = None, reason: str | None = None

@@ -101,6 +101,8 @@ class Runs:
             max_rounds=new.max_rounds,
             deadline_ms=new.deadline_ms,
         )
+        if new.timeout_ms is not None:
+            del state["deadline_ms"]  # set from the database clock at insert
         return state
 
     def _validate(self, new: NewRun) -> None:
@@ -156,6 +158,7 @@ class Runs:
                     "previous_round_id": new.previous_round_id,
                     "inherit_cancel": inherit,
                     "delay_until_ms": new.delay_until_ms,
+                    "timeout_ms": new.timeout_ms,
                 },
             )
             if row is None:

@@ -86,8 +86,13 @@ CREATE TABLE runfleet.steps (
     digest          text NOT NULL,
     epoch           bigint NOT NULL,
     recorded_at_ms  bigint NOT NULL,
+    position        integer NOT NULL,
+    kind            text NOT NULL,
+    compensate      text,
+    compensated_at_ms bigint,
     PRIMARY KEY (run_id, key)
 );
+CREATE UNIQUE INDEX steps_position_idx ON runfleet.steps (run_id, position);
 
 CREATE TABLE runfleet.attempts (
     run_id          text NOT NULL,
@@ -119,3 +124,15 @@ CREATE TABLE runfleet.clocks (
 );
 CREATE INDEX clocks_due_idx ON runfleet.clocks (due_at_ms, run_id, name)
     WHERE completed_at_ms IS NULL;
+
+CREATE TABLE runfleet.flows (
+    name            text PRIMARY KEY,
+    queue           text NOT NULL,
+    signature       text,
+    registered_at_ms bigint NOT NULL,
+    last_seen_ms    bigint NOT NULL
+);
+
+CREATE INDEX runs_deadline_idx ON runfleet.runs (((state->>'deadline_ms')::bigint))
+    WHERE status IN ('pending', 'running', 'suspended') AND state ? 'deadline_ms'
+      AND state->>'deadline_ms' IS NOT NULL;

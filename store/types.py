@@ -160,6 +160,8 @@ class NewRun:
     max_rounds: int | None = None
     deadline_ms: int | None = None
     delay_until_ms: int | None = None
+    timeout_ms: int | None = None
+    """Deadline relative to admission, on the database clock (``@flow(timeout=...)``)."""
     extra: dict[str, JsonValue] = field(default_factory=dict)
 
 

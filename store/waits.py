@@ -213,6 +213,37 @@ class Waits:
         rows = await self._db.all("waits.deferreds_completed", {"run_id": run_id})
         return [deferred_row(r) for r in rows]
 
+    async def answer_approval(
+        self,
+        run_id: str,
+        token: str,
+        *,
+        approved: bool,
+        value: Any = None,
+        actor: str,
+        reason: str | None = None,
+    ) -> Completion | None:
+        """Answer the approval a run is parked on; None if the token is not the pending one.
+
+        The decision, who made it and why are journaled in the transaction that
+        records it, so the answer and its audit trail cannot come apart.
+        """
+        validate.identifier("actor", actor)
+        async with self._db.transaction():
+            row = await self._db.one("waits.awaiting_token", {"id": run_id})
+            if row is None:
+                raise InvalidInput("run_id", f"run {run_id!r} does not exist")
+            if row["waiting_reason"] != "approval" or row["waiting_token"] != token:
+                return None
+            decision = {"approved": approved, "value": value, "actor": actor, "reason": reason}
+            done = await self.complete_deferred(run_id, row["waiting_deferred"], decision)
+            await self._journal.record(
+                run_id,
+                "approval-approved" if approved else "approval-denied",
+                {"token": token, "actor": actor, "reason": reason},
+            )
+            return done
+
     # ---- clocks ------------------------------------------------------------
 
     async def schedule_clock(

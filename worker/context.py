@@ -1,26 +1,62 @@
-"""What a flow body sees: its run, its arguments, and (later) its durable calls.
+"""What a flow body sees: its run, and the durable calls that make it resumable.
 
-The Context is per drive (one activation at one epoch). Durable operations —
-steps, sleeps, waits, children — are methods here so that replay can key them by
-call order; this first version offers identity, payload and cancellation checks.
+Every resume re-executes the body from the top. Each durable call takes the
+next position; a call already recorded at that position returns its recorded
+value without running, a different call there is NonDeterminism, and a record
+whose digest no longer matches parks the run in ``quarantine``. A call that must
+wait parks the run (``Suspended``) and the body resumes by replay when answered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
+import secrets
+from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
-from store.types import Owner, RunRow
+from store import Store
+from store.config import Settings
+from store.steps import StepRecord
+from store.types import (
+    AlreadySatisfied,
+    ClockExisting,
+    ClockScheduled,
+    GuardFailed,
+    NewRun,
+    NotFound,
+    NotOwner,
+    OnParentExit,
+    Owner,
+    Parked,
+    RunRow,
+    Waiting,
+)
+from worker.durable import (
+    NO_RETRY,
+    ChildFailed,
+    Decision,
+    NonDeterminism,
+    Retry,
+    Suspended,
+    WaitTimeout,
+    reference,
+)
+
+log = logging.getLogger("runfleet.flow")
+ScheduleFn = Callable[[RunRow], Awaitable[None]]
 
 
-class Interrupted(asyncio.CancelledError):
+class Interrupted(BaseException):
     """Raised into a flow whose run this process must stop executing.
 
-    ``cause`` is ``cancelled`` (a cancel request: commit ``cancelled``),
-    ``lost-fence`` (another owner holds the run: write nothing), ``lease-lapsed``
-    or ``shutdown`` (release the run so another worker resumes it).
+    ``cause`` is ``cancelled`` (commit ``cancelled``), ``lost-fence`` (another
+    owner holds the run: write nothing), ``lease-lapsed`` or ``shutdown``
+    (release the run so another worker resumes it).
     """
 
     def __init__(self, cause: str) -> None:
@@ -33,13 +69,17 @@ class Context:
     run: RunRow
     owner: Owner
     epoch: int
+    store: Store | None = None
+    settings: Settings | None = None
+    schedule: ScheduleFn | None = None
+    records: dict[int, StepRecord] = field(default_factory=dict)
     log: logging.LoggerAdapter[logging.Logger] = field(init=False)
     _interrupt: str | None = field(default=None, init=False)
+    _position: int = field(default=0, init=False)
+    _seen: Counter[str] = field(default_factory=Counter, init=False)
 
     def __post_init__(self) -> None:
-        self.log = logging.LoggerAdapter(
-            logging.getLogger("runfleet.flow"), {"run_id": self.run.id, "flow": self.run.flow}
-        )
+        self.log = logging.LoggerAdapter(log, {"run_id": self.run.id, "flow": self.run.flow})
 
     @property
     def run_id(self) -> str:
@@ -47,20 +87,299 @@ class Context:
 
     @property
     def args(self) -> list[Any]:
-        payload = self.run.payload or {}
-        return list(payload.get("args") or [])
+        return list((self.run.payload or {}).get("args") or [])
 
     @property
     def kwargs(self) -> dict[str, Any]:
-        payload = self.run.payload or {}
-        return dict(payload.get("kwargs") or {})
+        return dict((self.run.payload or {}).get("kwargs") or {})
 
     @property
     def interrupted(self) -> str | None:
-        """Why this drive must stop, once an interrupt was requested (for sync bodies)."""
         return self._interrupt
 
     def check(self) -> None:
-        """Raise Interrupted if the drive was interrupted; sync bodies call it at safe points."""
+        """Raise Interrupted if this drive must stop (sync bodies reach it at durable calls)."""
         if self._interrupt is not None:
             raise Interrupted(self._interrupt)
+
+    # ---- replay bookkeeping ------------------------------------------------
+
+    @property
+    def _store(self) -> Store:
+        if self.store is None:
+            raise RuntimeError("this Context has no store: durable calls need a worker")
+        return self.store
+
+    async def _next(self, kind: str, name: str) -> tuple[int, str, StepRecord | None]:
+        self.check()
+        self._seen[f"{kind}:{name}"] += 1
+        key = f"{kind}:{name}#{self._seen[f'{kind}:{name}']}"
+        position = self._position
+        self._position += 1
+        record = self.records.get(position)
+        if record is None:
+            return position, key, None
+        if record.key != key:
+            raise NonDeterminism(position, record.key, key)
+        if not record.intact:
+            await self._quarantine(record)
+        return position, key, record
+
+    async def _record(
+        self,
+        position: int,
+        key: str,
+        name: str,
+        kind: str,
+        output: Any,
+        compensate: str | None = None,
+    ) -> StepRecord:
+        record = await self._store.steps.record(
+            self.run.id,
+            self.owner,
+            self.epoch,
+            key=key,
+            name=name,
+            kind=kind,
+            position=position,
+            output=output,
+            compensate=compensate,
+        )
+        if record is None:
+            raise Interrupted("lost-fence")
+        self.records[position] = record
+        return record
+
+    async def _park(self, waiting: Waiting, deferred: str | None = None) -> None:
+        """Park durably and stop the body, unless the answer is already there."""
+        outcome = await self._store.waits.park(
+            self.run.id, self.owner, self.epoch, waiting, deferred=deferred
+        )
+        match outcome:
+            case Parked():
+                raise Suspended(waiting.reason)
+            case AlreadySatisfied():
+                return
+            case GuardFailed():
+                raise Interrupted("cancelled")
+            case NotOwner() | NotFound():
+                raise Interrupted("lost-fence")
+
+    async def _quarantine(self, record: StepRecord) -> None:
+        async with self._store.transaction():
+            await self._park(
+                Waiting(
+                    reason="quarantine",
+                    token=record.key,
+                    request={"key": record.key, "problem": "digest mismatch"},
+                )
+            )
+
+    async def _now_ms(self) -> int:
+        return await self._store.stats.now_ms()
+
+    # ---- steps -------------------------------------------------------------
+
+    async def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retry: Retry | None = None,
+        compensate: Callable[..., Any] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Run ``fn`` once for this run and record its output; replays return the record."""
+        position, key, record = await self._next("step", name)
+        if record is not None:
+            return record.output
+        policy = retry or NO_RETRY
+        undo = reference(compensate) if compensate is not None else None
+        steps = self._store.steps
+        while True:
+            attempt = await steps.start_attempt(self.run.id, self.owner, self.epoch, key)
+            if attempt is None:
+                raise Interrupted("lost-fence")
+            try:
+                if inspect.iscoroutinefunction(fn):
+                    output = await fn(*args, **kwargs)
+                else:
+                    output = await asyncio.to_thread(fn, *args, **kwargs)
+            except Exception as exc:
+                await steps.finish_attempt(self.run.id, key, attempt, repr(exc)[:2000])
+                if not policy.should_retry(exc, attempt):
+                    raise
+                delay = policy.delay(attempt)
+                self.log.info(
+                    "step.retry",
+                    extra={"step": key, "attempt": attempt, "delay_s": round(delay, 3)},
+                )
+                await self._backoff(key, attempt, delay)
+                continue
+            await steps.finish_attempt(self.run.id, key, attempt, None)
+            await self._record(position, key, name, "step", output, compensate=undo)
+            return output
+
+    async def _backoff(self, key: str, attempt: int, delay: float) -> None:
+        """Wait before a retry: in-process if short, else park on a durable timer."""
+        assert self.settings is not None
+        if delay <= self.settings.park_backoff_over:
+            await asyncio.sleep(delay)
+            return
+        clock = f"{key}:retry{attempt}"
+        due = await self._ensure_clock(clock, await self._now_ms() + int(delay * 1000))
+        await self._park(Waiting(reason="timer", wake_at_ms=due), deferred=clock)
+
+    async def _ensure_clock(self, name: str, due_at_ms: int) -> int:
+        outcome = await self._store.waits.schedule_clock(
+            self.run.id, name, name, due_at_ms, self.owner, self.epoch
+        )
+        match outcome:
+            case ClockScheduled(row=row) | ClockExisting(row=row):
+                return row.due_at_ms
+            case _:
+                raise Interrupted("lost-fence")
+
+    # ---- timers and waits --------------------------------------------------
+
+    async def sleep(self, duration: timedelta | float) -> None:
+        seconds = duration.total_seconds() if isinstance(duration, timedelta) else duration
+        await self._sleep(lambda now: now + int(seconds * 1000))
+
+    async def sleep_until(self, when: datetime) -> None:
+        await self._sleep(lambda _now: int(when.timestamp() * 1000))
+
+    async def _sleep(self, due_from_now: Callable[[int], int]) -> None:
+        """A durable timer; short remainders are slept in-process, the clock stays durable."""
+        assert self.settings is not None
+        position, key, record = await self._next("sleep", "sleep")
+        now = await self._now_ms()
+        due = int(record.output["due_at_ms"]) if record else due_from_now(now)
+        due = await self._ensure_clock(key, due)
+        if record is None:
+            await self._record(position, key, "sleep", "sleep", {"due_at_ms": due})
+        if await self._store.waits.deferred(self.run.id, key) is not None:
+            return
+        remaining = (due - now) / 1000
+        if remaining <= self.settings.inline_sleep_max:
+            await asyncio.sleep(max(0.0, remaining))
+            await self._store.waits.complete_clock(self.run.id, key)
+            return
+        await self._park(Waiting(reason="timer", wake_at_ms=due), deferred=key)
+
+    async def _timed_wait(
+        self, kind: str, name: str, timeout: float | None, extra: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], int]:
+        position, key, record = await self._next(kind, name)
+        now = await self._now_ms()
+        if record is None:
+            output = {
+                "timeout_at_ms": now + int(timeout * 1000) if timeout else None,
+                **(extra or {}),
+            }
+            record = await self._record(position, key, name, kind, output)
+        return dict(record.output), now
+
+    async def wait_for(self, name: str, timeout: float | None = None) -> Any:
+        """Wait for an event completed through ``Queue.complete(run_id, name, value)``."""
+        recorded, now = await self._timed_wait("event", name, timeout)
+        deadline = recorded["timeout_at_ms"]
+        for _ in range(2):
+            done = await self._store.waits.deferred(self.run.id, name)
+            if done is not None:
+                return done.value
+            if deadline is not None and now >= deadline:
+                raise WaitTimeout(f"no event {name!r} within its timeout")
+            await self._park(
+                Waiting(reason="event", wake_at_ms=deadline, token=name), deferred=name
+            )
+        raise AssertionError("unreachable: a satisfied park has a completion")
+
+    async def approval(
+        self, name: str, request: Any = None, timeout: float | None = None
+    ) -> Decision:
+        """Park until a person approves or denies (``Queue.approve/deny`` with the token)."""
+        recorded, now = await self._timed_wait(
+            "approval", name, timeout, {"token": secrets.token_urlsafe(12)}
+        )
+        deferred, deadline = f"approval:{name}", recorded["timeout_at_ms"]
+        for _ in range(2):
+            done = await self._store.waits.deferred(self.run.id, deferred)
+            if done is not None:
+                return Decision(**done.value)
+            if deadline is not None and now >= deadline:
+                raise WaitTimeout(f"approval {name!r} was not answered within its timeout")
+            await self._park(
+                Waiting(
+                    reason="approval", wake_at_ms=deadline, token=recorded["token"], request=request
+                ),
+                deferred=deferred,
+            )
+        raise AssertionError("unreachable: a satisfied park has a completion")
+
+    async def quota(self, wake_at: datetime | int) -> None:
+        """Park until ``wake_at`` (a provider's quota window); a datetime or epoch ms."""
+        position, key, record = await self._next("quota", "quota")
+        wake_ms = wake_at if isinstance(wake_at, int) else int(wake_at.timestamp() * 1000)
+        if record is None:
+            record = await self._record(position, key, "quota", "quota", {"wake_at_ms": wake_ms})
+        due = int(record.output["wake_at_ms"])
+        if await self._now_ms() < due:
+            await self._park(Waiting(reason="quota", wake_at_ms=due))
+
+    # ---- children ----------------------------------------------------------
+
+    async def child(self, flow: Any, *args: Any, run_id: str | None = None, **kwargs: Any) -> Any:
+        """Start an attached child (ends with this run) and wait for its result."""
+        child_id = await self._admit_child("child", flow, args, kwargs, run_id, OnParentExit.CANCEL)
+        while True:
+            done = await self._store.waits.deferred(self.run.id, f"child:{child_id}")
+            if done is None:
+                await self._park(
+                    Waiting(reason="child", token=child_id), deferred=f"child:{child_id}"
+                )
+                continue
+            outcome = done.value
+            if outcome.get("handed_off_to"):
+                child_id = outcome["handed_off_to"]
+                continue
+            if outcome["status"] != "completed":
+                raise ChildFailed(child_id, outcome["status"], outcome.get("error"))
+            return outcome.get("result")
+
+    async def spawn(self, flow: Any, *args: Any, run_id: str | None = None, **kwargs: Any) -> str:
+        """Start a detached child that outlives this run; returns its run id."""
+        return await self._admit_child("spawn", flow, args, kwargs, run_id, OnParentExit.DETACH)
+
+    async def _admit_child(
+        self,
+        kind: str,
+        flow: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        run_id: str | None,
+        policy: OnParentExit,
+    ) -> str:
+        from broker.queue import check_signature, flow_target
+
+        name, queue, fn, takes_ctx = flow_target(flow)
+        position, key, record = await self._next(kind, name)
+        if record is not None:
+            return str(record.output["run_id"])
+        check_signature(fn, takes_ctx, list(args), kwargs)
+        child_id = run_id or f"{self.run.id}/{key}"
+        outcome = await self._store.runs.create(
+            NewRun(
+                id=child_id,
+                flow=name,
+                queue=queue or self.run.queue,
+                payload={"args": list(args), "kwargs": kwargs},
+                scopes=self.run.scopes,
+                parent_id=self.run.id,
+                on_parent_exit=policy,
+            )
+        )
+        await self._record(position, key, name, kind, {"run_id": child_id})
+        if self.schedule is not None:
+            await self.schedule(outcome.row)
+        return child_id

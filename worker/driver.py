@@ -12,9 +12,7 @@ interrupted and writes nothing more.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +23,6 @@ from store.config import Settings
 from store.types import (
     Activated,
     ClaimRecovered,
-    GuardFailed,
     LeaseFresh,
     NotFound,
     NotOwner,
@@ -34,15 +31,17 @@ from store.types import (
     RunStatus,
     SnapshotChanged,
     Stolen,
-    Transitioned,
     Waiting,
     WaitingReason,
 )
 from worker import metrics
 from worker.context import Context, Interrupted
+from worker.durable import Suspended
 from worker.evidence import RefusalLadder, journal_evidence
 from worker.flows import Flow, UnknownFlow, resolve
 from worker.retry import with_retry
+from worker.settle import Settlement, error_of
+from worker.sync_context import SyncContext
 
 log = logging.getLogger("runfleet.worker.driver")
 
@@ -50,7 +49,6 @@ ProbeFn = Callable[[Owner], Awaitable[Probe]]
 SettledFn = Callable[[str, str], Awaitable[None]]
 ReleasedFn = Callable[[RunRow], Awaitable[None]]
 UNKNOWN_PROBE = Probe(verdict="unknown", evidence="lease-expired")
-_WAKE_ON_DUE = {WaitingReason.TIMER.value, WaitingReason.QUOTA.value}
 
 
 @dataclass
@@ -81,6 +79,7 @@ class Driver:
         self._on_released = on_released
         self.owned: dict[str, Execution] = {}
         self.ladder = RefusalLadder(settings.heartbeat_interval, settings.stale_after)
+        self.settlement = Settlement(store, owner, schedule=on_released, announce=on_settled)
         self._warned_unknown: set[str] = set()
 
     # ---- decide ------------------------------------------------------------
@@ -166,8 +165,8 @@ class Driver:
             return False  # only an operator's explicit resume moves a quarantined run
         if row.cancel_requested_at_ms is not None or waiting.reason == WaitingReason.RELEASED:
             return True
-        due = waiting.wake_at_ms is not None and waiting.wake_at_ms <= row.now_ms
-        return waiting.reason in _WAKE_ON_DUE and due
+        # Timers and quotas wake when due; events and approvals when their timeout is.
+        return waiting.wake_at_ms is not None and waiting.wake_at_ms <= row.now_ms
 
     async def _stranded_claim(self, row: RunRow) -> tuple[str, None]:
         assert row.claim is not None and row.claimed_at_ms is not None
@@ -252,28 +251,56 @@ class Driver:
     # ---- execute -----------------------------------------------------------
 
     async def _execute(self, row: RunRow, flow: Flow | None) -> None:
-        ctx = Context(run=row, owner=self.owner, epoch=row.epoch)
+        ctx = Context(
+            run=row,
+            owner=self.owner,
+            epoch=row.epoch,
+            store=self.store,
+            settings=self.settings,
+            schedule=self._on_released,
+        )
         execution = Execution(ctx)
         self.owned[row.id] = execution
         metrics.RUNS_IN_FLIGHT.inc()
+        deadline = self._deadline_timer(row)
         try:
             if row.cancel_requested_at_ms is not None or flow is None:
-                await self._settle_cancelled(row, ctx)
+                await self.settlement.cancelled(row, row.epoch)
                 return
+            ctx.records = {r.position: r for r in await self.store.steps.of_run(row.id)}
             execution.task = asyncio.create_task(self._call(flow, ctx), name=f"run:{row.id}")
             await asyncio.wait({execution.task})
-            await self._settle(row, ctx, execution)
+            await self._settle(row, flow, execution)
         finally:
+            if deadline is not None:
+                deadline.cancel()
             self.owned.pop(row.id, None)
             metrics.RUNS_IN_FLIGHT.dec()
 
+    def _deadline_timer(self, row: RunRow) -> asyncio.TimerHandle | None:
+        """Cancel the run through the ordinary path when its deadline passes mid-execution."""
+        deadline_ms = row.state.get("deadline_ms")
+        if deadline_ms is None:
+            return None
+        delay = max(0.0, (int(deadline_ms) - row.now_ms) / 1000)
+        loop = asyncio.get_running_loop()
+        return loop.call_later(delay, lambda: asyncio.ensure_future(self._deadline(row.id)))
+
+    async def _deadline(self, run_id: str) -> None:
+        try:
+            await self.store.lifecycle.request_cancel(run_id, actor="deadline", reason="deadline")
+        except Exception:  # the deadline sweep tries again
+            log.exception("run.deadline_cancel_failed", extra={"run_id": run_id})
+            return
+        self.interrupt(run_id, "cancelled")
+
     async def _call(self, flow: Flow, ctx: Context) -> Any:
         args, kwargs = ctx.args, ctx.kwargs
-        if flow.takes_context:
-            args = [ctx, *args]
         if flow.is_async:
-            return await flow.fn(*args, **kwargs)
-        return await asyncio.to_thread(flow.fn, *args, **kwargs)
+            return await flow.fn(*([ctx] if flow.takes_context else []), *args, **kwargs)
+        sync_ctx = SyncContext(ctx, asyncio.get_running_loop())
+        call_args = [sync_ctx, *args] if flow.takes_context else args
+        return await asyncio.to_thread(flow.fn, *call_args, **kwargs)
 
     def interrupt(self, run_id: str, cause: str) -> bool:
         """Stop executing a run (cancel request, lost fence, lapse, shutdown)."""
@@ -291,80 +318,29 @@ class Driver:
 
     # ---- settle ------------------------------------------------------------
 
-    async def _settle(self, row: RunRow, ctx: Context, execution: Execution) -> None:
+    async def _settle(self, row: RunRow, flow: Flow, execution: Execution) -> None:
         task = execution.task
         assert task is not None
+        epoch = execution.ctx.epoch
+        exc = None if task.cancelled() else task.exception()
         cause = execution.cause
-        if cause is None and not task.cancelled():
-            exc = task.exception()
-            if isinstance(exc, Interrupted):
-                cause = exc.cause
+        if cause is None and isinstance(exc, Interrupted):
+            cause = exc.cause
         if cause is None and task.cancelled():
             cause = "shutdown"
+        if isinstance(exc, Suspended) and cause in (None, "lost-fence"):
+            log.debug("run.parked", extra={"run_id": row.id, "reason": str(exc)})
+            return
         if cause == "lost-fence":
-            log.warning("run.fence_lost", extra={"run_id": row.id, "epoch": row.epoch})
-            return
-        if cause == "cancelled":
-            await self._settle_cancelled(row, ctx)
-            return
-        if cause is not None:
+            log.warning("run.fence_lost", extra={"run_id": row.id, "epoch": epoch})
+        elif cause == "cancelled":
+            await self.settlement.cancelled(row, epoch)
+        elif cause is not None:
             await self.release(row, cause)
-            return
-        exc = task.exception()
-        if exc is not None:
-            error = {
-                "type": type(exc).__name__,
-                "message": str(exc),
-                "traceback": "".join(traceback.format_exception(exc))[-4000:],
-            }
-            await self._finish(row, ctx, RunStatus.FAILED, {"error": error})
-            return
-        result = task.result()
-        try:
-            json.dumps(result, allow_nan=False)
-        except (TypeError, ValueError) as enc:
-            note = f"result of type {type(result).__name__} is not JSON-encodable: {enc}"
-            await self._finish(
-                row,
-                ctx,
-                RunStatus.FAILED,
-                {"error": {"type": "ResultEncodingError", "message": note}},
-            )
-            return
-        await self._finish(row, ctx, RunStatus.COMPLETED, {"result": result})
-
-    async def _finish(
-        self, row: RunRow, ctx: Context, status: RunStatus, patch: dict[str, Any]
-    ) -> None:
-        outcome = await with_retry(
-            "settle",
-            lambda: self.store.lifecycle.transition_owned(
-                row.id, self.owner, ctx.epoch, status, state_patch=patch
-            ),
-        )
-        match outcome:
-            case Transitioned():
-                metrics.SETTLEMENTS.labels(status.value).inc()
-                await self._announce(row.id, status.value)
-            case GuardFailed():
-                await self._settle_cancelled(row, ctx)
-            case NotOwner() | NotFound():
-                log.warning("run.fence_lost", extra={"run_id": row.id, "epoch": ctx.epoch})
-
-    async def _settle_cancelled(self, row: RunRow, ctx: Context) -> None:
-        outcome = await with_retry(
-            "settle", lambda: self.store.lifecycle.acknowledge_cancel(row.id, self.owner, ctx.epoch)
-        )
-        match outcome:
-            case Transitioned():
-                metrics.SETTLEMENTS.labels(RunStatus.CANCELLED.value).inc()
-                await self._announce(row.id, RunStatus.CANCELLED.value)
-            case _:
-                log.warning("run.fence_lost", extra={"run_id": row.id, "epoch": ctx.epoch})
-
-    async def _announce(self, run_id: str, status: str) -> None:
-        if self._on_settled is not None:
-            await self._on_settled(run_id, status)
+        elif exc is not None:
+            await self.settlement.finish(row, epoch, RunStatus.FAILED, {"error": error_of(exc)})
+        else:
+            await self.settlement.result(row, epoch, task.result(), flow.max_rounds)
 
     async def _park_released(self, row: RunRow, cause: str) -> bool:
         async with self.store.transaction():

@@ -85,7 +85,7 @@ class Worker:
             self.settings,
             probe=self.liveness.probe,
             on_settled=self._settled,
-            on_released=self._released,
+            on_released=self._schedule,
         )
         self.driver = driver
         self.coordinator = Coordinator(driver)
@@ -98,6 +98,7 @@ class Worker:
             except INFRA_ERRORS as exc:
                 log.warning("stream.groups_unavailable", extra={"error": repr(exc)})
             await lease.tick()
+            await self._register_flows()
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(lease.run(self._side_stop), name="lease")
                 tg.create_task(sweeper.run(self._side_stop), name="sweeper")
@@ -119,6 +120,22 @@ class Worker:
                 listener.cancel()
         finally:
             await self._close(store, redis)
+
+    async def _register_flows(self) -> None:
+        """Tell producers which flow names exist (they refuse unknown names at enqueue)."""
+        import inspect
+
+        from worker.flows import registered
+
+        for flow in registered().values():
+            try:
+                signature = str(inspect.signature(flow.fn))
+            except (TypeError, ValueError):
+                signature = None
+            try:
+                await self.store.steps.register_flow(flow.name, flow.queue, signature)
+            except INFRA_ERRORS as exc:
+                log.warning("flow.register_failed", extra={"flow": flow.name, "error": repr(exc)})
 
     async def _drain(self) -> None:
         grace = self.settings.grace_period
@@ -262,9 +279,10 @@ class Worker:
             at_ms=int(time.time() * 1000),
         )
 
-    async def _released(self, row: RunRow) -> None:
+    async def _schedule(self, row: RunRow) -> None:
+        """Hint that a run can move (released, a child admitted, a parent woken)."""
         try:
-            await self.streams.publish(row.queue, self._wake(row, "released"))
+            await self.streams.publish(row.queue, self._wake(row, "schedule"))
         except INFRA_ERRORS as exc:
             log.warning("stream.publish_failed", extra={"run_id": row.id, "error": repr(exc)})
 
@@ -288,6 +306,15 @@ class Worker:
             assert self.driver is not None
             if notice.run_id not in self.driver.owned:
                 continue
-            row = await self.store.runs.get(notice.run_id)
+            try:
+                row = await self.store.runs.get(notice.run_id)
+            except INFRA_ERRORS as exc:
+                # This task lives in the worker's TaskGroup: a database outage here must
+                # not stop the worker. The heartbeat poll delivers the cancel instead.
+                metrics.INFRA_ERRORS.labels("cancel-listener").inc()
+                log.warning(
+                    "cancel.check_failed", extra={"run_id": notice.run_id, "error": repr(exc)}
+                )
+                continue
             if row is not None and row.cancel_requested_at_ms is not None:
                 self.driver.interrupt(notice.run_id, "cancelled")

@@ -92,13 +92,16 @@ class Sweeper:
         return [s.run_id for s in stale]
 
     async def _due(self) -> list[str]:
-        """Fire due clocks (completing their deferreds), then dispatch due timed waits."""
+        """Fire due clocks, dispatch due timed waits, and cancel runs past their deadline."""
         run_ids: list[str] = []
         for clock in await self._store.waits.due_clocks(limit=self._batch):
             await self._store.waits.complete_clock(clock.run_id, clock.name)
             run_ids.append(clock.run_id)
         due = await self._store.waits.waiting_runs(due_now=True, limit=self._batch)
-        run_ids.extend(w.run_id for w in due if w.reason in ("timer", "quota"))
+        run_ids.extend(w.run_id for w in due if w.reason != "quarantine")
+        for run_id in await self._store.steps.deadline_passed(limit=self._batch):
+            await self._store.lifecycle.request_cancel(run_id, actor="deadline", reason="deadline")
+            run_ids.append(run_id)
         return _unique(run_ids)[: self._batch]
 
     async def _pending_cancellations(self) -> list[str]:

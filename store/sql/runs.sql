@@ -22,7 +22,10 @@ INSERT INTO runfleet.runs AS r (
     created_at_ms, updated_at_ms, cancel_requested_at_ms,
     waiting_reason, waiting_wake_at_ms)
 VALUES (
-    %(id)s, %(flow)s, %(queue)s, 'pending', %(state)s, %(lineage_id)s, %(round_ordinal)s,
+    %(id)s, %(flow)s, %(queue)s, 'pending',
+    %(state)s || CASE WHEN %(timeout_ms)s::bigint IS NULL THEN '{}'::jsonb
+                 ELSE jsonb_build_object('deadline_ms', runfleet.now_ms() + %(timeout_ms)s) END,
+    %(lineage_id)s, %(round_ordinal)s,
     %(previous_round_id)s, runfleet.now_ms(), runfleet.now_ms(),
     CASE WHEN %(inherit_cancel)s THEN runfleet.now_ms() END,
     CASE WHEN %(delay_until_ms)s::bigint IS NOT NULL THEN 'timer' END, %(delay_until_ms)s)

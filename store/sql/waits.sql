@@ -127,3 +127,28 @@ SELECT run_id, name, deferred_name, due_at_ms, completed_at_ms FROM runfleet.clo
 -- name: clocks_pending
 SELECT run_id, name, deferred_name, due_at_ms, completed_at_ms FROM runfleet.clocks
  WHERE run_id = %(run_id)s AND completed_at_ms IS NULL ORDER BY due_at_ms, name;
+
+-- name: notify_parents
+-- A settled child completes the deferred every parent awaits it through (diamond
+-- edges included) and clears the wait of each parent parked on it. No row lock is
+-- taken first: a parent parking concurrently holds its row lock, so the UPDATE
+-- below waits for that park to commit and then sees the wait it must clear.
+WITH edges AS (
+    SELECT parent_id FROM runfleet.run_parents WHERE child_id = %(child)s
+), completed AS (
+    INSERT INTO runfleet.deferreds (run_id, name, value, completed_at_ms)
+    SELECT parent_id, 'child:' || %(child)s, %(value)s, runfleet.now_ms() FROM edges
+    ON CONFLICT (run_id, name) DO NOTHING
+    RETURNING run_id
+)
+UPDATE runfleet.runs AS r SET
+    waiting_reason = NULL, waiting_wake_at_ms = NULL, waiting_token = NULL,
+    waiting_request = NULL, waiting_deferred = NULL, updated_at_ms = runfleet.now_ms()
+ WHERE r.id IN (SELECT parent_id FROM edges)
+   AND r.waiting_deferred = 'child:' || %(child)s
+   AND r.status NOT IN ('completed', 'failed', 'cancelled')
+RETURNING r.id;
+
+-- name: awaiting_token
+SELECT waiting_reason, waiting_token, waiting_deferred, status FROM runfleet.runs
+ WHERE id = %(id)s FOR UPDATE;

@@ -12,6 +12,7 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 
 import pytest
 
@@ -166,7 +167,7 @@ async def test_cancel_racing_completion_is_consistent(
     seen: dict[str, int] = {"completed": 0, "cancelled": 0}
     for i in range(20):
         run = await queue.enqueue(flows.sleepy, 50, f"race-{i}")
-        await until(lambda: _started(store, run.id), 10, f"race {i} to start")
+        await until(partial(_started, store, run.id), 10, f"race {i} to start")
         await asyncio.sleep(rng.uniform(0.02, 0.08))  # aim the cancel at the settlement
         outcome = await run.cancel()
         row = await settled(store, run.id, timeout=5)

@@ -51,10 +51,11 @@ async def redis(settings: Settings) -> AsyncIterator[Redis]:
 
 async def sweep_wakes(redis: Redis, stream: str, run_id: str) -> int:
     """How many lost-pending wakes for ``run_id`` the sweeps have put on the stream."""
-    entries = await redis.xrange(stream)
     found = 0
-    for _, fields in entries:
-        message = decode(fields[FIELD])
+    for _, fields in await redis.xrange(stream) or []:
+        packed = fields.get(FIELD) if fields else None
+        assert isinstance(packed, bytes), fields
+        message = decode(packed)
         found += message.run == run_id and message.reason == "sweep:lost_pending"
     return found
 
@@ -106,4 +107,3 @@ async def test_cancel_of_unknown_flow_run_is_closed_without_a_handler(
     assert kinds.count(Kind.CANCEL_REQUESTED) == 1 and kinds.count(Kind.INTERRUPTED) == 1
     assert kinds.index(Kind.CANCEL_REQUESTED) < kinds.index(Kind.INTERRUPTED), kinds
     assert Kind.TRANSITIONED not in kinds
-

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg import sql
@@ -39,6 +39,8 @@ NOBODY = Owner("host-z", 999, "nonce-z")
 
 DEADLINE_S = 10.0
 T = TypeVar("T")
+A = TypeVar("A")
+B = TypeVar("B")
 
 
 async def create(
@@ -152,9 +154,21 @@ async def count(database_url: str, table: str) -> int:
     return int(row[0])
 
 
+COUNTED = ("runs", "journal", "run_parents", "deferreds", "clocks", "steps", "attempts")
+
+
 async def counts(database_url: str) -> dict[str, int]:
-    tables = ("runs", "journal", "run_parents", "deferreds", "clocks")
-    return {table: await count(database_url, table) for table in tables}
+    """Row counts of every durable table, read in one snapshot."""
+    query = sql.SQL("SELECT {}").format(
+        sql.SQL(", ").join(
+            sql.SQL("(SELECT count(*) FROM runfleet.{})").format(sql.Identifier(t)) for t in COUNTED
+        )
+    )
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        cur = await conn.execute(query)
+        row = await cur.fetchone()
+    assert row is not None
+    return dict(zip(COUNTED, (int(n) for n in row), strict=True))
 
 
 @asynccontextmanager
@@ -204,7 +218,7 @@ async def row_lock_gate(database_url: str, run_id: str) -> AsyncIterator[LockGat
 
 
 async def race(
-    contenders: list[Callable[[], Awaitable[T]]],
+    contenders: Sequence[Callable[[], Awaitable[T]]],
     *,
     gate: AbstractAsyncContextManager[LockGate] | None = None,
 ) -> list[T]:
@@ -230,3 +244,29 @@ async def race(
             lock.waiters, lambda n: n >= len(contenders), f"{len(contenders)} lock waiters"
         )
     return list(await asyncio.gather(*tasks))
+
+
+async def race_pair(
+    first: Callable[[], Awaitable[A]],
+    second: Callable[[], Awaitable[B]],
+    *,
+    second_starts_first: bool = False,
+    gate: AbstractAsyncContextManager[LockGate] | None = None,
+) -> tuple[A, B]:
+    """``race`` for two different operations; answers in (first, second) order.
+
+    ``second_starts_first`` swaps the launch (and so the lock-queue) order, so that a
+    loop alternating it exercises both interleavings.
+    """
+
+    async def one() -> object:
+        return await first()
+
+    async def two() -> object:
+        return await second()
+
+    if second_starts_first:
+        got_two, got_one = await race([two, one], gate=gate)
+    else:
+        got_one, got_two = await race([one, two], gate=gate)
+    return cast(A, got_one), cast(B, got_two)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
+from typing import Any
 
 import pytest
 
@@ -108,7 +110,7 @@ async def test_join_sees_the_run_as_it_is_now(store: Store) -> None:
     ],
 )
 async def test_readmission_with_a_different_identity_names_the_field(
-    store: Store, database_url: str, field: str, changed: dict[str, object]
+    store: Store, database_url: str, field: str, changed: dict[str, Any]
 ) -> None:
     await create(store, "p1", scopes=("s1", "s2"))
     await create(store, "p2", scopes=("s1", "s2"))
@@ -118,7 +120,7 @@ async def test_readmission_with_a_different_identity_names_the_field(
     row_before = await must_get(store, "r1")
 
     with pytest.raises(ExecutionIdentityConflict) as caught:
-        await store.runs.create(replace(original, **changed))  # type: ignore[arg-type]
+        await store.runs.create(replace(original, **changed))
 
     assert caught.value.field == field
     assert caught.value.run_id == "r1"
@@ -272,7 +274,7 @@ async def test_concurrent_identical_admissions_create_once(
         for i in range(20):
             run_id = f"r{i}"
             new = NewRun(id=run_id, flow="f", payload={"i": i})
-            outcomes = await race([lambda s=s: s.runs.create(new) for s in stores])
+            outcomes = await race([partial(s.runs.create, new) for s in stores])
             assert sum(isinstance(o, Created) for o in outcomes) == 1, outcomes
             assert sum(isinstance(o, Joined) for o in outcomes) == len(stores) - 1
             assert await journal_kinds(store, run_id) == ["created"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from store import Store
 from store.config import Settings
 from store.types import (
@@ -29,7 +31,7 @@ from tests.store.helpers import (
     make_parked,
     make_running,
     must_get,
-    race,
+    race_pair,
     row_lock_gate,
 )
 
@@ -184,18 +186,14 @@ async def test_race_settlement_against_cancel_request_never_both(
             run_id = f"race-{i}"
             await make_running(store, run_id)
 
-            async def settle(run_id: str = run_id) -> object:
-                return await settler.lifecycle.transition_owned(
-                    run_id, OWNER_A, 1, RunStatus.COMPLETED
-                )
-
-            async def cancel(run_id: str = run_id) -> object:
-                return await canceller.lifecycle.request_cancel(run_id)
-
-            contenders = [settle, cancel] if i % 2 == 0 else [cancel, settle]
-            gate = row_lock_gate(database_url, run_id) if i % 4 < 2 else None
-            results = await race(contenders, gate=gate)
-            settled, cancelled = results if i % 2 == 0 else results[::-1]
+            settled, cancelled = await race_pair(
+                partial(
+                    settler.lifecycle.transition_owned, run_id, OWNER_A, 1, RunStatus.COMPLETED
+                ),
+                partial(canceller.lifecycle.request_cancel, run_id),
+                second_starts_first=i % 2 == 1,
+                gate=row_lock_gate(database_url, run_id) if i % 4 < 2 else None,
+            )
 
             row = await must_get(store, run_id)
             if isinstance(settled, Transitioned):
@@ -226,18 +224,12 @@ async def test_race_child_admission_against_parent_cancel_never_orphans(
             parent_id, child_id = f"parent-{i}", f"child-{i}"
             await make_running(store, parent_id)
 
-            async def admit(child_id: str = child_id, parent_id: str = parent_id) -> object:
-                return await admitter.runs.create(
-                    NewRun(id=child_id, flow="f", parent_id=parent_id)
-                )
-
-            async def cancel(parent_id: str = parent_id) -> object:
-                return await canceller.lifecycle.request_cancel(parent_id)
-
-            contenders = [admit, cancel] if i % 2 == 0 else [cancel, admit]
-            gate = row_lock_gate(database_url, parent_id) if i % 4 < 2 else None
-            results = await race(contenders, gate=gate)
-            admitted, cancelled = results if i % 2 == 0 else results[::-1]
+            admitted, cancelled = await race_pair(
+                partial(admitter.runs.create, NewRun(id=child_id, flow="f", parent_id=parent_id)),
+                partial(canceller.lifecycle.request_cancel, parent_id),
+                second_starts_first=i % 2 == 1,
+                gate=row_lock_gate(database_url, parent_id) if i % 4 < 2 else None,
+            )
             assert isinstance(admitted, Created), admitted
             assert isinstance(cancelled, CancelRequested), cancelled
 

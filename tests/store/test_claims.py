@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 
 import pytest
 
@@ -350,7 +351,7 @@ async def test_race_claim_and_activate_has_exactly_one_winner(
             gate = row_lock_gate(database_url, run_id) if i % 2 == 0 else None
             outcomes = await race(
                 [
-                    lambda s=s, me=me: s.runs.claim_and_activate(run_id, snapshot, me)
+                    partial(s.runs.claim_and_activate, run_id, snapshot, me)
                     for s, me in zip(stores, CLAIMANTS, strict=True)
                 ],
                 gate=gate,
@@ -374,7 +375,7 @@ async def test_race_claim_has_exactly_one_winner(
             gate = row_lock_gate(database_url, run_id) if i % 2 == 0 else None
             outcomes = await race(
                 [
-                    lambda s=s, me=me: s.runs.claim(run_id, snapshot, me)
+                    partial(s.runs.claim, run_id, snapshot, me)
                     for s, me in zip(stores, CLAIMANTS, strict=True)
                 ],
                 gate=gate,

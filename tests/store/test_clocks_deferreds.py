@@ -43,7 +43,12 @@ async def test_first_completion_wins(store: Store) -> None:
     first = await store.waits.complete_deferred("r1", "evt", {"v": 1}, {"by": "alice"})
     assert isinstance(first.outcome, DeferredCompleted) and first.woke is False
     row = first.outcome.row
-    assert (row.run_id, row.name, row.value, row.metadata) == ("r1", "evt", {"v": 1}, {"by": "alice"})
+    assert (row.run_id, row.name, row.value, row.metadata) == (
+        "r1",
+        "evt",
+        {"v": 1},
+        {"by": "alice"},
+    )
     assert row.completed_at_ms > 0 and row.consumed_at_ms is None
 
     second = await store.waits.complete_deferred("r1", "evt", {"v": 2}, {"by": "bob"})
@@ -110,15 +115,9 @@ async def test_schedule_clock_is_owner_fenced_and_existing_wins(store: Store) ->
     replayed = await store.waits.schedule_clock("r1", "nap", "nap:done", 9_999, OWNER_A, 1)
     assert replayed == ClockExisting(ClockRow("r1", "nap", "nap:done", 5_000, None))
 
-    assert isinstance(
-        await store.waits.schedule_clock("r1", "other", "d", 1, OWNER_B, 1), NotOwner
-    )
-    assert isinstance(
-        await store.waits.schedule_clock("r1", "other", "d", 1, OWNER_A, 2), NotOwner
-    )
-    assert await store.waits.schedule_clock("ghost", "nap", "d", 1, OWNER_A, 1) == NotFound(
-        "ghost"
-    )
+    assert isinstance(await store.waits.schedule_clock("r1", "other", "d", 1, OWNER_B, 1), NotOwner)
+    assert isinstance(await store.waits.schedule_clock("r1", "other", "d", 1, OWNER_A, 2), NotOwner)
+    assert await store.waits.schedule_clock("ghost", "nap", "d", 1, OWNER_A, 1) == NotFound("ghost")
     assert await store.waits.clock("r1", "other") is None
     assert [c.name for c in await store.waits.pending_clocks("r1")] == ["nap"]
 

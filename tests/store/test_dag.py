@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 
 import pytest
 
@@ -96,6 +97,18 @@ async def test_remove_edges_drops_every_edge_touching_the_run(store: Store) -> N
     assert isinstance(await store.dag.record_parent("top", "mid"), EdgeRecorded)
 
 
+async def _add_edge_when_all_are_open(
+    store: Store, barrier: asyncio.Barrier, child: str, parent: str
+) -> EdgeRecorded | EdgeExisting | FlowCycleDetected:
+    """One edge in its own transaction, inserted only once every racer's is open."""
+    try:
+        async with store.transaction():
+            await barrier.wait()
+            return await store.dag.record_parent(child, parent)
+    except FlowCycleDetected as refused:
+        return refused
+
+
 @pytest.mark.parametrize("length", [2, 3])
 async def test_race_transactions_that_jointly_close_a_cycle(
     settings: Settings, store: Store, database_url: str, length: int
@@ -105,19 +118,10 @@ async def test_race_transactions_that_jointly_close_a_cycle(
         for i in range(ITERATIONS):
             ring = [f"n{i}-{k}" for k in range(length)]
             barrier = asyncio.Barrier(length)
-
-            async def add_edge(s: Store, child: str, parent: str) -> object:
-                try:
-                    async with s.transaction():
-                        await barrier.wait()
-                        return await s.dag.record_parent(child, parent)
-                except FlowCycleDetected as refused:
-                    return refused
-
             edges = [(ring[(k + 1) % length], ring[k]) for k in range(length)]
             outcomes = await race(
                 [
-                    lambda s=s, c=c, p=p: add_edge(s, c, p)
+                    partial(_add_edge_when_all_are_open, s, barrier, c, p)
                     for s, (c, p) in zip(stores, edges, strict=True)
                 ]
             )

@@ -66,7 +66,7 @@ async def test_transition_accepts_a_status_string_and_a_custom_record(store: Sto
         "r1",
         OWNER_A,
         1,
-        "failed",  # type: ignore[arg-type]
+        "failed",  # type: ignore[arg-type]  # callers outside the enum pass plain strings
         kind="lineage-exhausted",
         record={"rounds": 3},
     )
@@ -274,9 +274,7 @@ async def test_settlement_and_its_consequences_roll_back_together(store: Store) 
     kinds_before = await journal_kinds(store, "parent")
     with pytest.raises(Boom):
         async with store.transaction():
-            done = await store.lifecycle.transition_owned(
-                "parent", OWNER_A, 1, RunStatus.COMPLETED
-            )
+            done = await store.lifecycle.transition_owned("parent", OWNER_A, 1, RunStatus.COMPLETED)
             assert isinstance(done, Transitioned)
             raise Boom
     parent = await must_get(store, "parent")

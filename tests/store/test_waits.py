@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from store import Store
 from store.config import Settings
 from store.types import (
@@ -30,7 +32,7 @@ from tests.store.helpers import (
     make_parked,
     make_running,
     must_get,
-    race,
+    race_pair,
     row_lock_gate,
     wait_db_time_past,
 )
@@ -293,18 +295,12 @@ async def test_race_completion_against_park_is_never_lost(
             run_id = f"race-{i}"
             await make_running(store, run_id)
 
-            async def park(run_id: str = run_id) -> object:
-                return await parker.waits.park(
-                    run_id, OWNER_A, 1, Waiting("event"), deferred="evt"
-                )
-
-            async def complete(run_id: str = run_id) -> object:
-                return await completer.waits.complete_deferred(run_id, "evt", {"i": run_id})
-
-            contenders = [park, complete] if i % 2 == 0 else [complete, park]
-            gate = row_lock_gate(database_url, run_id) if i % 4 < 2 else None
-            results = await race(contenders, gate=gate)
-            parked, completion = results if i % 2 == 0 else results[::-1]
+            parked, completion = await race_pair(
+                partial(parker.waits.park, run_id, OWNER_A, 1, Waiting("event"), deferred="evt"),
+                partial(completer.waits.complete_deferred, run_id, "evt", {"i": run_id}),
+                second_starts_first=i % 2 == 1,
+                gate=row_lock_gate(database_url, run_id) if i % 4 < 2 else None,
+            )
 
             assert isinstance(completion, Completion), completion
             assert isinstance(completion.outcome, DeferredCompleted)

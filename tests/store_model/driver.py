@@ -152,7 +152,7 @@ class Driver:
         m = self.world[intent.run]
         current = m.owner if m.owner is not None else intent.owner
         if mode is None:
-            mode = 1 if intent.fresh else intent.pick % 4
+            mode = 1 if intent.fresh else (0, 2, 3)[intent.pick % 3]
         match mode:
             case 0:
                 return intent.owner, self.believed.get((intent.owner, intent.run), m.epoch)
@@ -184,7 +184,7 @@ class Driver:
             case "claim":
                 return ClaimActivate(run, intent.owner, self._snap(intent))
             case "steal":
-                forced = intent.pick % 3 != 0
+                forced = intent.pick % 2 == 0
                 lease = "stale" if forced else await self._lease(run)
                 return Steal(run, intent.owner, self._snap(intent, running=True), forced, lease)
             case "heartbeat":

@@ -1,0 +1,210 @@
+"""Journal records as sentences a person reads without knowing the payload schema.
+
+One function per kind, fed by the payload fields the writers put there
+(store/runs.py, store/lifecycle.py, store/waits.py, store/dag.py, worker/driver.py,
+worker/evidence.py). A kind without a sentence yet (a newer writer, a flow feature
+still being built) falls back to its name and fields: never an error, because an
+audit trail must stay readable through a rolling deploy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ops.cli_common import clock, parse_owner, seconds, who
+from store.journal import Kind
+from store.types import JournalRecord
+
+Payload = dict[str, Any]
+
+PROBE_WORDS: dict[str, str] = {
+    "same-host-pid-dead": "its pid is gone on the same host",
+    "same-host-pid-reused": "its pid now belongs to another process (no liveness key for it)",
+    "same-host-pid-alive": "its pid is running on the same host",
+    "cross-host-unreachable-stale": "its liveness key absent",
+    "cross-host-key-fresh": "its liveness key is fresh",
+    "owner-lapsed": "it declared its own lease lapsed",
+    "lease-expired": "no liveness probe could answer (Redis unreachable), so the lease alone decided",
+}
+
+
+def probe_words(evidence: object) -> str:
+    text = str(evidence)
+    return PROBE_WORDS.get(text, f"probe said {text}")
+
+
+def _ms(value: object) -> str:
+    return seconds(float(value)) if isinstance(value, int | float) else "?"
+
+
+def _epoch(p: Payload) -> str:
+    return f" (epoch {p['epoch']})" if "epoch" in p else ""
+
+
+def _created(p: Payload, _r: JournalRecord) -> str:
+    text = f"created as {p.get('flow', '?')} on queue {p.get('queue', '?')}"
+    if p.get("inherited_cancel"):
+        text += ", cancelled at admission because its parent was already cancelled or settled"
+    return text
+
+
+def _claimed_and_activated(p: Payload, _r: JournalRecord) -> str:
+    details = [f"epoch {p['epoch']}"] if "epoch" in p else []
+    if "from" in p:
+        details.append(f"was {p['from']}")
+    suffix = f" ({', '.join(details)})" if details else ""
+    return f"claimed and started by {who(p.get('owner'))}{suffix}"
+
+
+def _stolen(p: Payload, _r: JournalRecord) -> str:
+    text = (
+        f"stolen from {who(p.get('previous_owner'))} by {who(p.get('owner'))}: "
+        f"lease stale {_ms(p.get('lease_age_ms'))} and {probe_words(p.get('probe'))}"
+    )
+    if p.get("probe"):
+        text += f" [{p['probe']}]"
+    return text + _epoch(p)
+
+
+def _steal_refused(p: Payload, r: JournalRecord) -> str:
+    owner = _evidence_owner(r)
+    by = who(p.get("observer"))
+    if p.get("evidence") == "lease-fresh":
+        return f"takeover by {by} refused: {owner} renewed its lease just in time"
+    retry = p.get("retry_in_s")
+    again = f"; re-probed in {retry:.1f} s" if isinstance(retry, int | float) else ""
+    return (
+        f"takeover by {by} refused: lease stale {_ms(p.get('lease_age_ms'))} but {owner} "
+        f"is alive ({probe_words(p.get('probe'))}){again}"
+    )
+
+
+def _claim_lost(p: Payload, _r: JournalRecord) -> str:
+    return f"{who(p.get('observer'))} lost a claim race (the run was {p.get('status', '?')} by then)"
+
+
+def _activation_lost(p: Payload, _r: JournalRecord) -> str:
+    return f"{who(p.get('observer'))} lost the race to activate it"
+
+
+def _transitioned(p: Payload, _r: JournalRecord) -> str:
+    to = p.get("to", "?")
+    verb = "settled" if to in ("completed", "failed", "cancelled") else "moved to"
+    return f"{verb} {to}{_epoch(p)}"
+
+
+def _parked(p: Payload, _r: JournalRecord) -> str:
+    reason = p.get("reason", "?")
+    text = f"parked waiting for {reason}"
+    if p.get("deferred"):
+        text += f" {p['deferred']!r}"
+    if p.get("wake_at_ms") is not None:
+        text += f" until {clock(p['wake_at_ms'])}"
+    if p.get("token"):
+        text += f" (token {p['token']})"
+    return text + _epoch(p)
+
+
+def _woken(p: Payload, _r: JournalRecord) -> str:
+    return f"woken from its {p.get('reason', '?')} wait (by {p.get('cause', '?')})"
+
+
+def _released(p: Payload, _r: JournalRecord) -> str:
+    cause = p.get("cause")
+    why = "its lease lapsed" if cause == "lease-lapsed" else f"{p.get('detail') or cause}"
+    return f"released by {who(p.get('owner'))} ({why}) so another worker resumes it{_epoch(p)}"
+
+
+def _cancel_requested(p: Payload, _r: JournalRecord) -> str:
+    text = f"cancellation requested while {p.get('status', '?')}"
+    if p.get("actor"):
+        text += f" by {p['actor']}"
+    if p.get("reason"):
+        text += f": {p['reason']}"
+    return text
+
+
+def _interrupted(p: Payload, r: JournalRecord) -> str:
+    if not p.get("cancelled"):
+        return f"interrupted ({_fields(p)})"
+    if p.get("by") and p.get("by") != r.run_id:
+        return f"cancelled because {p['by']} ended ({p.get('cause', 'parent exit')})"
+    return f"cancelled by its owner{_epoch(p)}"
+
+
+def _child_policy(p: Payload, _r: JournalRecord) -> str:
+    cascaded = p.get("cascaded_to") or []
+    closed = p.get("closed") or []
+    return (
+        f"{p.get('cause', 'parent exit')}: cancellation cascaded to {len(cascaded)} attached "
+        f"child run(s), {len(closed)} closed at once"
+    )
+
+
+def _claim_recovered(p: Payload, _r: JournalRecord) -> str:
+    return (
+        f"stranded claim of {who(p.get('claimant'))} cleared: {probe_words(p.get('probe'))}"
+    )
+
+
+SENTENCES: dict[str, Callable[[Payload, JournalRecord], str]] = {
+    Kind.CREATED: _created,
+    Kind.PARENT_RECORDED: lambda p, _r: f"recorded as a child of {p.get('parent', '?')}",
+    Kind.CLAIMED_AND_ACTIVATED: _claimed_and_activated,
+    Kind.CLAIMED: lambda p, _r: f"claimed by {who(p.get('claimant'))}",
+    Kind.ACTIVATED: lambda p, _r: f"started by {who(p.get('owner'))}{_epoch(p)}",
+    Kind.STOLEN_AND_ACTIVATED: _stolen,
+    Kind.CLAIM_RECOVERED: _claim_recovered,
+    Kind.CLAIM_ABANDONED: lambda p, _r: f"claim abandoned by {who(p.get('claimant'))}",
+    Kind.CLAIM_LOST: _claim_lost,
+    Kind.ACTIVATION_LOST: _activation_lost,
+    Kind.STEAL_REFUSED_OWNER_ALIVE: _steal_refused,
+    Kind.RESUMED: lambda p, _r: f"resumed by {who(p.get('owner'))}{_epoch(p)}",
+    Kind.TRANSITIONED: _transitioned,
+    Kind.PARKED: _parked,
+    Kind.WOKEN: _woken,
+    Kind.INTERRUPT_RELEASED: _released,
+    Kind.CANCEL_REQUESTED: _cancel_requested,
+    Kind.INTERRUPTED: _interrupted,
+    Kind.CHILD_POLICY_APPLIED: _child_policy,
+    Kind.DEFERRED_COMPLETED: lambda p, _r: (
+        f"completion {p.get('name', '?')!r} recorded"
+        + (" and it woke the run" if p.get("woke") else "")
+    ),
+    Kind.CLOCK_FIRED: lambda p, _r: f"timer {p.get('clock', '?')!r} fired",
+    Kind.QUARANTINED: lambda p, _r: f"quarantined: {_fields(p)}",
+    Kind.HANDED_OFF: lambda p, _r: f"handed off to the next round ({_fields(p)})",
+    Kind.LINEAGE_EXHAUSTED: lambda p, _r: f"failed: its lineage ran out of rounds ({_fields(p)})",
+    Kind.LEASE_RECONFIRMED: lambda p, _r: f"lease reconfirmed ({_fields(p)})",
+}
+
+
+def _fields(p: Payload) -> str:
+    return ", ".join(f"{k}={v}" for k, v in p.items()) or "no details"
+
+
+def _evidence_owner(record: JournalRecord) -> str:
+    """The owner an evidence record is about: it is part of the record's address.
+
+    ``evidence:{run}:{host:pid:nonce}:{lease}:{kind}`` (store.journal.evidence_address);
+    the run id is known, so the owner key is what sits between it and the lease.
+    """
+    prefix = f"evidence:{record.run_id}:"
+    if not record.source_id.startswith(prefix):
+        return "the owner"
+    middle = record.source_id[len(prefix) :].rsplit(":", 2)[0]
+    owner = parse_owner(middle)
+    return who(owner) if owner else "the owner"
+
+
+def sentence(record: JournalRecord) -> str:
+    """One record in plain words."""
+    payload = record.payload if isinstance(record.payload, dict) else {"value": record.payload}
+    render = SENTENCES.get(record.kind)
+    if render is None:
+        return f"{record.kind} ({_fields(payload)})"
+    try:
+        return render(payload, record)
+    except Exception:  # an odd payload must not hide the rest of the journal
+        return f"{record.kind} ({_fields(payload)})"

@@ -1,0 +1,273 @@
+"""The JSON the CLI prints with ``--json``: one pydantic model per command's answer.
+
+Scripts and dashboards parse these, so the models are the contract: a field is
+added, never renamed or repurposed. All times are epoch milliseconds of the
+database clock (``*_ms``); ages and delays are milliseconds too.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from store.types import Owner, RunRow, RunStatus, WaitingRow
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class OwnerView(_Model):
+    host: str
+    pid: int
+    nonce: str
+    key: str
+
+    @classmethod
+    def of(cls, owner: Owner | None) -> OwnerView | None:
+        if owner is None:
+            return None
+        return cls(host=owner.host_id, pid=owner.pid, nonce=owner.nonce, key=owner.key)
+
+
+class WaitingView(_Model):
+    reason: str
+    wake_at_ms: int | None = None
+    token: str | None = None
+    request: Any = None
+    deferred: str | None = None
+    """The completion the wait is answered by (an event's name), when it names one."""
+
+
+class RunSummary(_Model):
+    id: str
+    flow: str
+    queue: str
+    status: RunStatus
+    owner: OwnerView | None
+    epoch: int
+    heartbeat_at_ms: int | None
+    cancel_requested_at_ms: int | None
+    waiting: WaitingView | None
+    lineage_id: str
+    round_ordinal: int
+    parent_run_id: str | None
+    created_at_ms: int
+    updated_at_ms: int
+
+    @classmethod
+    def of(cls, row: RunRow, deferred: str | None = None) -> RunSummary:
+        w = row.waiting
+        return cls(
+            id=row.id,
+            flow=row.flow,
+            queue=row.queue,
+            status=row.status,
+            owner=OwnerView.of(row.owner),
+            epoch=row.epoch,
+            heartbeat_at_ms=row.heartbeat_at_ms,
+            cancel_requested_at_ms=row.cancel_requested_at_ms,
+            waiting=WaitingView(
+                reason=w.reason,
+                wake_at_ms=w.wake_at_ms,
+                token=w.token,
+                request=w.request,
+                deferred=deferred,
+            )
+            if w
+            else None,
+            lineage_id=row.lineage_id,
+            round_ordinal=row.round_ordinal,
+            parent_run_id=row.parent_run_id,
+            created_at_ms=row.created_at_ms,
+            updated_at_ms=row.updated_at_ms,
+        )
+
+
+class RunList(_Model):
+    now_ms: int
+    runs: list[RunSummary]
+
+
+class ClockView(_Model):
+    name: str
+    due_at_ms: int
+
+
+class DeferredView(_Model):
+    name: str
+    completed_at_ms: int
+    consumed_at_ms: int | None
+    value: Any = None
+
+
+class RunDetail(_Model):
+    run: RunSummary
+    now_ms: int
+    claim: OwnerView | None
+    claimed_at_ms: int | None
+    state: dict[str, Any]
+    parents: list[str]
+    children: list[str]
+    pending_clocks: list[ClockView]
+    deferreds: list[DeferredView]
+
+
+class JournalEntry(_Model):
+    seq: int
+    at_ms: int
+    kind: str
+    source_id: str
+    payload: Any
+    sentence: str
+
+
+class JournalView(_Model):
+    run_id: str
+    entries: list[JournalEntry]
+
+
+class ProbeView(_Model):
+    verdict: Literal["alive", "dead", "unknown"]
+    evidence: str
+    vouches: bool
+    detail: dict[str, str | int | bool]
+
+
+class LeaseView(_Model):
+    heartbeat_at_ms: int
+    age_ms: int
+    stale_after_ms: int
+    stale: bool
+
+
+class ClaimView(_Model):
+    claimant: OwnerView
+    claimed_at_ms: int
+    age_ms: int
+    probe: ProbeView | None
+
+
+class NextStep(_Model):
+    summary: str
+    within_ms: int | None
+    """Roughly when it should happen (None: it waits on something outside runfleet)."""
+    needs_person: bool
+
+
+class Explanation(_Model):
+    run: RunSummary
+    now_ms: int
+    status_since_ms: int
+    owner_probe: ProbeView | None
+    lease: LeaseView | None
+    claim: ClaimView | None
+    journal: list[JournalEntry]
+    next: NextStep
+    lines: list[str]
+    """The plain-words answer, one sentence per line (what the text output prints)."""
+
+
+class WaitingTreeRow(_Model):
+    run_id: str
+    reason: str
+    wake_at_ms: int | None
+    token: str | None
+    request: Any
+    depth: int
+
+    @classmethod
+    def of(cls, row: WaitingRow) -> WaitingTreeRow:
+        return cls(
+            run_id=row.run_id,
+            reason=row.reason,
+            wake_at_ms=row.wake_at_ms,
+            token=row.token,
+            request=row.request,
+            depth=row.depth,
+        )
+
+
+class TreeNode(_Model):
+    run: RunSummary
+    attached: bool
+    children: list[TreeNode]
+    truncated: bool = False
+    """Children not walked: the depth cap was hit, or this run was already shown (a diamond)."""
+
+
+class TreeView(_Model):
+    run: RunSummary
+    children: list[TreeNode]
+    rounds: list[RunSummary]
+    waiting: list[WaitingTreeRow]
+
+
+class FleetMemberView(_Model):
+    host: str
+    pid: int
+    nonce: str
+    started_ms: int | None
+    age_ms: int | None
+    confirmed_ms: int
+    confirmed_age_ms: int
+    lapsed: bool
+    queues: list[str]
+    runs_owned: int | None
+    """Running rows the database says this process owns (None if it was not asked)."""
+    runs_reported: int | None
+    """Runs the process itself reported in its liveness key."""
+    ttl_ms: int
+
+
+class FleetView(_Model):
+    now_ms: int
+    workers: list[FleetMemberView]
+
+
+StuckKind = Literal[
+    "stale-owner-alive", "takeover-overdue", "timer-not-fired", "quarantined", "pending-too-long"
+]
+
+
+class StuckItem(_Model):
+    kind: StuckKind
+    run: RunSummary
+    age_ms: int
+    detail: str
+    action: str
+
+
+class StuckView(_Model):
+    now_ms: int
+    items: list[StuckItem]
+
+
+class Check(_Model):
+    name: str
+    status: Literal["ok", "warn", "fail"]
+    detail: str
+
+
+class DoctorView(_Model):
+    ok: bool
+    checks: list[Check]
+    schema_version: int | None
+    latest_migration: int
+    clock_skew_ms: int | None
+    stream_lag: dict[str, int]
+    live_workers: int | None
+
+
+class EnqueueResult(_Model):
+    run_id: str
+    flow: str
+    queue: str
+    status: RunStatus
+
+
+class CancelResult(_Model):
+    run_id: str
+    outcome: Literal["requested", "already-requested", "already-terminal"]
+    status: RunStatus

@@ -1,0 +1,69 @@
+-- Read-only queries for operators (the `runfleet` CLI: runs, tree, fleet, stuck, doctor).
+-- Every row query returns whole run rows plus database time, so callers do lease and
+-- due-time arithmetic on one clock (Postgres's), never the operator's laptop.
+
+-- name: list_runs
+-- Newest first; every filter optional. `since_ms` bounds admission time.
+SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r
+ WHERE (%(status)s::text IS NULL OR r.status = %(status)s)
+   AND (%(flow)s::text IS NULL OR r.flow = %(flow)s)
+   AND (%(queue)s::text IS NULL OR r.queue = %(queue)s)
+   AND (%(since_ms)s::bigint IS NULL OR r.created_at_ms >= %(since_ms)s)
+ ORDER BY r.created_at_ms DESC, r.id DESC
+ LIMIT %(limit)s;
+
+-- name: lineage
+-- Every round of a handoff chain, first round first.
+SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r
+ WHERE r.lineage_id = %(lineage_id)s
+ ORDER BY r.round_ordinal;
+
+-- name: stale_running
+-- Running rows whose lease is older than `stale_after_ms` by database time, stalest first.
+SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r
+ WHERE r.status = 'running' AND r.heartbeat_at_ms < runfleet.now_ms() - %(stale_after_ms)s
+ ORDER BY r.heartbeat_at_ms, r.id LIMIT %(limit)s;
+
+-- name: pending_older
+-- Pending rows not started `older_than_ms` after they became startable: admission time,
+-- or the due time of a delayed admission (a run enqueued for later is not late before it).
+SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r
+ WHERE r.status = 'pending'
+   AND greatest(r.created_at_ms, coalesce(r.waiting_wake_at_ms, 0))
+       < runfleet.now_ms() - %(older_than_ms)s
+ ORDER BY r.created_at_ms, r.id LIMIT %(limit)s;
+
+-- name: overdue_waits
+-- Timed waits (timer, quota) whose wake time passed more than `grace_ms` ago: the due
+-- sweep should have woken them within a tick or two.
+SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r
+ WHERE r.waiting_reason IN ('timer', 'quota')
+   AND r.status NOT IN ('completed', 'failed', 'cancelled')
+   AND r.waiting_wake_at_ms < runfleet.now_ms() - %(grace_ms)s
+ ORDER BY r.waiting_wake_at_ms, r.id LIMIT %(limit)s;
+
+-- name: waiting_for
+-- Unsettled runs parked for one reason (e.g. 'quarantine'), oldest park first.
+SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r
+ WHERE r.waiting_reason = %(reason)s
+   AND r.status NOT IN ('completed', 'failed', 'cancelled')
+ ORDER BY r.updated_at_ms, r.id LIMIT %(limit)s;
+
+-- name: running_by_owner
+SELECT owner_host, owner_pid, owner_nonce, count(*) AS n FROM runfleet.runs
+ WHERE status = 'running'
+ GROUP BY owner_host, owner_pid, owner_nonce;
+
+-- name: active_queues
+-- Queues that unsettled runs sit on: the streams whose lag is worth measuring.
+SELECT DISTINCT queue FROM runfleet.runs
+ WHERE status IN ('pending', 'running', 'suspended')
+ ORDER BY queue LIMIT %(limit)s;
+
+-- name: waiting_deferred
+-- The completion a parked run waits for (an event's name), which the run row keeps
+-- but the typed RunRow does not carry.
+SELECT waiting_deferred FROM runfleet.runs WHERE id = %(id)s;
+
+-- name: server_info
+SELECT current_setting('server_version') AS version, runfleet.now_ms() AS now_ms;

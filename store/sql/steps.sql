@@ -1,0 +1,72 @@
+-- Durable flow calls: the recorded steps replay reads, attempts, compensations,
+-- and the flow registry.
+
+-- name: of_run
+SELECT run_id, key, name, kind, position, output, digest, epoch, recorded_at_ms,
+       compensate, compensated_at_ms
+  FROM runfleet.steps WHERE run_id = %(run_id)s ORDER BY position;
+
+-- name: record
+-- Owner+epoch fenced: a process that lost the run can never record a call for it.
+INSERT INTO runfleet.steps (run_id, key, name, kind, position, output, digest, epoch,
+                            recorded_at_ms, compensate)
+SELECT %(run_id)s, %(key)s, %(name)s, %(kind)s, %(position)s, %(output)s, %(digest)s,
+       %(epoch)s, runfleet.now_ms(), %(compensate)s
+  FROM runfleet.runs r
+ WHERE r.id = %(run_id)s AND r.status = 'running' AND r.owner_host = %(host)s
+   AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s AND r.epoch = %(epoch)s
+ON CONFLICT DO NOTHING
+RETURNING run_id, key, name, kind, position, output, digest, epoch, recorded_at_ms,
+          compensate, compensated_at_ms;
+
+-- name: attempt_start
+INSERT INTO runfleet.attempts (run_id, key, attempt, started_at_ms)
+SELECT %(run_id)s, %(key)s,
+       coalesce((SELECT max(attempt) FROM runfleet.attempts
+                  WHERE run_id = %(run_id)s AND key = %(key)s), 0) + 1,
+       runfleet.now_ms()
+  FROM runfleet.runs r
+ WHERE r.id = %(run_id)s AND r.status = 'running' AND r.owner_host = %(host)s
+   AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s AND r.epoch = %(epoch)s
+RETURNING attempt;
+
+-- name: attempt_finish
+UPDATE runfleet.attempts SET finished_at_ms = runfleet.now_ms(), error = %(error)s
+ WHERE run_id = %(run_id)s AND key = %(key)s AND attempt = %(attempt)s;
+
+-- name: attempts_of
+SELECT attempt, started_at_ms, finished_at_ms, error FROM runfleet.attempts
+ WHERE run_id = %(run_id)s AND key = %(key)s ORDER BY attempt;
+
+-- name: mark_compensated
+UPDATE runfleet.steps AS s SET compensated_at_ms = runfleet.now_ms()
+  FROM runfleet.runs r
+ WHERE s.run_id = %(run_id)s AND s.key = %(key)s AND s.compensated_at_ms IS NULL
+   AND r.id = s.run_id AND r.status = 'running' AND r.owner_host = %(host)s
+   AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s AND r.epoch = %(epoch)s
+RETURNING s.key;
+
+-- name: set_digest
+UPDATE runfleet.steps SET digest = %(digest)s WHERE run_id = %(run_id)s AND key = %(key)s
+RETURNING key;
+
+-- name: delete
+DELETE FROM runfleet.steps WHERE run_id = %(run_id)s AND key = %(key)s RETURNING key;
+
+-- name: register_flow
+INSERT INTO runfleet.flows (name, queue, signature, registered_at_ms, last_seen_ms)
+VALUES (%(name)s, %(queue)s, %(signature)s, runfleet.now_ms(), runfleet.now_ms())
+ON CONFLICT (name) DO UPDATE SET queue = excluded.queue, signature = excluded.signature,
+    last_seen_ms = excluded.last_seen_ms;
+
+-- name: flow
+SELECT name, queue, signature, registered_at_ms, last_seen_ms FROM runfleet.flows
+ WHERE name = %(name)s;
+
+-- name: deadline_passed
+SELECT id FROM runfleet.runs
+ WHERE status IN ('pending', 'running', 'suspended') AND state ? 'deadline_ms'
+   AND state->>'deadline_ms' IS NOT NULL
+   AND (state->>'deadline_ms')::bigint <= runfleet.now_ms()
+   AND cancel_requested_at_ms IS NULL
+ ORDER BY (state->>'deadline_ms')::bigint LIMIT %(limit)s;

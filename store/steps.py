@@ -1,0 +1,194 @@
+"""Recorded flow calls: what replay returns instead of re-running, and how it is fenced."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from store import validate
+from store.config import Settings
+from store.db import Database
+from store.errors import InvalidInput
+from store.journal import Journal, Kind, digest
+from store.rows import Row, owner_params
+from store.types import JsonValue, Owner
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    run_id: str
+    key: str
+    name: str
+    kind: str
+    position: int
+    output: JsonValue
+    digest: str
+    epoch: int
+    recorded_at_ms: int
+    compensate: str | None
+    compensated_at_ms: int | None
+
+    @property
+    def intact(self) -> bool:
+        """Whether the recorded output still matches the digest taken when it was written."""
+        return digest(self.output) == self.digest
+
+
+@dataclass(frozen=True, slots=True)
+class RegisteredFlow:
+    name: str
+    queue: str
+    signature: str | None
+    last_seen_ms: int
+
+
+def _record(row: Row) -> StepRecord:
+    return StepRecord(
+        run_id=row["run_id"],
+        key=row["key"],
+        name=row["name"],
+        kind=row["kind"],
+        position=int(row["position"]),
+        output=row["output"],
+        digest=row["digest"],
+        epoch=int(row["epoch"]),
+        recorded_at_ms=int(row["recorded_at_ms"]),
+        compensate=row["compensate"],
+        compensated_at_ms=row["compensated_at_ms"],
+    )
+
+
+class Steps:
+    def __init__(self, db: Database, journal: Journal, settings: Settings) -> None:
+        self._db = db
+        self._journal = journal
+        self._settings = settings
+
+    async def of_run(self, run_id: str) -> list[StepRecord]:
+        return [_record(r) for r in await self._db.all("steps.of_run", {"run_id": run_id})]
+
+    async def record(
+        self,
+        run_id: str,
+        me: Owner,
+        epoch: int,
+        *,
+        key: str,
+        name: str,
+        kind: str,
+        position: int,
+        output: JsonValue,
+        compensate: str | None = None,
+    ) -> StepRecord | None:
+        """Record a call's output and digest; None when the fence (or the slot) is gone."""
+        validate.json_value("step output", output, self._settings.max_payload_bytes)
+        async with self._db.transaction():
+            row = await self._db.one(
+                "steps.record",
+                {
+                    "run_id": run_id,
+                    "key": key,
+                    "name": name,
+                    "kind": kind,
+                    "position": position,
+                    "output": Jsonb(output),
+                    "digest": digest(output),
+                    "epoch": epoch,
+                    "compensate": compensate,
+                    **owner_params(me),
+                },
+            )
+            if row is None:
+                return None
+            record = _record(row)
+            await self._journal.record(
+                run_id, f"step-{kind}-recorded", {"key": key, "position": position, "epoch": epoch}
+            )
+            return record
+
+    async def start_attempt(self, run_id: str, me: Owner, epoch: int, key: str) -> int | None:
+        """Number and record the next attempt of a step (the counter survives crashes)."""
+        row = await self._db.one(
+            "steps.attempt_start",
+            {"run_id": run_id, "key": key, "epoch": epoch, **owner_params(me)},
+        )
+        return int(row["attempt"]) if row else None
+
+    async def finish_attempt(self, run_id: str, key: str, attempt: int, error: str | None) -> None:
+        await self._db.execute(
+            "steps.attempt_finish",
+            {"run_id": run_id, "key": key, "attempt": attempt, "error": error},
+        )
+
+    async def attempts(self, run_id: str, key: str) -> list[dict[str, Any]]:
+        return [
+            dict(r) for r in await self._db.all("steps.attempts_of", {"run_id": run_id, "key": key})
+        ]
+
+    async def mark_compensated(self, run_id: str, me: Owner, epoch: int, key: str) -> bool:
+        async with self._db.transaction():
+            row = await self._db.one(
+                "steps.mark_compensated",
+                {"run_id": run_id, "key": key, "epoch": epoch, **owner_params(me)},
+            )
+            if row is not None:
+                await self._journal.record(run_id, "step-compensated", {"key": key})
+            return row is not None
+
+    async def resume_quarantined(
+        self,
+        run_id: str,
+        *,
+        accept_recorded: bool = False,
+        rerun_key: str | None = None,
+        actor: str | None = None,
+    ) -> bool:
+        """An operator moves a quarantined run on: trust the recorded output, or re-run a step.
+
+        Clears the quarantine wait in the same transaction; False if the run is
+        not quarantined (nothing is changed then).
+        """
+        if accept_recorded == (rerun_key is not None):
+            raise InvalidInput("resume", "choose exactly one of accept_recorded, rerun_key")
+        async with self._db.transaction():
+            locked = await self._db.one("runs.get_for_update", {"id": run_id})
+            if locked is None or locked["waiting_reason"] != "quarantine":
+                return False
+            if rerun_key is not None:
+                if await self._db.one("steps.delete", {"run_id": run_id, "key": rerun_key}) is None:
+                    raise InvalidInput("rerun_key", f"run has no recorded {rerun_key!r}")
+            else:
+                for record in await self.of_run(run_id):
+                    if not record.intact:
+                        await self._db.one(
+                            "steps.set_digest",
+                            {"run_id": run_id, "key": record.key, "digest": digest(record.output)},
+                        )
+            await self._db.one("waits.wake", {"id": run_id})
+            await self._journal.record(
+                run_id,
+                Kind.RESUMED,
+                {
+                    "from": "quarantine",
+                    "accept_recorded": accept_recorded,
+                    "rerun_step": rerun_key,
+                    "actor": actor,
+                },
+            )
+            return True
+
+    async def register_flow(self, name: str, queue: str, signature: str | None) -> None:
+        await self._db.execute(
+            "steps.register_flow", {"name": name, "queue": queue, "signature": signature}
+        )
+
+    async def flow(self, name: str) -> RegisteredFlow | None:
+        row = await self._db.one("steps.flow", {"name": name})
+        if row is None:
+            return None
+        return RegisteredFlow(row["name"], row["queue"], row["signature"], int(row["last_seen_ms"]))
+
+    async def deadline_passed(self, limit: int = 64) -> list[str]:
+        return [r["id"] for r in await self._db.all("steps.deadline_passed", {"limit": limit})]

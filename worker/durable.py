@@ -1,0 +1,122 @@
+"""The vocabulary of durable flows: retry policy, handoff, decisions, and control exceptions."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tenacity import RetryCallState, retry_if_exception_type, wait_exponential
+
+from store.errors import RunfleetError
+
+
+class NonDeterminism(RunfleetError):
+    """A resumed body made a different durable call than the one recorded at that position."""
+
+    def __init__(self, position: int, recorded: str, attempted: str) -> None:
+        super().__init__(
+            f"non-deterministic flow: call #{position} was recorded as {recorded!r} "
+            f"but this execution attempted {attempted!r}"
+        )
+        self.position = position
+        self.recorded = recorded
+        self.attempted = attempted
+
+
+class WaitTimeout(RunfleetError, TimeoutError):
+    """A ``wait_for`` or ``approval`` reached its timeout without an answer."""
+
+
+class ChildFailed(RunfleetError):
+    """An attached child ended failed or cancelled; ``status`` and ``error`` say how."""
+
+    def __init__(self, child_id: str, status: str, error: Any) -> None:
+        super().__init__(f"child run {child_id!r} ended {status}: {error}")
+        self.child_id = child_id
+        self.status = status
+        self.error = error
+
+
+class Suspended(BaseException):
+    """The run parked durably; the body stops here and resumes by replay later.
+
+    A BaseException so that a flow's own ``except Exception`` cannot swallow it.
+    """
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How often a failing step is tried again, and how long to wait between tries.
+
+    ``backoff`` and ``max_backoff`` shape an exponential wait (tenacity computes
+    it); ``retry_on`` limits which exceptions are retried at all.
+    """
+
+    attempts: int = 3
+    backoff: float = 0.5
+    max_backoff: float = 60.0
+    retry_on: tuple[type[BaseException], ...] = (Exception,)
+    jitter: float = 0.1
+
+    def should_retry(self, exc: BaseException, attempt: int) -> bool:
+        if attempt >= self.attempts:
+            return False
+        state = _state(attempt)
+        state.outcome = _Failed(exc)  # type: ignore[assignment]
+        return bool(retry_if_exception_type(self.retry_on)(state))
+
+    def delay(self, attempt: int) -> float:
+        base = wait_exponential(multiplier=self.backoff, max=self.max_backoff)(_state(attempt))
+        return float(base) * (1 + random.uniform(0, self.jitter))
+
+
+class _Failed:
+    """The slice of a tenacity Future its exception predicates read."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self._exc = exc
+        self.failed = True
+
+    def exception(self) -> BaseException:
+        return self._exc
+
+
+def _state(attempt: int) -> RetryCallState:
+    state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+    state.attempt_number = attempt
+    return state
+
+
+NO_RETRY = Retry(attempts=1)
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """Returned by a flow: settle this round and continue the lineage in a new one."""
+
+    flow: Any
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A human's answer to ``ctx.approval``; truthy when approved."""
+
+    approved: bool
+    value: Any = None
+    actor: str | None = None
+    reason: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.approved
+
+
+def reference(fn: Callable[..., Any]) -> str:
+    """``module:qualname`` of a module-level function, so another process can import it."""
+    qualname = getattr(fn, "__qualname__", "")
+    if not qualname or "<locals>" in qualname or qualname == "<lambda>":
+        raise RunfleetError(f"{fn!r} must be a module-level function to be durable")
+    return f"{fn.__module__}:{qualname}"

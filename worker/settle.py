@@ -1,0 +1,215 @@
+"""How an activated run ends in this process: completed, failed, cancelled, handed off.
+
+Every ending is one owner-fenced transaction that the journal records; a lost
+fence means another owner holds the run and this process writes nothing more.
+Cancellation first runs the compensations of completed steps, newest first,
+each marked done durably so a crash mid-way never repeats one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import logging
+import traceback
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from broker.queue import check_signature, flow_target
+from store import Kind, Store
+from store.types import (
+    GuardFailed,
+    NewRun,
+    NotFound,
+    NotOwner,
+    Owner,
+    RunRow,
+    RunStatus,
+    Transitioned,
+    TransitionOutcome,
+)
+from worker import metrics
+from worker.durable import Handoff
+from worker.retry import with_retry
+
+log = logging.getLogger("runfleet.worker.settle")
+ScheduleFn = Callable[[RunRow], Awaitable[None]]
+AnnounceFn = Callable[[str, str], Awaitable[None]]
+
+
+def error_of(exc: BaseException) -> dict[str, Any]:
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc))[-4000:],
+    }
+
+
+class Settlement:
+    def __init__(
+        self,
+        store: Store,
+        owner: Owner,
+        *,
+        schedule: ScheduleFn | None,
+        announce: AnnounceFn | None,
+    ) -> None:
+        self._store = store
+        self._owner = owner
+        self._schedule = schedule
+        self._announce = announce
+
+    async def result(self, row: RunRow, epoch: int, result: Any, max_rounds: int | None) -> None:
+        """Settle a body's return value: a result (fails closed if not JSON) or a handoff."""
+        if isinstance(result, Handoff):
+            await self.hand_off(row, epoch, result, max_rounds)
+            return
+        try:
+            json.dumps(result, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            note = f"result of type {type(result).__name__} is not JSON-encodable: {exc}"
+            await self.finish(
+                row,
+                epoch,
+                RunStatus.FAILED,
+                {"error": {"type": "ResultEncodingError", "message": note}},
+            )
+            return
+        await self.finish(row, epoch, RunStatus.COMPLETED, {"result": result})
+
+    async def finish(
+        self,
+        row: RunRow,
+        epoch: int,
+        status: RunStatus,
+        patch: dict[str, Any],
+        *,
+        kind: str = Kind.TRANSITIONED,
+        record: dict[str, Any] | None = None,
+    ) -> None:
+        outcome = await with_retry(
+            "settle",
+            lambda: self._store.lifecycle.transition_owned(
+                row.id, self._owner, epoch, status, state_patch=patch, kind=kind, record=record
+            ),
+        )
+        await self._after(row, epoch, status, outcome)
+
+    async def _after(
+        self, row: RunRow, epoch: int, status: RunStatus, outcome: TransitionOutcome
+    ) -> None:
+        match outcome:
+            case Transitioned():
+                metrics.SETTLEMENTS.labels(status.value).inc()
+                await self._settled(row, status)
+            case GuardFailed():
+                await self.cancelled(row, epoch)
+            case NotOwner() | NotFound():
+                log.warning("run.fence_lost", extra={"run_id": row.id, "epoch": epoch})
+
+    async def _settled(self, row: RunRow, status: RunStatus) -> None:
+        if self._announce is not None:
+            await self._announce(row.id, status.value)
+        if self._schedule is None:
+            return
+        parents = await self._store.dag.parents(row.id)
+        for parent in await self._store.runs.get_many([e.parent_id for e in parents]):
+            if parent.waiting is None and not parent.status.terminal:
+                await self._schedule(parent)
+
+    async def cancelled(self, row: RunRow, epoch: int) -> None:
+        """Close a run cancelled: compensations of completed steps in reverse, then the CAS."""
+        await self._compensate(row, epoch)
+        outcome = await with_retry(
+            "settle", lambda: self._store.lifecycle.acknowledge_cancel(row.id, self._owner, epoch)
+        )
+        match outcome:
+            case Transitioned():
+                metrics.SETTLEMENTS.labels(RunStatus.CANCELLED.value).inc()
+                await self._settled(row, RunStatus.CANCELLED)
+            case _:
+                log.warning("run.fence_lost", extra={"run_id": row.id, "epoch": epoch})
+
+    async def _compensate(self, row: RunRow, epoch: int) -> None:
+        records = await self._store.steps.of_run(row.id)
+        for record in sorted(records, key=lambda r: r.position, reverse=True):
+            if record.compensate is None or record.compensated_at_ms is not None:
+                continue
+            try:
+                module, _, name = record.compensate.partition(":")
+                target: Any = importlib.import_module(module)
+                for part in name.split("."):
+                    target = getattr(target, part)
+                if inspect.iscoroutinefunction(target):
+                    await target(record.output)
+                else:
+                    await asyncio.to_thread(target, record.output)
+            except Exception as exc:  # a failed compensation is journaled, the rest still run
+                log.exception(
+                    "step.compensation_failed", extra={"run_id": row.id, "step": record.key}
+                )
+                await self._store.journal.emit_owned(
+                    row.id,
+                    self._owner,
+                    epoch,
+                    "step-compensation-failed",
+                    {"key": record.key, "error": error_of(exc)["message"]},
+                )
+                continue
+            if not await self._store.steps.mark_compensated(row.id, self._owner, epoch, record.key):
+                return  # fence lost: the new owner compensates what is left
+
+    async def hand_off(
+        self, row: RunRow, epoch: int, handoff: Handoff, max_rounds: int | None
+    ) -> None:
+        """Settle this round and admit the next in one transaction (both or neither)."""
+        limit = max_rounds or row.state.get("max_rounds")
+        next_round = row.round_ordinal + 1
+        if limit is not None and next_round >= int(limit):
+            await self.finish(
+                row,
+                epoch,
+                RunStatus.FAILED,
+                {"error": {"type": "LineageExhausted", "message": f"max_rounds={limit} reached"}},
+                kind=Kind.LINEAGE_EXHAUSTED,
+                record={"max_rounds": limit},
+            )
+            return
+        name, queue, fn, takes_ctx = flow_target(handoff.flow)
+        check_signature(fn, takes_ctx, list(handoff.args), handoff.kwargs)
+        successor = NewRun(
+            id=f"{row.lineage_id}@{next_round}",
+            flow=name,
+            queue=queue or row.queue,
+            payload={"args": list(handoff.args), "kwargs": handoff.kwargs},
+            scopes=row.scopes,
+            parent_id=row.state.get("parent"),
+            on_parent_exit=row.on_parent_exit,
+            lineage_id=row.lineage_id,
+            round_ordinal=next_round,
+            previous_round_id=row.id,
+            max_rounds=limit,
+        )
+
+        async def commit() -> tuple[TransitionOutcome, RunRow | None]:
+            async with self._store.transaction():
+                outcome = await self._store.lifecycle.transition_owned(
+                    row.id,
+                    self._owner,
+                    epoch,
+                    RunStatus.COMPLETED,
+                    state_patch={"handed_off_to": successor.id},
+                    kind=Kind.HANDED_OFF,
+                    record={"successor": successor.id, "round": next_round},
+                )
+                if not isinstance(outcome, Transitioned):
+                    return outcome, None
+                created = await self._store.runs.create(successor)
+                return outcome, created.row
+
+        outcome, created = await with_retry("settle", commit)
+        await self._after(row, epoch, RunStatus.COMPLETED, outcome)
+        if created is not None and self._schedule is not None:
+            await self._schedule(created)

@@ -1,0 +1,75 @@
+"""The Context API for plain ``def`` flows, which run in a thread.
+
+Each durable call is the async one, run on the worker's event loop and waited
+for; cancellation reaches a sync body at its next durable call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from worker.context import Context
+from worker.durable import Decision, Retry
+
+T = TypeVar("T")
+
+
+class SyncContext:
+    def __init__(self, ctx: Context, loop: asyncio.AbstractEventLoop) -> None:
+        self._ctx = ctx
+        self._loop = loop
+        self.log = ctx.log
+
+    @property
+    def run_id(self) -> str:
+        return self._ctx.run_id
+
+    @property
+    def interrupted(self) -> str | None:
+        return self._ctx.interrupted
+
+    def check(self) -> None:
+        self._ctx.check()
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._ctx.interrupted is not None:
+            coro.close()
+            self._ctx.check()
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retry: Retry | None = None,
+        compensate: Callable[..., Any] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        return self._call(
+            self._ctx.step(name, fn, *args, retry=retry, compensate=compensate, **kwargs)
+        )
+
+    def sleep(self, duration: timedelta | float) -> None:
+        self._call(self._ctx.sleep(duration))
+
+    def sleep_until(self, when: datetime) -> None:
+        self._call(self._ctx.sleep_until(when))
+
+    def wait_for(self, name: str, timeout: float | None = None) -> Any:
+        return self._call(self._ctx.wait_for(name, timeout))
+
+    def approval(self, name: str, request: Any = None, timeout: float | None = None) -> Decision:
+        return self._call(self._ctx.approval(name, request, timeout))
+
+    def quota(self, wake_at: datetime | int) -> None:
+        self._call(self._ctx.quota(wake_at))
+
+    def child(self, flow: Any, *args: Any, run_id: str | None = None, **kwargs: Any) -> Any:
+        return self._call(self._ctx.child(flow, *args, run_id=run_id, **kwargs))
+
+    def spawn(self, flow: Any, *args: Any, run_id: str | None = None, **kwargs: Any) -> str:
+        return self._call(self._ctx.spawn(flow, *args, run_id=run_id, **kwargs))

@@ -4,34 +4,34 @@ Admission is one Postgres transaction (run row + ``created`` record), then one
 stream message. The message is only a hint: if Redis fails after the commit the
 run is still durable and the lost-wake sweep schedules it. ``Queue`` runs the
 same ``AsyncQueue`` code on a private event-loop thread, so the two differ only
-in how they are called.
+in how they are called. Every call that reads or changes a run first checks that
+the producer's scopes cover the run's.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from redis.asyncio import Redis
 
+from broker.admission import EnqueueSpec, check_signature, flow_target, importable, unknown
 from broker.client import connect
 from broker.codec import StreamMessage
 from broker.notify import Notifier
 from broker.streams import Streams
 from store import Store
 from store.config import Settings
-from store.errors import InvalidInput, RunfleetError
+from store.errors import InvalidInput, RunfleetError, ScopeDenied
 from store.types import CancelOutcome, NewRun, RunRow, RunStatus
 
 log = logging.getLogger("runfleet.broker.queue")
 
-_PUBLISH_ERRORS = (OSError, TimeoutError, ConnectionError)
+__all__ = ["AsyncQueue", "AsyncRun", "EnqueueSpec", "check_signature", "flow_target"]
 
 
 class RunFailed(RunfleetError):
@@ -55,55 +55,6 @@ class RunNotFound(RunfleetError):
         self.run_id = run_id
 
 
-def flow_target(target: Any) -> tuple[str, str | None, Callable[..., Any] | None, bool]:
-    """(flow name, its declared queue, the function to check arguments against, takes ctx).
-
-    Accepts a ``@flow`` object (recognised by its ``runfleet_flow`` attribute, so
-    the broker never imports the worker), a plain function (rq-style implicit
-    single-step flow) or a ``"module:function"`` name (late binding).
-    """
-    declared = getattr(target, "runfleet_flow", None)
-    if declared is not None:
-        name, queue = declared
-        return name, queue, getattr(target, "fn", None), True
-    if isinstance(target, str):
-        if not target:
-            raise InvalidInput("flow", "must not be empty")
-        return target, None, None, False
-    if callable(target) and hasattr(target, "__module__") and hasattr(target, "__qualname__"):
-        if "<locals>" in target.__qualname__ or target.__qualname__ == "<lambda>":
-            raise InvalidInput("flow", f"{target.__qualname__} is not importable by a worker")
-        return f"{target.__module__}:{target.__qualname__}", None, target, False
-    raise InvalidInput("flow", f"cannot enqueue {target!r}: pass a flow, a function or 'mod:fn'")
-
-
-def check_signature(
-    fn: Callable[..., Any] | None, takes_ctx: bool, args: Sequence[Any], kwargs: dict[str, Any]
-) -> None:
-    if fn is None:
-        return
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return
-    try:
-        signature.bind(*([None] if takes_ctx else []), *args, **kwargs)
-    except TypeError as exc:
-        raise InvalidInput(
-            "payload", f"does not match {fn.__qualname__}{signature}: {exc}"
-        ) from None
-
-
-@dataclass(frozen=True)
-class EnqueueSpec:
-    """One run of an ``enqueue_many`` batch (rq's ``Queue.prepare_data``)."""
-
-    target: Any
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    run_id: str | None = None
-
-
 class AsyncRun:
     """A handle on one run: id, status, result, cancel."""
 
@@ -115,17 +66,14 @@ class AsyncRun:
         return f"AsyncRun({self.id!r})"
 
     async def fetch(self) -> RunRow:
-        row = await self._queue.store.runs.get(self.id)
-        if row is None:
-            raise RunNotFound(self.id)
-        return row
+        return await self._queue.authorized(self.id)
 
     async def get_status(self) -> RunStatus:
         return (await self.fetch()).status
 
     async def return_value(self) -> Any:
         """The result if the run completed, else None (rq's meaning; never waits)."""
-        row = await self.fetch()
+        row = await self._last_round(await self.fetch())
         return row.result if row.status is RunStatus.COMPLETED else None
 
     async def result(self, timeout: float = 30.0) -> Any:
@@ -137,13 +85,20 @@ class AsyncRun:
         deadline = time.monotonic() + timeout
         async with self._queue.notifier.watch_settled(self.id) as watch:
             while True:
-                row = await self.fetch()
+                row = await self._last_round(await self.fetch())
                 if row.status.terminal:
                     return _outcome(row)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(f"run {self.id!r} is still {row.status.value}")
                 await watch.wait(min(remaining, 0.5))
+
+    async def _last_round(self, row: RunRow) -> RunRow:
+        """A run that handed off is answered by the last round of its lineage."""
+        while row.status is RunStatus.COMPLETED and row.state.get("handed_off_to"):
+            successor = await self._queue.authorized(str(row.state["handed_off_to"]))
+            row = successor
+        return row
 
     async def cancel(self, *, actor: str | None = None) -> CancelOutcome:
         return await self._queue.cancel(self.id, actor=actor)
@@ -168,7 +123,9 @@ class AsyncQueue:
         database_url: str | None = None,
         redis_url: str | None = None,
         scopes: Iterable[str] = (),
+        late_binding: bool = False,
     ) -> None:
+        self.late_binding = late_binding
         overrides = {
             k: v for k, v in (("database_url", database_url), ("redis_url", redis_url)) if v
         }
@@ -209,10 +166,14 @@ class AsyncQueue:
 
     # ---- admission -----------------------------------------------------------
 
-    def _new_run(self, spec: EnqueueSpec, delay_until_ms: int | None = None) -> NewRun:
+    async def _new_run(self, spec: EnqueueSpec, delay_until_ms: int | None = None) -> NewRun:
         name, _declared_queue, fn, takes_ctx = flow_target(spec.target)
         args, kwargs = list(spec.args), dict(spec.kwargs)
         check_signature(fn, takes_ctx, args, kwargs)
+        if isinstance(spec.target, str) and not self.late_binding and not importable(name):
+            if await self.store.steps.flow(name) is None:
+                raise unknown(name)
+        timeout = getattr(spec.target, "timeout", None)
         return NewRun(
             id=spec.run_id or uuid.uuid4().hex,
             flow=name,
@@ -220,6 +181,8 @@ class AsyncQueue:
             payload={"args": args, "kwargs": kwargs},
             scopes=self.scopes,
             delay_until_ms=delay_until_ms,
+            timeout_ms=int(timeout * 1000) if isinstance(timeout, int | float) else None,
+            max_rounds=getattr(spec.target, "max_rounds", None),
         )
 
     async def _admit(self, news: list[NewRun]) -> list[AsyncRun]:
@@ -252,7 +215,7 @@ class AsyncQueue:
     ) -> AsyncRun:
         """Admit one run of ``f(*args, **kwargs)``; ``run_id`` (or rq's ``job_id``) dedupes."""
         spec = EnqueueSpec(f, args, kwargs, run_id or job_id)
-        return (await self._admit([self._new_run(spec)]))[0]
+        return (await self._admit([await self._new_run(spec)]))[0]
 
     async def enqueue_at(
         self, when: datetime, f: Any, *args: Any, run_id: str | None = None, **kwargs: Any
@@ -260,7 +223,7 @@ class AsyncQueue:
         if when.tzinfo is None:
             when = when.replace(tzinfo=UTC)
         spec = EnqueueSpec(f, args, kwargs, run_id)
-        return (await self._admit([self._new_run(spec, int(when.timestamp() * 1000))]))[0]
+        return (await self._admit([await self._new_run(spec, int(when.timestamp() * 1000))]))[0]
 
     async def enqueue_in(
         self, delay: timedelta, f: Any, *args: Any, run_id: str | None = None, **kwargs: Any
@@ -269,7 +232,7 @@ class AsyncQueue:
 
     async def enqueue_many(self, specs: Sequence[EnqueueSpec]) -> list[AsyncRun]:
         """Admit a batch in one transaction and one pipeline: all or nothing."""
-        return await self._admit([self._new_run(spec) for spec in specs])
+        return await self._admit([await self._new_run(spec) for spec in specs])
 
     @staticmethod
     def prepare_data(
@@ -287,8 +250,83 @@ class AsyncQueue:
     def run(self, run_id: str) -> AsyncRun:
         return AsyncRun(self, run_id)
 
+    async def authorized(self, run_id: str) -> RunRow:
+        """The run's row, if it exists and this producer's scopes cover the run's."""
+        row = await self.store.runs.get(run_id)
+        if row is None:
+            raise RunNotFound(run_id)
+        missing = sorted(set(row.scopes) - set(self.scopes))
+        if missing:
+            raise ScopeDenied(run_id, missing)
+        return row
+
+    async def _hint(self, run_id: str, reason: str) -> None:
+        row = await self.store.runs.get(run_id)
+        if row is None:
+            return
+        message = StreamMessage(
+            v=1,
+            kind="wake",
+            run=row.id,
+            flow=row.flow,
+            reason=reason,
+            at_ms=int(time.time() * 1000),
+        )
+        try:
+            await self.streams.publish(row.queue, message)
+        except Exception as exc:  # the lost-wake sweep covers it
+            log.warning("wake.publish_failed", extra={"run_id": run_id, "error": repr(exc)})
+
     async def cancel(self, run_id: str, *, actor: str | None = None) -> CancelOutcome:
         """Durably request cancellation, then tell the owner by publish (a hint)."""
+        await self.authorized(run_id)
         outcome = await self.store.lifecycle.request_cancel(run_id, actor=actor)
         await self.notifier.publish_cancel(run_id)
+        await self._hint(run_id, "cancel")
         return outcome
+
+    async def complete(self, run_id: str, name: str, value: Any = None) -> bool:
+        """Complete the event ``name`` a run waits for (first writer wins); True if first."""
+        await self.authorized(run_id)
+        done = await self.store.waits.complete_deferred(run_id, name, value)
+        if done.woke:
+            await self._hint(run_id, "event")
+        return done.outcome.__class__.__name__ == "DeferredCompleted"
+
+    async def approve(
+        self, run_id: str, token: str, value: Any = None, *, actor: str, reason: str | None = None
+    ) -> None:
+        await self._answer(run_id, token, True, value, actor, reason)
+
+    async def deny(
+        self, run_id: str, token: str, value: Any = None, *, actor: str, reason: str | None = None
+    ) -> None:
+        await self._answer(run_id, token, False, value, actor, reason)
+
+    async def _answer(
+        self, run_id: str, token: str, approved: bool, value: Any, actor: str, reason: str | None
+    ) -> None:
+        await self.authorized(run_id)
+        done = await self.store.waits.answer_approval(
+            run_id, token, approved=approved, value=value, actor=actor, reason=reason
+        )
+        if done is None:
+            raise InvalidInput("token", f"run {run_id!r} is not waiting for approval {token!r}")
+        if done.woke:
+            await self._hint(run_id, "approval")
+
+    async def resume(
+        self,
+        run_id: str,
+        *,
+        accept_recorded: bool = False,
+        rerun_step: str | None = None,
+        actor: str | None = None,
+    ) -> None:
+        """Move a quarantined run on: trust its recorded outputs, or re-run one step."""
+        await self.authorized(run_id)
+        if not await self.store.steps.resume_quarantined(
+            run_id, accept_recorded=accept_recorded, rerun_key=rerun_step, actor=actor
+        ):
+            raise InvalidInput("run_id", f"run {run_id!r} is not quarantined")
+        await self._hint(run_id, "resume")

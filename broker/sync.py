@@ -72,9 +72,15 @@ class Queue:
         database_url: str | None = None,
         redis_url: str | None = None,
         scopes: Iterable[str] = (),
+        late_binding: bool = False,
     ) -> None:
         self._async = AsyncQueue(
-            name, settings=settings, database_url=database_url, redis_url=redis_url, scopes=scopes
+            name,
+            settings=settings,
+            database_url=database_url,
+            redis_url=redis_url,
+            scopes=scopes,
+            late_binding=late_binding,
         )
         self.name = name
         self._thread = _LoopThread()
@@ -139,3 +145,30 @@ class Queue:
 
     def cancel(self, run_id: str, *, actor: str | None = None) -> CancelOutcome:
         return self._call(self._async.cancel(run_id, actor=actor))
+
+    def complete(self, run_id: str, name: str, value: Any = None) -> bool:
+        return self._call(self._async.complete(run_id, name, value))
+
+    def approve(
+        self, run_id: str, token: str, value: Any = None, *, actor: str, reason: str | None = None
+    ) -> None:
+        self._call(self._async.approve(run_id, token, value, actor=actor, reason=reason))
+
+    def deny(
+        self, run_id: str, token: str, value: Any = None, *, actor: str, reason: str | None = None
+    ) -> None:
+        self._call(self._async.deny(run_id, token, value, actor=actor, reason=reason))
+
+    def resume(
+        self,
+        run_id: str,
+        *,
+        accept_recorded: bool = False,
+        rerun_step: str | None = None,
+        actor: str | None = None,
+    ) -> None:
+        self._call(
+            self._async.resume(
+                run_id, accept_recorded=accept_recorded, rerun_step=rerun_step, actor=actor
+            )
+        )

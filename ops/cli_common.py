@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any, Literal, NoReturn, TypeVar
 
 import psycopg
 import psycopg_pool
@@ -105,6 +105,8 @@ class Services:
     settings: Settings
     store: Store
     redis: Redis | None
+    redis_error: str | None = None
+    """Why Redis is missing when the command could do without it (``redis="optional"``)."""
 
     @property
     def liveness(self) -> Liveness:
@@ -134,14 +136,25 @@ def redis_client(cfg: Settings) -> Redis:
 
 
 @asynccontextmanager
-async def services(cfg: Settings, *, redis: bool = False) -> AsyncIterator[Services]:
+async def services(
+    cfg: Settings, *, redis: Literal["no", "yes", "optional"] = "no"
+) -> AsyncIterator[Services]:
+    """Postgres always; Redis when asked (``optional``: carry on without it, saying why)."""
     await check_database(cfg.database_url)
     store = await Store.open(cfg, min_size=1, max_size=4)
-    client = redis_client(cfg) if redis else None
+    client = redis_client(cfg) if redis != "no" else None
+    problem: str | None = None
     try:
         if client is not None:
-            await client.ping()
-        yield Services(cfg, store, client)
+            try:
+                await client.ping()
+            except (RedisError, OSError) as exc:
+                if redis == "yes":
+                    raise
+                problem = _first_line(exc)
+                await client.aclose()
+                client = None
+        yield Services(cfg, store, client, problem)
     finally:
         if client is not None:
             await client.aclose()

@@ -148,6 +148,18 @@ def _claim_recovered(p: Payload, _r: JournalRecord) -> str:
     )
 
 
+def _resumed(p: Payload, _r: JournalRecord) -> str:
+    if p.get("from") == "quarantine":
+        how = (
+            f"re-running step {p['rerun_step']!r}"
+            if p.get("rerun_step")
+            else "accepting the recorded outputs"
+        )
+        by = f" by {p['actor']}" if p.get("actor") else ""
+        return f"released from quarantine{by}, {how}"
+    return f"resumed ({_fields(p)})"
+
+
 SENTENCES: dict[str, Callable[[Payload, JournalRecord], str]] = {
     Kind.CREATED: _created,
     Kind.PARENT_RECORDED: lambda p, _r: f"recorded as a child of {p.get('parent', '?')}",
@@ -160,7 +172,7 @@ SENTENCES: dict[str, Callable[[Payload, JournalRecord], str]] = {
     Kind.CLAIM_LOST: _claim_lost,
     Kind.ACTIVATION_LOST: _activation_lost,
     Kind.STEAL_REFUSED_OWNER_ALIVE: _steal_refused,
-    Kind.RESUMED: lambda p, _r: f"resumed by {who(p.get('owner'))}{_epoch(p)}",
+    Kind.RESUMED: _resumed,
     Kind.TRANSITIONED: _transitioned,
     Kind.PARKED: _parked,
     Kind.WOKEN: _woken,
@@ -174,8 +186,13 @@ SENTENCES: dict[str, Callable[[Payload, JournalRecord], str]] = {
     ),
     Kind.CLOCK_FIRED: lambda p, _r: f"timer {p.get('clock', '?')!r} fired",
     Kind.QUARANTINED: lambda p, _r: f"quarantined: {_fields(p)}",
-    Kind.HANDED_OFF: lambda p, _r: f"handed off to the next round ({_fields(p)})",
-    Kind.LINEAGE_EXHAUSTED: lambda p, _r: f"failed: its lineage ran out of rounds ({_fields(p)})",
+    Kind.HANDED_OFF: lambda p, _r: (
+        f"completed this round and handed off to {p.get('successor', '?')}"
+        f" (round {p.get('round', '?')})"
+    ),
+    Kind.LINEAGE_EXHAUSTED: lambda p, _r: (
+        f"failed: its lineage reached max_rounds={p.get('max_rounds', '?')}"
+    ),
     Kind.LEASE_RECONFIRMED: lambda p, _r: f"lease reconfirmed ({_fields(p)})",
 }
 

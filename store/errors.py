@@ -44,3 +44,20 @@ class JournalConflict(RunfleetError):
 
 class StoreUnavailable(RunfleetError):
     """The database could not be reached; the caller should retry with backoff."""
+
+
+class UnknownFlow(RunfleetError):
+    """No flow of this name is registered or importable."""
+
+    def __init__(self, name: str, why: str = "") -> None:
+        super().__init__(f"unknown flow {name!r}" + (f": {why}" if why else ""))
+        self.name = name
+
+
+class ScopeDenied(RunfleetError):
+    """The caller's scopes do not cover the run's: reading or changing it is refused."""
+
+    def __init__(self, run_id: str, missing: list[str]) -> None:
+        super().__init__(f"run {run_id!r} needs scopes the caller lacks: {', '.join(missing)}")
+        self.run_id = run_id
+        self.missing = missing

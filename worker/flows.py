@@ -14,17 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, overload
 
-from store.errors import RunfleetError
+from store.errors import UnknownFlow
 
 log = logging.getLogger("runfleet.worker.flows")
-
-
-class UnknownFlow(RunfleetError):
-    """No flow of this name is registered or importable in this process."""
-
-    def __init__(self, name: str, why: str = "") -> None:
-        super().__init__(f"unknown flow {name!r}" + (f": {why}" if why else ""))
-        self.name = name
 
 
 @dataclass(frozen=True)

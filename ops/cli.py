@@ -6,23 +6,18 @@ import asyncio
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from ops import cli_fleet, cli_produce, cli_runs, doctor
+from ops.cli_common import console, fail
 from store.config import Settings
+
+__all__ = ["app", "fail", "main"]
 
 app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     help="runfleet: durable runs for Python worker fleets.",
 )
-console = Console()
-err = Console(stderr=True)
-
-
-def fail(message: str, code: int = 1) -> None:
-    """One clear line and a non-zero exit: no tracebacks for user mistakes."""
-    err.print(f"[red]error:[/red] {message}")
-    raise typer.Exit(code)
 
 
 @app.command()
@@ -77,13 +72,22 @@ def worker(
     raise typer.Exit(supervise(settings, options, processes))
 
 
-def _mount_bench() -> None:
+def _mount() -> None:
+    """Command groups live in their own modules; this file only assembles them.
+
+    Durable-flow answers (``resume``, ``approve``, ``deny``, ``complete``) go in an
+    ``ops/cli_flows.py`` registered the same way.
+    """
     from ops.bench.__main__ import app as bench_app
 
+    cli_runs.register(app)
+    cli_produce.register(app)
+    cli_fleet.register(app)
+    doctor.register(app)
     app.add_typer(bench_app, name="bench")
 
 
-_mount_bench()
+_mount()
 
 
 def main() -> None:  # pragma: no cover

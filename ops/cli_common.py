@@ -187,7 +187,7 @@ def seconds(ms: float) -> str:
     s = ms / 1000
     if abs(s) < 60:
         return f"{s:.1f} s"
-    m, s = divmod(int(round(s)), 60)
+    m, s = divmod(round(s), 60)
     if m < 60:
         return f"{m} min {s} s"
     h, m = divmod(m, 60)
@@ -239,9 +239,7 @@ def parse_since(text: str, now_ms: int) -> int:
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
-        raise UserError(
-            f"bad --since {text!r}: use a duration (15m, 2h) or an ISO time"
-        ) from None
+        raise UserError(f"bad --since {text!r}: use a duration (15m, 2h) or an ISO time") from None
     if when.tzinfo is None:
         when = when.astimezone()
     return int(when.timestamp() * 1000)

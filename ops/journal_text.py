@@ -25,7 +25,7 @@ PROBE_WORDS: dict[str, str] = {
     "cross-host-unreachable-stale": "its liveness key absent",
     "cross-host-key-fresh": "its liveness key is fresh",
     "owner-lapsed": "it declared its own lease lapsed",
-    "lease-expired": "no liveness probe could answer (Redis unreachable), so the lease alone decided",
+    "lease-expired": "no liveness probe answered (Redis unreachable), so the lease alone decided",
 }
 
 
@@ -81,7 +81,9 @@ def _steal_refused(p: Payload, r: JournalRecord) -> str:
 
 
 def _claim_lost(p: Payload, _r: JournalRecord) -> str:
-    return f"{who(p.get('observer'))} lost a claim race (the run was {p.get('status', '?')} by then)"
+    return (
+        f"{who(p.get('observer'))} lost a claim race (the run was {p.get('status', '?')} by then)"
+    )
 
 
 def _activation_lost(p: Payload, _r: JournalRecord) -> str:
@@ -143,9 +145,7 @@ def _child_policy(p: Payload, _r: JournalRecord) -> str:
 
 
 def _claim_recovered(p: Payload, _r: JournalRecord) -> str:
-    return (
-        f"stranded claim of {who(p.get('claimant'))} cleared: {probe_words(p.get('probe'))}"
-    )
+    return f"stranded claim of {who(p.get('claimant'))} cleared: {probe_words(p.get('probe'))}"
 
 
 def _resumed(p: Payload, _r: JournalRecord) -> str:

@@ -78,8 +78,7 @@ class Inspect:
         """How many running rows each owner holds (the database's view, not the key's)."""
         rows = await self._db.all("inspect.running_by_owner")
         return {
-            Owner(r["owner_host"], int(r["owner_pid"]), r["owner_nonce"]): int(r["n"])
-            for r in rows
+            Owner(r["owner_host"], int(r["owner_pid"]), r["owner_nonce"]): int(r["n"]) for r in rows
         }
 
     async def active_queues(self, *, limit: int = 1000) -> list[str]:

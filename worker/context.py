@@ -166,14 +166,16 @@ class Context:
                 raise Interrupted("lost-fence")
 
     async def _quarantine(self, record: StepRecord) -> None:
-        async with self._store.transaction():
-            await self._park(
-                Waiting(
-                    reason="quarantine",
-                    token=record.key,
-                    request={"key": record.key, "problem": "digest mismatch"},
-                )
-            )
+        """A recorded output no longer matches its digest: park for an operator's decision.
+
+        Not inside a transaction: the park raises Suspended, which would roll it back.
+        """
+        problem = {"key": record.key, "problem": "recorded output does not match its digest"}
+        await self._store.journal.emit_owned(
+            self.run.id, self.owner, self.epoch, "quarantined", problem
+        )
+        log.error("run.quarantined", extra={"run_id": self.run.id, **problem})
+        await self._park(Waiting(reason="quarantine", token=record.key, request=problem))
 
     async def _now_ms(self) -> int:
         return await self._store.stats.now_ms()
@@ -210,9 +212,14 @@ class Context:
                 if not policy.should_retry(exc, attempt):
                     raise
                 delay = policy.delay(attempt)
-                self.log.info(
+                log.info(
                     "step.retry",
-                    extra={"step": key, "attempt": attempt, "delay_s": round(delay, 3)},
+                    extra={
+                        "run_id": self.run.id,
+                        "step": key,
+                        "attempt": attempt,
+                        "delay_s": round(delay, 3),
+                    },
                 )
                 await self._backoff(key, attempt, delay)
                 continue

@@ -20,6 +20,7 @@ from typing import Any
 from broker.liveness import Probe
 from store import Kind, Store
 from store.config import Settings
+from store.errors import UnknownFlow
 from store.types import (
     Activated,
     ClaimRecovered,
@@ -38,7 +39,7 @@ from worker import metrics
 from worker.context import Context, Interrupted
 from worker.durable import Suspended
 from worker.evidence import RefusalLadder, journal_evidence
-from worker.flows import Flow, UnknownFlow, resolve
+from worker.flows import Flow, resolve
 from worker.retry import with_retry
 from worker.settle import Settlement, error_of
 from worker.sync_context import SyncContext

@@ -31,6 +31,7 @@ from worker.retry import INFRA_ERRORS
 from worker.sweeper import Sweeper
 
 log = logging.getLogger("runfleet.worker.process")
+LAG_INTERVAL_S = 5.0
 
 
 def import_flows(modules: Sequence[str]) -> None:
@@ -102,6 +103,7 @@ class Worker:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(lease.run(self._side_stop), name="lease")
                 tg.create_task(sweeper.run(self._side_stop), name="sweeper")
+                tg.create_task(self._lag_loop(), name="stream-lag")
                 listener = tg.create_task(self._cancel_listener(), name="cancel-listener")
                 reader = tg.create_task(self._read_loop(), name="reader")
                 self.started.set()
@@ -120,6 +122,17 @@ class Worker:
                 listener.cancel()
         finally:
             await self._close(store, redis)
+
+    async def _lag_loop(self) -> None:
+        """Publish each queue's stream lag as a gauge: a metric only, so errors never stop it."""
+        while not self._side_stop.is_set():
+            for queue in self.queues:
+                try:
+                    metrics.STREAM_LAG.labels(queue).set(await self.streams.lag(queue))
+                except Exception as exc:
+                    metrics.INFRA_ERRORS.labels("stream-lag").inc()
+                    log.debug("stream.lag_failed", extra={"queue": queue, "error": repr(exc)})
+            await self._wait_any(self._side_stop, LAG_INTERVAL_S)
 
     async def _register_flows(self) -> None:
         """Tell producers which flow names exist (they refuse unknown names at enqueue)."""

@@ -66,4 +66,6 @@ SELECT DISTINCT queue FROM runfleet.runs
 SELECT waiting_deferred FROM runfleet.runs WHERE id = %(id)s;
 
 -- name: server_info
-SELECT current_setting('server_version') AS version, runfleet.now_ms() AS now_ms;
+-- The same expression as runfleet.now_ms(), spelled out so it answers before migrations.
+SELECT current_setting('server_version') AS version,
+       (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms;

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -41,13 +41,14 @@ class WorkerProc:
         flows: str = "tests.fleet.flows",
         queues: str = "default",
         concurrency: int = 4,
+        extra_args: Sequence[str] = (),
         **overrides: object,
     ) -> None:
         self.log_path = Path(tempfile.mkstemp(prefix="rf-worker-", suffix=".log")[1])
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ops", "worker", "--flows", flows, "--queues", queues,
-             "--concurrency", str(concurrency), "--log-level", "INFO"],
+             "--concurrency", str(concurrency), "--log-level", "INFO", *extra_args],
             env=settings_env(settings, **overrides),
             stdout=self._log,
             stderr=subprocess.STDOUT,

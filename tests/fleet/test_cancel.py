@@ -134,7 +134,8 @@ async def test_cancel_parked_run_is_woken_and_closed_by_a_sweep(
 
     worker = spawn()
     await worker.wait_started()
-    assert isinstance(await queue.cancel(run_id), CancelRequested)
+    # Straight to the store: no publish and no wake hint, so only a sweep can close it.
+    assert isinstance(await store.lifecycle.request_cancel(run_id), CancelRequested)
     await settled(store, run_id, timeout=5)
     await assert_cancelled(store, run_id)
     (closed,) = await records(store, run_id, Kind.INTERRUPTED)

@@ -36,7 +36,7 @@ async def worker(settings: Settings) -> AsyncIterator[WorkerProc]:
 
 @pytest.fixture
 async def queue(settings: Settings) -> AsyncIterator[AsyncQueue]:
-    async with AsyncQueue("default", settings=settings) as q:
+    async with AsyncQueue("default", settings=settings, late_binding=True) as q:
         yield q
 
 

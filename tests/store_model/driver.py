@@ -68,15 +68,19 @@ IntentKind = Literal[
     "race_cancel_park",
 ]
 KINDS: tuple[IntentKind, ...] = (
+    # Weighted by repetition: claims keep runs running, where most rules have teeth.
+    "claim",
     "claim",
     "claim",
     "settle",
+    "settle",
     "steal",
-    "heartbeat",
+    "steal",
+    "ack",
     "park",
+    "heartbeat",
     "wake",
     "cancel",
-    "ack",
     "race_claim",
     "race_steal",
     "race_cancel_settle",

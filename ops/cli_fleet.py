@@ -1,0 +1,245 @@
+"""The fleet as a whole: ``fleet`` (who is alive) and ``stuck`` (what needs a person).
+
+``fleet`` reads the liveness keys workers refresh every heartbeat, so it lists
+exactly the processes a thief's probe would consider alive; the database adds how
+many runs each really owns. ``stuck`` lists only what the fleet will not fix by
+itself: the sweeps recover dead owners and lost wakes without anyone's help.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from broker.liveness import FleetMember, Liveness, Probe
+from ops import cli_common as c
+from ops.models import (
+    FleetMemberView,
+    FleetView,
+    RunSummary,
+    StuckItem,
+    StuckKind,
+    StuckView,
+)
+from store import Store
+from store.config import Settings
+from store.types import Owner, RunRow
+
+
+def register(app: typer.Typer) -> None:
+    app.command("fleet")(fleet)
+    app.command("stuck")(stuck)
+
+
+# ---- fleet -----------------------------------------------------------------------
+
+
+def fleet(
+    host: Annotated[str | None, typer.Option(help="Only workers on this host id.")] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check", help="Exit 1 unless a live, unlapsed worker is listed (a healthcheck)."
+        ),
+    ] = False,
+    as_json: c.AsJson = False,
+) -> None:
+    """Live worker processes (from their liveness keys) and the runs each owns."""
+    view = c.run(_fleet(c.settings(), host, with_db=not check))
+    if check and not any(not w.lapsed for w in view.workers):
+        c.fail(f"no live worker{' on host ' + host if host else ''}")
+    if as_json:
+        c.emit(view)
+        return
+    table = Table("host", "pid", "up", "lease confirmed", "runs", "lapsed", "queues", box=None)
+    for w in view.workers:
+        runs = "?" if w.runs_owned is None else str(w.runs_owned)
+        table.add_row(
+            escape(w.host),
+            str(w.pid),
+            c.seconds(w.age_ms) if w.age_ms is not None else "?",
+            f"{c.seconds(w.confirmed_age_ms)} ago",
+            runs,
+            "[red]LAPSED[/red]" if w.lapsed else "no",
+            escape(",".join(w.queues)),
+        )
+    c.console.print(table)
+    c.console.print(f"[dim]{len(view.workers)} worker process(es)[/dim]")
+
+
+async def _fleet(cfg: Settings, host: str | None, *, with_db: bool) -> FleetView:
+    """Redis is required (the keys are the answer); the database only adds counts."""
+    redis = c.redis_client(cfg)
+    try:
+        members = await Liveness(redis, cfg.redis_prefix, cfg.host_id).fleet()
+    finally:
+        await redis.aclose()
+    owned: dict[Owner, int] | None = None
+    now = c.wall_ms()
+    if with_db:
+        try:
+            async with c.services(cfg) as svc:
+                owned = await svc.store.inspect.running_by_owner()
+                now = await svc.store.stats.now_ms()
+        except Exception as exc:  # the keys still answer the question; say what is missing
+            c.err.print(f"[yellow]warning:[/yellow] no run counts: {escape(str(exc))}")
+    members = [m for m in members if host is None or m.host == host]
+    return FleetView(now_ms=now, workers=[_member(m, owned, now) for m in members])
+
+
+def _member(m: FleetMember, owned: dict[Owner, int] | None, now: int) -> FleetMemberView:
+    return FleetMemberView(
+        host=m.host,
+        pid=m.pid,
+        nonce=m.nonce,
+        started_ms=m.started_ms,
+        age_ms=c.wall_ms() - m.started_ms if m.started_ms is not None else None,
+        confirmed_ms=m.confirmed_ms,
+        confirmed_age_ms=max(0, now - m.confirmed_ms),
+        lapsed=m.lapsed,
+        queues=list(m.queues),
+        runs_owned=owned.get(m.owner, 0) if owned is not None else None,
+        runs_reported=m.runs,
+        ttl_ms=m.ttl_ms,
+    )
+
+
+# ---- stuck -----------------------------------------------------------------------
+
+
+def stuck(
+    pending_for: Annotated[
+        str, typer.Option(help="Report pending runs not started after this long (90s, 5m).")
+    ] = "60s",
+    overdue: Annotated[
+        str, typer.Option(help="Report timed waits not woken this long after their due time.")
+    ] = "5s",
+    limit: Annotated[
+        int, typer.Option(min=1, max=10_000, help="At most this many per kind.")
+    ] = 200,
+    as_json: c.AsJson = False,
+) -> None:
+    """Runs that need a person: live owners not renewing, unfired timers, quarantine, …"""
+    try:
+        pending_ms, overdue_ms = c.parse_duration_ms(pending_for), c.parse_duration_ms(overdue)
+    except c.UserError as exc:
+        c.fail(str(exc))
+    view = c.run(_stuck(c.settings(), pending_ms, overdue_ms, limit))
+    if as_json:
+        c.emit(view)
+        return
+    if not view.items:
+        c.console.print("nothing stuck: the sweeps handle everything else.")
+        return
+    table = Table("kind", "run", "flow / queue", "for", "what", "do", box=None)
+    for item in view.items:
+        table.add_row(
+            item.kind,
+            escape(item.run.id),
+            escape(f"{item.run.flow} / {item.run.queue}"),
+            c.seconds(item.age_ms),
+            escape(item.detail),
+            escape(item.action),
+        )
+    c.console.print(table)
+
+
+async def _stuck(cfg: Settings, pending_ms: int, overdue_ms: int, limit: int) -> StuckView:
+    async with c.services(cfg, redis="optional") as svc:
+        if svc.redis_error:
+            c.err.print(
+                f"[yellow]warning:[/yellow] Redis did not answer ({escape(svc.redis_error)}): "
+                "live owners cannot be told from dead ones"
+            )
+        live = svc.liveness if svc.redis is not None else None
+        store = svc.store
+        items = await _stale(cfg, store, live, limit)
+        for row in await store.inspect.overdue_waits(overdue_ms, limit=limit):
+            due = row.waiting.wake_at_ms if row.waiting and row.waiting.wake_at_ms else 0
+            items.append(
+                _item(
+                    "timer-not-fired",
+                    row,
+                    row.now_ms - due,
+                    f"{row.waiting.reason if row.waiting else 'timer'} due {c.clock(due)} "
+                    "was not woken",
+                    "check that workers run (their sweeps fire timers) and their logs for "
+                    "sweep.failed",
+                )
+            )
+        for row in await store.inspect.waiting_for("quarantine", limit=limit):
+            items.append(
+                _item(
+                    "quarantined",
+                    row,
+                    row.now_ms - row.updated_at_ms,
+                    "a recorded step output failed its digest or decoding",
+                    f"inspect with `runfleet explain {row.id}`, then resume it (accept the "
+                    "recorded output or re-run the step)",
+                )
+            )
+        for row in await store.inspect.pending_older(pending_ms, limit=limit):
+            items.append(
+                _item(
+                    "pending-too-long",
+                    row,
+                    row.now_ms - row.created_at_ms,
+                    "admitted but never started",
+                    f"check `runfleet fleet` for workers on queue {row.queue} that know flow "
+                    f"{row.flow}, and the stream lag (`runfleet doctor`)",
+                )
+            )
+        now = await store.stats.now_ms()
+    # A run can fit two kinds (a delayed admission never started is also an unfired
+    # timer); the first, more specific, kind wins.
+    unique = {i.run.id: i for i in reversed(items)}
+    return StuckView(now_ms=now, items=[i for i in items if unique[i.run.id] is i])
+
+
+async def _stale(cfg: Settings, store: Store, live: Liveness | None, limit: int) -> list[StuckItem]:
+    """Stale leases a takeover will not resolve: the owner is vouched for, or nobody acts."""
+    probes: dict[Owner, Probe] = {}
+    items: list[StuckItem] = []
+    overdue_ms = cfg.stale_after_ms + int(10 * cfg.sweep_interval * 1000) + 5000
+    for row in await store.inspect.stale_running(cfg.stale_after_ms, limit=limit):
+        assert row.owner is not None and row.heartbeat_at_ms is not None
+        age = row.now_ms - row.heartbeat_at_ms
+        probe = None
+        if live is not None:
+            if row.owner not in probes:
+                probes[row.owner] = await live.probe(row.owner)
+            probe = probes[row.owner]
+        if probe is not None and probe.vouches:
+            items.append(
+                _item(
+                    "stale-owner-alive",
+                    row,
+                    age,
+                    f"{c.who(row.owner)} is alive ({probe.evidence}) but has not renewed its "
+                    f"lease for {c.seconds(age)}; takeovers are refused",
+                    f"look at {c.who(row.owner)}: stopped (SIGSTOP)? a blocked event loop? cut "
+                    "off from the database? Restarting it releases the run",
+                )
+            )
+        elif age > overdue_ms:
+            seen = probe.evidence if probe else "no probe answered"
+            items.append(
+                _item(
+                    "takeover-overdue",
+                    row,
+                    age,
+                    f"lease stale for {c.seconds(age)} and {c.who(row.owner)} not vouched for "
+                    f"({seen}), yet nobody took it over",
+                    f"start workers on queue {row.queue} that know flow {row.flow}",
+                )
+            )
+    return items
+
+
+def _item(kind: StuckKind, row: RunRow, age_ms: int, detail: str, action: str) -> StuckItem:
+    return StuckItem(
+        kind=kind, run=RunSummary.of(row), age_ms=max(0, age_ms), detail=detail, action=action
+    )

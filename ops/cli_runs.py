@@ -1,0 +1,332 @@
+"""Reading runs: ``runs``, ``show``, ``journal``, ``tree`` and ``explain``.
+
+Every command reads Postgres (the truth); ``explain`` also asks Redis who is alive,
+and still answers — saying so — when Redis does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+from rich.tree import Tree
+
+from ops import cli_common as c
+from ops.explain import entry, explain, gather
+from ops.models import (
+    ClockView,
+    DeferredView,
+    Explanation,
+    JournalEntry,
+    JournalView,
+    OwnerView,
+    RunDetail,
+    RunList,
+    RunSummary,
+    TreeNode,
+    TreeView,
+    WaitingTreeRow,
+)
+from store.config import Settings
+from store.types import OnParentExit, RunRow, RunStatus
+
+RunId = Annotated[str, typer.Argument(help="The run's id.", show_default=False)]
+MAX_TREE_DEPTH = 16
+FOLLOW_POLL_S = 0.5
+STATUS_STYLE = {
+    RunStatus.PENDING: "yellow",
+    RunStatus.RUNNING: "cyan",
+    RunStatus.SUSPENDED: "magenta",
+    RunStatus.COMPLETED: "green",
+    RunStatus.FAILED: "red",
+    RunStatus.CANCELLED: "dim",
+}
+
+
+def register(app: typer.Typer) -> None:
+    app.command("runs")(runs)
+    app.command("show")(show)
+    app.command("journal")(journal)
+    app.command("tree")(tree)
+    app.command("explain")(explain_cmd)
+
+
+def _status(status: RunStatus) -> str:
+    return f"[{STATUS_STYLE[status]}]{status.value}[/]"
+
+
+def _where(run: RunSummary) -> str:
+    if run.owner is not None:
+        return f"{run.owner.host} pid {run.owner.pid}"
+    if run.waiting is not None:
+        return f"waits: {run.waiting.reason}"
+    return ""
+
+
+# ---- runs ------------------------------------------------------------------------
+
+
+def runs(
+    status: Annotated[RunStatus | None, typer.Option(help="Only runs in this status.")] = None,
+    flow: Annotated[str | None, typer.Option(help="Only runs of this flow.")] = None,
+    queue: Annotated[str | None, typer.Option(help="Only runs on this queue.")] = None,
+    since: Annotated[
+        str | None, typer.Option(help="Admitted since: a duration back (15m, 2h) or ISO time.")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=10_000, help="At most this many.")] = 50,
+    as_json: c.AsJson = False,
+) -> None:
+    """List runs, newest first."""
+    listing = c.run(_runs(c.settings(), status, flow, queue, since, limit))
+    if as_json:
+        c.emit(listing)
+        return
+    table = Table("id", "flow", "queue", "status", "age", "where", box=None)
+    for run in listing.runs:
+        age = c.seconds(listing.now_ms - run.created_at_ms)
+        table.add_row(
+            escape(run.id),
+            escape(run.flow),
+            escape(run.queue),
+            _status(run.status),
+            age,
+            escape(_where(run)),
+        )
+    c.console.print(table)
+    c.console.print(f"[dim]{len(listing.runs)} run(s)[/dim]")
+
+
+async def _runs(
+    cfg: Settings,
+    status: RunStatus | None,
+    flow: str | None,
+    queue: str | None,
+    since: str | None,
+    limit: int,
+) -> RunList:
+    async with c.services(cfg) as svc:
+        now = await svc.store.stats.now_ms()
+        since_ms = c.parse_since(since, now) if since else None
+        rows = await svc.store.inspect.list_runs(
+            status=status, flow=flow, queue=queue, since_ms=since_ms, limit=limit
+        )
+        return RunList(now_ms=now, runs=[RunSummary.of(r) for r in rows])
+
+
+# ---- show ------------------------------------------------------------------------
+
+
+def show(run_id: RunId, as_json: c.AsJson = False) -> None:
+    """Everything the database holds about one run."""
+    detail = c.run(_show(c.settings(), run_id))
+    if as_json:
+        c.emit(detail)
+        return
+    run = detail.run
+    table = Table(box=None, show_header=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+
+    def add(name: str, value: str) -> None:
+        table.add_row(name, escape(value))
+
+    add("id", run.id)
+    add("flow / queue", f"{run.flow} / {run.queue}")
+    table.add_row("status", _status(run.status))
+    add("created", c.stamp(run.created_at_ms))
+    add("updated", c.stamp(run.updated_at_ms))
+    add("epoch", str(run.epoch))
+    if run.owner:
+        hb = run.heartbeat_at_ms or 0
+        add("owner", f"{run.owner.key} (lease {c.seconds(detail.now_ms - hb)} old)")
+    if detail.claim:
+        add("claim", f"{detail.claim.key} since {c.stamp(detail.claimed_at_ms)}")
+    if run.waiting:
+        add("waiting", json.dumps(run.waiting.model_dump(exclude_none=True), default=str))
+    if run.cancel_requested_at_ms:
+        add("cancel requested", c.stamp(run.cancel_requested_at_ms))
+    add("lineage / round", f"{run.lineage_id} / {run.round_ordinal}")
+    if run.parent_run_id:
+        add("previous round", run.parent_run_id)
+    add("parents", ", ".join(detail.parents) or "-")
+    add("children", ", ".join(detail.children) or "-")
+    for clock in detail.pending_clocks:
+        add("timer", f"{clock.name} due {c.stamp(clock.due_at_ms)}")
+    for d in detail.deferreds:
+        add("completion", f"{d.name} at {c.stamp(d.completed_at_ms)}")
+    add("state", json.dumps(detail.state, indent=2, default=str))
+    c.console.print(table)
+
+
+async def _show(cfg: Settings, run_id: str) -> RunDetail:
+    async with c.services(cfg) as svc:
+        row = await svc.run_row(run_id)
+        store = svc.store
+        deferred = await store.inspect.waiting_deferred(run_id) if row.waiting else None
+        return RunDetail(
+            run=RunSummary.of(row, deferred),
+            now_ms=row.now_ms,
+            claim=OwnerView.of(row.claim),
+            claimed_at_ms=row.claimed_at_ms,
+            state=row.state,
+            parents=[e.parent_id for e in await store.dag.parents(run_id)],
+            children=[e.child_id for e in await store.dag.children(run_id)],
+            pending_clocks=[
+                ClockView(name=k.name, due_at_ms=k.due_at_ms)
+                for k in await store.waits.pending_clocks(run_id)
+            ],
+            deferreds=[
+                DeferredView(
+                    name=d.name,
+                    completed_at_ms=d.completed_at_ms,
+                    consumed_at_ms=d.consumed_at_ms,
+                    value=d.value,
+                )
+                for d in await store.waits.completed_deferreds(run_id)
+            ],
+        )
+
+
+# ---- journal ---------------------------------------------------------------------
+
+
+def journal(
+    run_id: RunId,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new records until it settles.")
+    ] = False,
+    as_json: c.AsJson = False,
+) -> None:
+    """A run's journal, oldest first, each decision in plain words.
+
+    With ``--follow --json`` each record is one JSON line (a ``JournalEntry``).
+    """
+    c.run(_journal(c.settings(), run_id, follow, as_json))
+
+
+async def _journal(cfg: Settings, run_id: str, follow: bool, as_json: bool) -> None:
+    streaming = as_json and follow
+    collected: list[JournalEntry] = []
+    async with c.services(cfg) as svc:
+        await svc.run_row(run_id)
+        after = 0
+        while True:
+            batch = await svc.store.journal.records(run_id, after_seq=after, limit=1000)
+            for record in batch:
+                item = entry(record)
+                if streaming:
+                    typer.echo(item.model_dump_json())
+                elif as_json:
+                    collected.append(item)
+                else:
+                    when = c.clock(record.at_ms)
+                    c.console.print(f"{when}  [bold]{record.kind}[/bold]  {escape(item.sentence)}")
+            if batch:
+                after = batch[-1].seq
+                continue
+            if not follow:
+                break
+            # A record and the status change it describes commit together, so one more
+            # read after seeing a terminal status catches everything up to it.
+            if (await svc.run_row(run_id)).status.terminal:
+                follow = False
+                continue
+            await asyncio.sleep(FOLLOW_POLL_S)
+    if as_json and not streaming:
+        c.emit(JournalView(run_id=run_id, entries=collected))
+
+
+# ---- tree ------------------------------------------------------------------------
+
+
+def tree(run_id: RunId, as_json: c.AsJson = False) -> None:
+    """Children (attached and detached), handoff rounds, and what the run really waits on."""
+    view = c.run(_tree(c.settings(), run_id))
+    if as_json:
+        c.emit(view)
+        return
+    root = Tree(_label(view.run))
+    _grow(root, view.children)
+    c.console.print(root)
+    if len(view.rounds) > 1:
+        c.console.print(f"rounds of lineage {view.run.lineage_id}:", markup=False)
+        for r in view.rounds:
+            mark = "  <- this run" if r.id == view.run.id else ""
+            c.console.print(f"  round {r.round_ordinal}: {escape(r.id)} {_status(r.status)}{mark}")
+    if view.waiting:
+        c.console.print("waiting on:")
+        for w in view.waiting:
+            due = f" due {c.clock(w.wake_at_ms)}" if w.wake_at_ms else ""
+            token = f" token {w.token}" if w.token else ""
+            line = f"  {'  ' * w.depth}{w.run_id}: {w.reason}{due}{token}"
+            c.console.print(line, markup=False)
+
+
+def _label(run: RunSummary, attached: bool = True) -> str:
+    tag = "" if attached else " [dim](detached)[/dim]"
+    return f"{escape(run.id)} [dim]{escape(run.flow)}[/dim] {_status(run.status)}{tag}"
+
+
+def _grow(parent: Tree, nodes: list[TreeNode]) -> None:
+    for node in nodes:
+        branch = parent.add(_label(node.run, node.attached) + (" …" if node.truncated else ""))
+        _grow(branch, node.children)
+
+
+async def _tree(cfg: Settings, run_id: str) -> TreeView:
+    async with c.services(cfg) as svc:
+        row = await svc.run_row(run_id)
+        children = await _children(svc, row, 1, {row.id})
+        rounds = await svc.store.inspect.lineage(row.lineage_id)
+        waiting = await svc.store.waits.waiting_tree(run_id)
+        return TreeView(
+            run=RunSummary.of(row),
+            children=children,
+            rounds=[RunSummary.of(r) for r in rounds],
+            waiting=[WaitingTreeRow.of(w) for w in waiting],
+        )
+
+
+async def _children(svc: c.Services, row: RunRow, depth: int, seen: set[str]) -> list[TreeNode]:
+    """The DAG below ``row``; a run reached twice (a diamond) is shown once, then marked."""
+    edges = await svc.store.dag.children(row.id)
+    rows = {r.id: r for r in await svc.store.runs.get_many([e.child_id for e in edges])}
+    nodes: list[TreeNode] = []
+    for e in edges:
+        child = rows.get(e.child_id)
+        if child is None:
+            continue
+        again = child.id in seen
+        seen.add(child.id)
+        walk = not again and depth < MAX_TREE_DEPTH
+        nodes.append(
+            TreeNode(
+                run=RunSummary.of(child),
+                attached=child.on_parent_exit is OnParentExit.CANCEL,
+                children=await _children(svc, child, depth + 1, seen) if walk else [],
+                truncated=not walk,
+            )
+        )
+    return nodes
+
+
+# ---- explain ---------------------------------------------------------------------
+
+
+def explain_cmd(run_id: RunId, as_json: c.AsJson = False) -> None:
+    """Why a run is where it is, and what will happen next, in plain words."""
+    result = c.run(_explain(c.settings(), run_id))
+    if as_json:
+        c.emit(result)
+        return
+    for line in result.lines:
+        c.console.print(line, markup=False, soft_wrap=True)
+
+
+async def _explain(cfg: Settings, run_id: str) -> Explanation:
+    async with c.services(cfg, redis="optional") as svc:
+        return explain(await gather(svc, run_id))

@@ -1,0 +1,182 @@
+"""``runfleet doctor``: can this host operate the fleet, and is the fleet healthy?
+
+Each check runs even when an earlier one failed (an unreachable Redis says nothing
+about Postgres), and each answers ok / warn / fail with the fact behind it. The
+exit status is 1 only for a ``fail``: a warning (no live worker, clock skew) is
+worth reading but does not mean this host cannot work.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Literal
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from broker.liveness import FleetMember, Liveness
+from broker.streams import Streams
+from ops import cli_common as c
+from ops.models import Check, DoctorView
+from store.config import Settings
+from store.migrate import migrations, schema_version
+
+SKEW_WARN_MS = 1000
+"""Leases use database time, but ``enqueue_in``/``enqueue_at`` compute due times here."""
+
+STYLE = {"ok": "green", "warn": "yellow", "fail": "red"}
+
+
+def register(app: typer.Typer) -> None:
+    app.command("doctor")(doctor)
+
+
+def doctor(
+    queue: Annotated[
+        list[str] | None, typer.Option(help="Also measure this queue's stream lag (repeatable).")
+    ] = None,
+    as_json: c.AsJson = False,
+) -> None:
+    """Connectivity, schema version, clock skew, stream lag per queue, live workers."""
+    view = c.run(Doctor(c.settings(), queue or []).run())
+    if as_json:
+        c.emit(view)
+    else:
+        table = Table("check", "status", "detail", box=None)
+        for check in view.checks:
+            status = f"[{STYLE[check.status]}]{check.status}[/]"
+            table.add_row(check.name, status, escape(check.detail))
+        c.console.print(table)
+    if not view.ok:
+        raise typer.Exit(1)
+
+
+class Doctor:
+    def __init__(self, cfg: Settings, queues: list[str]) -> None:
+        self.cfg = cfg
+        self.queues = queues
+        self.checks: list[Check] = []
+        self.version: int | None = None
+        self.skew_ms: int | None = None
+        self.lag: dict[str, int] = {}
+        self.live: int | None = None
+        self.fleet: list[FleetMember] | None = None
+        self.active_queues: list[str] = []
+
+    def add(self, name: str, status: Literal["ok", "warn", "fail"], detail: str) -> None:
+        self.checks.append(Check(name=name, status=status, detail=detail))
+
+    async def guarded(self, name: str, check: Callable[[], Awaitable[None]]) -> bool:
+        try:
+            await check()
+        except Exception as exc:
+            text = str(exc).strip().splitlines()
+            self.add(name, "fail", text[0] if text else type(exc).__name__)
+            return False
+        return True
+
+    async def run(self) -> DoctorView:
+        if await self.guarded("postgres", self._postgres):
+            await self.guarded("schema", self._schema)
+        redis_ok = await self.guarded("redis", self._redis)
+        if redis_ok:
+            await self.guarded("workers", self._workers)
+            await self.guarded("stream lag", self._lag)
+        return DoctorView(
+            ok=all(ch.status != "fail" for ch in self.checks),
+            checks=self.checks,
+            schema_version=self.version,
+            latest_migration=migrations()[-1].version,
+            clock_skew_ms=self.skew_ms,
+            stream_lag=self.lag,
+            live_workers=self.live,
+        )
+
+    async def _postgres(self) -> None:
+        async with c.services(self.cfg) as svc:
+            before = time.time()
+            info = await svc.store.inspect.server_info()
+            after = time.time()
+        self.add("postgres", "ok", f"PostgreSQL {info.version}")
+        # The midpoint of the round trip is when the server most likely read its clock.
+        self.skew_ms = info.now_ms - int((before + after) / 2 * 1000)
+        skew = c.seconds(abs(self.skew_ms))
+        if abs(self.skew_ms) > SKEW_WARN_MS:
+            ahead = "ahead of" if self.skew_ms > 0 else "behind"
+            self.add(
+                "clock skew",
+                "warn",
+                f"the database clock is {skew} {ahead} this host: leases are unaffected "
+                "(database time), due times computed here (enqueue_in/at) are off by that much",
+            )
+        else:
+            self.add("clock skew", "ok", f"{self.skew_ms} ms between this host and the database")
+
+    async def _schema(self) -> None:
+        latest = migrations()[-1].version
+        self.version = await schema_version(self.cfg.database_url)
+        if self.version >= latest:
+            async with c.services(self.cfg) as svc:
+                self.active_queues = await svc.store.inspect.active_queues()
+        if self.version == latest:
+            self.add("schema", "ok", f"migration {self.version} of {latest}")
+        elif self.version < latest:
+            self.add(
+                "schema",
+                "fail",
+                f"at migration {self.version}, {latest} exists: `runfleet migrate`",
+            )
+        else:
+            self.add(
+                "schema",
+                "warn",
+                f"at migration {self.version}, newer than this runfleet ({latest}): upgrade it",
+            )
+
+    async def _redis(self) -> None:
+        client = c.redis_client(self.cfg)
+        try:
+            await client.ping()
+            info = await client.info("server")
+            self.fleet = await Liveness(client, self.cfg.redis_prefix, self.cfg.host_id).fleet()
+        finally:
+            await client.aclose()
+        version = info.get("redis_version", b"?")
+        text = version.decode() if isinstance(version, bytes) else str(version)
+        self.add("redis", "ok", f"Redis {text}, prefix {self.cfg.redis_prefix!r}")
+
+    async def _workers(self) -> None:
+        fleet = self.fleet or []
+        live = [m for m in fleet if not m.lapsed]
+        self.live = len(live)
+        lapsed = len(fleet) - len(live)
+        if not live:
+            self.add("workers", "warn", "no live worker process: runs wait until one starts")
+            return
+        hosts = len({m.host for m in live})
+        detail = f"{len(live)} live worker process(es) on {hosts} host(s)"
+        if lapsed:
+            self.add("workers", "warn", f"{detail}; {lapsed} LAPSED (cut off from the database)")
+        else:
+            self.add("workers", "ok", detail)
+
+    async def _lag(self) -> None:
+        fleet = self.fleet or []
+        read = {q for m in fleet if not m.lapsed for q in m.queues}
+        queues = list(dict.fromkeys([*self.queues, *sorted(read), *self.active_queues]))
+        client = c.redis_client(self.cfg)
+        try:
+            streams = Streams(client, self.cfg.redis_prefix)
+            for queue in queues:
+                self.lag[queue] = await streams.lag(queue)
+        finally:
+            await client.aclose()
+        for queue, lag in self.lag.items():
+            if lag and queue not in read:
+                self.add(f"lag {queue}", "warn", f"{lag} entries and no live worker reads {queue}")
+            else:
+                self.add(f"lag {queue}", "ok", f"{lag} entries waiting")
+        if not queues:
+            self.add("stream lag", "ok", "no queue in use")

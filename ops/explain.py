@@ -1,0 +1,225 @@
+"""``runfleet explain RUN``: why a run is where it is, and what happens next, in plain words.
+
+It gathers what the fleet itself would consult — the row (database time), the
+liveness probe a thief would run against the owner, the journal, the fleet's live
+workers and the queue's stream lag — and predicts from the same rules the driver
+and the sweeps follow (DESIGN §5, §7), so the prediction is what will happen, not
+a guess: "the stale-running sweep will try a takeover within ~1 s".
+"""
+
+from __future__ import annotations
+
+import json
+
+from broker.liveness import FleetMember, Probe
+from ops.cli_common import Services, clock, seconds, who
+from ops.journal_text import probe_words, sentence
+from ops.models import (
+    ClaimView,
+    Explanation,
+    JournalEntry,
+    LeaseView,
+    NextStep,
+    OwnerView,
+    ProbeView,
+    RunSummary,
+)
+from ops.predict import Facts, next_step
+from store.journal import Kind
+from store.types import JournalRecord, Owner, RunRow, RunStatus
+
+JOURNAL_SHOWN = 12
+_HISTORY = 200
+_ENTERS: dict[RunStatus, set[str]] = {
+    RunStatus.PENDING: {Kind.CREATED},
+    RunStatus.RUNNING: {Kind.CLAIMED_AND_ACTIVATED, Kind.ACTIVATED},
+    RunStatus.SUSPENDED: {Kind.PARKED, Kind.INTERRUPT_RELEASED, Kind.TRANSITIONED},
+    RunStatus.COMPLETED: {Kind.TRANSITIONED, Kind.HANDED_OFF},
+    RunStatus.FAILED: {Kind.TRANSITIONED, Kind.LINEAGE_EXHAUSTED},
+    RunStatus.CANCELLED: {Kind.TRANSITIONED, Kind.INTERRUPTED},
+}
+_OWNED = {Kind.CLAIMED_AND_ACTIVATED, Kind.ACTIVATED, Kind.STOLEN_AND_ACTIVATED}
+
+
+def entry(record: JournalRecord) -> JournalEntry:
+    return JournalEntry(
+        seq=record.seq,
+        at_ms=record.at_ms,
+        kind=record.kind,
+        source_id=record.source_id,
+        payload=record.payload,
+        sentence=sentence(record),
+    )
+
+
+def probe_view(probe: Probe | None) -> ProbeView | None:
+    if probe is None:
+        return None
+    return ProbeView(
+        verdict=probe.verdict, evidence=probe.evidence, vouches=probe.vouches, detail=probe.detail
+    )
+
+
+async def gather(svc: Services, run_id: str) -> Facts:
+    row = await svc.run_row(run_id)
+    store = svc.store
+    history = await store.journal.last(run_id, _HISTORY)
+    owner_probe = claim_probe = None
+    fleet: list[FleetMember] | None = None
+    lag: int | None = None
+    if svc.redis is not None:
+        live = svc.liveness
+        if row.owner is not None and row.status is RunStatus.RUNNING:
+            owner_probe = await live.probe(row.owner)
+        if row.claim is not None:
+            claim_probe = await live.probe(row.claim)
+        fleet = await live.fleet()
+        if not row.status.terminal:
+            lag = await svc.streams.lag(row.queue)
+    deferred = await store.inspect.waiting_deferred(run_id) if row.waiting else None
+    tree = await store.waits.waiting_tree(run_id) if row.status is RunStatus.SUSPENDED else []
+    return Facts(
+        row,
+        svc.settings,
+        history,
+        owner_probe,
+        claim_probe,
+        fleet,
+        svc.redis_error,
+        lag,
+        deferred,
+        tree,
+    )
+
+
+def explain(facts: Facts) -> Explanation:
+    row, now = facts.row, facts.now
+    since = facts.last(_ENTERS.get(row.status, set()))
+    since_ms = since.at_ms if since else row.updated_at_ms
+    lease = None
+    if row.heartbeat_at_ms is not None and row.status is RunStatus.RUNNING:
+        age = now - row.heartbeat_at_ms
+        stale_ms = facts.settings.stale_after_ms
+        lease = LeaseView(
+            heartbeat_at_ms=row.heartbeat_at_ms,
+            age_ms=age,
+            stale_after_ms=stale_ms,
+            stale=age > stale_ms,
+        )
+    claim = None
+    claimant = OwnerView.of(row.claim)
+    if claimant is not None and row.claimed_at_ms is not None:
+        claim = ClaimView(
+            claimant=claimant,
+            claimed_at_ms=row.claimed_at_ms,
+            age_ms=now - row.claimed_at_ms,
+            probe=probe_view(facts.claim_probe),
+        )
+    step = next_step(facts)
+    shown = facts.history[-JOURNAL_SHOWN:]
+    return Explanation(
+        run=RunSummary.of(row, facts.deferred),
+        now_ms=now,
+        status_since_ms=since_ms,
+        owner_probe=probe_view(facts.owner_probe),
+        lease=lease,
+        claim=claim,
+        journal=[entry(r) for r in shown],
+        next=step,
+        lines=lines(facts, since_ms, step),
+    )
+
+
+# ---- plain words -----------------------------------------------------------------
+
+
+def lines(facts: Facts, since_ms: int, step: NextStep) -> list[str]:
+    row, now = facts.row, facts.now
+    out = [
+        f"run {row.id} ({row.flow} on queue {row.queue}) is {row.status.value} since "
+        f"{clock(since_ms)} ({seconds(now - since_ms)} ago)"
+        + (f", round {row.round_ordinal} of lineage {row.lineage_id}" if row.round_ordinal else "")
+        + "."
+    ]
+    out += _outcome(row)
+    if row.status is RunStatus.RUNNING and row.owner is not None:
+        out.append(_owner_line(facts, row.owner))
+        assert row.heartbeat_at_ms is not None
+        age = now - row.heartbeat_at_ms
+        stale = facts.settings.stale_after_ms
+        state = f"STALE by {seconds(age - stale)}" if age > stale else "fresh"
+        out.append(f"lease: renewed {seconds(age)} ago; stale after {seconds(stale)} — {state}.")
+    if row.claim is not None and row.claimed_at_ms is not None:
+        probe = facts.claim_probe
+        seen = f"; claimant {probe.verdict} ({probe.evidence})" if probe else ""
+        out.append(f"claim: held by {who(row.claim)} for {seconds(now - row.claimed_at_ms)}{seen}.")
+    if row.waiting is not None:
+        out.append(f"waiting: {_waiting_words(facts)}.")
+    if row.cancel_requested_at_ms is not None:
+        out.append(
+            f"cancel: requested at {clock(row.cancel_requested_at_ms)} "
+            f"({seconds(now - row.cancel_requested_at_ms)} ago)."
+        )
+    elif not row.status.terminal:
+        out.append("cancel: not requested.")
+    if facts.redis_error:
+        out.append(f"liveness: unknown — Redis did not answer ({facts.redis_error}).")
+    out.append(f"last decisions ({min(len(facts.history), JOURNAL_SHOWN)} of the journal):")
+    out += [f"  {clock(r.at_ms)}  {sentence(r)}" for r in facts.history[-JOURNAL_SHOWN:]]
+    out.append(("next: " if not step.needs_person else "needs a person: ") + step.summary)
+    return out
+
+
+def _outcome(row: RunRow) -> list[str]:
+    state = row.state
+    if row.status is RunStatus.COMPLETED:
+        text = _preview(state.get("result"))
+        if state.get("handed_off_to"):
+            return [f"result: round handed off to {state['handed_off_to']}."]
+        return [f"result: {text}."]
+    if row.status is RunStatus.FAILED:
+        error = state.get("error") or {}
+        if isinstance(error, dict):
+            return [f"error: {error.get('type', '?')}: {error.get('message', '')}".rstrip(": ")]
+        return [f"error: {_preview(error)}"]
+    if row.status is RunStatus.CANCELLED:
+        cancellation = state.get("cancellation") or {}
+        return [f"cancellation: {_preview(cancellation)}."]
+    return []
+
+
+def _preview(value: object, limit: int = 160) -> str:
+    text = json.dumps(value, default=str, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _owner_line(facts: Facts, owner: Owner) -> str:
+    probe = facts.owner_probe
+    if probe is None:
+        alive = "liveness unknown (Redis did not answer)"
+    else:
+        verdict = {"alive": "alive right now", "dead": "NOT alive", "unknown": "liveness unknown"}
+        alive = f"{verdict[probe.verdict]} ({probe.evidence}: {probe_words(probe.evidence)})"
+    text = f"owner: {who(owner)} (nonce {owner.nonce}, epoch {facts.row.epoch}) — {alive}"
+    took = facts.last(_OWNED)
+    if took is not None and took.kind == Kind.STOLEN_AND_ACTIVATED:
+        previous = took.payload.get("previous_owner") if isinstance(took.payload, dict) else None
+        text += f"; took the run over from {who(previous)} at {clock(took.at_ms)}"
+    return text + "."
+
+
+def _waiting_words(facts: Facts) -> str:
+    w = facts.row.waiting
+    assert w is not None
+    text = w.reason
+    if facts.deferred and w.reason != "timer":
+        text += f" {facts.deferred!r}"
+    if w.wake_at_ms is not None:
+        delta = w.wake_at_ms - facts.now
+        when = f"in {seconds(delta)}" if delta >= 0 else f"{seconds(-delta)} ago"
+        text += f", due {clock(w.wake_at_ms)} ({when})"
+    if w.token:
+        text += f", token {w.token}"
+    if w.request is not None:
+        text += f", request {_preview(w.request, 120)}"
+    return text

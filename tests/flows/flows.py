@@ -1,0 +1,140 @@
+"""Durable flows exercised by the flow tests (imported by workers with --flows)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from worker import Context, Handoff, Retry, flow
+
+CALLS: dict[str, int] = {}
+"""In-process call counts (in-process workers only): proves recorded steps never re-run."""
+
+
+def count(tag: str) -> int:
+    CALLS[tag] = CALLS.get(tag, 0) + 1
+    return CALLS[tag]
+
+
+class Flaky(Exception):
+    pass
+
+
+def flaky(tag: str, fail_times: int) -> str:
+    if count(tag) <= fail_times:
+        raise Flaky(f"{tag} attempt {CALLS[tag]}")
+    return f"{tag} ok"
+
+
+def undo(output: Any) -> None:
+    count(f"undo:{output}")
+
+
+@flow(name="t.steps")
+async def steps(ctx: Context, tag: str) -> list[Any]:
+    a = await ctx.step("a", count, f"{tag}:a")
+    b = await ctx.step("b", flaky, f"{tag}:b", 2, retry=Retry(attempts=3, backoff=0.01))
+    await ctx.wait_for("go")
+    c = await ctx.step("c", count, f"{tag}:c")
+    return [a, b, c]
+
+
+@flow(name="t.compensating")
+async def compensating(ctx: Context, tag: str) -> None:
+    await ctx.step("one", str, f"{tag}-1", compensate=undo)
+    await ctx.step("two", str, f"{tag}-2", compensate=undo)
+    await ctx.wait_for("never")
+
+
+@flow(name="t.nondeterministic")
+async def nondeterministic(ctx: Context, flip_file: str) -> None:
+    first = "x" if not os.path.exists(flip_file) else "y"  # noqa: ASYNC240 - a test flow
+    await ctx.step(first, str, first)
+    await ctx.wait_for("go")
+
+
+@flow(name="t.sleeper")
+async def sleeper(ctx: Context, seconds: float) -> str:
+    await ctx.sleep(timedelta(seconds=seconds))
+    return "woke"
+
+
+@flow(name="t.approver")
+async def approver(ctx: Context, amount: int) -> dict[str, Any]:
+    decision = await ctx.approval("manager", request={"amount": amount})
+    return {"approved": decision.approved, "actor": decision.actor, "value": decision.value}
+
+
+@flow(name="t.event_timeout")
+async def event_timeout(ctx: Context) -> str:
+    try:
+        await ctx.wait_for("reply", timeout=0.5)
+    except TimeoutError:
+        return "timed out"
+    return "replied"
+
+
+@flow(name="t.leaf")
+async def leaf(ctx: Context, value: int) -> int:
+    await ctx.wait_for("release")
+    return value * 2
+
+
+@flow(name="t.parent")
+async def parent(ctx: Context, value: int) -> dict[str, Any]:
+    spawned = await ctx.spawn(leaf, value + 100)
+    doubled = await ctx.child(leaf, value)
+    return {"doubled": doubled, "spawned": spawned}
+
+
+@flow(name="t.rounds", max_rounds=3)
+async def rounds(ctx: Context, n: int) -> Any:
+    if n > 0:
+        return Handoff(rounds, (n - 1,))
+    return "done"
+
+
+@flow(name="t.sync")
+def sync_flow(ctx: Any, tag: str) -> list[Any]:
+    first = ctx.step("first", count, f"{tag}:sync")
+    ctx.sleep(0.05)
+    return [first, ctx.wait_for("go")]
+
+
+@flow(name="t.quota")
+async def quota(ctx: Context, wake_at_ms: int) -> str:
+    await ctx.quota(wake_at_ms)
+    return "after quota"
+
+
+@flow(name="t.slow", timeout=0.5)
+async def slow(ctx: Context) -> None:
+    await asyncio.sleep(30)
+
+
+def append_ledger(run_id: str, step: int, epoch: int) -> int:
+    """A side effect outside runfleet: one ledger row per execution of a step."""
+    with psycopg.connect(os.environ["RUNFLEET_DATABASE_URL"], autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO ledger (run_id, step, epoch) VALUES (%s, %s, %s)", (run_id, step, epoch)
+        )
+    return step
+
+
+@flow(name="t.ledger")
+async def ledger(ctx: Context, n: int) -> int:
+    total = 0
+    for step in range(1, 6):
+        total += await ctx.step(f"s{step}", append_ledger, ctx.run_id, step, ctx.epoch)
+        await asyncio.sleep(0.03)
+    return total + n
+
+
+@flow(name="t.busy_compensating")
+async def busy_compensating(ctx: Context, tag: str) -> None:
+    await ctx.step("one", str, f"{tag}-1", compensate=undo)
+    await asyncio.sleep(30)

@@ -1,0 +1,185 @@
+"""Children (attached and detached), cascades, handoff rounds, waiting trees."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import tests.flows.flows as f
+from broker import AsyncQueue, RunCancelled, RunFailed
+from store import Store
+from store.config import Settings
+from store.types import NewRun, OnParentExit, RunStatus
+from tests.fleet.procs import until
+from tests.flows.conftest import parked
+from worker.process import Worker
+
+
+async def _children(store: Store, run_id: str) -> dict[str, OnParentExit]:
+    out = {}
+    for edge in await store.dag.children(run_id):
+        row = await store.runs.get(edge.child_id)
+        assert row is not None
+        out[row.id] = row.on_parent_exit
+    return out
+
+
+async def test_attached_child_is_awaited_and_detached_outlives(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    run = await queue.enqueue(f.parent, 21)
+    await parked(store, run.id, "child")
+    kids = await _children(store, run.id)
+    (attached,) = [k for k, p in kids.items() if p is OnParentExit.CANCEL]
+    (detached,) = [k for k, p in kids.items() if p is OnParentExit.DETACH]
+    await parked(store, attached, "event")
+    tree = await store.waits.waiting_tree(run.id)
+    assert [w.run_id for w in tree] == [run.id, attached]  # the detached one is skipped
+    everything = await store.waits.waiting_tree(run.id, include_detached=True)
+    assert {w.run_id for w in everything} == {run.id, attached, detached}
+    await queue.complete(attached, "release")
+    assert await run.result(timeout=10) == {"doubled": 42, "spawned": detached}
+    row = await store.runs.get(detached)
+    assert row is not None and not row.status.terminal  # detached: left running on its own
+
+
+async def test_cancelling_a_parent_cascades_to_attached_children_only(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    run = await queue.enqueue(f.parent, 1)
+    await parked(store, run.id, "child")
+    kids = await _children(store, run.id)
+    await queue.cancel(run.id)
+    with pytest.raises(RunCancelled):
+        await run.result(timeout=10)
+    for kid, policy in kids.items():
+        row = await store.runs.get(kid)
+        assert row is not None
+        assert (row.status is RunStatus.CANCELLED) == (policy is OnParentExit.CANCEL)
+
+
+async def test_a_failed_child_fails_the_awaiting_parent(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    run = await queue.enqueue(f.parent, 2)
+    await parked(store, run.id, "child")
+    attached = next(
+        k for k, p in (await _children(store, run.id)).items() if p is OnParentExit.CANCEL
+    )
+    await queue.cancel(attached)
+    with pytest.raises(RunFailed) as info:
+        await run.result(timeout=10)
+    assert info.value.error["type"] == "ChildFailed"
+
+
+async def test_handoff_rounds_and_result_follows_the_lineage(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    run = await queue.enqueue(f.rounds, 2)
+    assert await run.result(timeout=10) == "done"
+    last = await store.runs.latest_round(run.id)
+    assert last is not None and last.round_ordinal == 2 and last.id == f"{run.id}@2"
+    assert last.parent_run_id == f"{run.id}@1"
+    kinds = [r.kind for r in await store.journal.records(run.id)]
+    assert "handed-off" in kinds
+
+
+async def test_max_rounds_exhausted_fails_the_round(worker: Worker, queue: AsyncQueue) -> None:
+    run = await queue.enqueue(f.rounds, 5)
+    with pytest.raises(RunFailed) as info:
+        await run.result(timeout=10)
+    assert info.value.error["type"] == "LineageExhausted"
+
+
+@pytest.mark.parametrize("parent_first", [True, False])
+async def test_child_admitted_around_a_parent_cancel_inherits_it(
+    settings: Settings, store: Store, parent_first: bool
+) -> None:
+    other = await Store.open(settings)
+    try:
+        for i in range(20):
+            parent = f"p-{parent_first}-{i}"
+            await store.runs.create(NewRun(id=parent, flow="t.leaf"))
+            child = NewRun(id=f"{parent}/c", flow="t.leaf", parent_id=parent)
+            if parent_first:
+                await store.lifecycle.request_cancel(parent)
+                await other.runs.create(child)
+            else:
+                await asyncio.gather(
+                    store.lifecycle.request_cancel(parent), other.runs.create(child)
+                )
+            row = await store.runs.get(child.id)
+            assert row is not None
+            assert row.cancel_requested_at_ms is not None or row.status is RunStatus.CANCELLED
+    finally:
+        await other.close()
+
+
+async def test_a_child_of_a_finished_parent_is_born_cancelled(store: Store) -> None:
+    from store.types import Owner
+
+    me = Owner("h", 1, "n")
+    created = await store.runs.create(NewRun(id="done-parent", flow="t.leaf"))
+    activated = await store.runs.claim_and_activate("done-parent", created.row.snapshot, me)
+    assert hasattr(activated, "row")
+    await store.lifecycle.transition_owned("done-parent", me, 1, RunStatus.COMPLETED)
+    await store.runs.create(NewRun(id="late-child", flow="t.leaf", parent_id="done-parent"))
+    row = await store.runs.get("late-child")
+    assert row is not None and row.cancel_requested_at_ms is not None
+
+
+async def test_a_settled_child_wakes_every_waiting_parent(store: Store) -> None:
+    """Diamond: one child, two parents parked on it; its settlement wakes both."""
+    from store.types import Owner, Waiting
+
+    me = Owner("h", 1, "n")
+    for p in ("left", "right"):
+        created = await store.runs.create(NewRun(id=p, flow="t.leaf"))
+        await store.runs.claim_and_activate(p, created.row.snapshot, me)
+    child = await store.runs.create(NewRun(id="shared", flow="t.leaf", parent_id="left"))
+    await store.dag.record_parent("shared", "right")
+    for p in ("left", "right"):
+        await store.waits.park(
+            p, me, 1, Waiting(reason="child", token="shared"), deferred="child:shared"
+        )
+    await store.runs.claim_and_activate("shared", child.row.snapshot, me)
+    await store.lifecycle.transition_owned(
+        "shared", me, 1, RunStatus.COMPLETED, state_patch={"result": 7}
+    )
+    for p in ("left", "right"):
+        row = await store.runs.get(p)
+        assert row is not None and row.waiting is None
+        done = await store.waits.deferred(p, "child:shared")
+        assert done is not None and done.value["result"] == 7
+
+
+async def test_scopes_are_inherited_and_enforced(
+    worker: Worker, settings: Settings, store: Store
+) -> None:
+    from store.errors import ScopeDenied
+
+    async with (
+        AsyncQueue("default", settings=settings, scopes=["tenant-a"]) as tenant,
+        AsyncQueue("default", settings=settings, scopes=["tenant-b"]) as stranger,
+    ):
+        run = await tenant.enqueue(f.parent, 3)
+        await parked(store, run.id, "child")
+        for kid in await _children(store, run.id):
+            row = await store.runs.get(kid)
+            assert row is not None and row.scopes == ("tenant-a",)
+        with pytest.raises(ScopeDenied):
+            await stranger.run(run.id).get_status()
+        with pytest.raises(ScopeDenied):
+            await stranger.cancel(run.id)
+        with pytest.raises(ScopeDenied):
+            await stranger.complete(run.id, "release")
+        await tenant.cancel(run.id)
+        with pytest.raises(RunCancelled):
+            await tenant.run(run.id).result(timeout=10)
+    await until(lambda: _settled(store, run.id), 5, "cancel to settle")
+
+
+async def _settled(store: Store, run_id: str) -> bool:
+    row = await store.runs.get(run_id)
+    return row is not None and row.status.terminal

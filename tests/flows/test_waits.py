@@ -1,0 +1,115 @@
+"""Durable waits: timers, events with timeouts, approvals, quotas, deadlines, sync bodies."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+import tests.flows.flows as f
+from broker import AsyncQueue, RunCancelled
+from store import Store
+from store.errors import InvalidInput
+from tests.flows.conftest import parked
+from worker.process import Worker
+
+
+async def test_long_sleep_parks_on_a_durable_clock(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    started = time.monotonic()
+    run = await queue.enqueue(f.sleeper, 2.5)
+    row = await parked(store, run.id, "timer")
+    assert row.waiting is not None and row.waiting.wake_at_ms is not None
+    (clock,) = await store.waits.pending_clocks(run.id)
+    assert clock.due_at_ms == row.waiting.wake_at_ms
+    assert await run.result(timeout=10) == "woke"
+    elapsed = time.monotonic() - started
+    assert 2.5 <= elapsed < 2.5 + 1.5
+    assert await store.waits.pending_clocks(run.id) == []
+
+
+async def test_short_sleep_holds_its_slot_but_stays_durable(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    run = await queue.enqueue(f.sleeper, 0.3)
+    assert await run.result(timeout=5) == "woke"
+    clock = await store.waits.clock(run.id, "sleep:sleep#1")
+    assert clock is not None and clock.completed_at_ms is not None
+
+
+async def test_event_timeout_raises_in_the_body(worker: Worker, queue: AsyncQueue) -> None:
+    run = await queue.enqueue(f.event_timeout)
+    assert await run.result(timeout=10) == "timed out"
+
+
+async def test_approval_with_token_actor_and_journal(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    run = await queue.enqueue(f.approver, 40)
+    row = await parked(store, run.id, "approval")
+    assert row.waiting is not None and row.waiting.request == {"amount": 40}
+    token = row.waiting.token
+    assert token
+    with pytest.raises(InvalidInput):
+        await queue.approve(run.id, "wrong-token", actor="mallory")
+    await queue.approve(run.id, token, {"limit": 50}, actor="alice", reason="within budget")
+    assert await run.result(timeout=10) == {
+        "approved": True,
+        "actor": "alice",
+        "value": {"limit": 50},
+    }
+    (decision,) = [r for r in await store.journal.records(run.id) if r.kind == "approval-approved"]
+    assert decision.payload["actor"] == "alice" and decision.payload["reason"] == "within budget"
+
+
+async def test_denial_is_a_falsy_decision(worker: Worker, queue: AsyncQueue, store: Store) -> None:
+    run = await queue.enqueue(f.approver, 99)
+    row = await parked(store, run.id, "approval")
+    assert row.waiting is not None and row.waiting.token is not None
+    await queue.deny(run.id, row.waiting.token, actor="bob", reason="too much")
+    assert (await run.result(timeout=10))["approved"] is False
+
+
+async def test_quota_parks_until_its_window(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    wake_at = await store.stats.now_ms() + 1500
+    run = await queue.enqueue(f.quota, wake_at)
+    await parked(store, run.id, "quota")
+    assert await run.result(timeout=10) == "after quota"
+    assert await store.stats.now_ms() >= wake_at
+
+
+async def test_deadline_cancels_through_the_ordinary_path(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    run = await queue.enqueue(f.slow)
+    row = await store.runs.get(run.id)
+    assert row is not None and row.state["deadline_ms"] - row.created_at_ms == 500
+    with pytest.raises(RunCancelled):
+        await run.result(timeout=10)
+    requests = [r for r in await store.journal.records(run.id) if r.kind == "cancel-requested"]
+    assert requests[0].payload["actor"] == "deadline"
+
+
+async def test_sync_flow_has_the_same_api(worker: Worker, queue: AsyncQueue, store: Store) -> None:
+    tag = uuid.uuid4().hex[:6]
+    run = await queue.enqueue(f.sync_flow, tag)
+    await parked(store, run.id, "event")
+    await queue.complete(run.id, "go", "value")
+    assert await run.result(timeout=10) == [1, "value"]
+    assert f.CALLS[f"{tag}:sync"] == 1
+
+
+async def test_clocks_of_a_settled_run_never_fire(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    run = await queue.enqueue(f.sleeper, 60)
+    await parked(store, run.id, "timer")
+    await queue.cancel(run.id)
+    with pytest.raises(RunCancelled):
+        await run.result(timeout=10)
+    assert await store.waits.pending_clocks(run.id) == []
+    assert [c.run_id for c in await store.waits.due_clocks()] == []

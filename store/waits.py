@@ -43,6 +43,10 @@ from store.types import (
 )
 
 
+CHILD_DEFERRED = "child:"
+"""Prefix of the deferred a parent awaits a child through (see waits.notify_parents)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Completion:
     """A deferred completion and whether it cleared the run's wait (caller sends a wake)."""
@@ -90,6 +94,13 @@ class Waits:
                 return NotOwner(current)
             if guard and current.cancel_requested_at_ms is not None:
                 return GuardFailed(current)
+            if deferred is not None and deferred.startswith(CHILD_DEFERRED):
+                # A settling child completes this deferred under the child's row lock, not
+                # ours (waits.notify_parents): wait for any settlement in flight to commit,
+                # or the check below misses its completion and the park is never woken.
+                await self._db.one(
+                    "waits.lock_child", {"id": deferred.removeprefix(CHILD_DEFERRED)}
+                )
             if deferred is not None and await self.deferred(run_id, deferred) is not None:
                 return AlreadySatisfied(deferred)
             await self._db.one(

@@ -77,6 +77,11 @@ VALUES (%(run_id)s, %(name)s, %(value)s, %(metadata)s, runfleet.now_ms())
 ON CONFLICT (run_id, name) DO NOTHING
 RETURNING run_id, name, value, metadata, completed_at_ms, consumed_at_ms;
 
+-- name: lock_child
+-- A parent parking on child:<id> waits here for a settlement of that child still in
+-- flight (it holds the child's row lock until it commits its notify_parents).
+SELECT 1 FROM runfleet.runs WHERE id = %(id)s FOR SHARE;
+
 -- name: deferred_get
 SELECT run_id, name, value, metadata, completed_at_ms, consumed_at_ms
   FROM runfleet.deferreds WHERE run_id = %(run_id)s AND name = %(name)s;

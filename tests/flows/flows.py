@@ -126,11 +126,11 @@ def append_ledger(run_id: str, step: int, epoch: int) -> int:
 
 
 @flow(name="t.ledger")
-async def ledger(ctx: Context, n: int) -> int:
+async def ledger(ctx: Context, n: int, pause: float = 0.03) -> int:
     total = 0
     for step in range(1, 6):
         total += await ctx.step(f"s{step}", append_ledger, ctx.run_id, step, ctx.epoch)
-        await asyncio.sleep(0.03)
+        await asyncio.sleep(pause)
     return total + n
 
 

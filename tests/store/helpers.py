@@ -184,6 +184,12 @@ async def extra_stores(settings: Settings, n: int) -> AsyncIterator[list[Store]]
             await opened.close()
 
 
+async def lock_waiters(database_url: str) -> int:
+    """Sessions of this test's database currently blocked on a lock."""
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        return await LockGate(conn).waiters()
+
+
 class LockGate:
     """Holds a lock so that contenders pile up behind it, then lets them all go at once.
 

@@ -1,0 +1,69 @@
+"""User mistakes and unreachable servers end as one clear line and a non-zero exit."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.broker.conftest import closed_port
+from tests.conftest import NewDatabase
+from tests.ops.conftest import Cli
+
+
+def _one_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", ["explain", "show", "journal", "tree", "cancel"])
+async def test_unknown_run(cli: Cli, command: str) -> None:
+    result = await cli(command, "no-such-run")
+    assert result.code == 1 and result.clean, result
+    assert _one_line(result.stderr) == "error: no run with id 'no-such-run'"
+
+
+async def test_database_unreachable(cli: Cli) -> None:
+    url = f"postgresql://postgres@127.0.0.1:{closed_port()}/postgres"
+    for args in (["runs"], ["explain", "x"], ["enqueue", "a:b"], ["stuck"]):
+        result = await cli(*args, database_url=url)
+        assert result.code == 1 and result.clean, (args, result)
+        assert _one_line(result.stderr).startswith("error: cannot reach the database:"), args
+
+
+async def test_redis_unreachable_for_fleet(cli: Cli) -> None:
+    result = await cli("fleet", redis_url=f"redis://127.0.0.1:{closed_port()}/0")
+    assert result.code == 1 and result.clean, result
+    assert _one_line(result.stderr).startswith("error: cannot reach Redis:")
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ("{not json", "error: --payload is not valid JSON:"),
+        ('"a string"', "error: --payload must be a JSON list (args) or object (kwargs)"),
+        ('{"args": 1}', 'error: --payload "args" must be a list and "kwargs" an object'),
+    ],
+)
+async def test_bad_payload(cli: Cli, payload: str, message: str) -> None:
+    result = await cli("enqueue", "tests.fleet.flows:add", "--payload", payload)
+    assert result.code == 1 and result.clean, result
+    assert _one_line(result.stderr).startswith(message)
+
+
+async def test_bad_durations_and_settings(cli: Cli) -> None:
+    result = await cli("stuck", "--pending-for", "soon")
+    assert result.code == 1 and "bad duration 'soon'" in _one_line(result.stderr)
+    result = await cli("runs", stale_after="-1")
+    assert result.code == 1 and _one_line(result.stderr).startswith(
+        "error: bad setting RUNFLEET_STALE_AFTER"
+    )
+
+
+async def test_unmigrated_database(cli: Cli, new_empty_database: NewDatabase) -> None:
+    url = await new_empty_database()
+    result = await cli("runs", database_url=url)
+    assert result.code == 1 and result.clean, result
+    assert _one_line(result.stderr) == (
+        "error: the database has no runfleet schema: run `runfleet migrate`"
+    )

@@ -119,6 +119,8 @@ class Driver:
             return resolve(row.flow)
         except UnknownFlow as exc:
             if row.id not in self._warned_unknown:
+                if len(self._warned_unknown) > 10_000:
+                    self._warned_unknown.clear()  # bounded memory; a rare repeat warning is fine
                 self._warned_unknown.add(row.id)
                 log.warning(
                     "run.unknown_flow",
@@ -162,10 +164,10 @@ class Driver:
     def _wakeable(self, row: RunRow) -> bool:
         waiting = row.waiting
         assert waiting is not None
-        if waiting.reason == WaitingReason.QUARANTINE.value:
-            return False  # only an operator's explicit resume moves a quarantined run
         if row.cancel_requested_at_ms is not None or waiting.reason == WaitingReason.RELEASED:
-            return True
+            return True  # a cancel closes any parked run, quarantined ones included
+        if waiting.reason == WaitingReason.QUARANTINE.value:
+            return False  # otherwise only an operator's explicit resume moves it
         # Timers and quotas wake when due; events and approvals when their timeout is.
         return waiting.wake_at_ms is not None and waiting.wake_at_ms <= row.now_ms
 

@@ -36,6 +36,7 @@ class Sweeper:
         self._pending_cursor: PendingCursor | None = None
         self._pending_through: PendingCursor | None = None
         self._cancel_cursor: PendingCursor | None = None
+        self._cycle_started = float("-inf")
 
     async def run(self, stop: asyncio.Event) -> None:
         interval = self._settings.sweep_interval
@@ -120,6 +121,11 @@ class Sweeper:
         sweeps = self._store.sweeps
         older = self._settings.stale_after_ms * 2
         if self._pending_through is None:
+            # A new cycle at most once per `older`: a backlog that merely waits for free
+            # slots must not collect a duplicate wake every tick.
+            if time.monotonic() - self._cycle_started < older / 1000:
+                return []
+            self._cycle_started = time.monotonic()
             self._pending_through = await sweeps.pending_tail(older_than_ms=older)
             self._pending_cursor = None
             if self._pending_through is None:

@@ -47,8 +47,21 @@ class WorkerProc:
         self.log_path = Path(tempfile.mkstemp(prefix="rf-worker-", suffix=".log")[1])
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ops", "worker", "--flows", flows, "--queues", queues,
-             "--concurrency", str(concurrency), "--log-level", "INFO", *extra_args],
+            [
+                sys.executable,
+                "-m",
+                "ops",
+                "worker",
+                "--flows",
+                flows,
+                "--queues",
+                queues,
+                "--concurrency",
+                str(concurrency),
+                "--log-level",
+                "INFO",
+                *extra_args,
+            ],
             env=settings_env(settings, **overrides),
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -66,8 +79,11 @@ class WorkerProc:
         return self.log_path.read_text(errors="replace")
 
     async def wait_started(self, timeout: float = 20.0) -> None:
-        await until(lambda: _true_if("worker.started" in self.log()), timeout,
-                    f"worker {self.pid} to start:\n{self.log()}")
+        await until(
+            lambda: _true_if("worker.started" in self.log()),
+            timeout,
+            f"worker {self.pid} to start:\n{self.log()}",
+        )
 
     async def wait_exit(self, timeout: float = 20.0) -> int:
         deadline = time.monotonic() + timeout
@@ -90,9 +106,7 @@ async def _true_if(value: bool) -> bool:
     return value
 
 
-async def until(
-    check: Callable[[], Awaitable[T | None | bool]], timeout: float, what: str
-) -> T:
+async def until(check: Callable[[], Awaitable[T | bool | None]], timeout: float, what: str) -> T:
     """Poll ``check`` until it returns something truthy, or fail naming ``what``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -106,7 +120,12 @@ async def until(
 
 async def running_on(store: Store, run_id: str, pid: int | None = None) -> RunRow | None:
     row = await store.runs.get(run_id)
-    if row and row.status.value == "running" and row.owner and (pid is None or row.owner.pid == pid):
+    if (
+        row
+        and row.status.value == "running"
+        and row.owner
+        and (pid is None or row.owner.pid == pid)
+    ):
         return row
     return None
 

@@ -79,9 +79,7 @@ async def _only(cli: Cli, pids: set[int]) -> bool:
     return await _pids(cli) == pids
 
 
-async def test_metrics_move_when_a_run_is_driven(
-    spawn: Spawn, queue: AsyncQueue, cli: Cli
-) -> None:
+async def test_metrics_move_when_a_run_is_driven(spawn: Spawn, queue: AsyncQueue, cli: Cli) -> None:
     port = free_port()
     worker = spawn(extra_args=["--metrics-port", str(port)])
     await worker.wait_started()

@@ -52,7 +52,9 @@ async def test_enqueue_payload_forms_and_idempotent_ids(store: Store, cli: Cli) 
     assert payloads[explicit.run_id] == {"args": [1], "kwargs": {"b": 2}}
     assert as_object.queue == "q2" and explicit.run_id == "fixed-1"
 
-    joined = await _enqueue(cli, ADD, "--payload", '{"args": [1], "kwargs": {"b": 2}}', "--id", "fixed-1")
+    joined = await _enqueue(
+        cli, ADD, "--payload", '{"args": [1], "kwargs": {"b": 2}}', "--id", "fixed-1"
+    )
     assert joined.run_id == "fixed-1"
     conflict = await cli("enqueue", ADD, "--payload", "[9, 9]", "--id", "fixed-1")
     assert conflict.code == 1 and conflict.clean
@@ -121,12 +123,17 @@ async def test_tree_shows_children_rounds_and_waits(store: Store, cli: Cli) -> N
     attached, detached, grandchild = f"{root}-a", f"{root}-d", f"{root}-a-g"
     await store.runs.create(NewRun(id=attached, flow="tests.forever", parent_id=root))
     await store.runs.create(
-        NewRun(id=detached, flow="tests.forever", parent_id=root, on_parent_exit=OnParentExit.DETACH)
+        NewRun(
+            id=detached, flow="tests.forever", parent_id=root, on_parent_exit=OnParentExit.DETACH
+        )
     )
     await store.runs.create(NewRun(id=grandchild, flow="tests.forever", parent_id=attached))
     await store.runs.create(
         NewRun(
-            id=f"{root}@1", flow="tests.forever", lineage_id=root, round_ordinal=1,
+            id=f"{root}@1",
+            flow="tests.forever",
+            lineage_id=root,
+            round_ordinal=1,
             previous_round_id=root,
         )
     )

@@ -99,7 +99,9 @@ async def test_stale_lease_of_a_live_owner_is_stuck_and_explained(
     assert "takeovers are refused" in explained.next.summary
 
     dead = Explanation.model_validate_json((await cli("explain", ghost.id, "--json")).stdout)
-    assert dead.owner_probe is not None and dead.owner_probe.evidence == "cross-host-unreachable-stale"
+    assert (
+        dead.owner_probe is not None and dead.owner_probe.evidence == "cross-host-unreachable-stale"
+    )
     assert "will try a takeover within" in dead.next.summary
 
 

@@ -1,0 +1,95 @@
+"""The README's Metrics and Logs sections list exactly what the code emits.
+
+Operators build dashboards and log queries from those tables, so a metric or log
+event added without documentation (or documented but gone) fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from worker import metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+_LEVELS = {"debug", "info", "warning", "error", "exception"}
+
+
+def _section(title: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    match = re.search(rf"^## {title}\n(.*?)(?=^## |\Z)", text, re.MULTILINE | re.DOTALL)
+    assert match, f"README.md has no '## {title}' section"
+    return match[1]
+
+
+def _rows(section: str) -> dict[str, list[str]]:
+    """First-column names (every backquoted name in it) -> the row's other cells."""
+    rows: dict[str, list[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 2 or not cells[0].startswith("`"):
+            continue
+        for name in re.findall(r"`([^`]+)`", cells[0]):
+            rows[name] = cells[1:]
+    return rows
+
+
+def _metrics() -> dict[str, tuple[str, tuple[str, ...]]]:
+    found: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for value in vars(metrics).values():
+        if isinstance(value, Counter | Gauge | Histogram):
+            (family,) = value.describe()
+            name = family.name + ("_total" if family.type == "counter" else "")
+            # prometheus_client keeps label names private; tests may read them.
+            found[name] = (family.type, tuple(value._labelnames))
+    return found
+
+
+def test_metric_names_follow_prometheus_conventions() -> None:
+    for name, (kind, labels) in _metrics().items():
+        assert re.fullmatch(r"runfleet_[a-z_]+", name), name
+        assert name.endswith("_total") == (kind == "counter"), name
+        if kind == "histogram" and ("duration" in name or "latency" in name):
+            assert name.endswith("_seconds"), name
+        assert all(re.fullmatch(r"[a-z_]+", label) for label in labels), (name, labels)
+
+
+def test_readme_lists_every_metric_with_its_labels() -> None:
+    documented = _rows(_section("Metrics"))
+    emitted = _metrics()
+    assert set(documented) == set(emitted)
+    for name, (kind, labels) in emitted.items():
+        doc_kind, doc_labels = documented[name][0], documented[name][1]
+        assert doc_kind == kind, name
+        assert set(re.findall(r"`([^`]+)`", doc_labels)) == set(labels), name
+
+
+def _log_events() -> set[str]:
+    events: set[str] = set()
+    for folder in ("worker", "broker", "store", "ops"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                    continue
+                target = node.func.value
+                if node.func.attr not in _LEVELS or not isinstance(target, ast.Name):
+                    continue
+                if target.id != "log" or not node.args:
+                    continue
+                first = node.args[0]
+                if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                    events.add(first.value)
+    # broker/notify.py passes its event names through a variable: the literal names.
+    source = (ROOT / "broker" / "notify.py").read_text()
+    events |= set(re.findall(r'"(notify\.[a-z_]+_failed)"', source))
+    return events
+
+
+def test_readme_lists_every_log_event() -> None:
+    documented = set(_rows(_section("Logs")))
+    emitted = _log_events()
+    assert emitted - documented == set(), "undocumented log events"
+    assert documented - emitted == set(), "documented events nothing emits"

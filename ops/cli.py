@@ -8,8 +8,7 @@ from typing import Annotated
 import typer
 
 from ops import cli_fleet, cli_produce, cli_runs, doctor
-from ops.cli_common import console, fail
-from store.config import Settings
+from ops.cli_common import console, fail, settings
 
 __all__ = ["app", "fail", "main"]
 
@@ -31,7 +30,7 @@ def migrate(
 
     from store.migrate import migrate as run_migrations
 
-    url = database_url or Settings().database_url
+    url = database_url or settings().database_url
     try:
         applied = asyncio.run(run_migrations(url))
     except psycopg.OperationalError as exc:
@@ -62,14 +61,14 @@ def worker(
         log_level=log_level,
         log_json=log_json,
     )
-    settings = Settings()
+    cfg = settings()
     if processes == 1:
-        run_foreground(settings, options)
+        run_foreground(cfg, options)
         return
     from ops.logs import configure
 
     configure(log_level, json_lines=log_json)
-    raise typer.Exit(supervise(settings, options, processes))
+    raise typer.Exit(supervise(cfg, options, processes))
 
 
 def _mount() -> None:

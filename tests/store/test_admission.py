@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -12,6 +13,7 @@ from store import Store
 from store.config import Settings
 from store.errors import ExecutionIdentityConflict, InvalidInput
 from store.types import (
+    CancelRequested,
     Created,
     Joined,
     NewRun,
@@ -24,8 +26,11 @@ from tests.store.helpers import (
     count,
     counts,
     create,
+    db_now,
+    eventually,
     extra_stores,
     journal_kinds,
+    lock_waiters,
     make_running,
     must_get,
     race,
@@ -291,3 +296,39 @@ async def test_another_id_for_a_taken_lineage_round_is_refused(
     assert caught.value.field == "round_ordinal"
     assert await counts(database_url) == before
     assert await store.runs.get("imposter") is None
+
+
+async def test_timeout_sets_a_deadline_on_the_database_clock(store: Store) -> None:
+    before = await db_now(store)
+    row = await create(store, "r1", timeout_ms=5_000)
+    deadline = row.state["deadline_ms"]
+    assert before + 5_000 <= deadline <= row.now_ms + 5_000
+    assert (await create(store, "r2", deadline_ms=42)).state["deadline_ms"] == 42
+
+
+async def test_get_many_reads_the_runs_that_exist(store: Store) -> None:
+    await create(store, "a")
+    await create(store, "b")
+    rows = await store.runs.get_many(["b", "ghost", "a"])
+    assert sorted(r.id for r in rows) == ["a", "b"]
+    assert await store.runs.get_many([]) == []
+
+
+async def test_get_for_update_holds_the_row_until_the_transaction_ends(
+    settings: Settings, store: Store
+) -> None:
+    await create(store, "r1")
+    assert (await must_get(store, "r1")).id == "r1"
+    async with extra_stores(settings, 1) as (other,):
+        async with store.transaction():
+            locked = await store.runs.get_for_update("r1")
+            assert locked is not None and locked.id == "r1"
+            cancel = asyncio.ensure_future(other.lifecycle.request_cancel("r1"))
+            await eventually(
+                partial(lock_waiters, settings.database_url),
+                lambda n: n >= 1 or cancel.done(),
+                "the cancel to wait for the row lock",
+            )
+            assert not cancel.done(), "a locked row was written by another transaction"
+        assert isinstance(await cancel, CancelRequested)
+    assert await store.runs.get_for_update("ghost") is None

@@ -118,19 +118,21 @@ async def test_park_waits_for_a_child_settlement_in_flight(
                 await may_commit.wait()
 
         settler = asyncio.ensure_future(settle())
-        await settling.wait()
-        park = asyncio.ensure_future(
-            store.waits.park("parent", OWNER_A, 1, child_wait("kid"), deferred="child:kid")
-        )
-        # The park must not decide while the settlement is in flight.
-        await eventually(
-            partial(lock_waiters, settings.database_url),
-            lambda n: n >= 1 or park.done(),
-            "the park to wait for the child's settlement",
-        )
-        assert not park.done(), f"decided too early: {park.result()!r}"
-        may_commit.set()
-        await settler
+        try:
+            await settling.wait()
+            park = asyncio.ensure_future(
+                store.waits.park("parent", OWNER_A, 1, child_wait("kid"), deferred="child:kid")
+            )
+            # The park must not decide while the settlement is in flight.
+            await eventually(
+                partial(lock_waiters, settings.database_url),
+                lambda n: n >= 1 or park.done(),
+                "the park to wait for the child's settlement",
+            )
+            assert not park.done(), f"decided too early: {park.result()!r}"
+        finally:
+            may_commit.set()  # never leave the settlement's transaction open
+            await settler
         outcome = await park
     assert outcome == AlreadySatisfied("child:kid")
     parent = await must_get(store, "parent")
@@ -140,7 +142,7 @@ async def test_park_waits_for_a_child_settlement_in_flight(
 async def test_race_child_settlement_against_parent_park_is_never_lost(
     settings: Settings, store: Store
 ) -> None:
-    seen: set[str] = set()
+    """Free-running (the interleavings are pinned down by the tests above): never lost."""
     async with extra_stores(settings, 2) as (parent_side, child_side):
         for i in range(ITERATIONS):
             parent_id, kid_id = f"parent-{i}", f"kid-{i}"
@@ -170,9 +172,6 @@ async def test_race_child_settlement_against_parent_park_is_never_lost(
             assert await store.waits.deferred(parent_id, f"child:{kid_id}") is not None
             if isinstance(parked, AlreadySatisfied):
                 assert parent.status is RunStatus.RUNNING
-                seen.add("satisfied")
             else:
                 assert isinstance(parked, Parked), parked
                 assert parent.status is RunStatus.SUSPENDED
-                seen.add("woken")
-    assert seen == {"satisfied", "woken"}, "both orders must have been exercised"

@@ -190,3 +190,26 @@ async def test_try_lock_is_released_when_the_transaction_rolls_back(
         except Boom:
             pass
         assert await other.sweeps.try_lock(SweepKind.LOST_PENDING) is True
+
+
+# ---- runnable suspended ------------------------------------------------------
+
+
+async def test_runnable_suspended_lists_woken_runs_nobody_resumed(store: Store) -> None:
+    await make_parked(store, "woken-1", Waiting("event"))
+    await make_parked(store, "woken-2", Waiting("event"))
+    await make_parked(store, "still-waiting", Waiting("event"))
+    await make_parked(store, "claimed", Waiting("event"))
+    for run_id in ("woken-1", "woken-2", "claimed"):
+        await store.waits.wake(run_id)
+    claimed = await must_get(store, "claimed")
+    assert isinstance(await store.runs.claim("claimed", claimed.snapshot, OWNER_B), Claimed)
+    rows = [await must_get(store, r) for r in ("woken-1", "woken-2", "claimed")]
+    await wait_db_time_past(store, max(r.updated_at_ms for r in rows))
+    expected = [r.id for r in sorted(rows[:2], key=lambda r: (r.updated_at_ms, r.id))]
+
+    assert await store.sweeps.runnable_suspended(older_than_ms=0) == expected
+    assert await store.sweeps.runnable_suspended(older_than_ms=0, limit=1) == expected[:1]
+    assert await store.sweeps.runnable_suspended(older_than_ms=3_600_000) == []
+    await activate(store, "woken-1", OWNER_C)
+    assert await store.sweeps.runnable_suspended(older_than_ms=0) == ["woken-2"]

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from functools import partial
 
+import pytest
+
 from store import Store
 from store.config import Settings
+from store.errors import InvalidInput
 from store.types import (
     AlreadySatisfied,
     DeferredCompleted,
@@ -26,6 +29,7 @@ from tests.store.helpers import (
     OWNER_A,
     OWNER_B,
     activate,
+    counts,
     create,
     extra_stores,
     journal_kinds,
@@ -318,3 +322,54 @@ async def test_race_completion_against_park_is_never_lost(
             deferred = await store.waits.deferred(run_id, "evt")
             assert deferred is not None and deferred.value == {"i": run_id}
     assert seen == {"satisfied", "woken"}, "both orders must have been exercised"
+
+
+# ---- approvals ---------------------------------------------------------------
+
+
+async def test_answer_approval_needs_the_pending_token(store: Store) -> None:
+    await make_parked(
+        store, "r1", Waiting("approval", token="tok-1", request={"amount": 3}), deferred="appr"
+    )
+    assert await store.waits.answer_approval("r1", "wrong", approved=True, actor="alice") is None
+    assert (await must_get(store, "r1")).waiting is not None
+    done = await store.waits.answer_approval(
+        "r1", "tok-1", approved=True, value={"limit": 9}, actor="alice", reason="fine"
+    )
+    assert done is not None and done.woke is True
+    assert isinstance(done.outcome, DeferredCompleted)
+    assert done.outcome.row.value == {
+        "approved": True,
+        "value": {"limit": 9},
+        "actor": "alice",
+        "reason": "fine",
+    }
+    record = (await store.journal.last("r1", limit=1))[0]
+    assert record.kind == "approval-approved"
+    assert record.payload == {"token": "tok-1", "actor": "alice", "reason": "fine"}
+    # Answered: the token is no longer pending, a second answer changes nothing.
+    assert await store.waits.answer_approval("r1", "tok-1", approved=False, actor="bob") is None
+    kept = await store.waits.deferred("r1", "appr")
+    assert kept is not None and kept.value["approved"] is True
+
+
+async def test_a_denial_is_journaled_as_such(store: Store) -> None:
+    await make_parked(store, "r1", Waiting("approval", token="t"), deferred="appr")
+    done = await store.waits.answer_approval("r1", "t", approved=False, actor="bob")
+    assert done is not None and done.woke is True
+    assert (await store.journal.last("r1", limit=1))[0].kind == "approval-denied"
+
+
+async def test_answer_approval_refuses_a_run_not_awaiting_approval(
+    store: Store, database_url: str
+) -> None:
+    await make_parked(store, "r1", Waiting("event", token="t"), deferred="evt")
+    assert await store.waits.answer_approval("r1", "t", approved=True, actor="alice") is None
+    before = await counts(database_url)
+    with pytest.raises(InvalidInput) as caught:
+        await store.waits.answer_approval("ghost", "t", approved=True, actor="alice")
+    assert caught.value.field == "run_id"
+    with pytest.raises(InvalidInput) as caught:
+        await store.waits.answer_approval("r1", "t", approved=True, actor="")
+    assert caught.value.field == "actor"
+    assert await counts(database_url) == before

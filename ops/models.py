@@ -271,3 +271,11 @@ class CancelResult(_Model):
     run_id: str
     outcome: Literal["requested", "already-requested", "already-terminal"]
     status: RunStatus
+
+
+class AnswerResult(_Model):
+    """What ``resume``, ``approve``, ``deny`` and ``complete`` did to a run."""
+
+    run_id: str
+    action: Literal["resumed", "approved", "denied", "completed", "already-completed"]
+    status: RunStatus

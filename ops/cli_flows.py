@@ -1,0 +1,129 @@
+"""Answering durable flows from a shell: ``complete``, ``approve``, ``deny``, ``resume``.
+
+Each goes through ``broker.AsyncQueue`` as a producer's code would, so scope
+checks, the journal record (who answered, when, why) and the wake hint are the
+same whichever way an answer arrives.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+import typer
+
+from broker import AsyncQueue
+from ops import cli_common as c
+from ops.cli_produce import Scopes, actor
+from ops.models import AnswerResult
+
+Token = Annotated[str, typer.Option("--token", help="The token the approval wait shows.")]
+Actor = Annotated[str | None, typer.Option("--actor", help="Who decides (default: you).")]
+Reason = Annotated[str | None, typer.Option("--reason", help="Why, for the journal.")]
+Value = Annotated[str | None, typer.Option("--value", help="A JSON value to hand the flow.")]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("complete")(complete)
+    app.command("approve")(approve)
+    app.command("deny")(deny)
+    app.command("resume")(resume)
+
+
+def _json(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        c.fail(f"--value is not valid JSON: {exc}")
+
+
+def _act(
+    run_id: str,
+    scopes: list[str] | None,
+    action: str,
+    call: Callable[[AsyncQueue], Awaitable[str | None]],
+    as_json: bool,
+) -> None:
+    async def go() -> AnswerResult:
+        cfg = c.settings()
+        await c.check_database(cfg.database_url)
+        async with AsyncQueue("default", settings=cfg, scopes=scopes or []) as q:
+            done = await call(q) or action
+            row = await q.authorized(run_id)
+        return AnswerResult(run_id=run_id, action=done, status=row.status)  # type: ignore[arg-type]
+
+    result = c.run(go())
+    if as_json:
+        c.emit(result)
+        return
+    c.console.print(f"run {run_id}: {result.action}; it is {result.status.value}", markup=False)
+
+
+def complete(
+    run_id: Annotated[str, typer.Argument(help="The run's id.")],
+    event: Annotated[str, typer.Argument(help="The event name the flow waits for.")],
+    value: Value = None,
+    scope: Scopes = None,
+    as_json: c.AsJson = False,
+) -> None:
+    """Complete an event a flow waits for (``ctx.wait_for``); the first answer wins."""
+    payload = _json(value)
+
+    async def call(q: AsyncQueue) -> str:
+        first = await q.complete(run_id, event, payload)
+        return "completed" if first else "already-completed"
+
+    _act(run_id, scope, "completed", call, as_json)
+
+
+def _decide(approved: bool) -> Callable[..., None]:
+    def command(
+        run_id: Annotated[str, typer.Argument(help="The run's id.")],
+        token: Token,
+        value: Value = None,
+        who: Actor = None,
+        reason: Reason = None,
+        scope: Scopes = None,
+        as_json: c.AsJson = False,
+    ) -> None:
+        payload = _json(value)
+
+        async def call(q: AsyncQueue) -> None:
+            answer = q.approve if approved else q.deny
+            await answer(run_id, token, payload, actor=who or actor(), reason=reason)
+
+        _act(run_id, scope, "approved" if approved else "denied", call, as_json)
+
+    command.__doc__ = ("Approve" if approved else "Deny") + " the approval a run is parked on."
+    return command
+
+
+approve = _decide(True)
+deny = _decide(False)
+
+
+def resume(
+    run_id: Annotated[str, typer.Argument(help="The quarantined run's id.")],
+    accept_recorded: Annotated[
+        bool, typer.Option("--accept-recorded", help="Trust the recorded outputs as they are.")
+    ] = False,
+    rerun_step: Annotated[
+        str | None, typer.Option("--rerun-step", help="Forget this step's record and run it again.")
+    ] = None,
+    who: Actor = None,
+    scope: Scopes = None,
+    as_json: c.AsJson = False,
+) -> None:
+    """Move a quarantined run on (journaled with who decided)."""
+    if accept_recorded == (rerun_step is not None):
+        c.fail("choose exactly one of --accept-recorded or --rerun-step KEY")
+
+    async def call(q: AsyncQueue) -> None:
+        await q.resume(
+            run_id, accept_recorded=accept_recorded, rerun_step=rerun_step, actor=who or actor()
+        )
+
+    _act(run_id, scope, "resumed", call, as_json)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from store import Store, SweepKind
 from store.config import Settings
-from store.types import Claimed, PendingCursor, RunStatus, Waiting
+from store.types import Activated, Claimed, PendingCursor, RunStatus, Waiting
 from tests.store.helpers import (
     OWNER_A,
     OWNER_B,
@@ -149,7 +149,7 @@ async def test_stranded_claims_lists_claims_older_than_the_limit(store: Store) -
     assert await store.sweeps.stranded_claims(3_600_000) == []
     claimed_at = ats[1][1]
     activated = await store.runs.activate("k2", OWNER_B, claimed_at)
-    assert not isinstance(activated, Claimed)
+    assert isinstance(activated, Activated)
     assert [s[0] for s in await store.sweeps.stranded_claims(0)] == ["k1"]
     assert await store.runs.abandon_claim("k1", OWNER_A)
     assert await store.sweeps.stranded_claims(0) == []

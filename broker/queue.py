@@ -186,8 +186,7 @@ class AsyncQueue:
         )
 
     async def _admit(self, news: list[NewRun]) -> list[AsyncRun]:
-        async with self.store.transaction():
-            rows = [await self.store.runs.create(new) for new in news]
+        rows = await self.store.runs.create_many(news)
         ready = [o.row for o in rows if o.row.status is RunStatus.PENDING and o.row.waiting is None]
         now = int(time.time() * 1000)
         messages = [

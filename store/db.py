@@ -11,7 +11,9 @@ import contextvars
 import itertools
 import secrets
 import socket
-from collections.abc import AsyncIterator
+import time
+import weakref
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -54,19 +56,51 @@ class Database:
             finally:
                 self._current.reset(token)
 
+    @asynccontextmanager
+    async def _statement(self) -> AsyncIterator[Conn]:
+        """The connection for one statement: the open transaction's, else a pooled one.
+
+        No savepoint and no BEGIN/COMMIT around a single statement: it is atomic on its
+        own (the pool's connections autocommit), and inside a transaction a failing
+        statement propagates and rolls the whole block back anyway. The wrappers cost
+        two or three extra round trips per statement, which dominated the fast path.
+        """
+        current = self._current.get()
+        if current is not None:
+            yield current
+            return
+        async with self.pool.connection() as conn:
+            yield conn
+
     async def one(self, name: str, params: dict[str, Any] | None = None) -> DictRow | None:
-        async with self.transaction() as conn:
+        async with self._statement() as conn:
             cur = await conn.execute(q(name), params or {})
             return await cur.fetchone()
 
     async def execute(self, name: str, params: dict[str, Any] | None = None) -> int:
         """Run a statement for its effect; the number of rows it touched."""
-        async with self.transaction() as conn:
+        async with self._statement() as conn:
             cur = await conn.execute(q(name), params or {})
             return cur.rowcount
 
+    async def many(self, name: str, params_seq: Sequence[dict[str, Any]]) -> list[DictRow | None]:
+        """Run one statement once per parameter set, pipelined; each run's first row or None.
+
+        One network round for the whole batch instead of one per execution.
+        """
+        if not params_seq:
+            return []
+        async with self._statement() as conn:
+            cur = conn.cursor()
+            await cur.executemany(q(name), params_seq, returning=True)
+            rows: list[DictRow | None] = []
+            while True:
+                rows.append(await cur.fetchone())
+                if not cur.nextset():
+                    return rows
+
     async def all(self, name: str, params: dict[str, Any] | None = None) -> list[DictRow]:
-        async with self.transaction() as conn:
+        async with self._statement() as conn:
             cur = await conn.execute(q(name), params or {})
             return await cur.fetchall()
 
@@ -80,12 +114,37 @@ async def open_pool(
         max_size=max_size or settings.pool_max,
         kwargs={"autocommit": True, "row_factory": dict_row},
         connection_class=AsyncConnection[DictRow],
-        check=AsyncConnectionPool.check_connection,
+        check=_check_if_idle,
+        reset=_mark_returned,
         open=False,
         name="runfleet",
     )
     await pool.open(wait=True, timeout=30)
     return pool
+
+
+CHECK_AFTER_IDLE_S = 0.5
+"""A pooled connection idle longer than this is probed before it is handed out."""
+
+_returned_at: weakref.WeakKeyDictionary[Conn, float] = weakref.WeakKeyDictionary()
+
+
+async def _mark_returned(conn: Conn) -> None:
+    _returned_at[conn] = time.monotonic()
+
+
+async def _check_if_idle(conn: Conn) -> None:
+    """Probe a connection before reuse, unless it was back in the pool only moments ago.
+
+    The probe (an empty query) finds connections a server restart or a cut network
+    broke while they sat idle. Probing every checkout cost one round trip per
+    statement; a connection returned within ``CHECK_AFTER_IDLE_S`` was answering then,
+    and if it broke since, its statement fails as an infrastructure error, which every
+    caller already retries, and the pool discards it on return.
+    """
+    returned = _returned_at.get(conn)
+    if returned is None or time.monotonic() - returned > CHECK_AFTER_IDLE_S:
+        await AsyncConnectionPool.check_connection(conn)
 
 
 def default_source_id() -> str:

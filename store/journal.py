@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -69,6 +70,18 @@ def evidence_address(run_id: str, owner: Owner | None, lease_ms: int | None, kin
     return f"evidence:{run_id}:{who}:{lease_ms}:{kind}"
 
 
+def _append_params(records: Sequence[tuple[str, str, str, int, dict[str, Any]]]) -> dict[str, Any]:
+    """``journal.append``'s parallel arrays for ``(run, kind, source, seq, payload)``s."""
+    return {
+        "run_id": [r[0] for r in records],
+        "kind": [r[1] for r in records],
+        "source_id": [r[2] for r in records],
+        "source_seq": [r[3] for r in records],
+        "payload": [Jsonb(r[4]) for r in records],
+        "digest": [digest(r[4]) for r in records],
+    }
+
+
 class Journal:
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -78,20 +91,27 @@ class Journal:
 
         Failure is fatal on purpose: it propagates and rolls back the CAS with it.
         """
-        row = await self._db.one(
-            "journal.append",
-            {
-                "run_id": run_id,
-                "kind": kind,
-                "source_id": self._db.source_id,
-                "source_seq": self._db.next_source_seq(),
-                "payload": Jsonb(payload),
-                "digest": digest(payload),
-            },
-        )
+        row = await self._db.one("journal.append", self._own([(run_id, kind, payload)]))
         if row is None:
             raise RuntimeError(f"journal address collision for {self._db.source_id}")
         return int(row["seq"])
+
+    async def record_many(self, items: Sequence[tuple[str, str, dict[str, Any]]]) -> None:
+        """``record`` for a batch of ``(run_id, kind, payload)``, in one statement."""
+        if not items:
+            return
+        rows = await self._db.all("journal.append", self._own(items))
+        if len(rows) != len(items):
+            raise RuntimeError(f"journal address collision for {self._db.source_id}")
+
+    def _own(self, items: Sequence[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
+        """``journal.append``'s arrays for records at this process's next addresses."""
+        return _append_params(
+            [
+                (run_id, kind, self._db.source_id, self._db.next_source_seq(), payload)
+                for run_id, kind, payload in items
+            ]
+        )
 
     async def emit_owned(
         self, run_id: str, owner: Owner, epoch: int, kind: str, payload: dict[str, Any]
@@ -129,14 +149,7 @@ class Journal:
         The same payload at the same address is a ``Duplicate``; a different one
         is a ``Conflict`` (logged — audit records never stop a driver).
         """
-        params = {
-            "run_id": run_id,
-            "kind": kind,
-            "source_id": source_id,
-            "source_seq": source_seq,
-            "payload": Jsonb(payload),
-            "digest": digest(payload),
-        }
+        params = _append_params([(run_id, kind, source_id, source_seq, payload)])
         async with self._db.transaction():
             row = await self._db.one("journal.append", params)
             if row is not None:
@@ -146,7 +159,7 @@ class Journal:
             )
         if existing is None:  # pragma: no cover - the conflicting row cannot vanish
             raise RuntimeError(f"journal address {source_id}/{source_seq} vanished")
-        if existing["digest"] == params["digest"]:
+        if existing["digest"] == params["digest"][0]:
             return Duplicate(int(existing["seq"]))
         log.warning(
             "journal.idempotency_conflict",

@@ -6,6 +6,7 @@ same transaction; zero rows updated is reported as the outcome that explains why
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -124,6 +125,39 @@ class Runs:
         if new.max_rounds is not None and new.max_rounds < 1:
             raise InvalidInput("max_rounds", "must be >= 1 when given")
 
+    def _insert_params(
+        self, news: Sequence[NewRun], states: Sequence[dict[str, Any]], inherit: bool
+    ) -> dict[str, Any]:
+        """``runs.insert``'s parallel arrays for a batch of admissions."""
+        return {
+            "id": [n.id for n in news],
+            "flow": [n.flow for n in news],
+            "queue": [n.queue for n in news],
+            "state": [Jsonb(state) for state in states],
+            "lineage_id": [n.lineage_id or n.id for n in news],
+            "round_ordinal": [n.round_ordinal for n in news],
+            "previous_round_id": [n.previous_round_id for n in news],
+            "inherit_cancel": [inherit for _ in news],
+            "delay_until_ms": [n.delay_until_ms for n in news],
+            "timeout_ms": [n.timeout_ms for n in news],
+        }
+
+    async def _joined(self, new: NewRun, state: dict[str, Any]) -> Joined:
+        """The insert found the id taken: join the run if its identity matches ours."""
+        existing = await self.get(new.id)
+        if existing is None:  # the insert lost on (lineage_id, round_ordinal)
+            raise InvalidInput(
+                "round_ordinal",
+                f"round {new.round_ordinal} of lineage {new.lineage_id or new.id!r}"
+                " already belongs to another run",
+            )
+        self._check_identity(existing, new, state)
+        return Joined(existing)
+
+    @staticmethod
+    def _created_record(new: NewRun, inherit: bool) -> dict[str, Any]:
+        return {"flow": new.flow, "queue": new.queue, "inherited_cancel": inherit}
+
     async def create(self, new: NewRun) -> CreateOutcome:
         """Admit a run (row + ``created`` record + parent edge) in one transaction.
 
@@ -146,40 +180,48 @@ class Runs:
                 inherit = new.on_parent_exit is OnParentExit.CANCEL and (
                     parent.cancel_requested_at_ms is not None or parent.status.terminal
                 )
-            row = await self._db.one(
-                "runs.insert",
-                {
-                    "id": new.id,
-                    "flow": new.flow,
-                    "queue": new.queue,
-                    "state": Jsonb(state),
-                    "lineage_id": new.lineage_id or new.id,
-                    "round_ordinal": new.round_ordinal,
-                    "previous_round_id": new.previous_round_id,
-                    "inherit_cancel": inherit,
-                    "delay_until_ms": new.delay_until_ms,
-                    "timeout_ms": new.timeout_ms,
-                },
-            )
+            row = await self._db.one("runs.insert", self._insert_params([new], [state], inherit))
             if row is None:
-                existing = await self.get(new.id)
-                if existing is None:  # the insert lost on (lineage_id, round_ordinal)
-                    raise InvalidInput(
-                        "round_ordinal",
-                        f"round {new.round_ordinal} of lineage {new.lineage_id or new.id!r}"
-                        " already belongs to another run",
-                    )
-                self._check_identity(existing, new, state)
-                return Joined(existing)
+                return await self._joined(new, state)
             created = run_row(row)
-            await self._journal.record(
-                new.id,
-                Kind.CREATED,
-                {"flow": new.flow, "queue": new.queue, "inherited_cancel": inherit},
-            )
+            await self._journal.record(new.id, Kind.CREATED, self._created_record(new, inherit))
             if new.parent_id is not None:
                 await self._dag.record_parent(new.id, new.parent_id)
             return Created(created)
+
+    async def create_many(self, news: Sequence[NewRun]) -> list[CreateOutcome]:
+        """Admit a batch in one transaction, all or nothing, with ``create``'s rules.
+
+        Parentless runs (the producer's case) go as one multi-row insert and one
+        pipelined round of ``created`` records; a batch with children takes ``create`` run by run,
+        since each child locks its parent's row.
+        """
+        if len(news) == 1:
+            return [await self.create(news[0])]  # its own transaction, no savepoint
+        async with self._db.transaction():
+            if any(new.parent_id is not None for new in news):
+                return [await self.create(new) for new in news]
+            for new in news:
+                self._validate(new)
+            states = [self._state(new) for new in news]
+            rows = await self._db.all("runs.insert", self._insert_params(news, states, False))
+            inserted = {row["id"]: row for row in rows}
+            outcomes: list[CreateOutcome] = []
+            for new, state in zip(news, states, strict=True):
+                # Missing: the id was taken, possibly earlier in this very batch (the
+                # first of two same-id specs is inserted, the second joins it).
+                row = inserted.pop(new.id, None)
+                outcomes.append(
+                    Created(run_row(row)) if row else await self._joined(new, state)
+                )
+            await self._journal.record_many(
+                [
+                    (o.row.id, Kind.CREATED, self._created_record(new, False))
+                    for new, o in zip(news, outcomes, strict=True)
+                    if isinstance(o, Created)
+                ]
+            )
+            return outcomes
 
     def _check_identity(self, existing: RunRow, new: NewRun, state: dict[str, Any]) -> None:
         wanted = [

@@ -8,6 +8,7 @@ never see each other's rows or keys, nor those left by an earlier run.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING
@@ -22,7 +23,10 @@ from store.config import Settings
 from store.migrate import migrate
 
 if TYPE_CHECKING:
+    from broker import AsyncQueue
     from store import Store
+    from tests.fleet.procs import Spawn
+    from worker.process import Worker
 
 NewDatabase = Callable[[], Awaitable[str]]
 
@@ -134,3 +138,46 @@ async def store(settings: Settings) -> AsyncIterator[Store]:
         yield opened
     finally:
         await opened.close()
+
+
+# ---- fleets: real worker processes, an in-process worker, a producer -----------
+
+
+@pytest.fixture
+async def spawn(settings: Settings) -> AsyncIterator[Spawn]:
+    """Start real ``runfleet worker`` processes (keyword arguments override settings)."""
+    from tests.fleet.procs import WorkerProc
+
+    started: list[WorkerProc] = []
+
+    def start(**overrides: object) -> WorkerProc:
+        proc = WorkerProc(settings, **overrides)  # type: ignore[arg-type]
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.close()
+
+
+@pytest.fixture
+async def worker(settings: Settings) -> AsyncIterator[Worker]:
+    """A worker running in the test's own event loop (its flows are whatever is imported)."""
+    from worker.process import Worker
+
+    w = Worker(settings, queues=["default"], concurrency=8)
+    task = asyncio.create_task(w.run())
+    await asyncio.wait_for(w.started.wait(), 10)
+    try:
+        yield w
+    finally:
+        w.stop(hard=True)
+        await asyncio.wait_for(task, 15)
+
+
+@pytest.fixture
+async def queue(settings: Settings) -> AsyncIterator[AsyncQueue]:
+    from broker import AsyncQueue
+
+    async with AsyncQueue("default", settings=settings) as q:
+        yield q

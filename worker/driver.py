@@ -270,7 +270,8 @@ class Driver:
             if row.cancel_requested_at_ms is not None or flow is None:
                 await self.settlement.cancelled(row, row.epoch)
                 return
-            ctx.records = {r.position: r for r in await self.store.steps.of_run(row.id)}
+            if row.epoch > 1:  # a first activation has no predecessor that could have recorded
+                ctx.records = {r.position: r for r in await self.store.steps.of_run(row.id)}
             execution.task = asyncio.create_task(self._call(flow, ctx), name=f"run:{row.id}")
             await asyncio.wait({execution.task})
             await self._settle(row, flow, execution)

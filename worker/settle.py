@@ -115,6 +115,8 @@ class Settlement:
         if self._schedule is None:
             return
         parents = await self._store.dag.parents(row.id)
+        if not parents:
+            return
         for parent in await self._store.runs.get_many([e.parent_id for e in parents]):
             if parent.waiting is None and not parent.status.terminal:
                 await self._schedule(parent)

@@ -1,9 +1,14 @@
 -- The journal: append-only decisions, addressed by (source_id, source_seq).
 
 -- name: append
+-- One record or a batch, from parallel arrays; a record whose address is taken is
+-- not inserted and not returned (the caller decides whether that is an error).
 INSERT INTO runfleet.journal (run_id, kind, source_id, source_seq, payload, digest, at_ms)
-VALUES (%(run_id)s, %(kind)s, %(source_id)s, %(source_seq)s, %(payload)s, %(digest)s,
-        runfleet.now_ms())
+SELECT b.run_id, b.kind, b.source_id, b.source_seq, b.payload, b.digest, runfleet.now_ms()
+  FROM unnest(%(run_id)s::text[], %(kind)s::text[], %(source_id)s::text[],
+              %(source_seq)s::bigint[], %(payload)s::jsonb[], %(digest)s::text[])
+       WITH ORDINALITY AS b(run_id, kind, source_id, source_seq, payload, digest, n)
+ ORDER BY b.n
 ON CONFLICT (source_id, source_seq) DO NOTHING
 RETURNING seq;
 

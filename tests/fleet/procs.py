@@ -19,6 +19,7 @@ from store.types import JournalRecord, RunRow
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
+Spawn = Callable[..., "WorkerProc"]
 
 
 def settings_env(settings: Settings, **overrides: object) -> dict[str, str]:

@@ -11,7 +11,6 @@ import asyncio
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
 from functools import partial
 
 import pytest
@@ -31,30 +30,9 @@ from store.types import (
     RunStatus,
     Waiting,
 )
-from tests.fleet.procs import WorkerProc, records, running_on, until
+from tests.fleet.procs import Spawn, WorkerProc, records, running_on, until
 
 pytestmark = pytest.mark.chaos
-Spawn = Callable[..., WorkerProc]
-
-
-@pytest.fixture
-async def spawn(settings: Settings) -> AsyncIterator[Spawn]:
-    started: list[WorkerProc] = []
-
-    def start(**overrides: object) -> WorkerProc:
-        proc = WorkerProc(settings, **overrides)  # type: ignore[arg-type]
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        proc.close()
-
-
-@pytest.fixture
-async def queue(settings: Settings) -> AsyncIterator[AsyncQueue]:
-    async with AsyncQueue("default", settings=settings) as q:
-        yield q
 
 
 async def settled(store: Store, run_id: str, timeout: float) -> RunRow:

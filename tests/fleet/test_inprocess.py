@@ -3,34 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 
 import tests.fleet.flows as flows
 from broker import AsyncQueue, RunCancelled, RunFailed
 from store import Store
-from store.config import Settings
 from store.types import RunStatus
 from worker.process import Worker
-
-
-@pytest.fixture
-async def worker(settings: Settings) -> AsyncIterator[Worker]:
-    w = Worker(settings, queues=["default"], concurrency=4)
-    task = asyncio.create_task(w.run())
-    await asyncio.wait_for(w.started.wait(), 10)
-    try:
-        yield w
-    finally:
-        w.stop(hard=True)
-        await asyncio.wait_for(task, 15)
-
-
-@pytest.fixture
-async def queue(settings: Settings) -> AsyncIterator[AsyncQueue]:
-    async with AsyncQueue("default", settings=settings) as q:
-        yield q
 
 
 async def test_round_trip_plain_function(worker: Worker, queue: AsyncQueue) -> None:
@@ -64,10 +44,10 @@ async def test_cancel_running(worker: Worker, queue: AsyncQueue, store: Store) -
 
 
 async def test_concurrency_limit(worker: Worker, queue: AsyncQueue, store: Store) -> None:
-    runs = [await queue.enqueue(flows.sleepy, 300) for _ in range(10)]
+    runs = [await queue.enqueue(flows.sleepy, 300) for _ in range(20)]
     peak = 0
     for _ in range(60):
         peak = max(peak, len(worker.driver.owned) if worker.driver else 0)
         await asyncio.sleep(0.02)
     assert [await r.result(timeout=10) for r in runs]
-    assert peak == 4
+    assert peak == worker.concurrency

@@ -50,11 +50,13 @@ async def test_partitioned_owner_is_refused_then_lapses_and_the_run_moves(
             await b.wait_started()
             proxy.freeze()
             refusal = await until(
-                lambda: records(store, run.id, "steal-refused-owner-alive"), 10,
+                lambda: records(store, run.id, "steal-refused-owner-alive"),
+                10,
                 "B to refuse the steal while A's key vouches for it",
             )
-            stolen = await until(lambda: running_on(store, run.id, b.pid), 15,
-                                 "B to take the run after A lapsed")
+            stolen = await until(
+                lambda: running_on(store, run.id, b.pid), 15, "B to take the run after A lapsed"
+            )
             proxy.thaw()
             assert (await run.result(timeout=15))["pid"] == b.pid
         assert len(refusal) == 1

@@ -45,8 +45,12 @@ async def test_producer_snippet_on_runfleet(settings: Settings) -> None:
     worker = Worker(settings, queues=["default"], concurrency=4)
     task = asyncio.create_task(worker.run())
     try:
-        q = broker.Queue("default", database_url=settings.database_url,
-                         redis_url=settings.redis_url, settings=settings)
+        q = broker.Queue(
+            "default",
+            database_url=settings.database_url,
+            redis_url=settings.redis_url,
+            settings=settings,
+        )
         job, batch = await asyncio.to_thread(produce, q, "rf")
         assert job.id == "compat-rf"
         assert await asyncio.to_thread(job.result, 15) == 5

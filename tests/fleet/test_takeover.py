@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -11,30 +10,9 @@ import tests.fleet.flows as flows
 from broker import AsyncQueue
 from store import Store
 from store.config import Settings
-from tests.fleet.procs import WorkerProc, records, running_on, until
+from tests.fleet.procs import Spawn, records, running_on, until
 
 pytestmark = pytest.mark.chaos
-Spawn = Callable[..., WorkerProc]
-
-
-@pytest.fixture
-async def spawn(settings: Settings) -> AsyncIterator[Spawn]:
-    started: list[WorkerProc] = []
-
-    def start(**overrides: object) -> WorkerProc:
-        proc = WorkerProc(settings, **overrides)  # type: ignore[arg-type]
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        proc.close()
-
-
-@pytest.fixture
-async def queue(settings: Settings) -> AsyncIterator[AsyncQueue]:
-    async with AsyncQueue("default", settings=settings) as q:
-        yield q
 
 
 async def test_sigkill_mid_run_is_stolen_with_evidence(

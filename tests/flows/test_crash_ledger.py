@@ -27,17 +27,17 @@ RUNS, KILLS, FLEET = 100, 30, 3
 
 async def test_five_step_flows_survive_random_sigkills(settings: Settings, store: Store) -> None:
     async with await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True) as c:
-        await c.execute("CREATE TABLE ledger (run_id text, step int, epoch int, "
-                        "at timestamptz DEFAULT clock_timestamp())")
-    workers = [WorkerProc(settings, flows="tests.flows.flows", concurrency=3)
-               for _ in range(FLEET)]
+        await c.execute(
+            "CREATE TABLE ledger (run_id text, step int, epoch int, "
+            "at timestamptz DEFAULT clock_timestamp())"
+        )
+    workers = [WorkerProc(settings, flows="tests.flows.flows", concurrency=3) for _ in range(FLEET)]
     kills = 0
     try:
         for w in workers:
             await w.wait_started()
         async with AsyncQueue("default", settings=settings) as queue:
-            runs = await queue.enqueue_many(
-                [EnqueueSpec(f.ledger, (i, 0.1)) for i in range(RUNS)])
+            runs = await queue.enqueue_many([EnqueueSpec(f.ledger, (i, 0.1)) for i in range(RUNS)])
             rng = random.Random(7)
             while kills < KILLS:
                 await asyncio.sleep(rng.uniform(0.2, 0.5))
@@ -55,14 +55,15 @@ async def test_five_step_flows_survive_random_sigkills(settings: Settings, store
 
     async with await psycopg.AsyncConnection.connect(settings.database_url) as c:
         ledger = await (await c.execute("SELECT run_id, step, epoch FROM ledger")).fetchall()
-        recorded = await (await c.execute(
-            "SELECT run_id, key, epoch FROM runfleet.steps WHERE kind = 'step'")).fetchall()
+        recorded = await (
+            await c.execute("SELECT run_id, key, epoch FROM runfleet.steps WHERE kind = 'step'")
+        ).fetchall()
     assert len(recorded) == RUNS * 5
-    record_epoch = {(run, int(key.split("#")[0].removeprefix("step:s"))): epoch
-                    for run, key, epoch in recorded}
+    record_epoch = {
+        (run, int(key.split("#")[0].removeprefix("step:s"))): epoch for run, key, epoch in recorded
+    }
     # A recorded step never runs again: no execution at a later epoch than its record.
-    rerun = [(run, step, epoch) for run, step, epoch in ledger
-             if epoch > record_epoch[(run, step)]]
+    rerun = [(run, step, epoch) for run, step, epoch in ledger if epoch > record_epoch[(run, step)]]
     assert rerun == []
     executions = Counter((run, step) for run, step, _ in ledger)
     assert set(executions) == set(record_epoch)

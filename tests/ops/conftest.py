@@ -8,16 +8,14 @@ command runs its own event loop with ``asyncio.run``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import pytest
 from typer.testing import CliRunner
 
-from broker import AsyncQueue
 from ops.cli import app
 from store.config import Settings
-from tests.fleet.procs import WorkerProc
 
 
 @dataclass(frozen=True)
@@ -34,7 +32,6 @@ class CliResult:
 
 
 Cli = Callable[..., Awaitable[CliResult]]
-Spawn = Callable[..., WorkerProc]
 
 
 def cli_env(settings: Settings) -> dict[str, str]:
@@ -58,23 +55,3 @@ def cli(settings: Settings) -> Cli:
         return await invoke({**env, **extra}, *args)
 
     return run
-
-
-@pytest.fixture
-async def spawn(settings: Settings) -> AsyncIterator[Spawn]:
-    started: list[WorkerProc] = []
-
-    def start(**overrides: object) -> WorkerProc:
-        proc = WorkerProc(settings, **overrides)  # type: ignore[arg-type]
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        proc.close()
-
-
-@pytest.fixture
-async def queue(settings: Settings) -> AsyncIterator[AsyncQueue]:
-    async with AsyncQueue("default", settings=settings) as q:
-        yield q

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
 
 import psycopg
-import pytest
 
 import tests.flows.flows as f
 from broker import AsyncQueue
@@ -20,18 +17,8 @@ from tests.ops.conftest import Cli
 from worker.process import Worker
 
 
-@pytest.fixture
-async def inproc_worker(settings: Settings) -> AsyncIterator[Worker]:
-    w = Worker(settings, queues=["default"], concurrency=4)
-    task = asyncio.create_task(w.run())
-    await asyncio.wait_for(w.started.wait(), 10)
-    yield w
-    w.stop(hard=True)
-    await asyncio.wait_for(task, 15)
-
-
 async def test_complete_and_approve_from_the_cli(
-    inproc_worker: Worker, settings: Settings, store: Store, cli: Cli
+    worker: Worker, settings: Settings, store: Store, cli: Cli
 ) -> None:
     async with AsyncQueue("default", settings=settings) as q:
         waiting = await q.enqueue(f.sync_flow, uuid.uuid4().hex[:6])
@@ -46,23 +33,39 @@ async def test_complete_and_approve_from_the_cli(
         assert row.waiting is not None and row.waiting.token is not None
         wrong = await cli("approve", asking.id, "--token", "nope", "--actor", "eve")
         assert wrong.code != 0 and "not waiting for approval" in wrong.stderr
-        ok = await cli("approve", asking.id, "--token", row.waiting.token, "--actor", "ann",
-                       "--reason", "fine", "--value", json.dumps({"cap": 9}))
+        ok = await cli(
+            "approve",
+            asking.id,
+            "--token",
+            row.waiting.token,
+            "--actor",
+            "ann",
+            "--reason",
+            "fine",
+            "--value",
+            json.dumps({"cap": 9}),
+        )
         assert ok.code == 0, ok.stderr
-        assert await asking.result(timeout=10) == {"approved": True, "actor": "ann",
-                                                   "value": {"cap": 9}}
+        assert await asking.result(timeout=10) == {
+            "approved": True,
+            "actor": "ann",
+            "value": {"cap": 9},
+        }
 
 
 async def test_resume_a_quarantined_run_from_the_cli(
-    inproc_worker: Worker, settings: Settings, store: Store, cli: Cli
+    worker: Worker, settings: Settings, store: Store, cli: Cli
 ) -> None:
     async with AsyncQueue("default", settings=settings) as q:
         run = await q.enqueue(f.steps, uuid.uuid4().hex[:6])
         await parked(store, run.id, "event")
-        async with await psycopg.AsyncConnection.connect(settings.database_url,
-                                                         autocommit=True) as conn:
-            await conn.execute("UPDATE runfleet.steps SET output = '5' WHERE run_id = %s "
-                               "AND key = 'step:a#1'", (run.id,))
+        async with await psycopg.AsyncConnection.connect(
+            settings.database_url, autocommit=True
+        ) as conn:
+            await conn.execute(
+                "UPDATE runfleet.steps SET output = '5' WHERE run_id = %s AND key = 'step:a#1'",
+                (run.id,),
+            )
         await q.complete(run.id, "go")
         await parked(store, run.id, "quarantine")
         both = await cli("resume", run.id)

@@ -11,7 +11,8 @@ from store.config import Settings
 from store.migrate import migrations
 from tests.broker.conftest import closed_port
 from tests.conftest import NewDatabase
-from tests.ops.conftest import Cli, CliResult, Spawn
+from tests.fleet.procs import Spawn
+from tests.ops.conftest import Cli, CliResult
 
 
 def _view(result: CliResult) -> DoctorView:

@@ -11,8 +11,8 @@ from broker import AsyncQueue
 from ops.models import Explanation
 from store import Kind, Store
 from store.config import Settings
-from tests.fleet.procs import running_on, until
-from tests.ops.conftest import Cli, Spawn
+from tests.fleet.procs import Spawn, running_on, until
+from tests.ops.conftest import Cli
 from tests.ops.metrics import free_port, scrape, scrape_when_up, value
 
 pytestmark = pytest.mark.chaos

@@ -11,8 +11,8 @@ import tests.fleet.flows as flows
 from broker import AsyncQueue
 from ops.models import CancelResult, FleetView, JournalEntry
 from store import Store
-from tests.fleet.procs import running_on, until
-from tests.ops.conftest import Cli, Spawn
+from tests.fleet.procs import Spawn, running_on, until
+from tests.ops.conftest import Cli
 from tests.ops.metrics import free_port, scrape, scrape_when_up, value
 
 pytestmark = pytest.mark.chaos

@@ -1,0 +1,367 @@
+"""The fleet benchmark: runfleet against rq on the same machine, in one invocation.
+
+Both sides run the same no-op with the same number of worker processes against the same
+Redis; runfleet also writes every run to Postgres (row + journal) in a scratch database.
+Figures are side by side and the verdicts are ratios (see ``TARGETS``), never absolute
+thresholds a slower machine would fail. Runfleet alone: how soon a SIGKILLed worker's
+runs are re-activated elsewhere (database time, kill to each steal), and a worker's
+resident memory with 500 runs in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rich.table import Table
+
+from broker import AsyncQueue, EnqueueSpec
+from ops.bench import rq_side, runfleet_side
+from ops.bench.fleet_procs import (
+    Proc,
+    Servers,
+    bench_prefix,
+    percentile,
+    rss_mb,
+    runfleet_worker,
+    wait_workers_started,
+)
+from ops.bench.noop import QUEUE, nap
+from ops.bench.scratch import BenchError, scratch_database
+from store import Kind, Store
+from store.config import Settings
+from store.migrate import migrate
+
+FLOWS = runfleet_side.FLOWS_MODULE
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """Kill-to-steal delays (ms, database time) over ``kills`` SIGKILLs."""
+
+    kills: int
+    runs_per_kill: int
+    delays_ms: tuple[float, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "kills": self.kills,
+            "runs_per_kill": self.runs_per_kill,
+            "steals": len(self.delays_ms),
+            "p50_ms": round(percentile(self.delays_ms, 50), 1),
+            "p99_ms": round(percentile(self.delays_ms, 99), 1),
+            "max_ms": round(max(self.delays_ms, default=0.0), 1),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """One worker's resident memory idle and with ``in_flight`` runs executing."""
+
+    concurrency: int
+    in_flight: int
+    idle_mb: float
+    loaded_mb: float
+    peak_mb: float
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "concurrency": self.concurrency,
+            "in_flight": self.in_flight,
+            "idle_rss_mb": round(self.idle_mb, 1),
+            "rss_mb": round(self.loaded_mb, 1),
+            "peak_rss_mb": round(self.peak_mb, 1),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class FleetBenchResult:
+    runs: int
+    workers: int
+    concurrency: int
+    rq: rq_side.SideResult
+    runfleet: rq_side.SideResult
+    recovery: Recovery | None
+    memory: Memory | None
+    load_before: tuple[float, float, float]
+
+    def ratio(self, field: str) -> float:
+        mine, theirs = getattr(self.runfleet, field), getattr(self.rq, field)
+        return float(mine / theirs) if theirs else float("inf")
+
+    @property
+    def drain_ratio(self) -> float:
+        """Runfleet's processing-window drain rate over rq's (the headline ratio)."""
+        return self.runfleet.drain.window_rate / self.rq.drain.window_rate
+
+    @property
+    def drain_wall_ratio(self) -> float:
+        return self.runfleet.drain.wall_rate / self.rq.drain.wall_rate
+
+    def targets(self) -> dict[str, tuple[str, bool]]:
+        """Each target: (what was measured, met?)."""
+        rf = self.runfleet
+        found = {
+            "drain >= 2.5x rq SimpleWorker": (f"{self.drain_ratio:.2f}x", self.drain_ratio >= 2.5),
+            "enqueue_many >= 5,000 runs/s": (
+                f"{rf.enqueue_many_per_s:,.0f}/s",
+                rf.enqueue_many_per_s >= 5000,
+            ),
+            "idle start latency p50 <= 5 ms": (
+                f"{percentile(rf.latency_ms, 50):.1f} ms",
+                percentile(rf.latency_ms, 50) <= 5,
+            ),
+        }
+        if self.recovery is not None:
+            p99 = percentile(self.recovery.delays_ms, 99)
+            found["SIGKILL recovery p99 <= 7 s"] = (f"{p99 / 1000:.2f} s", p99 <= 7000)
+        if self.memory is not None:
+            mb = self.memory.loaded_mb
+            found[f"worker RSS < 200 MB at {self.memory.concurrency} in flight"] = (
+                f"{mb:.0f} MB",
+                mb < 200,
+            )
+        return found
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "benchmark": "fleet",
+            "runs": self.runs,
+            "workers": self.workers,
+            "concurrency": self.concurrency,
+            "load_average_before": list(self.load_before),
+            "rq": self.rq.as_json(),
+            "runfleet": self.runfleet.as_json(),
+            "ratios": {
+                "enqueue_single": round(self.ratio("enqueue_single_per_s"), 3),
+                "enqueue_many": round(self.ratio("enqueue_many_per_s"), 3),
+                "drain_window": round(self.drain_ratio, 3),
+                "drain_wall": round(self.drain_wall_ratio, 3),
+            },
+            "recovery": self.recovery.as_json() if self.recovery else None,
+            "memory": self.memory.as_json() if self.memory else None,
+            "targets": {k: {"measured": v[0], "met": v[1]} for k, v in self.targets().items()},
+        }
+
+
+async def _recovery(
+    settings: Settings, store: Store, *, workers: int, kills: int, per_kill: int, nap_s: float
+) -> Recovery:
+    """SIGKILL the worker holding the most runs, ``kills`` times; kill -> each steal."""
+    def start() -> Proc:
+        return runfleet_worker(settings, flows=FLOWS, queues=QUEUE, concurrency=2 * per_kill)
+
+    procs = [start() for _ in range(workers)]
+    delays: list[float] = []
+    after_seq = 0
+    try:
+        async with AsyncQueue(QUEUE, settings=settings) as queue:
+            for _ in range(kills):
+                await wait_workers_started(settings, procs, timeout=30)
+                batch = await queue.enqueue_many([EnqueueSpec(nap, (nap_s,))] * per_kill)
+                await _until_running(store, [r.id for r in batch], procs)
+                held = await store.stats.running_by_owner_pid()
+                victim = max(procs, key=lambda p: held.get(p.pid, 0))
+                killed_at = await store.stats.now_ms()
+                os.kill(victim.pid, signal.SIGKILL)
+                victim.proc.wait(10)
+                # Counted after the kill: what the dead process still holds is exactly
+                # what must be stolen (nothing is stealable for seconds yet).
+                expected = (await store.stats.running_by_owner_pid()).get(victim.pid, 0)
+                procs.remove(victim)
+                victim.close()
+                procs.append(start())  # the fleet is back to strength for the next kill
+                steals = await _until_stolen(store, after_seq, expected, timeout=60)
+                after_seq = max(r.seq for r in steals)
+                delays.extend(float(r.at_ms - killed_at) for r in steals)
+    finally:
+        for proc in procs:
+            proc.close()
+    return Recovery(kills, per_kill, tuple(delays))
+
+
+async def _until_running(store: Store, ids: list[str], procs: list[Proc]) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        rows = await store.runs.get_many(ids)
+        if len(rows) == len(ids) and all(r.status.value == "running" for r in rows):
+            return
+        if time.monotonic() > deadline:
+            raise BenchError("runs did not all start within 60 s")
+        for proc in procs:
+            if proc.proc.poll() is not None:
+                raise BenchError(f"worker {proc.pid} exited:\n{proc.tail()}")
+        await asyncio.sleep(0.05)
+
+
+async def _until_stolen(store: Store, after_seq: int, expected: int, timeout: float) -> list[Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        steals = await store.stats.records_of_kind(Kind.STOLEN_AND_ACTIVATED, after_seq=after_seq)
+        if len(steals) >= expected:
+            return steals
+        if time.monotonic() > deadline:
+            raise BenchError(f"{len(steals)} of {expected} runs stolen within {timeout:.0f} s")
+        await asyncio.sleep(0.05)
+
+
+async def _memory(settings: Settings, store: Store, *, concurrency: int, nap_s: float) -> Memory:
+    """One worker, ``concurrency`` slots, as many naps: VmRSS once they are all in flight."""
+    proc = runfleet_worker(settings, flows=FLOWS, queues=QUEUE, concurrency=concurrency)
+    try:
+        await wait_workers_started(settings, [proc], timeout=30)
+        await asyncio.sleep(0.5)
+        idle = rss_mb(proc.pid)
+        async with AsyncQueue(QUEUE, settings=settings) as queue:
+            await queue.enqueue_many([EnqueueSpec(nap, (nap_s,))] * concurrency)
+        in_flight, loaded = 0, 0.0
+        deadline = time.monotonic() + nap_s
+        while time.monotonic() < deadline:
+            held = (await store.stats.running_by_owner_pid()).get(proc.pid, 0)
+            if held >= in_flight:
+                in_flight, loaded = held, rss_mb(proc.pid)
+            if held >= concurrency:
+                break
+            await asyncio.sleep(0.05)
+        return Memory(concurrency, in_flight, idle, loaded, rss_mb(proc.pid, "VmHWM"))
+    finally:
+        proc.close()
+
+
+async def run(
+    servers: Servers,
+    *,
+    runs: int,
+    workers: int = 2,
+    concurrency: int = 64,
+    latency_samples: int = 200,
+    gap_s: float = 0.02,
+    skip_recovery: bool = False,
+    kills: int = 3,
+    recovery_runs: int = 50,
+    nap_s: float = 10.0,
+    skip_rss: bool = False,
+    rss_runs: int = 500,
+) -> FleetBenchResult:
+    """The whole benchmark; scratch database and Redis keys are removed afterwards."""
+    if runs < 1 or workers < 1 or concurrency < 1:
+        raise BenchError("runs, workers and concurrency must be >= 1")
+    load = os.getloadavg()
+    rq = await asyncio.to_thread(
+        rq_side.run,
+        servers.redis_url,
+        runs=runs,
+        workers=workers,
+        latency_samples=latency_samples,
+        gap_s=gap_s,
+    )
+    async with scratch_database(servers.database_url, "rf_bench_fleet") as url:
+        await migrate(url)
+        settings = Settings(
+            database_url=url, redis_url=servers.redis_url, redis_prefix=bench_prefix("fleet")
+        )
+        try:
+            ours = await runfleet_side.run(
+                settings,
+                runs=runs,
+                workers=workers,
+                concurrency=concurrency,
+                latency_samples=latency_samples,
+                gap_s=gap_s,
+            )
+            store = await Store.open(settings, min_size=1, max_size=2)
+            try:
+                recovery = None
+                if not skip_recovery:
+                    recovery = await _recovery(
+                        settings, store, workers=workers, kills=kills, per_kill=recovery_runs,
+                        nap_s=nap_s,
+                    )  # fmt: skip
+                memory = None
+                if not skip_rss:
+                    memory = await _memory(settings, store, concurrency=rss_runs, nap_s=nap_s / 2)
+            finally:
+                await store.close()
+        finally:
+            await _drop_keys(servers.redis_url, settings.redis_prefix)
+    return FleetBenchResult(runs, workers, concurrency, rq, ours, recovery, memory, load)
+
+
+async def _drop_keys(redis_url: str, prefix: str) -> None:
+    from broker.client import connect
+
+    redis = connect(redis_url)
+    try:
+        keys = [k async for k in redis.scan_iter(match=f"{prefix}:*", count=1000)]
+        for start in range(0, len(keys), 1000):
+            await redis.delete(*keys[start : start + 1000])
+    finally:
+        await redis.aclose()
+
+
+def table(result: FleetBenchResult) -> Table:
+    """The side-by-side table the ``fleet`` command prints."""
+    rq, rf = result.rq, result.runfleet
+    title = (
+        f"fleet: {result.runs} runs x2 (single + enqueue_many), {result.workers} workers "
+        f"each; runfleet --concurrency {result.concurrency}; load before "
+        + " ".join(f"{x:.2f}" for x in result.load_before)
+    )
+    t = Table(title=title)
+    for col, justify in (("", "left"), ("runfleet", "right"), ("rq", "right"), ("ratio", "right")):
+        t.add_column(col, justify=justify)  # type: ignore[arg-type]
+    t.add_row(
+        "enqueue, one call each (runs/s)",
+        f"{rf.enqueue_single_per_s:,.0f}",
+        f"{rq.enqueue_single_per_s:,.0f}",
+        f"{result.ratio('enqueue_single_per_s'):.2f}x",
+    )
+    t.add_row(
+        "enqueue_many (runs/s)",
+        f"{rf.enqueue_many_per_s:,.0f}",
+        f"{rq.enqueue_many_per_s:,.0f}",
+        f"{result.ratio('enqueue_many_per_s'):.2f}x",
+    )
+    t.add_row(
+        "drain, first start to last finish (runs/s)",
+        f"{rf.drain.window_rate:,.0f}",
+        f"{rq.drain.window_rate:,.0f}",
+        f"{result.drain_ratio:.2f}x",
+    )
+    t.add_row(
+        "drain, wall incl. worker start-up (runs/s)",
+        f"{rf.drain.wall_rate:,.0f}",
+        f"{rq.drain.wall_rate:,.0f}",
+        f"{result.drain_wall_ratio:.2f}x",
+    )
+    for q in (50, 99):
+        t.add_row(
+            f"idle enqueue -> start p{q} (ms)",
+            f"{percentile(rf.latency_ms, q):.1f}",
+            f"{percentile(rq.latency_ms, q):.1f}",
+            "",
+        )
+    if result.recovery is not None:
+        rec = result.recovery.as_json()
+        t.add_row(
+            f"SIGKILL -> re-activated p50 / p99 ({rec['steals']} steals, {rec['kills']} kills)",
+            f"{rec['p50_ms'] / 1000:.2f} / {rec['p99_ms'] / 1000:.2f} s",
+            "n/a",
+            "",
+        )
+    if result.memory is not None:
+        mem = result.memory
+        t.add_row(
+            f"worker RSS, {mem.in_flight} runs in flight (idle / loaded / peak)",
+            f"{mem.idle_mb:.0f} / {mem.loaded_mb:.0f} / {mem.peak_mb:.0f} MB",
+            "n/a",
+            "",
+        )
+    t.add_section()
+    for name, (measured, met) in result.targets().items():
+        t.add_row(f"target: {name}", measured, "", "[green]met[/]" if met else "[red]missed[/]")
+    return t

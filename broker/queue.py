@@ -26,7 +26,7 @@ from broker.notify import Notifier
 from broker.streams import Streams
 from store import Store
 from store.config import Settings
-from store.errors import InvalidInput, RunfleetError, ScopeDenied
+from store.errors import CancelRequestFailed, InvalidInput, RunfleetError, ScopeDenied
 from store.types import CancelOutcome, NewRun, RunRow, RunStatus
 
 log = logging.getLogger("runfleet.broker.queue")
@@ -283,6 +283,19 @@ class AsyncQueue:
         await self.notifier.publish_cancel(run_id)
         await self._hint(run_id, "cancel")
         return outcome
+
+    async def interrupt_unsafe(self, run_id: str) -> None:
+        """Refused: runfleet has one cancellation path, ``cancel``, durable and cascading.
+
+        Forcing a run to stop without its compensations and without the cascade
+        to its children would leave exactly the half-done state this system exists
+        to prevent, so the call always fails with ``unsafe_interrupt_unsupported``.
+        """
+        raise CancelRequestFailed(
+            run_id,
+            "unsafe_interrupt_unsupported",
+            "use cancel(): it is durable, runs compensations and cascades to attached children",
+        )
 
     async def complete(self, run_id: str, name: str, value: Any = None) -> bool:
         """Complete the event ``name`` a run waits for (first writer wins); True if first."""

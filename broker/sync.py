@@ -172,3 +172,6 @@ class Queue:
                 run_id, accept_recorded=accept_recorded, rerun_step=rerun_step, actor=actor
             )
         )
+
+    def interrupt_unsafe(self, run_id: str) -> None:
+        self._call(self._async.interrupt_unsafe(run_id))

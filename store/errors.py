@@ -61,3 +61,13 @@ class ScopeDenied(RunfleetError):
         super().__init__(f"run {run_id!r} needs scopes the caller lacks: {', '.join(missing)}")
         self.run_id = run_id
         self.missing = missing
+
+
+class CancelRequestFailed(RunfleetError):
+    """A cancellation could not be requested the way the caller asked; ``code`` says why."""
+
+    def __init__(self, run_id: str, code: str, reason: str) -> None:
+        super().__init__(f"cannot cancel run {run_id!r} ({code}): {reason}")
+        self.run_id = run_id
+        self.code = code
+        self.reason = reason

@@ -51,3 +51,14 @@ async def test_concurrency_limit(worker: Worker, queue: AsyncQueue, store: Store
         await asyncio.sleep(0.02)
     assert [await r.result(timeout=10) for r in runs]
     assert peak == worker.concurrency
+
+
+async def test_interrupt_unsafe_is_refused(queue: AsyncQueue, store: Store) -> None:
+    from store.errors import CancelRequestFailed
+
+    run = await queue.enqueue(flows.add, 1, 2)
+    with pytest.raises(CancelRequestFailed) as info:
+        await queue.interrupt_unsafe(run.id)
+    assert info.value.code == "unsafe_interrupt_unsupported"
+    row = await store.runs.get(run.id)
+    assert row is not None and row.cancel_requested_at_ms is None

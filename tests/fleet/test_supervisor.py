@@ -1,0 +1,66 @@
+"""``runfleet worker --processes N``: a supervisor restarts crashed children, stops on signal."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from broker.client import connect
+from broker.liveness import Liveness
+from store.config import Settings
+from tests.fleet.procs import ROOT, settings_env, until
+
+pytestmark = pytest.mark.chaos
+
+
+async def test_crashed_child_is_restarted_with_a_new_identity(settings: Settings) -> None:
+    supervisor = subprocess.Popen(  # noqa: ASYNC220 - spawning is instant; we never block on it
+        [
+            sys.executable,
+            "-m",
+            "ops",
+            "worker",
+            "--flows",
+            "tests.fleet.flows",
+            "--processes",
+            "2",
+            "--concurrency",
+            "2",
+            "--log-level",
+            "WARNING",
+        ],
+        env=settings_env(settings),
+        cwd=ROOT,
+    )
+    redis = connect(settings)
+    liveness = Liveness(redis, settings.redis_prefix, settings.host_id)
+
+    async def members(n: int) -> list[int] | None:
+        pids = sorted(m.pid for m in await liveness.fleet())
+        return pids if len(pids) == n else None
+
+    try:
+        first = await until(lambda: members(2), 30, "two supervised children")
+        os.kill(first[0], signal.SIGKILL)
+
+        async def replaced() -> list[int] | None:
+            pids = await members(2)
+            return pids if pids and first[0] not in pids else None
+
+        second = await until(replaced, 30, "the killed child to be replaced")
+        assert first[1] in second  # the other child was left alone
+        supervisor.send_signal(signal.SIGTERM)
+        assert supervisor.wait(30) == 0
+        await until(lambda: _none_left(liveness), 5, "every child to stop")
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+        await redis.aclose()
+
+
+async def _none_left(liveness: Liveness) -> bool:
+    return not await liveness.fleet()

@@ -19,6 +19,7 @@ from typing import Any
 
 from broker.queue import check_signature, flow_target
 from store import Kind, Store
+from store.errors import RunfleetError
 from store.types import (
     GuardFailed,
     NewRun,
@@ -211,7 +212,20 @@ class Settlement:
                 created = await self._store.runs.create(successor)
                 return outcome, created.row
 
-        outcome, created = await with_retry("settle", commit)
+        try:
+            outcome, created = await with_retry("settle", commit)
+        except RunfleetError as exc:
+            # The successor cannot be admitted (its id is taken by a different run):
+            # nothing of the handoff was written, so the round fails instead.
+            await self.finish(
+                row,
+                epoch,
+                RunStatus.FAILED,
+                {"error": error_of(exc)},
+                kind=Kind.ROUND_INVALID,
+                record={"successor": successor.id},
+            )
+            return
         await self._after(row, epoch, RunStatus.COMPLETED, outcome)
         if created is not None and self._schedule is not None:
             await self._schedule(created)

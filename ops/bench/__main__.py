@@ -105,5 +105,61 @@ def _store_table(result: store_bench.StoreBenchResult) -> Table:
     return table
 
 
+RedisUrl = Annotated[
+    str | None,
+    typer.Option(
+        "--redis-url",
+        help="Redis to benchmark; default RUNFLEET_REDIS_URL, else the services "
+        "ops.services resolves for the app.",
+    ),
+]
+
+
+@app.command("fleet")
+def fleet(
+    runs: Annotated[
+        int, typer.Option("--runs", "-n", min=1, help="Runs per enqueue phase (drain: 2x).")
+    ] = 2000,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Processes per side.")] = 2,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-k", min=1, help="runfleet slots per worker.")
+    ] = 64,
+    latency_samples: Annotated[
+        int, typer.Option("--latency-samples", min=1, help="Idle enqueue->start samples.")
+    ] = 200,
+    kills: Annotated[int, typer.Option("--kills", min=1, help="SIGKILLs to time.")] = 3,
+    skip_recovery: Annotated[
+        bool, typer.Option("--skip-recovery", help="Skip the SIGKILL recovery phase.")
+    ] = False,
+    skip_rss: Annotated[
+        bool, typer.Option("--skip-rss", help="Skip the 500-runs-in-flight RSS phase.")
+    ] = False,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+    as_json: AsJson = False,
+) -> None:
+    """runfleet vs rq SimpleWorker: enqueue, drain, idle start latency; SIGKILL recovery, RSS."""
+    from ops.bench import fleet_bench
+    from ops.bench.fleet_procs import servers
+
+    try:
+        with servers(database_url, redis_url) as found:
+            result = asyncio.run(
+                fleet_bench.run(
+                    found,
+                    runs=runs,
+                    workers=workers,
+                    concurrency=concurrency,
+                    latency_samples=latency_samples,
+                    kills=kills,
+                    skip_recovery=skip_recovery,
+                    skip_rss=skip_rss,
+                )
+            )
+    except BenchError as exc:
+        raise _fail(exc) from exc
+    _emit(result.as_json(), fleet_bench.table(result), as_json)
+
+
 if __name__ == "__main__":
     app()

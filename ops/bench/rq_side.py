@@ -123,7 +123,7 @@ def run(
         latency = _latency(conn, queue, name, redis_url, workers, latency_samples, gap_s)
         return SideResult(single, many, drain, latency)
     finally:
-        queue.empty()
+        queue.empty()  # type: ignore[no-untyped-call]  # rq leaves it unannotated
         queue.delete(delete_jobs=True)
         conn.close()
 

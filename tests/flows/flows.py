@@ -138,3 +138,11 @@ async def ledger(ctx: Context, n: int, pause: float = 0.03) -> int:
 async def busy_compensating(ctx: Context, tag: str) -> None:
     await ctx.step("one", str, f"{tag}-1", compensate=undo)
     await asyncio.sleep(30)
+
+
+@flow(name="t.many_rounds")
+async def many_rounds(ctx: Context, n: int) -> Any:
+    await asyncio.sleep(0.05)
+    if n > 0:
+        return Handoff(many_rounds, (n - 1,))
+    return "done"

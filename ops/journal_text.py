@@ -194,7 +194,25 @@ SENTENCES: dict[str, Callable[[Payload, JournalRecord], str]] = {
         f"failed: its lineage reached max_rounds={p.get('max_rounds', '?')}"
     ),
     Kind.LEASE_RECONFIRMED: lambda p, _r: f"lease reconfirmed ({_fields(p)})",
+    Kind.STEP_RECORDED: lambda p, _r: (
+        f"recorded {p.get('kind', 'step')} {p.get('key', '?')!r} at position "
+        f"{p.get('position', '?')}{_epoch(p)}"
+    ),
+    Kind.STEP_COMPENSATED: lambda p, _r: f"compensated step {p.get('key', '?')!r}",
+    Kind.STEP_COMPENSATION_FAILED: lambda p, _r: (
+        f"compensation of step {p.get('key', '?')!r} failed: {p.get('error', '?')}"
+    ),
+    Kind.APPROVAL_APPROVED: lambda p, _r: _decision("approved", p),
+    Kind.APPROVAL_DENIED: lambda p, _r: _decision("denied", p),
+    Kind.ROUND_INVALID: lambda p, _r: (
+        f"failed: its next round {p.get('successor', '?')!r} could not be admitted"
+    ),
 }
+
+
+def _decision(word: str, p: Payload) -> str:
+    reason = f": {p['reason']}" if p.get("reason") else ""
+    return f"{word} by {p.get('actor', '?')} (token {p.get('token', '?')}){reason}"
 
 
 def _fields(p: Payload) -> str:

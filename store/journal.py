@@ -54,6 +54,11 @@ class Kind:
     LEASE_RECONFIRMED = "lease-reconfirmed"
     DEFERRED_COMPLETED = "deferred-completed"
     CLOCK_FIRED = "clock-fired"
+    STEP_RECORDED = "step-recorded"
+    STEP_COMPENSATED = "step-compensated"
+    STEP_COMPENSATION_FAILED = "step-compensation-failed"
+    APPROVAL_APPROVED = "approval-approved"
+    APPROVAL_DENIED = "approval-denied"
 
 
 def digest(payload: Any) -> str:

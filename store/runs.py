@@ -211,9 +211,7 @@ class Runs:
                 # Missing: the id was taken, possibly earlier in this very batch (the
                 # first of two same-id specs is inserted, the second joins it).
                 row = inserted.pop(new.id, None)
-                outcomes.append(
-                    Created(run_row(row)) if row else await self._joined(new, state)
-                )
+                outcomes.append(Created(run_row(row)) if row else await self._joined(new, state))
             await self._journal.record_many(
                 [
                     (o.row.id, Kind.CREATED, self._created_record(new, False))

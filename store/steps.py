@@ -104,7 +104,9 @@ class Steps:
                 return None
             record = _record(row)
             await self._journal.record(
-                run_id, f"step-{kind}-recorded", {"key": key, "position": position, "epoch": epoch}
+                run_id,
+                Kind.STEP_RECORDED,
+                {"key": key, "kind": kind, "position": position, "epoch": epoch},
             )
             return record
 
@@ -134,7 +136,7 @@ class Steps:
                 {"run_id": run_id, "key": key, "epoch": epoch, **owner_params(me)},
             )
             if row is not None:
-                await self._journal.record(run_id, "step-compensated", {"key": key})
+                await self._journal.record(run_id, Kind.STEP_COMPENSATED, {"key": key})
             return row is not None
 
     async def resume_quarantined(

@@ -42,7 +42,6 @@ from store.types import (
     Woken,
 )
 
-
 CHILD_DEFERRED = "child:"
 """Prefix of the deferred a parent awaits a child through (see waits.notify_parents)."""
 
@@ -250,7 +249,7 @@ class Waits:
             done = await self.complete_deferred(run_id, row["waiting_deferred"], decision)
             await self._journal.record(
                 run_id,
-                "approval-approved" if approved else "approval-denied",
+                Kind.APPROVAL_APPROVED if approved else Kind.APPROVAL_DENIED,
                 {"token": token, "actor": actor, "reason": reason},
             )
             return done

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from store import Store
+from store import Kind, Store
 from store.config import Settings
 from store.steps import StepRecord
 from store.types import (
@@ -172,7 +172,7 @@ class Context:
         """
         problem = {"key": record.key, "problem": "recorded output does not match its digest"}
         await self._store.journal.emit_owned(
-            self.run.id, self.owner, self.epoch, "quarantined", problem
+            self.run.id, self.owner, self.epoch, Kind.QUARANTINED, problem
         )
         log.error("run.quarantined", extra={"run_id": self.run.id, **problem})
         await self._park(Waiting(reason="quarantine", token=record.key, request=problem))

@@ -157,7 +157,7 @@ class Settlement:
                     row.id,
                     self._owner,
                     epoch,
-                    "step-compensation-failed",
+                    Kind.STEP_COMPENSATION_FAILED,
                     {"key": record.key, "error": error_of(exc)["message"]},
                 )
                 continue

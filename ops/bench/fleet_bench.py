@@ -152,6 +152,7 @@ async def _recovery(
     settings: Settings, store: Store, *, workers: int, kills: int, per_kill: int, nap_s: float
 ) -> Recovery:
     """SIGKILL the worker holding the most runs, ``kills`` times; kill -> each steal."""
+
     def start() -> Proc:
         return runfleet_worker(settings, flows=FLOWS, queues=QUEUE, concurrency=2 * per_kill)
 

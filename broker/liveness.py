@@ -34,6 +34,7 @@ Evidence: TypeAlias = Literal[
     "cross-host-unreachable-stale",
     "owner-lapsed",
     "lease-expired",
+    "self-orphaned",
 ]
 InfoValue: TypeAlias = str | int | bool
 DEFAULT_PROBE_TIMEOUT = 1.0

@@ -13,6 +13,7 @@ import asyncio
 import inspect
 import logging
 import secrets
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -74,6 +75,8 @@ class Context:
     schedule: ScheduleFn | None = None
     records: dict[int, StepRecord] = field(default_factory=dict)
     log: logging.LoggerAdapter[logging.Logger] = field(init=False)
+    wake_hint: float | None = field(default=None, init=False)
+    """Monotonic time a timer park is due: the driver asks for a wake then (sweeps back it up)."""
     _interrupt: str | None = field(default=None, init=False)
     _position: int = field(default=0, init=False)
     _seen: Counter[str] = field(default_factory=Counter, init=False)
@@ -261,17 +264,19 @@ class Context:
         assert self.settings is not None
         position, key, record = await self._next("sleep", "sleep")
         now = await self._now_ms()
+        read_at = time.monotonic()  # `now` ages while the clock and its record are written
         due = int(record.output["due_at_ms"]) if record else due_from_now(now)
         due = await self._ensure_clock(key, due)
         if record is None:
             await self._record(position, key, "sleep", "sleep", {"due_at_ms": due})
         if await self._store.waits.deferred(self.run.id, key) is not None:
             return
-        remaining = (due - now) / 1000
+        remaining = (due - now) / 1000 - (time.monotonic() - read_at)
         if remaining <= self.settings.inline_sleep_max:
             await asyncio.sleep(max(0.0, remaining))
             await self._store.waits.complete_clock(self.run.id, key)
             return
+        self.wake_hint = time.monotonic() + remaining
         await self._park(Waiting(reason="timer", wake_at_ms=due), deferred=key)
 
     async def _timed_wait(

@@ -43,6 +43,7 @@ from worker.flows import Flow, resolve
 from worker.retry import with_retry
 from worker.settle import Settlement, error_of
 from worker.sync_context import SyncContext
+from worker.wake_hints import WakeHints
 
 log = logging.getLogger("runfleet.worker.driver")
 
@@ -81,6 +82,7 @@ class Driver:
         self.owned: dict[str, Execution] = {}
         self.ladder = RefusalLadder(settings.heartbeat_interval, settings.stale_after)
         self.settlement = Settlement(store, owner, schedule=on_released, announce=on_settled)
+        self.wake_hints = WakeHints(on_released)
         self._warned_unknown: set[str] = set()
 
     # ---- decide ------------------------------------------------------------
@@ -191,13 +193,19 @@ class Driver:
     ) -> tuple[str, tuple[RunRow, Flow | None] | None]:
         owner, heartbeat = row.owner, row.heartbeat_at_ms
         assert owner is not None and heartbeat is not None
-        if owner == self.owner:
+        if owner == self.owner and row.id in self.owned:
             return "already_owned", None
         if row.now_ms - heartbeat <= self.settings.stale_after_ms:
             return "heartbeat_fresh", None
-        if not self.ladder.due(row.id, heartbeat):
+        if owner == self.owner:
+            # Ours, but no drive holds it (its settlement or release gave up after an
+            # outage): nobody renews it, and every other worker's probe vouches for us.
+            # Take it back through the same fenced steal, with the epoch bumped.
+            probe = Probe(verdict="dead", evidence="self-orphaned", detail={"pid": owner.pid})
+        elif not self.ladder.due(row.id, heartbeat):
             return "steal_backoff", None
-        probe = await self._probe_owner(owner)
+        else:
+            probe = await self._probe_owner(owner)
         if probe.vouches:
             delay = self.ladder.refused(row.id, heartbeat)
             await journal_evidence(
@@ -334,6 +342,8 @@ class Driver:
             cause = "shutdown"
         if isinstance(exc, Suspended) and cause in (None, "lost-fence"):
             log.debug("run.parked", extra={"run_id": row.id, "reason": str(exc)})
+            if cause is None:
+                self.wake_hints.arm(row, execution.ctx.wake_hint)
             return
         if cause == "lost-fence":
             log.warning("run.fence_lost", extra={"run_id": row.id, "epoch": epoch})

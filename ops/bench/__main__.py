@@ -128,6 +128,12 @@ def fleet(
         int, typer.Option("--latency-samples", min=1, help="Idle enqueue->start samples.")
     ] = 200,
     kills: Annotated[int, typer.Option("--kills", min=1, help="SIGKILLs to time.")] = 3,
+    recovery_runs: Annotated[
+        int, typer.Option("--recovery-runs", min=1, help="10 s runs admitted before each kill.")
+    ] = 50,
+    rss_runs: Annotated[
+        int, typer.Option("--rss-runs", min=1, help="Runs in flight in the RSS phase.")
+    ] = 500,
     skip_recovery: Annotated[
         bool, typer.Option("--skip-recovery", help="Skip the SIGKILL recovery phase.")
     ] = False,
@@ -152,13 +158,77 @@ def fleet(
                     concurrency=concurrency,
                     latency_samples=latency_samples,
                     kills=kills,
+                    recovery_runs=recovery_runs,
                     skip_recovery=skip_recovery,
                     skip_rss=skip_rss,
+                    rss_runs=rss_runs,
                 )
             )
     except BenchError as exc:
         raise _fail(exc) from exc
     _emit(result.as_json(), fleet_bench.table(result), as_json)
+
+
+@app.command("flows")
+def flows(
+    count: Annotated[
+        int, typer.Option("--flows", "-n", min=1, help="Three-step flows per system.")
+    ] = 1000,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Processes per system.")] = 2,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-k", min=1, help="Flows in flight per process.")
+    ] = 32,
+    dbos_polling: Annotated[
+        str,
+        typer.Option(
+            "--dbos-polling", help="DBOS queue polling intervals to run, s (comma-separated)."
+        ),
+    ] = "1.0,0.05",
+    skip_dbos: Annotated[
+        bool, typer.Option("--skip-dbos", help="Measure runfleet alone (no DBOS needed).")
+    ] = False,
+    sleep_runs: Annotated[
+        int, typer.Option("--sleep-runs", min=1, help="One-second sleeps per sleep mode.")
+    ] = 100,
+    sleep_gap: Annotated[
+        float,
+        typer.Option("--sleep-gap", min=0, help="Seconds between sleeps admitted (0: a burst)."),
+    ] = 0.02,
+    skip_sleep: Annotated[
+        bool, typer.Option("--skip-sleep", help="Skip the sleep-lateness phases.")
+    ] = False,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+    as_json: AsJson = False,
+) -> None:
+    """runfleet vs DBOS: three-step durable flows/s on one Postgres; 1 s sleep lateness."""
+    from ops.bench import dbos_side, flows_bench
+    from ops.bench.fleet_procs import servers
+
+    if not skip_dbos and not dbos_side.available():
+        raise _fail(BenchError(dbos_side.DBOS_MISSING))
+    try:
+        polling = tuple(float(p) for p in dbos_polling.split(",") if p.strip())
+    except ValueError as exc:
+        raise typer.BadParameter(f"--dbos-polling: {exc}") from exc
+    try:
+        with servers(database_url, redis_url) as found:
+            result = asyncio.run(
+                flows_bench.run(
+                    found,
+                    flows=count,
+                    workers=workers,
+                    concurrency=concurrency,
+                    dbos_polling=polling,
+                    skip_dbos=skip_dbos,
+                    sleep_runs=sleep_runs,
+                    sleep_gap=sleep_gap,
+                    skip_sleep=skip_sleep,
+                )
+            )
+    except BenchError as exc:
+        raise _fail(exc) from exc
+    _emit(result.as_json(), flows_bench.table(result), as_json)
 
 
 if __name__ == "__main__":

@@ -62,3 +62,22 @@ async def test_interrupt_unsafe_is_refused(queue: AsyncQueue, store: Store) -> N
     assert info.value.code == "unsafe_interrupt_unsupported"
     row = await store.runs.get(run.id)
     assert row is not None and row.cancel_requested_at_ms is None
+
+
+async def test_a_run_this_process_owns_but_no_longer_drives_is_taken_back(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    """E.g. its settlement gave up during a long outage: nobody would ever renew it."""
+    from store.types import Activated, NewRun
+
+    created = await store.runs.create(
+        NewRun(id="orphan", flow="tests.fleet.flows:add", payload={"args": [2, 3]})
+    )
+    outcome = await store.runs.claim_and_activate("orphan", created.row.snapshot, worker.owner)
+    assert isinstance(outcome, Activated)
+    assert await queue.run("orphan").result(timeout=10) == 5
+    (steal,) = [
+        r for r in await store.journal.records("orphan") if r.kind == "stolen-and-activated"
+    ]
+    assert steal.payload["probe"] == "self-orphaned"
+    assert steal.payload["previous_owner"] == worker.owner.key

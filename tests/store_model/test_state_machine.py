@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from store import Store
 from tests.store_model.driver import INTENTS, Driver, Intent
 
-SEQUENCES = st.lists(INTENTS, min_size=8, max_size=40)
+SEQUENCES = st.lists(INTENTS, min_size=20, max_size=50)
 
 
 @settings(

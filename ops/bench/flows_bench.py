@@ -1,0 +1,266 @@
+"""The flows benchmark: durable three-step flows on runfleet and on DBOS, same Postgres.
+
+Both systems drain a standing backlog of ``flows`` flows (each three recorded steps of a
+trivial function) with the same worker processes x concurrency; throughput is flows
+over the window from the first start to the last finish, each system's own database
+timestamps. DBOS polls its queue: it runs twice, at its default polling interval and at
+a short one (its best case here), and the ratio is taken against the better of the two.
+
+Then runfleet alone: how late a one-second ``ctx.sleep`` wakes, with short sleeps taken
+in-process (the default, ``inline_sleep_max``) and with every sleep parked on a durable
+timer (``RUNFLEET_INLINE_SLEEP_MAX=0``), which the due-clock sweep wakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rich.table import Table
+
+from broker import AsyncQueue, EnqueueSpec
+from ops.bench import dbos_side
+from ops.bench.dbos_side import Throughput
+from ops.bench.fleet_procs import (
+    Proc,
+    Servers,
+    bench_prefix,
+    percentile,
+    runfleet_worker,
+    wait_workers_started,
+)
+from ops.bench.runfleet_side import wait_completed
+from ops.bench.scratch import BenchError, scratch_database
+from ops.bench.three_steps import QUEUE, sleep_once, three_steps
+from store import Kind, Store
+from store.config import Settings
+from store.migrate import migrate
+
+FLOWS_MODULE = "ops.bench.three_steps"
+SLEEP_KEY = "sleep:sleep#1"
+
+
+@dataclass(frozen=True, slots=True)
+class SleepLateness:
+    """How late ``runs`` one-second sleeps woke: wake minus due, in ms."""
+
+    mode: str
+    late_ms: tuple[float, ...]
+    sleep_s: float
+
+    def as_json(self) -> dict[str, Any]:
+        p99 = percentile(self.late_ms, 99)
+        return {
+            "mode": self.mode,
+            "runs": len(self.late_ms),
+            "late_p50_ms": round(percentile(self.late_ms, 50), 1),
+            "late_p99_ms": round(p99, 1),
+            "late_max_ms": round(max(self.late_ms, default=0.0), 1),
+            "sleep_p99_s": round(self.sleep_s + p99 / 1000, 3),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class FlowsBenchResult:
+    flows: int
+    workers: int
+    concurrency: int
+    runfleet: Throughput
+    dbos: dict[float, Throughput]
+    sleeps: tuple[SleepLateness, ...]
+
+    @property
+    def dbos_best(self) -> Throughput | None:
+        return max(self.dbos.values(), key=lambda t: t.per_s, default=None)
+
+    @property
+    def ratio(self) -> float | None:
+        best = self.dbos_best
+        return self.runfleet.per_s / best.per_s if best else None
+
+    def targets(self) -> dict[str, tuple[str, bool]]:
+        found: dict[str, tuple[str, bool]] = {}
+        if self.ratio is not None:
+            found[">= 4x DBOS flows/s"] = (f"{self.ratio:.2f}x", self.ratio >= 4)
+        for sleep in self.sleeps:
+            total = sleep.sleep_s + percentile(sleep.late_ms, 99) / 1000
+            found[f"1 s sleep wakes within 1.5 s p99 ({sleep.mode})"] = (
+                f"{total:.2f} s",
+                total <= 1.5,
+            )
+        return found
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "benchmark": "flows",
+            "flows": self.flows,
+            "workers": self.workers,
+            "concurrency": self.concurrency,
+            "runfleet": self.runfleet.as_json(),
+            "dbos": {f"polling_{p:g}s": t.as_json() for p, t in self.dbos.items()},
+            "ratio_vs_best_dbos": round(self.ratio, 3) if self.ratio is not None else None,
+            "sleeps": [s.as_json() for s in self.sleeps],
+            "targets": {k: {"measured": v[0], "met": v[1]} for k, v in self.targets().items()},
+        }
+
+
+def _workers(settings: Settings, count: int, concurrency: int, **env: object) -> list[Proc]:
+    return [
+        runfleet_worker(settings, flows=FLOWS_MODULE, queues=QUEUE, concurrency=concurrency, **env)
+        for _ in range(count)
+    ]
+
+
+async def _runfleet_throughput(
+    settings: Settings, store: Store, *, flows: int, workers: int, concurrency: int
+) -> Throughput:
+    async with AsyncQueue(QUEUE, settings=settings) as queue:
+        await queue.enqueue_many([EnqueueSpec(three_steps, (i,)) for i in range(flows)])
+    began = time.perf_counter()
+    procs = _workers(settings, workers, concurrency)
+    try:
+        await wait_completed(store, three_steps.name, flows, procs, timeout=600)
+        wall = time.perf_counter() - began
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.close()
+    starts = await store.stats.records_of_kind(Kind.CLAIMED_AND_ACTIVATED)
+    ends = await store.stats.records_of_kind(Kind.TRANSITIONED)
+    if not starts or not ends:
+        raise BenchError("the journal has no activation or settlement records")
+    if await store.stats.settled_more_than_once():
+        raise BenchError("a flow settled more than once")
+    window = (max(r.at_ms for r in ends) - min(r.at_ms for r in starts)) / 1000
+    return Throughput(flows, wall, window)
+
+
+async def _sleep_lateness(
+    settings: Settings,
+    store: Store,
+    *,
+    mode: str,
+    runs: int,
+    seconds: float,
+    gap_s: float,
+    **env: object,
+) -> SleepLateness:
+    """``runs`` sleeps ``gap_s`` apart on one idle worker with a slot for each: how long
+    after its clock's due time each flow went on (its wall clock; same host as Postgres)."""
+    procs = _workers(settings, 1, runs + 8, **env)
+    try:
+        await wait_workers_started(settings, procs, timeout=30)
+        ids: list[str] = []
+        async with AsyncQueue(QUEUE, settings=settings) as queue:
+            if gap_s <= 0:  # a burst: every wake due at the same instant, in one process
+                batch = await queue.enqueue_many([EnqueueSpec(sleep_once, (seconds,))] * runs)
+                ids = [r.id for r in batch]
+            for _ in range(runs if gap_s > 0 else 0):
+                ids.append((await queue.enqueue(sleep_once, seconds)).id)
+                await asyncio.sleep(gap_s)
+        done = await store.stats.status_counts(flow=sleep_once.name)
+        await wait_completed(store, sleep_once.name, sum(done.values()), procs, timeout=120)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.close()
+    late: list[float] = []
+    for row in await store.runs.get_many(ids):
+        due = [r for r in await store.steps.of_run(row.id) if r.key == SLEEP_KEY]
+        if not due or not isinstance(row.result, int):
+            raise BenchError(f"run {row.id} has no sleep record or no wake time")
+        output = due[0].output
+        assert isinstance(output, dict)
+        late.append(float(row.result - int(output["due_at_ms"])))
+    return SleepLateness(mode, tuple(late), seconds)
+
+
+async def run(
+    servers: Servers,
+    *,
+    flows: int = 1000,
+    workers: int = 2,
+    concurrency: int = 32,
+    dbos_polling: tuple[float, ...] = (1.0, 0.05),
+    skip_dbos: bool = False,
+    sleep_runs: int = 100,
+    sleep_gap: float = 0.02,
+    skip_sleep: bool = False,
+) -> FlowsBenchResult:
+    """The whole benchmark; every scratch database is dropped afterwards."""
+    if flows < 1 or workers < 1 or concurrency < 1:
+        raise BenchError("flows, workers and concurrency must be >= 1")
+    if not skip_dbos and not dbos_side.available():
+        raise BenchError(dbos_side.DBOS_MISSING)
+    theirs: dict[float, Throughput] = {}
+    for polling in () if skip_dbos else dbos_polling:
+        theirs[polling] = await dbos_side.run(
+            servers.database_url,
+            flows=flows,
+            workers=workers,
+            concurrency=concurrency,
+            polling=polling,
+        )
+    sleeps: list[SleepLateness] = []
+    async with scratch_database(servers.database_url, "rf_bench_flows") as url:
+        await migrate(url)
+        settings = Settings(
+            database_url=url, redis_url=servers.redis_url, redis_prefix=bench_prefix("flows")
+        )
+        store = await Store.open(settings, min_size=1, max_size=2)
+        try:
+            ours = await _runfleet_throughput(
+                settings, store, flows=flows, workers=workers, concurrency=concurrency
+            )
+            if not skip_sleep:
+                for mode, env in (
+                    ("inline (default)", {}),
+                    ("parked (inline_sleep_max=0)", {"inline_sleep_max": 0}),
+                ):
+                    sleeps.append(
+                        await _sleep_lateness(
+                            settings,
+                            store,
+                            mode=mode,
+                            runs=sleep_runs,
+                            seconds=1.0,
+                            gap_s=sleep_gap,
+                            **env,
+                        )
+                    )
+        finally:
+            await store.close()
+    return FlowsBenchResult(flows, workers, concurrency, ours, theirs, tuple(sleeps))
+
+
+def table(result: FlowsBenchResult) -> Table:
+    """The side-by-side table the ``flows`` command prints."""
+    t = Table(
+        title=f"flows: {result.flows} three-step flows, {result.workers} processes x "
+        f"{result.concurrency} concurrent each side, same Postgres server"
+    )
+    for col in ("", "flows/s (first start -> last finish)", "wall incl. start-up", "ratio"):
+        t.add_column(col, justify="left" if not col else "right")
+    rf = result.runfleet
+    t.add_row("runfleet", f"{rf.per_s:,.1f}", f"{rf.wall_per_s:,.1f}", "")
+    for polling, th in result.dbos.items():
+        t.add_row(
+            f"DBOS, queue polling {polling:g} s",
+            f"{th.per_s:,.1f}",
+            f"{th.wall_per_s:,.1f}",
+            f"{rf.per_s / th.per_s:.2f}x",
+        )
+    for sleep in result.sleeps:
+        j = sleep.as_json()
+        t.add_row(
+            f"1 s ctx.sleep, {sleep.mode}: late p50 / p99 / max",
+            f"{j['late_p50_ms']:.0f} / {j['late_p99_ms']:.0f} / {j['late_max_ms']:.0f} ms",
+            f"p99 sleep {j['sleep_p99_s']:.2f} s",
+            "",
+        )
+    t.add_section()
+    for name, (measured, met) in result.targets().items():
+        t.add_row(f"target: {name}", measured, "", "[green]met[/]" if met else "[red]missed[/]")
+    return t

@@ -14,7 +14,7 @@ from store import validate
 from store.config import Settings
 from store.db import Database
 from store.errors import InvalidInput
-from store.journal import Journal, Kind
+from store.journal import Journal, Kind, digest
 from store.rows import owner_params, run_row
 from store.types import (
     AlreadyRequested,
@@ -70,33 +70,39 @@ class Lifecycle:
         patch = state_patch or {}
         validate.json_value("state", patch, self._settings.max_payload_bytes)
         w = waiting or Waiting(reason="")
+        payload = {"to": to_status.value, "epoch": epoch, **(record or {})}
+        params = {
+            "id": run_id,
+            "epoch": epoch,
+            "to_status": to_status.value,
+            "state_patch": Jsonb(patch),
+            "guard": guard,
+            "waiting_reason": waiting.reason if waiting else None,
+            "waiting_wake_at_ms": w.wake_at_ms,
+            "waiting_token": w.token,
+            "waiting_request": Jsonb(w.request) if w.request is not None else None,
+            "waiting_deferred": None,
+            "kind": kind,
+            "source_id": self._db.source_id,
+            "source_seq": self._db.next_source_seq(),
+            "payload": Jsonb(payload),
+            "digest": digest(payload),
+            **owner_params(me),
+        }
+        if not to_status.terminal:  # one statement: the CAS and its record
+            row = await self._db.one("runs.transition_owned", params)
+            if row is None:
+                return await self._refusal(run_id, me, epoch)
+            return Transitioned(run_row(row))
         async with self._db.transaction():
-            row = await self._db.one(
-                "runs.transition_owned",
-                {
-                    "id": run_id,
-                    "epoch": epoch,
-                    "to_status": to_status.value,
-                    "state_patch": Jsonb(patch),
-                    "guard": guard,
-                    "waiting_reason": waiting.reason if waiting else None,
-                    "waiting_wake_at_ms": w.wake_at_ms,
-                    "waiting_token": w.token,
-                    "waiting_request": Jsonb(w.request) if w.request is not None else None,
-                    "waiting_deferred": None,
-                    **owner_params(me),
-                },
-            )
+            row = await self._db.one("runs.transition_owned", params)
             if row is None:
                 return await self._refusal(run_id, me, epoch)
             moved = run_row(row)
-            await self._journal.record(
-                run_id, kind, {"to": to_status.value, "epoch": epoch, **(record or {})}
-            )
-            if to_status.terminal:
-                await self._db.execute("runs.close_clocks", {"ids": [run_id]})
-                await self._cascade(run_id, cause=f"parent-{to_status.value}")
-                await self.notify_parents(moved)
+            # Statements of their own (fresh snapshots, after the row lock was won):
+            # a child admitted just before this settlement must be seen and cancelled.
+            await self._cascade(run_id, cause=f"parent-{to_status.value}")
+            await self.notify_parents(moved)
             return Transitioned(moved)
 
     async def _refusal(self, run_id: str, me: Owner, epoch: int) -> TransitionOutcome:

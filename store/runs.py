@@ -267,21 +267,21 @@ class Runs:
     async def claim_and_activate(
         self, run_id: str, expected: Snapshot, me: Owner
     ) -> ActivateOutcome:
-        """The fast path: claim and activation in one statement and one record."""
-        async with self._db.transaction():
-            row = await self._db.one(
-                "runs.claim_and_activate",
-                {"id": run_id, **owner_params(me), **_expected(expected)},
-            )
-            if row is None:
-                return await self._changed_or_missing(run_id)
-            activated = run_row(row)
-            await self._journal.record(
-                run_id,
-                Kind.CLAIMED_AND_ACTIVATED,
-                {"owner": me.key, "epoch": activated.epoch, "from": expected.status.value},
-            )
-            return Activated(activated)
+        """The fast path: claim, activation and its record in one statement."""
+        row = await self._db.one(
+            "runs.claim_and_activate",
+            {
+                "id": run_id,
+                "owner_key": me.key,
+                "source_id": self._db.source_id,
+                "source_seq": self._db.next_source_seq(),
+                **owner_params(me),
+                **_expected(expected),
+            },
+        )
+        if row is None:
+            return await self._changed_or_missing(run_id)
+        return Activated(run_row(row))
 
     async def steal(
         self,

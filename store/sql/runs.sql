@@ -41,21 +41,35 @@ ON CONFLICT DO NOTHING
 RETURNING r.*, runfleet.now_ms() AS now_ms;
 
 -- name: claim_and_activate
--- The fast path: claim and activation in one statement. Only a runnable row
--- (pending or suspended, nobody's wait pending, no stranded claim) qualifies,
--- and only if nothing in the caller's snapshot moved.
-UPDATE runfleet.runs AS r SET
-    status = 'running', owner_host = %(host)s, owner_pid = %(pid)s, owner_nonce = %(nonce)s,
-    epoch = r.epoch + 1, heartbeat_at_ms = runfleet.now_ms(),
-    claim_host = NULL, claim_pid = NULL, claim_nonce = NULL, claimed_at_ms = NULL,
-    updated_at_ms = runfleet.now_ms()
- WHERE r.id = %(id)s AND r.status = %(status)s AND r.status IN ('pending', 'suspended')
-   AND r.waiting_reason IS NULL AND r.claim_host IS NULL
-   AND r.owner_host IS NOT DISTINCT FROM %(exp_owner_host)s
-   AND r.owner_pid IS NOT DISTINCT FROM %(exp_owner_pid)s
-   AND r.owner_nonce IS NOT DISTINCT FROM %(exp_owner_nonce)s
-   AND r.heartbeat_at_ms IS NOT DISTINCT FROM %(exp_heartbeat_at_ms)s
-RETURNING r.*, runfleet.now_ms() AS now_ms;
+-- The fast path: claim, activation and its journal record in one statement (so
+-- one round trip, and atomic without a transaction block). Only a runnable row
+-- (pending or suspended, nobody's wait pending, no stranded claim) qualifies, and
+-- only if nothing in the caller's snapshot moved. The record's digest is computed
+-- here from jsonb's own canonical text: CAS records are never compared by digest.
+WITH activated AS (
+    UPDATE runfleet.runs AS r SET
+        status = 'running', owner_host = %(host)s, owner_pid = %(pid)s,
+        owner_nonce = %(nonce)s, epoch = r.epoch + 1, heartbeat_at_ms = runfleet.now_ms(),
+        claim_host = NULL, claim_pid = NULL, claim_nonce = NULL, claimed_at_ms = NULL,
+        updated_at_ms = runfleet.now_ms()
+     WHERE r.id = %(id)s AND r.status = %(status)s AND r.status IN ('pending', 'suspended')
+       AND r.waiting_reason IS NULL AND r.claim_host IS NULL
+       AND r.owner_host IS NOT DISTINCT FROM %(exp_owner_host)s
+       AND r.owner_pid IS NOT DISTINCT FROM %(exp_owner_pid)s
+       AND r.owner_nonce IS NOT DISTINCT FROM %(exp_owner_nonce)s
+       AND r.heartbeat_at_ms IS NOT DISTINCT FROM %(exp_heartbeat_at_ms)s
+    RETURNING r.*, runfleet.now_ms() AS now_ms
+), record AS (
+    SELECT a.id, jsonb_build_object('owner', %(owner_key)s::text, 'epoch', a.epoch,
+                                    'from', %(status)s::text) AS payload, a.now_ms
+      FROM activated a
+), journaled AS (
+    INSERT INTO runfleet.journal (run_id, kind, source_id, source_seq, payload, digest, at_ms)
+    SELECT id, 'claimed-and-activated', %(source_id)s, %(source_seq)s, payload,
+           left(encode(sha256(convert_to(payload::text, 'UTF8')), 'hex'), 32), now_ms
+      FROM record
+)
+SELECT * FROM activated;
 
 -- name: claim
 UPDATE runfleet.runs AS r SET
@@ -116,22 +130,33 @@ RETURNING r.*, runfleet.now_ms() AS now_ms;
 
 -- name: transition_owned
 -- Leaving 'running' drops the owner (the epoch stays as the fence history).
--- With the guard on, a pending cancel request makes a settlement lose.
-UPDATE runfleet.runs AS r SET
-    status = %(to_status)s, state = r.state || %(state_patch)s,
-    owner_host = CASE WHEN %(to_status)s = 'running' THEN r.owner_host END,
-    owner_pid = CASE WHEN %(to_status)s = 'running' THEN r.owner_pid END,
-    owner_nonce = CASE WHEN %(to_status)s = 'running' THEN r.owner_nonce END,
-    heartbeat_at_ms = CASE WHEN %(to_status)s = 'running' THEN r.heartbeat_at_ms END,
-    waiting_reason = %(waiting_reason)s, waiting_wake_at_ms = %(waiting_wake_at_ms)s,
-    waiting_token = %(waiting_token)s, waiting_request = %(waiting_request)s,
-    waiting_deferred = %(waiting_deferred)s,
-    updated_at_ms = runfleet.now_ms()
- WHERE r.id = %(id)s AND r.status = 'running'
-   AND r.owner_host = %(host)s AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s
-   AND r.epoch = %(epoch)s
-   AND (NOT %(guard)s OR r.cancel_requested_at_ms IS NULL)
-RETURNING r.*, runfleet.now_ms() AS now_ms;
+-- With the guard on, a pending cancel request makes a settlement lose. The journal
+-- record and, for a terminal status, the closing of the run's clocks are part of
+-- the same statement: one round trip, and nothing lands unless the CAS won.
+WITH moved AS (
+    UPDATE runfleet.runs AS r SET
+        status = %(to_status)s, state = r.state || %(state_patch)s,
+        owner_host = NULL, owner_pid = NULL, owner_nonce = NULL, heartbeat_at_ms = NULL,
+        waiting_reason = %(waiting_reason)s, waiting_wake_at_ms = %(waiting_wake_at_ms)s,
+        waiting_token = %(waiting_token)s, waiting_request = %(waiting_request)s,
+        waiting_deferred = %(waiting_deferred)s,
+        updated_at_ms = runfleet.now_ms()
+     WHERE r.id = %(id)s AND r.status = 'running'
+       AND r.owner_host = %(host)s AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s
+       AND r.epoch = %(epoch)s
+       AND (NOT %(guard)s OR r.cancel_requested_at_ms IS NULL)
+    RETURNING r.*, runfleet.now_ms() AS now_ms
+), journaled AS (
+    INSERT INTO runfleet.journal (run_id, kind, source_id, source_seq, payload, digest, at_ms)
+    SELECT id, %(kind)s, %(source_id)s, %(source_seq)s, %(payload)s, %(digest)s, now_ms
+      FROM moved
+), closed AS (
+    UPDATE runfleet.clocks AS c SET completed_at_ms = runfleet.now_ms()
+      FROM moved
+     WHERE c.run_id = moved.id AND %(to_status)s IN ('completed', 'failed', 'cancelled')
+       AND c.completed_at_ms IS NULL
+)
+SELECT * FROM moved;
 
 -- name: heartbeat
 -- One statement renews every run a process owns; the answer is the confirmed

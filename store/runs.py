@@ -273,6 +273,7 @@ class Runs:
             {
                 "id": run_id,
                 "owner_key": me.key,
+                "journal_kind": Kind.CLAIMED_AND_ACTIVATED,
                 "source_id": self._db.source_id,
                 "source_seq": self._db.next_source_seq(),
                 **owner_params(me),

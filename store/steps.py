@@ -81,34 +81,34 @@ class Steps:
         position: int,
         output: JsonValue,
         compensate: str | None = None,
+        attempt: int | None = None,
     ) -> StepRecord | None:
-        """Record a call's output and digest; None when the fence (or the slot) is gone."""
+        """Record a call's output and digest (ending ``attempt``, if a step's); None when
+        the fence (or the position) is gone."""
         validate.json_value("step output", output, self._settings.max_payload_bytes)
-        async with self._db.transaction():
-            row = await self._db.one(
-                "steps.record",
-                {
-                    "run_id": run_id,
-                    "key": key,
-                    "name": name,
-                    "kind": kind,
-                    "position": position,
-                    "output": Jsonb(output),
-                    "digest": digest(output),
-                    "epoch": epoch,
-                    "compensate": compensate,
-                    **owner_params(me),
-                },
-            )
-            if row is None:
-                return None
-            record = _record(row)
-            await self._journal.record(
-                run_id,
-                Kind.STEP_RECORDED,
-                {"key": key, "kind": kind, "position": position, "epoch": epoch},
-            )
-            return record
+        payload = {"key": key, "kind": kind, "position": position, "epoch": epoch}
+        row = await self._db.one(
+            "steps.record",
+            {
+                "run_id": run_id,
+                "key": key,
+                "name": name,
+                "kind": kind,
+                "position": position,
+                "output": Jsonb(output),
+                "digest": digest(output),
+                "epoch": epoch,
+                "compensate": compensate,
+                "attempt": attempt,
+                "source_id": self._db.source_id,
+                "source_seq": self._db.next_source_seq(),
+                "payload": Jsonb(payload),
+                "payload_digest": digest(payload),
+                "journal_kind": Kind.STEP_RECORDED,
+                **owner_params(me),
+            },
+        )
+        return _record(row) if row else None
 
     async def start_attempt(self, run_id: str, me: Owner, epoch: int, key: str) -> int | None:
         """Number and record the next attempt of a step (the counter survives crashes)."""

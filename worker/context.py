@@ -136,6 +136,7 @@ class Context:
         kind: str,
         output: Any,
         compensate: str | None = None,
+        attempt: int | None = None,
     ) -> StepRecord:
         record = await self._store.steps.record(
             self.run.id,
@@ -147,6 +148,7 @@ class Context:
             position=position,
             output=output,
             compensate=compensate,
+            attempt=attempt,
         )
         if record is None:
             raise Interrupted("lost-fence")
@@ -226,8 +228,9 @@ class Context:
                 )
                 await self._backoff(key, attempt, delay)
                 continue
-            await steps.finish_attempt(self.run.id, key, attempt, None)
-            await self._record(position, key, name, "step", output, compensate=undo)
+            await self._record(
+                position, key, name, "step", output, compensate=undo, attempt=attempt
+            )
             return output
 
     async def _backoff(self, key: str, attempt: int, delay: float) -> None:

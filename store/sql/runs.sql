@@ -65,7 +65,7 @@ WITH activated AS (
       FROM activated a
 ), journaled AS (
     INSERT INTO runfleet.journal (run_id, kind, source_id, source_seq, payload, digest, at_ms)
-    SELECT id, 'claimed-and-activated', %(source_id)s, %(source_seq)s, payload,
+    SELECT id, %(journal_kind)s, %(source_id)s, %(source_seq)s, payload,
            left(encode(sha256(convert_to(payload::text, 'UTF8')), 'hex'), 32), now_ms
       FROM record
 )

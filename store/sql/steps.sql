@@ -8,16 +8,30 @@ SELECT run_id, key, name, kind, position, output, digest, epoch, recorded_at_ms,
 
 -- name: record
 -- Owner+epoch fenced: a process that lost the run can never record a call for it.
-INSERT INTO runfleet.steps (run_id, key, name, kind, position, output, digest, epoch,
-                            recorded_at_ms, compensate)
-SELECT %(run_id)s, %(key)s, %(name)s, %(kind)s, %(position)s, %(output)s, %(digest)s,
-       %(epoch)s, runfleet.now_ms(), %(compensate)s
-  FROM runfleet.runs r
- WHERE r.id = %(run_id)s AND r.status = 'running' AND r.owner_host = %(host)s
-   AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s AND r.epoch = %(epoch)s
-ON CONFLICT DO NOTHING
-RETURNING run_id, key, name, kind, position, output, digest, epoch, recorded_at_ms,
-          compensate, compensated_at_ms;
+-- The record, its journal entry and (for a step) the end of the attempt that
+-- produced it are one statement: one round trip, and all or nothing.
+WITH recorded AS (
+    INSERT INTO runfleet.steps (run_id, key, name, kind, position, output, digest, epoch,
+                                recorded_at_ms, compensate)
+    SELECT %(run_id)s, %(key)s, %(name)s, %(kind)s, %(position)s, %(output)s, %(digest)s,
+           %(epoch)s, runfleet.now_ms(), %(compensate)s
+      FROM runfleet.runs r
+     WHERE r.id = %(run_id)s AND r.status = 'running' AND r.owner_host = %(host)s
+       AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s AND r.epoch = %(epoch)s
+    ON CONFLICT DO NOTHING
+    RETURNING run_id, key, name, kind, position, output, digest, epoch, recorded_at_ms,
+              compensate, compensated_at_ms
+), journaled AS (
+    INSERT INTO runfleet.journal (run_id, kind, source_id, source_seq, payload, digest, at_ms)
+    SELECT run_id, %(journal_kind)s, %(source_id)s, %(source_seq)s, %(payload)s,
+           %(payload_digest)s, recorded_at_ms
+      FROM recorded
+), finished AS (
+    UPDATE runfleet.attempts AS a SET finished_at_ms = runfleet.now_ms(), error = NULL
+      FROM recorded
+     WHERE a.run_id = recorded.run_id AND a.key = recorded.key AND a.attempt = %(attempt)s
+)
+SELECT * FROM recorded;
 
 -- name: attempt_start
 INSERT INTO runfleet.attempts (run_id, key, attempt, started_at_ms)

@@ -44,6 +44,7 @@ from tests.store_model.model import (
     Single,
     Snap,
     Steal,
+    Suspend,
     Wake,
     World,
     predict,
@@ -59,6 +60,7 @@ IntentKind = Literal[
     "heartbeat",
     "settle",
     "park",
+    "suspend",
     "wake",
     "cancel",
     "ack",
@@ -66,6 +68,7 @@ IntentKind = Literal[
     "race_steal",
     "race_cancel_settle",
     "race_cancel_park",
+    "race_cancel_suspend",
 ]
 KINDS: tuple[IntentKind, ...] = (
     # Weighted by repetition: claims keep runs running, where most rules have teeth.
@@ -78,13 +81,16 @@ KINDS: tuple[IntentKind, ...] = (
     "steal",
     "ack",
     "park",
+    "suspend",
     "heartbeat",
+    "wake",
     "wake",
     "cancel",
     "race_claim",
     "race_steal",
     "race_cancel_settle",
     "race_cancel_park",
+    "race_cancel_suspend",
 )
 
 
@@ -203,6 +209,8 @@ class Driver:
                 return Settle(run, *self._fence(intent), to)
             case "park":
                 return Park(run, *self._fence(intent))
+            case "suspend":
+                return Suspend(run, *self._fence(intent), guard=intent.pick < 6)
             case "wake":
                 return Wake(run)
             case "cancel":
@@ -220,6 +228,9 @@ class Driver:
                 return Race((Settle(run, owner, epoch, RunStatus.COMPLETED), RequestCancel(run)))
             case "race_cancel_park":
                 return Race((Park(run, *self._fence(intent, mode=1)), RequestCancel(run)))
+            case "race_cancel_suspend":
+                owner, epoch = self._fence(intent, mode=1)
+                return Race((Suspend(run, owner, epoch, guard=True), RequestCancel(run)))
 
     # ---- executing ---------------------------------------------------------
 
@@ -263,6 +274,15 @@ class Driver:
                 outcome = await store.waits.wake(self.ids[op.run])
             case RequestCancel():
                 outcome = await store.lifecycle.request_cancel(self.ids[op.run], actor="model")
+            case Suspend():
+                outcome = await store.lifecycle.transition_owned(
+                    self.ids[op.run],
+                    self.owners[op.owner],
+                    op.epoch,
+                    RunStatus.SUSPENDED,
+                    guard=op.guard,
+                    waiting=Waiting(reason="quota", wake_at_ms=None),
+                )
             case AckCancel():
                 outcome = await store.lifecycle.acknowledge_cancel(
                     self.ids[op.run], self.owners[op.owner], op.epoch

@@ -110,6 +110,16 @@ class Park:
 
 
 @dataclass(frozen=True, slots=True)
+class Suspend:
+    """``transition_owned`` to suspended with a wait: the CAS and its record in one statement."""
+
+    run: int
+    owner: int
+    epoch: int
+    guard: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Wake:
     run: int
 
@@ -126,7 +136,9 @@ class AckCancel:
     epoch: int
 
 
-Single: TypeAlias = ClaimActivate | Steal | Renew | Settle | Park | Wake | RequestCancel | AckCancel
+Single: TypeAlias = (
+    ClaimActivate | Steal | Renew | Settle | Park | Suspend | Wake | RequestCancel | AckCancel
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +206,14 @@ def _park(m: RunModel, op: Park) -> list[tuple[Expect, RunModel]]:
     return [("Parked", _released(m, Kind.PARKED, RunStatus.SUSPENDED, "event"))]
 
 
+def _suspend(m: RunModel, op: Suspend) -> list[tuple[Expect, RunModel]]:
+    if not m.owned_by(op.owner, op.epoch):
+        return [("NotOwner", m)]
+    if op.guard and m.cancel_requested:
+        return [("GuardFailed", m)]
+    return [("Transitioned", _released(m, Kind.TRANSITIONED, RunStatus.SUSPENDED, "quota"))]
+
+
 def _wake(m: RunModel) -> list[tuple[Expect, RunModel]]:
     if m.waiting is None:
         return [("NotWaiting", m)]
@@ -239,6 +259,8 @@ def _single(world: World, op: Single) -> list[tuple[Expect, World]]:
             branches = _settle(m, op)
         case Park():
             branches = _park(m, op)
+        case Suspend():
+            branches = _suspend(m, op)
         case Wake():
             branches = _wake(m)
         case RequestCancel():

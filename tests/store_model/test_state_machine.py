@@ -9,15 +9,22 @@ on fresh run ids and owners instead of a fresh database.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from store import Store
 from tests.store_model.driver import INTENTS, Driver, Intent
 
-SEQUENCES = st.lists(INTENTS, min_size=20, max_size=50)
+# Lengths drawn uniformly-ish (st.lists alone mostly yields a handful of steps, too few to
+# reach the interesting states); shrinking still drives the length down to the minimum.
+SEQUENCES = st.integers(1, 50).flatmap(lambda n: st.lists(INTENTS, min_size=n, max_size=n))
 
 
+# Shrinking a failure replays many sequences and may take minutes; the suite's default
+# timeout would fire inside the event loop mid-query, and hypothesis would take that
+# interruption for one more failure. Hypothesis bounds its own shrinking (5 minutes).
+@pytest.mark.timeout(600)
 @settings(
     max_examples=40,
     deadline=None,

@@ -27,20 +27,14 @@ from psycopg_pool import AsyncConnectionPool
 from ops.bench.scratch import BenchError, scratch_database
 from store import Settings, Store
 from store.migrate import migrate
+from store.queries import q
 from store.types import Activated, Created, NewRun, Owner, RunStatus, Transitioned
 
 TRANSACTIONS_PER_LIFECYCLE = 3
 
-# The baseline's own table and statement. They describe no runfleet behaviour (the
-# store's SQL lives in store/sql); they are the yardstick runfleet is measured against.
-BASELINE_TABLE = (
-    "CREATE TABLE bench_commits ("
-    " id bigserial PRIMARY KEY, payload jsonb NOT NULL, at_ms bigint NOT NULL)"
-)
-BASELINE_INSERT = (
-    "INSERT INTO bench_commits (payload, at_ms)"
-    " VALUES (%s, (extract(epoch FROM clock_timestamp()) * 1000)::bigint)"
-)
+# The baseline's own table and statement: the yardstick, in store/sql/bench.sql.
+BASELINE_TABLE = q("bench.baseline_table")
+BASELINE_INSERT = q("bench.baseline_insert")
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ same transaction; zero rows updated is reported as the outcome that explains why
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -51,7 +52,15 @@ def _expected(expected: Snapshot) -> dict[str, Any]:
         "exp_owner_pid": owner.pid if owner else None,
         "exp_owner_nonce": owner.nonce if owner else None,
         "exp_heartbeat_at_ms": expected.heartbeat_at_ms,
+        "exp_epoch": expected.epoch,
     }
+
+
+def _same(current: Snapshot, expected: Snapshot) -> bool:
+    """Whether nothing the caller's snapshot names has moved (its epoch only if it has one)."""
+    if expected.epoch is None:
+        current = replace(current, epoch=None)
+    return current == expected
 
 
 def _identity(row: RunRow) -> list[tuple[str, Any]]:
@@ -316,7 +325,7 @@ class Runs:
                 current = await self.get(run_id)
                 if current is None:
                     return NotFound(run_id)
-                if current.snapshot == expected:
+                if _same(current.snapshot, expected):
                     return LeaseFresh(current)
                 return SnapshotChanged(current)
             stolen = run_row(row)

@@ -76,6 +76,8 @@ class Snapshot:
     owner: Owner | None
     heartbeat_at_ms: int | None
     claim: Owner | None
+    epoch: int | None = None
+    """The tenure the caller read; a suspended row looks alike across tenures without it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +124,7 @@ class RunRow:
 
     @property
     def snapshot(self) -> Snapshot:
-        return Snapshot(self.status, self.owner, self.heartbeat_at_ms, self.claim)
+        return Snapshot(self.status, self.owner, self.heartbeat_at_ms, self.claim, self.epoch)
 
     @property
     def payload(self) -> JsonValue:

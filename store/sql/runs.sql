@@ -58,6 +58,7 @@ WITH activated AS (
        AND r.owner_pid IS NOT DISTINCT FROM %(exp_owner_pid)s
        AND r.owner_nonce IS NOT DISTINCT FROM %(exp_owner_nonce)s
        AND r.heartbeat_at_ms IS NOT DISTINCT FROM %(exp_heartbeat_at_ms)s
+   AND (%(exp_epoch)s::bigint IS NULL OR r.epoch = %(exp_epoch)s)
     RETURNING r.*, runfleet.now_ms() AS now_ms
 ), record AS (
     SELECT a.id, jsonb_build_object('owner', %(owner_key)s::text, 'epoch', a.epoch,
@@ -81,6 +82,7 @@ UPDATE runfleet.runs AS r SET
    AND r.owner_pid IS NOT DISTINCT FROM %(exp_owner_pid)s
    AND r.owner_nonce IS NOT DISTINCT FROM %(exp_owner_nonce)s
    AND r.heartbeat_at_ms IS NOT DISTINCT FROM %(exp_heartbeat_at_ms)s
+   AND (%(exp_epoch)s::bigint IS NULL OR r.epoch = %(exp_epoch)s)
 RETURNING r.*, runfleet.now_ms() AS now_ms;
 
 -- name: activate
@@ -125,6 +127,7 @@ UPDATE runfleet.runs AS r SET
    AND r.owner_nonce = %(exp_owner_nonce)s AND r.owner_pid = %(exp_owner_pid)s
    AND r.owner_host = %(exp_owner_host)s
    AND r.heartbeat_at_ms = %(exp_heartbeat_at_ms)s
+   AND (%(exp_epoch)s::bigint IS NULL OR r.epoch = %(exp_epoch)s)
    AND r.heartbeat_at_ms < runfleet.now_ms() - %(stale_after_ms)s
 RETURNING r.*, runfleet.now_ms() AS now_ms;
 

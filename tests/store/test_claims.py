@@ -387,3 +387,25 @@ async def test_race_claim_has_exactly_one_winner(
             row = await must_get(store, run_id)
             assert row.claim == winners[0].row.claim and row.status is RunStatus.PENDING
             assert await journal_kinds(store, run_id) == ["created", "claimed"]
+
+
+async def test_a_snapshot_from_an_earlier_tenure_loses_even_if_the_row_looks_alike(
+    store: Store,
+) -> None:
+    """A suspended row reads the same across tenures; the epoch in the snapshot tells them apart."""
+    from store.types import Activated, NewRun, SnapshotChanged, Waiting
+
+    a, b, c = Owner("h", 1, "a"), Owner("h", 2, "b"), Owner("h", 3, "c")
+    created = await store.runs.create(NewRun(id="aba", flow="f"))
+    first = await store.runs.claim_and_activate("aba", created.row.snapshot, a)
+    assert isinstance(first, Activated)
+    await store.waits.park("aba", a, first.row.epoch, Waiting(reason="event"))
+    await store.waits.wake("aba")
+    stale_row = await store.runs.get("aba")
+    assert stale_row is not None
+    second = await store.runs.claim_and_activate("aba", stale_row.snapshot, b)
+    assert isinstance(second, Activated)
+    await store.waits.park("aba", b, second.row.epoch, Waiting(reason="approval"))
+    await store.waits.wake("aba")
+    outcome = await store.runs.claim_and_activate("aba", stale_row.snapshot, c)
+    assert isinstance(outcome, SnapshotChanged)

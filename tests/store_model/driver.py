@@ -298,7 +298,11 @@ class Driver:
     async def execute(self, op: Op) -> Expect:
         if not isinstance(op, Race):
             return await self._single(op)
-        return tuple(await asyncio.gather(*(self._single(o) for o in op.ops)))
+        # Each task takes its own pooled connection, so the operations really contend for
+        # the row; a task group leaves no straggler running into the next example.
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(self._single(o)) for o in op.ops]
+        return tuple(t.result() for t in tasks)
 
     # ---- checking ----------------------------------------------------------
 

@@ -1,10 +1,11 @@
 """Random operation sequences from three owners over three runs, held to the reference model.
 
 Claims (with current or stale snapshots), forced and default-threshold steals, heartbeats,
-guarded settlements, park/wake, cancel requests and acknowledgements, plus races of the
-same operations on separate connections (claim x3, steal x3, settle vs cancel, park vs
-cancel). The database fixture is shared by every example of a test, so each example works
-on fresh run ids and owners instead of a fresh database.
+guarded settlements, park/wake, suspensions through ``transition_owned``, cancel requests
+and acknowledgements, plus races of the same operations on separate connections (claim x3,
+steal x3, settle vs cancel, park vs cancel, suspend vs cancel). The database fixture is
+shared by every example of a test, so each example works on fresh run ids and owners
+instead of a fresh database.
 """
 
 from __future__ import annotations
@@ -42,17 +43,21 @@ SEQUENCES = st.integers(1, 50).flatmap(lambda n: st.lists(INTENTS, min_size=n, m
         Intent("cancel", 0, 0, 0, True),
     ]
 )
-# A run parked, woken and resumed by a different owner, then stolen back and settled;
-# the first owner's old fence must be refused at every turn.
+# A run parked, woken and resumed by another owner, then stolen: every stale fence (an old
+# owner's believed epoch, the current owner's previous epoch) is refused; then races.
 @example(
     intents=[
         Intent("claim", 1, 0, 0, True),
-        Intent("park", 1, 0, 1, True),
-        Intent("claim", 1, 1, 0, False),
+        Intent("park", 1, 0, 0, True),
+        Intent("claim", 1, 1, 0, True),  # still waiting: not claimable
         Intent("wake", 1, 0, 0, True),
+        Intent("claim", 1, 1, 0, True),
+        Intent("settle", 1, 0, 0, False),  # owner 0 with the epoch it last held
+        Intent("settle", 1, 0, 1, False),  # the current owner with epoch - 1
+        Intent("steal", 1, 2, 0, True),
+        Intent("ack", 1, 1, 0, False),  # owner 1 with the epoch it last held
         Intent("race_claim", 1, 0, 0, True),
         Intent("race_steal", 1, 0, 0, True),
-        Intent("settle", 1, 0, 2, True),
         Intent("race_cancel_settle", 1, 0, 0, True),
     ]
 )

@@ -49,7 +49,8 @@ log = logging.getLogger("runfleet.worker.driver")
 
 ProbeFn = Callable[[Owner], Awaitable[Probe]]
 SettledFn = Callable[[str, str], Awaitable[None]]
-ReleasedFn = Callable[[RunRow], Awaitable[None]]
+ScheduleFn = Callable[[RunRow], Awaitable[None]]
+"""Hint that a run can move now (released, a child admitted, a parent woken, a timer due)."""
 UNKNOWN_PROBE = Probe(verdict="unknown", evidence="lease-expired")
 
 
@@ -71,18 +72,18 @@ class Driver:
         *,
         probe: ProbeFn | None = None,
         on_settled: SettledFn | None = None,
-        on_released: ReleasedFn | None = None,
+        schedule: ScheduleFn | None = None,
     ) -> None:
         self.store = store
         self.owner = owner
         self.settings = settings
         self._probe = probe
         self._on_settled = on_settled
-        self._on_released = on_released
+        self._schedule = schedule
         self.owned: dict[str, Execution] = {}
         self.ladder = RefusalLadder(settings.heartbeat_interval, settings.stale_after)
-        self.settlement = Settlement(store, owner, schedule=on_released, announce=on_settled)
-        self.wake_hints = WakeHints(on_released)
+        self.settlement = Settlement(store, owner, schedule=schedule, announce=on_settled)
+        self.wake_hints = WakeHints(schedule)
         self._warned_unknown: set[str] = set()
 
     # ---- decide ------------------------------------------------------------
@@ -268,7 +269,7 @@ class Driver:
             epoch=row.epoch,
             store=self.store,
             settings=self.settings,
-            schedule=self._on_released,
+            schedule=self._schedule,
         )
         execution = Execution(ctx)
         self.owned[row.id] = execution
@@ -389,6 +390,6 @@ class Driver:
             return False
         metrics.RELEASES.labels(cause).inc()
         log.info("run.released", extra={"run_id": row.id, "cause": cause})
-        if self._on_released is not None:
-            await self._on_released(row)
+        if self._schedule is not None:
+            await self._schedule(row)
         return True

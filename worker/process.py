@@ -86,7 +86,7 @@ class Worker:
             self.settings,
             probe=self.liveness.probe,
             on_settled=self._settled,
-            on_released=self._schedule,
+            schedule=self._schedule,
         )
         self.driver = driver
         self.coordinator = Coordinator(driver)

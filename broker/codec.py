@@ -7,6 +7,7 @@ acknowledges and drops it, and the Postgres sweeps recover whatever it meant.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal
 
 import msgpack
@@ -56,6 +57,15 @@ class StreamMessage(BaseModel):
         if type(value) is not int:
             raise ValueError("v must be the integer 1")
         return value
+
+
+def message_for(
+    run_id: str, flow: str, reason: str, kind: Literal["schedule", "wake"] = "wake"
+) -> StreamMessage:
+    """The one way runfleet builds a stream message: the current version, stamped now."""
+    return StreamMessage(
+        v=1, kind=kind, run=run_id, flow=flow, reason=reason, at_ms=int(time.time() * 1000)
+    )
 
 
 def encode(msg: StreamMessage) -> bytes:

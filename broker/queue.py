@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 
 from broker.admission import EnqueueSpec, check_signature, flow_target, importable, unknown
 from broker.client import connect
-from broker.codec import StreamMessage
+from broker.codec import message_for
 from broker.notify import Notifier
 from broker.streams import Streams
 from store import Store
@@ -188,15 +188,8 @@ class AsyncQueue:
     async def _admit(self, news: list[NewRun]) -> list[AsyncRun]:
         rows = await self.store.runs.create_many(news)
         ready = [o.row for o in rows if o.row.status is RunStatus.PENDING and o.row.waiting is None]
-        now = int(time.time() * 1000)
         messages = [
-            (
-                row.queue,
-                StreamMessage(
-                    v=1, kind="schedule", run=row.id, flow=row.flow, reason="enqueue", at_ms=now
-                ),
-            )
-            for row in ready
+            (row.queue, message_for(row.id, row.flow, "enqueue", "schedule")) for row in ready
         ]
         try:
             await self.streams.publish_many(messages)
@@ -263,14 +256,7 @@ class AsyncQueue:
         row = await self.store.runs.get(run_id)
         if row is None:
             return
-        message = StreamMessage(
-            v=1,
-            kind="wake",
-            run=row.id,
-            flow=row.flow,
-            reason=reason,
-            at_ms=int(time.time() * 1000),
-        )
+        message = message_for(row.id, row.flow, reason)
         try:
             await self.streams.publish(row.queue, message)
         except Exception as exc:  # the lost-wake sweep covers it

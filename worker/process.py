@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from broker.client import connect
-from broker.codec import StreamMessage
+from broker.codec import message_for
 from broker.liveness import Liveness
 from broker.notify import Notifier
 from broker.streams import Delivery, Streams
@@ -270,7 +270,9 @@ class Worker:
         if not rows:
             return
         try:
-            await self.streams.publish_many([(row.queue, self._wake(row, reason)) for row in rows])
+            await self.streams.publish_many(
+                [(row.queue, message_for(row.id, row.flow, reason)) for row in rows]
+            )
             return
         except INFRA_ERRORS as exc:
             log.warning("stream.publish_failed", extra={"runs": len(rows), "error": repr(exc)})
@@ -281,21 +283,10 @@ class Worker:
             if row.queue in self.queues and self.coordinator.schedule(row.id):
                 free -= 1
 
-    @staticmethod
-    def _wake(row: RunRow, reason: str) -> StreamMessage:
-        return StreamMessage(
-            v=1,
-            kind="wake",
-            run=row.id,
-            flow=row.flow,
-            reason=reason,
-            at_ms=int(time.time() * 1000),
-        )
-
     async def _schedule(self, row: RunRow) -> None:
         """Hint that a run can move (released, a child admitted, a parent woken)."""
         try:
-            await self.streams.publish(row.queue, self._wake(row, "schedule"))
+            await self.streams.publish(row.queue, message_for(row.id, row.flow, "schedule"))
         except INFRA_ERRORS as exc:
             log.warning("stream.publish_failed", extra={"run_id": row.id, "error": repr(exc)})
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -51,3 +51,60 @@ class Settings(BaseSettings):
         executing before any other process may consider its lease stale.
         """
         return max(self.heartbeat_interval, self.stale_after - 2 * self.heartbeat_interval)
+
+    @property
+    def failstop_after(self) -> float:
+        """Seconds without a confirmed renewal after which a process still executing exits.
+
+        Between the lapse and ``stale_after``: the lapse gets one interval to stop the
+        runs by interrupting them; if a body cannot be interrupted (a thread, a blocked
+        event loop) the watchdog ends the process one interval before the lease is stale.
+        """
+        return min(
+            self.stale_after - self.heartbeat_interval / 2,
+            max(
+                self.lapse_after + self.heartbeat_interval / 2,
+                self.stale_after - self.heartbeat_interval,
+            ),
+        )
+
+    @property
+    def renew_timeout(self) -> float:
+        """How long one renewal may take before it counts as unconfirmed (one interval)."""
+        return self.heartbeat_interval
+
+    @property
+    def liveness_timeout(self) -> float:
+        """Bound on one liveness-key write or probe read: well under one interval."""
+        return min(0.5, self.heartbeat_interval / 2)
+
+    @property
+    def liveness_ttl(self) -> float:
+        """Seconds a liveness key outlives its last refresh (three intervals)."""
+        return 3 * self.heartbeat_interval
+
+    producer_retry_for: float = Field(default=10.0, ge=0)
+    """Seconds a producer call retries a transient error before raising ``Unavailable``."""
+    prepare_threshold: int | None = 5
+    """psycopg's automatic prepared statements (executions before preparing); None turns
+    them off, as a pooler in transaction mode without prepared-statement support needs."""
+    statement_timeout: float = Field(default=30.0, ge=0)
+    """Server-side bound on one statement (seconds, 0 = none), set at connection start."""
+    idle_in_transaction_timeout: float = Field(default=60.0, ge=0)
+    """Server-side bound on a transaction left idle (seconds, 0 = none): a stuck
+    process cannot hold row locks for longer than this."""
+    connect_timeout: float = Field(default=5.0, ge=0)
+    """Seconds to establish a database connection before it counts as failed."""
+    tcp_user_timeout: float = Field(default=10.0, ge=0)
+    """Seconds unacknowledged data may wait before the kernel drops the connection
+    (0 = the OS default, often minutes): a silently cut network fails fast."""
+
+    @field_validator("prepare_threshold", mode="before")
+    @classmethod
+    def _no_prepare(cls, value: object) -> object:
+        """``none``/``off``/empty/negative all mean: never prepare."""
+        if isinstance(value, str) and value.strip().lower() in ("", "none", "off", "null"):
+            return None
+        if isinstance(value, int | str) and int(value) < 0:
+            return None
+        return value

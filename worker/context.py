@@ -47,6 +47,7 @@ from worker.durable import (
     WaitTimeout,
     reference,
 )
+from worker.threads import in_thread
 
 log = logging.getLogger("runfleet.flow")
 ScheduleFn = Callable[[RunRow], Awaitable[None]]
@@ -74,6 +75,8 @@ class Context:
     settings: Settings | None = None
     schedule: ScheduleFn | None = None
     records: dict[int, StepRecord] = field(default_factory=dict)
+    lease_ok: Callable[[], bool] | None = None
+    """The process's local lease gate (monotonic, no I/O): False once the lease may have lapsed."""
     log: logging.LoggerAdapter[logging.Logger] = field(init=False)
     wake_hint: float | None = field(default=None, init=False)
     """Monotonic time a timer park is due: the driver asks for a wake then (sweeps back it up)."""
@@ -104,6 +107,11 @@ class Context:
         """Raise Interrupted if this drive must stop (sync bodies reach it at durable calls)."""
         if self._interrupt is not None:
             raise Interrupted(self._interrupt)
+        if self.lease_ok is not None and not self.lease_ok():
+            # Checked before every durable call: a process whose lease may be stale by now
+            # starts nothing more, even before its lapse timer has interrupted the run.
+            self._interrupt = "lease-lapsed"
+            raise Interrupted("lease-lapsed")
 
     # ---- replay bookkeeping ------------------------------------------------
 
@@ -211,7 +219,7 @@ class Context:
                 if inspect.iscoroutinefunction(fn):
                     output = await fn(*args, **kwargs)
                 else:
-                    output = await asyncio.to_thread(fn, *args, **kwargs)
+                    output = await in_thread(fn, *args, **kwargs)
             except Exception as exc:
                 await steps.finish_attempt(self.run.id, key, attempt, repr(exc)[:2000])
                 if not policy.should_retry(exc, attempt):

@@ -43,6 +43,7 @@ from worker.flows import Flow, resolve
 from worker.retry import with_retry
 from worker.settle import Settlement, error_of
 from worker.sync_context import SyncContext
+from worker.threads import in_thread
 from worker.wake_hints import WakeHints
 
 log = logging.getLogger("runfleet.worker.driver")
@@ -73,6 +74,7 @@ class Driver:
         probe: ProbeFn | None = None,
         on_settled: SettledFn | None = None,
         schedule: ScheduleFn | None = None,
+        lease_ok: Callable[[], bool] | None = None,
     ) -> None:
         self.store = store
         self.owner = owner
@@ -81,6 +83,9 @@ class Driver:
         self._on_settled = on_settled
         self._schedule = schedule
         self.owned: dict[str, Execution] = {}
+        self.executing: set[str] = set()
+        """Runs whose body may still run here (a task or its thread not yet ended)."""
+        self._lease_ok = lease_ok
         self.ladder = RefusalLadder(settings.heartbeat_interval, settings.stale_after)
         self.settlement = Settlement(store, owner, schedule=schedule, announce=on_settled)
         self.wake_hints = WakeHints(schedule)
@@ -110,6 +115,10 @@ class Driver:
             return "terminal", None
         if row.id in self.owned:
             return "already_owned", None
+        if self._lease_ok is not None and not self._lease_ok():
+            # A process that cannot confirm its own lease takes nothing new: nobody
+            # would renew what it claims, and another worker would soon steal it.
+            return "lease_closed", None
         flow = self._flow(row)
         if flow is None and row.cancel_requested_at_ms is None:
             return "unknown_flow", None
@@ -270,6 +279,7 @@ class Driver:
             store=self.store,
             settings=self.settings,
             schedule=self._schedule,
+            lease_ok=self._lease_ok,
         )
         execution = Execution(ctx)
         self.owned[row.id] = execution
@@ -282,6 +292,8 @@ class Driver:
             if row.epoch > 1:  # a first activation has no predecessor that could have recorded
                 ctx.records = {r.position: r for r in await self.store.steps.of_run(row.id)}
             execution.task = asyncio.create_task(self._call(flow, ctx), name=f"run:{row.id}")
+            self.executing.add(row.id)
+            execution.task.add_done_callback(lambda _task: self.executing.discard(row.id))
             await asyncio.wait({execution.task})
             await self._settle(row, flow, execution)
         finally:
@@ -313,7 +325,7 @@ class Driver:
             return await flow.fn(*([ctx] if flow.takes_context else []), *args, **kwargs)
         sync_ctx = SyncContext(ctx, asyncio.get_running_loop())
         call_args = [sync_ctx, *args] if flow.takes_context else args
-        return await asyncio.to_thread(flow.fn, *call_args, **kwargs)
+        return await in_thread(flow.fn, *call_args, **kwargs)
 
     def interrupt(self, run_id: str, cause: str) -> bool:
         """Stop executing a run (cancel request, lost fence, lapse, shutdown)."""

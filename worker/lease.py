@@ -1,10 +1,18 @@
 """The process lease: one renewal statement per interval for every run this process owns.
 
 A run missing from the confirmed set lost its fence and is interrupted at once.
-If no renewal is confirmed for ``settings.lapse_after`` (measured on the
-monotonic clock), the process stops executing every run it owns before anyone
-could consider the lease stale, says so in its liveness key, and releases the
-runs once the database answers again.
+Three loops, none waiting on another (DESIGN §5, rules learnt from partitions):
+
+- renewal: every interval, one heartbeat statement on the lease's own connection
+  (never behind the shared pool); an answer later than one interval counts as
+  unconfirmed, and a renewal still hanging blocks nothing;
+- lapse check: on its own short timer, measured from when the newest *confirmed*
+  renewal was *sent*; past ``settings.lapse_after`` every run is interrupted and the
+  gate closes, so the process claims, reads and writes nothing until a renewal is
+  confirmed again. Any observer sees the lease stale only ``stale_after`` after that
+  renewal reached the database, which is later still;
+- liveness: the Redis key is written on its own loop with a bound well under one
+  interval; Redis being slow or gone never delays a renewal or a lapse.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from store import Store
+from store import Kind, Store
 from store.config import Settings
 from store.types import Heartbeat, Owner
 from worker import metrics
@@ -26,6 +34,33 @@ RefreshFn = Callable[[int, bool, int], Awaitable[None]]
 """(confirmed_ms, lapsed, runs owned) -> refresh this process's liveness key."""
 
 
+class LeaseGate:
+    """The local, I/O-free answer to "may this process act for its runs right now?".
+
+    Read by every durable call, by the driver before a claim, by the stream reader
+    and by the fail-stop watchdog thread; written only by the lease loops.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._lapse_after = settings.lapse_after
+        self.confirmed_sent: float | None = None
+        """Monotonic send time of the newest confirmed renewal (None before the first)."""
+        self.lapsed = False
+
+    def confirm(self, sent: float) -> None:
+        if self.confirmed_sent is None or sent > self.confirmed_sent:
+            self.confirmed_sent = sent
+
+    def expired(self) -> bool:
+        sent = self.confirmed_sent
+        return sent is not None and time.monotonic() - sent >= self._lapse_after
+
+    def open(self) -> bool:
+        """True while the newest confirmed renewal is younger than the lapse margin."""
+        sent = self.confirmed_sent
+        return not self.lapsed and sent is not None and time.monotonic() - sent < self._lapse_after
+
+
 class Lease:
     def __init__(
         self,
@@ -34,6 +69,7 @@ class Lease:
         owner: Owner,
         settings: Settings,
         *,
+        gate: LeaseGate | None = None,
         refresh_liveness: RefreshFn | None = None,
     ) -> None:
         self._store = store
@@ -41,44 +77,61 @@ class Lease:
         self._owner = owner
         self._settings = settings
         self._refresh = refresh_liveness
-        self.last_confirmed = time.monotonic()
+        self.gate = gate or LeaseGate(settings)
         self.last_confirmed_ms = 0
-        self.lapsed = False
         self._inflight: asyncio.Task[Heartbeat] | None = None
+        self._publish_now = asyncio.Event()
+
+    @property
+    def lapsed(self) -> bool:
+        return self.gate.lapsed
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Renew every interval until ``stop`` is set."""
+        """Renew, watch for a lapse and keep the liveness key fresh until ``stop`` is set."""
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._renew_loop(stop), name="lease-renew")
+            tg.create_task(self._lapse_loop(stop), name="lease-lapse")
+            tg.create_task(self._liveness_loop(stop), name="lease-liveness")
+
+    async def _renew_loop(self, stop: asyncio.Event) -> None:
         interval = self._settings.heartbeat_interval
         while not stop.is_set():
             started = time.monotonic()
             await self.tick()
-            elapsed = time.monotonic() - started
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=max(0.0, interval - elapsed))
-            except TimeoutError:
-                pass
+            await _wait(stop, interval - (time.monotonic() - started))
+
+    async def _lapse_loop(self, stop: asyncio.Event) -> None:
+        period = min(0.1, self._settings.heartbeat_interval / 4)
+        while not stop.is_set():
+            self.check_lapse()
+            await _wait(stop, period)
+
+    async def _liveness_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self._publish_now.clear()
+            await self.publish()
+            await _wait(self._publish_now, self._settings.heartbeat_interval, also=stop)
 
     async def tick(self) -> Heartbeat | None:
+        """One renewal of every owned run; None if it was not confirmed within one interval."""
         owned = list(self._driver.owned)
+        sent = time.monotonic()
         try:
             beat = await self._renew(owned)
         except Exception as exc:
             metrics.INFRA_ERRORS.labels("heartbeat").inc()
             log.warning("lease.renew_failed", extra={"error": repr(exc), "runs": len(owned)})
-            self._check_lapse()
-            await self._publish()
+            self.check_lapse()
             return None
-        self.last_confirmed = time.monotonic()
+        self.gate.confirm(sent)
         self.last_confirmed_ms = beat.now_ms
         for run_id in owned:
             if run_id not in beat.confirmed and self._driver.interrupt(run_id, "lost-fence"):
                 log.warning("run.fence_lost", extra={"run_id": run_id, "via": "heartbeat"})
         for run_id in beat.cancel_requested:
             self._driver.interrupt(run_id, "cancelled")
-        if self.lapsed:
-            self.lapsed = False
-            log.info("lease.reconfirmed", extra={"owner": self._owner.key})
-        await self._publish()
+        if self.gate.lapsed:
+            await self._reconfirmed()
         return beat
 
     async def _renew(self, owned: list[str]) -> Heartbeat:
@@ -86,39 +139,80 @@ class Lease:
 
         The statement runs in its own task that is never cancelled: cancelling a
         psycopg query against a partitioned server waits for the cancel request,
-        which would freeze this loop — and a frozen lease loop can neither notice
-        its own lapse nor keep its liveness key honest. A renewal still hanging
-        from an earlier tick counts as unconfirmed; its late answer is ignored.
+        which would freeze this loop. A renewal still hanging from an earlier tick
+        counts as unconfirmed; its late answer is ignored (a lapse that comes a
+        little early is safe, one that comes late is not).
         """
         if self._inflight is not None and not self._inflight.done():
             raise TimeoutError("previous renewal still in flight")
         task = asyncio.create_task(self._store.runs.heartbeat(self._owner, owned))
         self._inflight = task
         task.add_done_callback(_consume)
-        done, _ = await asyncio.wait({task}, timeout=self._settings.heartbeat_interval)
+        done, _ = await asyncio.wait({task}, timeout=self._settings.renew_timeout)
         if not done:
             raise TimeoutError("renewal not confirmed within one interval")
         return task.result()
 
-    def _check_lapse(self) -> None:
-        if self.lapsed:
+    def check_lapse(self) -> None:
+        """Lapse once the newest confirmed renewal is ``lapse_after`` old: stop every run."""
+        if self.gate.lapsed or not self.gate.expired():
             return
-        if time.monotonic() - self.last_confirmed < self._settings.lapse_after:
-            return
-        self.lapsed = True
+        self.gate.lapsed = True
         metrics.LEASE_LAPSES.inc()
         log.error("lease.lapsed", extra={"owner": self._owner.key, "runs": len(self._driver.owned)})
         for run_id in list(self._driver.owned):
             self._driver.interrupt(run_id, "lease-lapsed")
+        self._publish_now.set()
 
-    async def _publish(self) -> None:
+    async def _reconfirmed(self) -> None:
+        """The database answers again after a lapse: reopen the gate and journal it.
+
+        The runs interrupted by the lapse are released by their drives; each run still
+        owned at this moment gets a ``lease-reconfirmed`` record, addressed by the
+        confirmation, so an operator reading its journal sees the gap and its end.
+        """
+        self.gate.lapsed = False
+        self._publish_now.set()
+        log.info("lease.reconfirmed", extra={"owner": self._owner.key})
+        payload = {"owner": self._owner.key, "confirmed_ms": self.last_confirmed_ms}
+        address = f"lease:{self._owner.key}:{self.last_confirmed_ms}"
+        for seq, run_id in enumerate(list(self._driver.owned)):
+            try:
+                await self._store.journal.emit(
+                    run_id, Kind.LEASE_RECONFIRMED, payload, source_id=address, source_seq=seq
+                )
+            except Exception as exc:  # an audit record never stops the lease
+                log.warning(
+                    "journal.evidence_failed",
+                    extra={"run_id": run_id, "kind": Kind.LEASE_RECONFIRMED, "error": repr(exc)},
+                )
+
+    async def publish(self) -> None:
+        """Write the liveness key, bounded well under one interval; failures are logged."""
         if self._refresh is None:
             return
         try:
-            await self._refresh(self.last_confirmed_ms, self.lapsed, len(self._driver.owned))
+            async with asyncio.timeout(self._settings.liveness_timeout):
+                await self._refresh(
+                    self.last_confirmed_ms, self.gate.lapsed, len(self._driver.owned)
+                )
         except Exception as exc:
             metrics.INFRA_ERRORS.labels("liveness").inc()
             log.warning("liveness.refresh_failed", extra={"error": repr(exc)})
+
+
+async def _wait(event: asyncio.Event, timeout: float, *, also: asyncio.Event | None = None) -> None:
+    """Wait until ``event`` (or ``also``) is set or ``timeout`` passes."""
+    if timeout <= 0:
+        return
+    waiters = {asyncio.ensure_future(event.wait())}
+    if also is not None:
+        waiters.add(asyncio.ensure_future(also.wait()))
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
 
 
 def _consume(task: asyncio.Task[Heartbeat]) -> None:

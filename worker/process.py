@@ -26,9 +26,10 @@ from store.types import Owner, RunRow, RunStatus
 from worker import metrics
 from worker.coordinator import Coordinator
 from worker.driver import Driver
-from worker.lease import Lease
+from worker.lease import Lease, LeaseGate
 from worker.retry import INFRA_ERRORS
 from worker.sweeper import Sweeper
+from worker.watchdog import Watchdog
 
 log = logging.getLogger("runfleet.worker.process")
 LAG_INTERVAL_S = 5.0
@@ -61,6 +62,7 @@ class Worker:
         self._background: set[asyncio.Task[object]] = set()
         self.started = asyncio.Event()
         self.driver: Driver | None = None
+        self._gate = LeaseGate(settings)
 
     # ---- service surface -----------------------------------------------------
 
@@ -69,6 +71,10 @@ class Worker:
         if self._stopping.is_set() or hard:
             self._hard.set()
         self._stopping.set()
+
+    def _may_claim(self) -> bool:
+        """False while the lease is lapsed: a lapsed process reads and claims nothing."""
+        return self._gate.open()
 
     async def run(self) -> None:
         store = await Store.open(
@@ -80,6 +86,12 @@ class Worker:
         self.notifier = Notifier(redis, prefix)
         self.liveness = Liveness(redis, prefix, self.settings.host_id)
         self.store = store
+        # The lease renews on its own small pool: a renewal never waits behind the
+        # shared pool's connections, nor behind a statement hung on one of them.
+        lease_store = await Store.open(
+            self.settings, source_id=f"{self.owner.key}/lease", min_size=1, max_size=2
+        )
+        gate = self._gate
         driver = Driver(
             store,
             self.owner,
@@ -87,10 +99,24 @@ class Worker:
             probe=self.liveness.probe,
             on_settled=self._settled,
             schedule=self._schedule,
+            lease_ok=gate.open,
         )
         self.driver = driver
         self.coordinator = Coordinator(driver)
-        lease = Lease(store, driver, self.owner, self.settings, refresh_liveness=self._refresh)
+        lease = Lease(
+            lease_store,
+            driver,
+            self.owner,
+            self.settings,
+            gate=gate,
+            refresh_liveness=self._refresh,
+        )
+        self.lease = lease
+        watchdog = Watchdog(
+            confirmed_sent=lambda: gate.confirmed_sent,
+            executing=lambda: len(driver.executing),
+            failstop_after=self.settings.failstop_after,
+        )
         sweeper = Sweeper(store, self.settings, self._dispatch)
         self._started_ms = int(time.time() * 1000)
         try:
@@ -99,6 +125,7 @@ class Worker:
             except INFRA_ERRORS as exc:
                 log.warning("stream.groups_unavailable", extra={"error": repr(exc)})
             await lease.tick()
+            watchdog.start()
             await self._register_flows()
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(lease.run(self._side_stop), name="lease")
@@ -121,6 +148,8 @@ class Worker:
                 self._side_stop.set()
                 listener.cancel()
         finally:
+            watchdog.stop()
+            await lease_store.close()
             await self._close(store, redis)
 
     async def _lag_loop(self) -> None:
@@ -298,7 +327,7 @@ class Worker:
             self.owner,
             confirmed_ms,
             lapsed,
-            ttl_s=3 * self.settings.heartbeat_interval,
+            ttl_s=self.settings.liveness_ttl,
             info={"started_ms": self._started_ms, "queues": ",".join(self.queues), "runs": runs},
         )
 

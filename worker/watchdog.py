@@ -1,0 +1,93 @@
+"""Fail-stop: end the process when a run keeps executing past the point the lease protects.
+
+The lease loop interrupts every run once renewals stop being confirmed (the lapse),
+but an interrupt only reaches code that yields to the event loop: a sync step in a
+thread or CPU-bound code that blocks the loop cannot be stopped. Such a process must
+not be executing when another worker may take its runs over, so this thread — which
+does not depend on the event loop — exits the process once the last confirmed renewal
+is ``settings.failstop_after`` old (one interval before any observer can see the lease
+stale) while any run body is still executing. The supervisor restarts it under a new
+owner identity.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+log = logging.getLogger("runfleet.worker.watchdog")
+
+FAILSTOP_EXIT = 75
+"""Exit status of a fail-stop (EX_TEMPFAIL): the supervisor restarts the process."""
+
+
+class Watchdog:
+    """A daemon thread polling two plain values the event loop maintains.
+
+    ``confirmed_sent`` returns the monotonic send time of the newest confirmed renewal
+    (None before the first); ``executing`` returns how many run bodies may still run.
+    Both are read without locks: each is one attribute read under the GIL.
+    """
+
+    def __init__(
+        self,
+        *,
+        confirmed_sent: Callable[[], float | None],
+        executing: Callable[[], int],
+        failstop_after: float,
+        poll: float = 0.05,
+        exit: Callable[[int], object] = os._exit,
+    ) -> None:
+        self._confirmed_sent = confirmed_sent
+        self._executing = executing
+        self._failstop_after = failstop_after
+        self._poll = poll
+        self._exit = exit
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.fired = False
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._watch, name="runfleet-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop watching; harmless twice or before ``start``."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=1.0)
+
+    def overdue(self) -> float | None:
+        """Seconds past the fail-stop point with a run still executing, else None."""
+        sent = self._confirmed_sent()
+        if sent is None or self._executing() == 0:
+            return None
+        late = time.monotonic() - sent - self._failstop_after
+        return late if late >= 0 else None
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self._poll):
+            late = self.overdue()
+            if late is None:
+                continue
+            self.fired = True
+            # Logging from this thread is safe; the handlers may be blocked behind the
+            # frozen loop only if they share its lock, so write to stderr directly too.
+            message = (
+                f"worker.failstop: a run is still executing {self._failstop_after + late:.2f} s "
+                "after the last confirmed lease renewal was sent; exiting before the lease can "
+                "turn stale\n"
+            )
+            try:
+                sys.stderr.write(message)
+                sys.stderr.flush()
+                log.critical("worker.failstop", extra={"late_s": round(late, 3)})
+            finally:
+                self._exit(FAILSTOP_EXIT)
+            return

@@ -2,8 +2,10 @@
 
 Admission is one Postgres transaction (run row + ``created`` record), then one
 stream message. The message is only a hint: if Redis fails after the commit the
-run is still durable and the lost-wake sweep schedules it. ``Queue`` runs the
-same ``AsyncQueue`` code on a private event-loop thread, so the two differ only
+run is still durable and the lost-wake sweep schedules it. Every Postgres call a
+producer makes retries transient errors (``store.transient``) for
+``RUNFLEET_PRODUCER_RETRY_FOR`` seconds, then raises ``Unavailable`` naming the service.
+``Queue`` runs the same ``AsyncQueue`` code on a private event-loop thread, so the two differ only
 in how they are called. Every call that reads or changes a run first checks that
 the producer's scopes cover the run's.
 """
@@ -13,9 +15,9 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 
@@ -26,12 +28,28 @@ from broker.notify import Notifier
 from broker.streams import Streams
 from store import Store
 from store.config import Settings
-from store.errors import CancelRequestFailed, InvalidInput, RunfleetError, ScopeDenied
+from store.errors import (
+    CancelRequestFailed,
+    InvalidInput,
+    RunfleetError,
+    ScopeDenied,
+    Unavailable,
+)
+from store.journal import Kind
+from store.transient import is_transient, retrying, service_of
 from store.types import CancelOutcome, NewRun, RunRow, RunStatus
 
 log = logging.getLogger("runfleet.broker.queue")
+T = TypeVar("T")
 
-__all__ = ["AsyncQueue", "AsyncRun", "EnqueueSpec", "check_signature", "flow_target"]
+__all__ = [
+    "AsyncQueue",
+    "AsyncRun",
+    "EnqueueSpec",
+    "Unavailable",
+    "check_signature",
+    "flow_target",
+]
 
 
 class RunFailed(RunfleetError):
@@ -138,7 +156,12 @@ class AsyncQueue:
 
     async def connect(self) -> AsyncQueue:
         if self._store is None:
-            self._store = await Store.open(self.settings, min_size=1)
+            try:
+                self._store = await Store.open(self.settings, min_size=1)
+            except Exception as exc:  # the pool waits up to 30 s for a first connection
+                if is_transient(exc):
+                    raise Unavailable(service_of(exc), exc) from exc
+                raise
             self._redis = connect(self.settings)
             self.streams = Streams(self._redis, self.settings.redis_prefix)
             self.notifier = Notifier(self._redis, self.settings.redis_prefix)
@@ -164,6 +187,32 @@ class AsyncQueue:
             raise RuntimeError("queue is not connected: use `async with AsyncQueue(...)`")
         return self._store
 
+    async def _available(
+        self, call: Callable[[], Awaitable[T]], *, retried: list[BaseException] | None = None
+    ) -> T:
+        """``call`` with transient errors retried for the producer budget, then Unavailable.
+
+        ``retried`` collects the errors retried past, for callers whose write is not
+        idempotent on its own: a retry after a lost answer may find its own commit.
+        """
+
+        def on_retry(attempt: int, exc: BaseException) -> None:
+            if retried is not None:
+                retried.append(exc)
+            log.warning(
+                "producer.retry",
+                extra={"attempt": attempt, "service": service_of(exc), "error": repr(exc)},
+            )
+
+        try:
+            return await retrying(
+                call, give_up_after=self.settings.producer_retry_for, on_retry=on_retry
+            )
+        except Exception as exc:
+            if is_transient(exc):
+                raise Unavailable(service_of(exc), exc) from exc
+            raise
+
     # ---- admission -----------------------------------------------------------
 
     async def _new_run(self, spec: EnqueueSpec, delay_until_ms: int | None = None) -> NewRun:
@@ -171,7 +220,7 @@ class AsyncQueue:
         args, kwargs = list(spec.args), dict(spec.kwargs)
         check_signature(fn, takes_ctx, args, kwargs)
         if isinstance(spec.target, str) and not self.late_binding and not importable(name):
-            if await self.store.steps.flow(name) is None:
+            if await self._available(lambda: self.store.steps.flow(name)) is None:
                 raise unknown(name)
         timeout = getattr(spec.target, "timeout", None)
         return NewRun(
@@ -186,7 +235,8 @@ class AsyncQueue:
         )
 
     async def _admit(self, news: list[NewRun]) -> list[AsyncRun]:
-        rows = await self.store.runs.create_many(news)
+        # Run ids are fixed before the first try: a retry joins what an unseen commit admitted.
+        rows = await self._available(lambda: self.store.runs.create_many(news))
         ready = [o.row for o in rows if o.row.status is RunStatus.PENDING and o.row.waiting is None]
         messages = [
             (row.queue, message_for(row.id, row.flow, "enqueue", "schedule")) for row in ready
@@ -244,7 +294,7 @@ class AsyncQueue:
 
     async def authorized(self, run_id: str) -> RunRow:
         """The run's row, if it exists and this producer's scopes cover the run's."""
-        row = await self.store.runs.get(run_id)
+        row = await self._available(lambda: self.store.runs.get(run_id))
         if row is None:
             raise RunNotFound(run_id)
         missing = sorted(set(row.scopes) - set(self.scopes))
@@ -253,19 +303,21 @@ class AsyncQueue:
         return row
 
     async def _hint(self, run_id: str, reason: str) -> None:
-        row = await self.store.runs.get(run_id)
-        if row is None:
-            return
-        message = message_for(row.id, row.flow, reason)
+        """Wake the run's queue after a committed change; never fails the producer call."""
         try:
-            await self.streams.publish(row.queue, message)
+            row = await self.store.runs.get(run_id)
+            if row is None:
+                return
+            await self.streams.publish(row.queue, message_for(row.id, row.flow, reason))
         except Exception as exc:  # the lost-wake sweep covers it
             log.warning("wake.publish_failed", extra={"run_id": run_id, "error": repr(exc)})
 
     async def cancel(self, run_id: str, *, actor: str | None = None) -> CancelOutcome:
         """Durably request cancellation, then tell the owner by publish (a hint)."""
         await self.authorized(run_id)
-        outcome = await self.store.lifecycle.request_cancel(run_id, actor=actor)
+        outcome = await self._available(
+            lambda: self.store.lifecycle.request_cancel(run_id, actor=actor)
+        )
         await self.notifier.publish_cancel(run_id)
         await self._hint(run_id, "cancel")
         return outcome
@@ -286,7 +338,9 @@ class AsyncQueue:
     async def complete(self, run_id: str, name: str, value: Any = None) -> bool:
         """Complete the event ``name`` a run waits for (first writer wins); True if first."""
         await self.authorized(run_id)
-        done = await self.store.waits.complete_deferred(run_id, name, value)
+        done = await self._available(
+            lambda: self.store.waits.complete_deferred(run_id, name, value)
+        )
         if done.woke:
             await self._hint(run_id, "event")
         return done.outcome.__class__.__name__ == "DeferredCompleted"
@@ -305,9 +359,15 @@ class AsyncQueue:
         self, run_id: str, token: str, approved: bool, value: Any, actor: str, reason: str | None
     ) -> None:
         await self.authorized(run_id)
-        done = await self.store.waits.answer_approval(
-            run_id, token, approved=approved, value=value, actor=actor, reason=reason
+        retried: list[BaseException] = []
+        done = await self._available(
+            lambda: self.store.waits.answer_approval(
+                run_id, token, approved=approved, value=value, actor=actor, reason=reason
+            ),
+            retried=retried,
         )
+        if done is None and retried and await self._journaled(run_id, token, actor, approved):
+            return  # our first try committed; its answer was lost with the connection
         if done is None:
             raise InvalidInput("token", f"run {run_id!r} is not waiting for approval {token!r}")
         if done.woke:
@@ -323,8 +383,35 @@ class AsyncQueue:
     ) -> None:
         """Move a quarantined run on: trust its recorded outputs, or re-run one step."""
         await self.authorized(run_id)
-        if not await self.store.steps.resume_quarantined(
-            run_id, accept_recorded=accept_recorded, rerun_key=rerun_step, actor=actor
-        ):
+        retried: list[BaseException] = []
+        resumed = await self._available(
+            lambda: self.store.steps.resume_quarantined(
+                run_id, accept_recorded=accept_recorded, rerun_key=rerun_step, actor=actor
+            ),
+            retried=retried,
+        )
+        if not resumed and not (retried and await self._resumed(run_id, rerun_step, actor)):
             raise InvalidInput("run_id", f"run {run_id!r} is not quarantined")
         await self._hint(run_id, "resume")
+
+    async def _last_record(self, run_id: str, *kinds: str) -> tuple[str, dict[str, Any]]:
+        """Kind and payload of the run's newest journal record of one of ``kinds``."""
+        records = await self._available(lambda: self.store.journal.records(run_id, limit=10_000))
+        mine = [r for r in records if r.kind in kinds and isinstance(r.payload, dict)]
+        return (mine[-1].kind, dict(mine[-1].payload)) if mine else ("", {})
+
+    async def _journaled(self, run_id: str, token: str, actor: str, approved: bool) -> bool:
+        """Whether the run's last decision is this one (a retried answer's own commit)."""
+        kind, last = await self._last_record(run_id, Kind.APPROVAL_APPROVED, Kind.APPROVAL_DENIED)
+        wanted = Kind.APPROVAL_APPROVED if approved else Kind.APPROVAL_DENIED
+        return kind == wanted and last.get("token") == token and last.get("actor") == actor
+
+    async def _resumed(self, run_id: str, rerun_step: str | None, actor: str | None) -> bool:
+        """Whether the run's last resume is this one (a retried resume's own commit)."""
+        kind, last = await self._last_record(run_id, Kind.RESUMED)
+        return (
+            kind == Kind.RESUMED
+            and last.get("from") == "quarantine"
+            and last.get("rerun_step") == rerun_step
+            and last.get("actor") == actor
+        )

@@ -48,8 +48,16 @@ class Store:
         source_id: str | None = None,
         min_size: int | None = None,
         max_size: int | None = None,
+        statement_timeout_ms: int | None = None,
     ) -> Store:
-        pool = await open_pool(settings, min_size=min_size, max_size=max_size)
+        """Open a pool and the store over it; ``statement_timeout_ms`` overrides the setting
+        for this store's connections only (see ``store.db.connection_kwargs``)."""
+        pool = await open_pool(
+            settings,
+            min_size=min_size,
+            max_size=max_size,
+            statement_timeout_ms=statement_timeout_ms,
+        )
         return cls(Database(pool, source_id or default_source_id()), settings)
 
     @asynccontextmanager

@@ -106,21 +106,79 @@ class Database:
 
 
 async def open_pool(
-    settings: Settings, *, min_size: int | None = None, max_size: int | None = None
+    settings: Settings,
+    *,
+    min_size: int | None = None,
+    max_size: int | None = None,
+    statement_timeout_ms: int | None = None,
+    name: str = "runfleet",
 ) -> AsyncConnectionPool[Conn]:
+    """The store's pool; every connection gets ``connection_kwargs`` (timeouts, prepare).
+
+    ``statement_timeout_ms`` overrides ``RUNFLEET_STATEMENT_TIMEOUT`` for this pool (a
+    heartbeat pool wants a renewal to fail in under a second, not in thirty).
+    """
     pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
         settings.database_url,
         min_size=min_size or settings.pool_min,
         max_size=max_size or settings.pool_max,
-        kwargs={"autocommit": True, "row_factory": dict_row},
+        kwargs=connection_kwargs(settings, statement_timeout_ms=statement_timeout_ms),
         connection_class=AsyncConnection[DictRow],
         check=_check_if_idle,
         reset=_mark_returned,
         open=False,
-        name="runfleet",
+        name=name,
     )
     await pool.open(wait=True, timeout=30)
     return pool
+
+
+def connection_kwargs(
+    settings: Settings, *, statement_timeout_ms: int | None = None
+) -> dict[str, Any]:
+    """psycopg/libpq arguments for every connection the store opens.
+
+    The server-side timeouts travel as the startup parameter ``options`` (``-c
+    statement_timeout=...``), so they hold from the first statement with no extra
+    round trip. PgBouncer refuses unknown startup parameters: behind it either list
+    ``options`` in its ``ignore_startup_parameters`` (the timeouts are then not applied
+    by Postgres: use PgBouncer's ``query_timeout``/``idle_transaction_timeout`` or
+    ``ALTER ROLE ... SET``), or set both timeouts to 0 so no ``options`` is sent. A
+    ``SET`` per connection would not work there: in transaction mode it lands on
+    whichever server connection runs it and leaks to other clients.
+    ``tcp_user_timeout`` and keepalives make a silently dropped connection fail within
+    seconds instead of the kernel's minutes.
+    """
+    statement_ms = (
+        statement_timeout_ms
+        if statement_timeout_ms is not None
+        else int(settings.statement_timeout * 1000)
+    )
+    idle_ms = int(settings.idle_in_transaction_timeout * 1000)
+    options = " ".join(
+        f"-c {name}={value}"
+        for name, value in (
+            ("statement_timeout", statement_ms),
+            ("idle_in_transaction_session_timeout", idle_ms),
+        )
+        if value > 0
+    )
+    kwargs: dict[str, Any] = {
+        "autocommit": True,
+        "row_factory": dict_row,
+        "prepare_threshold": settings.prepare_threshold,
+        "keepalives": 1,
+        "keepalives_idle": 5,
+        "keepalives_interval": 2,
+        "keepalives_count": 3,
+    }
+    if settings.connect_timeout > 0:
+        kwargs["connect_timeout"] = max(2, round(settings.connect_timeout))  # libpq: >= 2 s
+    if settings.tcp_user_timeout > 0:
+        kwargs["tcp_user_timeout"] = int(settings.tcp_user_timeout * 1000)
+    if options:
+        kwargs["options"] = options
+    return kwargs
 
 
 CHECK_AFTER_IDLE_S = 0.5

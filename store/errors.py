@@ -71,3 +71,17 @@ class CancelRequestFailed(RunfleetError):
         self.run_id = run_id
         self.code = code
         self.reason = reason
+
+
+class Unavailable(RunfleetError):
+    """A service stayed unreachable for the whole retry budget; ``service`` names which.
+
+    Raised to producers (``enqueue``, ``result``, ``cancel``, ...) after
+    ``RUNFLEET_PRODUCER_RETRY_FOR`` seconds of transient errors; ``error`` is the last one.
+    Whether a write happened is unknown: repeat it with the same run id (idempotent).
+    """
+
+    def __init__(self, service: str, error: BaseException) -> None:
+        super().__init__(f"{service} unavailable: {error!r}")
+        self.service = service
+        self.error = error

@@ -18,7 +18,8 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from store import Kind, Store
 from store.config import Settings
@@ -35,6 +36,7 @@ from store.types import (
     Owner,
     Parked,
     RunRow,
+    RunStatus,
     Waiting,
 )
 from worker.durable import (
@@ -47,10 +49,12 @@ from worker.durable import (
     WaitTimeout,
     reference,
 )
+from worker.retry import durable_call, is_transient
 from worker.threads import in_thread
 
 log = logging.getLogger("runfleet.flow")
 ScheduleFn = Callable[[RunRow], Awaitable[None]]
+T = TypeVar("T")
 
 
 class Interrupted(BaseException):
@@ -81,6 +85,9 @@ class Context:
     wake_hint: float | None = field(default=None, init=False)
     """Monotonic time a timer park is due: the driver asks for a wake then (sweeps back it up)."""
     _interrupt: str | None = field(default=None, init=False)
+    bookkeeping_error: BaseException | None = field(default=None, init=False)
+    """A transient error runfleet's own store call gave up on (the driver releases the
+    run for it rather than failing it: the database failed, not the flow)."""
     _position: int = field(default=0, init=False)
     _seen: Counter[str] = field(default_factory=Counter, init=False)
 
@@ -121,6 +128,18 @@ class Context:
             raise RuntimeError("this Context has no store: durable calls need a worker")
         return self.store
 
+    async def _durable(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """A bookkeeping call, retried on transient errors while ``check`` lets the run go on.
+
+        Never the user's ``Retry`` policy: that is for the user's function only.
+        """
+        try:
+            return await durable_call(what, call, check=self.check, run_id=self.run.id)
+        except Exception as exc:
+            if is_transient(exc):
+                self.bookkeeping_error = exc
+            raise
+
     async def _next(self, kind: str, name: str) -> tuple[int, str, StepRecord | None]:
         self.check()
         self._seen[f"{kind}:{name}"] += 1
@@ -146,27 +165,48 @@ class Context:
         compensate: str | None = None,
         attempt: int | None = None,
     ) -> StepRecord:
-        record = await self._store.steps.record(
-            self.run.id,
-            self.owner,
-            self.epoch,
-            key=key,
-            name=name,
-            kind=kind,
-            position=position,
-            output=output,
-            compensate=compensate,
-            attempt=attempt,
+        record = await self._durable(
+            "steps.record",
+            lambda: self._store.steps.record(
+                self.run.id,
+                self.owner,
+                self.epoch,
+                key=key,
+                name=name,
+                kind=kind,
+                position=position,
+                output=output,
+                compensate=compensate,
+                attempt=attempt,
+            ),
         )
         if record is None:
-            raise Interrupted("lost-fence")
+            record = await self._own_record(position, key)
         self.records[position] = record
         return record
 
+    async def _own_record(self, position: int, key: str) -> StepRecord:
+        """The record this tenure already wrote at ``position``, else the fence is lost.
+
+        A retried record whose first try committed but whose answer was lost finds its
+        own row (``ON CONFLICT DO NOTHING`` returns none): same key, same epoch. Only the
+        owner at an epoch can write a record with that epoch, so it is ours.
+        """
+        existing = await self._durable(
+            "steps.of_run", lambda: self._store.steps.of_run(self.run.id)
+        )
+        for record in existing:
+            if record.position == position and record.key == key and record.epoch == self.epoch:
+                return record
+        raise Interrupted("lost-fence")
+
     async def _park(self, waiting: Waiting, deferred: str | None = None) -> None:
         """Park durably and stop the body, unless the answer is already there."""
-        outcome = await self._store.waits.park(
-            self.run.id, self.owner, self.epoch, waiting, deferred=deferred
+        outcome = await self._durable(
+            "waits.park",
+            lambda: self._store.waits.park(
+                self.run.id, self.owner, self.epoch, waiting, deferred=deferred
+            ),
         )
         match outcome:
             case Parked():
@@ -175,8 +215,19 @@ class Context:
                 return
             case GuardFailed():
                 raise Interrupted("cancelled")
+            case NotOwner(current=current) if self._parked_by_us(current, waiting):
+                raise Suspended(waiting.reason)  # a retry after our park committed unseen
             case NotOwner() | NotFound():
                 raise Interrupted("lost-fence")
+
+    def _parked_by_us(self, current: RunRow, waiting: Waiting) -> bool:
+        """Suspended at our epoch for our reason: only this tenure's park does that."""
+        return (
+            current.status is RunStatus.SUSPENDED
+            and current.epoch == self.epoch
+            and current.waiting is not None
+            and current.waiting.reason == waiting.reason
+        )
 
     async def _quarantine(self, record: StepRecord) -> None:
         """A recorded output no longer matches its digest: park for an operator's decision.
@@ -184,14 +235,22 @@ class Context:
         Not inside a transaction: the park raises Suspended, which would roll it back.
         """
         problem = {"key": record.key, "problem": "recorded output does not match its digest"}
-        await self._store.journal.emit_owned(
-            self.run.id, self.owner, self.epoch, Kind.QUARANTINED, problem
+        await self._durable(
+            "journal.quarantined",
+            lambda: self._store.journal.emit_owned(
+                self.run.id, self.owner, self.epoch, Kind.QUARANTINED, problem
+            ),
         )
         log.error("run.quarantined", extra={"run_id": self.run.id, **problem})
         await self._park(Waiting(reason="quarantine", token=record.key, request=problem))
 
     async def _now_ms(self) -> int:
-        return await self._store.stats.now_ms()
+        return await self._durable("now_ms", self._store.stats.now_ms)
+
+    async def _deferred(self, name: str) -> Any:
+        return await self._durable(
+            "waits.deferred", lambda: self._store.waits.deferred(self.run.id, name)
+        )
 
     # ---- steps -------------------------------------------------------------
 
@@ -212,7 +271,10 @@ class Context:
         undo = reference(compensate) if compensate is not None else None
         steps = self._store.steps
         while True:
-            attempt = await steps.start_attempt(self.run.id, self.owner, self.epoch, key)
+            attempt = await self._durable(
+                "steps.start_attempt",
+                lambda: steps.start_attempt(self.run.id, self.owner, self.epoch, key),
+            )
             if attempt is None:
                 raise Interrupted("lost-fence")
             try:
@@ -221,7 +283,8 @@ class Context:
                 else:
                     output = await in_thread(fn, *args, **kwargs)
             except Exception as exc:
-                await steps.finish_attempt(self.run.id, key, attempt, repr(exc)[:2000])
+                finish = partial(steps.finish_attempt, self.run.id, key, attempt, repr(exc)[:2000])
+                await self._durable("steps.finish_attempt", finish)
                 if not policy.should_retry(exc, attempt):
                     raise
                 delay = policy.delay(attempt)
@@ -252,8 +315,11 @@ class Context:
         await self._park(Waiting(reason="timer", wake_at_ms=due), deferred=clock)
 
     async def _ensure_clock(self, name: str, due_at_ms: int) -> int:
-        outcome = await self._store.waits.schedule_clock(
-            self.run.id, name, name, due_at_ms, self.owner, self.epoch
+        outcome = await self._durable(
+            "waits.schedule_clock",
+            lambda: self._store.waits.schedule_clock(
+                self.run.id, name, name, due_at_ms, self.owner, self.epoch
+            ),
         )
         match outcome:
             case ClockScheduled(row=row) | ClockExisting(row=row):
@@ -280,12 +346,14 @@ class Context:
         due = await self._ensure_clock(key, due)
         if record is None:
             await self._record(position, key, "sleep", "sleep", {"due_at_ms": due})
-        if await self._store.waits.deferred(self.run.id, key) is not None:
+        if await self._deferred(key) is not None:
             return
         remaining = (due - now) / 1000 - (time.monotonic() - read_at)
         if remaining <= self.settings.inline_sleep_max:
             await asyncio.sleep(max(0.0, remaining))
-            await self._store.waits.complete_clock(self.run.id, key)
+            await self._durable(
+                "waits.complete_clock", lambda: self._store.waits.complete_clock(self.run.id, key)
+            )
             return
         self.wake_hint = time.monotonic() + remaining
         await self._park(Waiting(reason="timer", wake_at_ms=due), deferred=key)
@@ -308,7 +376,7 @@ class Context:
         recorded, now = await self._timed_wait("event", name, timeout)
         deadline = recorded["timeout_at_ms"]
         for _ in range(2):
-            done = await self._store.waits.deferred(self.run.id, name)
+            done = await self._deferred(name)
             if done is not None:
                 return done.value
             if deadline is not None and now >= deadline:
@@ -327,7 +395,7 @@ class Context:
         )
         deferred, deadline = f"approval:{name}", recorded["timeout_at_ms"]
         for _ in range(2):
-            done = await self._store.waits.deferred(self.run.id, deferred)
+            done = await self._deferred(deferred)
             if done is not None:
                 return Decision(**done.value)
             if deadline is not None and now >= deadline:
@@ -356,7 +424,7 @@ class Context:
         """Start an attached child (ends with this run) and wait for its result."""
         child_id = await self._admit_child("child", flow, args, kwargs, run_id, OnParentExit.CANCEL)
         while True:
-            done = await self._store.waits.deferred(self.run.id, f"child:{child_id}")
+            done = await self._deferred(f"child:{child_id}")
             if done is None:
                 await self._park(
                     Waiting(reason="child", token=child_id), deferred=f"child:{child_id}"
@@ -391,17 +459,16 @@ class Context:
             return str(record.output["run_id"])
         check_signature(fn, takes_ctx, list(args), kwargs)
         child_id = run_id or f"{self.run.id}/{key}"
-        outcome = await self._store.runs.create(
-            NewRun(
-                id=child_id,
-                flow=name,
-                queue=queue or self.run.queue,
-                payload={"args": list(args), "kwargs": kwargs},
-                scopes=self.run.scopes,
-                parent_id=self.run.id,
-                on_parent_exit=policy,
-            )
-        )
+        new = NewRun(
+            id=child_id,
+            flow=name,
+            queue=queue or self.run.queue,
+            payload={"args": list(args), "kwargs": kwargs},
+            scopes=self.run.scopes,
+            parent_id=self.run.id,
+            on_parent_exit=policy,
+        )  # a retried create of the same id joins the run its first try admitted
+        outcome = await self._durable("runs.create", lambda: self._store.runs.create(new))
         await self._record(position, key, name, kind, {"run_id": child_id})
         if self.schedule is not None:
             await self.schedule(outcome.row)

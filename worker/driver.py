@@ -40,7 +40,7 @@ from worker.context import Context, Interrupted
 from worker.durable import Suspended
 from worker.evidence import RefusalLadder, journal_evidence
 from worker.flows import Flow, resolve
-from worker.retry import with_retry
+from worker.retry import is_transient, with_retry
 from worker.settle import Settlement, error_of
 from worker.sync_context import SyncContext
 from worker.threads import in_thread
@@ -364,6 +364,8 @@ class Driver:
             await self.settlement.cancelled(row, epoch)
         elif cause is not None:
             await self.release(row, cause)
+        elif exc is not None and execution.ctx.bookkeeping_error is not None and is_transient(exc):
+            await self.release(row, "infra-unavailable")  # the store failed, not the flow
         elif exc is not None:
             await self.settlement.finish(row, epoch, RunStatus.FAILED, {"error": error_of(exc)})
         else:

@@ -75,7 +75,13 @@ def encode(msg: StreamMessage) -> bytes:
 
 
 def decode(data: bytes) -> StreamMessage:
-    """Unpack and validate one stream field value; raise ``MalformedMessage`` on any defect."""
+    """Unpack and validate one stream field value; raise ``MalformedMessage`` on any defect.
+
+    Contract: whatever the bytes (any length, nesting, encoding, type), this raises
+    nothing but ``MalformedMessage``: a reader that catches it survives anything a
+    Redis writer can put on a stream. Size is checked before parsing, and msgpack's
+    own nesting limit (a ``StackError``) turns a deep structure into a defect.
+    """
     if not isinstance(data, bytes | bytearray | memoryview):
         raise MalformedMessage(f"expected bytes, got {type(data).__name__}")
     if len(data) > _MAX_MESSAGE_BYTES:
@@ -84,6 +90,8 @@ def decode(data: bytes) -> StreamMessage:
         raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
     except (ValueError, msgpack.UnpackException) as exc:
         raise MalformedMessage(f"not msgpack: {str(exc) or type(exc).__name__}") from exc
+    except (RecursionError, MemoryError, TypeError, OverflowError) as exc:
+        raise MalformedMessage(f"not msgpack: {type(exc).__name__}") from exc
     if not isinstance(raw, dict):
         raise MalformedMessage(f"not a map: msgpack {type(raw).__name__}")
     try:
@@ -93,4 +101,6 @@ def decode(data: bytes) -> StreamMessage:
             f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
             for err in exc.errors()
         )
-        raise MalformedMessage(f"invalid fields: {problems}") from exc
+        raise MalformedMessage(f"invalid fields: {problems[:500]}") from exc
+    except Exception as exc:  # a validator tripping on something pydantic did not foresee
+        raise MalformedMessage(f"invalid fields: {type(exc).__name__}") from exc

@@ -5,6 +5,12 @@ than at its next heartbeat poll; ``settled`` wakes producers blocked in
 ``run.result()``. Pub/sub is fire-and-forget: a notice published while nobody
 listens, or while Redis is away, is simply lost, so every consumer of these
 notices also polls Postgres and a failure to publish is logged, never raised.
+
+Anyone who can write to Redis can publish on these channels, so a payload is
+parsed only after a size cap and any defect (non-UTF-8, deep nesting that would
+exhaust the parser's recursion, wrong types) is dropped through
+``broker.hostile``: counted, logged at a bounded rate, survived. No method here
+lets a Redis problem or a hostile payload escape into a worker's task group.
 """
 
 from __future__ import annotations
@@ -23,8 +29,8 @@ from typing import Any, Literal, TypeAlias
 
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
-from redis.exceptions import RedisError
 
+from broker import hostile
 from broker.client import require_binary
 from broker.keys import DEFAULT_PREFIX, Keys
 
@@ -35,7 +41,9 @@ DEFAULT_TIMEOUT = 1.0
 _BACKOFF_INITIAL = 0.1
 _BACKOFF_MAX = 5.0
 _POLL_S = 1.0
-_UNAVAILABLE = (RedisError, OSError, TimeoutError)
+_MAX_PAYLOAD_BYTES = 4096
+"""Far above any real notice (a run id of at most 255 characters and a status word)."""
+_MAX_FIELD_CHARS = 255
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,15 +64,49 @@ async def _close_quietly(pubsub: PubSub) -> None:
         await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
 
 
+class MalformedNotice(ValueError):
+    """A channel payload runfleet did not write; ``str(exc)`` says why."""
+
+
 def _decode(kind: ChannelKind, data: Any) -> Notice:
-    """Parse a channel payload (JSON, so ``redis-cli subscribe`` shows it readably)."""
-    value = json.loads(data)
-    if not isinstance(value, dict) or not isinstance(value.get("run"), str) or not value["run"]:
-        raise ValueError("payload has no run id")
-    status = value.get("status")
-    if kind == "settled" and not isinstance(status, str):
-        raise ValueError("settled payload has no status")
-    return Notice(kind, value["run"], status if isinstance(status, str) else None)
+    """Parse a channel payload (JSON, so ``redis-cli subscribe`` shows it readably).
+
+    Raises ``MalformedNotice`` and nothing else, whatever ``data`` is: the size is
+    capped before parsing, and a nesting deep enough to exhaust the JSON parser's
+    recursion (a ``RecursionError``, which once killed every worker) is a defect
+    like any other.
+    """
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise MalformedNotice(f"expected bytes, got {type(data).__name__}")
+    if len(data) > _MAX_PAYLOAD_BYTES:
+        raise MalformedNotice(f"{len(data)} bytes exceeds {_MAX_PAYLOAD_BYTES}")
+    try:
+        value = json.loads(bytes(data).decode("utf-8"))
+    except (ValueError, RecursionError, MemoryError, TypeError, OverflowError) as exc:
+        raise MalformedNotice(f"not JSON: {type(exc).__name__}") from exc
+    if not isinstance(value, dict):
+        raise MalformedNotice(f"not an object: JSON {type(value).__name__}")
+    run, status = value.get("run"), value.get("status")
+    if not isinstance(run, str) or not run or len(run) > _MAX_FIELD_CHARS:
+        raise MalformedNotice("payload has no valid run id")
+    if status is not None and (not isinstance(status, str) or len(status) > _MAX_FIELD_CHARS):
+        raise MalformedNotice("status is not a short string")
+    if kind == "settled" and status is None:
+        raise MalformedNotice("settled payload has no status")
+    return Notice(kind, run, status)
+
+
+def _notice_of(kind: ChannelKind, msg: Any) -> Notice | None:
+    """The notice in a pubsub message; ``None`` for anything else (dropped and counted)."""
+    if not isinstance(msg, dict) or msg.get("type") not in ("message", b"message"):
+        return None
+    try:
+        return _decode(kind, msg.get("data"))
+    except MalformedNotice as exc:
+        hostile.dropped(log, kind, "notify.malformed", str(exc))
+        return None
 
 
 class Notifier:
@@ -90,12 +132,17 @@ class Notifier:
         return await self._publish("settled", payload, "notify.settled_failed")
 
     async def _publish(self, kind: ChannelKind, payload: dict[str, str], event: str) -> bool:
-        """Publish within ``timeout``; ``False`` (and a warning) if Redis did not take it."""
+        """Publish within ``timeout``; ``False`` (and a warning) if Redis did not take it.
+
+        Never raises (callers announce after a commit and must not fail for a hint):
+        an error reply (NOPERM, READONLY…) or a lost connection is counted and logged
+        at a bounded rate.
+        """
         try:
             async with asyncio.timeout(self._timeout):
                 await self._redis.publish(self.channel(kind), json.dumps(payload))
-        except _UNAVAILABLE as exc:
-            log.warning(event, extra={"run_id": payload["run"], "error": repr(exc)})
+        except Exception as exc:
+            hostile.error_reply(log, "notify-publish", event, exc, run_id=payload["run"])
             return False
         return True
 
@@ -114,8 +161,10 @@ class Notifier:
         pubsub = self._redis.pubsub()
         try:
             await self._subscribe(pubsub, channel)
-        except _UNAVAILABLE as exc:
-            log.warning("notify.watch_unavailable", extra={"channel": channel, "error": repr(exc)})
+        except Exception as exc:  # a hint, never a reason for a producer's call to fail
+            hostile.error_reply(
+                log, "notify-watch", "notify.watch_unavailable", exc, channel=channel
+            )
             await _close_quietly(pubsub)
             return None
         return pubsub
@@ -133,6 +182,11 @@ class Notifier:
         Notices published while disconnected are lost; ``on_ready`` runs after each
         (re)subscription so a caller can re-check Postgres for what it may have missed,
         ``on_lost`` when the connection drops.
+
+        Never raises (only cancellation ends it): error replies (NOPERM, LOADING…),
+        lost connections and anything unforeseen resubscribe after the backoff, and
+        hostile payloads are dropped (``notify.malformed``), so this loop can live in
+        a worker's task group without ever taking the worker down.
         """
         channel = self.channel(kind)
         backoff = _BACKOFF_INITIAL
@@ -146,22 +200,20 @@ class Notifier:
                     on_ready()
                 while True:
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=_POLL_S)
-                    if msg is None or msg.get("type") not in ("message", b"message"):
-                        continue
-                    try:
-                        notice = _decode(kind, msg["data"])
-                    except ValueError as exc:
-                        log.warning(
-                            "notify.malformed", extra={"channel": channel, "reason": str(exc)}
-                        )
-                        continue
-                    yield notice
-            except _UNAVAILABLE as exc:
+                    notice = _notice_of(kind, msg)
+                    if notice is not None:
+                        yield notice
+            except Exception as exc:
                 if on_lost is not None:
-                    on_lost()
-                log.warning(
+                    with contextlib.suppress(Exception):
+                        on_lost()
+                hostile.error_reply(
+                    log,
+                    f"notify-{kind}",
                     "notify.subscription_lost",
-                    extra={"channel": channel, "error": repr(exc), "retry_in_s": backoff},
+                    exc,
+                    channel=channel,
+                    retry_in_s=backoff,
                 )
             finally:
                 await _close_quietly(pubsub)
@@ -191,7 +243,9 @@ class SettledWatch:
 
     Usage: ``async with notifier.watch_settled(rid) as w:`` check Postgres, then
     ``await w.wait(t)`` and check again. If Redis is unavailable ``wait`` sleeps out
-    its timeout and returns ``None``, so a caller's poll loop keeps its pace.
+    its timeout and returns ``None``, so a caller's poll loop keeps its pace. Neither
+    entering nor ``wait`` raises for Redis or for hostile payloads on the channel:
+    ``result()`` always reaches its next Postgres poll.
     """
 
     def __init__(self, notifier: Notifier, run_ids: frozenset[str]) -> None:
@@ -214,17 +268,12 @@ class SettledWatch:
                 msg = await self._pubsub.get_message(
                     ignore_subscribe_messages=True, timeout=remaining
                 )
-            except _UNAVAILABLE as exc:
-                log.warning("notify.watch_unavailable", extra={"error": repr(exc)})
+            except Exception as exc:  # the caller polls Postgres: fall back to its pace
+                hostile.error_reply(log, "notify-watch", "notify.watch_unavailable", exc)
                 await self._close()
                 continue
-            if msg is None or msg.get("type") not in ("message", b"message"):
-                continue
-            try:
-                notice = _decode("settled", msg["data"])
-            except ValueError:
-                continue
-            if notice.run_id in self._run_ids:
+            notice = _notice_of("settled", msg)
+            if notice is not None and notice.run_id in self._run_ids:
                 return notice
         return None
 

@@ -40,7 +40,7 @@ CREATE TABLE runfleet.runs (
 );
 
 CREATE UNIQUE INDEX runs_lineage_round_idx ON runfleet.runs (lineage_id, round_ordinal);
-CREATE INDEX runs_stale_running_idx ON runfleet.runs (heartbeat_at_ms)
+CREATE INDEX runs_stale_running_idx ON runfleet.runs (heartbeat_at_ms, id)
     WHERE status = 'running';
 CREATE INDEX runs_waiting_idx ON runfleet.runs (waiting_reason, waiting_wake_at_ms)
     WHERE waiting_reason IS NOT NULL;
@@ -136,3 +136,26 @@ CREATE TABLE runfleet.flows (
 CREATE INDEX runs_deadline_idx ON runfleet.runs (((state->>'deadline_ms')::bigint))
     WHERE status IN ('pending', 'running', 'suspended') AND state ? 'deadline_ms'
       AND state->>'deadline_ms' IS NOT NULL;
+
+-- Sweeps (0003): a cursor per sweep kind, and an index per sweep read whose predicate is
+-- exactly that read's rows (see store/sql/sweeps.sql).
+CREATE TABLE runfleet.sweep_cursors (
+    kind             text PRIMARY KEY,
+    after_ms         bigint NOT NULL,
+    after_id         text NOT NULL,
+    after_name       text NOT NULL,
+    through_ms       bigint,
+    through_id       text,
+    cycle_started_ms bigint,
+    updated_at_ms    bigint NOT NULL
+);
+CREATE INDEX runs_released_idx ON runfleet.runs (updated_at_ms, id)
+    WHERE status = 'suspended' AND waiting_reason = 'released';
+CREATE INDEX runs_due_wait_idx ON runfleet.runs (waiting_wake_at_ms, id)
+    WHERE waiting_wake_at_ms IS NOT NULL AND waiting_reason IS NOT NULL
+      AND waiting_reason <> 'quarantine' AND status IN ('pending', 'suspended');
+CREATE INDEX runs_runnable_pending_idx ON runfleet.runs (created_at_ms, id)
+    WHERE status = 'pending' AND waiting_reason IS NULL AND claim_host IS NULL;
+CREATE INDEX runs_deadline_due_idx ON runfleet.runs (((state->>'deadline_ms')::bigint), id)
+    WHERE status IN ('pending', 'running', 'suspended') AND cancel_requested_at_ms IS NULL
+      AND state ? 'deadline_ms' AND state->>'deadline_ms' IS NOT NULL;

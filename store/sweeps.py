@@ -1,21 +1,74 @@
-"""The bounded, cursor-based reads the sweeps drive, and the per-kind sweep lock."""
+"""The bounded, keyset-cursor reads the sweeps drive, their cursors, and the per-kind lock.
+
+Each read returns rows strictly after a ``SweepCursor`` in its keyset order; the
+sweeper stores the last key it read in ``runfleet.sweep_cursors`` inside the
+transaction that holds the kind's advisory lock, so whichever worker wins the next
+tick continues from there (a cursor kept in one process would be skipped whenever
+another process won the tick). Rows nobody can take therefore cost one batch slot
+per cycle, never the whole batch every tick.
+"""
 
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass, replace
 
 from store.db import Database
-from store.types import Owner, PendingCursor, StaleRunning
+from store.rows import clock_row
+from store.types import ClockRow, Owner, PendingCursor, StaleRunning
 
-_START = PendingCursor(run_id="", created_at_ms=-1)
+MIN_KEY = -(2**63)
+"""The smallest bigint: every keyset starts strictly after it."""
 
 
 class SweepKind(enum.IntEnum):
-    PARKED = 1
+    """A sweep kind: its advisory-lock key (the value) and its cursor (the name)."""
+
+    PARKED = 1  # runs parked `released` (parked-cancelled are PENDING_CANCELLATIONS' rows)
     STALE_RUNNING = 2
     DUE_CLOCKS = 3
     PENDING_CANCELLATIONS = 4
     LOST_PENDING = 5
+    DUE_WAITS = 6
+    DEADLINE_PASSED = 7
+    RUNNABLE_SUSPENDED = 8
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class SweepKey:
+    """A position in a sweep's keyset: (time key, run id[, clock name])."""
+
+    ms: int = MIN_KEY
+    id: str = ""
+    name: str = ""
+
+
+START = SweepKey()
+
+
+@dataclass(frozen=True, slots=True)
+class SweepCursor:
+    """Where a sweep kind stopped; ``through`` bounds a finite cycle (lost-pending only)."""
+
+    after: SweepKey = START
+    through: SweepKey | None = None
+    cycle_started_ms: int | None = None
+    now_ms: int = 0
+
+    def at(self, after: SweepKey) -> SweepCursor:
+        return replace(self, after=after)
+
+
+@dataclass(frozen=True, slots=True)
+class Keyed:
+    """A run a sweep read, with its position in that sweep's keyset."""
+
+    run_id: str
+    key: SweepKey
 
 
 class Sweeps:
@@ -31,10 +84,64 @@ class Sweeps:
         row = await self._db.one("sweeps.try_sweep_lock", {"kind": int(kind)})
         return bool(row and row["locked"])
 
-    async def stale_running(self, stale_after_ms: int, limit: int = 64) -> list[StaleRunning]:
+    # ---- cursors -----------------------------------------------------------
+
+    async def cursor(self, kind: SweepKind) -> SweepCursor:
+        """The kind's cursor (the start if it has none) and the database time now."""
+        row = await self._db.one("sweeps.cursor_get", {"kind": kind.label})
+        assert row is not None, "cursor_get always answers one row"
+        now_ms = int(row["now_ms"])
+        if row["after_ms"] is None:
+            return SweepCursor(now_ms=now_ms)
+        through = (
+            SweepKey(int(row["through_ms"]), row["through_id"])
+            if row["through_ms"] is not None
+            else None
+        )
+        return SweepCursor(
+            after=SweepKey(int(row["after_ms"]), row["after_id"], row["after_name"]),
+            through=through,
+            cycle_started_ms=row["cycle_started_ms"],
+            now_ms=now_ms,
+        )
+
+    async def save_cursor(self, kind: SweepKind, cursor: SweepCursor) -> None:
+        """Store where the kind stopped; call in the transaction holding its lock."""
+        await self._db.execute(
+            "sweeps.cursor_put",
+            {
+                "kind": kind.label,
+                "after_ms": cursor.after.ms,
+                "after_id": cursor.after.id,
+                "after_name": cursor.after.name,
+                "through_ms": cursor.through.ms if cursor.through else None,
+                "through_id": cursor.through.id if cursor.through else None,
+                "cycle_started_ms": cursor.cycle_started_ms,
+            },
+        )
+
+    # ---- keyset reads ------------------------------------------------------
+
+    async def _keyed(
+        self, query: str, key_column: str, after: SweepKey, limit: int, **params: object
+    ) -> list[Keyed]:
+        rows = await self._db.all(
+            query, {"after_ms": after.ms, "after_id": after.id, "limit": limit, **params}
+        )
+        return [Keyed(r["id"], SweepKey(int(r[key_column]), r["id"])) for r in rows]
+
+    async def stale_running(
+        self, stale_after_ms: int, limit: int = 64, *, after: SweepKey = START
+    ) -> list[StaleRunning]:
         """Running rows whose lease is older than ``stale_after_ms`` by database time."""
         rows = await self._db.all(
-            "sweeps.stale_running", {"stale_after_ms": stale_after_ms, "limit": limit}
+            "sweeps.stale_running",
+            {
+                "stale_after_ms": stale_after_ms,
+                "limit": limit,
+                "after_ms": after.ms,
+                "after_id": after.id,
+            },
         )
         return [
             StaleRunning(
@@ -44,6 +151,38 @@ class Sweeps:
             )
             for r in rows
         ]
+
+    async def parked_released(self, *, after: SweepKey = START, limit: int = 64) -> list[Keyed]:
+        """Runs parked ``released`` by a shutdown or a lapse, by release time."""
+        return await self._keyed("sweeps.parked_released", "updated_at_ms", after, limit)
+
+    async def due_waits(self, *, after: SweepKey = START, limit: int = 64) -> list[Keyed]:
+        """Parked runs whose timed wait is due (quarantine excluded), earliest first."""
+        return await self._keyed("sweeps.due_waits", "waiting_wake_at_ms", after, limit)
+
+    async def due_clocks(self, *, after: SweepKey = START, limit: int = 64) -> list[ClockRow]:
+        """Unfired clocks whose time has come, in (due, run, name) order."""
+        rows = await self._db.all(
+            "sweeps.due_clocks",
+            {"after_ms": after.ms, "after_id": after.id, "after_name": after.name, "limit": limit},
+        )
+        return [clock_row(r) for r in rows]
+
+    async def deadline_passed(self, *, after: SweepKey = START, limit: int = 64) -> list[Keyed]:
+        """Unsettled runs past their deadline that no cancel has reached yet."""
+        return await self._keyed("sweeps.deadline_passed", "deadline_ms", after, limit)
+
+    async def runnable_suspended(
+        self, *, older_than_ms: int, after: SweepKey = START, limit: int = 64
+    ) -> list[Keyed]:
+        """Suspended rows whose wait was cleared ``older_than_ms`` ago and nobody resumed."""
+        return await self._keyed(
+            "sweeps.runnable_suspended",
+            "updated_at_ms",
+            after,
+            limit,
+            older_than_ms=older_than_ms,
+        )
 
     async def pending_runs(
         self,
@@ -55,14 +194,13 @@ class Sweeps:
         limit: int = 64,
     ) -> list[PendingCursor]:
         """Runnable pending admissions, oldest first, strictly after ``after``."""
-        after = after or _START
         rows = await self._db.all(
             "sweeps.pending_runs",
             {
                 "older_than_ms": older_than_ms,
                 "flow": flow,
-                "after_ms": after.created_at_ms,
-                "after_id": after.run_id,
+                "after_ms": after.created_at_ms if after else MIN_KEY,
+                "after_id": after.run_id if after else "",
                 "through_ms": through.created_at_ms if through else None,
                 "through_id": through.run_id if through else None,
                 "limit": limit,
@@ -82,18 +220,16 @@ class Sweeps:
     async def pending_cancellations(
         self, *, after: PendingCursor | None = None, limit: int = 64
     ) -> list[PendingCursor]:
-        after = after or _START
+        """Pending and parked runs with a cancel request (nobody executes them)."""
         rows = await self._db.all(
             "sweeps.pending_cancellations",
-            {"after_ms": after.created_at_ms, "after_id": after.run_id, "limit": limit},
+            {
+                "after_ms": after.created_at_ms if after else MIN_KEY,
+                "after_id": after.run_id if after else "",
+                "limit": limit,
+            },
         )
         return [PendingCursor(r["id"], int(r["created_at_ms"])) for r in rows]
-
-    async def runnable_suspended(self, *, older_than_ms: int, limit: int = 64) -> list[str]:
-        rows = await self._db.all(
-            "sweeps.runnable_suspended", {"older_than_ms": older_than_ms, "limit": limit}
-        )
-        return [r["id"] for r in rows]
 
     async def stranded_claims(
         self, stale_after_ms: int, limit: int = 64

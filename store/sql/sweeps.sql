@@ -1,12 +1,49 @@
--- Reads the sweeps drive. Each is bounded, oldest first, and cursor-based so a
--- stuck prefix cannot starve the rows behind it.
+-- Reads the sweeps drive. Each is an index scan bounded by its batch: its WHERE is the
+-- predicate of a partial index whose columns are the keyset, and it reads strictly after
+-- a cursor (kept in runfleet.sweep_cursors) so rows the fleet cannot take (a retired flow,
+-- a queue nobody reads, an owner the probe vouches for) never hide the rows behind them.
+-- The minimum bigint is the "start" of every keyset.
 
 -- name: stale_running
 SELECT id, owner_host, owner_pid, owner_nonce, heartbeat_at_ms FROM runfleet.runs
  WHERE status = 'running' AND heartbeat_at_ms < runfleet.now_ms() - %(stale_after_ms)s
+   AND (heartbeat_at_ms, id) > (%(after_ms)s, %(after_id)s)
  ORDER BY heartbeat_at_ms, id LIMIT %(limit)s;
 
+-- name: parked_released
+-- Runs a shutdown or a lapse handed back (runs_released_idx).
+SELECT id, updated_at_ms FROM runfleet.runs
+ WHERE status = 'suspended' AND waiting_reason = 'released'
+   AND (updated_at_ms, id) > (%(after_ms)s, %(after_id)s)
+ ORDER BY updated_at_ms, id LIMIT %(limit)s;
+
+-- name: due_waits
+-- Timed waits whose time has come (runs_due_wait_idx); quarantine never wakes on a timer.
+SELECT id, waiting_wake_at_ms FROM runfleet.runs
+ WHERE waiting_wake_at_ms IS NOT NULL AND waiting_reason IS NOT NULL
+   AND waiting_reason <> 'quarantine' AND status IN ('pending', 'suspended')
+   AND waiting_wake_at_ms <= runfleet.now_ms()
+   AND (waiting_wake_at_ms, id) > (%(after_ms)s, %(after_id)s)
+ ORDER BY waiting_wake_at_ms, id LIMIT %(limit)s;
+
+-- name: due_clocks
+SELECT run_id, name, deferred_name, due_at_ms, completed_at_ms FROM runfleet.clocks
+ WHERE completed_at_ms IS NULL AND due_at_ms <= runfleet.now_ms()
+   AND (due_at_ms, run_id, name) > (%(after_ms)s, %(after_id)s, %(after_name)s)
+ ORDER BY due_at_ms, run_id, name LIMIT %(limit)s;
+
+-- name: deadline_passed
+-- Unsettled runs past their deadline with no cancel request yet (runs_deadline_due_idx).
+SELECT id, (state->>'deadline_ms')::bigint AS deadline_ms FROM runfleet.runs
+ WHERE status IN ('pending', 'running', 'suspended') AND cancel_requested_at_ms IS NULL
+   AND state ? 'deadline_ms' AND state->>'deadline_ms' IS NOT NULL
+   AND (state->>'deadline_ms')::bigint <= runfleet.now_ms()
+   AND ((state->>'deadline_ms')::bigint, id) > (%(after_ms)s, %(after_id)s)
+ ORDER BY (state->>'deadline_ms')::bigint, id LIMIT %(limit)s;
+
 -- name: pending_runs
+-- Runnable pending admissions (runs_runnable_pending_idx), optionally bounded above by
+-- the tail read when a scan cycle started, so the cycle is finite under new admissions.
 SELECT id, created_at_ms FROM runfleet.runs
  WHERE status = 'pending' AND waiting_reason IS NULL AND claim_host IS NULL
    AND (%(flow)s::text IS NULL OR flow = %(flow)s)
@@ -23,6 +60,7 @@ SELECT id, created_at_ms FROM runfleet.runs
  ORDER BY created_at_ms DESC, id DESC LIMIT 1;
 
 -- name: pending_cancellations
+-- Pending and parked runs a cancel reached (parked-cancelled is the suspended half).
 SELECT id, created_at_ms FROM runfleet.runs
  WHERE cancel_requested_at_ms IS NOT NULL AND status IN ('pending', 'suspended')
    AND (created_at_ms, id) > (%(after_ms)s, %(after_id)s)
@@ -39,7 +77,26 @@ SELECT pg_try_advisory_xact_lock(732011, %(kind)s::int) AS locked;
 -- name: runnable_suspended
 -- Suspended rows whose wait was cleared but that nobody resumed (the wake message
 -- after a completion was lost): as stranded as a pending run with a lost wake.
-SELECT id FROM runfleet.runs
+SELECT id, updated_at_ms FROM runfleet.runs
  WHERE status = 'suspended' AND waiting_reason IS NULL AND claim_host IS NULL
    AND updated_at_ms < runfleet.now_ms() - %(older_than_ms)s
+   AND (updated_at_ms, id) > (%(after_ms)s, %(after_id)s)
  ORDER BY updated_at_ms, id LIMIT %(limit)s;
+
+-- name: cursor_get
+-- One row whatever happens: the cursor's columns are NULL when the kind has none yet.
+SELECT c.after_ms, c.after_id, c.after_name, c.through_ms, c.through_id,
+       c.cycle_started_ms, runfleet.now_ms() AS now_ms
+  FROM (SELECT 1) AS one
+  LEFT JOIN runfleet.sweep_cursors c ON c.kind = %(kind)s;
+
+-- name: cursor_put
+INSERT INTO runfleet.sweep_cursors
+    (kind, after_ms, after_id, after_name, through_ms, through_id, cycle_started_ms, updated_at_ms)
+VALUES (%(kind)s, %(after_ms)s, %(after_id)s, %(after_name)s, %(through_ms)s, %(through_id)s,
+        %(cycle_started_ms)s, runfleet.now_ms())
+ON CONFLICT (kind) DO UPDATE SET
+    after_ms = EXCLUDED.after_ms, after_id = EXCLUDED.after_id,
+    after_name = EXCLUDED.after_name, through_ms = EXCLUDED.through_ms,
+    through_id = EXCLUDED.through_id, cycle_started_ms = EXCLUDED.cycle_started_ms,
+    updated_at_ms = EXCLUDED.updated_at_ms;

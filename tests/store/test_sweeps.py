@@ -208,8 +208,12 @@ async def test_runnable_suspended_lists_woken_runs_nobody_resumed(store: Store) 
     await wait_db_time_past(store, max(r.updated_at_ms for r in rows))
     expected = [r.id for r in sorted(rows[:2], key=lambda r: (r.updated_at_ms, r.id))]
 
-    assert await store.sweeps.runnable_suspended(older_than_ms=0) == expected
-    assert await store.sweeps.runnable_suspended(older_than_ms=0, limit=1) == expected[:1]
-    assert await store.sweeps.runnable_suspended(older_than_ms=3_600_000) == []
+    async def listed(older_than_ms: int, limit: int = 64) -> list[str]:
+        found = await store.sweeps.runnable_suspended(older_than_ms=older_than_ms, limit=limit)
+        return [k.run_id for k in found]
+
+    assert await listed(0) == expected
+    assert await listed(0, limit=1) == expected[:1]
+    assert await listed(3_600_000) == []
     await activate(store, "woken-1", OWNER_C)
-    assert await store.sweeps.runnable_suspended(older_than_ms=0) == ["woken-2"]
+    assert await listed(0) == ["woken-2"]

@@ -40,6 +40,15 @@ class Keys:
             raise InvalidInput("queue", "must be non-empty")
         return f"{self.prefix}:q:{queue}"
 
+    def recovery_stream(self, queue: str) -> str:
+        """The priority lane of ``queue``: runs that already started (takeovers, releases).
+
+        A separate ``:recovery:`` namespace, so no queue name can collide with a lane.
+        """
+        if not queue:
+            raise InvalidInput("queue", "must be non-empty")
+        return f"{self.prefix}:recovery:{queue}"
+
     def alive(self, owner: Owner) -> str:
         """The liveness key a worker process refreshes while it runs."""
         return f"{self.alive_base}{owner.host_id}:{owner.pid}:{owner.nonce}"

@@ -1,13 +1,18 @@
 """Queue streams: publish schedule/wake hints, deliver them to workers, reclaim the orphaned.
 
-One stream per queue and one consumer group (``workers``); each worker process is
-a consumer named by its owner key. Delivery is at-least-once and only a hint: the
-reader acts through Postgres CAS, which makes a duplicate or stale message harmless,
-and the Postgres sweeps cover any message Redis loses (trim, FLUSHALL, failover).
+Two streams per queue, each with the one consumer group (``workers``); each worker
+process is a consumer named by its owner key. The normal lane carries admissions in
+FIFO order; the recovery lane carries runs that already started (takeovers, released
+and woken runs), and every read takes from the recovery lanes first, so recovered
+work starts on the next free slot instead of behind the backlog. Delivery is
+at-least-once and only a hint: the reader acts through Postgres CAS, which makes a
+duplicate or stale message harmless, and the Postgres sweeps cover any message Redis
+loses (trim, FLUSHALL, failover).
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections import defaultdict
@@ -29,12 +34,13 @@ _MAX_BLOCK_SLICE_MS = 1000
 _RECLAIM_CALLS_PER_QUEUE = 4
 
 # Why a script: XREADGROUP's COUNT applies to each stream separately, so one call
-# over k queues can hand this consumer up to k * COUNT entries, more than the free
-# slots the caller has. The script reads the queues in priority order, taking only
-# what is still missing, atomically.
+# over k streams can hand this consumer up to k * COUNT entries, more than the free
+# slots the caller has. The script reads the streams in priority order (every
+# recovery lane, then every normal lane), taking only what is still missing, atomically.
 _READ_SCRIPT = """
 --[[ runfleet: deliver at most ARGV[3] new entries across streams, in priority order.
-KEYS[1..n] = queue streams ({prefix}:q:{queue}), highest priority first
+KEYS[1..n] = streams ({prefix}:recovery:{queue} lanes, then {prefix}:q:{queue}), highest
+             priority first
 ARGV[1]    = consumer group name
 ARGV[2]    = consumer name
 ARGV[3]    = maximum number of entries to deliver in total (>= 1)
@@ -65,6 +71,13 @@ return { entries, tails }
 """
 
 
+class Lane(enum.StrEnum):
+    """Which of a queue's two streams: read the recovery lane first, always."""
+
+    RECOVERY = "recovery"
+    NORMAL = "normal"
+
+
 @dataclass(frozen=True, slots=True)
 class Delivery:
     """One message handed to this consumer; ack it once the drive attempt has decided."""
@@ -72,6 +85,11 @@ class Delivery:
     queue: str
     entry_id: str
     message: StreamMessage
+    lane: Lane = Lane.NORMAL
+
+
+Raw = tuple[str, Lane, str, "dict[bytes, bytes] | None"]
+"""An entry as read: (queue, lane, entry id, fields or None if deleted)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,39 +142,47 @@ class Streams:
             raise ValueError("maxlen must be positive")
         self._maxlen = value
 
-    def stream_key(self, queue: str) -> str:
+    def stream_key(self, queue: str, lane: Lane = Lane.NORMAL) -> str:
+        if lane is Lane.RECOVERY:
+            return self._keys.recovery_stream(queue)
         return self._keys.stream(queue)
 
     async def ensure_groups(self, queues: Iterable[str]) -> None:
-        """Create each queue's stream and group if missing; existing ones are left alone.
+        """Create both lanes' streams and groups of each queue if missing; keep existing ones.
 
         The group starts at id 0, so entries published before any worker existed (or
         while the group was gone) are still delivered. Redelivery is harmless.
         """
         for queue in dict.fromkeys(queues):
-            try:
-                await self._redis.xgroup_create(
-                    self._keys.stream(queue), GROUP, id="0", mkstream=True
-                )
-            except ResponseError as exc:
-                if not str(exc).startswith("BUSYGROUP"):
-                    raise
+            for lane in Lane:
+                try:
+                    await self._redis.xgroup_create(
+                        self.stream_key(queue, lane), GROUP, id="0", mkstream=True
+                    )
+                except ResponseError as exc:
+                    if not str(exc).startswith("BUSYGROUP"):
+                        raise
 
-    async def publish(self, queue: str, msg: StreamMessage) -> str:
-        """Append one message to ``queue``'s stream; returns the entry id."""
+    async def publish(self, queue: str, msg: StreamMessage, lane: Lane = Lane.NORMAL) -> str:
+        """Append one message to ``queue``'s stream in ``lane``; returns the entry id."""
         entry_id = await self._redis.xadd(
-            self._keys.stream(queue), {FIELD: encode(msg)}, maxlen=self._maxlen, approximate=True
+            self.stream_key(queue, lane),
+            {FIELD: encode(msg)},
+            maxlen=self._maxlen,
+            approximate=True,
         )
         return _text(entry_id)
 
-    async def publish_many(self, items: Sequence[tuple[str, StreamMessage]]) -> list[str]:
-        """Append many messages in one round trip; returns entry ids in input order.
+    async def publish_many(
+        self, items: Sequence[tuple[str, StreamMessage]], lane: Lane = Lane.NORMAL
+    ) -> list[str]:
+        """Append many messages to ``lane`` in one round trip; returns entry ids in input order.
 
         Every message is encoded before anything is sent, so a bad one writes nothing.
         """
         if not items:
             return []
-        packed = [(self._keys.stream(queue), encode(msg)) for queue, msg in items]
+        packed = [(self.stream_key(queue, lane), encode(msg)) for queue, msg in items]
         async with self._redis.pipeline(transaction=False) as pipe:
             for key, data in packed:
                 pipe.xadd(key, {FIELD: data}, maxlen=self._maxlen, approximate=True)
@@ -166,17 +192,19 @@ class Streams:
     async def read(
         self, consumer: str, queues: list[str], count: int, block_ms: int
     ) -> list[Delivery]:
-        """Deliver at most ``count`` new messages, earlier queues first, waiting up to ``block_ms``.
+        """Deliver at most ``count`` new messages, waiting up to ``block_ms``.
 
-        ``count`` is the caller's free slots: anything read beyond it would sit in this
-        consumer's pending list unprocessed until another worker reclaimed it. So
-        ``count <= 0`` returns at once without touching Redis. ``block_ms <= 0`` means
-        do not wait (unlike Redis, where BLOCK 0 waits forever).
+        Every queue's recovery lane is read before any normal lane, earlier queues
+        first within a lane. ``count`` is the caller's free slots: anything read beyond
+        it would sit in this consumer's pending list unprocessed until another worker
+        reclaimed it. So ``count <= 0`` returns at once without touching Redis.
+        ``block_ms <= 0`` means do not wait (unlike Redis, where BLOCK 0 waits forever).
         """
         if count <= 0 or not queues:
             return []
-        ordered = list(dict.fromkeys(queues))
-        streams = [self._keys.stream(q) for q in ordered]
+        unique = list(dict.fromkeys(queues))
+        ordered = [(q, lane) for lane in Lane for q in unique]
+        streams = [self.stream_key(q, lane) for q, lane in ordered]
         deadline = time.monotonic() + max(0, block_ms) / 1000
         while True:
             raw, tails = await self._read_once(consumer, ordered, streams, count)
@@ -196,35 +224,47 @@ class Streams:
             )
 
     async def _read_once(
-        self, consumer: str, queues: list[str], streams: list[str], count: int
-    ) -> tuple[list[tuple[str, str, dict[bytes, bytes] | None]], list[str]]:
+        self, consumer: str, ordered: list[tuple[str, Lane]], streams: list[str], count: int
+    ) -> tuple[list[Raw], list[str]]:
         try:
             reply = await self._read_script(keys=streams, args=[GROUP, consumer, count])
         except ResponseError as exc:
             if not _is_nogroup(exc):
                 raise
             # The group vanished (FLUSHALL, restart without persistence): recreate, retry once.
+            queues = list(dict.fromkeys(q for q, _ in ordered))
             log.warning("stream.group_recreated", extra={"queues": queues})
             await self.ensure_groups(queues)
             reply = await self._read_script(keys=streams, args=[GROUP, consumer, count])
         entries: list[Any] = reply[0]
-        raw = [(queues[int(e[0]) - 1], _text(e[1]), _pairs(e[2])) for e in entries]
+        raw = [(*ordered[int(e[0]) - 1], _text(e[1]), _pairs(e[2])) for e in entries]
         return raw, [_text(t) for t in reply[1]]
 
-    async def ack(self, queue: str, entry_id: str) -> bool:
+    async def ack(self, queue: str, entry_id: str, lane: Lane = Lane.NORMAL) -> bool:
         """Acknowledge one delivery; ``False`` if it was not pending (already acked or trimmed)."""
-        return bool(await self._redis.xack(self._keys.stream(queue), GROUP, entry_id))
+        return bool(await self._redis.xack(self.stream_key(queue, lane), GROUP, entry_id))
 
-    async def ack_many(self, entries: Iterable[tuple[str, str]]) -> int:
-        """Acknowledge ``(queue, entry_id)`` pairs in one round trip; returns the count acked."""
-        by_queue: dict[str, list[str]] = defaultdict(list)
-        for queue, entry_id in entries:
-            by_queue[queue].append(entry_id)
-        if not by_queue:
+    async def ack_many(self, entries: Iterable[Delivery | tuple[str, str]]) -> int:
+        """Acknowledge deliveries (or normal-lane ``(queue, entry_id)`` pairs) in one round trip.
+
+        Returns the count acked.
+        """
+        return await self._ack_streams(
+            (self.stream_key(e.queue, e.lane), e.entry_id)
+            if isinstance(e, Delivery)
+            else (self.stream_key(e[0]), e[1])
+            for e in entries
+        )
+
+    async def _ack_streams(self, entries: Iterable[tuple[str, str]]) -> int:
+        by_stream: dict[str, list[str]] = defaultdict(list)
+        for key, entry_id in entries:
+            by_stream[key].append(entry_id)
+        if not by_stream:
             return 0
         async with self._redis.pipeline(transaction=False) as pipe:
-            for queue, ids in by_queue.items():
-                pipe.xack(self._keys.stream(queue), GROUP, *ids)
+            for key, ids in by_stream.items():
+                pipe.xack(key, GROUP, *ids)
             counts = await pipe.execute()
         return sum(int(c) for c in counts)
 
@@ -233,24 +273,28 @@ class Streams:
     ) -> list[Delivery]:
         """Take over at most ``count`` entries left unacknowledged for ``min_idle_ms`` or more.
 
-        These belong to consumers that died between read and ack. A per-queue cursor
-        walks each pending list across calls, so a prefix of entries that are not yet
-        idle cannot hide idle ones behind it.
+        These belong to consumers that died between read and ack. Recovery lanes are
+        reclaimed before normal ones. A per-stream cursor walks each pending list
+        across calls, so a prefix of entries that are not yet idle cannot hide idle
+        ones behind it.
         """
-        raw: list[tuple[str, str, dict[bytes, bytes] | None]] = []
-        for queue in dict.fromkeys(queues):
+        raw: list[Raw] = []
+        unique = list(dict.fromkeys(queues))
+        for queue, lane in [(q, lane) for lane in Lane for q in unique]:
             if len(raw) >= count:
                 break
-            raw.extend(await self._reclaim_queue(consumer, queue, min_idle_ms, count - len(raw)))
+            raw.extend(
+                await self._reclaim_stream(consumer, queue, lane, min_idle_ms, count - len(raw))
+            )
         return await self._accept(raw)
 
-    async def _reclaim_queue(
-        self, consumer: str, queue: str, min_idle_ms: int, count: int
-    ) -> list[tuple[str, str, dict[bytes, bytes] | None]]:
-        key = self._keys.stream(queue)
-        start = self._reclaim_cursor.get(queue, "0-0")
+    async def _reclaim_stream(
+        self, consumer: str, queue: str, lane: Lane, min_idle_ms: int, count: int
+    ) -> list[Raw]:
+        key = self.stream_key(queue, lane)
+        start = self._reclaim_cursor.get(key, "0-0")
         from_zero = start == "0-0"
-        out: list[tuple[str, str, dict[bytes, bytes] | None]] = []
+        out: list[Raw] = []
         for _ in range(_RECLAIM_CALLS_PER_QUEUE):
             if len(out) >= count:
                 break
@@ -264,44 +308,42 @@ class Streams:
                 await self.ensure_groups([queue])  # a fresh group has nothing to reclaim
                 return out
             start = _text(reply[0])
-            out.extend((queue, _text(eid), fields) for eid, fields in reply[1])
+            out.extend((queue, lane, _text(eid), fields) for eid, fields in reply[1])
             if start == "0-0":
                 if from_zero:
                     break
                 from_zero = True
-        self._reclaim_cursor[queue] = start
+        self._reclaim_cursor[key] = start
         return out
 
-    async def _accept(
-        self, raw: list[tuple[str, str, dict[bytes, bytes] | None]]
-    ) -> list[Delivery]:
+    async def _accept(self, raw: list[Raw]) -> list[Delivery]:
         """Decode entries; log, ack and drop the malformed so they are never redelivered."""
         good: list[Delivery] = []
         bad: list[tuple[str, str]] = []
-        for queue, entry_id, fields in raw:
+        for queue, lane, entry_id, fields in raw:
             try:
                 if fields is None:
                     raise MalformedMessage("entry was deleted")
                 if FIELD not in fields:
                     raise MalformedMessage(f"entry has no field {FIELD.decode()!r}")
-                good.append(Delivery(queue, entry_id, decode(fields[FIELD])))
+                good.append(Delivery(queue, entry_id, decode(fields[FIELD]), lane))
             except MalformedMessage as exc:
                 log.warning(
                     "stream.malformed",
                     extra={"queue": queue, "entry_id": entry_id, "reason": exc.reason},
                 )
-                bad.append((queue, entry_id))
+                bad.append((self.stream_key(queue, lane), entry_id))
         if bad:
-            await self.ack_many(bad)
+            await self._ack_streams(bad)
         return good
 
-    async def depth(self, queue: str) -> QueueDepth:
-        """The group's backlog: entries not yet delivered, and delivered but unacknowledged.
+    async def depth(self, queue: str, lane: Lane = Lane.NORMAL) -> QueueDepth:
+        """The group's backlog in one lane: entries not yet delivered, and delivered but unacked.
 
         Uses XINFO GROUPS (Redis >= 7). When Redis cannot compute ``lag`` (entries
         deleted mid-stream) the stream length stands in: an upper bound, never an undercount.
         """
-        key = self._keys.stream(queue)
+        key = self.stream_key(queue, lane)
         try:
             groups = await self._redis.xinfo_groups(key)
         except ResponseError as exc:
@@ -316,8 +358,8 @@ class Streams:
         return QueueDepth(int(await self._redis.xlen(key)), 0)
 
     async def lag(self, queue: str) -> int:
-        """Entries waiting for a worker: not yet delivered plus delivered-but-unacknowledged."""
-        return (await self.depth(queue)).total
+        """Entries waiting for a worker in both lanes: undelivered plus delivered-but-unacked."""
+        return sum([(await self.depth(queue, lane)).total for lane in Lane])
 
     async def prune_consumers(self, queues: Iterable[str], idle_ms: int) -> int:
         """Delete consumers with nothing pending that have not read for ``idle_ms``.
@@ -328,8 +370,7 @@ class Streams:
         interval (minutes): deleting a consumer drops its pending list.
         """
         removed = 0
-        for queue in dict.fromkeys(queues):
-            key = self._keys.stream(queue)
+        for key in [self.stream_key(q, lane) for q in dict.fromkeys(queues) for lane in Lane]:
             try:
                 consumers = await self._redis.xinfo_consumers(key, GROUP)
             except ResponseError as exc:

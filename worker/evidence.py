@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,27 +59,68 @@ class RefusalLadder:
 
     Keyed by the frozen lease (the heartbeat): a later stall of the same run is a
     new lease and starts again at the bottom.
+
+    Bounded: a row that leaves the stale window (its owner renewed, another worker
+    stole or settled it) is never driven here again, so nothing would ever remove
+    its rung. A rung nobody consulted for ``forget_after`` past its next probe is
+    dropped (``prune``, run on every refusal); while the row stays stale and vouched
+    for, the stale sweep drives it at least once per cycle and keeps its rung alive.
+    Dropping a live rung early costs one extra probe from the bottom rung, nothing
+    more. ``max_rungs`` caps memory even if every row were refused at once.
     """
 
-    def __init__(self, interval: float, cap: float) -> None:
+    def __init__(
+        self,
+        interval: float,
+        cap: float,
+        *,
+        forget_after: float | None = None,
+        max_rungs: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._first = 2 * interval
         self._cap = cap
+        self._forget_after = forget_after if forget_after is not None else max(4 * cap, 60.0)
+        self._max = max_rungs
+        self._clock = clock
         self._rungs: dict[str, _Rung] = {}
+        self._pruned_at = float("-inf")
+
+    def __len__(self) -> int:
+        return len(self._rungs)
 
     def due(self, run_id: str, heartbeat_at_ms: int) -> bool:
         rung = self._rungs.get(run_id)
         if rung is None or rung.heartbeat_at_ms != heartbeat_at_ms:
             return True
-        return time.monotonic() >= rung.next_probe
+        return self._clock() >= rung.next_probe
 
     def refused(self, run_id: str, heartbeat_at_ms: int) -> float:
-        rung = self._rungs.get(run_id)
+        now = self._clock()
+        rung = self._rungs.pop(run_id, None)
         if rung is None or rung.heartbeat_at_ms != heartbeat_at_ms:
             delay = self._first
         else:
             delay = min(rung.delay * 2, self._cap)
-        self._rungs[run_id] = _Rung(heartbeat_at_ms, delay, time.monotonic() + delay)
+        if now - self._pruned_at >= 1.0 or len(self._rungs) >= self._max:
+            self.prune()
+        self._rungs[run_id] = _Rung(heartbeat_at_ms, delay, now + delay)
         return delay
 
     def forget(self, run_id: str) -> None:
         self._rungs.pop(run_id, None)
+
+    def prune(self) -> int:
+        """Drop rungs of rows that left the stale window (unconsulted too long); the count."""
+        self._pruned_at = self._clock()
+        horizon = self._pruned_at - self._forget_after
+        gone = [run_id for run_id, rung in self._rungs.items() if rung.next_probe < horizon]
+        for run_id in gone:
+            del self._rungs[run_id]
+        overflow = len(self._rungs) - (self._max - 1)
+        if overflow > 0:
+            # Insertion order is refusal order (refused() re-inserts): drop the oldest.
+            for run_id in list(self._rungs)[:overflow]:
+                del self._rungs[run_id]
+            return len(gone) + overflow
+        return len(gone)

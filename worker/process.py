@@ -19,7 +19,7 @@ from broker.client import connect
 from broker.codec import message_for
 from broker.liveness import Liveness
 from broker.notify import Notifier
-from broker.streams import Delivery, Streams
+from broker.streams import Delivery, Lane, Streams
 from store import Store
 from store.config import Settings
 from store.types import Owner, RunRow, RunStatus
@@ -33,6 +33,12 @@ from worker.watchdog import Watchdog
 
 log = logging.getLogger("runfleet.worker.process")
 LAG_INTERVAL_S = 5.0
+
+
+def lane_of(row: RunRow) -> Lane:
+    """Runs that already started (epoch > 0: takeovers, released or woken runs) resume on the
+    recovery lane, read before any backlog; a never-started run keeps its FIFO place."""
+    return Lane.RECOVERY if row.epoch > 0 else Lane.NORMAL
 
 
 def import_flows(modules: Sequence[str]) -> None:
@@ -216,6 +222,13 @@ class Worker:
     # ---- reading -------------------------------------------------------------
 
     async def _read_loop(self) -> None:
+        """Read as many messages as there are free slots, recovery lanes first.
+
+        The read script takes every queue's recovery lane before any normal lane and
+        never more than ``free`` entries in total, so a takeover or a released run
+        gets the next free slot of whichever worker frees one first, ahead of any
+        backlog, and slots are never over-subscribed. A lapsed process reads nothing.
+        """
         backoff = 0.1
         last_reclaim = time.monotonic()
         while not self._stopping.is_set():
@@ -224,8 +237,15 @@ class Worker:
                 self.coordinator.changed.clear()
                 await self._wait_any(self.coordinator.changed, 0.5)
                 continue
+            if not self._may_claim():
+                await self._wait_any(self._stopping, 0.1)
+                continue
             try:
                 deliveries = await self.streams.read(self.owner.key, self.queues, free, 500)
+                if not self._may_claim():
+                    # The lease lapsed while the read blocked: leave what was read
+                    # unacknowledged (a reclaim or a sweep re-delivers it) and claim nothing.
+                    continue
                 if time.monotonic() - last_reclaim > self.settings.stale_after * 2:
                     last_reclaim = time.monotonic()
                     deliveries += await self.streams.reclaim(
@@ -259,7 +279,7 @@ class Worker:
 
     async def _ack(self, delivery: Delivery) -> None:
         try:
-            await self.streams.ack(delivery.queue, delivery.entry_id)
+            await self.streams.ack(delivery.queue, delivery.entry_id, delivery.lane)
         except INFRA_ERRORS as exc:
             log.warning(
                 "stream.ack_failed", extra={"run_id": delivery.message.run, "error": repr(exc)}
@@ -298,10 +318,17 @@ class Worker:
         rows = [row for row in rows if row.id not in closing]
         if not rows:
             return
+        rows.sort(key=lambda row: lane_of(row) is not Lane.RECOVERY)  # recovered runs first
         try:
-            await self.streams.publish_many(
-                [(row.queue, message_for(row.id, row.flow, reason)) for row in rows]
-            )
+            for lane in Lane:
+                await self.streams.publish_many(
+                    [
+                        (row.queue, message_for(row.id, row.flow, reason))
+                        for row in rows
+                        if lane_of(row) is lane
+                    ],
+                    lane,
+                )
             return
         except INFRA_ERRORS as exc:
             log.warning("stream.publish_failed", extra={"runs": len(rows), "error": repr(exc)})
@@ -313,9 +340,15 @@ class Worker:
                 free -= 1
 
     async def _schedule(self, row: RunRow) -> None:
-        """Hint that a run can move (released, a child admitted, a parent woken)."""
+        """Hint that a run can move (released, a child admitted, a parent woken).
+
+        A run that already started (released, woken) goes to the recovery lane, so it
+        resumes on the next free slot instead of behind the queue's backlog.
+        """
         try:
-            await self.streams.publish(row.queue, message_for(row.id, row.flow, "schedule"))
+            await self.streams.publish(
+                row.queue, message_for(row.id, row.flow, "schedule"), lane_of(row)
+            )
         except INFRA_ERRORS as exc:
             log.warning("stream.publish_failed", extra={"run_id": row.id, "error": repr(exc)})
 

@@ -56,17 +56,24 @@ class Settings(BaseSettings):
     def failstop_after(self) -> float:
         """Seconds without a confirmed renewal after which a process still executing exits.
 
-        Between the lapse and ``stale_after``: the lapse gets one interval to stop the
-        runs by interrupting them; if a body cannot be interrupted (a thread, a blocked
-        event loop) the watchdog ends the process one interval before the lease is stale.
+        Half an interval past the lapse, which interrupts every run: a body still
+        executing by then cannot be interrupted (a thread, a blocked event loop), and
+        the watchdog ends the process — always at least half an interval before any
+        observer can see the lease stale.
         """
         return min(
             self.stale_after - self.heartbeat_interval / 2,
-            max(
-                self.lapse_after + self.heartbeat_interval / 2,
-                self.stale_after - self.heartbeat_interval,
-            ),
+            self.lapse_after + self.heartbeat_interval / 2,
         )
+
+    @property
+    def failstop_confirm(self) -> float:
+        """How long the watchdog must itself see a run overdue before it fires.
+
+        A process frozen by SIGSTOP wakes up overdue; the lapse loop interrupts its
+        runs within this window, so only a body that truly cannot stop is fatal.
+        """
+        return self.heartbeat_interval / 4
 
     @property
     def renew_timeout(self) -> float:

@@ -90,7 +90,7 @@ class Worker:
         prefix = self.settings.redis_prefix
         self.streams = Streams(redis, prefix)
         self.notifier = Notifier(redis, prefix)
-        self.liveness = Liveness(redis, prefix, self.settings.host_id)
+        self.liveness = Liveness.for_settings(redis, self.settings)
         self.store = store
         # The lease renews on its own small pool: a renewal never waits behind the
         # shared pool's connections, nor behind a statement hung on one of them.
@@ -122,6 +122,7 @@ class Worker:
             confirmed_sent=lambda: gate.confirmed_sent,
             executing=lambda: len(driver.executing),
             failstop_after=self.settings.failstop_after,
+            confirm=self.settings.failstop_confirm,
         )
         sweeper = Sweeper(store, self.settings, self._dispatch)
         self._started_ms = int(time.time() * 1000)

@@ -5,9 +5,10 @@ but an interrupt only reaches code that yields to the event loop: a sync step in
 thread or CPU-bound code that blocks the loop cannot be stopped. Such a process must
 not be executing when another worker may take its runs over, so this thread — which
 does not depend on the event loop — exits the process once the last confirmed renewal
-is ``settings.failstop_after`` old (one interval before any observer can see the lease
-stale) while any run body is still executing. The supervisor restarts it under a new
-owner identity.
+is ``settings.failstop_after`` old while a run body is still executing, and it has seen
+that for ``settings.failstop_confirm`` itself (a process thawed after SIGSTOP wakes up
+overdue, and its lapse loop stops async bodies within that window). Both together stay
+under ``stale_after``. The supervisor restarts the process under a new owner identity.
 """
 
 from __future__ import annotations
@@ -39,12 +40,14 @@ class Watchdog:
         confirmed_sent: Callable[[], float | None],
         executing: Callable[[], int],
         failstop_after: float,
-        poll: float = 0.05,
+        confirm: float = 0.0,
+        poll: float = 0.02,
         exit: Callable[[int], object] = os._exit,
     ) -> None:
         self._confirmed_sent = confirmed_sent
         self._executing = executing
         self._failstop_after = failstop_after
+        self._confirm = confirm
         self._poll = poll
         self._exit = exit
         self._stop = threading.Event()
@@ -72,9 +75,16 @@ class Watchdog:
         return late if late >= 0 else None
 
     def _watch(self) -> None:
+        seen_since: float | None = None
         while not self._stop.wait(self._poll):
             late = self.overdue()
             if late is None:
+                seen_since = None
+                continue
+            now = time.monotonic()
+            if seen_since is None:
+                seen_since = now
+            if now - seen_since < self._confirm:
                 continue
             self.fired = True
             # Logging from this thread is safe; the handlers may be blocked behind the

@@ -40,3 +40,59 @@ async def unencodable(ctx: Context) -> object:
 @flow(name="tests.forever")
 async def forever(ctx: Context) -> None:
     await asyncio.Event().wait()
+
+
+# ---- side-effect ledger: what each owner really executed, and when ----------------
+
+
+def ledger_write(path: str, **fields: Any) -> None:
+    """Append one JSON line (O_APPEND: whole lines even from several processes)."""
+    import json
+
+    line = json.dumps({"pid": os.getpid(), "t_ms": int(time.time() * 1000), **fields}) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+async def _ledger_step(path: str, run: str, i: int, ms: int) -> int:
+    ledger_write(path, run=run, step=i, at="start")
+    await asyncio.sleep(ms / 1000)
+    ledger_write(path, run=run, step=i, at="end")
+    return i
+
+
+def _ledger_sync_step(path: str, run: str, i: int, ms: int) -> int:
+    ledger_write(path, run=run, step=i, at="start")
+    time.sleep(ms / 1000)
+    ledger_write(path, run=run, step=i, at="end")
+    return i
+
+
+@flow(name="tests.ledger_steps")
+async def ledger_steps(ctx: Context, path: str, steps: int, ms: int) -> dict[str, Any]:
+    """``steps`` async steps of ``ms`` each, every start and end written to the ledger."""
+    for i in range(steps):
+        await ctx.step(f"s{i}", _ledger_step, path, ctx.run_id, i, ms)
+    return {"pid": os.getpid()}
+
+
+@flow(name="tests.ledger_sync_steps")
+async def ledger_sync_steps(ctx: Context, path: str, steps: int, ms: int) -> dict[str, Any]:
+    """Like ``ledger_steps`` but each step is a plain function, run in a thread."""
+    for i in range(steps):
+        await ctx.step(f"s{i}", _ledger_sync_step, path, ctx.run_id, i, ms)
+    return {"pid": os.getpid()}
+
+
+@flow(name="tests.block_loop")
+async def block_loop(ctx: Context, path: str, seconds: float) -> dict[str, Any]:
+    """CPU-bound code on the event loop: nothing can interrupt it but the watchdog."""
+    ledger_write(path, run=ctx.run_id, at="blocking")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        pass
+    ledger_write(path, run=ctx.run_id, at="unblocked")
+    return {"pid": os.getpid()}

@@ -4,6 +4,15 @@ A steal needs two witnesses (DESIGN §5): a stale lease, which Postgres judges,
 and a probe that does not vouch for the owner, which this module answers. The
 probe errs towards "unknown" only where it truly cannot tell; "unknown" lets the
 steal proceed on the lease alone, journaled as ``lease-expired``.
+
+A key vouches only while it is consistent with the lease it claims (DESIGN §5,
+rules from partitions): it has a plausible TTL, it decodes, it is not lapsed,
+and its ``confirmed_ms`` lies within ``tolerance`` of the row's heartbeat. An
+older key (a leftover, or forged "from 1970") says nothing about this lease; a
+newer one means the owner has confirmed renewals since that did not include this
+run, so it no longer holds it. Either way the verdict is "unknown" and the lease
+decides: Redis, which anyone with write access can fill, never vouches alone.
+The key checks themselves live in ``broker.liveness_keys``.
 """
 
 from __future__ import annotations
@@ -13,14 +22,25 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Literal, TypeAlias
 
-import msgpack
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
+from broker import hostile
 from broker.client import require_binary
 from broker.keys import Keys
+from broker.liveness_keys import (
+    Beat,
+    InfoValue,
+    KeyRead,
+    Seen,
+    Unreachable,
+    judge,
+    pack,
+    read_key,
+    read_keys,
+)
+from store.config import Settings
 from store.types import Owner
 
 log = logging.getLogger("runfleet.broker.liveness")
@@ -36,14 +56,30 @@ Evidence: TypeAlias = Literal[
     "lease-expired",
     "self-orphaned",
 ]
-InfoValue: TypeAlias = str | int | bool
-DEFAULT_PROBE_TIMEOUT = 1.0
+DEFAULT_HEARTBEAT_INTERVAL = 1.0
+KEY_TTL_INTERVALS = 3
+"""Workers set their key's TTL to this many heartbeat intervals (``Settings.liveness_ttl``)."""
+MAX_TTL_FACTOR = 10
+"""A TTL above this many times the expected one was not set by a runfleet worker."""
+TOLERANCE_INTERVALS = 2
+"""How far (in heartbeat intervals) a key's confirmed time may sit from the row's heartbeat.
+
+Older by up to one interval is normal (a run claimed after the last confirmed
+renewal), plus one interval of refresh lag; newer by more than that means the
+owner renewed without this run. Both sides use the same bound.
+"""
 _FLEET_BATCH = 500
 
 
 @dataclass(frozen=True, slots=True)
 class Probe:
-    """What the probe saw: a verdict, its evidence kind (journaled), and raw facts."""
+    """What the probe saw: a verdict, its evidence kind (journaled), and raw facts.
+
+    ``detail["key"]`` says which case applied: ``consistent``, ``absent``,
+    ``malformed``, ``inconsistent`` (with ``confirmed_ms`` and ``heartbeat_at_ms``),
+    ``without-ttl``, ``ttl-implausible``, or ``unverified`` (with ``redis``:
+    ``unreachable`` or ``error-reply``).
+    """
 
     verdict: Verdict
     evidence: Evidence
@@ -57,7 +93,7 @@ class Probe:
 
 @dataclass(frozen=True, slots=True)
 class FleetMember:
-    """One live (or lapsed) worker process as its liveness key describes it."""
+    """One live (or lapsed, or suspect) worker process as its liveness key describes it."""
 
     host: str
     pid: int
@@ -69,45 +105,17 @@ class FleetMember:
     runs: int | None
     ttl_ms: int
     info: dict[str, InfoValue] = field(default_factory=dict, hash=False)
+    suspect: str | None = None
+    """Why this key is not one a live worker would write (no TTL, an absurd time), if so."""
 
     @property
     def owner(self) -> Owner:
         return Owner(host_id=self.host, pid=self.pid, nonce=self.nonce)
 
-
-@dataclass(frozen=True, slots=True)
-class _Beat:
-    confirmed_ms: int
-    lapsed: bool
-    info: dict[str, InfoValue]
-
-
-class _Unreachable(Exception):
-    """Redis could not answer within the probe timeout."""
-
-
-def _pack(confirmed_ms: int, lapsed: bool, info: Mapping[str, InfoValue] | None) -> bytes:
-    value: dict[str, InfoValue] = dict(info or {})
-    value["confirmed_ms"] = confirmed_ms
-    value["lapsed"] = lapsed
-    packed: bytes = msgpack.packb(value, use_bin_type=True)
-    return packed
-
-
-def _unpack(raw: bytes) -> _Beat:
-    """Decode a liveness value; raise ``ValueError`` if it is not one runfleet wrote."""
-    try:
-        value: Any = msgpack.unpackb(raw, raw=False)
-    except Exception as exc:  # msgpack raises assorted types for garbage
-        raise ValueError(f"liveness value is not msgpack: {exc}") from exc
-    if not isinstance(value, dict):
-        raise ValueError("liveness value is not a map")
-    confirmed = value.pop("confirmed_ms", None)
-    lapsed = value.pop("lapsed", None)
-    if type(confirmed) is not int or type(lapsed) is not bool:
-        raise ValueError("liveness value lacks confirmed_ms/lapsed")
-    info = {str(k): v for k, v in value.items() if isinstance(v, str | int | bool)}
-    return _Beat(confirmed, lapsed, info)
+    @property
+    def live(self) -> bool:
+        """Counts as a live worker: neither lapsed nor suspect."""
+        return not self.lapsed and self.suspect is None
 
 
 def _pid_state(pid: int) -> Literal["running", "gone", "zombie"]:
@@ -136,7 +144,12 @@ def _pid_state(pid: int) -> Literal["running", "gone", "zombie"]:
 
 
 class Liveness:
-    """Refreshes this process's liveness key and probes other owners' keys."""
+    """Refreshes this process's liveness key and probes other owners' keys.
+
+    Build it with ``for_settings`` so that the expected TTL, the tolerance and the
+    timeouts follow the fleet's heartbeat interval. Every Redis call is bounded by
+    ``timeout`` (well under one interval), on top of the client's socket timeouts.
+    """
 
     def __init__(
         self,
@@ -144,22 +157,49 @@ class Liveness:
         prefix: str,
         host_id: str,
         *,
-        probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
+        heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+        stale_after: float | None = None,
+        key_ttl: float | None = None,
+        timeout: float | None = None,
     ) -> None:
         if not host_id:
             raise ValueError("host_id is required: the probe branches on same host vs other")
+        if heartbeat_interval <= 0:
+            raise ValueError("heartbeat_interval must be positive")
         self._redis = require_binary(redis)
         self._keys = Keys(prefix)
         self.host_id = host_id
-        self._probe_timeout = probe_timeout
+        interval_ms = int(heartbeat_interval * 1000)
+        self.key_ttl_ms = (
+            int(key_ttl * 1000) if key_ttl is not None else KEY_TTL_INTERVALS * interval_ms
+        )
+        self.max_ttl_ms = MAX_TTL_FACTOR * self.key_ttl_ms
+        self.tolerance_ms = TOLERANCE_INTERVALS * interval_ms
+        self.stale_after_ms = int((stale_after or 5 * heartbeat_interval) * 1000)
+        self.timeout = timeout if timeout is not None else min(0.5, heartbeat_interval / 2)
+
+    @classmethod
+    def for_settings(cls, redis: Redis, settings: Settings) -> Liveness:
+        """The probe and key writer for a fleet configured by ``settings``."""
+        return cls(
+            redis,
+            settings.redis_prefix,
+            settings.host_id,
+            heartbeat_interval=settings.heartbeat_interval,
+            stale_after=settings.stale_after,
+            key_ttl=settings.liveness_ttl,
+            timeout=settings.liveness_timeout,
+        )
 
     async def refresh(
         self,
         owner: Owner,
         confirmed_ms: int,
         lapsed: bool,
-        ttl_s: float,
+        ttl_s: float | None = None,
         info: Mapping[str, InfoValue] | None = None,
+        *,
+        timeout: float | None = None,
     ) -> None:
         """Write ``owner``'s key with its last confirmed lease time; expires after ``ttl_s``.
 
@@ -167,116 +207,119 @@ class Liveness:
         ``lapsed`` says the process has stopped its runs for want of confirmation,
         so a thief need not wait for the key to expire. ``info`` carries what
         ``runfleet fleet`` shows (``started_ms``, ``queues`` comma-joined, ``runs``).
-        Redis errors propagate: the heartbeat loop logs them and carries on.
+        ``ttl_s`` defaults to ``KEY_TTL_INTERVALS`` heartbeat intervals. Bounded by
+        ``timeout`` (default ``self.timeout``). Raises only Redis errors
+        (``RedisError``, ``OSError``, ``TimeoutError``): the caller logs and goes on.
         """
-        await self._redis.set(
-            self._keys.alive(owner),
-            _pack(confirmed_ms, lapsed, info),
-            px=max(1, int(ttl_s * 1000)),
-        )
-
-    async def clear(self, owner: Owner) -> None:
-        """Remove ``owner``'s key (clean shutdown), so probes see it gone at once."""
-        await self._redis.delete(self._keys.alive(owner))
-
-    async def probe(self, owner: Owner) -> Probe:
-        """Answer whether ``owner`` may still be running its runs. Never raises for Redis."""
-        if owner.host_id == self.host_id:
-            return await self._probe_same_host(owner)
-        return await self._probe_cross_host(owner)
-
-    async def _probe_same_host(self, owner: Owner) -> Probe:
-        state = _pid_state(owner.pid)
-        if state != "running":
-            return Probe("dead", "same-host-pid-dead", {"pid": owner.pid, "pid_state": state})
-        try:
-            beat = await self._read(owner)
-        except _Unreachable as exc:
-            # The pid is alive and we cannot check its nonce. We vouch: on one host a
-            # live pid is strong evidence, a reused pid is rare, and a live owner whose
-            # lease went stale is a stuck process an operator must see, not a run to
-            # steal from under it. The refusal is re-probed on the backoff ladder.
-            return Probe(
-                "alive",
-                "same-host-pid-alive",
-                {"pid": owner.pid, "key": "unverified", "error": str(exc)},
+        ttl_ms = self.key_ttl_ms if ttl_s is None else max(1, int(ttl_s * 1000))
+        async with asyncio.timeout(self.timeout if timeout is None else timeout):
+            await self._redis.set(
+                self._keys.alive(owner), pack(confirmed_ms, lapsed, info), px=ttl_ms
             )
-        except ValueError as exc:
-            return Probe(
-                "alive",
-                "same-host-pid-alive",
-                {"pid": owner.pid, "key": "unreadable", "error": str(exc)},
-            )
-        if beat is None:
-            # The pid exists but no process with this nonce refreshes a key: the pid
-            # now belongs to someone else (or the owner has not refreshed for a TTL).
-            return Probe("dead", "same-host-pid-reused", {"pid": owner.pid, "key": "missing"})
-        if beat.lapsed:
-            return Probe("dead", "owner-lapsed", self._beat_detail(beat))
-        return Probe("alive", "same-host-pid-alive", {"pid": owner.pid, **self._beat_detail(beat)})
 
-    async def _probe_cross_host(self, owner: Owner) -> Probe:
-        try:
-            beat = await self._read(owner)
-        except _Unreachable as exc:
-            return Probe("unknown", "lease-expired", {"redis": "unreachable", "error": str(exc)})
-        except ValueError as exc:
-            # Someone else's bytes at the owner's key: we cannot tell, so the lease decides.
-            return Probe("unknown", "lease-expired", {"key": "unreadable", "error": str(exc)})
-        if beat is None:
-            return Probe("dead", "cross-host-unreachable-stale", {"key": "missing"})
-        if beat.lapsed:
-            return Probe("dead", "owner-lapsed", self._beat_detail(beat))
-        return Probe("alive", "cross-host-key-fresh", self._beat_detail(beat))
+    async def clear(self, owner: Owner, *, timeout: float | None = None) -> None:
+        """Remove ``owner``'s key (clean shutdown), so probes see it gone at once.
 
-    async def _read(self, owner: Owner) -> _Beat | None:
-        """The owner's beat, ``None`` if no key; ``_Unreachable`` or ``ValueError`` otherwise.
-
-        Bounded by ``probe_timeout`` on top of the client's own timeouts, because the
-        client's reconnect retries alone can take several seconds against a dead server.
+        Bounded like ``refresh``; raises only Redis errors.
         """
+        async with asyncio.timeout(self.timeout if timeout is None else timeout):
+            await self._redis.delete(self._keys.alive(owner))
+
+    async def probe(self, owner: Owner, heartbeat_at_ms: int | None) -> Probe:
+        """Answer whether ``owner`` may still be running the run whose lease it holds.
+
+        ``heartbeat_at_ms`` is that run's last heartbeat in database time (for a
+        stranded claim, its claim time): the key vouches only if its confirmed time
+        is within ``tolerance_ms`` of it. ``None`` (no row at hand) skips that check,
+        so only callers that do not decide a steal may pass it. Never raises: no
+        answer within ``timeout`` is "unknown" (or, on the owner's own host with its
+        pid running, "alive": see the README's design notes).
+        """
+        same_host = owner.host_id == self.host_id
+        if same_host:
+            state = _pid_state(owner.pid)
+            if state != "running":
+                return Probe("dead", "same-host-pid-dead", {"pid": owner.pid, "pid_state": state})
+        seen = await self._see(owner, heartbeat_at_ms)
+        detail = {"pid": owner.pid, **seen.detail} if same_host else dict(seen.detail)
+        match seen.state:
+            case "unverified":
+                if same_host:
+                    # The pid is alive and Redis cannot tell us its nonce. We vouch: on one
+                    # host a live pid is strong evidence, a reused pid is rare, and a live
+                    # owner whose lease went stale is a stuck process an operator must see.
+                    # The refusal is re-probed on the backoff ladder.
+                    return Probe("alive", "same-host-pid-alive", detail)
+                return Probe("unknown", "lease-expired", detail)
+            case "absent":
+                if same_host:
+                    # The pid exists but no process with this nonce refreshes a key: the
+                    # pid now belongs to someone else (or the owner stopped refreshing).
+                    return Probe("dead", "same-host-pid-reused", detail)
+                return Probe("dead", "cross-host-unreachable-stale", detail)
+            case "lapsed":
+                return Probe("dead", "owner-lapsed", detail)
+            case "consistent":
+                evidence: Evidence = "same-host-pid-alive" if same_host else "cross-host-key-fresh"
+                return Probe("alive", evidence, detail)
+            case _:
+                # Present but not a key a live owner of this lease would hold: the lease
+                # decides, on this host as on any other.
+                return Probe("unknown", "lease-expired", detail)
+
+    async def _see(self, owner: Owner, heartbeat_at_ms: int | None) -> Seen:
+        key = self._keys.alive(owner)
         try:
-            async with asyncio.timeout(self._probe_timeout):
-                raw = await self._redis.get(self._keys.alive(owner))
-        except (RedisError, OSError, TimeoutError) as exc:
-            raise _Unreachable(f"{type(exc).__name__}: {exc}".rstrip(": ")) from exc
-        if raw is None:
-            return None
-        return _unpack(raw if isinstance(raw, bytes) else raw.encode())
+            async with asyncio.timeout(self.timeout):
+                read = await read_key(self._redis, key)
+        except Unreachable as exc:
+            hostile.error_reply(log, "liveness-probe", "liveness.probe_failed", exc.cause, key=key)
+            return Seen("unverified", None, {"key": "unverified", **exc.detail})
+        except TimeoutError as exc:
+            hostile.error_reply(log, "liveness-probe", "liveness.probe_failed", exc, key=key)
+            detail: dict[str, InfoValue] = {"key": "unverified", "redis": "unreachable"}
+            return Seen("unverified", None, {**detail, "error": f"no answer in {self.timeout}s"})
+        seen = judge(read, self.max_ttl_ms, heartbeat_at_ms, self.tolerance_ms)
+        if seen.state == "malformed":
+            hostile.dropped(
+                log, "liveness", "liveness.malformed", str(seen.detail["error"]), key=key
+            )
+        return seen
 
-    @staticmethod
-    def _beat_detail(beat: _Beat) -> dict[str, InfoValue]:
-        return {"key": "present", "confirmed_ms": beat.confirmed_ms, "lapsed": beat.lapsed}
+    async def fleet(self, now_ms: int | None = None) -> list[FleetMember]:
+        """Every process with a liveness key under this prefix, sorted by host and pid.
 
-    async def fleet(self) -> list[FleetMember]:
-        """Every process with a liveness key under this prefix, sorted by host and pid."""
-        keys = [
+        ``now_ms`` (database time, if known) lets a member be marked ``suspect``
+        when its confirmed time is absurd; a key without a TTL, or with one no
+        worker sets, is suspect regardless. Keys that are not runfleet's are
+        dropped (counted, logged). Raises only Redis errors.
+        """
+        names = [
             k
             async for k in self._redis.scan_iter(match=self._keys.alive_pattern, count=_FLEET_BATCH)
         ]
         members: list[FleetMember] = []
-        for start in range(0, len(keys), _FLEET_BATCH):
-            batch = keys[start : start + _FLEET_BATCH]
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for key in batch:
-                    pipe.get(key)
-                    pipe.pttl(key)
-                replies = await pipe.execute()
-            for i, key in enumerate(batch):
-                member = self._member(key, replies[2 * i], replies[2 * i + 1])
+        for start in range(0, len(names), _FLEET_BATCH):
+            batch = [
+                k.decode(errors="replace") if isinstance(k, bytes) else k
+                for k in names[start : start + _FLEET_BATCH]
+            ]
+            for name, read in zip(batch, await read_keys(self._redis, batch), strict=True):
+                member = self._member(name, read, now_ms)
                 if member is not None:
                     members.append(member)
         return sorted(members, key=lambda m: (m.host, m.pid, m.nonce))
 
-    def _member(self, key: bytes | str, raw: bytes | None, ttl: int) -> FleetMember | None:
-        name = key.decode() if isinstance(key, bytes) else key
+    def _member(self, name: str, read: KeyRead, now_ms: int | None) -> FleetMember | None:
         owner = self._keys.owner_of(name)
-        if owner is None or raw is None:  # not ours, or expired between SCAN and GET
+        if owner is None or read.ttl_ms == -2:  # not ours, or expired between SCAN and read
             return None
-        try:
-            beat = _unpack(raw)
-        except ValueError as exc:
-            log.warning("liveness.malformed", extra={"key": name, "reason": str(exc)})
+        seen = judge(read, self.max_ttl_ms, None, self.tolerance_ms)
+        beat = seen.beat
+        if beat is None:
+            hostile.dropped(
+                log, "liveness", "liveness.malformed", str(seen.detail.get("error")), key=name
+            )
             return None
         info = dict(beat.info)
         started = info.pop("started_ms", None)
@@ -291,6 +334,23 @@ class Liveness:
             started_ms=started if type(started) is int else None,
             queues=tuple(q for q in str(queues).split(",") if q),
             runs=runs if type(runs) is int else None,
-            ttl_ms=max(0, int(ttl)),
+            ttl_ms=max(0, read.ttl_ms),
             info=info,
+            suspect=self._suspicion(read.ttl_ms, beat, now_ms),
         )
+
+    def _suspicion(self, ttl_ms: int, beat: Beat, now_ms: int | None) -> str | None:
+        if ttl_ms == -1:
+            return "key without TTL"
+        if ttl_ms > self.max_ttl_ms:
+            return f"TTL {ttl_ms} ms, above the {self.max_ttl_ms} ms any worker sets"
+        if now_ms is None:
+            return None
+        if beat.confirmed_ms > now_ms + self.tolerance_ms:
+            return f"lease confirmed {beat.confirmed_ms - now_ms} ms in the future"
+        if not beat.lapsed and beat.confirmed_ms < now_ms - self.stale_after_ms:
+            return (
+                f"lease confirmed {now_ms - beat.confirmed_ms} ms ago, yet not lapsed "
+                f"(a live worker lapses before {self.stale_after_ms} ms)"
+            )
+        return None

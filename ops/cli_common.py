@@ -111,7 +111,7 @@ class Services:
     @property
     def liveness(self) -> Liveness:
         assert self.redis is not None
-        return Liveness(self.redis, self.settings.redis_prefix, self.settings.host_id)
+        return Liveness.for_settings(self.redis, self.settings)
 
     @property
     def streams(self) -> Streams:

@@ -26,6 +26,7 @@ from ops.models import (
 )
 from store import Store
 from store.config import Settings
+from store.inspect import DEFAULT_REACTIVATED_OVER
 from store.types import Owner, RunRow
 
 
@@ -42,14 +43,21 @@ def fleet(
     check: Annotated[
         bool,
         typer.Option(
-            "--check", help="Exit 1 unless a live, unlapsed worker is listed (a healthcheck)."
+            "--check",
+            help="Exit 1 unless a live worker is listed: unlapsed, its key not suspect "
+            "(a healthcheck).",
         ),
     ] = False,
     as_json: c.AsJson = False,
 ) -> None:
-    """Live worker processes (from their liveness keys) and the runs each owns."""
+    """Live worker processes (from their liveness keys) and the runs each owns.
+
+    A key no live worker would write (no TTL, a TTL no worker sets, a confirmed time
+    in the future or older than ``stale_after`` while unlapsed: a forged or leftover
+    key) is listed as SUSPECT and does not satisfy ``--check``.
+    """
     view = c.run(_fleet(c.settings(), host, with_db=not check))
-    if check and not any(not w.lapsed for w in view.workers):
+    if check and not any(not w.lapsed and w.suspect is None for w in view.workers):
         c.fail(f"no live worker{' on host ' + host if host else ''}")
     if as_json:
         c.emit(view)
@@ -57,28 +65,30 @@ def fleet(
     table = Table("host", "pid", "up", "lease confirmed", "runs", "lapsed", "queues", box=None)
     for w in view.workers:
         runs = "?" if w.runs_owned is None else str(w.runs_owned)
+        suspect = w.suspect is not None
         table.add_row(
             escape(w.host),
             str(w.pid),
-            c.seconds(w.age_ms) if w.age_ms is not None else "?",
-            f"{c.seconds(w.confirmed_age_ms)} ago",
+            c.seconds(w.age_ms) if w.age_ms is not None and not suspect else "?",
+            "?" if suspect else f"{c.seconds(w.confirmed_age_ms)} ago",
             runs,
             "[red]LAPSED[/red]" if w.lapsed else "no",
             escape(",".join(w.queues)),
         )
     c.console.print(table)
+    for w in view.workers:
+        if w.suspect is not None:
+            c.console.print(
+                f"[red]SUSPECT[/red] {escape(w.host)} pid {w.pid} (nonce {escape(w.nonce)}): "
+                f"{escape(w.suspect)}; not a live worker (forged or left over?)"
+            )
     c.console.print(f"[dim]{len(view.workers)} worker process(es)[/dim]")
 
 
 async def _fleet(cfg: Settings, host: str | None, *, with_db: bool) -> FleetView:
     """Redis is required (the keys are the answer); the database only adds counts."""
-    redis = c.redis_client(cfg)
-    try:
-        members = await Liveness(redis, cfg.redis_prefix, cfg.host_id).fleet()
-    finally:
-        await redis.aclose()
     owned: dict[Owner, int] | None = None
-    now = c.wall_ms()
+    now = c.wall_ms()  # without the database (a healthcheck), this host's clock judges
     if with_db:
         try:
             async with c.services(cfg) as svc:
@@ -86,6 +96,11 @@ async def _fleet(cfg: Settings, host: str | None, *, with_db: bool) -> FleetView
                 now = await svc.store.stats.now_ms()
         except Exception as exc:  # the keys still answer the question; say what is missing
             c.err.print(f"[yellow]warning:[/yellow] no run counts: {escape(str(exc))}")
+    redis = c.redis_client(cfg)
+    try:
+        members = await Liveness.for_settings(redis, cfg).fleet(now)
+    finally:
+        await redis.aclose()
     members = [m for m in members if host is None or m.host == host]
     return FleetView(now_ms=now, workers=[_member(m, owned, now) for m in members])
 
@@ -104,6 +119,7 @@ def _member(m: FleetMember, owned: dict[Owner, int] | None, now: int) -> FleetMe
         runs_owned=owned.get(m.owner, 0) if owned is not None else None,
         runs_reported=m.runs,
         ttl_ms=m.ttl_ms,
+        suspect=m.suspect,
     )
 
 
@@ -117,17 +133,26 @@ def stuck(
     overdue: Annotated[
         str, typer.Option(help="Report timed waits not woken this long after their due time.")
     ] = "5s",
+    reactivated_over: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Report unsettled runs restarted (taken over or released) more than this "
+            "many times.",
+        ),
+    ] = DEFAULT_REACTIVATED_OVER,
     limit: Annotated[
         int, typer.Option(min=1, max=10_000, help="At most this many per kind.")
     ] = 200,
     as_json: c.AsJson = False,
 ) -> None:
-    """Runs that need a person: live owners not renewing, unfired timers, quarantine, …"""
+    """Runs that need a person: live owners not renewing, runs restarted again and again,
+    unfired timers, quarantine, …"""
     try:
         pending_ms, overdue_ms = c.parse_duration_ms(pending_for), c.parse_duration_ms(overdue)
     except c.UserError as exc:
         c.fail(str(exc))
-    view = c.run(_stuck(c.settings(), pending_ms, overdue_ms, limit))
+    view = c.run(_stuck(c.settings(), pending_ms, overdue_ms, reactivated_over, limit))
     if as_json:
         c.emit(view)
         return
@@ -147,7 +172,9 @@ def stuck(
     c.console.print(table)
 
 
-async def _stuck(cfg: Settings, pending_ms: int, overdue_ms: int, limit: int) -> StuckView:
+async def _stuck(
+    cfg: Settings, pending_ms: int, overdue_ms: int, reactivated_over: int, limit: int
+) -> StuckView:
     async with c.services(cfg, redis="optional") as svc:
         if svc.redis_error:
             c.err.print(
@@ -157,6 +184,21 @@ async def _stuck(cfg: Settings, pending_ms: int, overdue_ms: int, limit: int) ->
         live = svc.liveness if svc.redis is not None else None
         store = svc.store
         items = await _stale(cfg, store, live, limit)
+        for looping in await store.inspect.reactivated_over(reactivated_over, limit=limit):
+            row = looping.row
+            items.append(
+                _item(
+                    "reactivated-often",
+                    row,
+                    row.now_ms - row.created_at_ms,
+                    f"its body was restarted {looping.restarts} times (takeovers: "
+                    f"{looping.takeovers}, releases: {looping.restarts - looping.takeovers}; "
+                    f"epoch {row.epoch}), the last at {c.clock(looping.last_at_ms)}",
+                    "it probably fails the same way every time: look for run.drive_failed "
+                    f"or lease.lapsed in the workers' logs with run_id {row.id}, then cancel "
+                    "it or fix and redeploy",
+                )
+            )
         for row in await store.inspect.overdue_waits(overdue_ms, limit=limit):
             due = row.waiting.wake_at_ms if row.waiting and row.waiting.wake_at_ms else 0
             items.append(
@@ -201,7 +243,7 @@ async def _stuck(cfg: Settings, pending_ms: int, overdue_ms: int, limit: int) ->
 
 async def _stale(cfg: Settings, store: Store, live: Liveness | None, limit: int) -> list[StuckItem]:
     """Stale leases a takeover will not resolve: the owner is vouched for, or nobody acts."""
-    probes: dict[Owner, Probe] = {}
+    probes: dict[tuple[Owner, int], Probe] = {}
     items: list[StuckItem] = []
     overdue_ms = cfg.stale_after_ms + int(10 * cfg.sweep_interval * 1000) + 5000
     for row in await store.inspect.stale_running(cfg.stale_after_ms, limit=limit):
@@ -209,9 +251,10 @@ async def _stale(cfg: Settings, store: Store, live: Liveness | None, limit: int)
         age = row.now_ms - row.heartbeat_at_ms
         probe = None
         if live is not None:
-            if row.owner not in probes:
-                probes[row.owner] = await live.probe(row.owner)
-            probe = probes[row.owner]
+            lease = (row.owner, row.heartbeat_at_ms)
+            if lease not in probes:
+                probes[lease] = await live.probe(row.owner, row.heartbeat_at_ms)
+            probe = probes[lease]
         if probe is not None and probe.vouches:
             items.append(
                 _item(

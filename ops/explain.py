@@ -25,6 +25,7 @@ from ops.models import (
     RunSummary,
 )
 from ops.predict import Facts, next_step
+from store.inspect import DEFAULT_REACTIVATED_OVER
 from store.journal import Kind
 from store.types import JournalRecord, Owner, RunRow, RunStatus
 
@@ -70,10 +71,10 @@ async def gather(svc: Services, run_id: str) -> Facts:
     if svc.redis is not None:
         live = svc.liveness
         if row.owner is not None and row.status is RunStatus.RUNNING:
-            owner_probe = await live.probe(row.owner)
+            owner_probe = await live.probe(row.owner, row.heartbeat_at_ms)
         if row.claim is not None:
-            claim_probe = await live.probe(row.claim)
-        fleet = await live.fleet()
+            claim_probe = await live.probe(row.claim, row.claimed_at_ms)
+        fleet = await live.fleet(row.now_ms or None)
         if not row.status.terminal:
             lag = await svc.streams.lag(row.queue)
     deferred = await store.inspect.waiting_deferred(run_id) if row.waiting else None
@@ -162,12 +163,33 @@ def lines(facts: Facts, since_ms: int, step: NextStep) -> list[str]:
         )
     elif not row.status.terminal:
         out.append("cancel: not requested.")
+    out += _restarts(facts)
     if facts.redis_error:
         out.append(f"liveness: unknown — Redis did not answer ({facts.redis_error}).")
     out.append(f"last decisions ({min(len(facts.history), JOURNAL_SHOWN)} of the journal):")
     out += [f"  {clock(r.at_ms)}  {sentence(r)}" for r in facts.history[-JOURNAL_SHOWN:]]
     out.append(("next: " if not step.needs_person else "needs a person: ") + step.summary)
     return out
+
+
+def _restarts(facts: Facts) -> list[str]:
+    """Takeovers and releases: each restarted the body from its last recorded call."""
+    takeovers = sum(1 for r in facts.history if r.kind == Kind.STOLEN_AND_ACTIVATED)
+    releases = sum(1 for r in facts.history if r.kind == Kind.INTERRUPT_RELEASED)
+    total = takeovers + releases
+    if total == 0:
+        return []
+    text = (
+        f"restarts: its body was restarted {total} time(s) from an interruption "
+        f"(takeovers: {takeovers}, releases: {releases}; epoch {facts.row.epoch})"
+    )
+    if total > DEFAULT_REACTIVATED_OVER and not facts.row.status.terminal:
+        text += (
+            f" — more than {DEFAULT_REACTIVATED_OVER}, so `runfleet stuck` lists it: it likely "
+            "fails the same way each time (look for run.drive_failed or lease.lapsed in the "
+            "workers' logs)"
+        )
+    return [text + "."]
 
 
 def _outcome(row: RunRow) -> list[str]:
@@ -199,7 +221,8 @@ def _owner_line(facts: Facts, owner: Owner) -> str:
         alive = "liveness unknown (Redis did not answer)"
     else:
         verdict = {"alive": "alive right now", "dead": "NOT alive", "unknown": "liveness unknown"}
-        alive = f"{verdict[probe.verdict]} ({probe.evidence}: {probe_words(probe.evidence)})"
+        words = probe_words(probe.evidence, probe.detail)
+        alive = f"{verdict[probe.verdict]} ({probe.evidence}: {words})"
     text = f"owner: {who(owner)} (nonce {owner.nonce}, epoch {facts.row.epoch}) — {alive}"
     took = facts.last(_OWNED)
     if took is not None and took.kind == Kind.STOLEN_AND_ACTIVATED:

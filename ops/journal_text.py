@@ -22,16 +22,78 @@ PROBE_WORDS: dict[str, str] = {
     "same-host-pid-dead": "its pid is gone on the same host",
     "same-host-pid-reused": "its pid now belongs to another process (no liveness key for it)",
     "same-host-pid-alive": "its pid is running on the same host",
-    "cross-host-unreachable-stale": "its liveness key absent",
-    "cross-host-key-fresh": "its liveness key is fresh",
+    "cross-host-unreachable-stale": "its liveness key is absent",
+    "cross-host-key-fresh": "its liveness key is fresh and matches the lease",
     "owner-lapsed": "it declared its own lease lapsed",
-    "lease-expired": "no liveness probe answered (Redis unreachable), so the lease alone decided",
+    "lease-expired": "the liveness probe could not vouch, so the lease alone decided",
 }
 
+_UNVOUCHED = ", so the lease alone decided"
 
-def probe_words(evidence: object) -> str:
+
+def _when(ms: object) -> str:
+    """A key's time in words, even an absurd one (a forged key may say 1970 or year 3000)."""
+    if type(ms) is not int:
+        return "?"
+    try:
+        return clock(ms) if abs(ms) < 10**15 and ms > 86_400_000 else f"{ms} ms after 1970"
+    except (OverflowError, OSError, ValueError):
+        return f"{ms} ms after 1970"
+
+
+def key_words(detail: object) -> str | None:
+    """Which case of the liveness key applied, in words; None if the detail does not say.
+
+    Reads the probe detail the driver journals (``probe_detail``) and the live probe
+    of ``explain``; older records (``missing``, ``unreadable``) read the same.
+    """
+    if not isinstance(detail, dict):
+        return None
+    key = detail.get("key")
+    if key == "unverified" or detail.get("redis") in ("unreachable", "error-reply"):
+        if detail.get("redis") == "error-reply":
+            return f"Redis answered with an error ({detail.get('error', '?')})"
+        return "Redis unreachable"
+    if key in ("absent", "missing"):
+        return "key absent"
+    if key in ("malformed", "unreadable"):
+        why = f": {detail['error']}" if detail.get("error") else ""
+        return f"key malformed{why}"
+    if key == "without-ttl":
+        return "key without TTL (no worker writes one)"
+    if key == "ttl-implausible":
+        ttl, limit = _ms(detail.get("ttl_ms")), _ms(detail.get("max_ttl_ms"))
+        return f"key TTL {ttl}, above the {limit} a worker sets"
+    if key == "inconsistent":
+        confirmed, heartbeat = detail.get("confirmed_ms"), detail.get("heartbeat_at_ms")
+        text = (
+            f"key inconsistent: it says confirmed at {_when(confirmed)}, "
+            f"the lease's heartbeat is {_when(heartbeat)}"
+        )
+        if type(confirmed) is int and type(heartbeat) is int:
+            gap = confirmed - heartbeat
+            later = "later: the owner renewed since without this run" if gap > 0 else "earlier"
+            text += f" ({seconds(abs(gap))} {later})"
+        return text
+    if key == "lapsed":
+        return "key says lapsed"
+    if key in ("consistent", "present"):
+        return "key matches the lease"
+    return None
+
+
+def probe_words(evidence: object, detail: object = None) -> str:
+    """The probe's evidence in words; ``detail`` adds which liveness-key case applied."""
     text = str(evidence)
-    return PROBE_WORDS.get(text, f"probe said {text}")
+    words = PROBE_WORDS.get(text, f"probe said {text}")
+    case = key_words(detail)
+    if case is None:
+        return words
+    if text == "lease-expired":
+        return f"the liveness probe could not vouch ({case}){_UNVOUCHED}"
+    if text == "same-host-pid-alive" and case.startswith("Redis"):
+        return f"{words} ({case}: its key was not checked)"
+    return words
 
 
 def _ms(value: object) -> str:
@@ -60,7 +122,8 @@ def _claimed_and_activated(p: Payload, _r: JournalRecord) -> str:
 def _stolen(p: Payload, _r: JournalRecord) -> str:
     text = (
         f"stolen from {who(p.get('previous_owner'))} by {who(p.get('owner'))}: "
-        f"lease stale {_ms(p.get('lease_age_ms'))} and {probe_words(p.get('probe'))}"
+        f"lease stale {_ms(p.get('lease_age_ms'))} and "
+        f"{probe_words(p.get('probe'), p.get('probe_detail'))}"
     )
     if p.get("probe"):
         text += f" [{p['probe']}]"
@@ -145,7 +208,8 @@ def _child_policy(p: Payload, _r: JournalRecord) -> str:
 
 
 def _claim_recovered(p: Payload, _r: JournalRecord) -> str:
-    return f"stranded claim of {who(p.get('claimant'))} cleared: {probe_words(p.get('probe'))}"
+    words = probe_words(p.get("probe"), p.get("probe_detail"))
+    return f"stranded claim of {who(p.get('claimant'))} cleared: {words}"
 
 
 def _resumed(p: Payload, _r: JournalRecord) -> str:

@@ -219,6 +219,8 @@ class FleetMemberView(_Model):
     runs_reported: int | None
     """Runs the process itself reported in its liveness key."""
     ttl_ms: int
+    suspect: str | None = None
+    """Why the key is not one a live worker writes (no TTL, an absurd time); None if it is."""
 
 
 class FleetView(_Model):
@@ -227,7 +229,12 @@ class FleetView(_Model):
 
 
 StuckKind = Literal[
-    "stale-owner-alive", "takeover-overdue", "timer-not-fired", "quarantined", "pending-too-long"
+    "stale-owner-alive",
+    "takeover-overdue",
+    "reactivated-often",
+    "timer-not-fired",
+    "quarantined",
+    "pending-too-long",
 ]
 
 

@@ -48,7 +48,8 @@ from worker.wake_hints import WakeHints
 
 log = logging.getLogger("runfleet.worker.driver")
 
-ProbeFn = Callable[[Owner], Awaitable[Probe]]
+ProbeFn = Callable[[Owner, int | None], Awaitable[Probe]]
+"""(owner, the row's last heartbeat or claim time in database ms) -> what vouches for it."""
 SettledFn = Callable[[str, str], Awaitable[None]]
 ScheduleFn = Callable[[RunRow], Awaitable[None]]
 """Hint that a run can move now (released, a child admitted, a parent woken, a timer due)."""
@@ -187,11 +188,14 @@ class Driver:
         assert row.claim is not None and row.claimed_at_ms is not None
         if row.now_ms - row.claimed_at_ms <= self.settings.stale_after_ms:
             return "claim_pending", None
-        probe = await self._probe_owner(row.claim)
+        probe = await self._probe_owner(row.claim, row.claimed_at_ms)
         if probe.vouches:
             return "claimant_alive", None
         match await self.store.runs.recover_claim(
-            row.id, row.claim, row.claimed_at_ms, {"probe": probe.evidence}
+            row.id,
+            row.claim,
+            row.claimed_at_ms,
+            {"probe": probe.evidence, "probe_detail": dict(probe.detail)},
         ):
             case ClaimRecovered():
                 return "claim_recovered", None
@@ -215,7 +219,7 @@ class Driver:
         elif not self.ladder.due(row.id, heartbeat):
             return "steal_backoff", None
         else:
-            probe = await self._probe_owner(owner)
+            probe = await self._probe_owner(owner, heartbeat)
         if probe.vouches:
             delay = self.ladder.refused(row.id, heartbeat)
             await journal_evidence(
@@ -260,11 +264,12 @@ class Driver:
             case SnapshotChanged() | NotFound():
                 return "activation_lost", None
 
-    async def _probe_owner(self, owner: Owner) -> Probe:
+    async def _probe_owner(self, owner: Owner, heartbeat_at_ms: int) -> Probe:
+        """The probe's answer for ``owner``'s lease last confirmed at ``heartbeat_at_ms``."""
         if self._probe is None:
             return UNKNOWN_PROBE
         try:
-            return await self._probe(owner)
+            return await self._probe(owner, heartbeat_at_ms)
         except Exception:  # the probe is a witness, not a judge: no answer is "unknown"
             log.exception("probe.failed", extra={"owner": owner.key})
             return UNKNOWN_PROBE

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
+from broker import hostile
 from broker.client import connect
 from broker.liveness import Liveness
 from broker.notify import Notifier
@@ -26,6 +27,12 @@ def closed_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
     return port
+
+
+@pytest.fixture(autouse=True)
+def fresh_log_limits() -> None:
+    """Each test sees its own first ``notify.malformed``-style line: the limiter is global."""
+    hostile.rate_limited.reset()
 
 
 @pytest.fixture
@@ -59,7 +66,7 @@ def streams(redis: Redis, redis_prefix: str) -> Streams:
 
 @pytest.fixture
 def liveness(redis: Redis, redis_prefix: str, host_id: str) -> Liveness:
-    return Liveness(redis, redis_prefix, host_id)
+    return Liveness(redis, redis_prefix, host_id, heartbeat_interval=1.0)
 
 
 @pytest.fixture

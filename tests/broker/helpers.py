@@ -7,6 +7,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from redis.asyncio import Redis
+
 T = TypeVar("T")
 
 
@@ -26,3 +28,8 @@ async def eventually(
         if time.monotonic() >= deadline:
             raise AssertionError(f"condition not met within {within}s; last value: {value!r}")
         await asyncio.sleep(every)
+
+
+async def acl(redis: Redis, *args: str) -> None:
+    """Run an ACL command (redis-py leaves ``execute_command`` untyped)."""
+    await redis.execute_command("ACL", *args)  # type: ignore[no-untyped-call]

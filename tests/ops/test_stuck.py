@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -41,16 +42,20 @@ async def alive_owner(settings: Settings) -> AsyncIterator[Owner]:
     redis = connect(settings)
     live = Liveness(redis, settings.redis_prefix, settings.host_id)
     stop = asyncio.Event()
+    # Its last confirmed renewal: the moment it claims the test's rows (right after this),
+    # so the key stays consistent with their heartbeats and the probe vouches.
+    confirmed = int(time.time() * 1000)
 
     async def refresh() -> None:
         while not stop.is_set():
-            await live.refresh(owner, 0, False, ttl_s=1.0, info={"queues": "default", "runs": 1})
+            info: dict[str, str | int | bool] = {"queues": "default", "runs": 1}
+            await live.refresh(owner, confirmed, False, ttl_s=1.0, info=info)
             try:
                 await asyncio.wait_for(stop.wait(), timeout=0.1)
             except TimeoutError:
                 pass
 
-    await live.refresh(owner, 0, False, ttl_s=1.0)
+    await live.refresh(owner, confirmed, False, ttl_s=1.0)
     task = asyncio.create_task(refresh())
     try:
         yield owner

@@ -12,6 +12,20 @@ from store.db import Database
 from store.rows import run_row
 from store.types import Owner, RunRow, RunStatus
 
+DEFAULT_REACTIVATED_OVER = 3
+"""Restarts from an interruption after which ``stuck`` and ``explain`` call a run looping."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reactivated:
+    """A run whose body was restarted from an interruption (takeover, release) again and again."""
+
+    row: RunRow
+    restarts: int
+    """Takeovers plus releases journaled for the run."""
+    takeovers: int
+    last_at_ms: int
+
 
 @dataclass(frozen=True, slots=True)
 class ServerInfo:
@@ -73,6 +87,24 @@ class Inspect:
     async def waiting_for(self, reason: str, *, limit: int = 200) -> list[RunRow]:
         rows = await self._db.all("inspect.waiting_for", {"reason": reason, "limit": limit})
         return [run_row(r) for r in rows]
+
+    async def reactivated_over(self, over: int, *, limit: int = 200) -> list[Reactivated]:
+        """Unsettled runs restarted from an interruption more than ``over`` times, most first.
+
+        A run that fails the same way at every attempt (an unstorable value before it
+        was a typed error, a body that blocks its lease) loops through takeovers
+        forever; no sweep and no lease rule notices, so an operator must.
+        """
+        rows = await self._db.all("inspect.reactivated_over", {"over": over, "limit": limit})
+        return [
+            Reactivated(
+                row=run_row(r),
+                restarts=int(r["restarts"]),
+                takeovers=int(r["takeovers"]),
+                last_at_ms=int(r["last_at_ms"]),
+            )
+            for r in rows
+        ]
 
     async def running_by_owner(self) -> dict[Owner, int]:
         """How many running rows each owner holds (the database's view, not the key's)."""

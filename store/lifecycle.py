@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from psycopg.types.json import Jsonb
+import psycopg
+from psycopg.types.json import Json, Jsonb
 
-from store import validate
+from store import validate, values
 from store.config import Settings
 from store.db import Database
 from store.errors import InvalidInput
@@ -61,14 +62,23 @@ class Lifecycle:
         With ``guard`` (the default) a cancel request that landed first turns the
         write into GuardFailed and the caller must cancel instead: a run is never
         both cancelled and completed.
+
+        A ``result`` key in ``state_patch`` is the run's result: it is stored as its
+        canonical text in the ``result`` column (``store.values``), so ``result()``
+        hands back exactly the value the flow returned, floats and big ints included.
+        A patch that cannot be stored raises UnstorableValue and writes nothing.
         """
         to_status = validate.status(to_status, "to_status")
         if to_status is RunStatus.RUNNING or to_status is RunStatus.PENDING:
             raise InvalidInput("to_status", f"an owned run cannot transition to {to_status}")
         if (to_status is RunStatus.SUSPENDED) != (waiting is not None):
             raise InvalidInput("waiting", "a suspended run needs a waiting reason, others none")
-        patch = state_patch or {}
-        validate.json_value("state", patch, self._settings.max_payload_bytes)
+        patch = dict(state_patch or {})
+        limit = self._settings.max_payload_bytes
+        result = None
+        if "result" in patch:
+            result = values.encode_canonical(patch.pop("result"), limit, "state", ["result"])
+        values.encode_canonical(patch, limit, "state")
         w = waiting or Waiting(reason="")
         payload = {"to": to_status.value, "epoch": epoch, **(record or {})}
         params = {
@@ -76,6 +86,7 @@ class Lifecycle:
             "epoch": epoch,
             "to_status": to_status.value,
             "state_patch": Jsonb(patch),
+            "result": result,
             "guard": guard,
             "waiting_reason": waiting.reason if waiting else None,
             "waiting_wake_at_ms": w.wake_at_ms,
@@ -90,12 +101,12 @@ class Lifecycle:
             **owner_params(me),
         }
         if not to_status.terminal:  # one statement: the CAS and its record
-            row = await self._db.one("runs.transition_owned", params)
+            row = await self._transition(params)
             if row is None:
                 return await self._refusal(run_id, me, epoch)
             return Transitioned(run_row(row))
         async with self._db.transaction():
-            row = await self._db.one("runs.transition_owned", params)
+            row = await self._transition(params)
             if row is None:
                 return await self._refusal(run_id, me, epoch)
             moved = run_row(row)
@@ -104,6 +115,15 @@ class Lifecycle:
             await self._cascade(run_id, cause=f"parent-{to_status.value}")
             await self.notify_parents(moved)
             return Transitioned(moved)
+
+    async def _transition(self, params: dict[str, Any]) -> dict[str, Any] | None:
+        """``runs.transition_owned``; data Postgres refuses is UnstorableValue, not a retry."""
+        try:
+            return await self._db.one("runs.transition_owned", params)
+        except psycopg.Error as exc:
+            if values.refused_by_database(exc):
+                raise values.UnstorableValue("state", f"Postgres refused it: {exc}") from exc
+            raise
 
     async def _refusal(self, run_id: str, me: Owner, epoch: int) -> TransitionOutcome:
         current = await self._get(run_id)
@@ -148,9 +168,8 @@ class Lifecycle:
             "error": child.state.get("error"),
             "handed_off_to": child.state.get("handed_off_to"),
         }
-        rows = await self._db.all(
-            "waits.notify_parents", {"child": child.id, "value": Jsonb(value)}
-        )
+        # Json, not Jsonb: the deferred keeps the result's exact text (floats stay floats).
+        rows = await self._db.all("waits.notify_parents", {"child": child.id, "value": Json(value)})
         return [r["id"] for r in rows]
 
     async def request_cancel(

@@ -35,12 +35,15 @@ def run_row(row: Row) -> RunRow:
             token=row["waiting_token"],
             request=row["waiting_request"],
         )
+    state = row["state"] or {}
+    if row.get("result") is not None:  # the exact result text (store/values.py), decoded
+        state = {**state, "result": row["result"]}
     return RunRow(
         id=row["id"],
         flow=row["flow"],
         queue=row["queue"],
         status=RunStatus(row["status"]),
-        state=row["state"] or {},
+        state=state,
         owner=_owner(row, "owner"),
         epoch=int(row["epoch"]),
         heartbeat_at_ms=row["heartbeat_at_ms"],

@@ -12,7 +12,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from store import validate
+from store import validate, values
 from store.config import Settings
 from store.dag import Dag
 from store.db import Database
@@ -66,7 +66,7 @@ def _same(current: Snapshot, expected: Snapshot) -> bool:
 def _identity(row: RunRow) -> list[tuple[str, Any]]:
     return [
         ("flow", row.flow),
-        ("payload", canonical_json(row.payload)),
+        ("payload", row.payload),
         ("scopes", sorted(row.scopes)),
         ("lineage_id", row.lineage_id),
         ("round_ordinal", row.round_ordinal),
@@ -231,16 +231,24 @@ class Runs:
             return outcomes
 
     def _check_identity(self, existing: RunRow, new: NewRun, state: dict[str, Any]) -> None:
+        """Join only the same run. Payloads compare by JSON value (``values.same_json``):
+        the stored one went through jsonb, which rewrites ``1e16``, ``-0.0`` and
+        ``1.5e300``, so an identical re-enqueue must not be told it differs."""
         wanted = [
             ("flow", new.flow),
-            ("payload", canonical_json(new.payload)),
+            ("payload", new.payload),
             ("scopes", sorted(set(new.scopes))),
             ("lineage_id", new.lineage_id or new.id),
             ("round_ordinal", new.round_ordinal),
             ("parent", new.parent_id),
         ]
         for (field, have), (_, want) in zip(_identity(existing), wanted, strict=True):
-            if have != want:
+            if field == "payload":
+                if not values.same_json(have, want):
+                    raise ExecutionIdentityConflict(
+                        existing.id, field, canonical_json(have), canonical_json(want)
+                    )
+            elif have != want:
                 raise ExecutionIdentityConflict(existing.id, field, have, want)
 
     # ---- claim / activate / steal -----------------------------------------

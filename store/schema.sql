@@ -34,6 +34,7 @@ CREATE TABLE runfleet.runs (
     waiting_token           text,
     waiting_request         jsonb,
     waiting_deferred        text,
+    result                  json,  -- canonical text of a completed run's result (store/values.py)
     CHECK ((owner_host IS NULL) = (owner_nonce IS NULL)),
     CHECK ((claim_host IS NULL) = (claimed_at_ms IS NULL)),
     CHECK (status <> 'running' OR owner_host IS NOT NULL)
@@ -82,7 +83,7 @@ CREATE TABLE runfleet.steps (
     run_id          text NOT NULL,
     key             text NOT NULL,
     name            text NOT NULL,
-    output          jsonb,
+    output          json,  -- canonical text, kept verbatim (store/values.py)
     digest          text NOT NULL,
     epoch           bigint NOT NULL,
     recorded_at_ms  bigint NOT NULL,
@@ -107,7 +108,7 @@ CREATE TABLE runfleet.attempts (
 CREATE TABLE runfleet.deferreds (
     run_id           text NOT NULL,
     name             text NOT NULL,
-    value            jsonb,
+    value            json,
     metadata         jsonb,
     completed_at_ms  bigint NOT NULL,
     consumed_at_ms   bigint,

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from psycopg.types.json import Jsonb
 
-from store import validate
+from store import values
 from store.config import Settings
 from store.db import Database
 from store.errors import InvalidInput
@@ -24,6 +25,10 @@ class StepRecord:
     kind: str
     position: int
     output: JsonValue
+    """The recorded value, decoded from ``stored`` (identical in value and type)."""
+    stored: str
+    """The output's stored text: canonical JSON (``store.values``) for every row
+    recorded since migration 0004, jsonb's rendering for older ones."""
     digest: str
     epoch: int
     recorded_at_ms: int
@@ -32,8 +37,16 @@ class StepRecord:
 
     @property
     def intact(self) -> bool:
-        """Whether the recorded output still matches the digest taken when it was written."""
-        return digest(self.output) == self.digest
+        """Whether the recorded output still matches the digest taken when it was written.
+
+        The digest is over the stored canonical text, so this compares exactly what
+        replay will hand the flow. A row recorded before migration 0004 holds jsonb's
+        rendering instead (never canonical text): its digest was over the value, so
+        that row is checked against its decoded value, as it always was.
+        """
+        if values.text_digest(self.stored) == self.digest:
+            return True
+        return not values.is_canonical(self.stored) and digest(self.output) == self.digest
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,13 +58,15 @@ class RegisteredFlow:
 
 
 def _record(row: Row) -> StepRecord:
+    stored = row["output_text"] if row["output_text"] is not None else "null"
     return StepRecord(
         run_id=row["run_id"],
         key=row["key"],
         name=row["name"],
         kind=row["kind"],
         position=int(row["position"]),
-        output=row["output"],
+        output=values.decode(stored),
+        stored=stored,
         digest=row["digest"],
         epoch=int(row["epoch"]),
         recorded_at_ms=int(row["recorded_at_ms"]),
@@ -84,30 +99,39 @@ class Steps:
         attempt: int | None = None,
     ) -> StepRecord | None:
         """Record a call's output and digest (ending ``attempt``, if a step's); None when
-        the fence (or the position) is gone."""
-        validate.json_value("step output", output, self._settings.max_payload_bytes)
+        the fence (or the position) is gone.
+
+        The output is stored as its canonical text and the digest taken over that text.
+        An output that cannot be stored raises UnstorableValue before anything is
+        written (or when Postgres refuses the data itself): permanent, never retried.
+        """
+        where = f"step output of {key}"
+        text = values.encode_canonical(output, self._settings.max_payload_bytes, where)
         payload = {"key": key, "kind": kind, "position": position, "epoch": epoch}
-        row = await self._db.one(
-            "steps.record",
-            {
-                "run_id": run_id,
-                "key": key,
-                "name": name,
-                "kind": kind,
-                "position": position,
-                "output": Jsonb(output),
-                "digest": digest(output),
-                "epoch": epoch,
-                "compensate": compensate,
-                "attempt": attempt,
-                "source_id": self._db.source_id,
-                "source_seq": self._db.next_source_seq(),
-                "payload": Jsonb(payload),
-                "payload_digest": digest(payload),
-                "journal_kind": Kind.STEP_RECORDED,
-                **owner_params(me),
-            },
-        )
+        params = {
+            "run_id": run_id,
+            "key": key,
+            "name": name,
+            "kind": kind,
+            "position": position,
+            "output": text,
+            "digest": values.text_digest(text),
+            "epoch": epoch,
+            "compensate": compensate,
+            "attempt": attempt,
+            "source_id": self._db.source_id,
+            "source_seq": self._db.next_source_seq(),
+            "payload": Jsonb(payload),
+            "payload_digest": digest(payload),
+            "journal_kind": Kind.STEP_RECORDED,
+            **owner_params(me),
+        }
+        try:
+            row = await self._db.one("steps.record", params)
+        except psycopg.Error as exc:
+            if values.refused_by_database(exc):
+                raise values.UnstorableValue(where, f"Postgres refused it: {exc}") from exc
+            raise
         return _record(row) if row else None
 
     async def start_attempt(self, run_id: str, me: Owner, epoch: int, key: str) -> int | None:
@@ -166,7 +190,11 @@ class Steps:
                     if not record.intact:
                         await self._db.one(
                             "steps.set_digest",
-                            {"run_id": run_id, "key": record.key, "digest": digest(record.output)},
+                            {
+                                "run_id": run_id,
+                                "key": record.key,
+                                "digest": values.text_digest(record.stored),
+                            },
                         )
             await self._db.one("waits.wake", {"id": run_id})
             await self._journal.record(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Json, Jsonb
 
 from store import validate
 from store.config import Settings
@@ -194,7 +194,7 @@ class Waits:
                 {
                     "run_id": run_id,
                     "name": name,
-                    "value": Jsonb(value),
+                    "value": Json(value),  # kept verbatim: floats stay floats
                     "metadata": Jsonb(metadata),
                 },
             )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
-import json
 import logging
 import traceback
 from collections.abc import Awaitable, Callable
@@ -31,6 +30,7 @@ from store.types import (
     Transitioned,
     TransitionOutcome,
 )
+from store.values import UnstorableValue
 from worker import metrics
 from worker.durable import Handoff
 from worker.retry import with_retry
@@ -40,11 +40,32 @@ ScheduleFn = Callable[[RunRow], Awaitable[None]]
 AnnounceFn = Callable[[str, str], Awaitable[None]]
 
 
+def _storable(text: str, limit: int, *, keep_end: bool = False) -> str:
+    """``text`` as something Postgres stores: NUL and lone surrogates escaped, bounded.
+
+    An error message is data the flow chose (``ValueError("\\x00")``, a 2 MB repr): if
+    it could not be stored, the failure itself could never be recorded.
+    """
+    text = text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) <= limit:
+        return text
+    return "…" + text[-limit:] if keep_end else text[:limit] + "…"
+
+
 def error_of(exc: BaseException) -> dict[str, Any]:
+    """A failure as the run's ``error``: always storable, whatever the exception holds."""
+    try:
+        message = str(exc)
+    except Exception:  # a hostile __str__ must not stop the run from failing
+        message = f"<{type(exc).__name__} whose str() raised>"
+    try:
+        trace = "".join(traceback.format_exception(exc))
+    except RecursionError:
+        trace = "<traceback too deep to format>"
     return {
         "type": type(exc).__name__,
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(exc))[-4000:],
+        "message": _storable(message, 8000),
+        "traceback": _storable(trace, 4000, keep_end=True),
     }
 
 
@@ -63,20 +84,16 @@ class Settlement:
         self._announce = announce
 
     async def result(self, row: RunRow, epoch: int, result: Any, max_rounds: int | None) -> None:
-        """Settle a body's return value: a result (fails closed if not JSON) or a handoff."""
+        """Settle a body's return value: a result, or a handoff.
+
+        Fails closed: a result that cannot be stored (not JSON, over the payload
+        limit, a NUL, a lone surrogate, too deep; see ``store.values``) fails the run
+        once with ``UnstorableValue``. It is a fact about the value, not an outage:
+        retrying it, or letting the drive fail so the run is taken back and its body
+        re-run, would fail the same way forever.
+        """
         if isinstance(result, Handoff):
             await self.hand_off(row, epoch, result, max_rounds)
-            return
-        try:
-            json.dumps(result, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            note = f"result of type {type(result).__name__} is not JSON-encodable: {exc}"
-            await self.finish(
-                row,
-                epoch,
-                RunStatus.FAILED,
-                {"error": {"type": "ResultEncodingError", "message": note}},
-            )
             return
         await self.finish(row, epoch, RunStatus.COMPLETED, {"result": result})
 
@@ -90,12 +107,22 @@ class Settlement:
         kind: str = Kind.TRANSITIONED,
         record: dict[str, Any] | None = None,
     ) -> None:
-        outcome = await with_retry(
-            "settle",
-            lambda: self._store.lifecycle.transition_owned(
-                row.id, self._owner, epoch, status, state_patch=patch, kind=kind, record=record
-            ),
-        )
+        try:
+            outcome = await with_retry(
+                "settle",
+                lambda: self._store.lifecycle.transition_owned(
+                    row.id, self._owner, epoch, status, state_patch=patch, kind=kind, record=record
+                ),
+            )
+        except UnstorableValue as exc:
+            # Nothing was written: fail the run instead, with an error that is storable.
+            status, patch = RunStatus.FAILED, {"error": error_of(exc)}
+            outcome = await with_retry(
+                "settle",
+                lambda: self._store.lifecycle.transition_owned(
+                    row.id, self._owner, epoch, status, state_patch=patch
+                ),
+            )
         await self._after(row, epoch, status, outcome)
 
     async def _after(

@@ -69,3 +69,23 @@ SELECT waiting_deferred FROM runfleet.runs WHERE id = %(id)s;
 -- The same expression as runfleet.now_ms(), spelled out so it answers before migrations.
 SELECT current_setting('server_version') AS version,
        (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now_ms;
+
+-- name: reactivated_over
+-- Unsettled runs whose body was started again more than `over` times from an
+-- interruption: each takeover (stolen-and-activated) and each release
+-- (interrupt-released) re-runs the body from its last recorded call. A run caught in
+-- such a loop (a drive failing every time, a lease lapsing every time) never settles
+-- and no sweep will notice. The epoch counts every activation, so it bounds the count:
+-- only runs with epoch > over + 1 need their journal counted.
+SELECT r.*, runfleet.now_ms() AS now_ms, x.restarts, x.takeovers, x.last_at_ms
+  FROM runfleet.runs r
+ CROSS JOIN LATERAL (
+       SELECT count(*) AS restarts,
+              count(*) FILTER (WHERE j.kind = 'stolen-and-activated') AS takeovers,
+              max(j.at_ms) AS last_at_ms
+         FROM runfleet.journal j
+        WHERE j.run_id = r.id AND j.kind IN ('stolen-and-activated', 'interrupt-released')
+       ) AS x
+ WHERE r.status IN ('pending', 'running', 'suspended') AND r.epoch > %(over)s + 1
+   AND x.restarts > %(over)s
+ ORDER BY x.restarts DESC, r.id LIMIT %(limit)s;

@@ -136,9 +136,11 @@ RETURNING r.*, runfleet.now_ms() AS now_ms;
 -- With the guard on, a pending cancel request makes a settlement lose. The journal
 -- record and, for a terminal status, the closing of the run's clocks are part of
 -- the same statement: one round trip, and nothing lands unless the CAS won.
+-- A result is canonical JSON text (store/values.py), kept verbatim by the json column.
 WITH moved AS (
     UPDATE runfleet.runs AS r SET
         status = %(to_status)s, state = r.state || %(state_patch)s,
+        result = coalesce(%(result)s::json, r.result),
         owner_host = NULL, owner_pid = NULL, owner_nonce = NULL, heartbeat_at_ms = NULL,
         waiting_reason = %(waiting_reason)s, waiting_wake_at_ms = %(waiting_wake_at_ms)s,
         waiting_token = %(waiting_token)s, waiting_request = %(waiting_request)s,

@@ -2,25 +2,28 @@
 -- and the flow registry.
 
 -- name: of_run
-SELECT run_id, key, name, kind, position, output, digest, epoch, recorded_at_ms,
-       compensate, compensated_at_ms
+-- The output as its stored text (not decoded by the driver): replay checks the digest
+-- over exactly this text and decodes it itself (store/values.py).
+SELECT run_id, key, name, kind, position, output::text AS output_text, digest, epoch,
+       recorded_at_ms, compensate, compensated_at_ms
   FROM runfleet.steps WHERE run_id = %(run_id)s ORDER BY position;
 
 -- name: record
 -- Owner+epoch fenced: a process that lost the run can never record a call for it.
 -- The record, its journal entry and (for a step) the end of the attempt that
--- produced it are one statement: one round trip, and all or nothing.
+-- produced it are one statement: one round trip, and all or nothing. The output is
+-- canonical JSON text kept verbatim by the json column; the digest is over that text.
 WITH recorded AS (
     INSERT INTO runfleet.steps (run_id, key, name, kind, position, output, digest, epoch,
                                 recorded_at_ms, compensate)
-    SELECT %(run_id)s, %(key)s, %(name)s, %(kind)s, %(position)s, %(output)s, %(digest)s,
-           %(epoch)s, runfleet.now_ms(), %(compensate)s
+    SELECT %(run_id)s, %(key)s, %(name)s, %(kind)s, %(position)s, %(output)s::json,
+           %(digest)s, %(epoch)s, runfleet.now_ms(), %(compensate)s
       FROM runfleet.runs r
      WHERE r.id = %(run_id)s AND r.status = 'running' AND r.owner_host = %(host)s
        AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s AND r.epoch = %(epoch)s
     ON CONFLICT DO NOTHING
-    RETURNING run_id, key, name, kind, position, output, digest, epoch, recorded_at_ms,
-              compensate, compensated_at_ms
+    RETURNING run_id, key, name, kind, position, output::text AS output_text, digest, epoch,
+              recorded_at_ms, compensate, compensated_at_ms
 ), journaled AS (
     INSERT INTO runfleet.journal (run_id, kind, source_id, source_seq, payload, digest, at_ms)
     SELECT run_id, %(journal_kind)s, %(source_id)s, %(source_seq)s, %(payload)s,

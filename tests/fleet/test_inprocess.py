@@ -27,7 +27,7 @@ async def test_flow_failure_and_unencodable_result(worker: Worker, queue: AsyncQ
     odd = await queue.enqueue(flows.unencodable)
     with pytest.raises(RunFailed) as info:
         await odd.result(timeout=10)
-    assert info.value.error["type"] == "ResultEncodingError"
+    assert info.value.error["type"] == "UnstorableValue"
 
 
 async def test_cancel_running(worker: Worker, queue: AsyncQueue, store: Store) -> None:

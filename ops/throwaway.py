@@ -376,3 +376,111 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+PGBOUNCER_PACKAGE = "pgbouncer"
+
+
+def pgbouncer_binary(*, install: bool = True) -> str | None:
+    """Path of ``pgbouncer``; as root on Debian/Ubuntu, apt-installs it when absent."""
+    found = shutil.which("pgbouncer") or (
+        "/usr/sbin/pgbouncer" if Path("/usr/sbin/pgbouncer").exists() else None
+    )
+    if found is None and install and os.geteuid() == 0 and shutil.which("apt-get"):
+        print(f"runfleet: installing {PGBOUNCER_PACKAGE} with apt-get", file=sys.stderr)
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        install_cmd = ["apt-get", "install", "-y", "--no-install-recommends", PGBOUNCER_PACKAGE]
+        if subprocess.run(install_cmd, env=env, capture_output=True).returncode != 0:
+            subprocess.run(["apt-get", "update"], env=env, capture_output=True)  # stale lists
+            subprocess.run(install_cmd, env=env, capture_output=True)
+        return pgbouncer_binary(install=False)
+    return found
+
+
+class ThrowawayPgBouncer(_Throwaway):
+    """PgBouncer in front of a ``ThrowawayPostgres``, by default in transaction mode.
+
+    Transaction pooling is what breaks a client that assumes one server session: each
+    transaction may run on another server connection, so session state (psycopg's
+    automatic prepared statements before PgBouncer 1.21, ``SET``) does not follow it.
+    ``ignore_startup_parameters`` lists ``options``: runfleet sends its statement and
+    idle-in-transaction timeouts that way, and PgBouncer refuses unknown startup
+    parameters; the pooler's ``query_timeout``/``idle_transaction_timeout`` stand in
+    for them. Any database name is passed through to the backend (``*``).
+    """
+
+    name = "pgbouncer"
+
+    def __init__(self, backend: ThrowawayPostgres, *, pool_mode: str = "transaction") -> None:
+        super().__init__()
+        binary = pgbouncer_binary()
+        if binary is None:
+            raise ServicesUnavailable(
+                "pgbouncer not found: install Debian's package (apt-get install pgbouncer)"
+            )
+        self.binary = binary
+        self.backend = backend
+        self.pool_mode = pool_mode
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def url_for(self, dbname: str) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+
+    @property
+    def version(self) -> tuple[int, ...]:
+        out = subprocess.run([self.binary, "--version"], capture_output=True, text=True).stdout
+        found = re.search(r"PgBouncer (\d+)\.(\d+)", out)
+        return (int(found[1]), int(found[2])) if found else (0, 0)
+
+    def _command(self, workdir: Path) -> list[str]:
+        # Written at every launch: the port is chosen (or re-chosen) just before it.
+        (workdir / "users.txt").write_text('"postgres" ""\n')
+        settings = {
+            "listen_addr": "127.0.0.1",
+            "listen_port": str(self.port),
+            "unix_socket_dir": "",
+            "auth_type": "trust",
+            "auth_file": str(workdir / "users.txt"),
+            "pool_mode": self.pool_mode,
+            "max_client_conn": "1000",
+            "default_pool_size": "40",
+            "server_reset_query": "",
+            "server_login_retry": "1",
+            "ignore_startup_parameters": "extra_float_digits,options",
+            "query_timeout": "30",
+            "idle_transaction_timeout": "60",
+        }
+        ini = workdir / "pgbouncer.ini"
+        body = "\n".join(f"{key} = {value}" for key, value in settings.items())
+        ini.write_text(
+            f"[databases]\n* = host=127.0.0.1 port={self.backend.port}\n\n[pgbouncer]\n{body}\n"
+        )
+        return [self.binary, str(ini)]
+
+    def _answers(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+
+def postgres_stop(server: ThrowawayPostgres, mode: str = "immediate") -> None:
+    """``pg_ctl stop -m mode`` on a throwaway: smart, fast or immediate; the data dir stays.
+
+    ``immediate`` (SIGQUIT) is a crash as far as clients can tell: no rollback message, no
+    checkpoint, crash recovery at the next ``start()``, which reuses the port.
+    """
+    signals = {"smart": signal.SIGTERM, "fast": signal.SIGINT, "immediate": signal.SIGQUIT}
+    proc, server._proc = server._proc, None
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signals[mode])
+    try:
+        proc.wait(STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        server._proc = proc
+        server.kill()

@@ -1,7 +1,9 @@
 """The Context API for plain ``def`` flows, which run in a thread.
 
 Each durable call is the async one, run on the worker's event loop and waited
-for; cancellation reaches a sync body at its next durable call.
+for; cancellation reaches a sync body at its next durable call. Its bookkeeping is
+retried there too (``Context._durable``): an outage that lapses the lease surfaces in
+the thread as ``Interrupted``, never as the database's error.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ class SyncContext:
     @property
     def run_id(self) -> str:
         return self._ctx.run_id
+
+    @property
+    def epoch(self) -> int:
+        return self._ctx.epoch
 
     @property
     def interrupted(self) -> str | None:

@@ -82,7 +82,9 @@ def fleet(
                 f"[red]SUSPECT[/red] {escape(w.host)} pid {w.pid} (nonce {escape(w.nonce)}): "
                 f"{escape(w.suspect)}; not a live worker (forged or left over?)"
             )
-    c.console.print(f"[dim]{len(view.workers)} worker process(es)[/dim]")
+    suspects = sum(w.suspect is not None for w in view.workers)
+    also = f", {suspects} suspect" if suspects else ""
+    c.console.print(f"[dim]{len(view.workers)} worker process(es){also}[/dim]")
 
 
 async def _fleet(cfg: Settings, host: str | None, *, with_db: bool) -> FleetView:

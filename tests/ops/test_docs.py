@@ -12,6 +12,7 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from broker import hostile
 from worker import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +40,7 @@ def _rows(section: str) -> dict[str, list[str]]:
 
 def _metrics() -> dict[str, tuple[str, tuple[str, ...]]]:
     found: dict[str, tuple[str, tuple[str, ...]]] = {}
-    for value in vars(metrics).values():
+    for value in [*vars(metrics).values(), *vars(hostile).values()]:
         if isinstance(value, Counter | Gauge | Histogram):
             (family,) = value.describe()
             name = family.name + ("_total" if family.type == "counter" else "")
@@ -75,6 +76,15 @@ def _log_events() -> set[str]:
                 if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                     continue
                 target = node.func.value
+                if (
+                    isinstance(target, ast.Name)
+                    and target.id == "hostile"
+                    and node.func.attr in ("dropped", "error_reply")
+                    and len(node.args) > 2
+                    and isinstance(node.args[2], ast.Constant)
+                ):  # broker.hostile's rate-limited helpers: (log, channel, "event", ...)
+                    events.add(str(node.args[2].value))
+                    continue
                 if node.func.attr not in _LEVELS or not isinstance(target, ast.Name):
                     continue
                 if target.id != "log" or not node.args:

@@ -94,8 +94,14 @@ class Worker:
         self.store = store
         # The lease renews on its own small pool: a renewal never waits behind the
         # shared pool's connections, nor behind a statement hung on one of them.
+        # Its statements time out server-side after one interval, so a renewal stuck
+        # on a row lock frees its connection for the next one.
         lease_store = await Store.open(
-            self.settings, source_id=f"{self.owner.key}/lease", min_size=1, max_size=2
+            self.settings,
+            source_id=f"{self.owner.key}/lease",
+            min_size=1,
+            max_size=2,
+            statement_timeout_ms=max(1, int(self.settings.renew_timeout * 1000)),
         )
         gate = self._gate
         driver = Driver(

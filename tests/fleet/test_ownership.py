@@ -147,10 +147,15 @@ async def test_full_partition_lapses_before_takeover(
     pg_proxy, pg_a = await proxied(settings.database_url)
     redis_proxy, redis_a = await proxied(settings.redis_url)
     a = WorkerProc(settings, database_url=pg_a, redis_url=redis_a, concurrency=4, host_id="a")
-    b: WorkerProc | None = None
+    b: WorkerProc | None = WorkerProc(settings, host_id="b")
     run_ids: list[str] = []
     try:
         await a.wait_started()
+        assert b is not None
+        await b.wait_started()
+        # B is frozen while the runs are admitted, so that A holds every one of them,
+        # and is ready the moment A is cut off (a slow start would let the runs finish).
+        b.signal(signal.SIGSTOP)
         async with AsyncQueue("default", settings=settings) as queue:
             for i in range(3):
                 run = await queue.enqueue(flows.ledger_steps, str(ledger), 12, 150, run_id=f"p{i}")
@@ -161,8 +166,7 @@ async def test_full_partition_lapses_before_takeover(
                 return all(r.status is RunStatus.RUNNING for r in rows)
 
             await until(running, 15, "runs running on A")
-            b = WorkerProc(settings, host_id="b")
-            await b.wait_started()
+            b.signal(signal.SIGCONT)
             pg_proxy.freeze()
             redis_proxy.freeze()
             await until(lambda: all_settled(store, run_ids), 40, "runs to settle on B")

@@ -1,0 +1,57 @@
+"""Recovery first: a SIGKILLed worker's runs start before a 1,000-run backlog (real processes)."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+import tests.fleet.recovery_flows as rec
+from broker import AsyncQueue, EnqueueSpec
+from store import Kind, Store
+from store.config import Settings
+from store.types import JournalRecord, RunStatus
+from tests.fleet.procs import Spawn, until
+
+pytestmark = pytest.mark.chaos
+
+BACKLOG = 1000
+
+
+async def test_recovery_first_with_backlog(
+    spawn: Spawn, queue: AsyncQueue, store: Store, settings: Settings
+) -> None:
+    survivors = [spawn(flows="tests.fleet.recovery_flows", concurrency=8) for _ in range(2)]
+    victim = spawn(flows="tests.fleet.recovery_flows", concurrency=8)
+    for proc in (*survivors, victim):
+        await proc.wait_started()
+    await queue.enqueue_many([EnqueueSpec(rec.nap, (50 + (i * 7) % 51,)) for i in range(BACKLOG)])
+
+    async def victim_busy() -> bool:
+        return (await store.stats.running_by_owner_pid()).get(victim.pid, 0) >= 4
+
+    await until(victim_busy, 20, "the victim to hold runs")
+    killed_at = await store.stats.now_ms()
+    victim.signal(signal.SIGKILL)
+    await victim.wait_exit()
+    held = (await store.stats.running_by_owner_pid()).get(victim.pid, 0)
+    assert held >= 1
+    pending = (await store.stats.status_counts()).get(RunStatus.PENDING, 0)
+    assert pending > BACKLOG // 2, f"the backlog drained too early to prove anything ({pending})"
+
+    async def stolen() -> list[JournalRecord] | None:
+        steals = await store.stats.records_of_kind(Kind.STOLEN_AND_ACTIVATED)
+        return steals if len(steals) >= held else None
+
+    steals = await until(stolen, 60, f"{held} runs to be re-activated")
+    delays = sorted(r.at_ms - killed_at for r in steals)
+    budget_ms = settings.stale_after_ms + 3000
+    assert delays[-1] <= budget_ms, f"re-activation delays {delays} ms, budget {budget_ms} ms"
+    # Busy survivors and a backlog still there: new runs were still starting afterwards.
+    last = max(r.seq for r in steals)
+    later = [
+        r
+        for r in await store.stats.records_of_kind(Kind.CLAIMED_AND_ACTIVATED, after_seq=last)
+        if r.payload.get("epoch") == 1
+    ]
+    assert later, "the stolen runs were only re-activated once the backlog had drained"

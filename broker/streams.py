@@ -23,6 +23,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from broker import hostile
 from broker.client import require_binary, socket_timeout_of
 from broker.codec import FIELD, MalformedMessage, StreamMessage, decode, encode
 from broker.keys import DEFAULT_PREFIX, GROUP, Keys
@@ -327,10 +328,9 @@ class Streams:
                 if FIELD not in fields:
                     raise MalformedMessage(f"entry has no field {FIELD.decode()!r}")
                 good.append(Delivery(queue, entry_id, decode(fields[FIELD]), lane))
-            except MalformedMessage as exc:
-                log.warning(
-                    "stream.malformed",
-                    extra={"queue": queue, "entry_id": entry_id, "reason": exc.reason},
+            except MalformedMessage as exc:  # counted, and logged at a bounded rate
+                hostile.dropped(
+                    log, "stream", "stream.malformed", exc.reason, queue=queue, entry_id=entry_id
                 )
                 bad.append((self.stream_key(queue, lane), entry_id))
         if bad:

@@ -9,6 +9,7 @@ import time
 import pytest
 from redis.asyncio import Redis
 
+from broker import hostile
 from broker.codec import StreamMessage
 from broker.keys import GROUP
 from broker.streams import Delivery, QueueDepth, Streams
@@ -84,14 +85,17 @@ async def test_malformed_entries_are_acked_and_dropped(
     no_field = _text(await redis.xadd(key, {b"other": b"x"}))
     await streams.publish("default", msg("good-2"))
 
+    before = hostile.HOSTILE_INPUT.labels("stream")._value.get()
     with caplog.at_level(logging.WARNING, logger="runfleet.broker.streams"):
         got = await streams.read("c1", ["default"], count=10, block_ms=0)
     assert runs(got) == ["good-1", "good-2"]
+    # Both counted; logged at a bounded rate: the first line, the second suppressed.
+    assert hostile.HOSTILE_INPUT.labels("stream")._value.get() == before + 2
     # Log fields arrive through logging's ``extra``, i.e. as record attributes.
-    dropped = [r.__dict__ for r in caplog.records if r.getMessage() == "stream.malformed"]
-    assert {d["entry_id"] for d in dropped} == {bad_bytes, no_field}
-    assert {d["queue"] for d in dropped} == {"default"}
-    assert all(d["reason"] for d in dropped)
+    (dropped,) = [r.__dict__ for r in caplog.records if r.getMessage() == "stream.malformed"]
+    assert (dropped["entry_id"], dropped["queue"]) == (bad_bytes, "default")
+    assert dropped["reason"] and dropped["suppressed"] == 0
+    assert no_field
     # Acknowledged: only the two good deliveries remain pending, nothing is left to deliver.
     assert await streams.depth("default") == QueueDepth(undelivered=0, pending=2)
 

@@ -67,7 +67,7 @@ async def test_malformed_entries_are_dropped_and_real_runs_complete(
             assert row is not None and row.status is RunStatus.COMPLETED
             assert len(await records(store, run.id, Kind.TRANSITIONED)) == 1
         log = worker.log()
-        assert log.count("stream.malformed") >= 13, log[-3000:]
+        assert "stream.malformed" in log, log[-3000:]  # rate-limited: one line per 10 s
         assert worker.proc.poll() is None
     finally:
         worker.close()

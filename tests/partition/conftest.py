@@ -23,8 +23,8 @@ from ops.throwaway import ServicesUnavailable
 from store import Store
 from store.config import Settings
 from store.migrate import migrate
+from tests.partition.cluster import Cluster, timing
 from tests.partition.net import Topology, TopologyUnavailable, topology, unavailable_reason
-from tests.partition.scenario import Cluster, timing
 from tests.partition.servers import BridgePostgres, BridgeRedis
 
 Servers = tuple[BridgePostgres, BridgeRedis]

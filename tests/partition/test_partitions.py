@@ -14,21 +14,30 @@ from __future__ import annotations
 
 import pytest
 
+from tests.partition.cluster import Cluster
 from tests.partition.net import Service
-from tests.partition.scenario import Cluster, Plan, Steals, run_scenario
+from tests.partition.scenario import Plan, Steals, run_scenario
 
 pytestmark = [pytest.mark.chaos, pytest.mark.partition, pytest.mark.timeout(150)]
 
 BOTH = (Service.POSTGRES, Service.REDIS)
+LONG = 30
+"""Steps of 300 ms in the Redis-only plans: B's runs outlast the cut, so a wrong steal or
+lapse (at stale_after, 3 s) has every chance to show."""
 
 PLANS = {
     "full": Plan("full partition of host B", Steals.MUST, {"b": BOTH}, lapse_first=True),
-    "redis_only": Plan("Redis-only cut of host B", Steals.NEVER, {"b": (Service.REDIS,)}),
+    "redis_only": Plan(
+        "Redis-only cut of host B", Steals.NEVER, {"b": (Service.REDIS,)}, steps=LONG
+    ),
     "postgres_only": Plan(
         "Postgres-only cut of host B", Steals.MUST, {"b": (Service.POSTGRES,)}, lapse_first=True
     ),
     "redis_everywhere": Plan(
-        "Redis cut for every host", Steals.NEVER, {"a": (Service.REDIS,), "b": (Service.REDIS,)}
+        "Redis cut for every host",
+        Steals.NEVER,
+        {"a": (Service.REDIS,), "b": (Service.REDIS,)},
+        steps=LONG,
     ),
     "steps_in_flight": Plan(
         "Postgres+Redis cut of host B with long steps in flight, ledger reachable",

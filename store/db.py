@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+import psycopg
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
@@ -49,7 +50,7 @@ class Database:
             async with current.transaction():
                 yield current
             return
-        async with self.pool.connection() as conn, conn.transaction():
+        async with self.pool.connection() as conn, _discard_if_desynced(conn), conn.transaction():
             token = self._current.set(conn)
             try:
                 yield conn
@@ -69,7 +70,7 @@ class Database:
         if current is not None:
             yield current
             return
-        async with self.pool.connection() as conn:
+        async with self.pool.connection() as conn, _discard_if_desynced(conn):
             yield conn
 
     async def one(self, name: str, params: dict[str, Any] | None = None) -> DictRow | None:
@@ -103,6 +104,22 @@ class Database:
         async with self._statement() as conn:
             cur = await conn.execute(q(name), params or {})
             return await cur.fetchall()
+
+
+@asynccontextmanager
+async def _discard_if_desynced(conn: Conn) -> AsyncIterator[None]:
+    """Close a connection whose protocol state psycopg lost track of, so the pool drops it.
+
+    Seen behind PgBouncer when a server connection dies mid-transaction: psycopg
+    reports ``received 2 results from command 'COMMIT'`` (an ``InternalError`` of its
+    own, no SQLSTATE) and the connection would go back to the pool looking healthy.
+    """
+    try:
+        yield
+    except psycopg.InternalError as exc:
+        if exc.sqlstate is None:
+            await conn.close()
+        raise
 
 
 async def open_pool(

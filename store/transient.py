@@ -31,6 +31,7 @@ T = TypeVar("T")
 POSTGRES_TYPES: tuple[type[BaseException], ...] = (
     psycopg.OperationalError,  # connection lost, admin/crash shutdown, 40xxx rollbacks, 57xxx
     psycopg.InterfaceError,  # a connection already found closed
+    psycopg.InternalError,  # only psycopg's own, without SQLSTATE: a desynced connection
     psycopg_pool.PoolTimeout,
     psycopg_pool.TooManyRequests,
     pg.InvalidSqlStatementName,  # only a pooler's lost `_pg3_N` (see _pooler_prepared)
@@ -85,6 +86,8 @@ def _postgres_transient(exc: psycopg.Error) -> bool:
         return _pooler_prepared(exc)
     if isinstance(exc, psycopg.InterfaceError):
         return True
+    if isinstance(exc, psycopg.InternalError) and exc.sqlstate is None:
+        return True  # psycopg lost the protocol's thread (a pooler's dying server connection)
     if not isinstance(exc, psycopg.OperationalError):
         return False  # data, integrity, programming errors: the request itself is wrong
     state = exc.sqlstate or ""

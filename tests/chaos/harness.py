@@ -35,6 +35,7 @@ class Outcome:
     releases: int
     recorded_steps: int
     seconds: float
+    failures: list[str]
 
 
 async def _query(url: str, sql: str) -> list[tuple[object, ...]]:
@@ -148,6 +149,12 @@ async def _outcome(
         repeated=sum(n - 1 for n in executions.values()),
         releases=int(releases[0][0]),  # type: ignore[call-overload]
         recorded_steps=len(record_epoch),
+        failures=[
+            str(error)[:300]
+            for (error,) in await _query(
+                admin, "SELECT state->'error' FROM runfleet.runs WHERE status = 'failed' LIMIT 5"
+            )
+        ],
         seconds=round(seconds, 1),
     )
 

@@ -77,6 +77,7 @@ def reply_code(exc: BaseException) -> str:
         "OutOfMemoryError": "OOM",
         "NoScriptError": "NOSCRIPT",
         "ExecAbortError": "EXECABORT",
+        "MasterDownError": "MASTERDOWN",
     }
     for cls in type(exc).__mro__:  # before the connection check: LOADING is a ConnectionError
         if cls.__name__ in by_class:

@@ -3,8 +3,8 @@
 Anyone with write access to Redis can put anything at a liveness key: another
 type (WRONGTYPE), a value of any size, msgpack nested past any stack, a value
 with no TTL, a confirmed time from 1970. Reads are therefore bounded (at most
-``MAX_VALUE_BYTES`` leave the server; TTL, size and value come from one
-MULTI/EXEC so they describe the same key), and ``judge`` turns whatever was read
+``MAX_VALUE_BYTES`` leave the server; size, value and TTL come from one
+pipelined round trip), and ``judge`` turns whatever was read
 into one ``KeyState`` without raising.
 """
 
@@ -102,14 +102,19 @@ def unpack(raw: bytes) -> Beat:
 
 
 def _queue(pipe: Any, key: str) -> None:
-    pipe.pttl(key)
+    """Size, value, then TTL: a key that expires mid-read reads as absent (PTTL -2).
+
+    Not MULTI/EXEC: Redis refuses transactions outright while over ``maxmemory``,
+    and a full Redis must not turn every probe into "unknown".
+    """
     pipe.strlen(key)
     pipe.getrange(key, 0, MAX_VALUE_BYTES - 1)
+    pipe.pttl(key)
 
 
 def _read_of(replies: Sequence[Any]) -> KeyRead:
     """One key's three replies; a WRONGTYPE is a fact about the key, any other error raises."""
-    ttl, size, raw = replies
+    size, raw, ttl = replies
     for reply in (ttl, size, raw):
         if isinstance(reply, ResponseError):
             if str(reply).startswith("WRONGTYPE"):
@@ -119,13 +124,13 @@ def _read_of(replies: Sequence[Any]) -> KeyRead:
 
 
 async def read_key(redis: Redis, key: str) -> KeyRead:
-    """Read one key in one MULTI/EXEC; ``Unreachable`` for any Redis problem but WRONGTYPE.
+    """Read one key in one round trip; ``Unreachable`` for any Redis problem but WRONGTYPE.
 
     The caller bounds the call (``asyncio.timeout``): a client reconnecting to a
     silently dropped server would otherwise wait out its socket timeouts.
     """
     try:
-        async with redis.pipeline(transaction=True) as pipe:
+        async with redis.pipeline(transaction=False) as pipe:
             _queue(pipe, key)
             return _read_of(await pipe.execute(raise_on_error=False))
     except (RedisError, OSError) as exc:

@@ -39,6 +39,10 @@ class UnstorableValue(InvalidInput):
     what is wrong with it and at which JSON path (``$["result"][3]``).
     """
 
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(field, problem)
+        self.args = (f"cannot store {field}: {problem}",)
+
 
 def _path(parts: Sequence[str | int]) -> str:
     return "$" + "".join(f"[{p}]" if isinstance(p, int) else f"[{json.dumps(p)}]" for p in parts)

@@ -108,22 +108,55 @@ class Settlement:
         record: dict[str, Any] | None = None,
     ) -> None:
         try:
-            outcome = await with_retry(
-                "settle",
-                lambda: self._store.lifecycle.transition_owned(
-                    row.id, self._owner, epoch, status, state_patch=patch, kind=kind, record=record
-                ),
-            )
+            outcome = await self._transition(row, epoch, status, patch, kind, record)
         except UnstorableValue as exc:
-            # Nothing was written: fail the run instead, with an error that is storable.
-            status, patch = RunStatus.FAILED, {"error": error_of(exc)}
-            outcome = await with_retry(
-                "settle",
-                lambda: self._store.lifecycle.transition_owned(
-                    row.id, self._owner, epoch, status, state_patch=patch
-                ),
+            # Nothing was written. Fail the run instead, once: the same value would fail
+            # the same way on every retry and on every takeover.
+            log.error(
+                "run.unstorable",
+                extra={"run_id": row.id, "field": exc.field, "problem": exc.problem},
             )
+            failure = patch.get("error") if status is RunStatus.FAILED else None
+            status = RunStatus.FAILED
+            outcome = await self._fail_unstorable(row, epoch, exc, failure)
         await self._after(row, epoch, status, outcome)
+
+    async def _transition(
+        self,
+        row: RunRow,
+        epoch: int,
+        status: RunStatus,
+        patch: dict[str, Any],
+        kind: str = Kind.TRANSITIONED,
+        record: dict[str, Any] | None = None,
+    ) -> TransitionOutcome:
+        return await with_retry(
+            "settle",
+            lambda: self._store.lifecycle.transition_owned(
+                row.id, self._owner, epoch, status, state_patch=patch, kind=kind, record=record
+            ),
+        )
+
+    async def _fail_unstorable(
+        self, row: RunRow, epoch: int, exc: UnstorableValue, failure: Any
+    ) -> TransitionOutcome:
+        """Fail the run, with the error shrunk until it fits the payload limit.
+
+        ``failure`` is the error the run was failing with, if it was (a huge message or
+        traceback): it is kept, shortened, in preference to the storage error.
+        """
+        errors: list[dict[str, Any]] = []
+        if isinstance(failure, dict):
+            kept = {"type": failure.get("type"), "message": failure.get("message")}
+            errors += [kept, {**kept, "message": str(kept["message"])[:300]}]
+        unstorable = error_of(exc)
+        errors += [unstorable, {**unstorable, "traceback": ""}, {"type": unstorable["type"]}]
+        for error in errors[:-1]:
+            try:
+                return await self._transition(row, epoch, RunStatus.FAILED, {"error": error})
+            except UnstorableValue:
+                continue
+        return await self._transition(row, epoch, RunStatus.FAILED, {"error": errors[-1]})
 
     async def _after(
         self, row: RunRow, epoch: int, status: RunStatus, outcome: TransitionOutcome

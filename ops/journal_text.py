@@ -135,11 +135,11 @@ def _steal_refused(p: Payload, r: JournalRecord) -> str:
     by = who(p.get("observer"))
     if p.get("evidence") == "lease-fresh":
         return f"takeover by {by} refused: {owner} renewed its lease just in time"
-    retry = p.get("retry_in_s")
-    again = f"; re-probed in {retry:.1f} s" if isinstance(retry, int | float) else ""
+    heartbeat = p.get("heartbeat_at_ms")
+    age = r.at_ms - heartbeat if isinstance(heartbeat, int) else p.get("lease_age_ms")
     return (
-        f"takeover by {by} refused: lease stale {_ms(p.get('lease_age_ms'))} but {owner} "
-        f"is alive ({probe_words(p.get('probe'))}){again}"
+        f"takeover by {by} refused: lease stale {_ms(age)} but {owner} "
+        f"is alive ({probe_words(p.get('probe'))}); re-probed on a backoff ladder"
     )
 
 
@@ -150,7 +150,8 @@ def _claim_lost(p: Payload, _r: JournalRecord) -> str:
 
 
 def _activation_lost(p: Payload, _r: JournalRecord) -> str:
-    return f"{who(p.get('observer'))} lost the race to activate it"
+    what = "take it over" if p.get("outcome") == "snapshot-changed" else "activate it"
+    return f"{who(p.get('observer'))} lost the race to {what}"
 
 
 def _transitioned(p: Payload, _r: JournalRecord) -> str:

@@ -210,6 +210,10 @@ class Driver:
         if owner == self.owner and row.id in self.owned:
             return "already_owned", None
         if row.now_ms - heartbeat <= self.settings.stale_after_ms:
+            if owner != self.owner:
+                # The lease alone refuses (no probe is asked), journaled once per lease
+                # so an operator whose wake did nothing sees a live owner was in the way.
+                await self._refused(row.id, owner, heartbeat, "lease-fresh")
             return "heartbeat_fresh", None
         if owner == self.owner:
             # Ours, but no drive holds it (its settlement or release gave up after an
@@ -221,21 +225,8 @@ class Driver:
         else:
             probe = await self._probe_owner(owner, heartbeat)
         if probe.vouches:
-            delay = self.ladder.refused(row.id, heartbeat)
-            await journal_evidence(
-                self.store,
-                row.id,
-                Kind.STEAL_REFUSED_OWNER_ALIVE,
-                owner,
-                heartbeat,
-                {
-                    "evidence": "probe",
-                    "probe": probe.evidence,
-                    "observer": self.owner.key,
-                    "lease_age_ms": row.now_ms - heartbeat,
-                    "retry_in_s": delay,
-                },
-            )
+            self.ladder.refused(row.id, heartbeat)
+            await self._refused(row.id, owner, heartbeat, "probe", probe=probe.evidence)
             return "steal_refused_owner_alive", None
         evidence = {
             "probe": probe.evidence,
@@ -252,17 +243,45 @@ class Driver:
                 )
                 return "stolen", (stolen, flow)
             case LeaseFresh(current=current):
+                await self._refused(row.id, owner, current.heartbeat_at_ms, "lease-fresh")
+                return "heartbeat_fresh", None
+            case SnapshotChanged(current=current):
                 await journal_evidence(
                     self.store,
                     row.id,
-                    Kind.STEAL_REFUSED_OWNER_ALIVE,
+                    Kind.ACTIVATION_LOST,
                     owner,
-                    current.heartbeat_at_ms,
-                    {"evidence": "lease-fresh", "observer": self.owner.key},
+                    heartbeat,
+                    {
+                        "observer": self.owner.key,
+                        "outcome": "snapshot-changed",
+                        "expected_epoch": row.epoch,
+                    },
                 )
-                return "heartbeat_fresh", None
-            case SnapshotChanged() | NotFound():
                 return "activation_lost", None
+            case NotFound():
+                return "not_found", None
+
+    async def _refused(
+        self,
+        run_id: str,
+        owner: Owner,
+        heartbeat_at_ms: int | None,
+        evidence: str,
+        *,
+        probe: str | None = None,
+    ) -> None:
+        """Journal a refused takeover once per (run, owner, lease, evidence, observer)."""
+        payload: dict[str, Any] = {
+            "evidence": evidence,
+            "observer": self.owner.key,
+            "heartbeat_at_ms": heartbeat_at_ms,
+        }
+        if probe is not None:
+            payload["probe"] = probe
+        await journal_evidence(
+            self.store, run_id, Kind.STEAL_REFUSED_OWNER_ALIVE, owner, heartbeat_at_ms, payload
+        )
 
     async def _probe_owner(self, owner: Owner, heartbeat_at_ms: int) -> Probe:
         """The probe's answer for ``owner``'s lease last confirmed at ``heartbeat_at_ms``."""

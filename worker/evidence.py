@@ -13,8 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
-
 from store import Store
 from store.journal import evidence_address
 from store.types import Conflict, Owner
@@ -30,17 +28,22 @@ async def journal_evidence(
     lease_ms: int | None,
     payload: dict[str, Any],
 ) -> None:
-    """Write one evidence record at its derived address; failures are logged, not raised."""
+    """Write one evidence record at its derived address; failures are logged, not raised.
+
+    The address is (run, owner, lease, journal kind, the payload's ``evidence`` and
+    ``observer``): one lease refused for two reasons (``lease-fresh``, then ``probe``)
+    makes two records, and the same refusal repeated every tick is one. The payload
+    must therefore be a pure function of that address (no ages, no retry delays: the
+    record's own time and the lease it names give those), so a repeat is a
+    ``Duplicate``, never a conflict.
+    """
+    qualifier = ":".join(str(payload.get(k, "")) for k in ("evidence", "observer"))
+    address = evidence_address(run_id, owner, lease_ms, f"{kind}:{qualifier}")
     try:
-        outcome = await store.journal.emit(
-            run_id,
-            kind,
-            payload,
-            source_id=evidence_address(run_id, owner, lease_ms, kind),
-        )
-    except psycopg.Error as exc:
+        outcome = await store.journal.emit(run_id, kind, payload, source_id=address)
+    except Exception as exc:  # evidence is audit: it never stops a drive
         log.warning(
-            "journal.evidence_failed", extra={"run_id": run_id, "kind": kind, "error": str(exc)}
+            "journal.evidence_failed", extra={"run_id": run_id, "kind": kind, "error": repr(exc)}
         )
         return
     if isinstance(outcome, Conflict):

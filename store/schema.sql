@@ -134,9 +134,6 @@ CREATE TABLE runfleet.flows (
     last_seen_ms    bigint NOT NULL
 );
 
-CREATE INDEX runs_deadline_idx ON runfleet.runs (((state->>'deadline_ms')::bigint))
-    WHERE status IN ('pending', 'running', 'suspended') AND state ? 'deadline_ms'
-      AND state->>'deadline_ms' IS NOT NULL;
 
 -- Sweeps (0003): a cursor per sweep kind, and an index per sweep read whose predicate is
 -- exactly that read's rows (see store/sql/sweeps.sql).
@@ -157,7 +154,7 @@ CREATE INDEX runs_due_wait_idx ON runfleet.runs (waiting_wake_at_ms, id)
       AND waiting_reason <> 'quarantine' AND status IN ('pending', 'suspended');
 CREATE INDEX runs_runnable_pending_idx ON runfleet.runs (created_at_ms, id)
     WHERE status = 'pending' AND waiting_reason IS NULL AND claim_host IS NULL;
-CREATE INDEX runs_deadline_due_idx ON runfleet.runs (((state->>'deadline_ms')::bigint), id)
+CREATE INDEX runs_deadline_idx ON runfleet.runs (((state->>'deadline_ms')::bigint), id)
     WHERE status IN ('pending', 'running', 'suspended') AND cancel_requested_at_ms IS NULL
       AND state ? 'deadline_ms' AND state->>'deadline_ms' IS NOT NULL;
 

@@ -19,6 +19,8 @@ from store.types import ClockRow, Owner, PendingCursor, StaleRunning
 
 MIN_KEY = -(2**63)
 """The smallest bigint: every keyset starts strictly after it."""
+MAX_KEY = 2**63 - 1
+"""The largest bigint: the upper bound of an unbounded scan (kept sargable, never NULL)."""
 
 
 class SweepKind(enum.IntEnum):
@@ -201,8 +203,8 @@ class Sweeps:
                 "flow": flow,
                 "after_ms": after.created_at_ms if after else MIN_KEY,
                 "after_id": after.run_id if after else "",
-                "through_ms": through.created_at_ms if through else None,
-                "through_id": through.run_id if through else None,
+                "through_ms": through.created_at_ms if through else MAX_KEY,
+                "through_id": through.run_id if through else "",
                 "limit": limit,
             },
         )

@@ -24,6 +24,8 @@ CREATE INDEX runs_due_wait_idx ON runfleet.runs (waiting_wake_at_ms, id)
       AND waiting_reason <> 'quarantine' AND status IN ('pending', 'suspended');
 CREATE INDEX runs_runnable_pending_idx ON runfleet.runs (created_at_ms, id)
     WHERE status = 'pending' AND waiting_reason IS NULL AND claim_host IS NULL;
-CREATE INDEX runs_deadline_due_idx ON runfleet.runs (((state->>'deadline_ms')::bigint), id)
+-- The deadline sweep reads only runs no cancel has reached yet, in (deadline, id) order.
+DROP INDEX runfleet.runs_deadline_idx;
+CREATE INDEX runs_deadline_idx ON runfleet.runs (((state->>'deadline_ms')::bigint), id)
     WHERE status IN ('pending', 'running', 'suspended') AND cancel_requested_at_ms IS NULL
       AND state ? 'deadline_ms' AND state->>'deadline_ms' IS NOT NULL;

@@ -2,11 +2,13 @@
 -- predicate of a partial index whose columns are the keyset, and it reads strictly after
 -- a cursor (kept in runfleet.sweep_cursors) so rows the fleet cannot take (a retired flow,
 -- a queue nobody reads, an owner the probe vouches for) never hide the rows behind them.
--- The minimum bigint is the "start" of every keyset.
+-- The minimum bigint is the "start" of every keyset. The database time is read once per
+-- statement as an InitPlan, (SELECT runfleet.now_ms()): the function is volatile, so
+-- compared directly it would be a filter evaluated per row instead of an index bound.
 
 -- name: stale_running
 SELECT id, owner_host, owner_pid, owner_nonce, heartbeat_at_ms FROM runfleet.runs
- WHERE status = 'running' AND heartbeat_at_ms < runfleet.now_ms() - %(stale_after_ms)s
+ WHERE status = 'running' AND heartbeat_at_ms < (SELECT runfleet.now_ms()) - %(stale_after_ms)s
    AND (heartbeat_at_ms, id) > (%(after_ms)s, %(after_id)s)
  ORDER BY heartbeat_at_ms, id LIMIT %(limit)s;
 
@@ -22,13 +24,13 @@ SELECT id, updated_at_ms FROM runfleet.runs
 SELECT id, waiting_wake_at_ms FROM runfleet.runs
  WHERE waiting_wake_at_ms IS NOT NULL AND waiting_reason IS NOT NULL
    AND waiting_reason <> 'quarantine' AND status IN ('pending', 'suspended')
-   AND waiting_wake_at_ms <= runfleet.now_ms()
+   AND waiting_wake_at_ms <= (SELECT runfleet.now_ms())
    AND (waiting_wake_at_ms, id) > (%(after_ms)s, %(after_id)s)
  ORDER BY waiting_wake_at_ms, id LIMIT %(limit)s;
 
 -- name: due_clocks
 SELECT run_id, name, deferred_name, due_at_ms, completed_at_ms FROM runfleet.clocks
- WHERE completed_at_ms IS NULL AND due_at_ms <= runfleet.now_ms()
+ WHERE completed_at_ms IS NULL AND due_at_ms <= (SELECT runfleet.now_ms())
    AND (due_at_ms, run_id, name) > (%(after_ms)s, %(after_id)s, %(after_name)s)
  ORDER BY due_at_ms, run_id, name LIMIT %(limit)s;
 
@@ -37,26 +39,27 @@ SELECT run_id, name, deferred_name, due_at_ms, completed_at_ms FROM runfleet.clo
 SELECT id, (state->>'deadline_ms')::bigint AS deadline_ms FROM runfleet.runs
  WHERE status IN ('pending', 'running', 'suspended') AND cancel_requested_at_ms IS NULL
    AND state ? 'deadline_ms' AND state->>'deadline_ms' IS NOT NULL
-   AND (state->>'deadline_ms')::bigint <= runfleet.now_ms()
+   AND (state->>'deadline_ms')::bigint <= (SELECT runfleet.now_ms())
    AND ((state->>'deadline_ms')::bigint, id) > (%(after_ms)s, %(after_id)s)
  ORDER BY (state->>'deadline_ms')::bigint, id LIMIT %(limit)s;
 
 -- name: pending_runs
--- Runnable pending admissions (runs_runnable_pending_idx), optionally bounded above by
--- the tail read when a scan cycle started, so the cycle is finite under new admissions.
+-- Runnable pending admissions (runs_runnable_pending_idx), bounded above by the tail read
+-- when a scan cycle started (the maximum bigint when unbounded), so the cycle is finite
+-- under new admissions.
 SELECT id, created_at_ms FROM runfleet.runs
  WHERE status = 'pending' AND waiting_reason IS NULL AND claim_host IS NULL
    AND (%(flow)s::text IS NULL OR flow = %(flow)s)
-   AND created_at_ms < runfleet.now_ms() - %(older_than_ms)s
+   AND created_at_ms < (SELECT runfleet.now_ms()) - %(older_than_ms)s
    AND (created_at_ms, id) > (%(after_ms)s, %(after_id)s)
-   AND (%(through_ms)s::bigint IS NULL OR (created_at_ms, id) <= (%(through_ms)s, %(through_id)s))
+   AND (created_at_ms, id) <= (%(through_ms)s, %(through_id)s)
  ORDER BY created_at_ms, id LIMIT %(limit)s;
 
 -- name: pending_tail
 SELECT id, created_at_ms FROM runfleet.runs
  WHERE status = 'pending' AND waiting_reason IS NULL AND claim_host IS NULL
    AND (%(flow)s::text IS NULL OR flow = %(flow)s)
-   AND created_at_ms < runfleet.now_ms() - %(older_than_ms)s
+   AND created_at_ms < (SELECT runfleet.now_ms()) - %(older_than_ms)s
  ORDER BY created_at_ms DESC, id DESC LIMIT 1;
 
 -- name: pending_cancellations
@@ -68,7 +71,7 @@ SELECT id, created_at_ms FROM runfleet.runs
 
 -- name: stranded_claims
 SELECT id, claim_host, claim_pid, claim_nonce, claimed_at_ms FROM runfleet.runs
- WHERE claim_host IS NOT NULL AND claimed_at_ms < runfleet.now_ms() - %(stale_after_ms)s
+ WHERE claim_host IS NOT NULL AND claimed_at_ms < (SELECT runfleet.now_ms()) - %(stale_after_ms)s
  ORDER BY claimed_at_ms, id LIMIT %(limit)s;
 
 -- name: try_sweep_lock
@@ -79,7 +82,7 @@ SELECT pg_try_advisory_xact_lock(732011, %(kind)s::int) AS locked;
 -- after a completion was lost): as stranded as a pending run with a lost wake.
 SELECT id, updated_at_ms FROM runfleet.runs
  WHERE status = 'suspended' AND waiting_reason IS NULL AND claim_host IS NULL
-   AND updated_at_ms < runfleet.now_ms() - %(older_than_ms)s
+   AND updated_at_ms < (SELECT runfleet.now_ms()) - %(older_than_ms)s
    AND (updated_at_ms, id) > (%(after_ms)s, %(after_id)s)
  ORDER BY updated_at_ms, id LIMIT %(limit)s;
 

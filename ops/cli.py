@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ops import cli_fleet, cli_flows, cli_produce, cli_runs, doctor
+from ops import cli_fleet, cli_flows, cli_produce, cli_roles, cli_runs, doctor
 from ops.cli_common import console, fail, settings
 
 __all__ = ["app", "fail", "main"]
@@ -73,13 +73,16 @@ def worker(
 
 def _mount() -> None:
     """Command groups live in their own modules; this file only assembles them."""
+    from ops import cli_prune
     from ops.bench.__main__ import app as bench_app
 
     cli_runs.register(app)
     cli_produce.register(app)
     cli_flows.register(app)
     cli_fleet.register(app)
+    cli_roles.register(app)
     doctor.register(app)
+    cli_prune.register(app)
     app.add_typer(bench_app, name="bench")
 
 

@@ -92,6 +92,8 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         fail(f"Redis refused: {_first_line(exc)}")
     except _NO_SCHEMA:
         fail("the database has no runfleet schema: run `runfleet migrate`")
+    except psycopg.errors.InsufficientPrivilege as exc:  # a role's least privilege (README)
+        fail(f"the database role may not do this: {_first_line(exc)}")
     except RunfleetError as exc:
         fail(str(exc))
     except KeyboardInterrupt:

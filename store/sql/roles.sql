@@ -1,0 +1,93 @@
+-- Database roles, their privileges, and the scope grants row-level security reads.
+-- The group roles themselves are created by migration 0005 (its policies name them);
+-- `runfleet roles --apply` runs `privileges` in one database, as the schema's owner or
+-- a superuser, after every migration (a new table gets its privileges here).
+--   runfleet_migrator  owns the schema: DDL, grants; not subject to row-level security
+--   runfleet_worker    every run (policies `true`), every row it needs; not `grants`
+--   runfleet_producer  admit, read, cancel and answer runs of its granted scopes
+--   runfleet_operator  read runs of its granted scopes; writes nothing
+
+-- name: privileges
+-- Idempotent: ownership moves to runfleet_migrator (whoever applies this must be the
+-- owner and a member of runfleet_migrator, or a superuser), then every privilege is
+-- revoked and granted afresh, so a privilege removed from this file is removed from
+-- the database too. Table lists are explicit for the scoped roles (least privilege);
+-- the worker gets every table but `grants`.
+DO $$
+DECLARE
+    obj record;
+    run_tables text := 'runfleet.runs, runfleet.journal, runfleet.steps, runfleet.attempts,'
+                       ' runfleet.deferreds, runfleet.clocks, runfleet.run_parents';
+BEGIN
+    EXECUTE 'ALTER SCHEMA runfleet OWNER TO runfleet_migrator';
+    FOR obj IN
+        SELECT c.relkind, c.relname FROM pg_class c
+          JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = 'runfleet' AND c.relkind IN ('r', 'p', 'v', 'm')
+    LOOP
+        EXECUTE format('ALTER TABLE runfleet.%I OWNER TO runfleet_migrator', obj.relname);
+    END LOOP;
+    FOR obj IN
+        SELECT p.oid::regprocedure AS fn FROM pg_proc p
+          JOIN pg_namespace n ON n.oid = p.pronamespace
+         WHERE n.nspname = 'runfleet'
+    LOOP
+        EXECUTE format('ALTER FUNCTION %s OWNER TO runfleet_migrator', obj.fn);
+    END LOOP;
+
+    REVOKE ALL ON SCHEMA runfleet FROM PUBLIC;
+    REVOKE ALL ON ALL TABLES IN SCHEMA runfleet
+        FROM PUBLIC, runfleet_worker, runfleet_producer, runfleet_operator;
+    REVOKE ALL ON ALL SEQUENCES IN SCHEMA runfleet
+        FROM PUBLIC, runfleet_worker, runfleet_producer, runfleet_operator;
+    GRANT USAGE ON SCHEMA runfleet TO runfleet_worker, runfleet_producer, runfleet_operator;
+
+    GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA runfleet TO runfleet_worker;
+    REVOKE ALL ON runfleet.grants FROM runfleet_worker;
+    GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA runfleet TO runfleet_worker;
+
+    EXECUTE 'GRANT SELECT ON ' || run_tables || ', runfleet.flows, runfleet.grants,'
+            ' runfleet.schema_migrations TO runfleet_producer, runfleet_operator';
+    GRANT INSERT, UPDATE ON runfleet.runs, runfleet.deferreds, runfleet.clocks
+        TO runfleet_producer;
+    GRANT INSERT ON runfleet.journal, runfleet.run_parents TO runfleet_producer;
+    GRANT USAGE ON ALL SEQUENCES IN SCHEMA runfleet TO runfleet_producer;
+END
+$$;
+
+-- name: status
+-- The group roles as the cluster has them: exists, attributes, and their members.
+SELECT w.name AS role, r.oid IS NOT NULL AS exists,
+       coalesce(r.rolcanlogin, false) AS can_login,
+       coalesce(r.rolbypassrls, false) AS bypass_rls,
+       coalesce((SELECT array_agg(m.rolname::text ORDER BY m.rolname)
+                   FROM pg_auth_members am JOIN pg_roles m ON m.oid = am.member
+                  WHERE am.roleid = r.oid), '{}'::text[]) AS members
+  FROM unnest(%(roles)s::text[]) WITH ORDINALITY AS w(name, n)
+  LEFT JOIN pg_roles r ON r.rolname = w.name
+ ORDER BY w.n;
+
+-- name: member
+-- Make a login role a member of a group role; identifiers are composed by store/roles.py.
+GRANT {group} TO {member};
+
+-- name: grant
+-- Only the schema owner (migrator) or a superuser may write grants: nobody else holds
+-- INSERT or DELETE on the table. Scopes already granted are not returned.
+INSERT INTO runfleet.grants (role, scope, granted_at_ms)
+SELECT %(role)s::regrole, s, runfleet.now_ms()
+  FROM unnest(%(scopes)s::text[]) AS s
+ON CONFLICT DO NOTHING
+RETURNING scope;
+
+-- name: revoke
+DELETE FROM runfleet.grants
+ WHERE role = %(role)s::regrole AND scope = ANY (%(scopes)s::text[])
+RETURNING scope;
+
+-- name: grants
+-- Every grant this role may see: all of them for the owner, its own for anyone else.
+SELECT role::text AS role, scope, granted_at_ms FROM runfleet.grants ORDER BY 1, 2;
+
+-- name: my_scopes
+SELECT current_user::text AS role, runfleet.granted_scopes() AS scopes;

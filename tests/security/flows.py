@@ -1,0 +1,24 @@
+"""Flows the security tests run: every kind of row a run owns (step, child, clock, event)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from worker import Context, flow
+
+
+@flow(name="sec.leaf")
+async def leaf(ctx: Context, n: int) -> int:
+    return n * 2
+
+
+@flow(name="sec.full")
+async def full(ctx: Context, tag: str) -> dict[str, Any]:
+    """A step, a child, a durable sleep and an event: journal, steps, attempts,
+    run_parents, clocks and deferreds all get rows, written by the worker role."""
+    upper = await ctx.step("upper", str.upper, tag)
+    kid = await ctx.child(leaf, 21)
+    await ctx.sleep(timedelta(milliseconds=50))
+    answer = await ctx.wait_for("go")
+    return {"upper": upper, "kid": kid, "answer": answer}

@@ -1,0 +1,54 @@
+"""Each role does its job and nothing else: worker end to end, producer within its scopes,
+operator read-only, grants and revokes effective at the next statement."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker import AsyncQueue, RunNotFound
+from store.roles import GroupRole
+from store.types import RunStatus
+from tests.fleet.procs import until
+from tests.security.conftest import MakeLogin
+from worker.process import Worker
+
+pytestmark = pytest.mark.usefixtures("role_worker")
+
+
+async def _status(q: AsyncQueue, run_id: str) -> RunStatus | None:
+    try:
+        return await q.run(run_id).get_status()
+    except RunNotFound:
+        return None
+
+
+async def waiting_for_event(q: AsyncQueue, run_id: str) -> None:
+    async def check() -> bool:
+        row = await q.store.runs.get(run_id)
+        return bool(row and row.waiting and row.waiting.reason == "event")
+
+    await until(check, 15, f"run {run_id} to wait for its event")
+
+
+async def test_worker_role_runs_a_flow_end_to_end_for_a_scoped_producer(
+    login: MakeLogin, role_worker: Worker
+) -> None:
+    me = await login(GroupRole.PRODUCER, "s1")
+    async with AsyncQueue("default", settings=me.settings, scopes=["s1"]) as q:
+        run = await q.enqueue("sec.full", "hi", run_id="full-1")
+        await waiting_for_event(q, run.id)
+        assert await q.complete(run.id, "go", {"ok": True}) is True
+        assert await run.result(timeout=20) == {"upper": "HI", "kid": 42, "answer": {"ok": True}}
+        # The child inherited the parent's scopes, so the producer sees it too.
+        edges = await q.store.dag.children(run.id)
+        assert len(edges) == 1
+        kid = await q.run(edges[0].child_id).fetch()
+        assert kid.scopes == ("s1",) and kid.status is RunStatus.COMPLETED
+        cancelled = await q.enqueue("sec.full", "bye", run_id="full-2")
+        await waiting_for_event(q, cancelled.id)
+        await q.cancel(cancelled.id)
+        await until(lambda: _cancelled(q, cancelled.id), 15, "the cancel to settle")
+
+
+async def _cancelled(q: AsyncQueue, run_id: str) -> bool:
+    return await _status(q, run_id) is RunStatus.CANCELLED

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from broker.client import connect
 from broker.codec import message_for
 from broker.liveness import Liveness
@@ -32,6 +34,10 @@ from worker.sweeper import Sweeper
 from worker.watchdog import Watchdog
 
 log = logging.getLogger("runfleet.worker.process")
+BROKER_ERRORS: tuple[type[BaseException], ...] = (*INFRA_ERRORS, RedisError)
+"""What a Redis call may raise that the worker survives: besides connection trouble, any
+error *reply* (WRONGTYPE on a stream key, NOPERM, OOM, READONLY) — Redis only hints, so a
+hint that fails is logged and the sweeps cover for it; it never stops the worker."""
 LAG_INTERVAL_S = 5.0
 
 
@@ -135,7 +141,7 @@ class Worker:
         try:
             try:
                 await self.streams.ensure_groups(self.queues)
-            except INFRA_ERRORS as exc:
+            except BROKER_ERRORS as exc:
                 log.warning("stream.groups_unavailable", extra={"error": repr(exc)})
             await lease.tick()
             watchdog.start()
@@ -262,7 +268,7 @@ class Worker:
                         max(0, free - len(deliveries)),
                     )
                 backoff = 0.1
-            except INFRA_ERRORS as exc:
+            except BROKER_ERRORS as exc:
                 metrics.INFRA_ERRORS.labels("stream").inc()
                 log.warning("stream.read_failed", extra={"error": repr(exc), "retry_in": backoff})
                 await self._wait_any(self._stopping, backoff)
@@ -275,7 +281,7 @@ class Worker:
     async def _regroup(self) -> None:
         try:
             await self.streams.ensure_groups(self.queues)
-        except INFRA_ERRORS:
+        except BROKER_ERRORS:
             pass
 
     def _acker(self, delivery: Delivery) -> Callable[[], None]:
@@ -287,7 +293,7 @@ class Worker:
     async def _ack(self, delivery: Delivery) -> None:
         try:
             await self.streams.ack(delivery.queue, delivery.entry_id, delivery.lane)
-        except INFRA_ERRORS as exc:
+        except BROKER_ERRORS as exc:
             log.warning(
                 "stream.ack_failed", extra={"run_id": delivery.message.run, "error": repr(exc)}
             )
@@ -337,7 +343,7 @@ class Worker:
                     lane,
                 )
             return
-        except INFRA_ERRORS as exc:
+        except BROKER_ERRORS as exc:
             log.warning("stream.publish_failed", extra={"runs": len(rows), "error": repr(exc)})
         free = self.concurrency - self.coordinator.active()
         for row in rows:
@@ -356,7 +362,7 @@ class Worker:
             await self.streams.publish(
                 row.queue, message_for(row.id, row.flow, "schedule"), lane_of(row)
             )
-        except INFRA_ERRORS as exc:
+        except BROKER_ERRORS as exc:
             log.warning("stream.publish_failed", extra={"run_id": row.id, "error": repr(exc)})
 
     async def _settled(self, run_id: str, status: str) -> None:

@@ -1,6 +1,6 @@
 """The fleet of a partition scenario: hosts A and B, their workers, the store, the ledger.
 
-Host A (2 processes x 4 slots) has room to spare, host B (2 x 2) is the one partitioned
+Host A (2 processes x 6 slots) has room to spare, host B (2 x 2) is the one partitioned
 or frozen. Every wait has a deadline; ``close`` heals every link and kills every worker.
 """
 
@@ -18,6 +18,10 @@ from tests.partition.hosts import HostWorkers
 from tests.partition.net import Topology
 
 VICTIM = "b"
+A_PROCESSES, A_CONCURRENCY = 2, 6
+A_SLOTS = A_PROCESSES * A_CONCURRENCY
+"""At least as many as a scenario admits before the cut: whatever B holds then, A has
+that many slots free, so a takeover never waits for a busy survivor's slot."""
 
 
 def timing(settings: Settings) -> Settings:
@@ -55,7 +59,9 @@ class Cluster:
         """Worker logs stay on disk (paths in the report) unless the scenario passed."""
 
     async def start(self) -> None:
-        self.hosts["a"] = HostWorkers(self.topo.hosts["a"], self.settings, concurrency=4)
+        self.hosts["a"] = HostWorkers(
+            self.topo.hosts["a"], self.settings, processes=A_PROCESSES, concurrency=A_CONCURRENCY
+        )
         self.hosts[VICTIM] = HostWorkers(self.topo.hosts[VICTIM], self.settings, concurrency=2)
         for host in self.hosts.values():
             await host.wait_started()

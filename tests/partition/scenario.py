@@ -1,9 +1,10 @@
 """One partition scenario, end to end: a fleet on two hosts, a cut, a heal, the verdict.
 
-Host A (2 processes x 4 slots) has room to spare, host B (2 x 2) is the one partitioned
-or frozen. Runs are admitted one by one until B holds several, so that A has free slots
-when B drops out: the partition -> takeover time then measures the ownership protocol,
-not a queue (recovery behind a backlog has its own test). Every wait has a deadline.
+Host A (2 processes x 6 slots) has room to spare, host B (2 x 2) is the one partitioned
+or frozen. Runs are admitted one by one until B holds several (at most A's slot count in
+all), so that A has a free slot for every run B holds when B drops out: the partition ->
+takeover time then measures the ownership protocol, not a queue (recovery behind a
+backlog and busy survivors has its own test). Every wait has a deadline.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from functools import partial
 import tests.partition.flows as flows
 from broker import AsyncQueue
 from store.types import JournalRecord, RunStatus
-from tests.partition.cluster import VICTIM, Cluster, now_ms, until
+from tests.partition.cluster import A_SLOTS, VICTIM, Cluster, now_ms, until
 from tests.partition.evidence import (
     EPSILON_MS,
     EVERYTHING,
@@ -34,7 +35,7 @@ from tests.partition.hosts import owner_host_pid
 from tests.partition.net import Service
 
 MIN_ON_VICTIM = 3
-MAX_FIRST_BATCH = 12
+MAX_FIRST_BATCH = A_SLOTS
 SETTLE_TIMEOUT = 60.0
 REJOIN_TIMEOUT = 30.0
 SUPERVISOR_POLL_MS = 250.0
@@ -196,6 +197,8 @@ async def _rejoin(
     runs: list[str] = []
     deadline = time.monotonic() + REJOIN_TIMEOUT
     while time.monotonic() < deadline:
+        if cluster.hosts[VICTIM].proc.poll() is not None:
+            break  # B's `runfleet worker` itself is gone: nothing there can take work
         for i in range(4):
             run = await queue.enqueue(flows.ledgered, str(cluster.ledger), 2, 200, i % 2 == 1)
             runs.append(run.id)

@@ -1,0 +1,127 @@
+"""The policies themselves: same from migrations as from schema.sql, on every table that
+holds run data, free for workers, and grants that take effect at the next statement."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, LiteralString
+
+import psycopg
+import pytest
+
+from broker import AsyncQueue, RunNotFound
+from store import roles
+from store.migrate import canonical_schema, migrate
+from store.roles import GroupRole
+from tests.ops.conftest import cli_env, invoke
+from tests.security.conftest import MakeLogin
+
+NewDatabase = Callable[[], Awaitable[str]]
+
+POLICIES: LiteralString = """
+    SELECT tablename, policyname, permissive, roles::text[], cmd, qual, with_check
+      FROM pg_policies WHERE schemaname = 'runfleet' ORDER BY 1, 2"""
+RLS: LiteralString = """
+    SELECT c.relname, c.relrowsecurity, c.relforcerowsecurity FROM pg_class c
+      JOIN pg_namespace n ON n.oid = c.relnamespace
+     WHERE n.nspname = 'runfleet' AND c.relkind = 'r' ORDER BY 1"""
+FLEET_TABLES = {"flows", "sweep_cursors", "schema_migrations"}
+"""Tables that hold no run's data: fleet bookkeeping, readable without scopes."""
+
+
+async def _rows(url: str, query: LiteralString) -> list[tuple[Any, ...]]:
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        return await (await conn.execute(query)).fetchall()
+
+
+async def test_migrations_and_schema_sql_have_the_same_policies(
+    new_empty_database: NewDatabase,
+) -> None:
+    migrated, canonical = await new_empty_database(), await new_empty_database()
+    await migrate(migrated)
+    async with await psycopg.AsyncConnection.connect(canonical, autocommit=True) as conn:
+        await conn.execute(canonical_schema().encode())
+    for query in (POLICIES, RLS):
+        got, want = await _rows(migrated, query), await _rows(canonical, query)
+        assert want and [row for row in got if row[0] != "schema_migrations"] == want
+    # Every table that is not fleet bookkeeping has row-level security: a new table
+    # holding run data cannot ship without deciding who sees it.
+    unprotected = {name for name, rls, _ in await _rows(migrated, RLS) if not rls}
+    assert unprotected <= FLEET_TABLES, unprotected
+
+
+async def test_workers_pay_nothing_for_row_level_security(
+    database_url: str, login: MakeLogin
+) -> None:
+    """The worker's policies are `true`, folded away: its plans equal the superuser's."""
+    me = await login(GroupRole.WORKER)
+    producer = await login(GroupRole.PRODUCER, "s1")
+    queries: list[LiteralString] = [
+        "EXPLAIN (COSTS OFF) SELECT * FROM runfleet.runs WHERE id = 'x' FOR UPDATE",
+        "EXPLAIN (COSTS OFF) UPDATE runfleet.runs SET heartbeat_at_ms = 1"
+        " WHERE id = ANY ('{a,b}') AND status = 'running'",
+        "EXPLAIN (COSTS OFF) SELECT * FROM runfleet.journal WHERE run_id = 'x'",
+        "EXPLAIN (COSTS OFF) SELECT * FROM runfleet.steps WHERE run_id = 'x' AND key = 'k'",
+    ]
+    for query in queries:
+        plain = await _rows(database_url, query)
+        assert await _rows(me.url, query) == plain
+        scoped = await _rows(producer.url, query)  # the test would catch a no-op policy
+        assert scoped != plain and ("InitPlan" in str(scoped) or "SubPlan" in str(scoped))
+
+
+async def test_grants_and_revokes_take_effect_at_the_next_statement(
+    database_url: str, login: MakeLogin
+) -> None:
+    owner = await login(GroupRole.PRODUCER, "s1")
+    other = await login(GroupRole.PRODUCER, "s2")
+    async with AsyncQueue(
+        "default", settings=owner.settings, scopes=["s1"], late_binding=True
+    ) as q:
+        run_id = (await q.enqueue("sec.leaf", 1, run_id="shared")).id
+    async with AsyncQueue(
+        "default", settings=other.settings, scopes=["s1", "s2"], late_binding=True
+    ) as q:
+        with pytest.raises(RunNotFound):
+            await q.run(run_id).fetch()
+        assert await roles.grant(database_url, other.name, ["s1"]) == ["s1"]
+        assert (await q.run(run_id).fetch()).id == run_id  # same pool, same connections
+        assert await roles.revoke(database_url, other.name, ["s1"]) == ["s1"]
+        with pytest.raises(RunNotFound):
+            await q.run(run_id).fetch()
+
+
+async def test_a_run_without_scopes_needs_the_wildcard(login: MakeLogin) -> None:
+    scoped = await login(GroupRole.PRODUCER, "s1")
+    fleet = await login(GroupRole.PRODUCER, roles.WILDCARD)
+    async with AsyncQueue("default", settings=scoped.settings, late_binding=True) as q:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="row-level security"):
+            await q.enqueue("sec.leaf", 1, run_id="unscoped")
+    async with AsyncQueue("default", settings=fleet.settings, late_binding=True) as q:
+        await q.enqueue("sec.leaf", 1, run_id="unscoped")
+        await q.enqueue("sec.leaf", 1, run_id="any-scope")
+    async with AsyncQueue(
+        "default", settings=scoped.settings, scopes=["s1"], late_binding=True
+    ) as q:
+        with pytest.raises(RunNotFound):
+            await q.run("unscoped").fetch()
+
+
+async def test_only_the_owner_manages_grants_and_privileges(
+    database_url: str, login: MakeLogin
+) -> None:
+    producer = await login(GroupRole.PRODUCER, "s1")
+    env = cli_env(producer.settings)
+    for argv in (("grant", producer.name, "*"), ("revoke", producer.name, "s1")):
+        refused = await invoke(env, *argv)
+        assert refused.clean and refused.code == 1, refused
+        assert "permission denied for table grants" in refused.stderr
+    refused = await invoke(env, "roles", "--apply")
+    assert refused.clean and refused.code == 1 and "must be owner" in refused.stderr, refused
+    assert [g.scope for g in await roles.grants(producer.url)] == ["s1"]
+    # Its own grants only: another role's scope names are not shown to it.
+    await login(GroupRole.PRODUCER, "other-tenant")
+    assert {g.scope for g in await roles.grants(database_url)} == {"s1", "other-tenant"}
+    assert [g.scope for g in await roles.grants(producer.url)] == ["s1"]
+    shown = await invoke(env, "roles")
+    assert shown.code == 0 and "other-tenant" not in shown.stdout

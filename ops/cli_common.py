@@ -8,7 +8,6 @@ into tickets, and a traceback buries the one fact that matters.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
@@ -31,6 +30,7 @@ from broker.liveness import Liveness
 from broker.streams import Streams
 from store import Store
 from store.config import Settings
+from store.config import parse_duration_ms as _duration_ms
 from store.errors import RunfleetError
 from store.types import Owner, RunRow
 
@@ -218,18 +218,13 @@ def who(owner: Owner | str | None) -> str:
     return f"{owner.host_id} pid {owner.pid}"
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$")
-_UNIT_MS = {"ms": 1, "s": 1000, None: 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
-
-
 def parse_duration_ms(text: str) -> int:
-    """``90s``, ``15m``, ``2h``, ``1d`` (a bare number is seconds)."""
-    match = _DURATION.match(text)
-    if not match:
-        raise UserError(f"bad duration {text!r}: use e.g. 90s, 15m, 2h, 1d")
-    unit = match[2]
-    factor = 86_400_000 if unit == "d" else _UNIT_MS[unit]
-    return int(float(match[1]) * factor)
+    """``90s``, ``15m``, ``2h``, ``1d`` (a bare number is seconds); the grammar is
+    ``store.config.parse_duration_ms``, shared with settings such as RUNFLEET_RETENTION."""
+    try:
+        return _duration_ms(text)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
 
 def parse_since(text: str, now_ms: int) -> int:

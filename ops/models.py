@@ -286,3 +286,24 @@ class AnswerResult(_Model):
     run_id: str
     action: Literal["resumed", "approved", "denied", "completed", "already-completed"]
     status: RunStatus
+
+
+class PruneResult(_Model):
+    """What ``runfleet prune`` deleted (or, with ``dry_run``, would delete), per table."""
+
+    dry_run: bool
+    settled_before_ms: int
+    now_ms: int
+    runs: int
+    journal: int
+    steps: int
+    attempts: int
+    deferreds: int
+    clocks: int
+    run_parents: int
+    scanned: int
+    batches: int
+    longest_batch_ms: float
+    consumers_pruned: int | None
+    """Dead stream consumers deleted; None when not attempted (dry run, Redis unreachable)."""
+    consumers_note: str | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 
 from pydantic import Field, field_validator
@@ -115,3 +116,38 @@ class Settings(BaseSettings):
         if isinstance(value, int | str) and int(value) < 0:
             return None
         return value
+
+    retention: float | None = Field(default=None, gt=0)
+    """Seconds after settling that a run (with its journal, steps, waits and edges) is
+    deleted by the workers' retention loop; unset = never. Accepts ``30d``, ``12h``."""
+
+    @field_validator("retention", mode="before")
+    @classmethod
+    def _retention_duration(cls, value: object) -> object:
+        """A duration as the CLI writes it (``30d``); empty/``off``/``none`` = unset."""
+        if isinstance(value, str):
+            if value.strip().lower() in ("", "none", "off", "null"):
+                return None
+            return parse_duration_ms(value) / 1000
+        return value
+
+    @property
+    def retention_ms(self) -> int | None:
+        return None if self.retention is None else int(self.retention * 1000)
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$")
+_UNIT_MS = {"ms": 1, "s": 1000, None: 1000, "m": 60_000, "min": 60_000, "h": 3_600_000,
+            "d": 86_400_000}  # fmt: skip
+
+
+def parse_duration_ms(text: str) -> int:
+    """``90s``, ``15m``, ``2h``, ``30d`` (a bare number is seconds) in milliseconds.
+
+    The one grammar for durations: the CLI (``--since``, ``--settled-before``) and
+    settings (``RUNFLEET_RETENTION``) read the same words. ``ValueError`` says why not.
+    """
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError(f"bad duration {text!r}: use e.g. 90s, 15m, 2h, 30d")
+    return int(float(match[1]) * _UNIT_MS[match[2]])

@@ -243,3 +243,7 @@ CREATE POLICY run_parents_fleet ON runfleet.run_parents TO runfleet_worker
 CREATE POLICY run_parents_scoped ON runfleet.run_parents TO runfleet_producer, runfleet_operator
     USING (EXISTS (SELECT FROM runfleet.runs r WHERE r.id = run_parents.child_id)
            AND EXISTS (SELECT FROM runfleet.runs r WHERE r.id = run_parents.parent_id));
+
+-- Retention (0006): settled runs in the order a prune walks them.
+CREATE INDEX runs_settled_idx ON runfleet.runs (updated_at_ms, id)
+    WHERE status IN ('completed', 'failed', 'cancelled');

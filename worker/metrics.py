@@ -36,3 +36,14 @@ ENQUEUE_TO_START = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 RUNS_IN_FLIGHT = Gauge("runfleet_runs_in_flight", "Runs this process is executing now.")
+RETENTION_DELETED = Counter(
+    "runfleet_retention_deleted_total", "Rows the retention loop deleted, by table.", ["table"]
+)
+RETENTION_LONGEST_BATCH = Histogram(
+    "runfleet_retention_longest_batch_seconds",
+    "Longest batch of each retention pass (the longest any lock it took was held).",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+RETENTION_CONSUMERS_PRUNED = Counter(
+    "runfleet_retention_consumers_pruned_total", "Dead stream consumers deleted."
+)

@@ -1,0 +1,121 @@
+"""``runfleet prune``: delete settled runs past a retention, and dead stream consumers.
+
+The same walk as the workers' retention loop (``store.retention``), so what an
+operator runs by hand and what the fleet does on its own cannot disagree. A dry run
+executes the deletion and rolls it back: its counts are exact, not estimated.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ops import cli_common as c
+from ops.models import PruneResult
+from store.config import Settings
+from store.retention import DEFAULT_BATCH, Retention
+from worker.retention import DEAD_CONSUMER_IDLE_MS
+
+
+def register(app: typer.Typer) -> None:
+    app.command("prune")(prune)
+
+
+def prune(
+    settled_before: Annotated[
+        str,
+        typer.Option(
+            "--settled-before",
+            help="Delete runs settled longer ago than this (30d, 12h) or before an ISO time.",
+            show_default=False,
+        ),
+    ],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Count what would be deleted; delete nothing.")
+    ] = False,
+    batch: Annotated[
+        int, typer.Option(min=1, max=100_000, help="Runs per batch (one short transaction).")
+    ] = DEFAULT_BATCH,
+    queues: Annotated[
+        str | None,
+        typer.Option(help="Queues whose dead stream consumers to drop (default: all known)."),
+    ] = None,
+    consumer_idle: Annotated[
+        str, typer.Option(help="A consumer idle this long with nothing pending is dead.")
+    ] = f"{DEAD_CONSUMER_IDLE_MS // 60_000}m",
+    as_json: c.AsJson = False,
+) -> None:
+    """Delete settled runs (journal, steps, waits, edges) in bounded batches.
+
+    A run is kept while any round of its lineage, or any run linked to it as parent
+    or child, is still open or settled after the cutoff.
+    """
+    result = c.run(_prune(c.settings(), settled_before, dry_run, batch, queues, consumer_idle))
+    if as_json:
+        c.emit(result)
+        return
+    verb = "would delete" if result.dry_run else "deleted"
+    c.console.print(
+        f"{verb} {result.runs} run(s) settled before {c.stamp(result.settled_before_ms)}: "
+        f"journal {result.journal}, steps {result.steps}, attempts {result.attempts}, "
+        f"deferreds {result.deferreds}, clocks {result.clocks}, edges {result.run_parents} "
+        f"({result.batches} batch(es), {result.scanned} scanned, "
+        f"longest batch {result.longest_batch_ms:.0f} ms)"
+    )
+    if result.consumers_pruned is not None:
+        c.console.print(f"dead stream consumers deleted: {result.consumers_pruned}")
+    elif result.consumers_note:
+        c.console.print(f"stream consumers: {result.consumers_note}")
+
+
+async def _prune(
+    cfg: Settings,
+    settled_before: str,
+    dry_run: bool,
+    batch: int,
+    queues: str | None,
+    consumer_idle: str,
+) -> PruneResult:
+    idle_ms = c.parse_duration_ms(consumer_idle)
+    async with c.services(cfg, redis="no" if dry_run else "optional") as svc:
+        retention = Retention(svc.store.db)
+        _, now_ms = await retention.cutoff(0)
+        try:
+            before_ms = c.parse_since(settled_before, now_ms)
+        except c.UserError:
+            raise c.UserError(
+                f"bad --settled-before {settled_before!r}: use a duration (30d, 12h) or an ISO time"
+            ) from None
+        done = await retention.prune(before_ms, now_ms, batch=batch, dry_run=dry_run)
+        pruned: int | None = None
+        note: str | None = None
+        if dry_run:
+            note = "not pruned in a dry run"
+        elif svc.redis is None:
+            note = f"not pruned: Redis unreachable ({svc.redis_error})"
+        else:
+            names = (
+                [q.strip() for q in queues.split(",") if q.strip()]
+                if queues is not None
+                else await retention.known_queues()
+            )
+            pruned = await svc.streams.prune_consumers(names, idle_ms)
+    deleted = done.deleted
+    return PruneResult(
+        dry_run=dry_run,
+        settled_before_ms=before_ms,
+        now_ms=now_ms,
+        runs=deleted.runs,
+        journal=deleted.journal,
+        steps=deleted.steps,
+        attempts=deleted.attempts,
+        deferreds=deleted.deferreds,
+        clocks=deleted.clocks,
+        run_parents=deleted.edges,
+        scanned=done.scanned,
+        batches=done.batches,
+        longest_batch_ms=round(done.longest_batch_s * 1000, 3),
+        consumers_pruned=pruned,
+        consumers_note=note,
+    )

@@ -1,0 +1,236 @@
+"""Retention: settled runs and everything that belongs to them are deleted in bounded batches.
+
+One implementation serves ``runfleet prune`` and the workers' retention loop: a pass
+walks the settled runs oldest first with a keyset cursor, one short statement per
+batch (store/sql/retention.sql), so a pass over a million runs never holds a lock
+longer than one batch, and rows it must keep (a lineage or a relative still open)
+cost one scan per pass instead of blocking the rows behind them.
+
+A dry run executes exactly the same statements inside transactions that are rolled
+back: its counts are what a real pass would have deleted at that moment, not an
+estimate from a second copy of the selection rules.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, fields
+from functools import partial
+
+from store.db import Conn, Database
+from store.queries import q
+
+MIN_KEY = -(2**63)
+
+PRUNED_TABLES = frozenset(
+    {"runs", "journal", "steps", "attempts", "deferreds", "clocks", "run_parents"}
+)
+"""Every table whose rows belong to a run; ``tests/retention`` proves it is all of them."""
+
+DEFAULT_BATCH = 500
+"""Runs scanned per batch: tens of milliseconds of locks on a small server."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """Where a pass stands in the keyset of settled runs (settle time, run id)."""
+
+    after_ms: int = MIN_KEY
+    after_id: str = ""
+
+
+START = Cursor()
+
+
+@dataclass(frozen=True, slots=True)
+class Deleted:
+    """Rows deleted (or, in a dry run, that would be), per table."""
+
+    runs: int = 0
+    journal: int = 0
+    steps: int = 0
+    attempts: int = 0
+    deferreds: int = 0
+    clocks: int = 0
+    edges: int = 0
+
+    def __add__(self, other: Deleted) -> Deleted:
+        return Deleted(**{f.name: getattr(self, f.name) + getattr(other, f.name)
+                          for f in fields(self)})  # fmt: skip
+
+    @property
+    def rows(self) -> int:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One batch: what it deleted, how many settled runs it read, where the next starts."""
+
+    deleted: Deleted
+    scanned: int
+    next: Cursor
+    seconds: float
+
+    @property
+    def exhausted(self) -> bool:
+        """The scan reached the end of the runs settled before the cutoff."""
+        return self.next == START
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """A walk over settled runs: totals, and where to continue if it stopped early."""
+
+    before_ms: int
+    now_ms: int
+    dry_run: bool
+    deleted: Deleted = Deleted()
+    scanned: int = 0
+    batches: int = 0
+    longest_batch_s: float = 0.0
+    next: Cursor = START
+    complete: bool = False
+    """True when the walk reached the end of the keyset (``next`` is then the start)."""
+
+
+class Retention:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def cutoff(self, older_than_ms: int) -> tuple[int, int]:
+        """(before_ms, now_ms): runs settled before database-now minus ``older_than_ms``."""
+        row = await self._db.one("retention.cutoff", {"older_than_ms": older_than_ms})
+        assert row is not None
+        return int(row["before_ms"]), int(row["now_ms"])
+
+    async def batch(
+        self, before_ms: int, *, after: Cursor = START, limit: int = DEFAULT_BATCH
+    ) -> Batch:
+        """One batch, committed on its own (a single statement on an autocommit connection)."""
+        async with self._db.pool.connection() as conn:
+            return await _batch(conn, before_ms, after, limit)
+
+    async def prune(
+        self,
+        before_ms: int,
+        now_ms: int,
+        *,
+        batch: int = DEFAULT_BATCH,
+        dry_run: bool = False,
+        after: Cursor = START,
+        max_batches: int | None = None,
+        should_stop: Callable[[], bool] = lambda: False,
+    ) -> Pass:
+        """Walk batches from ``after`` to the end (or ``max_batches``, or ``should_stop``).
+
+        A dry run walks in ONE transaction that is rolled back at the end, so a lineage
+        or an edge that spans two batches is counted once, as a real pass deletes it;
+        the price is that its row locks (on settled runs only, which no worker takes)
+        last for the whole dry run instead of one batch.
+        """
+        if batch < 1:
+            raise ValueError("batch must be >= 1")
+        if dry_run:
+            async with self._db.pool.connection() as conn:
+                async with conn.transaction(force_rollback=True):
+                    return await self._walk(
+                        partial(_batch, conn), before_ms, now_ms, batch, True, after,
+                        max_batches, should_stop,
+                    )  # fmt: skip
+
+        async def committed(before: int, cursor: Cursor, limit: int) -> Batch:
+            return await self.batch(before, after=cursor, limit=limit)
+
+        return await self._walk(
+            committed, before_ms, now_ms, batch, False, after, max_batches, should_stop
+        )
+
+    @staticmethod
+    async def _walk(
+        one: Callable[[int, Cursor, int], Awaitable[Batch]],
+        before_ms: int,
+        now_ms: int,
+        limit: int,
+        dry_run: bool,
+        after: Cursor,
+        max_batches: int | None,
+        should_stop: Callable[[], bool],
+    ) -> Pass:
+        deleted, scanned, batches, longest = Deleted(), 0, 0, 0.0
+        cursor = after
+        while True:
+            done = await one(before_ms, cursor, limit)
+            cursor = done.next
+            deleted += done.deleted
+            scanned += done.scanned
+            batches += 1
+            longest = max(longest, done.seconds)
+            if (
+                done.exhausted
+                or should_stop()
+                or (max_batches is not None and batches >= max_batches)
+            ):
+                return Pass(
+                    before_ms=before_ms,
+                    now_ms=now_ms,
+                    dry_run=dry_run,
+                    deleted=deleted,
+                    scanned=scanned,
+                    batches=batches,
+                    longest_batch_s=longest,
+                    next=cursor,
+                    complete=done.exhausted,
+                )
+
+    @asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[bool]:
+        """Hold the fleet's retention lock for a pass, if no other process holds it.
+
+        Session-scoped on a connection of its own, kept for the whole pass (each batch
+        commits on its own, so a transaction-scoped lock would not span the pass); if
+        this process dies the connection closes and the lock goes with it.
+        """
+        async with self._db.pool.connection() as conn:
+            cur = await conn.execute(q("retention.try_lock"))
+            row = await cur.fetchone()
+            locked = bool(row and row["locked"])
+            try:
+                yield locked
+            finally:
+                if locked:
+                    await conn.execute(q("retention.unlock"))
+
+    async def known_queues(self) -> list[str]:
+        """Queues workers registered flows on (where their stream consumers live)."""
+        return [r["queue"] for r in await self._db.all("retention.known_queues")]
+
+    async def run_keyed_tables(self) -> set[str]:
+        """Tables in the schema with a column naming a run (run_id, child_id, parent_id)."""
+        rows = await self._db.all("retention.run_keyed_tables")
+        return {r["table_name"] for r in rows} | {"runs"}
+
+
+async def _batch(conn: Conn, before_ms: int, after: Cursor, limit: int) -> Batch:
+    """Run one ``prune_batch`` statement on ``conn`` and read its one-row answer."""
+    params = {
+        "before_ms": before_ms,
+        "after_ms": after.after_ms,
+        "after_id": after.after_id,
+        "limit": limit,
+    }
+    started = time.monotonic()
+    cur = await conn.execute(q("retention.prune_batch"), params)
+    row = await cur.fetchone()
+    seconds = time.monotonic() - started
+    assert row is not None, "prune_batch always answers one row"
+    scanned = int(row["scanned"])
+    nxt = (
+        Cursor(int(row["last_ms"]), row["last_id"])
+        if scanned == limit and row["last_id"] is not None
+        else START
+    )
+    deleted = Deleted(**{f.name: int(row[f.name]) for f in fields(Deleted)})
+    return Batch(deleted, scanned, nxt, seconds)

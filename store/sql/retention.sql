@@ -1,0 +1,123 @@
+-- Retention: delete settled runs and every row that belongs to them, one bounded batch
+-- per statement. A statement is its own short transaction (the pool autocommits), so
+-- the row locks it takes last one batch; it never waits on a lock (SKIP LOCKED), so
+-- a worker or producer holding a run it scans simply keeps that run for the next pass.
+--
+-- The unit is a lineage (every handoff round of a run): it goes only when every round
+-- is settled before the cutoff, and no run linked to one of its rounds by a parent
+-- edge (a parent or a child) belongs to a lineage with a round still open or settled
+-- after the cutoff. Terminal rows never change status, so a lineage judged prunable
+-- stays prunable; the rows that could still appear (a new child edge, an answer) are
+-- written under the run's row lock, which this statement holds or skips.
+
+-- name: prune_batch
+-- One batch: scan up to %(limit)s settled runs strictly after the keyset cursor
+-- (runs_settled_idx), widen each to its lineage, keep lineages that are held, lock the
+-- rest (SKIP LOCKED; a lineage with any round locked elsewhere is kept whole), delete
+-- them with their rows. Returns one row: the counts per table, how many runs the scan
+-- read and the scan's last key (the next cursor).
+WITH scanned AS (
+    SELECT id, lineage_id, updated_at_ms FROM runfleet.runs
+     WHERE status IN ('completed', 'failed', 'cancelled')
+       AND updated_at_ms < %(before_ms)s
+       AND (updated_at_ms, id) > (%(after_ms)s, %(after_id)s)
+     ORDER BY updated_at_ms, id
+     LIMIT %(limit)s
+),
+last_key AS (
+    SELECT updated_at_ms, id FROM scanned ORDER BY updated_at_ms DESC, id DESC LIMIT 1
+),
+members AS (
+    SELECT m.id, m.lineage_id, m.status, m.updated_at_ms FROM runfleet.runs m
+     WHERE m.lineage_id IN (SELECT lineage_id FROM scanned)
+),
+relatives AS (
+    SELECT m.lineage_id, e.parent_id AS other FROM members m
+      JOIN runfleet.run_parents e ON e.child_id = m.id
+    UNION
+    SELECT m.lineage_id, e.child_id FROM members m
+      JOIN runfleet.run_parents e ON e.parent_id = m.id
+),
+held AS (
+    SELECT lineage_id FROM members
+     WHERE status NOT IN ('completed', 'failed', 'cancelled')
+        OR updated_at_ms >= %(before_ms)s
+    UNION
+    SELECT rel.lineage_id FROM relatives rel
+      JOIN runfleet.runs o ON o.id = rel.other
+      JOIN runfleet.runs live ON live.lineage_id = o.lineage_id
+     WHERE live.status NOT IN ('completed', 'failed', 'cancelled')
+        OR live.updated_at_ms >= %(before_ms)s
+),
+wanted AS (
+    SELECT id, lineage_id FROM members
+     WHERE lineage_id NOT IN (SELECT lineage_id FROM held)
+),
+locked AS (
+    SELECT r.id, r.lineage_id FROM runfleet.runs r
+     WHERE r.id IN (SELECT id FROM wanted)
+       AND r.status IN ('completed', 'failed', 'cancelled')
+       FOR UPDATE SKIP LOCKED
+),
+doomed AS (
+    SELECT l.id FROM locked l
+     WHERE NOT EXISTS (
+         SELECT 1 FROM wanted w
+          WHERE w.lineage_id = l.lineage_id AND w.id NOT IN (SELECT id FROM locked))
+),
+del_journal AS (
+    DELETE FROM runfleet.journal WHERE run_id IN (SELECT id FROM doomed) RETURNING 1
+),
+del_steps AS (
+    DELETE FROM runfleet.steps WHERE run_id IN (SELECT id FROM doomed) RETURNING 1
+),
+del_attempts AS (
+    DELETE FROM runfleet.attempts WHERE run_id IN (SELECT id FROM doomed) RETURNING 1
+),
+del_deferreds AS (
+    DELETE FROM runfleet.deferreds WHERE run_id IN (SELECT id FROM doomed) RETURNING 1
+),
+del_clocks AS (
+    DELETE FROM runfleet.clocks WHERE run_id IN (SELECT id FROM doomed) RETURNING 1
+),
+del_edges AS (
+    DELETE FROM runfleet.run_parents
+     WHERE child_id IN (SELECT id FROM doomed) OR parent_id IN (SELECT id FROM doomed)
+    RETURNING 1
+),
+del_runs AS (
+    DELETE FROM runfleet.runs WHERE id IN (SELECT id FROM doomed) RETURNING 1
+)
+SELECT (SELECT count(*) FROM scanned) AS scanned,
+       (SELECT updated_at_ms FROM last_key) AS last_ms,
+       (SELECT id FROM last_key) AS last_id,
+       (SELECT count(*) FROM del_runs) AS runs,
+       (SELECT count(*) FROM del_journal) AS journal,
+       (SELECT count(*) FROM del_steps) AS steps,
+       (SELECT count(*) FROM del_attempts) AS attempts,
+       (SELECT count(*) FROM del_deferreds) AS deferreds,
+       (SELECT count(*) FROM del_clocks) AS clocks,
+       (SELECT count(*) FROM del_edges) AS edges;
+
+-- name: cutoff
+-- The cutoff in database time: runs settled before it may go.
+SELECT runfleet.now_ms() - %(older_than_ms)s AS before_ms, runfleet.now_ms() AS now_ms;
+
+-- name: try_lock
+-- Session-scoped (held on a dedicated connection for one pass): one pruner per fleet
+-- at a time; the lock goes with the connection if the process dies.
+SELECT pg_try_advisory_lock(732012, 1) AS locked;
+
+-- name: unlock
+SELECT pg_advisory_unlock(732012, 1) AS unlocked;
+
+-- name: run_keyed_tables
+-- Every runfleet table with a column that names a run; retention must know them all.
+SELECT DISTINCT c.table_name FROM information_schema.columns c
+ WHERE c.table_schema = 'runfleet'
+   AND c.column_name IN ('run_id', 'child_id', 'parent_id')
+ ORDER BY 1;
+
+-- name: known_queues
+-- Queues some worker registered a flow on: where dead stream consumers may linger.
+SELECT DISTINCT queue FROM runfleet.flows ORDER BY queue;

@@ -125,7 +125,9 @@ def test_every_runfleet_command_line_parses(services: dict[str, dict[str, Any]])
                 _parse(argv)
             except CommandLineError as exc:
                 pytest.fail(f"{name}: {exc}")
-    assert argvs["migrate"] == [["migrate"]]
+    # The schema first, then the least-privilege roles' privileges (README, trust model).
+    assert argvs["migrate"][0] == ["migrate"]
+    assert argvs["migrate"][1][:2] == ["roles", "--apply"]
     worker, health = argvs["worker"]
     assert worker[0] == "worker" and health[:2] == ["fleet", "--check"]
     assert argvs["producer"][0][0] == "enqueue"

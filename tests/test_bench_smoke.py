@@ -29,11 +29,14 @@ def _bench(services: Endpoints, *args: str) -> dict[str, Any]:
 def test_fleet_bench_runs_every_phase(services: Endpoints) -> None:
     out = _bench(
         services, "fleet", "--runs", "20", "--latency-samples", "5", "--kills", "1",
-        "--recovery-runs", "4", "--rss-runs", "20",
+        "--recovery-runs", "4", "--rss-runs", "20", "--backlog", "40", "--backlog-kills", "1",
+        "--backlog-concurrency", "4",
     )  # fmt: skip
     assert out["runfleet"]["drain"]["runs"] == 41  # two enqueue phases and one warm-up run
     assert out["rq"]["drain"]["runs"] == 40
     assert out["recovery"]["steals"] >= 1
+    assert out["backlog_recovery"]["steals"] >= 1
+    assert out["backlog_recovery"]["backlog"] == 40
     assert out["memory"]["in_flight"] >= 1
     assert set(out["targets"]) >= {"drain >= 2.5x rq SimpleWorker"}
 

@@ -140,11 +140,24 @@ def fleet(
     skip_rss: Annotated[
         bool, typer.Option("--skip-rss", help="Skip the 500-runs-in-flight RSS phase.")
     ] = False,
+    backlog: Annotated[
+        int, typer.Option("--backlog", min=1, help="Runs pending behind each backlog kill.")
+    ] = 1000,
+    backlog_kills: Annotated[
+        int, typer.Option("--backlog-kills", min=1, help="SIGKILLs to time with a backlog.")
+    ] = 2,
+    backlog_concurrency: Annotated[
+        int, typer.Option("--backlog-concurrency", min=1, help="Slots per worker, backlog phase.")
+    ] = 8,
+    skip_backlog: Annotated[
+        bool, typer.Option("--skip-backlog", help="Skip the SIGKILL-with-backlog phase.")
+    ] = False,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
     as_json: AsJson = False,
 ) -> None:
-    """runfleet vs rq SimpleWorker: enqueue, drain, idle start latency; SIGKILL recovery, RSS."""
+    """runfleet vs rq SimpleWorker: enqueue, drain, idle start latency; SIGKILL recovery
+    (empty queue, and behind a backlog with busy survivors), RSS."""
     from ops.bench import fleet_bench
     from ops.bench.fleet_procs import servers
 
@@ -162,6 +175,10 @@ def fleet(
                     skip_recovery=skip_recovery,
                     skip_rss=skip_rss,
                     rss_runs=rss_runs,
+                    skip_backlog=skip_backlog,
+                    backlog=backlog,
+                    backlog_kills=backlog_kills,
+                    backlog_concurrency=backlog_concurrency,
                 )
             )
     except BenchError as exc:

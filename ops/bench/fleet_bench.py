@@ -4,15 +4,15 @@ Both sides run the same no-op with the same number of worker processes against t
 Redis; runfleet also writes every run to Postgres (row + journal) in a scratch database.
 Figures are side by side and the verdicts are ratios (see ``TARGETS``), never absolute
 thresholds a slower machine would fail. Runfleet alone: how soon a SIGKILLed worker's
-runs are re-activated elsewhere (database time, kill to each steal), and a worker's
-resident memory with 500 runs in flight.
+runs are re-activated elsewhere (database time, kill to each steal) on an empty queue and
+behind a 1,000-run backlog with busy survivors (``ops.bench.recovery_bench``), and a
+worker's resident memory with 500 runs in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +22,6 @@ from rich.table import Table
 from broker import AsyncQueue, EnqueueSpec
 from ops.bench import rq_side, runfleet_side
 from ops.bench.fleet_procs import (
-    Proc,
     Servers,
     bench_prefix,
     percentile,
@@ -31,31 +30,13 @@ from ops.bench.fleet_procs import (
     wait_workers_started,
 )
 from ops.bench.noop import QUEUE, nap
+from ops.bench.recovery_bench import Recovery, empty_queue, with_backlog
 from ops.bench.scratch import BenchError, scratch_database
-from store import Kind, Store
+from store import Store
 from store.config import Settings
 from store.migrate import migrate
 
 FLOWS = runfleet_side.FLOWS_MODULE
-
-
-@dataclass(frozen=True, slots=True)
-class Recovery:
-    """Kill-to-steal delays (ms, database time) over ``kills`` SIGKILLs."""
-
-    kills: int
-    runs_per_kill: int
-    delays_ms: tuple[float, ...]
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "kills": self.kills,
-            "runs_per_kill": self.runs_per_kill,
-            "steals": len(self.delays_ms),
-            "p50_ms": round(percentile(self.delays_ms, 50), 1),
-            "p99_ms": round(percentile(self.delays_ms, 99), 1),
-            "max_ms": round(max(self.delays_ms, default=0.0), 1),
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +69,8 @@ class FleetBenchResult:
     recovery: Recovery | None
     memory: Memory | None
     load_before: tuple[float, float, float]
+    backlog_recovery: Recovery | None = None
+    stale_after: float = 5.0
 
     def ratio(self, field: str) -> float:
         mine, theirs = getattr(self.runfleet, field), getattr(self.rq, field)
@@ -119,6 +102,13 @@ class FleetBenchResult:
         if self.recovery is not None:
             p99 = percentile(self.recovery.delays_ms, 99)
             found["SIGKILL recovery p99 <= 7 s"] = (f"{p99 / 1000:.2f} s", p99 <= 7000)
+        if self.backlog_recovery is not None:
+            p99 = percentile(self.backlog_recovery.delays_ms, 99)
+            budget = self.stale_after + 3
+            found[f"SIGKILL recovery with backlog p99 <= stale_after + 3 s ({budget:g} s)"] = (
+                f"{p99 / 1000:.2f} s",
+                p99 <= budget * 1000,
+            )
         if self.memory is not None:
             mb = self.memory.loaded_mb
             found[f"worker RSS < 200 MB at {self.memory.concurrency} in flight"] = (
@@ -143,71 +133,12 @@ class FleetBenchResult:
                 "drain_wall": round(self.drain_wall_ratio, 3),
             },
             "recovery": self.recovery.as_json() if self.recovery else None,
+            "backlog_recovery": (
+                self.backlog_recovery.as_json() if self.backlog_recovery else None
+            ),
             "memory": self.memory.as_json() if self.memory else None,
             "targets": {k: {"measured": v[0], "met": v[1]} for k, v in self.targets().items()},
         }
-
-
-async def _recovery(
-    settings: Settings, store: Store, *, workers: int, kills: int, per_kill: int, nap_s: float
-) -> Recovery:
-    """SIGKILL the worker holding the most runs, ``kills`` times; kill -> each steal."""
-
-    def start() -> Proc:
-        return runfleet_worker(settings, flows=FLOWS, queues=QUEUE, concurrency=2 * per_kill)
-
-    procs = [start() for _ in range(workers)]
-    delays: list[float] = []
-    after_seq = 0
-    try:
-        async with AsyncQueue(QUEUE, settings=settings) as queue:
-            for _ in range(kills):
-                await wait_workers_started(settings, procs, timeout=30)
-                batch = await queue.enqueue_many([EnqueueSpec(nap, (nap_s,))] * per_kill)
-                await _until_running(store, [r.id for r in batch], procs)
-                held = await store.stats.running_by_owner_pid()
-                victim = max(procs, key=lambda p: held.get(p.pid, 0))
-                killed_at = await store.stats.now_ms()
-                os.kill(victim.pid, signal.SIGKILL)
-                victim.proc.wait(10)
-                # Counted after the kill: what the dead process still holds is exactly
-                # what must be stolen (nothing is stealable for seconds yet).
-                expected = (await store.stats.running_by_owner_pid()).get(victim.pid, 0)
-                procs.remove(victim)
-                victim.close()
-                procs.append(start())  # the fleet is back to strength for the next kill
-                steals = await _until_stolen(store, after_seq, expected, timeout=60)
-                after_seq = max(r.seq for r in steals)
-                delays.extend(float(r.at_ms - killed_at) for r in steals)
-    finally:
-        for proc in procs:
-            proc.close()
-    return Recovery(kills, per_kill, tuple(delays))
-
-
-async def _until_running(store: Store, ids: list[str], procs: list[Proc]) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        rows = await store.runs.get_many(ids)
-        if len(rows) == len(ids) and all(r.status.value == "running" for r in rows):
-            return
-        if time.monotonic() > deadline:
-            raise BenchError("runs did not all start within 60 s")
-        for proc in procs:
-            if proc.proc.poll() is not None:
-                raise BenchError(f"worker {proc.pid} exited:\n{proc.tail()}")
-        await asyncio.sleep(0.05)
-
-
-async def _until_stolen(store: Store, after_seq: int, expected: int, timeout: float) -> list[Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        steals = await store.stats.records_of_kind(Kind.STOLEN_AND_ACTIVATED, after_seq=after_seq)
-        if len(steals) >= expected:
-            return steals
-        if time.monotonic() > deadline:
-            raise BenchError(f"{len(steals)} of {expected} runs stolen within {timeout:.0f} s")
-        await asyncio.sleep(0.05)
 
 
 async def _memory(settings: Settings, store: Store, *, concurrency: int, nap_s: float) -> Memory:
@@ -247,6 +178,11 @@ async def run(
     nap_s: float = 10.0,
     skip_rss: bool = False,
     rss_runs: int = 500,
+    skip_backlog: bool = False,
+    backlog: int = 1000,
+    backlog_kills: int = 2,
+    backlog_concurrency: int = 8,
+    backlog_nap_ms: tuple[int, int] = (100, 200),
 ) -> FleetBenchResult:
     """The whole benchmark; scratch database and Redis keys are removed afterwards."""
     if runs < 1 or workers < 1 or concurrency < 1:
@@ -278,9 +214,15 @@ async def run(
             try:
                 recovery = None
                 if not skip_recovery:
-                    recovery = await _recovery(
+                    recovery = await empty_queue(
                         settings, store, workers=workers, kills=kills, per_kill=recovery_runs,
                         nap_s=nap_s,
+                    )  # fmt: skip
+                backlogged = None
+                if not skip_backlog:
+                    backlogged = await with_backlog(
+                        settings, store, survivors=workers, concurrency=backlog_concurrency,
+                        kills=backlog_kills, backlog=backlog, nap_ms=backlog_nap_ms,
                     )  # fmt: skip
                 memory = None
                 if not skip_rss:
@@ -289,7 +231,10 @@ async def run(
                 await store.close()
         finally:
             await _drop_keys(servers.redis_url, settings.redis_prefix)
-    return FleetBenchResult(runs, workers, concurrency, rq, ours, recovery, memory, load)
+    return FleetBenchResult(
+        runs, workers, concurrency, rq, ours, recovery, memory, load, backlogged,
+        settings.stale_after,
+    )  # fmt: skip
 
 
 async def _drop_keys(redis_url: str, prefix: str) -> None:
@@ -349,7 +294,18 @@ def table(result: FleetBenchResult) -> Table:
     if result.recovery is not None:
         rec = result.recovery.as_json()
         t.add_row(
-            f"SIGKILL -> re-activated p50 / p99 ({rec['steals']} steals, {rec['kills']} kills)",
+            f"SIGKILL -> re-activated p50 / p99, empty queue ({rec['steals']} steals, "
+            f"{rec['kills']} kills)",
+            f"{rec['p50_ms'] / 1000:.2f} / {rec['p99_ms'] / 1000:.2f} s",
+            "n/a",
+            "",
+        )
+    if result.backlog_recovery is not None:
+        rec = result.backlog_recovery.as_json()
+        pending = "/".join(str(p) for p in rec["pending_at_kill"])
+        t.add_row(
+            f"  same, {rec['backlog']:,} runs admitted, busy survivors ({pending} still pending "
+            f"at the kills; {rec['steals']} steals, {rec['kills']} kills)",
             f"{rec['p50_ms'] / 1000:.2f} / {rec['p99_ms'] / 1000:.2f} s",
             "n/a",
             "",

@@ -1,0 +1,207 @@
+"""SIGKILL -> re-activation: on an empty queue, and behind a backlog with busy survivors.
+
+Recovery is measured in database time from the kill to each ``stolen-and-activated``
+journal record, for exactly the runs the dead process still held. The empty-queue
+phase shows the floor (stale_after + a sweep tick); the backlog phase shows whether a
+takeover waits behind pending work: 1,000 short runs are admitted to a fleet of busy
+workers, one is SIGKILLed, and its runs must start on the next free slot (the recovery
+lane), not after the backlog drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from broker import AsyncQueue, EnqueueSpec
+from ops.bench import runfleet_side
+from ops.bench.fleet_procs import Proc, percentile, runfleet_worker, wait_workers_started
+from ops.bench.noop import QUEUE, nap
+from ops.bench.scratch import BenchError
+from store import Kind, Store
+from store.config import Settings
+from store.types import JournalRecord, RunStatus
+
+FLOWS = runfleet_side.FLOWS_MODULE
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """Kill-to-steal delays (ms, database time) over ``kills`` SIGKILLs.
+
+    ``backlog`` is the number of runs admitted before each kill (0: an empty queue) and
+    ``pending_at_kill`` how many of them were still pending when the victim died.
+    """
+
+    kills: int
+    runs_per_kill: int
+    delays_ms: tuple[float, ...]
+    backlog: int = 0
+    pending_at_kill: tuple[int, ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "kills": self.kills,
+            "runs_per_kill": self.runs_per_kill,
+            "backlog": self.backlog,
+            "pending_at_kill": list(self.pending_at_kill),
+            "steals": len(self.delays_ms),
+            "p50_ms": round(percentile(self.delays_ms, 50), 1),
+            "p99_ms": round(percentile(self.delays_ms, 99), 1),
+            "max_ms": round(max(self.delays_ms, default=0.0), 1),
+        }
+
+
+async def empty_queue(
+    settings: Settings, store: Store, *, workers: int, kills: int, per_kill: int, nap_s: float
+) -> Recovery:
+    """SIGKILL the worker holding the most runs, ``kills`` times; kill -> each steal."""
+
+    def start() -> Proc:
+        return runfleet_worker(settings, flows=FLOWS, queues=QUEUE, concurrency=2 * per_kill)
+
+    procs = [start() for _ in range(workers)]
+    delays: list[float] = []
+    after_seq = await _last_steal_seq(store)
+    try:
+        async with AsyncQueue(QUEUE, settings=settings) as queue:
+            for _ in range(kills):
+                await wait_workers_started(settings, procs, timeout=30)
+                batch = await queue.enqueue_many([EnqueueSpec(nap, (nap_s,))] * per_kill)
+                await _until_running(store, [r.id for r in batch], procs)
+                held = await store.stats.running_by_owner_pid()
+                victim = max(procs, key=lambda p: held.get(p.pid, 0))
+                killed_at = await store.stats.now_ms()
+                os.kill(victim.pid, signal.SIGKILL)
+                victim.proc.wait(10)
+                # Counted after the kill: what the dead process still holds is exactly
+                # what must be stolen (nothing is stealable for seconds yet).
+                expected = (await store.stats.running_by_owner_pid()).get(victim.pid, 0)
+                procs.remove(victim)
+                victim.close()
+                procs.append(start())  # the fleet is back to strength for the next kill
+                steals = await _until_stolen(store, after_seq, expected, timeout=60)
+                after_seq = max(r.seq for r in steals)
+                delays.extend(float(r.at_ms - killed_at) for r in steals)
+    finally:
+        for proc in procs:
+            proc.close()
+    return Recovery(kills, per_kill, tuple(delays))
+
+
+async def with_backlog(
+    settings: Settings,
+    store: Store,
+    *,
+    survivors: int,
+    concurrency: int,
+    kills: int,
+    backlog: int,
+    nap_ms: tuple[int, int],
+) -> Recovery:
+    """Per kill: a fresh fleet, ``backlog`` naps admitted, the busiest worker SIGKILLed.
+
+    Every worker (the victim too) has ``concurrency`` slots, so the survivors are busy
+    for as long as the backlog lasts: a takeover can only start on a slot one of them
+    frees, and must take it before the pending runs do.
+    """
+    low, high = nap_ms
+    specs = [
+        EnqueueSpec(nap, ((low + (i * 37) % (high - low + 1)) / 1000,)) for i in range(backlog)
+    ]
+    delays: list[float] = []
+    pending_at_kill: list[int] = []
+    held_at_kill: list[int] = []
+    after_seq = await _last_steal_seq(store)
+    for _ in range(kills):
+        procs = [
+            runfleet_worker(settings, flows=FLOWS, queues=QUEUE, concurrency=concurrency)
+            for _ in range(survivors + 1)
+        ]
+        try:
+            await wait_workers_started(settings, procs, timeout=30)
+            async with AsyncQueue(QUEUE, settings=settings) as queue:
+                await queue.enqueue_many(specs)
+            victim = await _busiest(store, procs, at_least=max(1, concurrency // 2))
+            killed_at = await store.stats.now_ms()
+            os.kill(victim.pid, signal.SIGKILL)
+            victim.proc.wait(10)
+            expected = (await store.stats.running_by_owner_pid()).get(victim.pid, 0)
+            pending_at_kill.append((await store.stats.status_counts())[RunStatus.PENDING])
+            held_at_kill.append(expected)
+            steals = await _until_stolen(store, after_seq, expected, timeout=120)
+            after_seq = max((r.seq for r in steals), default=after_seq)
+            delays.extend(float(r.at_ms - killed_at) for r in steals)
+            await _until_idle(store, procs, timeout=300)
+        finally:
+            for proc in procs:
+                proc.close()
+    per_kill = max(held_at_kill, default=0)
+    return Recovery(kills, per_kill, tuple(delays), backlog, tuple(pending_at_kill))
+
+
+async def _busiest(store: Store, procs: list[Proc], *, at_least: int) -> Proc:
+    """The worker holding the most runs, once one holds ``at_least`` (the victim)."""
+    deadline = time.monotonic() + 60
+    while True:
+        held = await store.stats.running_by_owner_pid()
+        best = max(procs, key=lambda p: held.get(p.pid, 0))
+        if held.get(best.pid, 0) >= at_least:
+            return best
+        _check_alive(procs)
+        if time.monotonic() > deadline:
+            raise BenchError(f"no worker held {at_least} runs within 60 s")
+        await asyncio.sleep(0.02)
+
+
+async def _until_idle(store: Store, procs: list[Proc], timeout: float) -> None:
+    """Until nothing is pending or running: the backlog drained, the stolen runs settled."""
+    deadline = time.monotonic() + timeout
+    while True:
+        counts = await store.stats.status_counts()
+        if counts[RunStatus.PENDING] == 0 and counts[RunStatus.RUNNING] == 0:
+            return
+        if time.monotonic() > deadline:
+            raise BenchError(f"backlog not drained within {timeout:.0f} s: {counts}")
+        _check_alive([p for p in procs if p.proc.returncode != -signal.SIGKILL])
+        await asyncio.sleep(0.1)
+
+
+async def _until_running(store: Store, ids: list[str], procs: list[Proc]) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        rows = await store.runs.get_many(ids)
+        if len(rows) == len(ids) and all(r.status.value == "running" for r in rows):
+            return
+        if time.monotonic() > deadline:
+            raise BenchError("runs did not all start within 60 s")
+        _check_alive(procs)
+        await asyncio.sleep(0.05)
+
+
+def _check_alive(procs: list[Proc]) -> None:
+    for proc in procs:
+        if proc.proc.poll() is not None:
+            raise BenchError(f"worker {proc.pid} exited:\n{proc.tail()}")
+
+
+async def _last_steal_seq(store: Store) -> int:
+    steals = await store.stats.records_of_kind(Kind.STOLEN_AND_ACTIVATED)
+    return max((r.seq for r in steals), default=0)
+
+
+async def _until_stolen(
+    store: Store, after_seq: int, expected: int, timeout: float
+) -> list[JournalRecord]:
+    deadline = time.monotonic() + timeout
+    while True:
+        steals = await store.stats.records_of_kind(Kind.STOLEN_AND_ACTIVATED, after_seq=after_seq)
+        if len(steals) >= expected:
+            return steals
+        if time.monotonic() > deadline:
+            raise BenchError(f"{len(steals)} of {expected} runs stolen within {timeout:.0f} s")
+        await asyncio.sleep(0.05)

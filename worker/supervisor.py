@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 from store.config import Settings
+from worker.health import Health, serve
 
 log = logging.getLogger("runfleet.worker.supervisor")
 
@@ -37,16 +38,23 @@ def run_foreground(settings: Settings, options: WorkerOptions) -> None:
 
     configure(options.log_level, json_lines=options.log_json)
     import_flows(options.flows)
+    health = Health.for_settings(settings)
     if options.metrics_port:
-        from prometheus_client import start_http_server
-
-        start_http_server(options.metrics_port)
+        serve(health, options.metrics_port)  # /metrics, /healthz, /readyz
 
     async def main() -> None:
         worker = Worker(settings, queues=options.queues, concurrency=options.concurrency)
         loop = asyncio.get_running_loop()
+        # Ready once started with a confirmed, unlapsed lease (LeaseGate.open: I/O-free).
+        health.ready_when(lambda: worker.started.is_set() and worker.lease.gate.open())
+        health.beat_on(loop)
+
+        def on_stop() -> None:
+            health.stopping()
+            worker.stop()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.stop)
+            loop.add_signal_handler(sig, on_stop)
         await worker.run()
 
     asyncio.run(main())

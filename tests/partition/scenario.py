@@ -36,8 +36,10 @@ from tests.partition.net import Service
 
 MIN_ON_VICTIM = 3
 MAX_FIRST_BATCH = A_SLOTS
-SETTLE_TIMEOUT = 60.0
-REJOIN_TIMEOUT = 30.0
+LOAD_TIMEOUT = 20.0
+SETTLE_TIMEOUT = 40.0
+REJOIN_TIMEOUT = 20.0
+"""With the hold (<= 11 s), every wait together stays under the 150 s test timeout."""
 SUPERVISOR_POLL_MS = 250.0
 TAKEOVER_SLACK = 3.0
 """Partition -> takeover may take at most stale_after + this (sweep tick, probe, steal)."""
@@ -107,14 +109,16 @@ async def run_scenario(cluster: Cluster, plan: Plan) -> Verdict:
 async def _load_victim(cluster: Cluster, queue: AsyncQueue, plan: Plan) -> list[str]:
     """Admit runs one at a time (sync and async bodies alternating) until B holds some."""
     runs: list[str] = []
-    while len(runs) < MAX_FIRST_BATCH:
+    deadline = time.monotonic() + LOAD_TIMEOUT
+    while len(runs) < MAX_FIRST_BATCH and time.monotonic() < deadline:
         sync = len(runs) % 2 == 1
         run = await queue.enqueue(
             flows.ledgered, str(cluster.ledger), plan.steps, plan.step_ms, sync
         )
         runs.append(run.id)
         try:
-            await until(partial(_running, cluster, run.id), 10, f"run {run.id} to start")
+            wait = max(0.1, min(5.0, deadline - time.monotonic()))
+            await until(partial(_running, cluster, run.id), wait, f"run {run.id} to start")
         except TimeoutError:
             pass
         if len(await cluster.owned_by(VICTIM, runs)) >= MIN_ON_VICTIM:
@@ -197,12 +201,12 @@ async def _rejoin(
     runs: list[str] = []
     deadline = time.monotonic() + REJOIN_TIMEOUT
     while time.monotonic() < deadline:
-        if cluster.hosts[VICTIM].proc.poll() is not None:
-            break  # B's `runfleet worker` itself is gone: nothing there can take work
         for i in range(4):
             run = await queue.enqueue(flows.ledgered, str(cluster.ledger), 2, 200, i % 2 == 1)
             runs.append(run.id)
         await asyncio.sleep(0.5)
+        if cluster.hosts[VICTIM].proc.poll() is not None:
+            break  # B's `runfleet worker` itself is gone: nothing there can take work
         on_b = [
             a.at_ms
             for records in (await cluster.journals(runs)).values()

@@ -20,6 +20,7 @@ import fcntl
 import os
 import re
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -200,7 +201,13 @@ def _take_slot() -> tuple[int, int]:
 
 
 def _remove_slot(slot: int) -> None:
-    """Delete this slot's namespaces, veths and bridges, whoever left them."""
+    """Delete this slot's namespaces, veths and bridges, whoever left them.
+
+    A run killed outright (SIGKILL, OOM) leaves worker processes in the namespaces and
+    servers bound to the slot's bridge addresses: nobody else can be using them while
+    we hold the slot's lock, so they are killed first.
+    """
+    _kill_leftovers(slot)
     links = ip("-o", "link", "show", check=False).stdout
     for line in links.splitlines():
         parts = line.split(":", 2)
@@ -215,6 +222,26 @@ def _remove_slot(slot: int) -> None:
         if found and int(found[1]) == slot:
             with contextlib.suppress(RuntimeError):
                 ip("netns", "del", ns)
+
+
+def _kill_leftovers(slot: int) -> None:
+    pids: set[int] = set()
+    for ns in _namespaces():
+        found = _NAMESPACE.match(ns)
+        if found and int(found[1]) == slot:
+            out = ip("netns", "pids", ns, check=False).stdout
+            pids.update(int(pid) for pid in out.split() if pid.isdigit())
+    # Redis rewrites its title to "redis-server ADDR:PORT", Postgres keeps "-h ADDR".
+    server = re.compile(rf"10\.213\.({2 * slot + 1}|{2 * slot + 2})\.1(?![0-9])".encode())
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError, ValueError):
+            raw = cmdline.read_bytes()
+            name = raw.split(b"\0", 1)[0]
+            if (b"postgres" in name or b"redis-server" in name) and server.search(raw):
+                pids.add(int(cmdline.parent.name))
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager

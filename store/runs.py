@@ -154,11 +154,13 @@ class Runs:
     async def _joined(self, new: NewRun, state: dict[str, Any]) -> Joined:
         """The insert found the id taken: join the run if its identity matches ours."""
         existing = await self.get(new.id)
-        if existing is None:  # the insert lost on (lineage_id, round_ordinal)
+        if existing is None:
+            # Lost on (lineage_id, round_ordinal), or the id belongs to a run row-level
+            # security hides from this role: say only that it is taken, nothing about it.
             raise InvalidInput(
-                "round_ordinal",
-                f"round {new.round_ordinal} of lineage {new.lineage_id or new.id!r}"
-                " already belongs to another run",
+                "run_id" if new.lineage_id in (None, new.id) else "round_ordinal",
+                f"run id {new.id!r} or round {new.round_ordinal} of lineage"
+                f" {new.lineage_id or new.id!r} already belongs to another run",
             )
         self._check_identity(existing, new, state)
         return Joined(existing)

@@ -69,7 +69,10 @@ async def test_an_ungranted_producer_cannot_touch_or_detect_the_run(login: MakeL
         # Re-using the id under its own scope: refused, since the id space is shared (the
         # one bit "taken" is all it learns), without the run's flow, payload or scopes.
         joined = await _refusal(q.enqueue("sec.leaf", 1, run_id=victim))
-        assert "already belongs to another run" in joined, joined
+        assert joined == (
+            f"InvalidInput: invalid run_id: run id {victim!r} or round 0 of lineage {victim!r}"
+            " already belongs to another run"
+        )
         for leaked in (SECRET, "sec.full", "s1", "suspended", "pending"):
             assert leaked not in joined, joined
     # Raw SQL with the same credentials: nothing visible (where the owner sees rows in

@@ -140,7 +140,7 @@ class Doctor:
         try:
             await client.ping()
             info = await client.info("server")
-            self.fleet = await Liveness(client, self.cfg.redis_prefix, self.cfg.host_id).fleet()
+            self.fleet = await Liveness.for_settings(client, self.cfg).fleet(c.wall_ms())
         finally:
             await client.aclose()
         version = info.get("redis_version", b"?")
@@ -149,22 +149,27 @@ class Doctor:
 
     async def _workers(self) -> None:
         fleet = self.fleet or []
-        live = [m for m in fleet if not m.lapsed]
+        live = [m for m in fleet if m.live]  # a suspect key (a ghost) is no live worker
         self.live = len(live)
-        lapsed = len(fleet) - len(live)
+        lapsed = sum(m.lapsed for m in fleet)
+        suspect = len(fleet) - len(live) - lapsed
         if not live:
             self.add("workers", "warn", "no live worker process: runs wait until one starts")
             return
         hosts = len({m.host for m in live})
         detail = f"{len(live)} live worker process(es) on {hosts} host(s)"
+        if suspect:
+            detail += f"; {suspect} SUSPECT liveness key(s): see `runfleet fleet`"
         if lapsed:
             self.add("workers", "warn", f"{detail}; {lapsed} LAPSED (cut off from the database)")
+        elif suspect:
+            self.add("workers", "warn", detail)
         else:
             self.add("workers", "ok", detail)
 
     async def _lag(self) -> None:
         fleet = self.fleet or []
-        read = {q for m in fleet if not m.lapsed for q in m.queues}
+        read = {q for m in fleet if m.live for q in m.queues}
         queues = list(dict.fromkeys([*self.queues, *sorted(read), *self.active_queues]))
         client = c.redis_client(self.cfg)
         try:

@@ -61,6 +61,19 @@ def probe_view(probe: Probe | None) -> ProbeView | None:
     )
 
 
+def _if_stale(row: RunRow, at_ms: int | None, stale_after_ms: int) -> int | None:
+    """The lease time to check a key against, as a thief would: only once it is stale.
+
+    A thief probes only a stale lease, whose owner (if alive) has stopped renewing, so
+    its key's confirmed time sits still near the row's. While the lease is fresh both
+    move every interval and a key read between a renewal and its refresh could look
+    inconsistent: there the key is judged on TTL, shape and lapse alone.
+    """
+    if at_ms is None or row.now_ms - at_ms <= stale_after_ms:
+        return None
+    return at_ms
+
+
 async def gather(svc: Services, run_id: str) -> Facts:
     row = await svc.run_row(run_id)
     store = svc.store
@@ -71,9 +84,11 @@ async def gather(svc: Services, run_id: str) -> Facts:
     if svc.redis is not None:
         live = svc.liveness
         if row.owner is not None and row.status is RunStatus.RUNNING:
-            owner_probe = await live.probe(row.owner, row.heartbeat_at_ms)
+            stale_ms = svc.settings.stale_after_ms
+            owner_probe = await live.probe(row.owner, _if_stale(row, row.heartbeat_at_ms, stale_ms))
         if row.claim is not None:
-            claim_probe = await live.probe(row.claim, row.claimed_at_ms)
+            claimed = _if_stale(row, row.claimed_at_ms, svc.settings.stale_after_ms)
+            claim_probe = await live.probe(row.claim, claimed)
         fleet = await live.fleet(row.now_ms or None)
         if not row.status.terminal:
             lag = await svc.streams.lag(row.queue)

@@ -73,7 +73,7 @@ class Keys:
         if len(parts) != 3 or not parts[0] or not parts[2]:
             return None
         host, pid, nonce = parts
-        if not pid.isdigit():
+        if not (pid.isascii() and pid.isdigit()) or len(pid) > 10:  # "²" is a digit to isdigit
             return None
         return Owner(host_id=host, pid=int(pid), nonce=nonce)
 

@@ -300,11 +300,9 @@ class Liveness:
         ]
         members: list[FleetMember] = []
         for start in range(0, len(names), _FLEET_BATCH):
-            batch = [
-                k.decode(errors="replace") if isinstance(k, bytes) else k
-                for k in names[start : start + _FLEET_BATCH]
-            ]
-            for name, read in zip(batch, await read_keys(self._redis, batch), strict=True):
+            batch = names[start : start + _FLEET_BATCH]  # raw names: read what SCAN found
+            for key, read in zip(batch, await read_keys(self._redis, batch), strict=True):
+                name = key.decode(errors="replace") if isinstance(key, bytes) else key
                 member = self._member(name, read, now_ms)
                 if member is not None:
                     members.append(member)

@@ -101,7 +101,7 @@ def unpack(raw: bytes) -> Beat:
     return Beat(confirmed, lapsed, info)
 
 
-def _queue(pipe: Any, key: str) -> None:
+def _queue(pipe: Any, key: str | bytes) -> None:
     """Size, value, then TTL: a key that expires mid-read reads as absent (PTTL -2).
 
     Not MULTI/EXEC: Redis refuses transactions outright while over ``maxmemory``,
@@ -137,7 +137,7 @@ async def read_key(redis: Redis, key: str) -> KeyRead:
         raise Unreachable(exc) from exc
 
 
-async def read_keys(redis: Redis, keys: Sequence[str]) -> list[KeyRead]:
+async def read_keys(redis: Redis, keys: Sequence[str | bytes]) -> list[KeyRead]:
     """Read many keys in one round trip (not atomic across keys); raises only Redis errors."""
     if not keys:
         return []

@@ -238,3 +238,15 @@ async def test_concurrent_probes_stay_bounded(liveness: Liveness, host_id: str) 
         *(liveness.probe(Owner("elsewhere", i, nonce()), HB) for i in range(1, 51))
     )
     assert {p.detail["key"] for p in probes} == {"absent"}
+
+
+async def test_fleet_survives_hostile_key_names(
+    liveness: Liveness, redis: Redis, redis_prefix: str
+) -> None:
+    """Key names are Redis data too: a unicode digit pid or non-UTF-8 bytes are skipped."""
+    value = forged(int(time.time() * 1000))
+    await redis.set(f"{redis_prefix}:alive:h:²:n", value, px=3000)  # "²".isdigit() is True
+    await redis.set(f"{redis_prefix}:alive:h:{'9' * 40}:n", value, px=3000)
+    await redis.set(f"{redis_prefix}:alive:".encode() + b"\xff\xfe:1:n", value, px=3000)
+    members = await liveness.fleet()
+    assert [(m.host, m.pid) for m in members] == [("\ufffd\ufffd", 1)]  # read, host mangled

@@ -157,7 +157,10 @@ class AsyncQueue:
     async def connect(self) -> AsyncQueue:
         if self._store is None:
             try:
-                self._store = await Store.open(self.settings, min_size=1)
+                budget = self.settings.producer_retry_for
+                self._store = await Store.open(
+                    self.settings, min_size=1, checkout_timeout=max(0.5, min(2.0, budget))
+                )
             except Exception as exc:  # the pool waits up to 30 s for a first connection
                 if is_transient(exc):
                     raise Unavailable(service_of(exc), exc) from exc

@@ -49,14 +49,17 @@ class Store:
         min_size: int | None = None,
         max_size: int | None = None,
         statement_timeout_ms: int | None = None,
+        checkout_timeout: float = 30.0,
     ) -> Store:
         """Open a pool and the store over it; ``statement_timeout_ms`` overrides the setting
-        for this store's connections only (see ``store.db.connection_kwargs``)."""
+        for this store's connections only, ``checkout_timeout`` bounds the wait for one
+        (see ``store.db.open_pool``)."""
         pool = await open_pool(
             settings,
             min_size=min_size,
             max_size=max_size,
             statement_timeout_ms=statement_timeout_ms,
+            checkout_timeout=checkout_timeout,
         )
         return cls(Database(pool, source_id or default_source_id()), settings)
 

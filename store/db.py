@@ -128,12 +128,15 @@ async def open_pool(
     min_size: int | None = None,
     max_size: int | None = None,
     statement_timeout_ms: int | None = None,
+    checkout_timeout: float = 30.0,
     name: str = "runfleet",
 ) -> AsyncConnectionPool[Conn]:
     """The store's pool; every connection gets ``connection_kwargs`` (timeouts, prepare).
 
     ``statement_timeout_ms`` overrides ``RUNFLEET_STATEMENT_TIMEOUT`` for this pool (a
     heartbeat pool wants a renewal to fail in under a second, not in thirty).
+    ``checkout_timeout`` bounds the wait for a free (or re-established) connection:
+    a producer with a 10 s retry budget must not sit 30 s in one checkout.
     """
     pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
         settings.database_url,
@@ -144,6 +147,8 @@ async def open_pool(
         check=_check_if_idle,
         reset=_mark_returned,
         open=False,
+        timeout=checkout_timeout,
+        reconnect_timeout=RECONNECT_GIVE_UP_S,
         name=name,
     )
     await pool.open(wait=True, timeout=30)
@@ -197,6 +202,15 @@ def connection_kwargs(
         kwargs["options"] = options
     return kwargs
 
+
+RECONNECT_GIVE_UP_S = 3.0
+"""How long the pool's own background reconnection backs off before giving up.
+
+psycopg_pool doubles its delay between attempts without bound (1, 2, 4, 8 s...), so
+after a ten-second outage the next attempt could be 16 s away and every caller waits
+for it. Given up early, the attempt is restarted at once by the next checkout that
+finds no connection: recovery follows the server, not an old backoff.
+"""
 
 CHECK_AFTER_IDLE_S = 0.5
 """A pooled connection idle longer than this is probed before it is handed out."""

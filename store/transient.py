@@ -70,10 +70,10 @@ _PERMANENT_REDIS = (rx.AuthenticationError, rx.AuthorizationError, rx.NoPermissi
 
 def is_transient(exc: BaseException) -> bool:
     """Whether the same call, made again once the service recovers, may well succeed."""
+    if isinstance(exc, psycopg_pool.PoolClosed):
+        return False  # closed on purpose by this process (an OperationalError subclass)
     if isinstance(exc, psycopg.Error):
         return _postgres_transient(exc)
-    if isinstance(exc, psycopg_pool.PoolClosed):
-        return False  # closed on purpose by this process
     if isinstance(exc, psycopg_pool.PoolTimeout | psycopg_pool.TooManyRequests):
         return True
     if isinstance(exc, rx.RedisError):

@@ -40,7 +40,7 @@ class Outcome:
 
 async def _query(url: str, sql: str) -> list[tuple[object, ...]]:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        return await (await conn.execute(sql)).fetchall()  # type: ignore[arg-type]
+        return await (await conn.execute(sql)).fetchall()
 
 
 async def _poll(url: str, sql: str) -> list[tuple[object, ...]] | None:
@@ -71,7 +71,7 @@ async def run_scenario(
     runs: int = RUNS,
     flow: object = cf.five_steps,
     admin_url: str | None = None,
-    timeout: float = 90,
+    timeout: float = 150,
 ) -> Outcome:
     """Enqueue ``runs`` flows on 2 workers, ``disrupt`` once a third of their steps ran."""
     started = time.monotonic()

@@ -1,0 +1,80 @@
+"""Producer calls during a Postgres outage: retried for RUNFLEET_PRODUCER_RETRY_FOR, then
+``Unavailable`` naming the service; a service back within the budget is never noticed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+import tests.chaos.flows as cf
+from broker import AsyncQueue, Queue
+from ops.throwaway import ThrowawayPostgres, postgres_stop
+from store.config import Settings
+from store.errors import Unavailable
+from store.types import RunStatus
+
+pytestmark = pytest.mark.chaos
+
+
+async def test_calls_during_an_outage_raise_unavailable_after_the_budget(
+    pg_settings: Settings, own_postgres: ThrowawayPostgres
+) -> None:
+    budget = 1.5
+    ours = pg_settings.model_copy(update={"producer_retry_for": budget})
+    async with AsyncQueue("default", settings=ours) as queue:
+        run = await queue.enqueue(cf.five_steps, 1)
+        await asyncio.to_thread(postgres_stop, own_postgres, "immediate")
+        for call in (
+            lambda: queue.enqueue(cf.five_steps, 2),
+            run.get_status,
+            lambda: run.result(timeout=30),
+            lambda: queue.cancel(run.id),
+            lambda: queue.complete(run.id, "event"),
+        ):
+            started = time.monotonic()
+            with pytest.raises(Unavailable) as raised:
+                await call()
+            elapsed = time.monotonic() - started
+            assert raised.value.service == "postgres"
+            assert "postgres unavailable" in str(raised.value)
+            assert budget <= elapsed < budget + 3.0, elapsed
+        own_postgres.start()
+        assert await run.get_status() is RunStatus.PENDING  # the queue recovers by itself
+
+
+def test_sync_queue_raises_unavailable_too(
+    pg_settings: Settings, own_postgres: ThrowawayPostgres
+) -> None:
+    queue = Queue("default", settings=pg_settings.model_copy(update={"producer_retry_for": 1.0}))
+    try:
+        run = queue.enqueue(cf.five_steps, 1)
+        postgres_stop(own_postgres, "immediate")
+        with pytest.raises(Unavailable):
+            run.get_status()
+    finally:
+        queue.close()
+
+
+async def test_a_service_back_within_the_budget_is_not_an_error(
+    pg_settings: Settings, own_postgres: ThrowawayPostgres
+) -> None:
+    ours = pg_settings.model_copy(update={"producer_retry_for": 20.0})
+    async with AsyncQueue("default", settings=ours) as queue:
+        first = await queue.enqueue(cf.five_steps, 1)
+        await asyncio.to_thread(postgres_stop, own_postgres, "immediate")
+
+        async def back_in_2s() -> None:
+            await asyncio.sleep(2)
+            await asyncio.to_thread(own_postgres.start)
+
+        restarting = asyncio.create_task(back_in_2s())
+        started = time.monotonic()
+        run = await queue.enqueue(cf.five_steps, 2, run_id="during-outage")
+        elapsed = time.monotonic() - started
+        await restarting
+        assert 1.5 < elapsed < 15, elapsed
+        assert run.id == "during-outage"
+        assert await run.get_status() is RunStatus.PENDING
+        assert await first.get_status() is RunStatus.PENDING

@@ -174,3 +174,22 @@ async def test_consistent_key_of_a_live_owner_is_refused_until_it_lapses_into_in
     finally:
         stop.set()
         await refresher
+
+
+async def test_wrongtype_stream_key_does_not_kill_workers(
+    spawn: Spawn, queue: AsyncQueue, store: Store, settings: Settings, redis: Redis
+) -> None:
+    """The queue's stream key replaced by a string: every stream call gets WRONGTYPE."""
+    worker = spawn()
+    await worker.wait_started()
+    stream = f"{settings.redis_prefix}:q:default"
+    await redis.delete(stream)
+    await redis.set(stream, b"not a stream")
+    try:
+        run = await queue.enqueue(flows.sleepy, 10, "wrongtype")
+        # No stream hint can reach the worker: the sweeps and Postgres carry the run.
+        result = await run.result(timeout=30)
+        assert result["tag"] == "wrongtype"
+        assert worker.proc.poll() is None, worker.log()[-3000:]
+    finally:
+        await redis.delete(stream)

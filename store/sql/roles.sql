@@ -51,6 +51,8 @@ BEGIN
     GRANT INSERT, UPDATE ON runfleet.runs, runfleet.deferreds, runfleet.clocks
         TO runfleet_producer;
     GRANT INSERT ON runfleet.journal, runfleet.run_parents TO runfleet_producer;
+    -- resume a quarantined run: accept the recorded output, or drop it to re-run the step
+    GRANT UPDATE (digest), DELETE ON runfleet.steps TO runfleet_producer;
     GRANT USAGE ON ALL SEQUENCES IN SCHEMA runfleet TO runfleet_producer;
 END
 $$;

@@ -11,6 +11,7 @@ import pytest
 
 from broker import AsyncQueue, RunNotFound
 from store import roles
+from store.config import Settings
 from store.migrate import canonical_schema, migrate
 from store.roles import GroupRole
 from tests.ops.conftest import cli_env, invoke
@@ -125,3 +126,26 @@ async def test_only_the_owner_manages_grants_and_privileges(
     assert [g.scope for g in await roles.grants(producer.url)] == ["s1"]
     shown = await invoke(env, "roles")
     assert shown.code == 0 and "other-tenant" not in shown.stdout
+
+
+ACLS: LiteralString = """
+    SELECT c.relname, c.relowner::regrole::text, c.relacl::text[] FROM pg_class c
+      JOIN pg_namespace n ON n.oid = c.relnamespace
+     WHERE n.nspname = 'runfleet' AND c.relkind IN ('r', 'S') ORDER BY 1"""
+
+
+async def test_roles_apply_is_idempotent_and_prints_what_it_runs(database_url: str) -> None:
+    env = cli_env(Settings(database_url=database_url))
+    first = await invoke(env, "roles", "--apply")
+    assert first.code == 0, first
+    after_first = await _rows(database_url, ACLS)
+    assert (await invoke(env, "roles", "--apply")).code == 0
+    assert await _rows(database_url, ACLS) == after_first
+    assert {owner for _, owner, _ in after_first} == {GroupRole.MIGRATOR.value}
+    printed = await invoke(env, "roles", "--print")
+    assert printed.code == 0 and "GRANT SELECT, INSERT, UPDATE, DELETE" in printed.stdout
+    shown = await invoke(env, "roles")
+    for role in GroupRole:
+        assert f"{role.value}" in shown.stdout
+    bad = await invoke(env, "roles", "--apply", "--member", "someone=superuser")
+    assert bad.clean and bad.code == 1 and "unknown group role 'superuser'" in bad.stderr

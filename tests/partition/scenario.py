@@ -77,9 +77,11 @@ async def run_scenario(cluster: Cluster, plan: Plan) -> Verdict:
             victim.freeze()
         for host, services in plan.cut.items():
             cluster.topo.cut(host, *services)
+        modes = {line.run: line.mode for line in read_ledger(cluster.ledger)}
+        sync = sum(modes.get(run) == "sync" for run in on_victim)
         verdict.figure(
-            f"{len(first)} runs, {len(on_victim)} on host B at the cut; "
-            f"{plan.steps} steps x {plan.step_ms} ms"
+            f"{len(first)} runs, {len(on_victim)} on host B at the cut (sync steps: {sync}, "
+            f"async: {len(on_victim) - sync}); {plan.steps} steps x {plan.step_ms} ms"
         )
         try:
             await _hold(cluster, plan, on_victim, cut_ms)

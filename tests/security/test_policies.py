@@ -8,6 +8,7 @@ from typing import Any, LiteralString
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from broker import AsyncQueue, RunNotFound
 from store import roles
@@ -149,3 +150,20 @@ async def test_roles_apply_is_idempotent_and_prints_what_it_runs(database_url: s
         assert f"{role.value}" in shown.stdout
     bad = await invoke(env, "roles", "--apply", "--member", "someone=superuser")
     assert bad.clean and bad.code == 1 and "unknown group role 'superuser'" in bad.stderr
+
+
+async def test_a_dropped_roles_grants_stop_applying_and_can_be_revoked_by_oid(
+    database_url: str, login: MakeLogin
+) -> None:
+    gone = await login(GroupRole.PRODUCER, "s1")
+    stays = await login(GroupRole.PRODUCER, "s1")
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        cur = await conn.execute("SELECT %s::regrole::oid", (gone.name,))
+        oid = str((await cur.fetchone() or [None])[0])
+        await conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(gone.name)))
+    # The dangling row harms no one (a later role of the same name inherits nothing),
+    # shows as the OID, and the owner can remove it by that OID.
+    assert [g.scope for g in await roles.grants(stays.url)] == ["s1"]
+    assert {g.role for g in await roles.grants(database_url)} == {oid, stays.name}
+    assert await roles.revoke(database_url, oid, ["s1"]) == ["s1"]
+    assert {g.role for g in await roles.grants(database_url)} == {stays.name}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
@@ -108,6 +109,40 @@ def check(value: Any, where: str, at: Sequence[str | int] = ()) -> None:
                     raise UnstorableValue(where, f"{_path([*path, key])} {problem}")
 
 
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+# A JSON "\u0000" escape: after an even number of backslashes (zero included), so a
+# literal backslash followed by "u0000" (encoded as "\\u0000") is not one.
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _plain_shape(value: Any) -> bool:
+    """Whether ``value`` is plainly JSON-shaped: containers within MAX_DEPTH, str keys,
+    nothing but the plain scalar types. Scans scalars in C (``set(map(type, …))``), so
+    large values are cheap; scalar *contents* (NaN, NUL, surrogates) are left to the
+    encoder. False sends the value through ``check``, which names the problem."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            if node and set(map(type, node)) != {str}:
+                return False
+            children: Any = node.values()
+        elif isinstance(node, list | tuple):
+            children = node
+        else:
+            return type(node) in _PLAIN
+        if depth > MAX_DEPTH:
+            return False
+        if set(map(type, children)) <= _PLAIN:
+            continue
+        for child in children:
+            if isinstance(child, dict | list | tuple):
+                stack.append((child, depth + 1))
+            elif type(child) not in _PLAIN:
+                return False
+    return True
+
+
 def encode_canonical(value: Any, limit: int, where: str, at: Sequence[str | int] = ()) -> str:
     """The canonical JSON text of ``value`` (sorted keys, no spaces, UTF-8), or UnstorableValue.
 
@@ -116,14 +151,18 @@ def encode_canonical(value: Any, limit: int, where: str, at: Sequence[str | int]
     The same text ``store.types.canonical_json`` produces, so a value's digest is the
     same whether taken over the value or over its stored text.
     """
-    check(value, where, at)
+    if not _plain_shape(value):
+        check(value, where, at)
     try:
         text = json.dumps(
             value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
         )
-    except (TypeError, ValueError, RecursionError) as exc:  # e.g. an int over 4300 digits
+        if "\\u0000" in text and _NUL_ESCAPE.search(text):
+            raise ValueError("a NUL character")
+        size = len(text.encode("utf-8"))  # UnicodeEncodeError (a ValueError): a lone surrogate
+    except (TypeError, ValueError, RecursionError) as exc:  # e.g. NaN, an int over 4300 digits
+        check(value, where, at)  # names the problem and where it is
         raise UnstorableValue(where, f"{_path(at)} cannot be encoded as JSON ({exc})") from None
-    size = len(text.encode("utf-8"))
     if size > limit:
         raise UnstorableValue(where, f"{_path(at)} is {size} bytes encoded, the limit is {limit}")
     return text

@@ -194,6 +194,38 @@ def test_encode_canonical_refuses_naming_the_problem_and_path(value: Any, proble
     assert problem in caught.value.problem, caught.value.problem
 
 
+_HOSTILE = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | st.text(st.characters(codec=None))
+    | st.sampled_from(["\x00", "\ud800", "a\\u0000", "\\\x00", float("nan")]),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text() | st.integers() | st.sampled_from(["\ud800", "\x00"]), inner)
+    ),
+    max_leaves=15,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_HOSTILE)
+def test_the_fast_path_refuses_exactly_what_the_full_check_refuses(value: Any) -> None:
+    """``encode_canonical`` skips the per-scalar walk for plain values: it must agree with it."""
+    try:
+        values.check(value, "x")
+        accepted = True
+    except UnstorableValue:
+        accepted = False
+    try:
+        text = encode_canonical(value, 10**9, "x")
+    except UnstorableValue:
+        assert not accepted
+        return
+    assert accepted and identical(values.decode(text), value)
+
+
 def test_the_deepest_accepted_nesting_decodes() -> None:
     text = encode_canonical(_deep(values.MAX_DEPTH - 1), 10**6, "x")
     assert values.decode(text) == _deep(values.MAX_DEPTH - 1)

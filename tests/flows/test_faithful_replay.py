@@ -12,9 +12,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import tests.flows.values_flows as vf
 from broker import AsyncQueue
 from store import Store
+from store.errors import ExecutionIdentityConflict
 from store.types import RunStatus
 from tests.fleet.procs import Spawn, records, running_on, until
 from tests.flows.conftest import parked
@@ -78,3 +81,18 @@ async def test_float_step_outputs_replay_after_sigkill(
     assert final is not None and final.status is RunStatus.COMPLETED and final.epoch == 2
     assert len(await records(store, run.id, "stolen-and-activated")) == 1
     assert "quarantined" not in _kinds(await store.journal.records(run.id))
+
+
+async def test_payloads_compare_by_json_value_through_the_queue(queue: AsyncQueue) -> None:
+    """Issue 15: re-enqueueing an identical payload joins the run; a different one conflicts."""
+    run_id = f"same-{uuid.uuid4().hex[:8]}"
+    first = await queue.enqueue(vf.unstorable_result, "big", 2**60, "1e16", run_id=run_id)
+    again = await queue.enqueue(vf.unstorable_result, "big", 2**60, "1e16", run_id=run_id)
+    assert first.id == again.id == run_id
+    floats = f"floats-{uuid.uuid4().hex[:8]}"
+    await queue.enqueue(vf.replay_after_kill, [-0.0, 1e16, 2**60, 1.5e300], run_id=floats)
+    joined = await queue.enqueue(vf.replay_after_kill, [-0.0, 1e16, 2**60, 1.5e300], run_id=floats)
+    assert joined.id == floats
+    with pytest.raises(ExecutionIdentityConflict) as caught:
+        await queue.enqueue(vf.replay_after_kill, [0.5, 1e16, 2**60, 1.5e300], run_id=floats)
+    assert caught.value.field == "payload"

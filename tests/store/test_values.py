@@ -284,7 +284,7 @@ async def test_an_unstorable_result_settles_nothing(store: Store) -> None:
 # ---- admission: a re-used run id joins when the payload is the same JSON value -----
 
 
-async def test_identical_payload_with_floats_and_big_ints_joins(store: Store) -> None:
+async def test_payloads_compare_by_json_value(store: Store) -> None:
     payload = {"args": [-0.0, 1e16, 2**60, 1.5e300, 1e21, 5e-324], "kwargs": {"x": [2.0**60]}}
     first = await store.runs.create(NewRun(id="same", flow="tests.flow", payload=payload))
     again = await store.runs.create(NewRun(id="same", flow="tests.flow", payload=payload))

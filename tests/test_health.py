@@ -207,7 +207,7 @@ async def test_readiness_follows_the_lease_and_the_stop_while_liveness_holds(
 
         # Stop with a run in flight: not ready from the first SIGTERM, alive while draining.
         async with AsyncQueue("default", settings=settings) as queue:
-            run = await queue.enqueue(flows.sleepy, 2500, "health")
+            run = await queue.enqueue(flows.sleepy, 4000, "health")
             await until(lambda: running_on(store, run.id, proc.pid), 10, "the run on the worker")
         proc.signal(signal.SIGTERM)
         await status_becomes(port, READINESS_PATH, 503, 5, "unready once stopping")

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+import psycopg
 from psycopg.types.json import Jsonb
 
 from store import validate, values
@@ -165,6 +166,16 @@ class Runs:
         self._check_identity(existing, new, state)
         return Joined(existing)
 
+    async def _insert(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """``runs.insert``; data Postgres refuses (a lone surrogate in a payload: jsonb
+        rejects the escape) is UnstorableValue, a caller's error, never a retry."""
+        try:
+            return await self._db.all("runs.insert", params)
+        except psycopg.Error as exc:
+            if values.refused_by_database(exc):
+                raise values.UnstorableValue("payload", f"Postgres refused it: {exc}") from exc
+            raise
+
     @staticmethod
     def _created_record(new: NewRun, inherit: bool) -> dict[str, Any]:
         return {"flow": new.flow, "queue": new.queue, "inherited_cancel": inherit}
@@ -191,7 +202,8 @@ class Runs:
                 inherit = new.on_parent_exit is OnParentExit.CANCEL and (
                     parent.cancel_requested_at_ms is not None or parent.status.terminal
                 )
-            row = await self._db.one("runs.insert", self._insert_params([new], [state], inherit))
+            rows = await self._insert(self._insert_params([new], [state], inherit))
+            row = rows[0] if rows else None
             if row is None:
                 return await self._joined(new, state)
             created = run_row(row)
@@ -215,7 +227,7 @@ class Runs:
             for new in news:
                 self._validate(new)
             states = [self._state(new) for new in news]
-            rows = await self._db.all("runs.insert", self._insert_params(news, states, False))
+            rows = await self._insert(self._insert_params(news, states, False))
             inserted = {row["id"]: row for row in rows}
             outcomes: list[CreateOutcome] = []
             for new, state in zip(news, states, strict=True):

@@ -308,3 +308,19 @@ async def test_one_point_zero_and_one_are_the_same_json_number(store: Store) -> 
     await store.runs.create(NewRun(id="n", flow="tests.flow", payload={"args": [1.0]}))
     joined = await store.runs.create(NewRun(id="n", flow="tests.flow", payload={"args": [1]}))
     assert isinstance(joined, Joined)
+
+
+async def test_a_payload_postgres_refuses_is_a_typed_error_not_a_driver_error(
+    store: Store,
+) -> None:
+    """A lone surrogate passes the admission check (JSON escapes it) but jsonb refuses it:
+    the producer, a parent admitting a child or a handoff gets UnstorableValue, once."""
+    with pytest.raises(UnstorableValue) as caught:
+        await store.runs.create(NewRun(id="s", flow="tests.flow", payload={"s": "\ud800"}))
+    assert caught.value.field == "payload" and "Postgres refused it" in caught.value.problem
+    assert await store.runs.get("s") is None
+    with pytest.raises(UnstorableValue):
+        await store.runs.create_many(
+            [NewRun(id=f"s{i}", flow="tests.flow", payload=["\udc00"]) for i in range(2)]
+        )
+    assert await store.runs.get_many(["s0", "s1"]) == []

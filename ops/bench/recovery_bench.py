@@ -27,6 +27,8 @@ from store.config import Settings
 from store.types import JournalRecord, RunStatus
 
 FLOWS = runfleet_side.FLOWS_MODULE
+BACKLOG_QUEUE = f"{QUEUE}-backlog"
+"""Its own queue: runs left over from the empty-queue phase never take its slots."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,27 +118,32 @@ async def with_backlog(
     delays: list[float] = []
     pending_at_kill: list[int] = []
     held_at_kill: list[int] = []
-    after_seq = await _last_steal_seq(store)
     for _ in range(kills):
         procs = [
-            runfleet_worker(settings, flows=FLOWS, queues=QUEUE, concurrency=concurrency)
+            runfleet_worker(settings, flows=FLOWS, queues=BACKLOG_QUEUE, concurrency=concurrency)
             for _ in range(survivors + 1)
         ]
         try:
             await wait_workers_started(settings, procs, timeout=30)
-            async with AsyncQueue(QUEUE, settings=settings) as queue:
-                await queue.enqueue_many(specs)
+            after_seq = await _last_steal_seq(store)
+            async with AsyncQueue(BACKLOG_QUEUE, settings=settings) as queue:
+                ids = [run.id for run in await queue.enqueue_many(specs)]
             victim = await _busiest(store, procs, at_least=max(1, concurrency // 2))
             killed_at = await store.stats.now_ms()
             os.kill(victim.pid, signal.SIGKILL)
             victim.proc.wait(10)
-            expected = (await store.stats.running_by_owner_pid()).get(victim.pid, 0)
-            pending_at_kill.append((await store.stats.status_counts())[RunStatus.PENDING])
-            held_at_kill.append(expected)
-            steals = await _until_stolen(store, after_seq, expected, timeout=120)
-            after_seq = max((r.seq for r in steals), default=after_seq)
+            rows = await store.runs.get_many(ids)
+            held = {
+                r.id
+                for r in rows
+                if r.status is RunStatus.RUNNING and r.owner is not None
+                and r.owner.pid == victim.pid
+            }  # fmt: skip
+            pending_at_kill.append(sum(r.status is RunStatus.PENDING for r in rows))
+            held_at_kill.append(len(held))
+            steals = await _until_stolen(store, after_seq, len(held), timeout=120, of=held)
             delays.extend(float(r.at_ms - killed_at) for r in steals)
-            await _until_idle(store, procs, timeout=300)
+            await _until_settled(store, ids, procs, timeout=300)
         finally:
             for proc in procs:
                 proc.close()
@@ -158,15 +165,16 @@ async def _busiest(store: Store, procs: list[Proc], *, at_least: int) -> Proc:
         await asyncio.sleep(0.02)
 
 
-async def _until_idle(store: Store, procs: list[Proc], timeout: float) -> None:
-    """Until nothing is pending or running: the backlog drained, the stolen runs settled."""
+async def _until_settled(store: Store, ids: list[str], procs: list[Proc], timeout: float) -> None:
+    """Until every run of the backlog settled (the stolen ones included)."""
     deadline = time.monotonic() + timeout
     while True:
-        counts = await store.stats.status_counts()
-        if counts[RunStatus.PENDING] == 0 and counts[RunStatus.RUNNING] == 0:
+        rows = await store.runs.get_many(ids)
+        if all(r.status.terminal for r in rows):
             return
         if time.monotonic() > deadline:
-            raise BenchError(f"backlog not drained within {timeout:.0f} s: {counts}")
+            left = sum(not r.status.terminal for r in rows)
+            raise BenchError(f"{left} backlog runs unsettled after {timeout:.0f} s")
         _check_alive([p for p in procs if p.proc.returncode != -signal.SIGKILL])
         await asyncio.sleep(0.1)
 
@@ -195,11 +203,17 @@ async def _last_steal_seq(store: Store) -> int:
 
 
 async def _until_stolen(
-    store: Store, after_seq: int, expected: int, timeout: float
+    store: Store, after_seq: int, expected: int, timeout: float, of: set[str] | None = None
 ) -> list[JournalRecord]:
+    """The first steal of each run after ``after_seq`` (only runs in ``of`` if given)."""
     deadline = time.monotonic() + timeout
     while True:
-        steals = await store.stats.records_of_kind(Kind.STOLEN_AND_ACTIVATED, after_seq=after_seq)
+        found = await store.stats.records_of_kind(Kind.STOLEN_AND_ACTIVATED, after_seq=after_seq)
+        firsts: dict[str, JournalRecord] = {}
+        for record in found:
+            if of is None or record.run_id in of:
+                firsts.setdefault(record.run_id, record)
+        steals = list(firsts.values())
         if len(steals) >= expected:
             return steals
         if time.monotonic() > deadline:

@@ -80,6 +80,9 @@ class Context:
     schedule: ScheduleFn | None = None
     records: dict[int, StepRecord] = field(default_factory=dict)
     lease_ok: Callable[[], bool] | None = None
+    in_bookkeeping: int = field(default=0, init=False)
+    """Nesting depth of runfleet's own store calls in progress: while above zero the body
+    runs no user code, only I/O the database fences (the fail-stop watchdog ignores it)."""
     """The process's local lease gate (monotonic, no I/O): False once the lease may have lapsed."""
     log: logging.LoggerAdapter[logging.Logger] = field(init=False)
     wake_hint: float | None = field(default=None, init=False)
@@ -133,12 +136,15 @@ class Context:
 
         Never the user's ``Retry`` policy: that is for the user's function only.
         """
+        self.in_bookkeeping += 1
         try:
             return await durable_call(what, call, check=self.check, run_id=self.run.id)
         except Exception as exc:
             if is_transient(exc):
                 self.bookkeeping_error = exc
             raise
+        finally:
+            self.in_bookkeeping -= 1
 
     async def _next(self, kind: str, name: str) -> tuple[int, str, StepRecord | None]:
         self.check()

@@ -92,6 +92,20 @@ class Driver:
         self.wake_hints = WakeHints(schedule)
         self._warned_unknown: set[str] = set()
 
+    def running_user_code(self) -> int:
+        """How many run bodies may be executing user code now (read by the watchdog thread).
+
+        A body waiting on runfleet's own store call is not counted: a psycopg call on a
+        silently cut link cannot be cancelled for a while, but whatever it sends is fenced
+        by owner and epoch, so it cannot act after a takeover. Reads only atomic snapshots.
+        """
+        count = 0
+        for run_id in list(self.executing):
+            execution = self.owned.get(run_id)
+            if execution is not None and execution.ctx.in_bookkeeping == 0:
+                count += 1
+        return count
+
     # ---- decide ------------------------------------------------------------
 
     async def drive(self, run_id: str, on_decided: Callable[[], None] | None = None) -> str:

@@ -193,9 +193,10 @@ class Lease:
             return
         try:
             async with asyncio.timeout(self._settings.liveness_timeout):
-                await self._refresh(
-                    self.last_confirmed_ms, self.gate.lapsed, len(self._driver.owned)
-                )
+                # Before its first confirmation a process holds nothing: say "lapsed"
+                # rather than vouch with a confirmed time of 0.
+                lapsed = self.gate.lapsed or self.gate.confirmed_sent is None
+                await self._refresh(self.last_confirmed_ms, lapsed, len(self._driver.owned))
         except Exception as exc:
             metrics.INFRA_ERRORS.labels("liveness").inc()
             log.warning("liveness.refresh_failed", extra={"error": repr(exc)})

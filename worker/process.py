@@ -132,7 +132,7 @@ class Worker:
         self.lease = lease
         watchdog = Watchdog(
             confirmed_sent=lambda: gate.confirmed_sent,
-            executing=lambda: len(driver.executing),
+            executing=driver.running_user_code,
             failstop_after=self.settings.failstop_after,
             confirm=self.settings.failstop_confirm,
         )

@@ -100,9 +100,11 @@ def supervise(settings: Settings, options: WorkerOptions, processes: int) -> int
     restarts: dict[int, list[float]] = {slot: [] for slot in children}
     while True:
         time.sleep(0.2)
-        if all(not p.is_alive() for p in children.values()):
-            break
         if stopping["signals"]:
+            # Only a stop request ends the supervisor: children that all died at once
+            # (every one fail-stopped on the same partition) are restarted like one.
+            if all(not p.is_alive() for p in children.values()):
+                break
             continue
         for slot, proc in list(children.items()):
             if proc.is_alive():
@@ -114,9 +116,11 @@ def supervise(settings: Settings, options: WorkerOptions, processes: int) -> int
             recent = [t for t in restarts[slot] if time.monotonic() - t < 60]
             delay = min(10.0, 0.5 * 2 ** len(recent))
             time.sleep(delay)
+            if stopping["signals"]:
+                break  # a stop arrived during the backoff: start nothing new
             restarts[slot] = [*recent, time.monotonic()]
             children[slot] = start(slot)
-    return 0 if stopping["signals"] else 1
+    return 0
 
 
 def parse_csv(value: str) -> tuple[str, ...]:

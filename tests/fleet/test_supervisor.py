@@ -62,5 +62,51 @@ async def test_crashed_child_is_restarted_with_a_new_identity(settings: Settings
         await redis.aclose()
 
 
+async def test_children_that_all_die_at_once_are_all_restarted(settings: Settings) -> None:
+    """Every child fail-stopping on the same partition must not end the supervisor."""
+    supervisor = subprocess.Popen(  # noqa: ASYNC220 - spawning is instant; we never block on it
+        [
+            sys.executable,
+            "-m",
+            "ops",
+            "worker",
+            "--flows",
+            "tests.fleet.flows",
+            "--processes",
+            "2",
+            "--concurrency",
+            "2",
+            "--log-level",
+            "WARNING",
+        ],
+        env=settings_env(settings),
+        cwd=ROOT,
+    )
+    redis = connect(settings)
+    liveness = Liveness(redis, settings.redis_prefix, settings.host_id)
+
+    async def members(n: int) -> list[int] | None:
+        pids = sorted(m.pid for m in await liveness.fleet())
+        return pids if len(pids) == n else None
+
+    try:
+        first = await until(lambda: members(2), 30, "two supervised children")
+        for pid in first:
+            os.kill(pid, signal.SIGKILL)
+
+        async def replaced() -> list[int] | None:
+            pids = await members(2)
+            return pids if pids and not set(first) & set(pids) else None
+
+        await until(replaced, 30, "both children to be replaced")
+        assert supervisor.poll() is None
+        supervisor.send_signal(signal.SIGTERM)
+        assert supervisor.wait(30) == 0
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+        await redis.aclose()
+
+
 async def _none_left(liveness: Liveness) -> bool:
     return not await liveness.fleet()

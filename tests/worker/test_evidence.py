@@ -30,7 +30,7 @@ def _driver(store: Store, settings: Settings, probe: Probe = ALIVE) -> Driver:
 
 async def _refusals(store: Store, run_id: str) -> list[dict[str, object]]:
     return [
-        dict(r.payload)  # type: ignore[arg-type]
+        dict(r.payload)
         for r in await store.journal.records(run_id)
         if r.kind == Kind.STEAL_REFUSED_OWNER_ALIVE
     ]

@@ -240,8 +240,19 @@ class Settlement:
                 record={"max_rounds": limit},
             )
             return
-        name, queue, fn, takes_ctx = flow_target(handoff.flow)
-        check_signature(fn, takes_ctx, list(handoff.args), handoff.kwargs)
+        try:
+            name, queue, fn, takes_ctx = flow_target(handoff.flow)
+            check_signature(fn, takes_ctx, list(handoff.args), handoff.kwargs)
+        except RunfleetError as exc:  # an unknown flow or arguments it does not take
+            await self.finish(
+                row,
+                epoch,
+                RunStatus.FAILED,
+                {"error": error_of(exc)},
+                kind=Kind.ROUND_INVALID,
+                record={"successor": f"{row.lineage_id}@{next_round}"},
+            )
+            return
         successor = NewRun(
             id=f"{row.lineage_id}@{next_round}",
             flow=name,

@@ -115,3 +115,17 @@ async def test_an_error_message_nothing_could_store_still_fails_the_run_once(
     assert error["message"] == "nul \\x00 and a lone \\ud800 in the message"
     row = await store.runs.get(run.id)
     assert row is not None and row.status is RunStatus.FAILED and row.epoch == 1
+
+
+async def test_a_handoff_that_cannot_be_admitted_fails_the_round_once(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    """Next-round args jsonb refuses, or args the next flow does not take: permanent."""
+    for how, error_type in (("surrogate", "UnstorableValue"), ("arity", "InvalidInput")):
+        run = await queue.enqueue(vf.hands_off_badly, how)
+        error = await _failed(run)
+        assert error["type"] == error_type and "payload" in error["message"], error
+        row = await store.runs.get(run.id)
+        assert row is not None and row.status is RunStatus.FAILED and row.epoch == 1
+        assert "round-invalid" in [r.kind for r in await store.journal.records(run.id)]
+        assert await store.runs.get(f"{run.id}@1") is None

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from store.values import UnstorableValue
-from worker import Context, flow
+from worker import Context, Handoff, flow
 
 SPECIALS: list[Any] = [
     1e16,
@@ -121,3 +121,15 @@ async def unstorable_step(ctx: Context, kind: str, limit: int, path: str, catch:
 @flow(name="t.values.raises")
 async def raises(ctx: Context) -> None:
     raise ValueError("nul \x00 and a lone \ud800 in the message")
+
+
+@flow(name="t.values.echo")
+async def echo(ctx: Context, value: Any) -> Any:
+    return value
+
+
+@flow(name="t.values.hands_off_badly")
+async def hands_off_badly(ctx: Context, how: str) -> Handoff:
+    if how == "surrogate":
+        return Handoff(echo, ("\ud800",))  # jsonb refuses the lone surrogate in the payload
+    return Handoff(echo, ("one", "too many"))  # arguments the next flow does not take

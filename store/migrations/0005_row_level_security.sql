@@ -35,17 +35,20 @@ CREATE TABLE runfleet.grants (
     PRIMARY KEY (role, scope)
 );
 
-CREATE OR REPLACE FUNCTION runfleet.granted_scopes() RETURNS text[]
-    LANGUAGE sql STABLE AS
-$$ SELECT coalesce(array_agg(DISTINCT g.scope), '{}'::text[])
-     FROM runfleet.grants g
-    WHERE pg_has_role(current_user, g.role::oid, 'MEMBER') $$;
-
-CREATE OR REPLACE FUNCTION runfleet.covers(run_scopes jsonb, granted text[]) RETURNS boolean
-    LANGUAGE sql IMMUTABLE AS
-$$ SELECT '*' = ANY (granted)
-       OR (jsonb_typeof(run_scopes) = 'array' AND jsonb_array_length(run_scopes) > 0
-           AND ARRAY(SELECT jsonb_array_elements_text(run_scopes)) <@ granted) $$;
+-- The caller's scopes as a jsonb array: its own grants and those of every role it is a
+-- member of. Policies call it as `(SELECT runfleet.granted_scopes())`, an InitPlan run
+-- once per statement, not once per row. PL/pgSQL, not SQL: an aggregate keeps an SQL
+-- function from being inlined, and then its body is planned again at every statement,
+-- while PL/pgSQL keeps the plan for the session.
+CREATE OR REPLACE FUNCTION runfleet.granted_scopes() RETURNS jsonb
+    LANGUAGE plpgsql STABLE AS
+$$
+BEGIN
+    RETURN (SELECT coalesce(jsonb_agg(DISTINCT g.scope), '[]'::jsonb)
+              FROM runfleet.grants g
+             WHERE pg_has_role(current_user, g.role::oid, 'MEMBER'));
+END
+$$;
 
 ALTER TABLE runfleet.grants ENABLE ROW LEVEL SECURITY;
 CREATE POLICY grants_own ON runfleet.grants
@@ -54,8 +57,15 @@ CREATE POLICY grants_own ON runfleet.grants
 ALTER TABLE runfleet.runs ENABLE ROW LEVEL SECURITY;
 CREATE POLICY runs_fleet ON runfleet.runs TO runfleet_worker
     USING (true) WITH CHECK (true);
+-- The rule: '*' covers every run; otherwise the run must record at least one scope and
+-- every one must be granted (jsonb array containment). Written out here rather than as a
+-- function: a function taking the granted scopes as a subquery argument used twice is
+-- never inlined, and calling it per row made a scan of 20,000 runs ~10x slower.
 CREATE POLICY runs_scoped ON runfleet.runs TO runfleet_producer, runfleet_operator
-    USING (runfleet.covers(state->'scopes', (SELECT runfleet.granted_scopes())));
+    USING ((SELECT runfleet.granted_scopes()) ? '*'
+           OR (jsonb_typeof(state->'scopes') = 'array'
+               AND jsonb_array_length(state->'scopes') > 0
+               AND (SELECT runfleet.granted_scopes()) @> (state->'scopes')));
 
 ALTER TABLE runfleet.journal ENABLE ROW LEVEL SECURITY;
 CREATE POLICY journal_fleet ON runfleet.journal TO runfleet_worker

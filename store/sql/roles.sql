@@ -90,6 +90,3 @@ RETURNING scope;
 -- name: grants
 -- Every grant this role may see: all of them for the owner, its own for anyone else.
 SELECT role::text AS role, scope, granted_at_ms FROM runfleet.grants ORDER BY 1, 2;
-
--- name: my_scopes
-SELECT current_user::text AS role, runfleet.granted_scopes() AS scopes;

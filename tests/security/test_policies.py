@@ -167,3 +167,42 @@ async def test_a_dropped_roles_grants_stop_applying_and_can_be_revoked_by_oid(
     assert {g.role for g in await roles.grants(database_url)} == {oid, stays.name}
     assert await roles.revoke(database_url, oid, ["s1"]) == ["s1"]
     assert {g.role for g in await roles.grants(database_url)} == {stays.name}
+
+
+RUN_SCOPES: dict[str, str | None] = {
+    "a": '["a"]',
+    "ab": '["a", "b"]',
+    "ac": '["a", "c"]',
+    "empty": "[]",
+    "missing": None,
+    "scalar": '"a"',
+    "nested": '[["a"]]',
+}
+
+
+@pytest.mark.parametrize(
+    ("granted", "visible"),
+    [
+        (["a"], {"a"}),
+        (["a", "b"], {"a", "ab"}),  # every scope of a run must be granted, not one
+        (["c"], set()),
+        ([roles.WILDCARD], set(RUN_SCOPES)),  # '*' covers everything, unscoped runs too
+        ([], set()),
+    ],
+)
+async def test_a_role_sees_exactly_the_runs_its_grants_cover(
+    database_url: str, login: MakeLogin, granted: list[str], visible: set[str]
+) -> None:
+    me = await login(GroupRole.OPERATOR, *granted)
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        for run_id, scopes in RUN_SCOPES.items():
+            await conn.execute(
+                "INSERT INTO runfleet.runs (id, flow, queue, status, state, lineage_id,"
+                " created_at_ms, updated_at_ms) VALUES (%s, 'f', 'q', 'pending',"
+                " CASE WHEN %s::jsonb IS NULL THEN '{}'::jsonb"
+                " ELSE jsonb_build_object('scopes', %s::jsonb) END, %s, 0, 0)",
+                (run_id, scopes, scopes, run_id),
+            )
+    async with await psycopg.AsyncConnection.connect(me.url) as conn:
+        cur = await conn.execute("SELECT id FROM runfleet.runs")
+        assert {row[0] for row in await cur.fetchall()} == visible

@@ -105,18 +105,19 @@ class RetentionLoop:
         _count(done.deleted)
         metrics.RETENTION_LONGEST_BATCH.observe(done.longest_batch_s)
         consumers = await self._prune_consumers()
-        log.info(
-            "retention.pruned",
-            extra={
-                "runs": done.deleted.runs,
-                "rows": done.deleted.rows,
-                "batches": done.batches,
-                "longest_batch_s": round(done.longest_batch_s, 4),
-                "consumers": consumers,
-                "complete": done.complete,
-                "seconds": round(time.monotonic() - started, 3),
-            },
-        )
+        fields = {
+            "runs": done.deleted.runs,
+            "rows": done.deleted.rows,
+            "batches": done.batches,
+            "longest_batch_s": round(done.longest_batch_s, 4),
+            "consumers": consumers,
+            "complete": done.complete,
+            "seconds": round(time.monotonic() - started, 3),
+        }
+        if done.deleted.runs or consumers:
+            log.info("retention.pruned", extra=fields)
+        else:  # an idle pass every minute is not worth an info line
+            log.debug("retention.pruned", extra=fields)
         return done
 
     async def _prune_consumers(self) -> int:

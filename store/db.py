@@ -7,6 +7,8 @@ a caller can make several operations atomic by wrapping them in one block.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import contextvars
 import itertools
 import secrets
@@ -149,6 +151,7 @@ async def open_pool(
         open=False,
         timeout=checkout_timeout,
         reconnect_timeout=RECONNECT_GIVE_UP_S,
+        reconnect_failed=_reconnect_again,
         name=name,
     )
     await pool.open(wait=True, timeout=30)
@@ -208,9 +211,31 @@ RECONNECT_GIVE_UP_S = 3.0
 
 psycopg_pool doubles its delay between attempts without bound (1, 2, 4, 8 s...), so
 after a ten-second outage the next attempt could be 16 s away and every caller waits
-for it. Given up early, the attempt is restarted at once by the next checkout that
-finds no connection: recovery follows the server, not an old backoff.
+for it. Given up early, the attempt is restarted at once (``_reconnect_again``):
+recovery follows the server, not an old backoff.
 """
+
+_pokes: set[asyncio.Task[None]] = set()
+
+
+def _reconnect_again(pool: AsyncConnectionPool[Any]) -> None:
+    """The pool gave up reconnecting: start afresh with one checkout of our own.
+
+    A caller already waiting does not restart the pool's growth (only a new checkout
+    does), so without this it would sit out its whole checkout timeout.
+    """
+    if pool.closed:
+        return
+
+    async def poke() -> None:
+        with contextlib.suppress(Exception):
+            async with pool.connection(timeout=RECONNECT_GIVE_UP_S * 2):
+                pass
+
+    task = asyncio.get_running_loop().create_task(poke())
+    _pokes.add(task)
+    task.add_done_callback(_pokes.discard)
+
 
 CHECK_AFTER_IDLE_S = 0.5
 """A pooled connection idle longer than this is probed before it is handed out."""

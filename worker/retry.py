@@ -59,7 +59,7 @@ async def durable_call(
     *,
     check: Callable[[], None],
     run_id: str,
-    give_up_after: float = DURABLE_GIVE_UP_S,
+    give_up_after: float | None = None,
 ) -> T:
     """A flow's bookkeeping call: retried while ``check`` lets the run go on.
 
@@ -69,7 +69,7 @@ async def durable_call(
     """
     return await retrying(
         fn,
-        give_up_after=give_up_after,
+        give_up_after=DURABLE_GIVE_UP_S if give_up_after is None else give_up_after,
         check=check,
         on_retry=_log_retry(f"flow:{component}", run_id),
     )

@@ -9,6 +9,7 @@ the thread as ``Interrupted``, never as the database's error.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from collections.abc import Callable, Coroutine
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -17,6 +18,8 @@ from worker.context import Context
 from worker.durable import Decision, Retry
 
 T = TypeVar("T")
+INTERRUPT_POLL_S = 0.05
+"""How often a thread waiting on a durable call looks for an interrupt."""
 
 
 class SyncContext:
@@ -41,10 +44,21 @@ class SyncContext:
         self._ctx.check()
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a durable call on the loop; an interrupt while it waits cancels it.
+
+        The driver's interrupt cancels the body's task, not a call this thread
+        submitted, and that call may be waiting out an outage (retrying, or waiting for
+        a connection): left alone, the thread would outlive the lease.
+        """
         if self._ctx.interrupted is not None:
             coro.close()
             self._ctx.check()
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        while not concurrent.futures.wait([future], timeout=INTERRUPT_POLL_S).done:
+            if self._ctx.interrupted is not None:
+                future.cancel()
+                self._ctx.check()
+        return future.result()
 
     def step(
         self,

@@ -58,3 +58,9 @@ def sync_five_steps(ctx: SyncContext, n: int) -> int:
         total += ctx.step(f"s{step}", append_ledger, ctx.run_id, step, ctx.epoch)
         ctx.sleep(0.01)
     return total + n
+
+
+@flow(name="chaos.two_steps")
+async def two_steps(ctx: Context, tag: str) -> list[str]:
+    """Two steps with no side effect outside runfleet (for in-process workers)."""
+    return [await ctx.step("a", str, f"{tag}-a"), await ctx.step("b", str, f"{tag}-b")]

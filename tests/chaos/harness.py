@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -69,9 +69,9 @@ async def run_scenario(
     disrupt: Callable[[], Awaitable[None]],
     *,
     runs: int = RUNS,
-    flow: object = cf.five_steps,
+    flows: Sequence[object] = (cf.five_steps,),
     admin_url: str | None = None,
-    timeout: float = 150,
+    timeout: float = 75,
 ) -> Outcome:
     """Enqueue ``runs`` flows on 2 workers, ``disrupt`` once a third of their steps ran."""
     started = time.monotonic()
@@ -84,10 +84,13 @@ async def run_scenario(
         for w in workers:
             await w.wait_started()
         async with AsyncQueue("default", settings=settings) as queue:
-            handles = await queue.enqueue_many([EnqueueSpec(flow, (i,)) for i in range(runs)])
+            handles = await queue.enqueue_many(
+                [EnqueueSpec(flows[i % len(flows)], (i,)) for i in range(runs)]
+            )
         await wait_for_ledger(ledger_url, runs * cf.STEPS // 3)
         await disrupt()
         deadline = time.monotonic() + timeout
+        next_report = time.monotonic()
         while True:
             rows = await _poll(
                 admin,
@@ -96,9 +99,17 @@ async def run_scenario(
             )
             if rows is not None and rows[0][0] == 0:
                 break
+            if rows is not None and time.monotonic() >= next_report:
+                print(f"chaos: {rows[0][0]} runs unsettled at {time.monotonic() - started:.0f}s")
+                next_report = time.monotonic() + 5
             if time.monotonic() > deadline:
-                logs = "\n".join(w.log()[-3000:] for w in workers)
-                raise TimeoutError(f"runs still unsettled after {timeout}s: {rows}\n{logs}")
+                stuck = await _poll(
+                    admin,
+                    "SELECT id, status, waiting_reason, owner_pid, epoch FROM runfleet.runs "
+                    "WHERE status NOT IN ('completed', 'failed', 'cancelled') LIMIT 10",
+                )
+                logs = "\n".join(f"--- worker {w.pid}:\n{w.log()[-6000:]}" for w in workers)
+                raise TimeoutError(f"runs unsettled after {timeout}s: {stuck}\n{logs}")
             await asyncio.sleep(0.1)
     finally:
         for w in workers:

@@ -13,6 +13,7 @@ import asyncio
 import psycopg
 import pytest
 
+import tests.chaos.flows as cf
 from ops.throwaway import ThrowawayPostgres, postgres_stop
 from store.config import Settings
 from tests.chaos.harness import assert_clean, run_scenario
@@ -33,14 +34,20 @@ async def test_fast_restart(
 async def test_hard_stop_then_start_after_3s(
     pg_settings: Settings, own_postgres: ThrowawayPostgres, ledger_url: str
 ) -> None:
-    """``-m immediate`` and back 3 s later: long enough for every worker's lease to lapse."""
+    """``-m immediate`` and back 3 s later: long enough for every worker's lease to lapse.
+
+    Half the flows are plain ``def`` flows: their durable calls cross from a thread to
+    the event loop, and a lapse must reach them there too.
+    """
 
     async def crash() -> None:
         await asyncio.to_thread(postgres_stop, own_postgres, "immediate")
         await asyncio.sleep(3)
         await asyncio.to_thread(own_postgres.start)
 
-    outcome = await run_scenario(pg_settings, ledger_url, crash)
+    outcome = await run_scenario(
+        pg_settings, ledger_url, crash, flows=(cf.five_steps, cf.sync_five_steps)
+    )
     assert_clean(outcome)
     assert outcome.releases > 0, "the outage never lapsed a worker: the test proved nothing"
 

@@ -1,0 +1,51 @@
+"""A flow's bookkeeping failing while the lease holds: retried, then the run is released
+(``infra-unavailable``), never settled ``failed``; it completes once the store answers.
+
+In-process worker: the lease renews on its own pool, so only the flow's store calls
+fail here — the case where the lease does not end the retrying by itself.
+"""
+
+from __future__ import annotations
+
+import psycopg.errors as pg
+import pytest
+
+import tests.chaos.flows as cf
+import worker.retry as worker_retry
+from broker import AsyncQueue
+from store import Store
+from store.types import RunStatus
+from tests.fleet.procs import until
+from worker.process import Worker
+
+
+async def test_bookkeeping_that_gives_up_releases_the_run_instead_of_failing_it(
+    worker: Worker, queue: AsyncQueue, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker_retry, "DURABLE_GIVE_UP_S", 0.5)
+    steps = worker.store.steps
+    real_record = steps.record
+    calls: list[str] = []
+
+    async def failing_record(*args: object, **kwargs: object) -> object:
+        calls.append(str(kwargs.get("key")))
+        raise pg.AdminShutdown("terminating connection due to administrator command")
+
+    monkeypatch.setattr(steps, "record", failing_record)
+    run = await queue.enqueue(cf.two_steps, "t")
+
+    async def released() -> bool:
+        records = await store.journal.records(run.id)
+        return any(
+            r.kind == "interrupt-released"
+            and isinstance(r.payload, dict)
+            and r.payload.get("detail") == "infra-unavailable"
+            for r in records
+        )
+
+    await until(released, 15, "the run to be released for its failing bookkeeping")
+    assert len(calls) > 2, "the record was not retried before giving up"
+    assert (await run.get_status()) is not RunStatus.FAILED
+    monkeypatch.setattr(steps, "record", real_record)
+    assert await run.result(timeout=20) == ["t-a", "t-b"]
+    assert await store.stats.settled_more_than_once() == {}

@@ -48,9 +48,16 @@ BEGIN
 
     EXECUTE 'GRANT SELECT ON ' || run_tables || ', runfleet.flows, runfleet.grants,'
             ' runfleet.schema_migrations TO runfleet_producer, runfleet_operator';
-    GRANT INSERT, UPDATE ON runfleet.runs, runfleet.deferreds, runfleet.clocks
+    -- A producer admits, cancels (with the cascade to attached children) and answers:
+    -- only the columns those statements write. Owner, lease, epoch, result and identity
+    -- columns stay the workers' (a producer cannot forge a run's result or tenure).
+    GRANT INSERT ON runfleet.runs, runfleet.journal, runfleet.run_parents, runfleet.deferreds
         TO runfleet_producer;
-    GRANT INSERT ON runfleet.journal, runfleet.run_parents TO runfleet_producer;
+    GRANT UPDATE (status, state, cancel_requested_at_ms, updated_at_ms, waiting_reason,
+                  waiting_wake_at_ms, waiting_token, waiting_request, waiting_deferred,
+                  claim_host, claim_pid, claim_nonce, claimed_at_ms)
+        ON runfleet.runs TO runfleet_producer;
+    GRANT UPDATE (completed_at_ms) ON runfleet.clocks TO runfleet_producer;
     -- resume a quarantined run: accept the recorded output, or drop it to re-run the step
     GRANT UPDATE (digest), DELETE ON runfleet.steps TO runfleet_producer;
     GRANT USAGE ON ALL SEQUENCES IN SCHEMA runfleet TO runfleet_producer;

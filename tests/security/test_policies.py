@@ -68,6 +68,8 @@ async def test_workers_pay_nothing_for_row_level_security(
     for query in queries:
         plain = await _rows(database_url, query)
         assert await _rows(me.url, query) == plain
+        if "UPDATE" in query:  # a lease column: not a producer's to write at all
+            continue
         scoped = await _rows(producer.url, query)  # the test would catch a no-op policy
         assert scoped != plain and ("InitPlan" in str(scoped) or "SubPlan" in str(scoped))
 
@@ -206,3 +208,33 @@ async def test_a_role_sees_exactly_the_runs_its_grants_cover(
     async with await psycopg.AsyncConnection.connect(me.url) as conn:
         cur = await conn.execute("SELECT id FROM runfleet.runs")
         assert {row[0] for row in await cur.fetchall()} == visible
+
+
+FORGERIES: list[LiteralString] = [
+    "UPDATE runfleet.runs SET result = '42'",
+    "UPDATE runfleet.runs SET owner_host = 'me', owner_nonce = 'n', epoch = epoch + 1",
+    "UPDATE runfleet.runs SET flow = 'other.flow'",
+    "UPDATE runfleet.steps SET output = '1', compensate = 'os:system'",
+    "UPDATE runfleet.deferreds SET value = '1'",
+    "DELETE FROM runfleet.journal",
+    "DELETE FROM runfleet.runs",
+    "INSERT INTO runfleet.clocks (run_id, name, deferred_name, due_at_ms)"
+    " SELECT id, 'c', 'd', 0 FROM runfleet.runs",
+    "INSERT INTO runfleet.flows (name, queue, registered_at_ms, last_seen_ms)"
+    " VALUES ('x', 'q', 0, 0)",
+]
+
+
+async def test_a_producer_cannot_forge_results_tenure_or_records_of_its_own_runs(
+    login: MakeLogin,
+) -> None:
+    """Column privileges: even within its scopes, a producer writes only what admitting,
+    cancelling and answering write."""
+    me = await login(GroupRole.PRODUCER, "s1")
+    async with AsyncQueue("default", settings=me.settings, scopes=["s1"], late_binding=True) as q:
+        await q.enqueue("sec.leaf", 1, run_id="mine")
+    async with await psycopg.AsyncConnection.connect(me.url, autocommit=True) as conn:
+        for statement in FORGERIES:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                await conn.execute(statement)
+                pytest.fail(f"a producer ran: {statement}")

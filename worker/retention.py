@@ -53,6 +53,7 @@ class RetentionLoop:
         interval: float = INTERVAL_S,
         batch: int = DEFAULT_BATCH,
         max_batches: int = MAX_BATCHES_PER_PASS,
+        consumer_idle_ms: int = DEAD_CONSUMER_IDLE_MS,
     ) -> None:
         self._retention = Retention(store.db)
         self._settings = settings
@@ -61,6 +62,7 @@ class RetentionLoop:
         self._interval = interval
         self._batch = batch
         self._max_batches = max_batches
+        self._consumer_idle_ms = consumer_idle_ms
         self._cursor: Cursor = START
         self._stop = asyncio.Event()
 
@@ -124,7 +126,7 @@ class RetentionLoop:
         if self._streams is None or not self._queues:
             return 0
         try:
-            removed = await self._streams.prune_consumers(self._queues, DEAD_CONSUMER_IDLE_MS)
+            removed = await self._streams.prune_consumers(self._queues, self._consumer_idle_ms)
         except Exception as exc:
             metrics.INFRA_ERRORS.labels("retention").inc()
             log.warning("retention.consumers_failed", extra={"error": repr(exc)})

@@ -6,9 +6,11 @@ import asyncio
 
 import pytest
 from pydantic import ValidationError
+from redis.asyncio import Redis
 
 import tests.retention.flows as flows
 from broker import AsyncQueue
+from broker.keys import GROUP
 from store import Store
 from store.config import Settings
 from store.retention import Retention
@@ -38,8 +40,11 @@ async def test_loop_prunes_and_only_one_process_per_pass(
         await (await queue.enqueue(flows.leaf, i)).result(timeout=20)
     held = await queue.enqueue(flows.waits)
     aged = settings.model_copy(update={"retention": 0.001})
-    one = RetentionLoop(store, aged, worker.streams, ["default"], batch=2)
+    one = RetentionLoop(store, aged, worker.streams, ["default"], batch=2, consumer_idle_ms=0)
     other = RetentionLoop(store, aged, worker.streams, ["default"], batch=2)
+    stream = worker.streams.stream_key("default")
+    redis = Redis.from_url(settings.redis_url)
+    await redis.xgroup_createconsumer(stream, GROUP, "ghost:1:dead")
 
     async with Retention(store.db).exclusive() as mine:
         assert mine
@@ -49,6 +54,9 @@ async def test_loop_prunes_and_only_one_process_per_pass(
     done = await one.tick()
     assert done is not None and done.deleted.runs == 4 and done.complete
     assert set(await runs_by_status(store)) == {held.id}
+    consumers = [c["name"] for c in await redis.xinfo_consumers(stream, GROUP)]
+    await redis.aclose()
+    assert b"ghost:1:dead" not in consumers, "the dead consumer was pruned with the pass"
     again = await other.tick()
     assert again is not None and again.deleted.runs == 0
 

@@ -29,6 +29,7 @@ from worker import metrics
 from worker.coordinator import Coordinator
 from worker.driver import Driver
 from worker.lease import Lease, LeaseGate
+from worker.retention import RetentionLoop
 from worker.retry import INFRA_ERRORS
 from worker.sweeper import Sweeper
 from worker.watchdog import Watchdog
@@ -137,6 +138,7 @@ class Worker:
             confirm=self.settings.failstop_confirm,
         )
         sweeper = Sweeper(store, self.settings, self._dispatch)
+        retention = RetentionLoop(store, self.settings, self.streams, self.queues)
         self._started_ms = int(time.time() * 1000)
         try:
             try:
@@ -149,6 +151,7 @@ class Worker:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(lease.run(self._side_stop), name="lease")
                 tg.create_task(sweeper.run(self._side_stop), name="sweeper")
+                tg.create_task(retention.run(self._side_stop), name="retention")
                 tg.create_task(self._lag_loop(), name="stream-lag")
                 listener = tg.create_task(self._cancel_listener(), name="cancel-listener")
                 reader = tg.create_task(self._read_loop(), name="reader")

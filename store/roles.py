@@ -17,7 +17,8 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import DictRow, dict_row
 
-from store.errors import RunfleetError
+from store import validate
+from store.errors import InvalidInput, RunfleetError
 from store.queries import q
 
 
@@ -112,10 +113,14 @@ async def status(url: str) -> list[RoleStatus]:
 
 
 def _scopes(scopes: list[str]) -> list[str]:
-    cleaned = sorted({s.strip() for s in scopes})
-    if not cleaned or any(not s or len(s) > 255 for s in cleaned):
-        raise RolesRefused("scopes must be 1 to 255 characters each, at least one")
-    return cleaned
+    """The store's own rule for a scope (``validate.identifier``), so every scope a run
+    can record can be granted, and nothing else."""
+    if not scopes:
+        raise RolesRefused("name at least one scope")
+    try:
+        return sorted({validate.identifier("scope", s) for s in scopes})
+    except InvalidInput as exc:
+        raise RolesRefused(str(exc)) from None
 
 
 async def _grant_op(url: str, name: str, role: str, scopes: list[str]) -> list[str]:
@@ -123,8 +128,14 @@ async def _grant_op(url: str, name: str, role: str, scopes: list[str]) -> list[s
     try:
         async with await _connect(url) as conn:
             cur = await conn.execute(q(name), params)
-            return sorted(str(row["scope"]) for row in await cur.fetchall())
-    except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedObject) as exc:
+            changed = sorted(str(row["scope"]) for row in await cur.fetchall())
+            if not changed and name == "roles.grant":
+                cur = await conn.execute(q("roles.role_exists"), params)
+                row = await cur.fetchone()
+                if row is None or not row["exists"]:
+                    raise RolesRefused(f"role {role!r} does not exist")
+            return changed
+    except psycopg.errors.InsufficientPrivilege as exc:
         raise _refused(exc) from exc
 
 

@@ -80,20 +80,31 @@ SELECT w.name AS role, r.oid IS NOT NULL AS exists,
 -- Make a login role a member of a group role; identifiers are composed by store/roles.py.
 GRANT {group} TO {member};
 
+-- name: role_exists
+-- Roles are named exactly as pg_roles spells them (no identifier folding or quoting).
+SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = %(role)s) AS exists;
+
 -- name: grant
 -- Only the schema owner (migrator) or a superuser may write grants: nobody else holds
 -- INSERT or DELETE on the table. Scopes already granted are not returned.
 INSERT INTO runfleet.grants (role, scope, granted_at_ms)
-SELECT %(role)s::regrole, s, runfleet.now_ms()
-  FROM unnest(%(scopes)s::text[]) AS s
+SELECT r.oid::regrole, s, runfleet.now_ms()
+  FROM pg_roles r, unnest(%(scopes)s::text[]) AS s
+ WHERE r.rolname = %(role)s
 ON CONFLICT DO NOTHING
 RETURNING scope;
 
 -- name: revoke
-DELETE FROM runfleet.grants
- WHERE role = %(role)s::regrole AND scope = ANY (%(scopes)s::text[])
+-- By name, or by OID for the rows of a role since dropped (they list as the OID).
+DELETE FROM runfleet.grants g
+ WHERE (g.role::oid IN (SELECT oid FROM pg_roles WHERE rolname = %(role)s)
+        OR g.role::oid::text = %(role)s)
+   AND g.scope = ANY (%(scopes)s::text[])
 RETURNING scope;
 
 -- name: grants
 -- Every grant this role may see: all of them for the owner, its own for anyone else.
-SELECT role::text AS role, scope, granted_at_ms FROM runfleet.grants ORDER BY 1, 2;
+-- A role since dropped shows as its OID.
+SELECT coalesce(r.rolname::text, g.role::oid::text) AS role, g.scope, g.granted_at_ms
+  FROM runfleet.grants g LEFT JOIN pg_roles r ON r.oid = g.role::oid
+ ORDER BY 1, 2;

@@ -238,3 +238,25 @@ async def test_a_producer_cannot_forge_results_tenure_or_records_of_its_own_runs
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 await conn.execute(statement)
                 pytest.fail(f"a producer ran: {statement}")
+
+
+async def test_grant_names_roles_exactly_and_scopes_by_the_stores_rule(
+    database_url: str, login: MakeLogin
+) -> None:
+    me = await login(GroupRole.OPERATOR)
+    env = cli_env(Settings(database_url=database_url))
+    for argv, message in (
+        (("grant", "no such role", "s"), "role 'no such role' does not exist"),
+        (("grant", me.name.upper(), "s"), f"role '{me.name.upper()}' does not exist"),
+        (("grant", me.name, "x" * 256), "invalid scope: is 256 characters"),
+        (("grant", me.name, "a\tb"), "invalid scope: must not contain control characters"),
+    ):
+        refused = await invoke(env, *argv)
+        assert refused.clean and refused.code == 1 and message in refused.stderr, refused
+    granted = await invoke(env, "grant", me.name, "s", "s", "t")
+    assert granted.code == 0 and f"granted {me.name}: s, t" in granted.stdout
+    again = await invoke(env, "grant", me.name, "s")
+    assert again.code == 0 and "nothing new" in again.stdout
+    revoked = await invoke(env, "revoke", me.name, "s", "u")
+    assert revoked.code == 0 and f"revoked {me.name}: s" in revoked.stdout
+    assert [g.scope for g in await roles.grants(me.url)] == ["t"]

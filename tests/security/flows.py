@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -22,3 +23,10 @@ async def full(ctx: Context, tag: str) -> dict[str, Any]:
     await ctx.sleep(timedelta(milliseconds=50))
     answer = await ctx.wait_for("go")
     return {"upper": upper, "kid": kid, "answer": answer}
+
+
+@flow(name="sec.slow")
+async def slow(ctx: Context, seconds: float) -> str:
+    """Long enough in one step for its worker to be SIGKILLed while it owns the run."""
+    await ctx.step("nap", asyncio.sleep, seconds)
+    return "rested"

@@ -36,8 +36,11 @@ def run_row(row: Row) -> RunRow:
             request=row["waiting_request"],
         )
     state = row["state"] or {}
-    if row.get("result") is not None:  # the exact result text (store/values.py), decoded
-        state = {**state, "result": row["result"]}
+    # The exact texts of the payload and the result (store/values.py), decoded; rows
+    # written before those columns existed keep theirs in ``state``.
+    for column in ("payload", "result"):
+        if row.get(column) is not None:
+            state = {**state, column: row[column]}
     return RunRow(
         id=row["id"],
         flow=row["flow"],

@@ -104,8 +104,8 @@ class Runs:
 
     def _state(self, new: NewRun) -> dict[str, Any]:
         state: dict[str, Any] = dict(new.extra)
+        state.pop("payload", None)  # the payload has its own column (see _insert_params)
         state.update(
-            payload=new.payload,
             scopes=sorted(set(new.scopes)),
             parent=new.parent_id,
             on_parent_exit=new.on_parent_exit.value,
@@ -120,7 +120,6 @@ class Runs:
         validate.identifier("run_id", new.id)
         validate.identifier("flow", new.flow)
         validate.identifier("queue", new.queue)
-        validate.json_value("payload", new.payload, self._settings.max_payload_bytes)
         validate.json_value("extra", new.extra, self._settings.max_payload_bytes)
         for scope in new.scopes:
             validate.identifier("scopes", scope)
@@ -138,12 +137,19 @@ class Runs:
     def _insert_params(
         self, news: Sequence[NewRun], states: Sequence[dict[str, Any]], inherit: bool
     ) -> dict[str, Any]:
-        """``runs.insert``'s parallel arrays for a batch of admissions."""
+        """``runs.insert``'s parallel arrays for a batch of admissions.
+
+        The payload goes in as its canonical text (``store.values``), so the flow's
+        arguments come back exactly as the producer gave them (``1e16`` stays a float);
+        a payload that cannot be stored raises UnstorableValue (field ``payload``).
+        """
+        limit = self._settings.max_payload_bytes
         return {
             "id": [n.id for n in news],
             "flow": [n.flow for n in news],
             "queue": [n.queue for n in news],
             "state": [Jsonb(state) for state in states],
+            "payload": [values.encode_canonical(n.payload, limit, "payload") for n in news],
             "lineage_id": [n.lineage_id or n.id for n in news],
             "round_ordinal": [n.round_ordinal for n in news],
             "previous_round_id": [n.previous_round_id for n in news],

@@ -35,6 +35,7 @@ CREATE TABLE runfleet.runs (
     waiting_request         jsonb,
     waiting_deferred        text,
     result                  json,  -- canonical text of a completed run's result (store/values.py)
+    payload                 json,  -- canonical text of the run's arguments (store/values.py)
     CHECK ((owner_host IS NULL) = (owner_nonce IS NULL)),
     CHECK ((claim_host IS NULL) = (claimed_at_ms IS NULL)),
     CHECK (status <> 'running' OR owner_host IS NOT NULL)

@@ -20,21 +20,22 @@ SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r
 -- on (lineage_id, round_ordinal) with a unique violation instead of joining. A row
 -- whose id is taken (by another run, or earlier in the same batch) is not returned.
 INSERT INTO runfleet.runs AS r (
-    id, flow, queue, status, state, lineage_id, round_ordinal, parent_run_id,
+    id, flow, queue, status, state, payload, lineage_id, round_ordinal, parent_run_id,
     created_at_ms, updated_at_ms, cancel_requested_at_ms,
     waiting_reason, waiting_wake_at_ms)
 SELECT b.id, b.flow, b.queue, 'pending',
     b.state || CASE WHEN b.timeout_ms IS NULL THEN '{}'::jsonb
                ELSE jsonb_build_object('deadline_ms', t.now_ms + b.timeout_ms) END,
+    b.payload::json,  -- canonical text, kept verbatim (store/values.py)
     b.lineage_id, b.round_ordinal, b.previous_round_id, t.now_ms, t.now_ms,
     CASE WHEN b.inherit_cancel THEN t.now_ms END,
     CASE WHEN b.delay_until_ms IS NOT NULL THEN 'timer' END, b.delay_until_ms
   FROM (SELECT runfleet.now_ms() AS now_ms) AS t,  -- one admission instant per batch
        unnest(%(id)s::text[], %(flow)s::text[], %(queue)s::text[], %(state)s::jsonb[],
-              %(lineage_id)s::text[], %(round_ordinal)s::integer[],
+              %(payload)s::text[], %(lineage_id)s::text[], %(round_ordinal)s::integer[],
               %(previous_round_id)s::text[], %(inherit_cancel)s::boolean[],
               %(delay_until_ms)s::bigint[], %(timeout_ms)s::bigint[])
-       WITH ORDINALITY AS b(id, flow, queue, state, lineage_id, round_ordinal,
+       WITH ORDINALITY AS b(id, flow, queue, state, payload, lineage_id, round_ordinal,
                             previous_round_id, inherit_cancel, delay_until_ms, timeout_ms, n)
  ORDER BY b.n
 ON CONFLICT DO NOTHING

@@ -96,3 +96,10 @@ async def test_payloads_compare_by_json_value_through_the_queue(queue: AsyncQueu
     with pytest.raises(ExecutionIdentityConflict) as caught:
         await queue.enqueue(vf.replay_after_kill, [0.5, 1e16, 2**60, 1.5e300], run_id=floats)
     assert caught.value.field == "payload"
+
+
+async def test_flow_arguments_arrive_as_the_producer_passed_them(
+    worker: Worker, queue: AsyncQueue
+) -> None:
+    run = await queue.enqueue(vf.echo, list(vf.SPECIALS))
+    assert identical(await run.result(timeout=15), vf.SPECIALS)

@@ -310,17 +310,30 @@ async def test_one_point_zero_and_one_are_the_same_json_number(store: Store) -> 
     assert isinstance(joined, Joined)
 
 
-async def test_a_payload_postgres_refuses_is_a_typed_error_not_a_driver_error(
+async def test_a_payload_that_cannot_be_stored_is_a_typed_error_not_a_driver_error(
     store: Store,
 ) -> None:
-    """A lone surrogate passes the admission check (JSON escapes it) but jsonb refuses it:
-    the producer, a parent admitting a child or a handoff gets UnstorableValue, once."""
+    """The producer, a parent admitting a child or a handoff gets UnstorableValue, once:
+    refused before writing (the payload), or refused by Postgres (jsonb rejects a lone
+    surrogate in ``extra``, which only the JSON syntax check saw)."""
     with pytest.raises(UnstorableValue) as caught:
         await store.runs.create(NewRun(id="s", flow="tests.flow", payload={"s": "\ud800"}))
-    assert caught.value.field == "payload" and "Postgres refused it" in caught.value.problem
+    assert caught.value.field == "payload" and "lone surrogate" in caught.value.problem
+    with pytest.raises(UnstorableValue) as refused:
+        await store.runs.create(NewRun(id="s", flow="tests.flow", extra={"note": "\ud800"}))
+    assert "Postgres refused it" in refused.value.problem
+    assert isinstance(refused.value.__cause__, psycopg.DataError)
     assert await store.runs.get("s") is None
     with pytest.raises(UnstorableValue):
         await store.runs.create_many(
-            [NewRun(id=f"s{i}", flow="tests.flow", payload=["\udc00"]) for i in range(2)]
+            [NewRun(id=f"s{i}", flow="tests.flow", extra={"x": ["\udc00"]}) for i in range(2)]
         )
     assert await store.runs.get_many(["s0", "s1"]) == []
+
+
+async def test_payloads_come_back_identical(store: Store) -> None:
+    """A flow's arguments are what the producer passed: 1e16 stays a float, 2**70 an int."""
+    payload = {"args": list(SPECIALS), "kwargs": {"z": -0.0, "a": {"deep": [1e21]}}}
+    created = await store.runs.create(NewRun(id="p", flow="tests.flow", payload=payload))
+    assert isinstance(created, Created) and identical(created.row.payload, payload)
+    assert identical((await must_get(store, "p")).payload, payload)

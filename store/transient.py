@@ -134,9 +134,10 @@ async def retrying(
 ) -> T:
     """Call ``fn`` until it returns, retrying transient errors with jittered backoff.
 
-    ``check`` runs before every attempt after the first: it raises to stop retrying
-    (a flow whose lease lapsed must stop, not keep knocking). After ``give_up_after``
-    seconds the last transient error is raised as it was; any other error at once.
+    ``check`` runs before every attempt (no I/O): it raises to stop, so a flow whose
+    lease lapsed starts no write and stops retrying rather than keep knocking. After
+    ``give_up_after`` seconds the last transient error is raised as it was; any other
+    error at once.
     """
 
     def before_sleep(state: RetryCallState) -> None:
@@ -151,7 +152,7 @@ async def retrying(
         before_sleep=before_sleep,
         reraise=True,
     ):
-        if check is not None and attempt.retry_state.attempt_number > 1:
+        if check is not None:
             check()
         with attempt:
             return await fn()

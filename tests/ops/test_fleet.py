@@ -57,8 +57,12 @@ async def test_fleet_lists_exactly_the_live_processes(
     followed = await cli("journal", run.id, "--follow", "--json")  # ends when it settles
     assert followed.code == 0, followed
     entries = [JournalEntry.model_validate_json(line) for line in followed.stdout.splitlines()]
-    assert [e.kind for e in entries][-1] == "interrupted"
-    assert entries[-1].sentence.startswith("cancelled by its owner")
+    # Evidence from other workers (a wake refused by the owner's fresh lease) may land
+    # around the settlement; the owner's own last decision is the cancellation.
+    evidence = {"steal-refused-owner-alive", "claim-lost", "activation-lost"}
+    decisions = [e for e in entries if e.kind not in evidence]
+    assert decisions[-1].kind == "interrupted"
+    assert decisions[-1].sentence.startswith("cancelled by its owner")
     again = await cli("cancel", run.id, "--json")
     assert CancelResult.model_validate_json(again.stdout).outcome == "already-terminal"
 

@@ -1,0 +1,41 @@
+"""Sweep cursors live in Postgres: whichever worker wins a tick continues the walk.
+
+Two sweepers with their own pools stand for two worker processes that win alternate
+ticks. With 7 released runs and a batch of 3, every run is dispatched within
+ceil(7 / 3) = 3 ticks in total, and the walk wraps around to the start; a cursor kept
+in each process would have the second one start over at the first row.
+"""
+
+from __future__ import annotations
+
+from store import Store
+from store.config import Settings
+from store.types import Waiting
+from tests.store.helpers import extra_stores, make_parked
+from worker.sweeper import Sweeper
+
+
+async def test_sweepers_of_two_processes_share_one_cursor_and_wrap(
+    store: Store, settings: Settings
+) -> None:
+    released = [f"rel-{i}" for i in range(7)]
+    for run_id in released:
+        await make_parked(store, run_id, Waiting("released"))
+    small = settings.model_copy(update={"sweep_batch": 3})
+    dispatched: list[list[str]] = []
+
+    async def dispatch(run_ids: list[str], reason: str) -> None:
+        assert reason == "sweep:parked", (reason, run_ids)  # no other sweep has rows here
+        dispatched.append(sorted(run_ids))
+
+    async with extra_stores(settings, 2) as (one, two):
+        a, b = Sweeper(one, small, dispatch), Sweeper(two, small, dispatch)
+        for sweeper in (a, b, a):
+            await sweeper.tick()
+        assert [len(batch) for batch in dispatched] == [3, 3, 3]
+        assert sorted({r for batch in dispatched for r in batch}) == released
+        # The third tick reached the end after one row and wrapped: the batch is full
+        # and the cursor now points past the start, where the next tick continues.
+        assert dispatched[2] == sorted(["rel-6", "rel-0", "rel-1"])
+        await b.tick()
+        assert dispatched[3] == ["rel-2", "rel-3", "rel-4"]

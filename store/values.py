@@ -1,4 +1,4 @@
-"""The stored canonical form of JSON values: what a step, a result or a completion records.
+"""The stored canonical form of JSON values: recorded calls, payloads, results, completions.
 
 A recorded value must come back from Postgres identical in value *and* type, or
 replay changes what a flow sees (jsonb rewrites ``1e16`` as ``10000000000000000``,

@@ -170,15 +170,15 @@ def _next_pending(facts: Facts) -> NextStep:
         return NextStep(
             summary=f"the claim of {who(row.claim)} is stranded; the next drive clears it and a "
             f"worker starts the run (the lost-wake sweep re-schedules it within "
-            f"~{seconds(2 * cfg.stale_after_ms + sweep)}).",
-            within_ms=2 * cfg.stale_after_ms + sweep,
+            f"~{seconds(cfg.lost_pending_after_ms + sweep)}).",
+            within_ms=cfg.lost_pending_after_ms + sweep,
             needs_person=False,
         )
     if problem:
         return NextStep(summary=problem + ".", within_ms=None, needs_person=True)
     age = now - row.created_at_ms
     lag = f" ({facts.lag} entries wait on the stream)" if facts.lag is not None else ""
-    if age <= 2 * cfg.stale_after_ms:
+    if age <= cfg.lost_pending_after_ms:
         return NextStep(
             summary=f"a worker on queue {row.queue} will claim it when a slot frees{lag}.",
             within_ms=None,
@@ -235,9 +235,9 @@ def _next_suspended(facts: Facts) -> NextStep:
             summary=problem + "."
             if problem
             else "its wait is answered; a worker resumes it "
-            f"(re-scheduled within ~{seconds(2 * cfg.stale_after_ms + sweep)} if its wake was "
+            f"(re-scheduled within ~{seconds(cfg.woken_grace_ms + sweep)} if its wake was "
             "lost).",
-            within_ms=None if problem else 2 * cfg.stale_after_ms + sweep,
+            within_ms=None if problem else cfg.woken_grace_ms + sweep,
             needs_person=problem is not None,
         )
     if w.reason == "released":

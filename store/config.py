@@ -91,6 +91,18 @@ class Settings(BaseSettings):
         """Seconds a liveness key outlives its last refresh (three intervals)."""
         return 3 * self.heartbeat_interval
 
+    @property
+    def woken_grace_ms(self) -> int:
+        """How long a run whose wait was answered waits for its own wake before the
+        runnable-suspended sweep dispatches it anyway (two sweep intervals)."""
+        return int(2 * self.sweep_interval * 1000)
+
+    @property
+    def lost_pending_after_ms(self) -> int:
+        """Age at which a never-started pending run's wake counts as lost, and the least
+        time between two lost-pending scan cycles (a backlog is not re-woken every tick)."""
+        return 2 * self.stale_after_ms
+
     producer_retry_for: float = Field(default=10.0, ge=0)
     """Seconds a producer call retries a transient error before raising ``Unavailable``."""
     prepare_threshold: int | None = 5

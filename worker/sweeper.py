@@ -153,7 +153,7 @@ class Sweeper:
         after that a duplicate wake is harmless (the claim is a CAS).
         """
         sweeps = self._store.sweeps
-        older = int(2 * self._settings.sweep_interval * 1000)
+        older = self._settings.woken_grace_ms
 
         async def read(after: SweepKey, limit: int) -> list[Keyed]:
             return await sweeps.runnable_suspended(older_than_ms=older, after=after, limit=limit)
@@ -235,7 +235,7 @@ class Sweeper:
         waits for free slots does not collect a duplicate wake every tick.
         """
         sweeps = self._store.sweeps
-        older = self._settings.stale_after_ms * 2
+        older = self._settings.lost_pending_after_ms
         cursor = await sweeps.cursor(SweepKind.LOST_PENDING)
         if cursor.through is None:
             if (

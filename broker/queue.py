@@ -25,7 +25,7 @@ from broker.admission import EnqueueSpec, check_signature, flow_target, importab
 from broker.client import connect
 from broker.codec import message_for
 from broker.notify import Notifier
-from broker.streams import Streams
+from broker.streams import Streams, lane_for
 from store import Store
 from store.config import Settings
 from store.errors import (
@@ -311,7 +311,10 @@ class AsyncQueue:
             row = await self.store.runs.get(run_id)
             if row is None:
                 return
-            await self.streams.publish(row.queue, message_for(row.id, row.flow, reason))
+            # A woken run already started: its wake takes the recovery lane, ahead of any backlog.
+            await self.streams.publish(
+                row.queue, message_for(row.id, row.flow, reason), lane_for(row.epoch)
+            )
         except Exception as exc:  # the lost-wake sweep covers it
             log.warning("wake.publish_failed", extra={"run_id": run_id, "error": repr(exc)})
 

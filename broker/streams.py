@@ -79,6 +79,13 @@ class Lane(enum.StrEnum):
     NORMAL = "normal"
 
 
+def lane_for(epoch: int) -> Lane:
+    """The lane a run's wake goes to: runs that already started (epoch > 0: takeovers,
+    released or woken runs) resume ahead of any backlog; a never-started run keeps its
+    FIFO place."""
+    return Lane.RECOVERY if epoch > 0 else Lane.NORMAL
+
+
 @dataclass(frozen=True, slots=True)
 class Delivery:
     """One message handed to this consumer; ack it once the drive attempt has decided."""

@@ -21,7 +21,7 @@ from broker.client import connect
 from broker.codec import message_for
 from broker.liveness import Liveness
 from broker.notify import Notifier
-from broker.streams import Delivery, Lane, Streams
+from broker.streams import Delivery, Lane, Streams, lane_for
 from store import Store
 from store.config import Settings
 from store.types import Owner, RunRow, RunStatus
@@ -43,9 +43,8 @@ LAG_INTERVAL_S = 5.0
 
 
 def lane_of(row: RunRow) -> Lane:
-    """Runs that already started (epoch > 0: takeovers, released or woken runs) resume on the
-    recovery lane, read before any backlog; a never-started run keeps its FIFO place."""
-    return Lane.RECOVERY if row.epoch > 0 else Lane.NORMAL
+    """The lane a run's wake goes to (``broker.streams.lane_for``)."""
+    return lane_for(row.epoch)
 
 
 def import_flows(modules: Sequence[str]) -> None:

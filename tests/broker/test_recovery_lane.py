@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
+from broker import AsyncQueue
 from broker.codec import StreamMessage
 from broker.streams import Delivery, Lane, QueueDepth, Streams
+from store import Store
+from store.types import Waiting
 from tests.broker.helpers import eventually
+from tests.store.helpers import make_parked
 
 
 def msg(run: str) -> StreamMessage:
@@ -66,3 +70,15 @@ async def test_recovery_lane_is_reclaimed_first_and_recreated(
     assert await streams.read("c1", ["q"], count=5, block_ms=0) == []  # all normal ones taken
     await streams.publish("q", msg("after"), Lane.RECOVERY)
     assert runs(await streams.read("c1", ["q"], count=5, block_ms=0)) == ["after"]
+
+
+async def test_an_answered_wait_wakes_its_started_run_on_the_recovery_lane(
+    store: Store, queue: AsyncQueue
+) -> None:
+    parked = await make_parked(store, "answered", Waiting("event"), deferred="paid")
+    assert parked.queue == queue.name and parked.epoch == 1
+
+    assert await queue.complete("answered", "paid", {"amount": 12})
+    assert await queue.streams.depth(queue.name, Lane.RECOVERY) == QueueDepth(1, 0)
+    (woken,) = await queue.streams.read("c1", [queue.name], count=1, block_ms=0)
+    assert (woken.message.run, woken.lane) == ("answered", Lane.RECOVERY)

@@ -103,6 +103,13 @@ async def _fleet(cfg: Settings, host: str | None, *, with_db: bool) -> FleetView
         members = await Liveness.for_settings(redis, cfg).fleet(now)
     finally:
         await redis.aclose()
+    return fleet_view(members, owned, now, host)
+
+
+def fleet_view(
+    members: list[FleetMember], owned: dict[Owner, int] | None, now: int, host: str | None = None
+) -> FleetView:
+    """``fleet --json`` from the liveness keys and the database's counts (the dashboard's too)."""
     members = [m for m in members if host is None or m.host == host]
     return FleetView(now_ms=now, workers=[_member(m, owned, now) for m in members])
 

@@ -109,12 +109,24 @@ async def _runs(
     limit: int,
 ) -> RunList:
     async with c.services(cfg) as svc:
-        now = await svc.store.stats.now_ms()
-        since_ms = c.parse_since(since, now) if since else None
-        rows = await svc.store.inspect.list_runs(
-            status=status, flow=flow, queue=queue, since_ms=since_ms, limit=limit
-        )
-        return RunList(now_ms=now, runs=[RunSummary.of(r) for r in rows])
+        return await list_view(svc, status, flow, queue, since, limit)
+
+
+async def list_view(
+    svc: c.Services,
+    status: RunStatus | None,
+    flow: str | None,
+    queue: str | None,
+    since: str | None,
+    limit: int,
+) -> RunList:
+    """``runs --json`` over open services (the dashboard's ``/runs`` reads the same)."""
+    now = await svc.store.stats.now_ms()
+    since_ms = c.parse_since(since, now) if since else None
+    rows = await svc.store.inspect.list_runs(
+        status=status, flow=flow, queue=queue, since_ms=since_ms, limit=limit
+    )
+    return RunList(now_ms=now, runs=[RunSummary.of(r) for r in rows])
 
 
 # ---- show ------------------------------------------------------------------------
@@ -164,31 +176,36 @@ def show(run_id: RunId, as_json: c.AsJson = False) -> None:
 
 async def _show(cfg: Settings, run_id: str) -> RunDetail:
     async with c.services(cfg) as svc:
-        row = await svc.run_row(run_id)
-        store = svc.store
-        deferred = await store.inspect.waiting_deferred(run_id) if row.waiting else None
-        return RunDetail(
-            run=RunSummary.of(row, deferred),
-            now_ms=row.now_ms,
-            claim=OwnerView.of(row.claim),
-            claimed_at_ms=row.claimed_at_ms,
-            state=row.state,
-            parents=[e.parent_id for e in await store.dag.parents(run_id)],
-            children=[e.child_id for e in await store.dag.children(run_id)],
-            pending_clocks=[
-                ClockView(name=k.name, due_at_ms=k.due_at_ms)
-                for k in await store.waits.pending_clocks(run_id)
-            ],
-            deferreds=[
-                DeferredView(
-                    name=d.name,
-                    completed_at_ms=d.completed_at_ms,
-                    consumed_at_ms=d.consumed_at_ms,
-                    value=d.value,
-                )
-                for d in await store.waits.completed_deferreds(run_id)
-            ],
-        )
+        return await detail_view(svc, run_id)
+
+
+async def detail_view(svc: c.Services, run_id: str) -> RunDetail:
+    """``show --json`` over open services."""
+    row = await svc.run_row(run_id)
+    store = svc.store
+    deferred = await store.inspect.waiting_deferred(run_id) if row.waiting else None
+    return RunDetail(
+        run=RunSummary.of(row, deferred),
+        now_ms=row.now_ms,
+        claim=OwnerView.of(row.claim),
+        claimed_at_ms=row.claimed_at_ms,
+        state=row.state,
+        parents=[e.parent_id for e in await store.dag.parents(run_id)],
+        children=[e.child_id for e in await store.dag.children(run_id)],
+        pending_clocks=[
+            ClockView(name=k.name, due_at_ms=k.due_at_ms)
+            for k in await store.waits.pending_clocks(run_id)
+        ],
+        deferreds=[
+            DeferredView(
+                name=d.name,
+                completed_at_ms=d.completed_at_ms,
+                consumed_at_ms=d.consumed_at_ms,
+                value=d.value,
+            )
+            for d in await store.waits.completed_deferreds(run_id)
+        ],
+    )
 
 
 # ---- journal ---------------------------------------------------------------------
@@ -279,16 +296,21 @@ def _grow(parent: Tree, nodes: list[TreeNode]) -> None:
 
 async def _tree(cfg: Settings, run_id: str) -> TreeView:
     async with c.services(cfg) as svc:
-        row = await svc.run_row(run_id)
-        children = await _children(svc, row, 1, {row.id})
-        rounds = await svc.store.inspect.lineage(row.lineage_id)
-        waiting = await svc.store.waits.waiting_tree(run_id)
-        return TreeView(
-            run=RunSummary.of(row),
-            children=children,
-            rounds=[RunSummary.of(r) for r in rounds],
-            waiting=[WaitingTreeRow.of(w) for w in waiting],
-        )
+        return await tree_view(svc, run_id)
+
+
+async def tree_view(svc: c.Services, run_id: str) -> TreeView:
+    """``tree --json`` over open services."""
+    row = await svc.run_row(run_id)
+    children = await _children(svc, row, 1, {row.id})
+    rounds = await svc.store.inspect.lineage(row.lineage_id)
+    waiting = await svc.store.waits.waiting_tree(run_id)
+    return TreeView(
+        run=RunSummary.of(row),
+        children=children,
+        rounds=[RunSummary.of(r) for r in rounds],
+        waiting=[WaitingTreeRow.of(w) for w in waiting],
+    )
 
 
 async def _children(svc: c.Services, row: RunRow, depth: int, seen: set[str]) -> list[TreeNode]:

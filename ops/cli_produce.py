@@ -144,7 +144,12 @@ def cancel(
 async def _cancel(cfg: Settings, run_id: str, scopes: list[str]) -> CancelResult:
     await c.check_database(cfg.database_url)
     async with AsyncQueue("default", settings=cfg, scopes=scopes) as q:
-        outcome = await q.cancel(run_id, actor=actor())
+        return await cancel_on(q, run_id, actor())
+
+
+async def cancel_on(q: AsyncQueue, run_id: str, who: str) -> CancelResult:
+    """``cancel --json`` through an open queue (the dashboard's cancel button too)."""
+    outcome = await q.cancel(run_id, actor=who)
     match outcome:
         case CancelRequested(row=row):
             return CancelResult(run_id=run_id, outcome="requested", status=row.status)

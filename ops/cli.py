@@ -73,7 +73,7 @@ def worker(
 
 def _mount() -> None:
     """Command groups live in their own modules; this file only assembles them."""
-    from ops import cli_prune
+    from ops import cli_dashboard, cli_prune
     from ops.bench.__main__ import app as bench_app
 
     cli_runs.register(app)
@@ -83,6 +83,7 @@ def _mount() -> None:
     cli_roles.register(app)
     doctor.register(app)
     cli_prune.register(app)
+    cli_dashboard.register(app)
     app.add_typer(bench_app, name="bench")
 
 

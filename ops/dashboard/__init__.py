@@ -1,0 +1,1 @@
+"""``runfleet dashboard``: a server-rendered web UI over the same answers the CLI prints."""

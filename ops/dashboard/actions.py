@@ -1,0 +1,71 @@
+"""The dashboard's buttons: cancel, approve, deny, resume — the CLI's calls on the same queue.
+
+Each goes through ``broker.AsyncQueue`` with the scopes the dashboard was started with
+(``runfleet dashboard --scope``), so a run whose scopes they do not cover is refused
+exactly as ``runfleet cancel`` refuses it, and each decision is journaled with the
+actor ``dashboard:<login>@<host>``. The database role (RUNFLEET_DATABASE_URL) and its
+row-level security apply underneath, as for every producer.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import socket
+from enum import StrEnum
+from typing import Any, Literal
+
+from broker import AsyncQueue
+from ops import cli_common as c
+from ops.cli_produce import cancel_on
+from ops.models import AnswerResult, CancelResult
+
+
+class Action(StrEnum):
+    CANCEL = "cancel"
+    APPROVE = "approve"
+    DENY = "deny"
+    RESUME = "resume"
+
+
+def actor() -> str:
+    """Who decided, for the journal: the login the dashboard runs as, and its host."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no login name (containers): the host still says where it came from
+        user = "unknown"
+    return f"dashboard:{user}@{socket.gethostname()}"
+
+
+def _value(text: str) -> Any:
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise c.UserError(f"value is not valid JSON: {exc}") from None
+
+
+async def perform(
+    q: AsyncQueue, action: Action, run_id: str, form: dict[str, str]
+) -> CancelResult | AnswerResult:
+    """Carry out one button press; caller errors raise (ScopeDenied, InvalidInput, …)."""
+    who = actor()
+    reason = form.get("reason", "").strip() or None
+    done: Literal["approved", "denied", "resumed"]
+    match action:
+        case Action.CANCEL:
+            return await cancel_on(q, run_id, who)
+        case Action.APPROVE | Action.DENY:
+            token = form.get("token", "").strip()
+            if not token:
+                raise c.UserError("an approval needs its token")
+            answer = q.approve if action is Action.APPROVE else q.deny
+            await answer(run_id, token, _value(form.get("value", "")), actor=who, reason=reason)
+            done = "approved" if action is Action.APPROVE else "denied"
+        case Action.RESUME:
+            rerun = form.get("rerun_step", "").strip() or None
+            await q.resume(run_id, accept_recorded=rerun is None, rerun_step=rerun, actor=who)
+            done = "resumed"
+    row = await q.authorized(run_id)
+    return AnswerResult(run_id=run_id, action=done, status=row.status)

@@ -1,0 +1,276 @@
+"""The dashboard's ASGI app (Starlette): pages, their live fragments, the JSON API, the buttons.
+
+One set of connections (a small Postgres pool, one Redis client, one producer queue)
+is opened at startup and shared by every request. Every page is a template whose
+``#live`` part the page's script re-fetches every ``POLL_MS`` (with ``X-Partial: 1``,
+the server renders only that part), so pages follow runs as they move without a
+reload, and read as plain HTML without JavaScript.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import psycopg_pool
+from jinja2 import Environment, PackageLoader, select_autoescape
+from pydantic import BaseModel
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from broker import AsyncQueue
+from broker.queue import RunNotFound
+from ops import cli_common as c
+from ops.cli_runs import detail_view, list_view, tree_view
+from ops.dashboard import data, security, svg
+from ops.dashboard.actions import Action, perform
+from ops.explain import explain, gather
+from store.config import Settings
+from store.errors import InvalidInput, ScopeDenied
+from store.types import RunStatus
+
+POLL_MS = 1000
+RUNS_LIMIT = 100
+
+_env = Environment(
+    loader=PackageLoader("ops.dashboard", "templates"),
+    autoescape=select_autoescape(["html"]),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+_env.globals.update(
+    clock=c.clock, stamp=c.stamp, seconds=c.seconds, chart=svg.chart, statuses=list(RunStatus)
+)
+
+
+@dataclass
+class Dashboard:
+    svc: c.Services
+    queue: AsyncQueue
+    tail: data.JournalTail
+    scopes: tuple[str, ...]
+
+
+def _dash(request: Request) -> Dashboard:
+    dash: Dashboard = request.app.state.dash
+    return dash
+
+
+def _page(request: Request, name: str, status_code: int = 200, **ctx: Any) -> Response:
+    """The whole page, or only its live part when the page's script asks for it."""
+    partial = request.headers.get("x-partial") == "1"
+    template = _env.get_template(f"{name}_live.html" if partial else f"{name}.html")
+    body = template.render(
+        request=request,
+        csrf=security.token(request),
+        poll_ms=POLL_MS,
+        scopes=_dash(request).scopes,
+        **ctx,
+    )
+    response = HTMLResponse(body, status_code=status_code)
+    response.headers["cache-control"] = "no-store"
+    return security.remember(request, response)
+
+
+def _json(model: BaseModel, status_code: int = 200) -> Response:
+    return Response(model.model_dump_json(), status_code=status_code, media_type="application/json")
+
+
+def _problem(request: Request, status_code: int, message: str) -> Response:
+    if request.url.path.startswith("/api/") or "application/json" in request.headers.get(
+        "accept", ""
+    ):
+        return JSONResponse({"error": message}, status_code=status_code)
+    return _page(request, "error", status_code=status_code, message=message, code=status_code)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _answers(handler: Handler) -> Handler:
+    """Turn what a user can cause into a status code and one sentence, as the CLI does."""
+
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except (c.UnknownRun, RunNotFound) as exc:
+            return _problem(request, 404, str(exc))
+        except ScopeDenied as exc:
+            return _problem(request, 403, str(exc))
+        except (c.UserError, InvalidInput, ValueError) as exc:
+            return _problem(request, 400, str(exc))
+        except psycopg.errors.InsufficientPrivilege as exc:
+            return _problem(request, 403, f"the database role may not do this: {exc}")
+        except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
+            return _problem(request, 503, f"cannot reach the database: {exc}")
+
+    return wrapped
+
+
+# ---- pages -----------------------------------------------------------------------
+
+
+@_answers
+async def overview(request: Request) -> Response:
+    view = await data.overview(_dash(request).svc, _dash(request).tail)
+    if request.url.path.startswith("/api/"):
+        return _json(view)
+    return _page(request, "overview", view=view)
+
+
+def _filters(request: Request) -> dict[str, Any]:
+    q = request.query_params
+    status = q.get("status") or None
+    limit = int(q.get("limit") or RUNS_LIMIT)
+    return {
+        "status": RunStatus(status) if status else None,
+        "flow": q.get("flow") or None,
+        "queue": q.get("queue") or None,
+        "since": q.get("since") or None,
+        "limit": max(1, min(limit, 10_000)),
+    }
+
+
+@_answers
+async def runs(request: Request) -> Response:
+    f = _filters(request)
+    listing = await list_view(_dash(request).svc, **f)
+    if request.url.path.startswith("/api/"):
+        return _json(listing)
+    return _page(request, "runs", listing=listing, f=f)
+
+
+@_answers
+async def run(request: Request) -> Response:
+    svc, run_id = _dash(request).svc, request.path_params["run_id"]
+    detail = await detail_view(svc, run_id)
+    explanation = explain(await gather(svc, run_id))
+    journal = await data.journal(svc, run_id)
+    tree = await tree_view(svc, run_id)
+    steps = await data.steps(svc, run_id)
+    timeline = svg.timeline(journal.entries, explanation.now_ms, detail.run.status.terminal)
+    done = request.query_params.get("done")
+    return _page(
+        request,
+        "run",
+        detail=detail,
+        explanation=explanation,
+        journal=journal,
+        tree=tree,
+        steps=steps,
+        timeline=timeline,
+        done=done if done in _DONE_WORDS else None,
+        done_words=_DONE_WORDS,
+    )
+
+
+@_answers
+async def fleet(request: Request) -> Response:
+    svc = _dash(request).svc
+    now = await svc.store.stats.now_ms()
+    view, problem = await data.fleet(svc, now)
+    if request.url.path.startswith("/api/"):
+        if view is None:
+            return JSONResponse({"error": problem}, status_code=503)
+        return _json(view)
+    running = await svc.store.inspect.list_runs(status=RunStatus.RUNNING, limit=data.COUNT_CAP)
+    owned: dict[str, list[str]] = {}
+    for row in running:
+        if row.owner is not None:
+            owned.setdefault(row.owner.key, []).append(row.id)
+    hosts: dict[str, list[Any]] = {}
+    for w in view.workers if view else []:
+        hosts.setdefault(w.host, []).append(w)
+    return _page(request, "fleet", view=view, problem=problem, hosts=hosts, owned=owned)
+
+
+# ---- the run's JSON pieces (the CLI's --json answers) ------------------------------
+
+
+@_answers
+async def api_run(request: Request) -> Response:
+    svc, run_id = _dash(request).svc, request.path_params["run_id"]
+    match request.path_params.get("part", ""):
+        case "":
+            return _json(await detail_view(svc, run_id))
+        case "explain":
+            return _json(explain(await gather(svc, run_id)))
+        case "journal":
+            return _json(await data.journal(svc, run_id))
+        case "tree":
+            return _json(await tree_view(svc, run_id))
+        case "steps":
+            return _json(await data.steps(svc, run_id))
+    return JSONResponse({"error": "no such part"}, status_code=404)
+
+
+# ---- buttons -----------------------------------------------------------------------
+
+_DONE_WORDS = {
+    "requested": "cancellation requested: the owner (or a sweep) closes the run as cancelled",
+    "already-requested": "cancellation was already requested",
+    "already-terminal": "nothing to cancel: the run has already settled",
+    "approved": "approved",
+    "denied": "denied",
+    "resumed": "released from quarantine",
+    "completed": "completed",
+    "already-completed": "already completed",
+}
+
+
+@_answers
+async def act(request: Request) -> Response:
+    run_id = request.path_params["run_id"]
+    try:
+        action = Action(request.path_params["action"])
+    except ValueError:
+        return _problem(request, 404, f"no action {request.path_params['action']!r}")
+    form = {k: v for k, v in (await request.form()).items() if isinstance(v, str)}
+    why = security.refusal(request, form.get(security.FIELD))
+    if why is not None:
+        return _problem(request, 403, why)
+    result = await perform(_dash(request).queue, action, run_id, form)
+    if "application/json" in request.headers.get("accept", ""):
+        return _json(result)
+    outcome = getattr(result, "outcome", None) or getattr(result, "action", "")
+    return RedirectResponse(f"/runs/{run_id}?done={outcome}", status_code=303)
+
+
+def create_app(
+    settings: Settings,
+    *,
+    scopes: tuple[str, ...] = (),
+    allowed_hosts: tuple[str, ...] = ("127.0.0.1", "localhost", "::1"),
+) -> Starlette:
+    """The app; its connections open at startup (lifespan) and close at shutdown."""
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with (
+            c.services(settings, redis="optional") as svc,
+            AsyncQueue("default", settings=settings, scopes=scopes) as q,
+        ):
+            app.state.dash = Dashboard(svc, q, data.JournalTail(), scopes)
+            yield
+
+    routes = [
+        Route("/", overview),
+        Route("/runs", runs),
+        Route("/runs/{run_id}", run),
+        Route("/runs/{run_id}/{action}", act, methods=["POST"]),
+        Route("/fleet", fleet),
+        Route("/api/overview", overview),
+        Route("/api/runs", runs),
+        Route("/api/runs/{run_id}", api_run),
+        Route("/api/runs/{run_id}/{part}", api_run),
+        Route("/api/fleet", fleet),
+    ]
+    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))]
+    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)

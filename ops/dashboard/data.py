@@ -1,0 +1,240 @@
+"""What the pages show, gathered from the same store/inspect calls the CLI's commands make.
+
+Nothing here decides or re-words anything: runs, explanations, trees and fleets come
+from ``ops.cli_runs``, ``ops.explain`` and ``ops.cli_fleet``; this module adds only the
+fleet-wide aggregates the CLI has no command for (runs per queue, the journal's rate
+of settlements and recoveries), read through existing store methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+
+from ops import cli_common as c
+from ops.cli_fleet import fleet_view
+from ops.dashboard.models import (
+    AttemptView,
+    Chart,
+    OverviewView,
+    QueueCounts,
+    Series,
+    Steal,
+    StepsView,
+    StepView,
+)
+from ops.explain import entry
+from ops.models import FleetView, JournalView
+from store.journal import Kind
+from store.types import JournalRecord, RunStatus
+
+WINDOW_MS = 10 * 60_000
+BUCKET_MS = 10_000
+COUNT_CAP = 1000
+"""Rows read per status for the per-queue table; a fuller count is ``runfleet runs``."""
+_PAGE = 5000
+_PAGES_PER_POLL = 8
+"""Bounds one refresh's catch-up on a long journal; the next refresh goes on from there."""
+STEALS_KEPT = 20
+JOURNAL_MAX = 2000
+
+_SETTLED = frozenset({"completed", "failed", "cancelled"})
+_TAILED = (
+    Kind.TRANSITIONED,
+    Kind.INTERRUPTED,
+    Kind.STOLEN_AND_ACTIVATED,
+    Kind.STEAL_REFUSED_OWNER_ALIVE,
+    Kind.INTERRUPT_RELEASED,
+    Kind.CLAIM_RECOVERED,
+)
+_STEALS = frozenset({Kind.STOLEN_AND_ACTIVATED, Kind.STEAL_REFUSED_OWNER_ALIVE})
+
+
+def settled_as(record: JournalRecord) -> str | None:
+    """The terminal status a record settles its run in, if it is a settlement."""
+    p = record.payload if isinstance(record.payload, dict) else {}
+    if record.kind == Kind.TRANSITIONED and p.get("to") in _SETTLED:
+        return str(p["to"])
+    if record.kind == Kind.INTERRUPTED and p.get("cancelled"):
+        return "cancelled"
+    return None
+
+
+@dataclass
+class JournalTail:
+    """The fleet-wide journal records the charts count, read incrementally by seq.
+
+    Each refresh reads only records after the last seq seen (per kind), so a page
+    that polls every second costs an index range scan of what is new, not a scan
+    of the window.
+    """
+
+    after: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_TAILED, 0))
+    recent: deque[JournalRecord] = field(default_factory=deque)
+    steals: deque[JournalRecord] = field(default_factory=lambda: deque(maxlen=STEALS_KEPT))
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def refresh(self, svc: c.Services, now_ms: int) -> None:
+        async with self.lock:
+            fresh: list[JournalRecord] = []
+            for kind in _TAILED:
+                for _ in range(_PAGES_PER_POLL):
+                    batch = await svc.store.stats.records_of_kind(
+                        kind, after_seq=self.after[kind], limit=_PAGE
+                    )
+                    if not batch:
+                        break
+                    self.after[kind] = batch[-1].seq
+                    fresh += batch
+                    if len(batch) < _PAGE:
+                        break
+            fresh.sort(key=lambda r: r.seq)
+            for record in fresh:
+                if record.kind in _STEALS:
+                    self.steals.append(record)
+                if record.at_ms >= now_ms - WINDOW_MS:
+                    self.recent.append(record)
+            while self.recent and self.recent[0].at_ms < now_ms - WINDOW_MS:
+                self.recent.popleft()
+
+    def charts(self, now_ms: int) -> list[Chart]:
+        n = WINDOW_MS // BUCKET_MS
+        start = now_ms - n * BUCKET_MS
+
+        def series(name: str, color: str, test: object) -> Series:
+            values = [0] * n
+            for r in self.recent:
+                i = (r.at_ms - start) // BUCKET_MS
+                if 0 <= i < n and test(r):  # type: ignore[operator]
+                    values[i] += 1
+            return Series(name=name, color=color, values=values)
+
+        return [
+            Chart(
+                title="settled per 10 s",
+                bucket_ms=BUCKET_MS,
+                end_ms=now_ms,
+                series=[
+                    series("completed", "#2e7d32", lambda r: settled_as(r) == "completed"),
+                    series("failed", "#c62828", lambda r: settled_as(r) == "failed"),
+                    series("cancelled", "#757575", lambda r: settled_as(r) == "cancelled"),
+                ],
+            ),
+            Chart(
+                title="recovery per 10 s",
+                bucket_ms=BUCKET_MS,
+                end_ms=now_ms,
+                series=[
+                    series("taken over", "#e65100", lambda r: r.kind == Kind.STOLEN_AND_ACTIVATED),
+                    series("released", "#6a1b9a", lambda r: r.kind == Kind.INTERRUPT_RELEASED),
+                    series("claims cleared", "#1565c0", lambda r: r.kind == Kind.CLAIM_RECOVERED),
+                    series(
+                        "refused (owner alive)",
+                        "#f9a825",
+                        lambda r: r.kind == Kind.STEAL_REFUSED_OWNER_ALIVE,
+                    ),
+                ],
+            ),
+        ]
+
+
+async def fleet(svc: c.Services, now_ms: int) -> tuple[FleetView | None, str | None]:
+    """``runfleet fleet --json``; None with the reason when Redis does not answer."""
+    if svc.redis is None:
+        return None, svc.redis_error or "no Redis"
+    try:
+        members = await svc.liveness.fleet(now_ms)
+    except Exception as exc:  # the page still shows the database's side
+        return None, f"Redis did not answer: {exc}"
+    return fleet_view(members, await svc.store.inspect.running_by_owner(), now_ms), None
+
+
+async def queue_counts(svc: c.Services, now_ms: int) -> list[QueueCounts]:
+    """Open runs per queue and status; settled ones admitted within the window."""
+    inspect = svc.store.inspect
+    rows = []
+    for status in (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED):
+        rows.append(await inspect.list_runs(status=status, limit=COUNT_CAP))
+    rows.append(await inspect.list_runs(since_ms=now_ms - WINDOW_MS, limit=COUNT_CAP))
+    capped = any(len(batch) >= COUNT_CAP for batch in rows)
+    counts: dict[str, dict[RunStatus, int]] = {}
+    seen: set[str] = set()
+    for batch in rows:
+        for row in batch:
+            if row.id in seen or (batch is rows[-1] and not row.status.terminal):
+                continue
+            seen.add(row.id)
+            per = counts.setdefault(row.queue, dict.fromkeys(RunStatus, 0))
+            per[row.status] += 1
+    return [
+        QueueCounts(
+            queue=q,
+            pending=per[RunStatus.PENDING],
+            running=per[RunStatus.RUNNING],
+            suspended=per[RunStatus.SUSPENDED],
+            completed=per[RunStatus.COMPLETED],
+            failed=per[RunStatus.FAILED],
+            cancelled=per[RunStatus.CANCELLED],
+            capped=capped,
+        )
+        for q, per in sorted(counts.items())
+    ]
+
+
+async def overview(svc: c.Services, tail: JournalTail) -> OverviewView:
+    now = await svc.store.stats.now_ms()
+    await tail.refresh(svc, now)
+    members, problem = await fleet(svc, now)
+    totals = await svc.store.stats.status_counts()
+    return OverviewView(
+        now_ms=now,
+        window_ms=WINDOW_MS,
+        fleet=members,
+        fleet_error=problem,
+        totals={s.value: n for s, n in totals.items()},
+        queues=await queue_counts(svc, now),
+        charts=tail.charts(now),
+        steals=[Steal(run_id=r.run_id, entry=entry(r)) for r in reversed(tail.steals)],
+    )
+
+
+async def journal(svc: c.Services, run_id: str) -> JournalView:
+    """``runfleet journal RUN --json`` (the first ``JOURNAL_MAX`` records)."""
+    await svc.run_row(run_id)
+    records = await svc.store.journal.records(run_id, after_seq=0, limit=JOURNAL_MAX)
+    return JournalView(run_id=run_id, entries=[entry(r) for r in records])
+
+
+def _preview(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+async def steps(svc: c.Services, run_id: str) -> StepsView:
+    """Recorded steps, each with the attempts that produced its output."""
+    await svc.run_row(run_id)
+    out: list[StepView] = []
+    for s in await svc.store.steps.of_run(run_id):
+        attempts = await svc.store.steps.attempts(run_id, s.key)
+        out.append(
+            StepView(
+                key=s.key,
+                name=s.name,
+                kind=s.kind,
+                position=s.position,
+                epoch=s.epoch,
+                recorded_at_ms=s.recorded_at_ms,
+                compensated_at_ms=s.compensated_at_ms,
+                output=_preview(s.stored),
+                attempts=[
+                    AttemptView(
+                        attempt=int(a["attempt"]),
+                        started_at_ms=a.get("started_at_ms"),
+                        finished_at_ms=a.get("finished_at_ms"),
+                        error=a.get("error"),
+                    )
+                    for a in attempts
+                ],
+            )
+        )
+    return StepsView(run_id=run_id, steps=out)

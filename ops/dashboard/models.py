@@ -1,0 +1,88 @@
+"""The dashboard's own JSON answers, beside the CLI's (``ops.models``), which it reuses as is.
+
+Like the CLI's models they are a contract for scripts: fields are added, never renamed.
+Times are epoch milliseconds of the database clock.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from ops.models import FleetView, JournalEntry
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class QueueCounts(_Model):
+    queue: str
+    pending: int
+    running: int
+    suspended: int
+    completed: int
+    """Admitted within the window and settled so (open statuses count every run)."""
+    failed: int
+    cancelled: int
+    capped: bool
+    """A count reached the read cap: the true number is at least this."""
+
+
+class Series(_Model):
+    """Journal records of one class per bucket, oldest bucket first, ending at ``end_ms``."""
+
+    name: str
+    color: str
+    values: list[int]
+
+
+class Chart(_Model):
+    title: str
+    bucket_ms: int
+    end_ms: int
+    series: list[Series]
+
+
+class Steal(_Model):
+    """A takeover or a refused takeover, with the evidence the thief journaled."""
+
+    run_id: str
+    entry: JournalEntry
+
+
+class OverviewView(_Model):
+    now_ms: int
+    window_ms: int
+    fleet: FleetView | None
+    fleet_error: str | None
+    """Why the fleet is unknown (Redis did not answer)."""
+    totals: dict[str, int]
+    """Every run in the database by status."""
+    queues: list[QueueCounts]
+    charts: list[Chart]
+    steals: list[Steal]
+
+
+class AttemptView(_Model):
+    attempt: int
+    started_at_ms: int | None
+    finished_at_ms: int | None
+    error: str | None
+
+
+class StepView(_Model):
+    key: str
+    name: str
+    kind: str
+    position: int
+    epoch: int
+    recorded_at_ms: int
+    compensated_at_ms: int | None
+    output: str
+    """The recorded output's stored text, cut to a preview."""
+    attempts: list[AttemptView]
+
+
+class StepsView(_Model):
+    run_id: str
+    steps: list[StepView]

@@ -1,0 +1,50 @@
+"""The dashboard app in the test's own event loop, over the test's database and Redis prefix.
+
+``dashboard(scopes=...)`` opens an app (its lifespan: pool, Redis, producer queue) and
+an httpx client that talks to it in-process; POSTs carry the same-origin headers and
+the CSRF cookie/token a browser page would.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+
+import httpx
+import pytest
+
+import tests.dashboard.flows
+import tests.flows.flows  # noqa: F401 - registers the test flows
+from ops.dashboard.app import create_app
+from store.config import Settings
+
+BASE = "http://testserver"
+Dash = Callable[..., Awaitable[httpx.AsyncClient]]
+
+
+@pytest.fixture
+async def dashboard(settings: Settings) -> AsyncIterator[Dash]:
+    async with AsyncExitStack() as stack:
+
+        async def open_one(scopes: tuple[str, ...] = ()) -> httpx.AsyncClient:
+            app = create_app(settings, scopes=scopes, allowed_hosts=("testserver",))
+            await stack.enter_async_context(app.router.lifespan_context(app))
+            transport = httpx.ASGITransport(app=app)
+            return await stack.enter_async_context(
+                httpx.AsyncClient(transport=transport, base_url=BASE)
+            )
+
+        yield open_one
+
+
+async def post(client: httpx.AsyncClient, path: str, **form: str) -> httpx.Response:
+    """A button press as the browser sends it: the page's token, same-origin headers."""
+    page = await client.get(path.rsplit("/", 1)[0])
+    found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert found, "the run page carries a CSRF token"
+    return await client.post(
+        path,
+        data={"csrf": found.group(1), **form},
+        headers={"origin": BASE, "referer": BASE + path},
+    )

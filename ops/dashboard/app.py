@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs
 
 import psycopg
 import psycopg_pool
@@ -225,6 +226,20 @@ _DONE_WORDS = {
 }
 
 
+FORM_MAX = 64 * 1024
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """A urlencoded form (what the pages send), bounded; no multipart parser needed."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > FORM_MAX:
+            raise c.UserError(f"form larger than {FORM_MAX} bytes")
+    fields = parse_qs(body.decode(errors="replace"), keep_blank_values=True)
+    return {k: v[-1] for k, v in fields.items()}
+
+
 @_answers
 async def act(request: Request) -> Response:
     run_id = request.path_params["run_id"]
@@ -232,7 +247,7 @@ async def act(request: Request) -> Response:
         action = Action(request.path_params["action"])
     except ValueError:
         return _problem(request, 404, f"no action {request.path_params['action']!r}")
-    form = {k: v for k, v in (await request.form()).items() if isinstance(v, str)}
+    form = await _form(request)
     why = security.refusal(request, form.get(security.FIELD))
     if why is not None:
         return _problem(request, 403, why)

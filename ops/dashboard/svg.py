@@ -59,7 +59,7 @@ def chart(c: Chart) -> Markup:
     return Markup("".join(parts))
 
 
-LANES = ("admitted", "ownership", "recovery", "waits", "cancel", "settled")
+LANES = ("admitted", "ownership", "steps", "recovery", "waits", "cancel", "settled")
 _LANE_OF: dict[str, tuple[str, str]] = {
     Kind.CREATED: ("admitted", "#455a64"),
     Kind.PARENT_RECORDED: ("admitted", "#90a4ae"),
@@ -74,6 +74,9 @@ _LANE_OF: dict[str, tuple[str, str]] = {
     Kind.CLAIM_RECOVERED: ("recovery", "#ef6c00"),
     Kind.INTERRUPT_RELEASED: ("recovery", "#6a1b9a"),
     Kind.LEASE_RECONFIRMED: ("recovery", "#bcaaa4"),
+    Kind.STEP_RECORDED: ("steps", "#78909c"),
+    Kind.STEP_COMPENSATED: ("steps", "#ef6c00"),
+    Kind.STEP_COMPENSATION_FAILED: ("steps", "#c62828"),
     Kind.PARKED: ("waits", "#8e24aa"),
     Kind.WOKEN: ("waits", "#00897b"),
     Kind.CLOCK_FIRED: ("waits", "#00897b"),

@@ -71,13 +71,14 @@ async def run_scenario(
     runs: int = RUNS,
     flows: Sequence[object] = (cf.five_steps,),
     admin_url: str | None = None,
+    concurrency: int = 8,
     timeout: float = 75,
 ) -> Outcome:
     """Enqueue ``runs`` flows on 2 workers, ``disrupt`` once a third of their steps ran."""
     started = time.monotonic()
     admin = admin_url or settings.database_url
     workers = [
-        WorkerProc(settings, flows=FLOWS, concurrency=8, chaos_ledger_url=ledger_url)
+        WorkerProc(settings, flows=FLOWS, concurrency=concurrency, chaos_ledger_url=ledger_url)
         for _ in range(2)
     ]
     try:
@@ -105,11 +106,19 @@ async def run_scenario(
             if time.monotonic() > deadline:
                 stuck = await _poll(
                     admin,
-                    "SELECT id, status, waiting_reason, owner_pid, epoch FROM runfleet.runs "
+                    "SELECT id, flow, status, waiting_reason, owner_pid, epoch FROM runfleet.runs "
                     "WHERE status NOT IN ('completed', 'failed', 'cancelled') LIMIT 10",
                 )
+                sessions = await _poll(
+                    admin,
+                    "SELECT pid, state, wait_event_type, wait_event, "
+                    "now() - state_change, left(query, 120) FROM pg_stat_activity "
+                    "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+                )
                 logs = "\n".join(f"--- worker {w.pid}:\n{w.log()[-6000:]}" for w in workers)
-                raise TimeoutError(f"runs unsettled after {timeout}s: {stuck}\n{logs}")
+                raise TimeoutError(
+                    f"runs unsettled after {timeout}s: {stuck}\nsessions: {sessions}\n{logs}"
+                )
             await asyncio.sleep(0.1)
     finally:
         for w in workers:

@@ -14,7 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, overload
 
+from broker.admission import check_signature
 from store.errors import UnknownFlow
+from store.schedules import ScheduleSpec, for_flow
 
 log = logging.getLogger("runfleet.worker.flows")
 
@@ -29,6 +31,8 @@ class Flow:
     takes_context: bool = True
     max_rounds: int | None = None
     timeout: float | None = None
+    schedule: ScheduleSpec | None = None
+    """Periodic runs (``@flow(schedule=...)``); workers write it at start (worker/scheduler.py)."""
 
     @property
     def runfleet_flow(self) -> tuple[str, str]:
@@ -62,6 +66,11 @@ def flow(
     queue: str = "default",
     max_rounds: int | None = None,
     timeout: float | None = None,
+    schedule: str | None = None,
+    timezone: str = "UTC",
+    catch_up: int = 0,
+    overlap: str = "allow",
+    schedule_kwargs: dict[str, Any] | None = None,
 ) -> Callable[[Callable[..., Any]], Flow]: ...
 
 
@@ -73,16 +82,42 @@ def flow(
     queue: str = "default",
     max_rounds: int | None = None,
     timeout: float | None = None,
+    schedule: str | None = None,
+    timezone: str = "UTC",
+    catch_up: int = 0,
+    overlap: str = "allow",
+    schedule_kwargs: dict[str, Any] | None = None,
 ) -> Flow | Callable[[Callable[..., Any]], Flow]:
-    """Register ``fn`` as a flow; usable as ``@flow`` or ``@flow(name=..., queue=...)``."""
+    """Register ``fn`` as a flow; usable as ``@flow`` or ``@flow(name=..., queue=...)``.
+
+    ``schedule`` (a cron expression in ``timezone``) also runs it periodically, called
+    with ``schedule_kwargs``; a bad expression, time zone, policy or argument raises
+    ``InvalidSchedule`` / ``InvalidInput`` here, at import (README "Schedules").
+    """
 
     def register(target: Callable[..., Any]) -> Flow:
+        flow_name = name or qualified_name(target)
+        spec = None
+        if schedule is not None:
+            check_signature(target, True, (), dict(schedule_kwargs or {}))
+            spec = for_flow(
+                flow_name,
+                queue,
+                schedule,
+                timezone,
+                kwargs=schedule_kwargs,
+                catch_up=catch_up,
+                overlap=overlap,
+                timeout=timeout,
+                max_rounds=max_rounds,
+            )
         registered = Flow(
-            name=name or qualified_name(target),
+            name=flow_name,
             fn=target,
             queue=queue,
             max_rounds=max_rounds,
             timeout=timeout,
+            schedule=spec,
         )
         existing = _REGISTRY.get(registered.name)
         if existing is not None and existing.fn is not target:

@@ -1,0 +1,60 @@
+"""What the schedule tests read back: the runs a schedule admitted, from Postgres."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+
+from store.cron import Cron
+from store.schedules import Overlap, ScheduleSpec
+
+
+@dataclass(frozen=True)
+class TickRun:
+    id: str
+    tick_ms: int
+    late: bool
+    status: str
+    created_at_ms: int
+    updated_at_ms: int
+
+
+async def tick_runs(database_url: str, schedule: str) -> list[TickRun]:
+    """Every run the schedule admitted, by tick (a read; nothing is written behind the code)."""
+    async with await psycopg.AsyncConnection.connect(database_url) as conn:
+        cur = await conn.execute(
+            "SELECT id, (state->>'tick_ms')::bigint, coalesce((state->>'late')::boolean, false),"
+            " status, created_at_ms, updated_at_ms FROM runfleet.runs"
+            " WHERE state->>'schedule' = %s ORDER BY 2, 1",
+            (schedule,),
+        )
+        return [TickRun(*row) for row in await cur.fetchall()]
+
+
+def every_second(
+    name: str,
+    flow: str = "sched.noop",
+    *,
+    catch_up: int = 0,
+    overlap: Overlap = Overlap.ALLOW,
+    queue: str = "default",
+) -> ScheduleSpec:
+    return ScheduleSpec(
+        name=name,
+        flow=flow,
+        cron=Cron("* * * * * *"),
+        queue=queue,
+        payload={"args": [], "kwargs": {}},
+        catch_up=catch_up,
+        overlap=overlap,
+    )
+
+
+def assert_one_run_per_tick(runs: list[TickRun], period_ms: int = 1000) -> None:
+    """Every tick from the first to the last has exactly one run, none twice."""
+    ticks = [r.tick_ms for r in runs]
+    assert len(ticks) == len(set(ticks)), f"a tick admitted twice: {ticks}"
+    expected = list(range(ticks[0], ticks[-1] + 1, period_ms))
+    missing = sorted(set(expected) - set(ticks))
+    assert ticks == expected, f"missing ticks {missing} in {len(expected)}"

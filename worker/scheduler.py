@@ -1,0 +1,170 @@
+"""The scheduler service: every worker fires due schedules; Postgres makes each tick fire once.
+
+Every worker runs one, every ``interval`` (jittered). There is no leader: each pass
+lists due schedules and fires each through ``store.schedules.Schedules.fire`` — one
+transaction that locks the schedule row (rows another scheduler holds are skipped, not
+waited for), admits the tick's run with the producers' own admission (``Runs.create``)
+and moves ``next_tick_ms`` on by compare-and-set. A scheduler SIGKILLed mid-fire leaves
+nothing half-done: its transaction rolls back and the next pass of any worker fires the
+tick. Once committed, the new runs are woken the way a producer's are (one stream
+message each on the normal lane, ``broker.codec.message_for``); if Redis refuses, the
+lost-pending sweep schedules them, as for any admission.
+
+Decorated flows (``@flow(schedule=...)``) get their schedule rows from
+``register_schedules``, called by each worker at start next to the flow registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Iterable
+from typing import assert_never
+
+from prometheus_client import Counter
+
+from broker.codec import message_for
+from broker.streams import Streams
+from store import Store
+from store.config import Settings
+from store.schedules import Fired, NotDue, Schedules
+from worker import metrics
+from worker.flows import Flow
+from worker.retry import INFRA_ERRORS
+
+log = logging.getLogger("runfleet.worker.scheduler")
+
+TICKS = Counter(
+    "runfleet_schedule_ticks_total",
+    "Schedule ticks this process fired, by outcome (admitted, joined, missed, overlapped).",
+    ["outcome"],
+)
+BATCH = 32
+"""Due schedules one pass fires at most; the most overdue first, the rest next pass."""
+
+
+def interval_s(settings: Settings) -> float:
+    """Seconds between passes: the sweep interval, at most one second (one-second crons)."""
+    return min(1.0, settings.sweep_interval)
+
+
+def grace_ms(settings: Settings) -> int:
+    """How late a tick may be found and still count as on time, not missed.
+
+    Three passes (each jittered up to 1.2 × the interval), and at least two seconds:
+    a fleet whose schedulers are merely slow (a loaded host, a long pass) never has a
+    tick counted missed; only an outage longer than this makes the missed-tick policy
+    (``catch_up``) decide.
+    """
+    return max(2000, int(3 * interval_s(settings) * 1000))
+
+
+class Scheduler:
+    """``run(stop)`` until ``stop`` is set; ``tick()`` is one pass (tests call it directly)."""
+
+    def __init__(self, store: Store, settings: Settings, streams: Streams) -> None:
+        self._schedules = Schedules.of(store)
+        self._settings = settings
+        self._streams = streams
+
+    async def run(self, stop: asyncio.Event) -> None:
+        interval = interval_s(self._settings)
+        while not stop.is_set():
+            await self.tick()
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=interval * random.uniform(0.8, 1.2))
+            except TimeoutError:
+                pass
+
+    async def tick(self) -> int:
+        """Fire every due schedule this pass can take; the number of runs admitted.
+
+        A failure is logged and the pass goes on with the next schedule (its tick stays
+        due: the failed transaction rolled back); it never stops the worker.
+        Failures count in ``runfleet_infrastructure_errors_total{component="scheduler"}``.
+        """
+        try:
+            names = await self._schedules.due(BATCH)
+        except Exception as exc:  # in the worker's TaskGroup: never stop the worker
+            metrics.INFRA_ERRORS.labels("scheduler").inc()
+            log.warning("schedule.pass_failed", extra={"error": repr(exc)})
+            return 0
+        admitted = 0
+        for name in names:
+            try:
+                outcome = await self._schedules.fire(name, grace_ms=grace_ms(self._settings))
+            except Exception as exc:
+                metrics.INFRA_ERRORS.labels("scheduler").inc()
+                log.warning("schedule.fire_failed", extra={"schedule": name, "error": repr(exc)})
+                continue
+            match outcome:
+                case Fired():
+                    admitted += len(outcome.admitted)
+                    await self._wake(outcome)
+                case NotDue():
+                    pass
+                case unreachable:
+                    assert_never(unreachable)
+        return admitted
+
+    async def _wake(self, fired: Fired) -> None:
+        for outcome, count in (
+            ("admitted", len(fired.admitted)),
+            ("joined", fired.joined),
+            ("missed", fired.missed),
+            ("overlapped", fired.overlapped),
+        ):
+            if count:
+                TICKS.labels(outcome).inc(count)
+        if fired.missed or fired.overlapped:
+            log.info(
+                "schedule.ticks_skipped",
+                extra={
+                    "schedule": fired.schedule.name,
+                    "missed": fired.missed,
+                    "overlapped": fired.overlapped,
+                },
+            )
+        for row in fired.admitted:
+            log.info("schedule.admitted", extra={"schedule": fired.schedule.name, "run_id": row.id})
+        messages = [
+            (row.queue, message_for(row.id, row.flow, "schedule", "schedule"))
+            for row in fired.admitted
+        ]
+        try:
+            await self._streams.publish_many(messages)
+        except Exception as exc:  # the lost-pending sweep schedules them
+            log.warning("enqueue.publish_failed", extra={"runs": len(messages), "error": repr(exc)})
+
+
+async def register_schedules(store: Store, flows: Iterable[Flow]) -> None:
+    """Write the schedules of decorated flows (``@flow(schedule=...)``) at worker start.
+
+    Every worker of a fleet does this at start; the upsert is idempotent and leaves an
+    unchanged schedule alone, so workers agree and a schedule's next tick, counters and
+    pause survive restarts and deploys. Infrastructure errors are logged, never fatal
+    (the next start writes it again), like the flow registry's.
+    """
+    schedules = Schedules.of(store)
+    for flow in flows:
+        spec = flow.schedule
+        if spec is None:
+            continue
+        try:
+            changed = await schedules.upsert(spec)
+        except INFRA_ERRORS as exc:
+            log.warning(
+                "schedule.register_failed", extra={"schedule": spec.name, "error": repr(exc)}
+            )
+            continue
+        if changed is not None:
+            log.info(
+                "schedule.registered",
+                extra={
+                    "schedule": spec.name,
+                    "cron": spec.cron.expression,
+                    "timezone": spec.cron.timezone,
+                    "next_tick_ms": changed.next_tick_ms,
+                },
+            )

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
 import psycopg
 import psycopg_pool
@@ -255,7 +255,7 @@ async def act(request: Request) -> Response:
     if "application/json" in request.headers.get("accept", ""):
         return _json(result)
     outcome = getattr(result, "outcome", None) or getattr(result, "action", "")
-    return RedirectResponse(f"/runs/{run_id}?done={outcome}", status_code=303)
+    return RedirectResponse(f"/runs/{quote(run_id, safe='')}?done={outcome}", status_code=303)
 
 
 def create_app(

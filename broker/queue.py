@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
+import psycopg
 from redis.asyncio import Redis
 
 from broker.admission import EnqueueSpec, check_signature, flow_target, importable, unknown
@@ -37,7 +38,14 @@ from store.errors import (
 )
 from store.journal import Kind
 from store.transient import is_transient, retrying, service_of
-from store.types import CancelOutcome, NewRun, RunRow, RunStatus
+from store.types import (
+    CancelOutcome,
+    CancelRequested,
+    DeferredCompleted,
+    NewRun,
+    RunRow,
+    RunStatus,
+)
 
 log = logging.getLogger("runfleet.broker.queue")
 T = TypeVar("T")
@@ -319,13 +327,27 @@ class AsyncQueue:
             log.warning("wake.publish_failed", extra={"run_id": run_id, "error": repr(exc)})
 
     async def cancel(self, run_id: str, *, actor: str | None = None) -> CancelOutcome:
-        """Durably request cancellation, then tell the owner by publish (a hint)."""
+        """Durably request cancellation of the logical run (every round of its lineage),
+        then tell the owners by publish (a hint).
+
+        A write that fails for the whole retry budget is CancelRequestFailed with
+        ``retryable`` set (nothing was recorded: ask again), never a raw driver error.
+        """
         await self.authorized(run_id)
-        outcome = await self._available(
-            lambda: self.store.lifecycle.request_cancel(run_id, actor=actor)
-        )
-        await self.notifier.publish_cancel(run_id)
-        await self._hint(run_id, "cancel")
+        try:
+            outcome = await self._available(
+                lambda: self.store.lifecycle.request_cancel(run_id, actor=actor)
+            )
+        except (Unavailable, psycopg.Error) as exc:
+            raise CancelRequestFailed(
+                run_id, "cancel_request_failed", repr(exc), retryable=True
+            ) from exc
+        targets = [run_id]
+        if isinstance(outcome, CancelRequested):
+            targets = list(dict.fromkeys([*outcome.rounds, *outcome.cascaded])) or [run_id]
+        for target in targets:  # each closes through its own cancel path, promptly
+            await self.notifier.publish_cancel(target)
+            await self._hint(target, "cancel")
         return outcome
 
     async def interrupt_unsafe(self, run_id: str) -> None:
@@ -349,7 +371,7 @@ class AsyncQueue:
         )
         if done.woke:
             await self._hint(run_id, "event")
-        return done.outcome.__class__.__name__ == "DeferredCompleted"
+        return isinstance(done.outcome, DeferredCompleted)  # a settled run takes no answer
 
     async def approve(
         self, run_id: str, token: str, value: Any = None, *, actor: str, reason: str | None = None

@@ -201,10 +201,9 @@ def _interrupted(p: Payload, r: JournalRecord) -> str:
 
 def _child_policy(p: Payload, _r: JournalRecord) -> str:
     cascaded = p.get("cascaded_to") or []
-    closed = p.get("closed") or []
     return (
-        f"{p.get('cause', 'parent exit')}: cancellation cascaded to {len(cascaded)} attached "
-        f"child run(s), {len(closed)} closed at once"
+        f"{p.get('cause', 'parent exit')}: {len(cascaded)} attached descendant run(s) asked "
+        "to cancel (each closes through its own cancel path)"
     )
 
 

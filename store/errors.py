@@ -64,13 +64,18 @@ class ScopeDenied(RunfleetError):
 
 
 class CancelRequestFailed(RunfleetError):
-    """A cancellation could not be requested the way the caller asked; ``code`` says why."""
+    """A cancellation could not be requested the way the caller asked; ``code`` says why.
 
-    def __init__(self, run_id: str, code: str, reason: str) -> None:
+    ``retryable``: the request's write failed (``cancel_request_failed``) and nothing was
+    recorded, so the run is still running and still cancellable: asking again is safe.
+    """
+
+    def __init__(self, run_id: str, code: str, reason: str, *, retryable: bool = False) -> None:
         super().__init__(f"cannot cancel run {run_id!r} ({code}): {reason}")
         self.run_id = run_id
         self.code = code
         self.reason = reason
+        self.retryable = retryable
 
 
 class Unavailable(RunfleetError):

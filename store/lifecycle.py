@@ -56,8 +56,14 @@ class Lifecycle:
         waiting: Waiting | None = None,
         kind: str = Kind.TRANSITIONED,
         record: dict[str, Any] | None = None,
+        end_children: bool = True,
     ) -> TransitionOutcome:
         """Move a run ``me`` owns at ``epoch`` out of ``running``.
+
+        A terminal status ends the attached children of every round of the lineage
+        (each is asked to cancel and closes through its own cancel path) unless
+        ``end_children`` is off: a round that HANDS OFF settles ``completed`` but the
+        lineage, and so the parent its children belong to, carries on.
 
         With ``guard`` (the default) a cancel request that landed first turns the
         write into GuardFailed and the caller must cancel instead: a run is never
@@ -112,9 +118,11 @@ class Lifecycle:
             moved = run_row(row)
             # Statements of their own (fresh snapshots, after the row lock was won):
             # a child admitted just before this settlement must be seen and cancelled.
-            await self._cascade(run_id, cause=f"parent-{to_status.value}")
-            await self.notify_parents(moved)
-            return Transitioned(moved)
+            cascaded: list[str] = []
+            if end_children:
+                cascaded = await self._cascade(run_id, cause=f"parent-{to_status.value}")
+            woke = await self.notify_parents(moved)
+            return Transitioned(moved, tuple(cascaded), tuple(woke))
 
     async def _transition(self, params: dict[str, Any]) -> dict[str, Any] | None:
         """``runs.transition_owned``; data Postgres refuses is UnstorableValue, not a retry."""
@@ -137,28 +145,29 @@ class Lifecycle:
         return NotOwner(current)
 
     async def _cascade(self, run_id: str, *, cause: str) -> list[str]:
-        """Cancel every unsettled attached descendant of ``run_id``; journal the policy."""
+        """Ask every unsettled attached descendant of the lineage to cancel; journal it.
+
+        Only the request is written (first writer wins): each descendant is then closed
+        by whoever drives it, through the ordinary cancel path, so a parked child's
+        compensations run as if it had been cancelled itself. The walk has no depth cap.
+        """
         rows = await self._db.all("runs.attached_descendants", {"id": run_id})
         ids = [r["id"] for r in rows]
         if not ids:
             return []
-        closed = await self._db.all("runs.cascade_cancel", {"ids": ids, "parent": run_id})
-        settled = [r["id"] for r in closed if r["status"] == RunStatus.CANCELLED.value]
-        if settled:
-            await self._db.execute("runs.close_clocks", {"ids": settled})
-        for child in settled:
+        asked = await self._db.all("runs.cascade_cancel", {"ids": ids, "parent": run_id})
+        for child in sorted(r["id"] for r in asked):
             await self._journal.record(
-                child, Kind.INTERRUPTED, {"cancelled": True, "cause": cause, "by": run_id}
+                child, Kind.CANCEL_REQUESTED, {"actor": None, "cause": cause, "by": run_id}
             )
-            closed_row = await self._get(child)
-            if closed_row is not None:
-                await self.notify_parents(closed_row)
         await self._journal.record(
-            run_id,
-            Kind.CHILD_POLICY_APPLIED,
-            {"cause": cause, "cascaded_to": ids, "closed": settled},
+            run_id, Kind.CHILD_POLICY_APPLIED, {"cause": cause, "cascaded_to": ids}
         )
         return ids
+
+    async def rounds(self, run_id: str) -> list[RunRow]:
+        """Every round of ``run_id``'s lineage, oldest first (empty if the run is unknown)."""
+        return [run_row(r) for r in await self._db.all("runs.lineage_rounds", {"id": run_id})]
 
     async def notify_parents(self, child: RunRow) -> list[str]:
         """Hand a settled child's outcome to every parent; the ids of parents it woke."""
@@ -175,30 +184,43 @@ class Lifecycle:
     async def request_cancel(
         self, run_id: str, *, actor: str | None = None, reason: str | None = None
     ) -> CancelOutcome:
-        """Durably ask for a run's cancellation (first writer wins), from any process.
+        """Durably ask for a logical run's cancellation (first writer wins), from anywhere.
 
-        Attached descendants get the request in the same transaction; those nobody
-        is executing are closed at once. The run itself is closed by its owner (or,
-        when pending or parked, by the cancellation sweeps).
+        Every unsettled round of the lineage gets the request, so cancelling the id a
+        producer holds reaches the round live now, whatever it handed off to. Attached
+        descendants of every round are asked in the same transaction; each is closed by
+        its own cancel path (compensations included), as is the run itself.
         """
         validate.identifier("run_id", run_id)
         async with self._db.transaction():
-            row = await self._db.one("runs.request_cancel", {"id": run_id})
-            if row is None:
-                current = await self._get(run_id)
-                if current is None:
+            requested: list[RunRow] = []
+            while True:  # see runs.request_cancel: a handoff may commit while we wait
+                rows = await self._db.all("runs.request_cancel", {"id": run_id})
+                if not rows:
+                    break
+                requested += [run_row(r) for r in rows]
+            if not requested:
+                rounds = await self.rounds(run_id)
+                if not rounds:
                     return NotFound(run_id)
-                if current.status.terminal:
-                    return AlreadyTerminal(current)
-                return AlreadyRequested(current)
-            requested = run_row(row)
-            await self._journal.record(
-                run_id,
-                Kind.CANCEL_REQUESTED,
-                {"actor": actor, "reason": reason, "status": requested.status.value},
-            )
-            await self._cascade(run_id, cause="parent-cancelled")
-            return CancelRequested(requested)
+                live = [r for r in rounds if not r.status.terminal]
+                if not live:
+                    return AlreadyTerminal(next(r for r in rounds if r.id == run_id))
+                return AlreadyRequested(live[-1])
+            for round_row in requested:
+                await self._journal.record(
+                    round_row.id,
+                    Kind.CANCEL_REQUESTED,
+                    {
+                        "actor": actor,
+                        "reason": reason,
+                        "status": round_row.status.value,
+                        **({} if round_row.id == run_id else {"via": run_id}),
+                    },
+                )
+            cascaded = await self._cascade(run_id, cause="parent-cancelled")
+            target = max(requested, key=lambda r: r.round_ordinal)
+            return CancelRequested(target, tuple(r.id for r in requested), tuple(cascaded))
 
     async def acknowledge_cancel(
         self, run_id: str, me: Owner, epoch: int, *, record: dict[str, Any] | None = None

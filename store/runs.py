@@ -198,19 +198,20 @@ class Runs:
         self._validate(new)
         state = self._state(new)
         async with self._db.transaction():
-            inherit = False
+            inherit, inherit_at = False, None
             if new.parent_id is not None:
                 parent = await self.get_for_update(new.parent_id)
                 if parent is None:
                     raise InvalidInput("parent_id", f"run {new.parent_id!r} does not exist")
                 if not set(state["scopes"]) <= set(parent.scopes):
                     raise InvalidInput("scopes", "a child cannot widen its parent's scopes")
-                inherit = new.on_parent_exit is OnParentExit.CANCEL and (
-                    parent.cancel_requested_at_ms is not None or parent.status.terminal
-                )
-            rows = await self._insert(self._insert_params([new], [state], inherit))
+                inherit, inherit_at = await self._inherited(new.parent_id, new.on_parent_exit)
+            params = self._insert_params([new], [state], inherit)
+            rows = await self._insert({**params, "inherit_at_ms": inherit_at})
             row = rows[0] if rows else None
             if row is None:
+                if new.parent_id is not None and new.previous_round_id is None:
+                    return await self._joined_as_child(new, state)
                 return await self._joined(new, state)
             created = run_row(row)
             await self._journal.record(new.id, Kind.CREATED, self._created_record(new, inherit))
@@ -233,7 +234,8 @@ class Runs:
             for new in news:
                 self._validate(new)
             states = [self._state(new) for new in news]
-            rows = await self._insert(self._insert_params(news, states, False))
+            params = self._insert_params(news, states, False)
+            rows = await self._insert({**params, "inherit_at_ms": None})
             inserted = {row["id"]: row for row in rows}
             outcomes: list[CreateOutcome] = []
             for new, state in zip(news, states, strict=True):
@@ -250,7 +252,59 @@ class Runs:
             )
             return outcomes
 
-    def _check_identity(self, existing: RunRow, new: NewRun, state: dict[str, Any]) -> None:
+    async def _inherited(self, parent_id: str, policy: OnParentExit) -> tuple[bool, int | None]:
+        """Whether a child admitted now under ``parent_id`` starts cancelled, and since when.
+
+        Reads EVERY round of the parent's lineage (the caller holds the parent's row
+        lock): a cancel request or a cancelled round anywhere is inherited, with the
+        parent's own timestamp; a lineage whose rounds all completed or failed ends the
+        child too; a live round spares it (a round that handed off is ``completed``, but
+        its lineage carries on). A detached child inherits neither: the cascade never
+        reaches it either (DESIGN §8; the seed inherits a cancel even onto a detached one).
+        """
+        if policy is not OnParentExit.CANCEL:
+            return False, None
+        rounds = await self._db.all("runs.lineage_rounds", {"id": parent_id})
+        for r in rounds:
+            if r["cancel_requested_at_ms"] is not None or r["status"] == "cancelled":
+                at = r["cancel_requested_at_ms"] or r["updated_at_ms"]
+                return True, int(at)
+        ended = all(r["status"] in ("completed", "failed") for r in rounds)
+        return bool(rounds) and ended, None
+
+    async def _joined_as_child(self, new: NewRun, state: dict[str, Any]) -> Joined:
+        """A flow joined a run that exists: a diamond. The joining parent gets its own
+        durable edge (cycle-checked), and inherits onto the child as an admission would.
+
+        Every other identity field must still match; only the parent may differ.
+        """
+        existing = await self.get(new.id)
+        if existing is None or existing.state.get("parent") is None:
+            # Unknown (says only that the id is taken), or a top-level run: a flow cannot
+            # adopt a producer's run as its child (that is the "parent" conflict).
+            return await self._joined(new, state)
+        assert new.parent_id is not None
+        second = existing.state.get("parent") != new.parent_id
+        self._check_identity(existing, new, state, parent=not second)
+        if not second:
+            return Joined(existing)
+        await self._dag.record_parent(new.id, new.parent_id)
+        inherit, at = await self._inherited(new.parent_id, new.on_parent_exit)
+        if inherit:
+            row = await self._db.one(
+                "runs.inherit_cancel",
+                {"id": new.id, "at_ms": at if at is not None else existing.now_ms},
+            )
+            if row is not None:
+                existing = run_row(row)
+                await self._journal.record(
+                    new.id, Kind.CANCEL_REQUESTED, {"actor": None, "inherited_from": new.parent_id}
+                )
+        return Joined(existing)
+
+    def _check_identity(
+        self, existing: RunRow, new: NewRun, state: dict[str, Any], *, parent: bool = True
+    ) -> None:
         """Join only the same run. Payloads compare by JSON value (``values.same_json``):
         the stored one went through jsonb, which rewrites ``1e16``, ``-0.0`` and
         ``1.5e300``, so an identical re-enqueue must not be told it differs."""
@@ -263,6 +317,8 @@ class Runs:
             ("parent", new.parent_id),
         ]
         for (field, have), (_, want) in zip(_identity(existing), wanted, strict=True):
+            if field == "parent" and not parent:
+                continue
             if field == "payload":
                 if not values.same_json(have, want):
                     raise ExecutionIdentityConflict(

@@ -233,7 +233,12 @@ class NotFound:
 
 @dataclass(frozen=True, slots=True)
 class Transitioned:
+    """``cascaded``: descendants a terminal settlement asked to cancel (each closes through
+    its own cancel path); ``woke``: parents whose wait on this run it cleared."""
+
     row: RunRow
+    cascaded: tuple[str, ...] = ()
+    woke: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +255,12 @@ class NotOwner:
 
 @dataclass(frozen=True, slots=True)
 class CancelRequested:
+    """``row`` is the round the request reached (the live one when the id handed off);
+    ``rounds`` every round it reached; ``cascaded`` the attached descendants asked too."""
+
     row: RunRow
+    rounds: tuple[str, ...] = ()
+    cascaded: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from store.journal import Journal, Kind
 from store.rows import clock_row, deferred_row, owner_params, run_row, waiting_row
 from store.types import (
     AlreadySatisfied,
+    AlreadyTerminal,
     ClockAlreadyCompleted,
     ClockCompleted,
     ClockExisting,
@@ -50,7 +51,7 @@ CHILD_DEFERRED = "child:"
 class Completion:
     """A deferred completion and whether it cleared the run's wait (caller sends a wake)."""
 
-    outcome: DeferredCompleted | DeferredExisting
+    outcome: DeferredCompleted | DeferredExisting | AlreadyTerminal
     woke: bool
 
 
@@ -182,13 +183,21 @@ class Waits:
     async def complete_deferred(
         self, run_id: str, name: str, value: Any = None, metadata: Any = None
     ) -> Completion:
-        """Record a completion, first writer wins; wake the run if it parked on it."""
+        """Record a completion, first writer wins; wake the run if it parked on it.
+
+        A settled run takes nothing: AlreadyTerminal, no deferred row, no wake and no
+        journal record. A late answer to a run that can never read it is not a receipt.
+        """
         validate.identifier("deferred name", name)
         validate.json_value("value", value, self._settings.max_payload_bytes)
         validate.json_value("metadata", metadata, self._settings.max_payload_bytes)
         async with self._db.transaction():
-            if await self._db.one("runs.get_for_update", {"id": run_id}) is None:
+            locked = await self._db.one("runs.get_for_update", {"id": run_id})
+            if locked is None:
                 raise InvalidInput("run_id", f"run {run_id!r} does not exist")
+            current = run_row(locked)
+            if current.status.terminal:
+                return Completion(AlreadyTerminal(current), woke=False)
             row = await self._db.one(
                 "waits.deferred_insert",
                 {

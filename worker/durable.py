@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from tenacity import RetryCallState, retry_if_exception_type, wait_exponential
@@ -99,6 +100,8 @@ class Handoff:
     flow: Any
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+    deadline: datetime | None = None
+    """The next round's deadline; when None, the target flow's ``timeout`` from now."""
 
 
 @dataclass(frozen=True)

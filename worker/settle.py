@@ -18,7 +18,7 @@ from typing import Any
 
 from broker.queue import check_signature, flow_target
 from store import Kind, Store
-from store.errors import RunfleetError
+from store.errors import RunfleetError, UnknownFlow
 from store.types import (
     GuardFailed,
     NewRun,
@@ -33,6 +33,7 @@ from store.types import (
 from store.values import UnstorableValue
 from worker import metrics
 from worker.durable import Handoff
+from worker.flows import resolve
 from worker.retry import with_retry
 
 log = logging.getLogger("runfleet.worker.settle")
@@ -164,23 +165,29 @@ class Settlement:
         match outcome:
             case Transitioned():
                 metrics.SETTLEMENTS.labels(status.value).inc()
-                await self._settled(row, status)
+                await self._settled(row, status, outcome)
             case GuardFailed():
                 await self.cancelled(row, epoch)
             case NotOwner() | NotFound():
                 log.warning("run.fence_lost", extra={"run_id": row.id, "epoch": epoch})
 
-    async def _settled(self, row: RunRow, status: RunStatus) -> None:
+    async def _settled(self, row: RunRow, status: RunStatus, moved: Transitioned) -> None:
+        """Announce a settlement; hint the parents it woke (of every round of this lineage)
+        and the descendants it asked to cancel, so each closes through its own cancel
+        path now rather than at the next sweep."""
         if self._announce is not None:
             await self._announce(row.id, status.value)
         if self._schedule is None:
             return
-        parents = await self._store.dag.parents(row.id)
-        if not parents:
+        parents = [e.parent_id for e in await self._store.dag.parents(row.id)]
+        wake = list(dict.fromkeys([*parents, *moved.woke, *moved.cascaded]))
+        if not wake:
             return
-        for parent in await self._store.runs.get_many([e.parent_id for e in parents]):
-            if parent.waiting is None and not parent.status.terminal:
-                await self._schedule(parent)
+        for other in await self._store.runs.get_many(wake):
+            if other.status.terminal:
+                continue
+            if other.id in moved.cascaded or other.waiting is None:
+                await self._schedule(other)
 
     async def cancelled(self, row: RunRow, epoch: int) -> None:
         """Close a run cancelled: compensations of completed steps in reverse, then the CAS."""
@@ -191,7 +198,7 @@ class Settlement:
         match outcome:
             case Transitioned():
                 metrics.SETTLEMENTS.labels(RunStatus.CANCELLED.value).inc()
-                await self._settled(row, RunStatus.CANCELLED)
+                await self._settled(row, RunStatus.CANCELLED, outcome)
             case _:
                 log.warning("run.fence_lost", extra={"run_id": row.id, "epoch": epoch})
 
@@ -227,8 +234,16 @@ class Settlement:
     async def hand_off(
         self, row: RunRow, epoch: int, handoff: Handoff, max_rounds: int | None
     ) -> None:
-        """Settle this round and admit the next in one transaction (both or neither)."""
-        limit = max_rounds or row.state.get("max_rounds")
+        """Settle this round and admit the next in one transaction (both or neither).
+
+        The budget is the lineage's: the one its first round recorded (and every round
+        copies), so a later flow declaring a larger ``max_rounds`` cannot reset it; the
+        running flow's own declaration counts only when the lineage recorded none. The
+        next round gets its own deadline: the handoff's explicit one, or the target
+        flow's ``timeout`` from now (database time), else none.
+        """
+        recorded = row.state.get("max_rounds")
+        limit = int(recorded) if recorded is not None else max_rounds
         next_round = row.round_ordinal + 1
         if limit is not None and next_round >= int(limit):
             await self.finish(
@@ -253,6 +268,7 @@ class Settlement:
                 record={"successor": f"{row.lineage_id}@{next_round}"},
             )
             return
+        deadline_ms, timeout_ms = _successor_deadline(handoff, name)
         successor = NewRun(
             id=f"{row.lineage_id}@{next_round}",
             flow=name,
@@ -265,6 +281,8 @@ class Settlement:
             round_ordinal=next_round,
             previous_round_id=row.id,
             max_rounds=limit,
+            deadline_ms=deadline_ms,
+            timeout_ms=timeout_ms,
         )
 
         async def commit() -> tuple[TransitionOutcome, RunRow | None]:
@@ -277,6 +295,7 @@ class Settlement:
                     state_patch={"handed_off_to": successor.id},
                     kind=Kind.HANDED_OFF,
                     record={"successor": successor.id, "round": next_round},
+                    end_children=False,  # the lineage, and its children's parent, go on
                 )
                 if not isinstance(outcome, Transitioned):
                     return outcome, None
@@ -300,3 +319,15 @@ class Settlement:
         await self._after(row, epoch, RunStatus.COMPLETED, outcome)
         if created is not None and self._schedule is not None:
             await self._schedule(created)
+
+
+def _successor_deadline(handoff: Handoff, flow_name: str) -> tuple[int | None, int | None]:
+    """(deadline_ms, timeout_ms) of the next round: explicit, else the target's timeout."""
+    explicit = handoff.deadline
+    if explicit is not None:
+        return int(explicit.timestamp() * 1000), None
+    try:
+        timeout = resolve(flow_name).timeout
+    except UnknownFlow:  # a leg this process does not run: the round keeps no deadline
+        return None, None
+    return None, (int(timeout * 1000) if timeout is not None else None)

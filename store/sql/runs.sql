@@ -28,7 +28,7 @@ SELECT b.id, b.flow, b.queue, 'pending',
                ELSE jsonb_build_object('deadline_ms', t.now_ms + b.timeout_ms) END,
     b.payload::json,  -- canonical text, kept verbatim (store/values.py)
     b.lineage_id, b.round_ordinal, b.previous_round_id, t.now_ms, t.now_ms,
-    CASE WHEN b.inherit_cancel THEN t.now_ms END,
+    CASE WHEN b.inherit_cancel THEN coalesce(%(inherit_at_ms)s::bigint, t.now_ms) END,
     CASE WHEN b.delay_until_ms IS NOT NULL THEN 'timer' END, b.delay_until_ms
   FROM (SELECT runfleet.now_ms() AS now_ms) AS t,  -- one admission instant per batch
        unnest(%(id)s::text[], %(flow)s::text[], %(queue)s::text[], %(state)s::jsonb[],
@@ -177,46 +177,64 @@ SELECT renewed.id, renewed.cancel_requested, runfleet.now_ms() AS now_ms
   FROM (SELECT 1) AS one LEFT JOIN renewed ON true;
 
 -- name: request_cancel
+-- A cancel is asked of the logical run: every unsettled round of the run's lineage gets
+-- it (first writer wins), so cancelling the root id reaches the round now live. The
+-- caller repeats this statement until it returns nothing: a handoff committing while it
+-- waited on the old round's row lock leaves a successor its snapshot could not see.
 UPDATE runfleet.runs AS r SET cancel_requested_at_ms = runfleet.now_ms(),
     updated_at_ms = runfleet.now_ms()
- WHERE r.id = %(id)s AND r.cancel_requested_at_ms IS NULL
+ WHERE r.lineage_id = (SELECT l.lineage_id FROM runfleet.runs l WHERE l.id = %(id)s)
+   AND r.cancel_requested_at_ms IS NULL
    AND r.status NOT IN ('completed', 'failed', 'cancelled')
 RETURNING r.*, runfleet.now_ms() AS now_ms;
 
+-- name: lineage_rounds
+-- Every round of the run's lineage, oldest first.
+SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r
+ WHERE r.lineage_id = (SELECT l.lineage_id FROM runfleet.runs l WHERE l.id = %(id)s)
+ ORDER BY r.round_ordinal;
+
 -- name: attached_descendants
--- Every unsettled attached descendant, through any number of attached edges.
-WITH RECURSIVE tree(id, depth) AS (
-    SELECT e.child_id, 1 FROM runfleet.run_parents e
-      JOIN runfleet.runs c ON c.id = e.child_id
-     WHERE e.parent_id = %(id)s AND coalesce(c.state->>'on_parent_exit', 'cancel') = 'cancel'
+-- Every unsettled run a cancellation or a final settlement of this run's lineage reaches:
+-- from any round of the lineage, through attached edges, every round of each attached
+-- child's own lineage, transitively. The policy read is the one the edge's child (the
+-- round its parent created) recorded. UNION deduplicates, so a diamond is visited once
+-- and the walk ends on the finite edge set with no depth cap (cycles are refused at
+-- insert anyway). The run's own lineage is not listed: its rounds are the caller's.
+WITH RECURSIVE tree(id, lineage_id) AS (
+    SELECT r.id, r.lineage_id FROM runfleet.runs r
+     WHERE r.lineage_id = (SELECT l.lineage_id FROM runfleet.runs l WHERE l.id = %(id)s)
     UNION
-    SELECT e.child_id, t.depth + 1 FROM tree t
+    SELECT m.id, m.lineage_id FROM tree t
       JOIN runfleet.run_parents e ON e.parent_id = t.id
       JOIN runfleet.runs c ON c.id = e.child_id
-     WHERE coalesce(c.state->>'on_parent_exit', 'cancel') = 'cancel' AND t.depth < 64
+      JOIN runfleet.runs m ON m.lineage_id = c.lineage_id
+     WHERE coalesce(c.state->>'on_parent_exit', 'cancel') = 'cancel'
 )
 SELECT DISTINCT r.id FROM tree JOIN runfleet.runs r ON r.id = tree.id
- WHERE r.status NOT IN ('completed', 'failed', 'cancelled');
+ WHERE r.status NOT IN ('completed', 'failed', 'cancelled')
+   AND r.lineage_id <> (SELECT l.lineage_id FROM runfleet.runs l WHERE l.id = %(id)s)
+ ORDER BY r.id;
 
 -- name: cascade_cancel
--- Descendants nobody is executing are closed here; running ones get the request
--- and their owners close them (they see it at their next heartbeat or publish).
+-- The cascade only ASKS: each descendant closes through its own cancel path (claimed,
+-- its compensations run, then `cancelled`), exactly as if it had been cancelled itself.
+-- Closing parked or pending children here would skip their compensations.
 UPDATE runfleet.runs AS r SET
     cancel_requested_at_ms = coalesce(r.cancel_requested_at_ms, runfleet.now_ms()),
-    status = CASE WHEN r.status = 'running' THEN r.status ELSE 'cancelled' END,
-    state = CASE WHEN r.status = 'running' THEN r.state
-                 ELSE r.state || jsonb_build_object('cancellation',
-                      jsonb_build_object('cause', 'parent-cancelled', 'parent', %(parent)s::text))
-            END,
-    waiting_reason = CASE WHEN r.status = 'running' THEN r.waiting_reason END,
-    waiting_wake_at_ms = CASE WHEN r.status = 'running' THEN r.waiting_wake_at_ms END,
-    waiting_token = CASE WHEN r.status = 'running' THEN r.waiting_token END,
-    waiting_request = CASE WHEN r.status = 'running' THEN r.waiting_request END,
-    waiting_deferred = CASE WHEN r.status = 'running' THEN r.waiting_deferred END,
-    claim_host = NULL, claim_pid = NULL, claim_nonce = NULL, claimed_at_ms = NULL,
     updated_at_ms = runfleet.now_ms()
  WHERE r.id = ANY(%(ids)s) AND r.status NOT IN ('completed', 'failed', 'cancelled')
+   AND r.cancel_requested_at_ms IS NULL
 RETURNING r.id, r.status;
+
+-- name: inherit_cancel
+-- A late child (or a diamond's joined child) takes its parent's request, timestamp kept,
+-- so it reads as the same operator intent rather than a later, independent one.
+UPDATE runfleet.runs AS r SET
+    cancel_requested_at_ms = %(at_ms)s::bigint, updated_at_ms = runfleet.now_ms()
+ WHERE r.id = %(id)s AND r.status NOT IN ('completed', 'failed', 'cancelled')
+   AND r.cancel_requested_at_ms IS NULL
+RETURNING r.*, runfleet.now_ms() AS now_ms;
 
 -- name: close_clocks
 UPDATE runfleet.clocks SET completed_at_ms = runfleet.now_ms()

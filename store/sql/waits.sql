@@ -135,11 +135,15 @@ SELECT run_id, name, deferred_name, due_at_ms, completed_at_ms FROM runfleet.clo
 
 -- name: notify_parents
 -- A settled child completes the deferred every parent awaits it through (diamond
--- edges included) and clears the wait of each parent parked on it. No row lock is
--- taken first: a parent parking concurrently holds its row lock, so the UPDATE
--- below waits for that park to commit and then sees the wait it must clear.
+-- edges included) and clears the wait of each parent parked on it. The parents are
+-- those of EVERY round of the child's lineage: a diamond's second parent joined an
+-- earlier round and follows the handoff to this one, with no edge of its own here.
+-- No row lock is taken first: a parent parking concurrently holds its row lock, so
+-- the UPDATE below waits for that park to commit and then sees the wait it must clear.
 WITH edges AS (
-    SELECT parent_id FROM runfleet.run_parents WHERE child_id = %(child)s
+    SELECT DISTINCT e.parent_id FROM runfleet.run_parents e
+      JOIN runfleet.runs m ON m.id = e.child_id
+     WHERE m.lineage_id = (SELECT l.lineage_id FROM runfleet.runs l WHERE l.id = %(child)s)
 ), completed AS (
     INSERT INTO runfleet.deferreds (run_id, name, value, completed_at_ms)
     SELECT parent_id, 'child:' || %(child)s, %(value)s, runfleet.now_ms() FROM edges

@@ -111,7 +111,6 @@ async def test_join_sees_the_run_as_it_is_now(store: Store) -> None:
         ("scopes", {"scopes": ("s1",)}),
         ("lineage_id", {"lineage_id": "another-lineage"}),
         ("round_ordinal", {"round_ordinal": 1}),
-        ("parent", {"parent_id": "p2"}),
     ],
 )
 async def test_readmission_with_a_different_identity_names_the_field(

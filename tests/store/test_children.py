@@ -13,6 +13,7 @@ from functools import partial
 from store import Store
 from store.config import Settings
 from store.types import (
+    Activated,
     AlreadySatisfied,
     OnParentExit,
     Parked,
@@ -82,6 +83,12 @@ async def test_a_child_closed_by_a_cascade_notifies_its_other_parents(store: Sto
     await store.dag.record_parent("shared", "waiter")
     await store.waits.park("waiter", OWNER_C, 1, child_wait("shared"), deferred="child:shared")
     await store.lifecycle.request_cancel("doomed")
+    # The cascade asks; the child's own cancel path closes it and notifies its parents.
+    asked = await must_get(store, "shared")
+    assert asked.status is RunStatus.PENDING and asked.cancel_requested_at_ms is not None
+    activated = await store.runs.claim_and_activate("shared", asked.snapshot, OWNER_A)
+    assert isinstance(activated, Activated)
+    await store.lifecycle.acknowledge_cancel("shared", OWNER_A, activated.row.epoch)
     assert (await must_get(store, "shared")).status is RunStatus.CANCELLED
     waiter = await must_get(store, "waiter")
     assert waiter.waiting is None, "the diamond parent must be woken"

@@ -95,6 +95,7 @@ async def test_completed_deferreds_lists_a_runs_completions_in_order(store: Stor
     await create(store, "r1")
     await create(store, "r2")
     first = await store.waits.complete_deferred("r1", "b-first", 1)
+    assert isinstance(first.outcome, DeferredCompleted)
     await wait_db_time_past(store, first.outcome.row.completed_at_ms)
     await store.waits.complete_deferred("r1", "a-second", 2)
     await store.waits.complete_deferred("r2", "other", 3)

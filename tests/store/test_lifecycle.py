@@ -7,6 +7,7 @@ import pytest
 from store import Store
 from store.errors import InvalidInput
 from store.types import (
+    Activated,
     ClockScheduled,
     GuardFailed,
     NotFound,
@@ -227,13 +228,12 @@ async def test_terminal_transition_cascades_to_attached_not_detached_children(
     outcome = await store.lifecycle.transition_owned("parent", OWNER_A, 1, RunStatus.COMPLETED)
     assert isinstance(outcome, Transitioned)
 
-    for closed in ("att", "att-gc"):
-        row = await must_get(store, closed)
-        assert row.status is RunStatus.CANCELLED and row.cancel_requested_at_ms is not None
-        assert row.state["cancellation"]["cause"] == "parent-cancelled"
-        record = (await store.journal.last(closed, limit=1))[0]
-        assert record.kind == "interrupted"
-        assert record.payload == {"cancelled": True, "cause": "parent-completed", "by": "parent"}
+    for asked in ("att", "att-gc"):  # asked only: each closes through its own cancel path
+        row = await must_get(store, asked)
+        assert row.status is RunStatus.PENDING and row.cancel_requested_at_ms is not None
+        record = (await store.journal.last(asked, limit=1))[0]
+        assert record.kind == "cancel-requested"
+        assert record.payload == {"actor": None, "cause": "parent-completed", "by": "parent"}
     running = await must_get(store, "att-run")
     assert running.status is RunStatus.RUNNING and running.owner == OWNER_B
     assert running.cancel_requested_at_ms is not None
@@ -245,17 +245,23 @@ async def test_terminal_transition_cascades_to_attached_not_detached_children(
     assert policy.kind == "child-policy-applied"
     assert policy.payload["cause"] == "parent-completed"
     assert sorted(policy.payload["cascaded_to"]) == ["att", "att-gc", "att-run"]
-    assert sorted(policy.payload["closed"]) == ["att", "att-gc"]
 
 
-async def test_cascade_closes_the_clocks_of_children_it_settles(store: Store) -> None:
+async def test_cascade_leaves_a_parked_childs_clocks_to_its_own_cancel(store: Store) -> None:
     await make_running(store, "parent")
     await make_running(store, "child", OWNER_B, parent_id="parent")
     await store.waits.schedule_clock("child", "c", "d", 10**15, OWNER_B, 1)
     await store.waits.park("child", OWNER_B, 1, Waiting("timer", wake_at_ms=10**15))
     await store.lifecycle.transition_owned("parent", OWNER_A, 1, RunStatus.FAILED)
     child = await must_get(store, "child")
-    assert child.status is RunStatus.CANCELLED and child.waiting is None
+    assert child.status is RunStatus.SUSPENDED and child.cancel_requested_at_ms is not None
+    # Its owner-to-be closes it (acknowledge_cancel closes the clocks in that statement).
+    await store.waits.wake("child")
+    woken = await must_get(store, "child")
+    activated = await store.runs.claim_and_activate("child", woken.snapshot, OWNER_A)
+    assert isinstance(activated, Activated)
+    await store.lifecycle.acknowledge_cancel("child", OWNER_A, activated.row.epoch)
+    assert (await must_get(store, "child")).status is RunStatus.CANCELLED
     assert await store.waits.pending_clocks("child") == []
 
 

@@ -37,6 +37,7 @@ _PAGE = 5000
 _PAGES_PER_POLL = 8
 """Bounds one refresh's catch-up on a long journal; the next refresh goes on from there."""
 STEALS_KEPT = 20
+LAG_SEQS = 500
 JOURNAL_MAX = 2000
 
 _SETTLED = frozenset({"completed", "failed", "cancelled"})
@@ -65,38 +66,59 @@ def settled_as(record: JournalRecord) -> str | None:
 class JournalTail:
     """The fleet-wide journal records the charts count, read incrementally by seq.
 
-    Each refresh reads only records after the last seq seen (per kind), so a page
-    that polls every second costs an index range scan of what is new, not a scan
-    of the window.
+    Each refresh reads a kind's records after the last seq seen, less ``LAG_SEQS``: a
+    seq is taken when a record is written, not when it commits, so a record may become
+    visible after a higher one; the overlap catches it and ``seen`` drops the repeats.
+    The journal has no index on kind, so a kind with no recent record would make every
+    refresh scan from its old cursor: once a kind is read to the end, its cursor moves
+    up to the newest run's last seq (a cheap high-water mark). The first refresh starts from the
+    journal's beginning and reads at most ``_PAGES_PER_POLL`` pages per kind; later
+    refreshes go on from there.
     """
 
     after: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_TAILED, 0))
     recent: deque[JournalRecord] = field(default_factory=deque)
     steals: deque[JournalRecord] = field(default_factory=lambda: deque(maxlen=STEALS_KEPT))
+    seen: set[int] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def _high_water(self, svc: c.Services) -> int:
+        newest = await svc.store.inspect.list_runs(limit=1)
+        last = await svc.store.journal.last(newest[0].id, 1) if newest else []
+        return last[-1].seq if last else 0
+
+    async def _read(self, svc: c.Services, kind: str) -> tuple[list[JournalRecord], bool]:
+        """The kind's records after its cursor (less the lag); True if read to the end."""
+        out: list[JournalRecord] = []
+        after = max(0, self.after[kind] - LAG_SEQS)
+        for _ in range(_PAGES_PER_POLL):
+            batch = await svc.store.stats.records_of_kind(kind, after_seq=after, limit=_PAGE)
+            out += batch
+            if len(batch) < _PAGE:
+                return out, True
+            after = batch[-1].seq
+        return out, False
 
     async def refresh(self, svc: c.Services, now_ms: int) -> None:
         async with self.lock:
+            high_water = await self._high_water(svc)
             fresh: list[JournalRecord] = []
             for kind in _TAILED:
-                for _ in range(_PAGES_PER_POLL):
-                    batch = await svc.store.stats.records_of_kind(
-                        kind, after_seq=self.after[kind], limit=_PAGE
-                    )
-                    if not batch:
-                        break
-                    self.after[kind] = batch[-1].seq
-                    fresh += batch
-                    if len(batch) < _PAGE:
-                        break
+                batch, complete = await self._read(svc, kind)
+                top = max([self.after[kind], *(r.seq for r in batch)])
+                self.after[kind] = max(top, high_water) if complete else top
+                fresh += [r for r in batch if r.seq not in self.seen]
             fresh.sort(key=lambda r: r.seq)
             for record in fresh:
+                self.seen.add(record.seq)
                 if record.kind in _STEALS:
                     self.steals.append(record)
                 if record.at_ms >= now_ms - WINDOW_MS:
                     self.recent.append(record)
             while self.recent and self.recent[0].at_ms < now_ms - WINDOW_MS:
                 self.recent.popleft()
+            floor = min(self.after.values()) - LAG_SEQS
+            self.seen = {seq for seq in self.seen if seq > floor}
 
     def charts(self, now_ms: int) -> list[Chart]:
         n = WINDOW_MS // BUCKET_MS

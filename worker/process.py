@@ -13,6 +13,7 @@ import importlib
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -89,6 +90,13 @@ class Worker:
         return self._gate.open()
 
     async def run(self) -> None:
+        # Sync flow bodies hold a thread for their whole run and each sync step needs
+        # one more; asyncio's default pool (cpus + 4) would starve a busy worker.
+        asyncio.get_running_loop().set_default_executor(
+            ThreadPoolExecutor(
+                max_workers=2 * self.concurrency + 4, thread_name_prefix="runfleet-run"
+            )
+        )
         store = await Store.open(
             self.settings, source_id=self.owner.key, max_size=max(4, self.settings.pool_max)
         )

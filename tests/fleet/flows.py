@@ -96,3 +96,15 @@ async def block_loop(ctx: Context, path: str, seconds: float) -> dict[str, Any]:
         pass
     ledger_write(path, run=ctx.run_id, at="unblocked")
     return {"pid": os.getpid()}
+
+
+@flow(name="tests.sync_body_sync_step")
+def sync_body_sync_step(ctx: Any, ms: int) -> dict[str, Any]:
+    """A plain-def body (a thread for the whole run) whose step needs a second thread."""
+    slept = ctx.step("nap", _nap, ms)
+    return {"slept": slept, "pid": os.getpid()}
+
+
+def _nap(ms: int) -> int:
+    time.sleep(ms / 1000)
+    return ms

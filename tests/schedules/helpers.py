@@ -18,15 +18,19 @@ class TickRun:
     status: str
     created_at_ms: int
     updated_at_ms: int
+    admitted_by: str
+    """The journal source of its ``created`` record: the admitting worker's owner key."""
 
 
 async def tick_runs(database_url: str, schedule: str) -> list[TickRun]:
     """Every run the schedule admitted, by tick (a read; nothing is written behind the code)."""
     async with await psycopg.AsyncConnection.connect(database_url) as conn:
         cur = await conn.execute(
-            "SELECT id, (state->>'tick_ms')::bigint, coalesce((state->>'late')::boolean, false),"
-            " status, created_at_ms, updated_at_ms FROM runfleet.runs"
-            " WHERE state->>'schedule' = %s ORDER BY 2, 1",
+            "SELECT r.id, (r.state->>'tick_ms')::bigint,"
+            " coalesce((r.state->>'late')::boolean, false), r.status, r.created_at_ms,"
+            " r.updated_at_ms, j.source_id FROM runfleet.runs r"
+            " JOIN runfleet.journal j ON j.run_id = r.id AND j.kind = 'created'"
+            " WHERE r.state->>'schedule' = %s ORDER BY 2, 1",
             (schedule,),
         )
         return [TickRun(*row) for row in await cur.fetchall()]

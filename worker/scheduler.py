@@ -127,7 +127,9 @@ class Scheduler:
                 },
             )
         for row in fired.admitted:
-            log.info("schedule.admitted", extra={"schedule": fired.schedule.name, "run_id": row.id})
+            log.debug(
+                "schedule.admitted", extra={"schedule": fired.schedule.name, "run_id": row.id}
+            )
         messages = [
             (row.queue, message_for(row.id, row.flow, "schedule", "schedule"))
             for row in fired.admitted

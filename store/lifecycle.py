@@ -194,13 +194,18 @@ class Lifecycle:
         validate.identifier("run_id", run_id)
         async with self._db.transaction():
             requested: list[RunRow] = []
-            while True:  # see runs.request_cancel: a handoff may commit while we wait
+            while True:
                 rows = await self._db.all("runs.request_cancel", {"id": run_id})
-                if not rows:
-                    break
                 requested += [run_row(r) for r in rows]
-            if not requested:
+                # A handoff that committed while the UPDATE waited on the old round's
+                # lock left a successor its snapshot could not see: a fresh read finds it.
                 rounds = await self.rounds(run_id)
+                unasked = [
+                    r for r in rounds if not r.status.terminal and r.cancel_requested_at_ms is None
+                ]
+                if not unasked:
+                    break
+            if not requested:
                 if not rounds:
                     return NotFound(run_id)
                 live = [r for r in rounds if not r.status.terminal]

@@ -167,7 +167,13 @@ class Driver:
                 return "not_found", None
             row = fresh
         if row.claim is not None:
-            return await self._stranded_claim(row)
+            recovered = await self._stranded_claim(row)
+            if recovered != "claim_recovered":
+                return recovered, None
+            fresh = await self.store.runs.get(row.id)  # claim it in this same drive
+            if fresh is None or fresh.status.terminal or fresh.claim is not None:
+                return recovered, None
+            row = fresh
         match await self.store.runs.claim_and_activate(row.id, row.snapshot, self.owner):
             case Activated(row=activated):
                 if activated.epoch == 1:
@@ -198,13 +204,13 @@ class Driver:
         # Timers and quotas wake when due; events and approvals when their timeout is.
         return waiting.wake_at_ms is not None and waiting.wake_at_ms <= row.now_ms
 
-    async def _stranded_claim(self, row: RunRow) -> tuple[str, None]:
+    async def _stranded_claim(self, row: RunRow) -> str:
         assert row.claim is not None and row.claimed_at_ms is not None
         if row.now_ms - row.claimed_at_ms <= self.settings.stale_after_ms:
-            return "claim_pending", None
+            return "claim_pending"
         probe = await self._probe_owner(row.claim, row.claimed_at_ms)
         if probe.vouches:
-            return "claimant_alive", None
+            return "claimant_alive"
         match await self.store.runs.recover_claim(
             row.id,
             row.claim,
@@ -212,9 +218,9 @@ class Driver:
             {"probe": probe.evidence, "probe_detail": dict(probe.detail)},
         ):
             case ClaimRecovered():
-                return "claim_recovered", None
+                return "claim_recovered"
             case _:
-                return "claim_lost", None
+                return "claim_lost"
 
     async def _maybe_steal(
         self, row: RunRow, flow: Flow | None

@@ -179,8 +179,8 @@ SELECT renewed.id, renewed.cancel_requested, runfleet.now_ms() AS now_ms
 -- name: request_cancel
 -- A cancel is asked of the logical run: every unsettled round of the run's lineage gets
 -- it (first writer wins), so cancelling the root id reaches the round now live. The
--- caller repeats this statement until it returns nothing: a handoff committing while it
--- waited on the old round's row lock leaves a successor its snapshot could not see.
+-- caller repeats it while a fresh read still finds a live round without it: a handoff
+-- committing while it waited on the old round's lock leaves a successor it could not see.
 UPDATE runfleet.runs AS r SET cancel_requested_at_ms = runfleet.now_ms(),
     updated_at_ms = runfleet.now_ms()
  WHERE r.lineage_id = (SELECT l.lineage_id FROM runfleet.runs l WHERE l.id = %(id)s)

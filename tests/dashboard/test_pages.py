@@ -133,3 +133,31 @@ async def test_a_host_name_not_allowed_is_refused(dashboard: Dash) -> None:
     client = await dashboard()
     r = await client.get("/", headers={"host": "evil.example"})
     assert r.status_code == 400
+
+
+async def test_the_run_page_draws_children_rounds_and_what_it_waits_on(
+    worker: Worker, queue: AsyncQueue, store: Store, dashboard: Dash
+) -> None:
+    client = await dashboard()
+    parent = await queue.enqueue(f.parent, 1)
+    await parked(store, parent.id, "child")
+    tree = TreeView.model_validate_json((await client.get(f"/api/runs/{parent.id}/tree")).text)
+    children = {n.run.id: n for n in tree.children}
+    assert len(children) == 2 and {n.attached for n in children.values()} == {True, False}
+    page = (await client.get(f"/runs/{parent.id}", headers={"X-Partial": "1"})).text
+    tree_html = page.split('<div id="tree">', 1)[1].split("</div>", 1)[0]
+    for child in children:
+        assert f'href="/runs/{child}"' in tree_html
+    assert "(detached)" in tree_html and "waiting on:" in tree_html
+    for child in children:
+        await queue.complete(child, "release")
+    await parent.result(timeout=10)
+
+    chain = await queue.enqueue(f.rounds, 2)
+    await chain.result(timeout=10)
+    tree = TreeView.model_validate_json((await client.get(f"/api/runs/{chain.id}/tree")).text)
+    assert [r.round_ordinal for r in tree.rounds] == [0, 1, 2]
+    page = (await client.get(f"/runs/{chain.id}")).text
+    assert "rounds of lineage" in page and "← this run" in page
+    for r in tree.rounds:
+        assert f'href="/runs/{r.id}"' in page

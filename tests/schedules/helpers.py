@@ -62,3 +62,9 @@ def assert_one_run_per_tick(runs: list[TickRun], period_ms: int = 1000) -> None:
     expected = list(range(ticks[0], ticks[-1] + 1, period_ms))
     missing = sorted(set(expected) - set(ticks))
     assert ticks == expected, f"missing ticks {missing} in {len(expected)}"
+
+
+def gap(runs: list[TickRun], period_ms: int = 1000) -> int:
+    """Ticks between the schedule's first and last run that have no run."""
+    ticks = {r.tick_ms for r in runs}
+    return (max(ticks) - min(ticks)) // period_ms + 1 - len(ticks)

@@ -13,7 +13,13 @@ from store.config import Settings
 from store.schedules import Overlap, Schedules
 from store.types import RunStatus
 from tests.fleet.procs import Spawn, until
-from tests.schedules.helpers import TickRun, assert_one_run_per_tick, every_second, tick_runs
+from tests.schedules.helpers import (
+    TickRun,
+    assert_one_run_per_tick,
+    every_second,
+    gap,
+    tick_runs,
+)
 from worker.scheduler import grace_ms
 
 FLEET_SECONDS = 20.0
@@ -93,19 +99,13 @@ async def test_missed_ticks_while_no_worker_ran_skip_or_catch_up(
     # skip: no late admission at all; the gap is exactly the ticks counted missed.
     assert [r.late for r in skip].count(False) == len(skip)
     assert skip_row.missed >= 3
-    assert _gap(skip) == skip_row.missed
+    assert gap(skip) == skip_row.missed
     # catch_up=3: exactly the 3 most recent missed ticks were admitted late.
     late = [r for r in catch if r.late]
     assert len(late) == 3 and all(r.created_at_ms - r.tick_ms > grace for r in late)
-    assert catch_row.missed == _gap(catch) and catch_row.missed >= 1
+    assert catch_row.missed == gap(catch) and catch_row.missed >= 1
     after_late = [r.tick_ms for r in catch if r.tick_ms >= late[0].tick_ms]
     assert after_late == list(range(after_late[0], after_late[-1] + 1, 1000))
-
-
-def _gap(runs: list[TickRun]) -> int:
-    """Ticks between the first and the last run that have no run."""
-    ticks = {r.tick_ms for r in runs}
-    return (max(ticks) - min(ticks)) // 1000 + 1 - len(ticks)
 
 
 async def test_overlap_skip_never_runs_two_at_once_and_allow_does(

@@ -34,7 +34,7 @@ from ops.dashboard import data, security, svg
 from ops.dashboard.actions import Action, perform
 from ops.explain import explain, gather
 from store.config import Settings
-from store.errors import InvalidInput, ScopeDenied
+from store.errors import InvalidInput, RunfleetError, ScopeDenied, Unavailable
 from store.types import RunStatus
 
 POLL_MS = 1000
@@ -111,6 +111,10 @@ def _answers(handler: Handler) -> Handler:
             return _problem(request, 403, f"the database role may not do this: {exc}")
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
             return _problem(request, 503, f"cannot reach the database: {exc}")
+        except Unavailable as exc:
+            return _problem(request, 503, str(exc))
+        except RunfleetError as exc:  # any other refusal a caller can cause
+            return _problem(request, 400, str(exc))
 
     return wrapped
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import uuid
 
+import psycopg
+
 import tests.dashboard.flows as d
 import tests.flows.flows as f
 from broker import AsyncQueue
@@ -129,3 +131,28 @@ async def test_buttons_hold_the_dashboards_scopes_only(
         r = await post(member, f"/runs/{busy.id}/cancel")
         assert r.status_code == 303
         await _status(store, busy.id, RunStatus.CANCELLED)
+
+
+async def test_resume_moves_a_quarantined_run_on(
+    worker: Worker, queue: AsyncQueue, store: Store, settings: Settings, dashboard: Dash
+) -> None:
+    client = await dashboard()
+    run = await queue.enqueue(f.steps, uuid.uuid4().hex[:6])
+    await parked(store, run.id, "event")
+    # a recorded output that no longer matches its digest (as the CLI's resume test does)
+    async with await psycopg.AsyncConnection.connect(
+        settings.database_url, autocommit=True
+    ) as conn:
+        await conn.execute(
+            "UPDATE runfleet.steps SET output = '5' WHERE run_id = %s AND key = 'step:a#1'",
+            (run.id,),
+        )
+    await queue.complete(run.id, "go")
+    await parked(store, run.id, "quarantine")
+    page = await client.get(f"/runs/{run.id}")
+    assert "waits: quarantine" in page.text
+    r = await post(client, f"/runs/{run.id}/resume")  # no step named: accept the recorded
+    assert r.status_code == 303 and r.headers["location"].endswith("?done=resumed")
+    assert (await run.result(timeout=10))[0] == 5
+    (resumed,) = [x.payload for x in await store.journal.records(run.id) if x.kind == "resumed"]
+    assert isinstance(resumed, dict) and str(resumed["actor"]).startswith("dashboard:")

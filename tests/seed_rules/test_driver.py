@@ -1,0 +1,162 @@
+"""Seed rules the run driver and coordinator keep ("implemented but untested" in issue 15).
+
+Real Postgres, the production ``Driver`` (no probe: no witness vouches, as with Redis
+down), other owners simulated only by their rows' owner columns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import replace
+
+from store import Kind, Store
+from store.config import Settings
+from store.types import Claimed, Owner, RunStatus, Waiting
+from tests.seed_rules import flows as sr
+from tests.seed_rules.test_lineage import in_lock_order
+from tests.store.helpers import (
+    OWNER_B,
+    activate,
+    create,
+    db_now,
+    eventually,
+    make_parked,
+    make_running,
+    must_get,
+)
+from worker.coordinator import Coordinator
+from worker.driver import Driver
+
+ME = Owner("host-me", 4242, "nonce-me")
+OTHER = Owner("host-other", 4343, "nonce-other")
+
+assert sr.waiter  # registers the flows
+
+
+def driver(store: Store, settings: Settings, owner: Owner = ME) -> Driver:
+    return Driver(store, owner, settings)
+
+
+async def kinds(store: Store, run_id: str) -> list[str]:
+    return [r.kind for r in await store.journal.records(run_id)]
+
+
+async def test_stranded_claim_is_recovered_and_claimed_in_the_same_drive(
+    store: Store, settings: Settings
+) -> None:
+    pending = await create(store, "r", flow="sr.waiter")
+    claimed = await store.runs.claim("r", pending.snapshot, OWNER_B)  # OWNER_B then died
+    assert isinstance(claimed, Claimed), claimed
+    stuck = await must_get(store, "r")
+    assert stuck.claimed_at_ms is not None
+    await eventually(
+        lambda: db_now(store),
+        lambda now: now > stuck.claimed_at_ms + settings.stale_after_ms,  # type: ignore[operator]
+        "the claim to turn stale by database time",
+    )
+    assert await driver(store, settings).drive("r") == "activated"
+    row = await must_get(store, "r")
+    assert row.claim is None and row.waiting is not None and row.waiting.reason == "event"
+    journal = await kinds(store, "r")
+    assert journal.index(Kind.CLAIM_RECOVERED) < journal.index(Kind.CLAIMED_AND_ACTIVATED)
+
+
+async def test_a_lost_claim_leaves_claim_lost_evidence(store: Store, settings: Settings) -> None:
+    await create(store, "r", flow="sr.waiter")
+    winner, loser = driver(store, settings, ME), driver(store, settings, OTHER)
+    won, lost = await in_lock_order(
+        settings.database_url, "r", lambda: winner.drive("r"), lambda: loser.drive("r")
+    )
+    assert (won, lost) == ("activated", "claim_lost")
+    evidence = [r for r in await store.journal.records("r") if r.kind == Kind.CLAIM_LOST]
+    assert len(evidence) == 1 and evidence[0].payload["observer"] == OTHER.key
+
+
+async def test_cancelled_runs_of_an_unregistered_flow_are_closed_when_suspended(
+    store: Store, settings: Settings
+) -> None:
+    await make_parked(store, "r", Waiting("event"), OWNER_B, flow="sr.retired-long-ago")
+    await store.lifecycle.request_cancel("r")
+    await driver(store, settings).drive("r")
+    assert (await must_get(store, "r")).status is RunStatus.CANCELLED
+
+
+async def test_cancelled_runs_of_an_unregistered_flow_are_closed_when_stale_running(
+    store: Store, settings: Settings
+) -> None:
+    running = await make_running(store, "r", OWNER_B, flow="sr.retired-long-ago")
+    await store.lifecycle.request_cancel("r")
+    assert await driver(store, settings).drive("r") == "heartbeat_fresh"  # not stale yet
+    await eventually(
+        lambda: db_now(store),
+        lambda now: now > (running.heartbeat_at_ms or 0) + settings.stale_after_ms,
+        "the lease to turn stale by database time",
+    )
+    assert await driver(store, settings).drive("r") == "stolen"
+    assert (await must_get(store, "r")).status is RunStatus.CANCELLED
+
+
+async def test_a_lapsed_lease_releases_with_cause_lease_lapsed(
+    store: Store, settings: Settings
+) -> None:
+    for run_id, cause, recorded in (
+        ("a", "lease-lapsed", "lease-lapsed"),
+        ("b", "shutdown", "interrupted"),
+    ):
+        await create(store, run_id, flow="sr.waiter")
+        row = await activate(store, run_id, ME)
+        assert await driver(store, settings).release(row, cause) is True
+        released = [
+            r for r in await store.journal.records(run_id) if r.kind == Kind.INTERRUPT_RELEASED
+        ]
+        assert released[-1].payload["cause"] == recorded and released[-1].payload["detail"] == cause
+        parked = await must_get(store, run_id)
+        assert parked.waiting is not None and parked.waiting.reason == "released"
+
+
+async def test_shutdown_does_not_downgrade_an_already_parked_run_to_released(
+    store: Store, settings: Settings
+) -> None:
+    await create(store, "r", flow="sr.waiter")
+    mine = driver(store, settings)
+    assert await mine.drive("r") == "activated"  # ran and parked on its event
+    parked = await must_get(store, "r")
+    assert parked.waiting is not None and parked.waiting.reason == "event"
+    activated = [
+        r for r in await store.journal.records("r") if r.kind == Kind.CLAIMED_AND_ACTIVATED
+    ]
+    epoch = activated[-1].payload["epoch"]
+    as_activated = await must_get(store, "r")
+    # The shutdown's release arrives after the park (the body parked first).
+    assert await mine.release(replace(as_activated, epoch=epoch), "shutdown") is False
+    after = await must_get(store, "r")
+    assert after.waiting is not None and after.waiting.reason == "event"
+    assert Kind.INTERRUPT_RELEASED not in await kinds(store, "r")
+
+
+class _BlockingDriver:
+    """Stands in for the driver: each drive waits for ``go`` and counts itself."""
+
+    def __init__(self) -> None:
+        self.drives = 0
+        self.go = asyncio.Event()
+
+    async def drive(self, run_id: str, on_decided: Callable[[], None] | None = None) -> str:
+        self.drives += 1
+        if on_decided is not None:
+            on_decided()
+        await self.go.wait()
+        return "activated"
+
+
+async def test_wakes_for_a_run_in_a_drive_coalesce_into_one_more_drive() -> None:
+    stub = _BlockingDriver()
+    coordinator = Coordinator(stub)  # type: ignore[arg-type]
+    assert coordinator.schedule("r") is True
+    for _ in range(10):  # a burst of wakes while the first drive is in progress
+        assert coordinator.schedule("r") is False
+    assert coordinator.schedule("other") is True
+    stub.go.set()
+    assert await coordinator.join(timeout=5)
+    assert stub.drives == 3, "r: the drive in progress plus ONE more; other: one"

@@ -13,6 +13,7 @@ from typing import Annotated, TypeVar
 import typer
 from pydantic import BaseModel
 
+from broker.admission import importable, unknown
 from ops import cli_common as c
 from ops.cli_produce import Scopes, parse_payload
 from store.config import Settings
@@ -110,9 +111,17 @@ def add(
     overlap: Annotated[
         str, typer.Option(help="allow, or skip a tick while the previous run is open.")
     ] = Overlap.ALLOW.value,
+    late_binding: Annotated[
+        bool,
+        typer.Option("--late-binding", help="Accept a flow name no worker has registered (yet)."),
+    ] = False,
     as_json: c.AsJson = False,
 ) -> None:
-    """Add a schedule; its first tick is the first after now (database time)."""
+    """Add a schedule; its first tick is the first after now (database time).
+
+    The flow must be registered by a worker (or be an importable ``module:function``),
+    as for ``enqueue``: a typo would otherwise admit a run nobody can execute every tick.
+    """
     try:
         args, kwargs = parse_payload(payload)
         spec = ScheduleSpec(
@@ -127,7 +136,7 @@ def add(
         )
     except RunfleetError as exc:
         c.fail(str(exc))
-    added = c.run(_call(c.settings(), lambda s: s.add(spec)))
+    added = c.run(_add(c.settings(), spec, late_binding))
     if added is None:
         c.fail(f"schedule {name!r} already exists (remove it first)")
     _print(added, as_json)
@@ -189,6 +198,14 @@ def _print(s: Schedule, as_json: bool) -> None:
 async def _call(cfg: Settings, op: Callable[[Schedules], Awaitable[T]]) -> T:
     async with c.services(cfg) as svc:
         return await op(Schedules.of(svc.store))
+
+
+async def _add(cfg: Settings, spec: ScheduleSpec, late_binding: bool) -> Schedule | None:
+    async with c.services(cfg) as svc:
+        if not late_binding and not importable(spec.flow):
+            if await svc.store.steps.flow(spec.flow) is None:
+                raise unknown(spec.flow)
+        return await Schedules.of(svc.store).add(spec)
 
 
 async def _list(cfg: Settings) -> list[Schedule]:

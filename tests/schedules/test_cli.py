@@ -17,15 +17,20 @@ from worker.scheduler import Scheduler
 
 
 async def test_add_list_pause_resume_remove(cli: Cli, store: Store, settings: Settings) -> None:
+    unknown = await cli("schedule", "add", "nightly", "--flow", "sched.noop", "--cron", "@daily")
+    assert unknown.clean and unknown.code == 1 and "unknown flow 'sched.noop'" in unknown.stderr
     added = await cli(
         "schedule", "add", "nightly", "--flow", "sched.noop", "--cron", "* * * * * *",
         "--timezone", "Europe/Paris", "--catch-up", "2", "--overlap", "skip", "--json",
+        "--late-binding",  # no worker has registered sched.noop in this test
     )  # fmt: skip
     assert added.code == 0, added
     shown = json.loads(added.stdout)
     assert shown["timezone"] == "Europe/Paris" and shown["catch_up"] == 2
     assert shown["overlap"] == "skip" and shown["origin"] == "cli" and not shown["paused"]
-    again = await cli("schedule", "add", "nightly", "--flow", "f", "--cron", "* * * * *")
+    again = await cli(
+        "schedule", "add", "nightly", "--flow", "f", "--cron", "@daily", "--late-binding"
+    )
     assert again.clean and again.code == 1 and "already exists" in again.stderr
 
     redis = connect(settings)

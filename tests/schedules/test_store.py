@@ -6,6 +6,8 @@ import asyncio
 import time
 from functools import partial
 
+import psycopg
+
 from store import Store
 from store.config import Settings
 from store.schedules import Fired, NotDue, Overlap, Schedules
@@ -119,3 +121,25 @@ async def test_upsert_keeps_the_cadence_and_restarts_it_on_a_new_cron(store: Sto
     assert moved is not None and moved.next_tick_ms == first.next_tick_ms
     assert moved.paused  # an operator's pause survives a worker's restart
     assert await schedules.add(spec) is None  # the CLI's add never overwrites
+
+
+async def test_a_scheduler_holding_the_row_delays_nobody_and_its_death_loses_no_tick(
+    store: Store, settings: Settings
+) -> None:
+    """A scheduler stuck mid-fire (its transaction open, holding the row) is skipped, not
+    waited for; when it dies its transaction rolls back and the next firing admits every
+    tick that fell due meanwhile, once each."""
+    schedules = Schedules.of(store)
+    await schedules.add(every_second("held"))
+    async with await psycopg.AsyncConnection.connect(settings.database_url) as stuck:
+        await stuck.execute("SELECT * FROM runfleet.schedules WHERE name = 'held' FOR UPDATE")
+        await asyncio.sleep(1.5)  # a tick falls due under the lock
+        started = time.monotonic()
+        assert isinstance(await schedules.fire("held", grace_ms=3000), NotDue)
+        assert time.monotonic() - started < 0.5  # skipped, not waited for
+    # The connection closed without a commit: the dead scheduler's firing never happened.
+    fired = await schedules.fire("held", grace_ms=3000)
+    assert isinstance(fired, Fired) and fired.admitted and fired.missed == 0
+    runs = await tick_runs(settings.database_url, "held")
+    assert_one_run_per_tick(runs)
+    assert [r.id for r in runs] == [r.id for r in fired.admitted]

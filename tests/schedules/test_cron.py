@@ -7,6 +7,8 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from store.cron import Cron, InvalidSchedule, iso
 
@@ -132,3 +134,28 @@ def test_iso_names_ticks_in_utc() -> None:
         iso(1_000_000_000_123)
         == datetime.fromtimestamp(1e9, UTC).isoformat().replace("+00:00", "") + ".123Z"
     )
+
+
+ZONES = ["Europe/Paris", "America/New_York", "Australia/Lord_Howe", "America/Santiago", "UTC"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    hour=st.integers(0, 23),
+    minute=st.sampled_from([0, 15, 30, 45]),
+    zone=st.sampled_from(ZONES),
+)
+def test_a_daily_time_fires_exactly_once_every_local_day_of_the_year(
+    hour: int, minute: int, zone: str
+) -> None:
+    """Lord Howe shifts by 30 minutes, Santiago at midnight: any daily wall time, in any
+    of these zones, fires on every local calendar day of 2026 and never twice on one."""
+    cron = Cron(f"{minute} {hour} * * *", zone)
+    tz = ZoneInfo(zone)
+    start = datetime(2026, 1, 1, tzinfo=tz)
+    t = int(start.timestamp() * 1000) - 1
+    days = []
+    for _ in range(365):
+        t = cron.next_after(t)
+        days.append(datetime.fromtimestamp(t / 1000, tz).date())
+    assert days == [start.date() + timedelta(days=n) for n in range(365)]

@@ -1,5 +1,7 @@
 """Redis: wake-up streams, liveness keys and notifications, plus the producer API."""
 
+from broker.admission import Retry
+from broker.jobs import FailedJobRegistry, Job, JobStatus, NoSuchJobError
 from broker.queue import AsyncQueue, AsyncRun, EnqueueSpec, RunCancelled, RunFailed, RunNotFound
 from broker.sync import Queue, Run
 
@@ -7,7 +9,12 @@ __all__ = [
     "AsyncQueue",
     "AsyncRun",
     "EnqueueSpec",
+    "FailedJobRegistry",
+    "Job",
+    "JobStatus",
+    "NoSuchJobError",
     "Queue",
+    "Retry",
     "Run",
     "RunCancelled",
     "RunFailed",

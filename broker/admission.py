@@ -58,6 +58,8 @@ class EnqueueSpec:
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     run_id: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    """rq's enqueue options (``job_timeout``, ``meta``, ``retry``, ...): see ``rq_options``."""
 
 
 def importable(name: str) -> bool:
@@ -80,3 +82,132 @@ def unknown(name: str) -> UnknownFlow:
         "no worker has registered it and it is not an importable module:function "
         "(pass late_binding=True to admit it anyway)",
     )
+
+
+class Retry:
+    """rq's ``Retry(max=, interval=)``: try a failing job ``max`` more times.
+
+    ``interval`` is seconds before each retry: one number, or a list whose last
+    entry repeats (rq's rule). An ``rq.Retry`` is accepted too (same attributes).
+    """
+
+    def __init__(self, max: int, interval: int | float | Sequence[int | float] = 0) -> None:
+        if max < 1:
+            raise InvalidInput("retry", "max: please enter a value greater than 0")
+        intervals = [interval] if isinstance(interval, int | float) else list(interval)
+        if any(i < 0 for i in intervals):
+            raise InvalidInput("retry", "interval: negative numbers are not allowed")
+        self.max = max
+        self.intervals = intervals
+
+    def __repr__(self) -> str:
+        return f"Retry(max={self.max}, interval={self.intervals!r})"
+
+
+def parse_timeout(field: str, value: Any) -> int | None:
+    """rq's timeout spellings: seconds as a number, or ``"90s"``, ``"10m"``, ``"1h"``, ``"2d"``."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise InvalidInput(field, "must be seconds or a string such as '10m'")
+    if isinstance(value, int | float):
+        return int(value)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+        try:
+            return int(text) if text[-1:].isdigit() else int(text[:-1]) * units[text[-1]]
+        except (ValueError, KeyError):
+            pass
+    raise InvalidInput(field, f"{value!r} is not seconds or digits + unit (d, h, m, s)")
+
+
+def callback_name(field: str, fn: Any) -> str | None:
+    """An ``on_success``/``on_failure`` callback as the ``module:function`` a worker imports."""
+    if fn is None:
+        return None
+    fn = getattr(fn, "func", fn)  # rq.Callback(func, timeout) wraps the function
+    if isinstance(fn, str):
+        return fn if ":" in fn else fn.rpartition(".")[0] + ":" + fn.rpartition(".")[2]
+    name, _queue, _fn, _ctx = flow_target(fn)
+    if getattr(fn, "runfleet_flow", None) is not None:
+        raise InvalidInput(field, "a callback is a plain function, not a flow")
+    return name
+
+
+def rq_options(
+    *,
+    job_timeout: Any = None,
+    result_ttl: Any = None,
+    failure_ttl: Any = None,
+    retry: Any = None,
+    on_success: Any = None,
+    on_failure: Any = None,
+    meta: dict[str, Any] | None = None,
+    description: str | None = None,
+) -> tuple[dict[str, Any], int | None]:
+    """The run-state keys rq's ``enqueue`` options become, and the timeout in seconds."""
+    state: dict[str, Any] = {}
+    if meta is not None:
+        if not isinstance(meta, dict):
+            raise InvalidInput("meta", "must be a dict")
+        state["meta"] = meta
+    if description is not None:
+        state["description"] = str(description)
+    for field_name, value in (("result_ttl", result_ttl), ("failure_ttl", failure_ttl)):
+        seconds = parse_timeout(field_name, value)
+        if seconds is not None:
+            state[field_name] = seconds
+    if retry is not None:
+        max_tries, intervals = getattr(retry, "max", None), getattr(retry, "intervals", None)
+        if not isinstance(max_tries, int) or not isinstance(intervals, list):
+            raise InvalidInput("retry", f"{retry!r} is not a Retry(max=, interval=)")
+        state["retry"] = {"max": max_tries, "intervals": [float(i) for i in intervals]}
+    callbacks = {
+        k: v
+        for k, v in (
+            ("on_success", callback_name("on_success", on_success)),
+            ("on_failure", callback_name("on_failure", on_failure)),
+        )
+        if v
+    }
+    if callbacks:
+        state["callbacks"] = callbacks
+    return state, parse_timeout("job_timeout", job_timeout)
+
+
+RQ_OPTIONS = (
+    "job_timeout",
+    "result_ttl",
+    "failure_ttl",
+    "retry",
+    "on_success",
+    "on_failure",
+    "meta",
+    "description",
+    "at_front",
+    "depends_on",
+)
+RQ_UNSUPPORTED = ("ttl", "repeat", "on_stopped", "rate_limit", "webhooks", "pipeline", "unique")
+
+
+def split_rq_call(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]:
+    """rq's ``parse_args``: (function args, function kwargs, enqueue options).
+
+    The option keywords are rq's and are taken out of ``kwargs`` as rq takes them;
+    ``args=``/``kwargs=`` given explicitly are the function's arguments. Options
+    runfleet does not implement are refused by name rather than passed to the function.
+    """
+    kwargs = dict(kwargs)
+    for name in RQ_UNSUPPORTED:
+        if name in kwargs:
+            raise InvalidInput(name, f"rq's {name}= is not supported by runfleet (README)")
+    options = {k: kwargs.pop(k) for k in RQ_OPTIONS if k in kwargs}
+    if "args" in kwargs or "kwargs" in kwargs:
+        if args:
+            raise InvalidInput("args", "give positional arguments or args=, not both")
+        args = tuple(kwargs.pop("args", None) or ())
+        kwargs = dict(kwargs.pop("kwargs", None) or {}) | kwargs
+    return args, kwargs, options

@@ -22,11 +22,19 @@ from typing import Any, TypeVar
 import psycopg
 from redis.asyncio import Redis
 
-from broker.admission import EnqueueSpec, check_signature, flow_target, importable, unknown
+from broker.admission import (
+    EnqueueSpec,
+    check_signature,
+    flow_target,
+    importable,
+    rq_options,
+    split_rq_call,
+    unknown,
+)
 from broker.client import connect
 from broker.codec import message_for
 from broker.notify import Notifier
-from broker.streams import Streams, lane_for
+from broker.streams import Lane, Streams, lane_for
 from store import Store
 from store.config import Settings
 from store.errors import (
@@ -36,6 +44,7 @@ from store.errors import (
     ScopeDenied,
     Unavailable,
 )
+from store.jobs import Jobs
 from store.journal import Kind
 from store.transient import is_transient, retrying, service_of
 from store.types import (
@@ -233,7 +242,11 @@ class AsyncQueue:
         if isinstance(spec.target, str) and not self.late_binding and not importable(name):
             if await self._available(lambda: self.store.steps.flow(name)) is None:
                 raise unknown(name)
-        timeout = getattr(spec.target, "timeout", None)
+        if spec.options.get("depends_on") is not None:
+            raise InvalidInput("depends_on", "not supported yet (README: Producers)")
+        options = {k: v for k, v in spec.options.items() if k not in ("at_front", "depends_on")}
+        extra, job_timeout = rq_options(**options)
+        timeout = job_timeout if job_timeout is not None else getattr(spec.target, "timeout", None)
         return NewRun(
             id=spec.run_id or uuid.uuid4().hex,
             flow=name,
@@ -243,20 +256,25 @@ class AsyncQueue:
             delay_until_ms=delay_until_ms,
             timeout_ms=int(timeout * 1000) if isinstance(timeout, int | float) else None,
             max_rounds=getattr(spec.target, "max_rounds", None),
+            extra=extra,
         )
 
-    async def _admit(self, news: list[NewRun]) -> list[AsyncRun]:
+    async def _admit(self, news: list[NewRun], *, front: bool = False) -> list[AsyncRun]:
         # Run ids are fixed before the first try: a retry joins what an unseen commit admitted.
         rows = await self._available(lambda: self.store.runs.create_many(news))
-        ready = [o.row for o in rows if o.row.status is RunStatus.PENDING and o.row.waiting is None]
+        await self._publish_ready([o.row for o in rows], front=front)
+        return [AsyncRun(self, o.row.id) for o in rows]
+
+    async def _publish_ready(self, rows: list[RunRow], *, front: bool = False) -> None:
+        """One stream message per admitted run that may start now (a hint: never fails)."""
+        ready = [row for row in rows if row.status is RunStatus.PENDING and row.waiting is None]
         messages = [
             (row.queue, message_for(row.id, row.flow, "enqueue", "schedule")) for row in ready
         ]
-        try:
-            await self.streams.publish_many(messages)
+        try:  # rq's at_front: the recovery lane is read before any backlog
+            await self.streams.publish_many(messages, Lane.RECOVERY if front else Lane.NORMAL)
         except Exception as exc:
             log.warning("enqueue.publish_failed", extra={"runs": len(messages), "error": repr(exc)})
-        return [AsyncRun(self, o.row.id) for o in rows]
 
     async def enqueue(
         self,
@@ -266,26 +284,73 @@ class AsyncQueue:
         job_id: str | None = None,
         **kwargs: Any,
     ) -> AsyncRun:
-        """Admit one run of ``f(*args, **kwargs)``; ``run_id`` (or rq's ``job_id``) dedupes."""
-        spec = EnqueueSpec(f, args, kwargs, run_id or job_id)
-        return (await self._admit([await self._new_run(spec)]))[0]
+        """Admit one run of ``f(*args, **kwargs)``; ``run_id`` (or rq's ``job_id``) dedupes.
+
+        rq's option keywords (``job_timeout``, ``result_ttl``, ``failure_ttl``, ``retry``,
+        ``on_success``, ``on_failure``, ``at_front``, ``meta``, ``description``) are
+        options, not arguments, as in rq (README "Producers (rq-shaped)").
+        """
+        return await self._enqueue(f, args, kwargs, run_id or job_id, None)
+
+    async def _enqueue(
+        self,
+        f: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        run_id: str | None,
+        delay_until_ms: int | None,
+    ) -> AsyncRun:
+        args, kwargs, options = split_rq_call(args, kwargs)
+        spec = EnqueueSpec(f, args, kwargs, run_id, options)
+        new = await self._new_run(spec, delay_until_ms)
+        return (await self._admit([new], front=bool(options.get("at_front"))))[0]
+
+    async def enqueue_call(
+        self,
+        func: Any,
+        args: Sequence[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        *,
+        job_id: str | None = None,
+        **options: Any,
+    ) -> AsyncRun:
+        """rq's ``enqueue_call``: the function's arguments as a tuple and a dict."""
+        return await self.enqueue(
+            func, args=tuple(args or ()), kwargs=dict(kwargs or {}), job_id=job_id, **options
+        )
 
     async def enqueue_at(
-        self, when: datetime, f: Any, *args: Any, run_id: str | None = None, **kwargs: Any
+        self,
+        when: datetime,
+        f: Any,
+        *args: Any,
+        run_id: str | None = None,
+        job_id: str | None = None,
+        **kwargs: Any,
     ) -> AsyncRun:
+        """Admit a run that starts at ``when`` (rq's scheduled job; naive means UTC)."""
         if when.tzinfo is None:
             when = when.replace(tzinfo=UTC)
-        spec = EnqueueSpec(f, args, kwargs, run_id)
-        return (await self._admit([await self._new_run(spec, int(when.timestamp() * 1000))]))[0]
+        at_ms = int(when.timestamp() * 1000)
+        return await self._enqueue(f, args, kwargs, run_id or job_id, at_ms)
 
     async def enqueue_in(
-        self, delay: timedelta, f: Any, *args: Any, run_id: str | None = None, **kwargs: Any
+        self,
+        delay: timedelta,
+        f: Any,
+        *args: Any,
+        run_id: str | None = None,
+        job_id: str | None = None,
+        **kwargs: Any,
     ) -> AsyncRun:
-        return await self.enqueue_at(datetime.now(UTC) + delay, f, *args, run_id=run_id, **kwargs)
+        return await self.enqueue_at(
+            datetime.now(UTC) + delay, f, *args, run_id=run_id or job_id, **kwargs
+        )
 
     async def enqueue_many(self, specs: Sequence[EnqueueSpec]) -> list[AsyncRun]:
         """Admit a batch in one transaction and one pipeline: all or nothing."""
-        return await self._admit([await self._new_run(spec) for spec in specs])
+        front = any(spec.options.get("at_front") for spec in specs)
+        return await self._admit([await self._new_run(spec) for spec in specs], front=front)
 
     @staticmethod
     def prepare_data(
@@ -295,8 +360,36 @@ class AsyncQueue:
         *,
         job_id: str | None = None,
         run_id: str | None = None,
+        **options: Any,
     ) -> EnqueueSpec:
-        return EnqueueSpec(f, tuple(args), dict(kwargs or {}), run_id or job_id)
+        """rq's ``Queue.prepare_data``; ``options`` are enqueue's rq options."""
+        _, _, checked = split_rq_call((), dict(options))
+        return EnqueueSpec(f, tuple(args), dict(kwargs or {}), run_id or job_id, checked)
+
+    # ---- rq's queue and registry reads ----------------------------------------
+
+    async def queued_ids(self, limit: int = 100_000) -> list[str]:
+        """Runs waiting in this queue to be started (rq's ``job_ids``), oldest first."""
+        jobs = Jobs(self.store)
+        return await self._available(lambda: jobs.queued_ids(self.name, self.scopes, limit))
+
+    async def failed_ids(self, limit: int = 100_000) -> list[str]:
+        """Runs of this queue that failed and were not requeued (rq's failed registry)."""
+        jobs = Jobs(self.store)
+        return await self._available(lambda: jobs.failed_ids(self.name, self.scopes, limit))
+
+    async def requeue(self, run_id: str, *, actor: str | None = None) -> AsyncRun:
+        """Run a failed run again (rq's ``requeue``; ``runfleet retry RUN``).
+
+        A failed run stays failed (terminal is never left): a new round of its
+        lineage runs the same flow and arguments, and reading the old id answers
+        with that round. Requeueing twice joins the same round.
+        """
+        row = await self.authorized(run_id)
+        jobs = Jobs(self.store)
+        again = await self._available(lambda: jobs.requeue(row.id, actor=actor))
+        await self._publish_ready([again])
+        return AsyncRun(self, again.id)
 
     # ---- other producer calls ------------------------------------------------
 

@@ -1,0 +1,95 @@
+"""rq's producer reads and writes over run rows: queued ids, the failed registry, meta,
+and requeueing a failed run.
+
+Kept apart from ``store.runs`` because these answer rq's questions ("what is in
+the queue", "which jobs failed") in rq's terms; ``broker`` is the only caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from psycopg.types.json import Jsonb
+
+from store import validate
+from store.errors import InvalidInput
+from store.types import NewRun, RunRow, RunStatus
+
+if TYPE_CHECKING:
+    from store import Store
+
+CARRIED = ("meta", "description", "retry", "callbacks", "result_ttl", "failure_ttl")
+"""rq options a requeued round keeps from the failed one."""
+
+
+class Jobs:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._db = store.db
+
+    async def queued_ids(self, queue: str, scopes: Sequence[str], limit: int) -> list[str]:
+        """Pending runs of ``queue`` nobody started yet and not scheduled or deferred."""
+        params = {"queue": queue, "scopes": Jsonb(sorted(scopes)), "limit": limit}
+        return [r["id"] for r in await self._db.all("jobs.queued_ids", params)]
+
+    async def failed_ids(self, queue: str, scopes: Sequence[str], limit: int) -> list[str]:
+        params = {"queue": queue, "scopes": Jsonb(sorted(scopes)), "limit": limit}
+        return [r["id"] for r in await self._db.all("jobs.failed_ids", params)]
+
+    async def save_meta(self, run_id: str, meta: dict[str, Any]) -> bool:
+        """Replace the run's ``meta``; False when no such run (or not visible)."""
+        validate.json_value("meta", meta, self._store.settings.max_payload_bytes)
+        params = {"id": run_id, "meta": Jsonb(meta)}
+        return await self._db.one("jobs.save_meta", params) is not None
+
+    async def started_at_ms(self, run_id: str) -> int | None:
+        row = await self._db.one("jobs.started_at", {"id": run_id})
+        return None if row is None or row["at_ms"] is None else int(row["at_ms"])
+
+    async def requeue(self, run_id: str, *, actor: str | None) -> RunRow:
+        """Admit the next round of a failed run's lineage with its flow and arguments.
+
+        Under the failed row's lock: a run already requeued answers with the round
+        that replaced it while that round is open (a retried call joins it), and is
+        read through that round once it settled (failed again: requeued again;
+        completed or cancelled: refused, as rq refuses a job not in its registry). The new round's id is ``lineage@n``, as a
+        handoff's successor, so a retried call after a lost answer joins it.
+        """
+        async with self._store.transaction():
+            row = await self._store.runs.get_for_update(run_id)
+            while row is not None and row.state.get("requeued_as"):
+                following = await self._store.runs.get_for_update(str(row.state["requeued_as"]))
+                if following is None:
+                    break
+                if not following.status.terminal:
+                    return following  # requeued already and still open: join it
+                row = following
+            if row is None:
+                raise InvalidInput("run_id", f"no run with id {run_id!r}")
+            if row.status is not RunStatus.FAILED:
+                raise InvalidInput("run_id", f"run {run_id!r} is {row.status.value}, not failed")
+            latest = await self._store.runs.latest_round(row.lineage_id)
+            ordinal = (latest.round_ordinal if latest else row.round_ordinal) + 1
+            extra: dict[str, Any] = {k: row.state[k] for k in CARRIED if k in row.state}
+            extra.update(requeued_from=row.id, requeued_by=actor)
+            created = await self._store.runs.create(
+                NewRun(
+                    id=f"{row.lineage_id}@{ordinal}",
+                    flow=row.flow,
+                    queue=row.queue,
+                    payload=row.payload,
+                    scopes=row.scopes,
+                    lineage_id=row.lineage_id,
+                    previous_round_id=row.id,
+                    round_ordinal=ordinal,
+                    max_rounds=_int_or_none(row.state.get("max_rounds")),
+                    extra=extra,
+                )
+            )
+            await self._db.one("jobs.mark_requeued", {"id": row.id, "to": created.row.id})
+            return created.row
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) else None

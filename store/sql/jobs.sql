@@ -1,0 +1,46 @@
+-- rq's producer surface over run rows (broker/jobs.py): what a queue holds, the
+-- failed registry, a job's meta. Scoped reads name only runs whose scopes the
+-- caller's cover (row-level security narrows them again for scoped roles).
+
+-- name: queued_ids
+-- rq's "jobs in the queue": pending runs nobody has started, not waiting on a timer
+-- still in the future or on dependencies, oldest first (rq's FIFO order).
+SELECT r.id FROM runfleet.runs r
+ WHERE r.queue = %(queue)s AND r.status = 'pending'
+   AND r.cancel_requested_at_ms IS NULL
+   AND (r.waiting_reason IS NULL
+        OR (r.waiting_reason = 'timer' AND r.waiting_wake_at_ms <= runfleet.now_ms()))
+   AND NOT (r.state ? 'depends_on_open')
+   AND coalesce(r.state->'scopes', '[]'::jsonb) <@ %(scopes)s::jsonb
+ ORDER BY r.created_at_ms, r.id
+ LIMIT %(limit)s;
+
+-- name: failed_ids
+-- rq's FailedJobRegistry: runs of the queue that settled failed and were not requeued,
+-- oldest failure first.
+SELECT r.id FROM runfleet.runs r
+ WHERE r.queue = %(queue)s AND r.status = 'failed' AND NOT (r.state ? 'requeued_as')
+   AND coalesce(r.state->'scopes', '[]'::jsonb) <@ %(scopes)s::jsonb
+ ORDER BY r.updated_at_ms, r.id
+ LIMIT %(limit)s;
+
+-- name: save_meta
+-- rq's job.save_meta(): only the meta key of the state changes (workers merge their
+-- patches with ||, so neither side overwrites the other); updated_at_ms is left alone
+-- because it is the run's settlement time once settled (job.ended_at).
+UPDATE runfleet.runs SET state = jsonb_set(state, '{meta}', %(meta)s::jsonb)
+ WHERE id = %(id)s
+RETURNING id;
+
+-- name: started_at
+-- When the run was first activated (rq's job.started_at), from its journal.
+SELECT min(j.at_ms) AS at_ms FROM runfleet.journal j
+ WHERE j.run_id = %(id)s
+   AND j.kind IN ('claimed-and-activated', 'activated', 'stolen-and-activated');
+
+-- name: mark_requeued
+-- A failed run that rq's requeue replaced by a new round: it stays failed (terminal is
+-- never left) and leaves the failed registry; reading it follows ``requeued_as``.
+UPDATE runfleet.runs SET state = state || jsonb_build_object('requeued_as', %(to)s::text)
+ WHERE id = %(id)s AND status = 'failed'
+RETURNING id;

@@ -1,0 +1,46 @@
+"""A sync Queue garbage-collected, or left open at interpreter exit, shuts down quietly.
+
+Before the fix each producer process printed "Task was destroyed but it is pending!"
+once per pool worker task: the daemon loop thread died with the tasks still on it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from store.config import Settings
+
+SCRIPT = """
+import gc, sys
+import broker
+from tests.rq_parity import jobs
+q = broker.Queue("default", database_url=sys.argv[1], redis_url=sys.argv[2])
+job = q.enqueue(jobs.add, 1, 2)
+assert job.is_queued
+if sys.argv[3] == "collect":
+    del q, job
+    gc.collect()
+    print("collected", flush=True)
+print("exiting", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["left-open", "collect"])
+def test_no_pending_task_warnings(settings: Settings, how: str) -> None:
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, settings.database_url, settings.redis_url, how],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PYTHONPATH": str(root), "RUNFLEET_REDIS_PREFIX": settings.redis_prefix},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "exiting" in done.stdout
+    assert "Task was destroyed" not in done.stderr, done.stderr
+    assert "Exception ignored" not in done.stderr, done.stderr

@@ -14,10 +14,10 @@ from contextlib import AsyncExitStack
 import httpx
 import pytest
 
-import tests.dashboard.flows
-import tests.flows.flows  # noqa: F401 - registers the test flows
+import tests.flows.flows as f
 from ops.dashboard.app import create_app
 from store.config import Settings
+from store.types import RunRow
 
 BASE = "http://testserver"
 Dash = Callable[..., Awaitable[httpx.AsyncClient]]
@@ -48,3 +48,19 @@ async def post(client: httpx.AsyncClient, path: str, **form: str) -> httpx.Respo
         data={"csrf": found.group(1), **form},
         headers={"origin": BASE, "referer": BASE + path},
     )
+
+
+def approval_token(row: RunRow) -> str:
+    """The token the approver was sent: ``on_token``'s delivery where the test flow records
+    it (the waiting row then keeps only a hash), else the one the waiting row shows."""
+    delivered: dict[str, str] | None = getattr(f, "TOKENS", None)
+    if delivered is not None:
+        return delivered[row.id]
+    assert row.waiting is not None and row.waiting.token
+    return row.waiting.token
+
+
+def mentions_dashboard(payload: object) -> bool:
+    """The journaled decision names the dashboard as who asked (as actor, or as a note
+    beside the authenticated role that decided)."""
+    return "dashboard:" in str(payload)

@@ -29,6 +29,7 @@ from ops.dashboard.app import create_app
 from store import Store
 from store.config import Settings
 from store.types import RunStatus
+from tests.dashboard.conftest import approval_token
 from tests.flows.conftest import parked
 from worker.process import Worker
 
@@ -186,11 +187,12 @@ async def test_a_live_fleet_seen_through_chromium(
     assert "tick5" in await b.text("#steps")
     await b.shot("run-completed")
 
-    # approve from the page: the token is filled in, the run goes on and completes
+    # approve from the page: the operator types the token the flow sent, the run completes
     asking = await queue.enqueue(f.approver, 9)
-    await parked(store, asking.id, "approval")
+    token = approval_token(await parked(store, asking.id, "approval"))
     await b.open(f"/runs/{asking.id}")
-    assert await b.attr('input[name="token"]', "value")
+    field = await b.call(b.driver.find_element, By.CSS_SELECTOR, 'input[name="token"]')
+    await b.call(field.send_keys, token)
     await b.shot("run-awaiting-approval")
     await b.click("#approve")
     await b.until("the approval", lambda: b.text("#done"))

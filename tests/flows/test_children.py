@@ -54,6 +54,9 @@ async def test_cancelling_a_parent_cascades_to_attached_children_only(
     with pytest.raises(RunCancelled):
         await run.result(timeout=10)
     for kid, policy in kids.items():
+        if policy is OnParentExit.CANCEL:  # asked by the cascade, closed by its own cancel path
+            with pytest.raises(RunCancelled):
+                await queue.run(kid).result(timeout=10)
         row = await store.runs.get(kid)
         assert row is not None
         assert (row.status is RunStatus.CANCELLED) == (policy is OnParentExit.CANCEL)

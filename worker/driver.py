@@ -41,6 +41,7 @@ from worker.durable import Suspended
 from worker.evidence import RefusalLadder, journal_evidence
 from worker.flows import Flow, resolve
 from worker.retry import is_transient, with_retry
+from worker.rq_compat import call_rq_style, wants_rq_call
 from worker.settle import Settlement, error_of
 from worker.sync_context import SyncContext
 from worker.threads import in_thread
@@ -364,6 +365,8 @@ class Driver:
         self.interrupt(run_id, "cancelled")
 
     async def _call(self, flow: Flow, ctx: Context) -> Any:
+        if wants_rq_call(flow, ctx):  # rq's retry= / on_success= / on_failure=
+            return await call_rq_style(flow, ctx)
         args, kwargs = ctx.args, ctx.kwargs
         if flow.is_async:
             return await flow.fn(*([ctx] if flow.takes_context else []), *args, **kwargs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -46,3 +47,15 @@ def snooze(seconds: float) -> float:
 
 def echo(*args: Any, **kwargs: Any) -> dict[str, Any]:
     return {"args": list(args), "kwargs": kwargs}
+
+
+def report_success(job: Any, connection: Any, result: Any, *args: Any, **kwargs: Any) -> None:
+    """rq's on_success signature; leaves ``<path>.success`` (path = the job's first arg)."""
+    with open(f"{job.args[0]}.success", "w") as f:
+        json.dump({"id": job.id, "result": result}, f)
+
+
+def report_failure(job: Any, connection: Any, typ: type, value: Any, tb: Any) -> None:
+    """rq's on_failure signature; leaves ``<path>.failure``."""
+    with open(f"{job.args[0]}.failure", "w") as f:
+        json.dump({"id": job.id, "error": typ.__name__, "message": str(value)}, f)

@@ -1,0 +1,96 @@
+"""rq's per-job options for plain functions: ``retry=Retry(max, interval)`` and the
+``on_success`` / ``on_failure`` callbacks a producer gave at enqueue (broker/admission.py).
+
+A plain function enqueued with any of them runs as one recorded step (``call``)
+whose retry policy is rq's: ``max`` further tries, waiting ``interval[i]`` seconds
+before try ``i+2`` (the last interval repeats). The callbacks run in the worker
+after the function, as rq runs them, but as recorded steps of the same run, so a
+takeover neither repeats one that finished nor skips one that did not: a raising
+``on_success`` fails the run (rq moves the job to the failed registry likewise).
+Callbacks are named ``module:function`` and imported as a plain-function flow is
+(the same trust: a producer that may enqueue may name any importable function).
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.context import Context
+from worker.durable import Retry
+from worker.flows import Flow, resolve
+
+
+@dataclass(frozen=True)
+class IntervalRetry(Retry):
+    """rq's fixed intervals instead of exponential backoff."""
+
+    intervals: tuple[float, ...] = (0.0,)
+
+    def delay(self, attempt: int) -> float:
+        return float(self.intervals[min(attempt - 1, len(self.intervals) - 1)])
+
+
+def rq_retry(state: dict[str, Any]) -> Retry | None:
+    spec = state.get("retry")
+    if not isinstance(spec, dict):
+        return None
+    intervals = tuple(float(i) for i in spec.get("intervals") or [0]) or (0.0,)
+    return IntervalRetry(attempts=int(spec.get("max", 0)) + 1, intervals=intervals, jitter=0.0)
+
+
+@dataclass(frozen=True)
+class CallbackJob:
+    """What an rq callback reads from its ``job`` argument, as of the end of the call."""
+
+    id: str
+    func_name: str
+    origin: str
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    description: str | None = None
+
+
+def wants_rq_call(flow: Flow, ctx: Context) -> bool:
+    state = ctx.run.state
+    return not flow.takes_context and bool(state.get("retry") or state.get("callbacks"))
+
+
+def _quiet(fn: Any) -> Any:
+    """The callback, returning None: its return value is not a run output to store."""
+
+    def call(*args: Any) -> None:
+        fn(*args)
+
+    return call
+
+
+async def call_rq_style(flow: Flow, ctx: Context) -> Any:
+    state = ctx.run.state
+    callbacks = state.get("callbacks") or {}
+    assert isinstance(callbacks, dict)
+    meta = state.get("meta")
+    job = CallbackJob(
+        id=ctx.run.id,
+        func_name=flow.name.replace(":", "."),
+        origin=ctx.run.queue,
+        args=ctx.args,
+        kwargs=ctx.kwargs,
+        meta=dict(meta) if isinstance(meta, dict) else {},
+        description=str(state["description"]) if state.get("description") else None,
+    )
+    try:
+        result = await ctx.step("call", flow.fn, *ctx.args, retry=rq_retry(state), **ctx.kwargs)
+    except Exception as exc:
+        name = callbacks.get("on_failure")
+        if name:
+            tb = "".join(traceback.format_exception(exc))
+            on_failure = _quiet(resolve(str(name)).fn)
+            await ctx.step("rq.on_failure", on_failure, job, None, type(exc), exc, tb)
+        raise
+    name = callbacks.get("on_success")
+    if name:
+        await ctx.step("rq.on_success", _quiet(resolve(str(name)).fn), job, None, result)
+    return result

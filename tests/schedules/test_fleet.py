@@ -4,9 +4,12 @@ policies across a fleet stop, and the overlap policy with runs that outlast thei
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import signal
 import time
+
+import pytest
 
 from store import Store
 from store.config import Settings
@@ -20,7 +23,20 @@ from tests.schedules.helpers import (
     gap,
     tick_runs,
 )
+from worker import process
 from worker.scheduler import grace_ms
+
+
+@pytest.fixture(autouse=True)
+def _scheduler_wired() -> None:
+    """Say plainly why every test here would time out on a worker that runs no scheduler."""
+    source = inspect.getsource(process)
+    if "Scheduler(" not in source or "register_schedules(" not in source:
+        pytest.fail(
+            "worker/process.py does not run worker.scheduler: add Scheduler(...).run(stop) "
+            "beside the sweeper and register_schedules(...) after the flow registry"
+        )
+
 
 FLEET_SECONDS = 20.0
 """The issue asks for ~30 s; 20 s on this shared 2-core machine (kill at the middle)."""

@@ -55,6 +55,7 @@ from store.types import (
     RunRow,
     RunStatus,
 )
+from store.waits import token_hash
 
 log = logging.getLogger("runfleet.broker.queue")
 T = TypeVar("T")
@@ -456,11 +457,18 @@ class AsyncQueue:
             "use cancel(): it is durable, runs compensations and cascades to attached children",
         )
 
-    async def complete(self, run_id: str, name: str, value: Any = None) -> bool:
-        """Complete the event ``name`` a run waits for (first writer wins); True if first."""
+    async def complete(
+        self, run_id: str, name: str, value: Any = None, *, actor: str | None = None
+    ) -> bool:
+        """Complete the event ``name`` a run waits for (first writer wins); True if first.
+
+        Only ``ctx.wait_for`` events: an approval, a child, a timer or a quota is
+        ``NotAnswerable`` (nothing written). The journal names the database role that
+        answered; ``actor`` is kept beside it as a note.
+        """
         await self.authorized(run_id)
         done = await self._available(
-            lambda: self.store.waits.complete_deferred(run_id, name, value)
+            lambda: self.store.waits.answer_event(run_id, name, value, note=actor)
         )
         if done.woke:
             await self._hint(run_id, "event")
@@ -490,7 +498,7 @@ class AsyncQueue:
         if done is None and retried and await self._journaled(run_id, token, actor, approved):
             return  # our first try committed; its answer was lost with the connection
         if done is None:
-            raise InvalidInput("token", f"run {run_id!r} is not waiting for approval {token!r}")
+            raise InvalidInput("token", f"run {run_id!r} is not waiting for an approval with it")
         if done.woke:
             await self._hint(run_id, "approval")
 
@@ -525,7 +533,8 @@ class AsyncQueue:
         """Whether the run's last decision is this one (a retried answer's own commit)."""
         kind, last = await self._last_record(run_id, Kind.APPROVAL_APPROVED, Kind.APPROVAL_DENIED)
         wanted = Kind.APPROVAL_APPROVED if approved else Kind.APPROVAL_DENIED
-        return kind == wanted and last.get("token") == token and last.get("actor") == actor
+        mine = last.get("token") == token_hash(token) and last.get("note") == actor
+        return kind == wanted and mine
 
     async def _resumed(self, run_id: str, rerun_step: str | None, actor: str | None) -> bool:
         """Whether the run's last resume is this one (a retried resume's own commit)."""

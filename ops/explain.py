@@ -28,6 +28,7 @@ from ops.predict import Facts, next_step
 from store.inspect import DEFAULT_REACTIVATED_OVER
 from store.journal import Kind
 from store.types import JournalRecord, Owner, RunRow, RunStatus
+from store.waits import masked_payload, shown_waiting_token
 
 JOURNAL_SHOWN = 12
 _HISTORY = 200
@@ -48,7 +49,7 @@ def entry(record: JournalRecord) -> JournalEntry:
         at_ms=record.at_ms,
         kind=record.kind,
         source_id=record.source_id,
-        payload=record.payload,
+        payload=masked_payload(record.kind, record.payload),
         sentence=sentence(record),
     )
 
@@ -257,7 +258,7 @@ def _waiting_words(facts: Facts) -> str:
         when = f"in {seconds(delta)}" if delta >= 0 else f"{seconds(-delta)} ago"
         text += f", due {clock(w.wake_at_ms)} ({when})"
     if w.token:
-        text += f", token {w.token}"
+        text += f", token {shown_waiting_token(w.reason, w.token)}"
     if w.request is not None:
         text += f", request {_preview(w.request, 120)}"
     return text

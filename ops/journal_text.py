@@ -15,6 +15,7 @@ from typing import Any
 from ops.cli_common import clock, parse_owner, seconds, who
 from store.journal import Kind
 from store.types import JournalRecord
+from store.waits import shown_token
 
 Payload = dict[str, Any]
 
@@ -168,7 +169,8 @@ def _parked(p: Payload, _r: JournalRecord) -> str:
     if p.get("wake_at_ms") is not None:
         text += f" until {clock(p['wake_at_ms'])}"
     if p.get("token"):
-        text += f" (token {p['token']})"
+        token = shown_token(str(p["token"])) if reason == "approval" else p["token"]
+        text += f" (token {token})"
     return text + _epoch(p)
 
 
@@ -276,7 +278,9 @@ SENTENCES: dict[str, Callable[[Payload, JournalRecord], str]] = {
 
 def _decision(word: str, p: Payload) -> str:
     reason = f": {p['reason']}" if p.get("reason") else ""
-    return f"{word} by {p.get('actor', '?')} (token {p.get('token', '?')}){reason}"
+    note = f" (note: {p['note']})" if p.get("note") else ""
+    token = shown_token(str(p.get("token") or "")) or "?"
+    return f"{word} by {p.get('actor', '?')}{note} (token {token}){reason}"
 
 
 def _fields(p: Payload) -> str:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from store.types import Owner, RunRow, RunStatus, WaitingRow
+from store.waits import shown_waiting_token
 
 
 class _Model(BaseModel):
@@ -71,7 +72,7 @@ class RunSummary(_Model):
             waiting=WaitingView(
                 reason=w.reason,
                 wake_at_ms=w.wake_at_ms,
-                token=w.token,
+                token=shown_waiting_token(w.reason, w.token),
                 request=w.request,
                 deferred=deferred,
             )
@@ -183,7 +184,7 @@ class WaitingTreeRow(_Model):
             run_id=row.run_id,
             reason=row.reason,
             wake_at_ms=row.wake_at_ms,
-            token=row.token,
+            token=shown_waiting_token(row.reason, row.token),
             request=row.request,
             depth=row.depth,
         )

@@ -15,6 +15,7 @@ from ops.journal_text import probe_words
 from ops.models import NextStep
 from store.config import Settings
 from store.types import JournalRecord, RunRow, RunStatus, WaitingRow
+from store.waits import shown_token
 
 
 @dataclass(frozen=True)
@@ -260,7 +261,8 @@ def _next_suspended(facts: Facts) -> NextStep:
         )
     if w.reason == "approval":
         return NextStep(
-            summary=f"a person must answer the approval (token {w.token}); it resumes then.",
+            summary=f"a person must answer the approval (token {shown_token(w.token)}); "
+            "it resumes then.",
             within_ms=None,
             needs_person=True,
         )

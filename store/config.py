@@ -147,6 +147,22 @@ class Settings(BaseSettings):
     def retention_ms(self) -> int | None:
         return None if self.retention is None else int(self.retention * 1000)
 
+    max_children_per_run: int = Field(default=10_000, gt=0)
+    """Children (attached or spawned) one run may start; the next fails the run with
+    ``LimitExceeded`` (not retried): a loop spawning without bound is a bug, not load."""
+    max_steps_per_run: int = Field(default=100_000, gt=0)
+    """Durable calls (steps, sleeps, waits, approvals, children) one run may record."""
+    max_answers_per_run: int = Field(default=1_000, gt=0)
+    """Answers (``complete``, approve/deny) one run accepts; more are ``LimitExceeded``."""
+    allow_import: str = ""
+    """Module prefixes whose plain functions a worker may run besides its ``--flows``
+    modules, comma-separated (``RUNFLEET_ALLOW_IMPORT=app.tasks,billing``); nothing
+    else is ever imported."""
+
+    @property
+    def allow_import_prefixes(self) -> tuple[str, ...]:
+        return tuple(p.strip() for p in self.allow_import.split(",") if p.strip())
+
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$")
 _UNIT_MS = {"ms": 1, "s": 1000, None: 1000, "m": 60_000, "min": 60_000, "h": 3_600_000,

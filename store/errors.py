@@ -90,3 +90,35 @@ class Unavailable(RunfleetError):
         super().__init__(f"{service} unavailable: {error!r}")
         self.service = service
         self.error = error
+
+
+class NotAnswerable(RunfleetError):
+    """``complete`` named something the run did not declare with ``ctx.wait_for``.
+
+    Approvals are answered only through approve/deny with their token; a child's result,
+    a timer, a sleep or a quota window is never answerable from outside. Nothing was written.
+    """
+
+    def __init__(self, run_id: str, name: str, why: str) -> None:
+        super().__init__(f"run {run_id!r} takes no answer named {name!r}: {why}")
+        self.run_id = run_id
+        self.name = name
+        self.why = why
+
+
+class LimitExceeded(RunfleetError):
+    """A configured per-run cap was reached; ``limit`` names the setting. Not retried."""
+
+    def __init__(self, limit: str, cap: int, what: str) -> None:
+        super().__init__(f"{what}: the cap {limit}={cap} was reached")
+        self.limit = limit
+        self.cap = cap
+        self.what = what
+
+
+class ReservedRunId(InvalidInput):
+    """A producer chose a run id in the namespace of derived ids (children, rounds)."""
+
+    def __init__(self, run_id: str, why: str) -> None:
+        super().__init__("run_id", f"{run_id!r} is reserved for derived ids: {why}")
+        self.run_id = run_id

@@ -7,6 +7,8 @@ commits after it wakes the parked run: either way the completion is never lost.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +17,7 @@ from psycopg.types.json import Json, Jsonb
 from store import validate
 from store.config import Settings
 from store.db import Database
-from store.errors import InvalidInput
+from store.errors import InvalidInput, LimitExceeded, NotAnswerable
 from store.journal import Journal, Kind
 from store.rows import clock_row, deferred_row, owner_params, run_row, waiting_row
 from store.types import (
@@ -45,6 +47,59 @@ from store.types import (
 
 CHILD_DEFERRED = "child:"
 """Prefix of the deferred a parent awaits a child through (see waits.notify_parents)."""
+
+INTERNAL_PREFIXES = ("approval:", "child:", "spawn:", "sleep:", "step:", "quota:")
+"""Namespaces of the deferreds runfleet completes itself (approvals, children, timers,
+retry backoffs, quotas): an answer from outside never writes one a flow did not declare."""
+
+_RUNFLEETS = "children, timers, sleeps and quotas are settled by runfleet only"
+_NOT_YOURS = {
+    "approval": "an approval wait: answer it with approve/deny and its token",
+    "child": "a child wait: only the child's own settlement answers it",
+    "timer": "a durable timer: only its clock fires it",
+    "quota": "a quota window: only its time ends it",
+}
+
+TOKEN_HASH = "sha256:"
+
+
+def token_hash(token: str) -> str:
+    """How an approval token is stored (waiting row, step output, journal): its sha256.
+
+    Tokens are 192 random bits, so an unsalted hash cannot be reversed by guessing."""
+    return TOKEN_HASH + hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def token_matches(stored: str | None, token: str) -> bool:
+    """Constant-time comparison of an offered token with the stored one (a hash, or a
+    plain token parked before hashing existed)."""
+    if not stored:
+        return False
+    offered = token_hash(token) if stored.startswith(TOKEN_HASH) else token
+    return hmac.compare_digest(stored.encode("utf-8", "surrogatepass"),
+                               offered.encode("utf-8", "surrogatepass"))  # fmt: skip
+
+
+def shown_token(stored: str | None) -> str | None:
+    """What a view may print of an approval token: at most 8 characters of its hash."""
+    if not stored:
+        return stored
+    return stored.removeprefix(TOKEN_HASH)[:8] + "…"
+
+
+def shown_waiting_token(reason: str, token: str | None) -> str | None:
+    """A waiting row's token as views print it: an approval's masked, others (an event's
+    name, a child's id) as they are."""
+    return shown_token(token) if reason == "approval" else token
+
+
+def masked_payload(kind: str, payload: Any) -> Any:
+    """A journal payload as views print it: approval tokens cut to ``shown_token``."""
+    if not isinstance(payload, dict) or not payload.get("token"):
+        return payload
+    if kind in ("approval-approved", "approval-denied") or payload.get("reason") == "approval":
+        return {**payload, "token": shown_token(str(payload["token"]))}
+    return payload
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,8 +267,9 @@ class Waits:
                 assert existing is not None, "deferred vanished"
                 return Completion(DeferredExisting(existing), woke=False)
             woke = await self._db.one("waits.wake_if_awaiting", {"run_id": run_id, "name": name})
+            who = {k: metadata[k] for k in ("answered_by", "note") if k in (metadata or {})}
             await self._journal.record(
-                run_id, Kind.DEFERRED_COMPLETED, {"name": name, "woke": woke is not None}
+                run_id, Kind.DEFERRED_COMPLETED, {"name": name, "woke": woke is not None, **who}
             )
             return Completion(DeferredCompleted(deferred_row(row)), woke=woke is not None)
 
@@ -232,6 +288,43 @@ class Waits:
         rows = await self._db.all("waits.deferreds_completed", {"run_id": run_id})
         return [deferred_row(r) for r in rows]
 
+    async def answer_event(
+        self, run_id: str, name: str, value: Any = None, *, note: str | None = None
+    ) -> Completion:
+        """A producer's answer to ``ctx.wait_for(name)``; NotAnswerable for anything else.
+
+        Decided by what the run declared, under its row lock: the wait it is parked on
+        (an ``event`` wait only) or a recorded ``event`` step of that name. A name the
+        run has not reached yet may be answered early (first writer wins), unless it is
+        in an internal namespace or an internal timer owns it. The answer is journaled
+        with the authenticated role (``session_user``); ``note`` is the caller's words.
+        """
+        validate.identifier("deferred name", name)
+        if note is not None:
+            validate.identifier("actor", note)
+        async with self._db.transaction():
+            facts = await self._db.one("waits.answer_facts", {"id": run_id, "name": name})
+            if facts is None:
+                raise InvalidInput("run_id", f"run {run_id!r} does not exist")
+            if not RunStatus(facts["status"]).terminal:  # a settled run: AlreadyTerminal
+                self._answerable(run_id, name, facts)
+            meta = {"answered_by": facts["actor"], "note": note}
+            return await self.complete_deferred(run_id, name, value, meta)
+
+    def _answerable(self, run_id: str, name: str, facts: dict[str, Any]) -> None:
+        """Raise NotAnswerable / LimitExceeded unless the run declared ``name`` as an event."""
+        parked_on = facts["waiting_deferred"] == name
+        if parked_on and facts["waiting_reason"] != "event":
+            raise NotAnswerable(run_id, name, _NOT_YOURS.get(facts["waiting_reason"], _RUNFLEETS))
+        if not (parked_on or facts["declared"]):
+            if name.startswith("approval:"):
+                raise NotAnswerable(run_id, name, _NOT_YOURS["approval"])
+            if name.startswith(INTERNAL_PREFIXES) or facts["timer"]:
+                raise NotAnswerable(run_id, name, _RUNFLEETS)
+        cap = self._settings.max_answers_per_run
+        if facts["answers"] >= cap:
+            raise LimitExceeded("max_answers_per_run", cap, f"run {run_id!r} took its answers")
+
     async def answer_approval(
         self,
         run_id: str,
@@ -248,18 +341,27 @@ class Waits:
         records it, so the answer and its audit trail cannot come apart.
         """
         validate.identifier("actor", actor)
+        if not isinstance(token, str) or len(token) > validate.MAX_ID_LENGTH:
+            raise InvalidInput("token", "must be a string of at most 255 characters")
         async with self._db.transaction():
-            row = await self._db.one("waits.awaiting_token", {"id": run_id})
+            row = await self._db.one("waits.answer_facts", {"id": run_id, "name": ""})
             if row is None:
                 raise InvalidInput("run_id", f"run {run_id!r} does not exist")
-            if row["waiting_reason"] != "approval" or row["waiting_token"] != token:
+            if row["waiting_reason"] != "approval" or not token_matches(
+                row["waiting_token"], token
+            ):
                 return None
-            decision = {"approved": approved, "value": value, "actor": actor, "reason": reason}
-            done = await self.complete_deferred(run_id, row["waiting_deferred"], decision)
+            cap = self._settings.max_answers_per_run
+            if row["answers"] >= cap:
+                raise LimitExceeded("max_answers_per_run", cap, f"run {run_id!r} took its answers")
+            who = row["actor"]  # the authenticated role decides; ``actor`` is only a note
+            decision = {"approved": approved, "value": value, "actor": who, "reason": reason}
+            meta = {"answered_by": who, "note": actor}
+            done = await self.complete_deferred(run_id, row["waiting_deferred"], decision, meta)
             await self._journal.record(
                 run_id,
                 Kind.APPROVAL_APPROVED if approved else Kind.APPROVAL_DENIED,
-                {"token": token, "actor": actor, "reason": reason},
+                {"token": token_hash(token), "actor": who, "note": actor, "reason": reason},
             )
             return done
 

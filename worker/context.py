@@ -39,6 +39,7 @@ from store.types import (
     RunStatus,
     Waiting,
 )
+from store.waits import token_hash
 from worker.durable import (
     NO_RETRY,
     ChildFailed,
@@ -393,17 +394,50 @@ class Context:
         raise AssertionError("unreachable: a satisfied park has a completion")
 
     async def approval(
-        self, name: str, request: Any = None, timeout: float | None = None
+        self,
+        name: str,
+        request: Any = None,
+        timeout: float | None = None,
+        *,
+        on_token: Callable[[str], Any] | None = None,
     ) -> Decision:
-        """Park until a person approves or denies (``Queue.approve/deny`` with the token)."""
-        recorded, now = await self._timed_wait(
-            "approval", name, timeout, {"token": secrets.token_urlsafe(12)}
-        )
+        """Park until a person approves or denies (``Queue.approve/deny`` with the token).
+
+        The token is a secret made when the approval is first reached and handed to
+        ``on_token`` (sync or async: send it to the approver) before anything is
+        recorded; only its sha256 is stored (step output, waiting row, journal), so
+        nobody can read it back. A crash between delivery and record makes a new token
+        on replay: delivery is at least once, and the last token delivered is the valid one.
+        """
+        position, key, record = await self._next("approval", name)
+        now = await self._now_ms()
+        if record is None:
+            token = secrets.token_urlsafe(24)
+            if on_token is not None:
+                sent = (
+                    on_token(token)
+                    if inspect.iscoroutinefunction(on_token)
+                    else in_thread(on_token, token)
+                )
+                if inspect.isawaitable(sent):
+                    await sent
+            output = {
+                "timeout_at_ms": now + int(timeout * 1000) if timeout else None,
+                "token": token_hash(token),
+            }
+            record = await self._record(position, key, name, "approval", output)
+        recorded = dict(record.output)
         deferred, deadline = f"approval:{name}", recorded["timeout_at_ms"]
         for _ in range(2):
             done = await self._deferred(deferred)
             if done is not None:
-                return Decision(**done.value)
+                answer = done.value
+                return Decision(
+                    bool(answer.get("approved")),
+                    answer.get("value"),
+                    answer.get("actor"),
+                    answer.get("reason"),
+                )
             if deadline is not None and now >= deadline:
                 raise WaitTimeout(f"approval {name!r} was not answered within its timeout")
             await self._park(

@@ -82,8 +82,15 @@ class SyncContext:
     def wait_for(self, name: str, timeout: float | None = None) -> Any:
         return self._call(self._ctx.wait_for(name, timeout))
 
-    def approval(self, name: str, request: Any = None, timeout: float | None = None) -> Decision:
-        return self._call(self._ctx.approval(name, request, timeout))
+    def approval(
+        self,
+        name: str,
+        request: Any = None,
+        timeout: float | None = None,
+        *,
+        on_token: Callable[[str], Any] | None = None,
+    ) -> Decision:
+        return self._call(self._ctx.approval(name, request, timeout, on_token=on_token))
 
     def quota(self, wake_at: datetime | int) -> None:
         self._call(self._ctx.quota(wake_at))

@@ -161,3 +161,19 @@ RETURNING r.id;
 -- name: awaiting_token
 SELECT waiting_reason, waiting_token, waiting_deferred, status FROM runfleet.runs
  WHERE id = %(id)s FOR UPDATE;
+
+-- name: answer_facts
+-- What a producer's answer is checked against, under the run's row lock: the run's own
+-- wait, whether it declared the name with ctx.wait_for (a recorded `event` step), whether
+-- an internal timer owns the name, how many answers it took, and who is asking (the
+-- authenticated role: session_user, not a role it SET ROLE to, not a free-text actor).
+SELECT r.status, r.waiting_reason, r.waiting_deferred, r.waiting_token,
+       EXISTS (SELECT FROM runfleet.steps s
+                WHERE s.run_id = r.id AND s.kind = 'event' AND s.name = %(name)s) AS declared,
+       EXISTS (SELECT FROM runfleet.clocks k
+                WHERE k.run_id = r.id AND k.deferred_name = %(name)s) AS timer,
+       (SELECT count(*) FROM runfleet.deferreds d
+         WHERE d.run_id = r.id AND d.metadata ? 'answered_by') AS answers,
+       session_user::text AS actor
+  FROM runfleet.runs r WHERE r.id = %(id)s
+   FOR UPDATE OF r;

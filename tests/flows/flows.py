@@ -63,9 +63,16 @@ async def sleeper(ctx: Context, seconds: float) -> str:
     return "woke"
 
 
+TOKENS: dict[str, str] = {}
+"""Approval tokens as ``on_token`` delivered them, by run id (tests play the approver)."""
+
+
 @flow(name="t.approver")
 async def approver(ctx: Context, amount: int) -> dict[str, Any]:
-    decision = await ctx.approval("manager", request={"amount": amount})
+    def deliver(token: str) -> None:
+        TOKENS[ctx.run_id] = token
+
+    decision = await ctx.approval("manager", request={"amount": amount}, on_token=deliver)
     return {"approved": decision.approved, "actor": decision.actor, "value": decision.value}
 
 

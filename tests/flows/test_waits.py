@@ -11,6 +11,7 @@ import tests.flows.flows as f
 from broker import AsyncQueue, RunCancelled
 from store import Store
 from store.errors import InvalidInput
+from store.waits import token_hash
 from tests.flows.conftest import parked
 from worker.process import Worker
 
@@ -50,25 +51,31 @@ async def test_approval_with_token_actor_and_journal(
     run = await queue.enqueue(f.approver, 40)
     row = await parked(store, run.id, "approval")
     assert row.waiting is not None and row.waiting.request == {"amount": 40}
-    token = row.waiting.token
-    assert token
+    token = f.TOKENS[run.id]  # delivered by on_token; the row keeps only its hash
+    assert row.waiting.token == token_hash(token) and token not in str(row.waiting)
     with pytest.raises(InvalidInput):
         await queue.approve(run.id, "wrong-token", actor="mallory")
+    with pytest.raises(InvalidInput):  # the stored hash is not a token
+        await queue.approve(run.id, row.waiting.token, actor="mallory")
     await queue.approve(run.id, token, {"limit": 50}, actor="alice", reason="within budget")
     assert await run.result(timeout=10) == {
         "approved": True,
-        "actor": "alice",
+        "actor": "postgres",  # the authenticated database role
         "value": {"limit": 50},
     }
     (decision,) = [r for r in await store.journal.records(run.id) if r.kind == "approval-approved"]
-    assert decision.payload["actor"] == "alice" and decision.payload["reason"] == "within budget"
+    assert decision.payload["actor"] == "postgres" and decision.payload["note"] == "alice"
+    assert decision.payload["reason"] == "within budget"
+    everything = str([r.payload for r in await store.journal.records(run.id)])
+    everything += str([s.output for s in await store.steps.of_run(run.id)])
+    assert token not in everything
 
 
 async def test_denial_is_a_falsy_decision(worker: Worker, queue: AsyncQueue, store: Store) -> None:
     run = await queue.enqueue(f.approver, 99)
     row = await parked(store, run.id, "approval")
     assert row.waiting is not None and row.waiting.token is not None
-    await queue.deny(run.id, row.waiting.token, actor="bob", reason="too much")
+    await queue.deny(run.id, f.TOKENS[run.id], actor="bob", reason="too much")
     assert (await run.result(timeout=10))["approved"] is False
 
 

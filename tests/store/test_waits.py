@@ -24,7 +24,7 @@ from store.types import (
     WaitingRow,
     Woken,
 )
-from store.waits import Completion
+from store.waits import Completion, token_hash
 from tests.store.helpers import (
     OWNER_A,
     OWNER_B,
@@ -341,12 +341,17 @@ async def test_answer_approval_needs_the_pending_token(store: Store) -> None:
     assert done.outcome.row.value == {
         "approved": True,
         "value": {"limit": 9},
-        "actor": "alice",
+        "actor": "postgres",  # the authenticated role decides; "alice" is a note
         "reason": "fine",
     }
     record = (await store.journal.last("r1", limit=1))[0]
     assert record.kind == "approval-approved"
-    assert record.payload == {"token": "tok-1", "actor": "alice", "reason": "fine"}
+    assert record.payload == {
+        "token": token_hash("tok-1"),
+        "actor": "postgres",
+        "note": "alice",
+        "reason": "fine",
+    }
     # Answered: the token is no longer pending, a second answer changes nothing.
     assert await store.waits.answer_approval("r1", "tok-1", approved=False, actor="bob") is None
     kept = await store.waits.deferred("r1", "appr")

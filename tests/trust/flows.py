@@ -1,0 +1,76 @@
+"""Flows the trust tests answer, forge and squat on (registered on import)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from worker import flow
+from worker.context import Context
+
+TOKENS: dict[str, str] = {}
+"""Approval tokens as ``on_token`` delivered them, by run id: the tests are the approver."""
+
+
+@flow(name="trust.waiter")
+async def waiter(ctx: Context) -> Any:
+    return await ctx.wait_for("go")
+
+
+@flow(name="trust.approver")
+async def approver(ctx: Context) -> dict[str, Any]:
+    async def deliver(token: str) -> None:
+        TOKENS[ctx.run_id] = token
+
+    decision = await ctx.approval("manager", request={"amount": 5}, on_token=deliver)
+    return {"approved": decision.approved, "actor": decision.actor, "value": decision.value}
+
+
+@flow(name="trust.sleeper")
+async def sleeper(ctx: Context) -> str:
+    await ctx.sleep(3600)
+    return "slept"
+
+
+@flow(name="trust.blocked_child")
+async def blocked_child(ctx: Context) -> Any:
+    return await ctx.wait_for("release")
+
+
+@flow(name="trust.parent")
+async def parent(ctx: Context) -> Any:
+    return await ctx.child(blocked_child)
+
+
+@flow(name="trust.quota")
+async def quota(ctx: Context, wake_at_ms: int) -> str:
+    await ctx.quota(wake_at_ms)
+    return "done"
+
+
+@flow(name="trust.odd_event")
+async def odd_event(ctx: Context) -> Any:
+    """Declares an event in an internal-looking namespace: declared, so answerable."""
+    return await ctx.wait_for("child:not-a-child")
+
+
+@flow(name="trust.spawner")
+async def spawner(ctx: Context, n: int) -> int:
+    for i in range(n):
+        await ctx.spawn(leaf, i)
+    return n
+
+
+@flow(name="trust.stepper")
+async def stepper(ctx: Context, n: int) -> int:
+    for i in range(n):
+        await ctx.step("s", _same, i)
+    return n
+
+
+@flow(name="trust.leaf")
+async def leaf(ctx: Context, i: int) -> int:
+    return i
+
+
+def _same(i: int) -> int:
+    return i

@@ -73,7 +73,7 @@ def worker(
 
 def _mount() -> None:
     """Command groups live in their own modules; this file only assembles them."""
-    from ops import cli_dashboard, cli_prune, cli_schedule
+    from ops import cli_dashboard, cli_prune, cli_retry, cli_schedule
     from ops.bench.__main__ import app as bench_app
 
     cli_runs.register(app)
@@ -85,6 +85,7 @@ def _mount() -> None:
     cli_prune.register(app)
     cli_dashboard.register(app)
     cli_schedule.register(app)
+    cli_retry.register(app)
     app.add_typer(bench_app, name="bench")
 
 

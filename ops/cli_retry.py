@@ -1,0 +1,57 @@
+"""``runfleet retry RUN``: run a failed run again, as rq's ``failed_job_registry.requeue``.
+
+A failed run stays failed (terminal is never left); the retry is the next round of
+its lineage with the same flow and arguments (``broker.AsyncQueue.requeue``), and
+every read of the old id answers with that round.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from pydantic import BaseModel, ConfigDict
+
+from broker import AsyncQueue
+from ops import cli_common as c
+from ops.cli_produce import Scopes, actor
+from store.config import Settings
+from store.types import RunStatus
+
+
+class RetryResult(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str
+    """The failed run asked about."""
+    retry_id: str
+    """The round that runs it again (``lineage@n``)."""
+    status: RunStatus
+
+
+def register(app: typer.Typer) -> None:
+    app.command("retry")(retry)
+
+
+def retry(
+    run_id: Annotated[str, typer.Argument(help="The failed run's id.")],
+    scope: Scopes = None,
+    as_json: c.AsJson = False,
+) -> None:
+    """Run a failed run again (a new round; a second retry while it is open joins it)."""
+    result = c.run(_retry(c.settings(), run_id, scope or []))
+    if as_json:
+        c.emit(result)
+        return
+    c.console.print(
+        f"run {result.run_id} failed; retried as {result.retry_id} ({result.status.value})",
+        markup=False,
+    )
+
+
+async def _retry(cfg: Settings, run_id: str, scopes: list[str]) -> RetryResult:
+    await c.check_database(cfg.database_url)
+    async with AsyncQueue("default", settings=cfg, scopes=scopes) as q:
+        again = await q.requeue(run_id, actor=actor())
+        row = await again.fetch()
+    return RetryResult(run_id=run_id, retry_id=row.id, status=row.status)

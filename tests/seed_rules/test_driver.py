@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import replace
 
+from broker.liveness import Probe
 from store import Kind, Store
 from store.config import Settings
 from store.types import Claimed, Owner, RunStatus, Waiting
@@ -160,3 +161,39 @@ async def test_wakes_for_a_run_in_a_drive_coalesce_into_one_more_drive() -> None
     stub.go.set()
     assert await coordinator.join(timeout=5)
     assert stub.drives == 3, "r: the drive in progress plus ONE more; other: one"
+
+
+async def test_the_refusal_ladder_backs_off_per_lease_and_a_new_lease_restarts_it(
+    store: Store, settings: Settings
+) -> None:
+    """Through the driver: a vouched-for owner is probed once, then left alone on the
+    ladder (no probe, no journal) until its rung is due; a renewed lease is a new key."""
+    probed: list[int | None] = []
+
+    async def vouching(owner: Owner, heartbeat_at_ms: int | None) -> Probe:
+        probed.append(heartbeat_at_ms)
+        return Probe(verdict="alive", evidence="cross-host-key-fresh")
+
+    mine = Driver(store, ME, settings, probe=vouching)
+
+    async def stale() -> int:
+        row = await must_get(store, "r")
+        return await eventually(
+            lambda: db_now(store),
+            lambda now: now > (row.heartbeat_at_ms or 0) + settings.stale_after_ms,
+            "the lease to turn stale by database time",
+        )
+
+    await make_running(store, "r", OTHER, flow="sr.waiter")
+    await stale()
+    assert await mine.drive("r") == "steal_refused_owner_alive"
+    assert await mine.drive("r") == "steal_backoff"  # 2 × interval not yet passed
+    assert len(probed) == 1
+    await store.runs.heartbeat(OTHER, ["r"])  # the owner renews: a new lease
+    await stale()
+    assert await mine.drive("r") == "steal_refused_owner_alive", "a new lease is probed at once"
+    assert len(probed) == 2 and probed[0] != probed[1]
+    refusals = [
+        r for r in await store.journal.records("r") if r.kind == Kind.STEAL_REFUSED_OWNER_ALIVE
+    ]
+    assert len(refusals) == 2, "one refusal journaled per lease"

@@ -1,5 +1,7 @@
-"""The CLI harness (``cli`` fixture) of tests/ops, for ``runfleet schedule``."""
+"""Fixtures borrowed from other suites: the CLI harness (``cli``) of tests/ops, and the
+per-test login roles (``login``) of tests/security."""
 
 from tests.ops.conftest import cli
+from tests.security.conftest import login
 
-__all__ = ["cli"]
+__all__ = ["cli", "login"]

@@ -118,7 +118,10 @@ class Scheduler:
             if count:
                 TICKS.labels(outcome).inc(count)
         if fired.missed or fired.overlapped:
-            log.info(
+            # Missed ticks mean an outage (info); an overlap skip can recur every tick
+            # for as long as a long run lasts (debug).
+            log.log(
+                logging.INFO if fired.missed else logging.DEBUG,
                 "schedule.ticks_skipped",
                 extra={
                     "schedule": fired.schedule.name,

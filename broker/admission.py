@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker.trust import already_loaded, lookup
 from store.errors import InvalidInput, UnknownFlow
 
 
@@ -63,24 +63,19 @@ class EnqueueSpec:
 
 
 def importable(name: str) -> bool:
-    """Whether ``module:function`` names something callable in this process."""
-    module_name, _, attr = name.partition(":")
-    if not module_name or not attr:
-        return False
-    try:
-        target: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError, ValueError):
-        return False
-    return callable(target)
+    """Whether ``module:function`` names a function of a module this process already loaded.
+
+    Never imports: a producer must not run the code of a module a string names
+    (``os:system``). Workers decide again by their own allow-list (``worker.flows``).
+    """
+    return lookup(name, already_loaded) is not None
 
 
 def unknown(name: str) -> UnknownFlow:
     return UnknownFlow(
         name,
-        "no worker has registered it and it is not an importable module:function "
-        "(pass late_binding=True to admit it anyway)",
+        "no worker has registered it and it is not a function of a module this producer "
+        "has loaded (pass late_binding=True to admit it anyway)",
     )
 
 
@@ -211,3 +206,20 @@ def split_rq_call(
         args = tuple(kwargs.pop("args", None) or ())
         kwargs = dict(kwargs.pop("kwargs", None) or {}) | kwargs
     return args, kwargs, options
+
+
+def dependency_ids(depends_on: Any) -> list[str]:
+    """rq's ``depends_on``: a job, an id, an ``rq.Dependency`` or a list of them, as ids."""
+    if depends_on is None:
+        return []
+    items = getattr(depends_on, "dependencies", depends_on)  # rq.Dependency(jobs=[...])
+    if isinstance(items, str) or not isinstance(items, list | tuple):
+        items = [items]
+    ids: list[str] = []
+    for item in items:
+        job_id = item if isinstance(item, str) else getattr(item, "id", None)
+        if not isinstance(job_id, str) or not job_id:
+            raise InvalidInput("depends_on", f"{item!r} is not a job or a job id")
+        if job_id not in ids:
+            ids.append(job_id)
+    return ids

@@ -39,20 +39,21 @@ class JobStatus(enum.StrEnum):
     DEFERRED = "deferred"
 
 
-def job_status(row: RunRow) -> JobStatus:
+def job_status(row: RunRow, deferred: bool = False) -> JobStatus:
     """The rq status of a run (its last round's, for a run that handed off).
 
     pending → queued, or canceled once cancellation was requested (a run that never
     started is settled cancelled without running), or scheduled while its start time
-    (enqueue_at/in) is in the future, or deferred while a ``depends_on`` dependency has not completed;
+    (enqueue_at/in) is in the future; any open run is deferred (``deferred``: the
+    caller read its dependencies) while a ``depends_on`` dependency has not completed;
     running and suspended (parked on a wait: it has started) → started;
     completed → finished; failed → failed; cancelled → canceled.
     """
+    if deferred and not row.status.terminal:
+        return JobStatus.DEFERRED
     if row.status is RunStatus.PENDING:
         if row.cancel_requested_at_ms is not None:
             return JobStatus.CANCELED  # never started: no worker will run it
-        if row.state.get("depends_on_open"):
-            return JobStatus.DEFERRED
         waiting = row.waiting
         if (
             waiting is not None
@@ -93,7 +94,7 @@ class Result:
     created_at: datetime | None = None
 
 
-async def read_job(queue: AsyncQueue, run_id: str) -> tuple[RunRow, int | None]:
+async def read_job(queue: AsyncQueue, run_id: str) -> tuple[RunRow, int | None, bool]:
     """The row that answers for ``run_id`` and when it first started (ms), scope-checked.
 
     A run that handed off answers with its lineage's last round; a failed run that
@@ -106,11 +107,16 @@ async def read_job(queue: AsyncQueue, run_id: str) -> tuple[RunRow, int | None]:
         if row.status is not RunStatus.FAILED or not following:
             break
         row = await queue.authorized(str(following))
-    started = None
-    if row.status is not RunStatus.PENDING:
-        jobs = Jobs(queue.store)
+    jobs = Jobs(queue.store)
+    started, deferred = None, False
+    depends_on = row.state.get("depends_on")
+    if isinstance(depends_on, list) and depends_on and not row.status.terminal:
+        ids = [str(d) for d in depends_on]
+        done, _broken = await queue._available(lambda: jobs.dependencies_done(ids))
+        deferred = not done
+    if row.status is not RunStatus.PENDING and not deferred:
         started = await queue._available(lambda: jobs.started_at_ms(row.id))
-    return row, started
+    return row, started, deferred
 
 
 class Job:
@@ -121,6 +127,7 @@ class Job:
         self.id = run_id
         self._row: RunRow | None = None
         self._started_ms: int | None = None
+        self._deferred = False
         self.meta: dict[str, Any] = {}
 
     def __repr__(self) -> str:
@@ -154,7 +161,8 @@ class Job:
 
     def refresh(self) -> None:
         """Re-read the run (rq's ``refresh()``): status, meta and timestamps."""
-        self._row, self._started_ms = self._queue._call(read_job(self._queue._async, self.id))
+        read = self._queue._call(read_job(self._queue._async, self.id))
+        self._row, self._started_ms, self._deferred = read
         meta = self._row.state.get("meta")
         self.meta = dict(meta) if isinstance(meta, dict) else {}
 
@@ -170,7 +178,7 @@ class Job:
     def get_status(self, refresh: bool = True) -> JobStatus:
         if refresh or self._row is None:
             self.refresh()
-        return job_status(self._current)
+        return job_status(self._current, self._deferred)
 
     @property
     def is_queued(self) -> bool:

@@ -25,6 +25,7 @@ from redis.asyncio import Redis
 from broker.admission import (
     EnqueueSpec,
     check_signature,
+    dependency_ids,
     flow_target,
     importable,
     rq_options,
@@ -243,10 +244,15 @@ class AsyncQueue:
         if isinstance(spec.target, str) and not self.late_binding and not importable(name):
             if await self._available(lambda: self.store.steps.flow(name)) is None:
                 raise unknown(name)
-        if spec.options.get("depends_on") is not None:
-            raise InvalidInput("depends_on", "not supported yet (README: Producers)")
         options = {k: v for k, v in spec.options.items() if k not in ("at_front", "depends_on")}
         extra, job_timeout = rq_options(**options)
+        depends_on = dependency_ids(spec.options.get("depends_on"))
+        if depends_on:
+            if takes_ctx:
+                raise InvalidInput("depends_on", "is for plain functions (a flow awaits ctx.child)")
+            for dependency in depends_on:
+                await self.authorized(dependency)  # exists, and this producer may see it
+            extra["depends_on"] = depends_on
         timeout = job_timeout if job_timeout is not None else getattr(spec.target, "timeout", None)
         return NewRun(
             id=spec.run_id or uuid.uuid4().hex,

@@ -19,7 +19,15 @@ from store.types import NewRun, RunRow, RunStatus
 if TYPE_CHECKING:
     from store import Store
 
-CARRIED = ("meta", "description", "retry", "callbacks", "result_ttl", "failure_ttl")
+CARRIED = (
+    "meta",
+    "description",
+    "retry",
+    "callbacks",
+    "result_ttl",
+    "failure_ttl",
+    "depends_on",
+)
 """rq options a requeued round keeps from the failed one."""
 
 
@@ -47,14 +55,38 @@ class Jobs:
         row = await self._db.one("jobs.started_at", {"id": run_id})
         return None if row is None or row["at_ms"] is None else int(row["at_ms"])
 
+    async def dependencies_done(self, run_ids: Sequence[str]) -> tuple[bool, bool]:
+        """(every dependency completed, some dependency ended failed or cancelled).
+
+        Each id is read as rq reads a job: a failed run that was requeued is its
+        replacing round, a run that handed off is its lineage's last round.
+        """
+        done, broken = True, False
+        for run_id in run_ids:
+            row = await self._store.runs.get(run_id)
+            while row is not None:
+                following = row.state.get("requeued_as")
+                if row.status is RunStatus.COMPLETED:
+                    following = row.state.get("handed_off_to")
+                elif row.status is not RunStatus.FAILED:
+                    following = None
+                if not following:
+                    break
+                row = await self._store.runs.get(str(following))
+            status = row.status if row is not None else RunStatus.CANCELLED  # pruned: gone
+            done = done and status is RunStatus.COMPLETED
+            broken = broken or status in (RunStatus.FAILED, RunStatus.CANCELLED)
+        return done, broken
+
     async def requeue(self, run_id: str, *, actor: str | None) -> RunRow:
         """Admit the next round of a failed run's lineage with its flow and arguments.
 
         Under the failed row's lock: a run already requeued answers with the round
         that replaced it while that round is open (a retried call joins it), and is
         read through that round once it settled (failed again: requeued again;
-        completed or cancelled: refused, as rq refuses a job not in its registry). The new round's id is ``lineage@n``, as a
-        handoff's successor, so a retried call after a lost answer joins it.
+        completed or cancelled: refused, as rq refuses a job not in its registry).
+        The new round's id is ``lineage@n``, as a handoff's successor, so a retried
+        call after a lost answer joins it.
         """
         async with self._store.transaction():
             row = await self._store.runs.get_for_update(run_id)

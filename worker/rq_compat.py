@@ -1,5 +1,10 @@
-"""rq's per-job options for plain functions: ``retry=Retry(max, interval)`` and the
-``on_success`` / ``on_failure`` callbacks a producer gave at enqueue (broker/admission.py).
+"""rq's per-job options for plain functions: ``retry=Retry(max, interval)``, the
+``on_success`` / ``on_failure`` callbacks and ``depends_on``, as a producer gave them
+at enqueue (broker/admission.py).
+
+A run with ``depends_on`` first waits, durably, until every dependency completed
+(``await_dependencies``); a failed or cancelled dependency leaves it waiting, as rq
+leaves a job deferred.
 
 A plain function enqueued with any of them runs as one recorded step (``call``)
 whose retry policy is rq's: ``max`` further tries, waiting ``interval[i]`` seconds
@@ -17,6 +22,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from store.jobs import Jobs
 from worker.context import Context
 from worker.durable import Retry
 from worker.flows import Flow, resolve
@@ -55,7 +61,35 @@ class CallbackJob:
 
 def wants_rq_call(flow: Flow, ctx: Context) -> bool:
     state = ctx.run.state
-    return not flow.takes_context and bool(state.get("retry") or state.get("callbacks"))
+    options = ("retry", "callbacks", "depends_on")
+    return not flow.takes_context and any(state.get(k) for k in options)
+
+
+DEPENDENCY_POLL_MAX = 5.0
+"""Longest wait between two looks at open dependencies (seconds)."""
+DEPENDENCY_POLL_BROKEN = 60.0
+"""Between two looks while a dependency failed or was cancelled (rq leaves the job
+deferred; a requeued dependency that then completes releases it)."""
+
+
+async def await_dependencies(ctx: Context, run_ids: list[str]) -> None:
+    """rq's ``depends_on``: return once every dependency completed.
+
+    Polled with durable sleeps (0.1 s doubling to 5 s; 60 s while one failed),
+    so a takeover resumes the wait instead of starting the function early. A
+    completed run never changes again, so the gate, once passed, stays passed.
+    """
+    jobs = Jobs(ctx.store) if ctx.store is not None else None
+    assert jobs is not None, "dependencies need a worker's store"
+    delay = 0.1
+    while True:
+        done, broken = await ctx._durable(
+            "rq.dependencies", lambda: jobs.dependencies_done(run_ids)
+        )
+        if done:
+            return
+        await ctx.sleep(DEPENDENCY_POLL_BROKEN if broken else delay)
+        delay = min(delay * 2, DEPENDENCY_POLL_MAX)
 
 
 def _quiet(fn: Any) -> Any:
@@ -81,6 +115,9 @@ async def call_rq_style(flow: Flow, ctx: Context) -> Any:
         meta=dict(meta) if isinstance(meta, dict) else {},
         description=str(state["description"]) if state.get("description") else None,
     )
+    depends_on = state.get("depends_on")
+    if isinstance(depends_on, list) and depends_on:
+        await await_dependencies(ctx, [str(d) for d in depends_on])
     try:
         result = await ctx.step("call", flow.fn, *ctx.args, retry=rq_retry(state), **ctx.kwargs)
     except Exception as exc:

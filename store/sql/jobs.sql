@@ -10,7 +10,7 @@ SELECT r.id FROM runfleet.runs r
    AND r.cancel_requested_at_ms IS NULL
    AND (r.waiting_reason IS NULL
         OR (r.waiting_reason = 'timer' AND r.waiting_wake_at_ms <= runfleet.now_ms()))
-   AND NOT (r.state ? 'depends_on_open')
+   AND NOT (r.state ? 'depends_on')  -- rq lists a dependent only once released
    AND coalesce(r.state->'scopes', '[]'::jsonb) <@ %(scopes)s::jsonb
  ORDER BY r.created_at_ms, r.id
  LIMIT %(limit)s;

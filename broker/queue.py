@@ -36,6 +36,7 @@ from broker.client import connect
 from broker.codec import message_for
 from broker.notify import Notifier
 from broker.streams import Lane, Streams, lane_for
+from broker.trust import producer_run_id, producer_scopes
 from store import Store
 from store.config import Settings
 from store.errors import (
@@ -169,7 +170,7 @@ class AsyncQueue:
         base = settings or Settings()
         self.settings = base.model_copy(update=overrides)
         self.name = name
-        self.scopes = tuple(scopes)
+        self.scopes = producer_scopes(scopes)
         self._store: Store | None = None
         self._redis: Redis | None = None
 
@@ -238,6 +239,8 @@ class AsyncQueue:
     # ---- admission -----------------------------------------------------------
 
     async def _new_run(self, spec: EnqueueSpec, delay_until_ms: int | None = None) -> NewRun:
+        if spec.run_id is not None:
+            producer_run_id(spec.run_id)  # never an id in the derived namespace
         name, _declared_queue, fn, takes_ctx = flow_target(spec.target)
         args, kwargs = list(spec.args), dict(spec.kwargs)
         check_signature(fn, takes_ctx, args, kwargs)

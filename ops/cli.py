@@ -49,6 +49,13 @@ def worker(
     metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics")] = None,
     log_level: Annotated[str, typer.Option()] = "INFO",
     log_json: Annotated[bool, typer.Option(help="one JSON object per log line")] = False,
+    allow_import: Annotated[
+        str,
+        typer.Option(
+            help="comma-separated module prefixes whose plain functions may run, besides "
+            "the --flows modules (default: RUNFLEET_ALLOW_IMPORT; nothing else is imported)"
+        ),
+    ] = "",
 ) -> None:
     """Run worker processes until SIGTERM/SIGINT (twice: release runs immediately)."""
     from worker.supervisor import WorkerOptions, parse_csv, run_foreground, supervise
@@ -60,6 +67,7 @@ def worker(
         metrics_port=metrics_port,
         log_level=log_level,
         log_json=log_json,
+        allow_import=parse_csv(allow_import),
     )
     cfg = settings()
     if processes == 1:

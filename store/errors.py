@@ -17,16 +17,21 @@ class InvalidInput(RunfleetError, ValueError):
 
 
 class ExecutionIdentityConflict(RunfleetError):
-    """An execution id was reused with a different identity; names the first differing field."""
+    """An execution id was reused with a different identity; names the first differing field.
+
+    Never the existing run's value: the id may belong to a run of a scope the caller
+    cannot read, so neither the message nor the error carries its payload, flow or scopes.
+    ``attempted`` is the caller's own value.
+    """
 
     def __init__(self, run_id: str, field: str, existing: object, attempted: object) -> None:
+        del existing  # withheld on purpose (see above)
         super().__init__(
-            f"run {run_id!r} already exists with a different {field}: "
-            f"existing={existing!r} attempted={attempted!r}"
+            f"run {run_id!r} already exists with a different {field} "
+            "(the existing value is not shown: choose another id)"
         )
         self.run_id = run_id
         self.field = field
-        self.existing = existing
         self.attempted = attempted
 
 

@@ -25,6 +25,8 @@ def identifier(field: str, value: object) -> str:
         raise InvalidInput(field, f"is {len(value)} characters, the limit is {MAX_ID_LENGTH}")
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
         raise InvalidInput(field, "must not contain control characters")
+    if any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
+        raise InvalidInput(field, "must not contain lone surrogates (not encodable as UTF-8)")
     return value
 
 

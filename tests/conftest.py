@@ -9,6 +9,7 @@ never see each other's rows or keys, nor those left by an earlier run.
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING
@@ -29,6 +30,11 @@ if TYPE_CHECKING:
     from worker.process import Worker
 
 NewDatabase = Callable[[], Awaitable[str]]
+
+# Workers run only registered code: test modules' plain functions (rq-style runs,
+# compensations) are allowed as ``--allow-import tests`` would, in-process and in the
+# worker processes the tests start (README "Only registered code runs").
+os.environ.setdefault("RUNFLEET_ALLOW_IMPORT", "tests")
 
 
 def _token() -> str:

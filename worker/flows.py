@@ -1,8 +1,11 @@
 """The flow registry: ``@flow`` on async or sync functions, and plain functions as flows.
 
 A flow is addressed by name. ``@flow`` names it explicitly (default: the
-function's ``module:qualname``); a plain importable function enqueued rq-style is
-an implicit single-step flow named ``module:qualname`` and resolved by import.
+function's ``module:qualname``); a plain function enqueued rq-style is an implicit
+single-step flow named ``module:qualname``. Only registered code runs: a plain
+function resolves only if its module is one that registers this worker's flows (its
+``--flows`` modules) or matches an ``--allow-import`` prefix, whatever a producer or
+the database names; nothing else is ever imported.
 """
 
 from __future__ import annotations
@@ -10,11 +13,14 @@ from __future__ import annotations
 import importlib
 import inspect
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, overload
 
 from broker.admission import check_signature
+from broker.trust import lookup
 from store.errors import UnknownFlow
 from store.schedules import ScheduleSpec, for_flow
 
@@ -49,6 +55,11 @@ class Flow:
 
 
 _REGISTRY: dict[str, Flow] = {}
+_FLOW_MODULES: set[str] = set()
+"""Modules that registered a flow, plus the worker's ``--flows`` modules."""
+_PREFIXES: tuple[str, ...] | None = None
+"""``--allow-import`` prefixes; None until a worker configures them (then the
+``RUNFLEET_ALLOW_IMPORT`` environment variable decides)."""
 
 
 def qualified_name(fn: Callable[..., Any]) -> str:
@@ -123,6 +134,7 @@ def flow(
         if existing is not None and existing.fn is not target:
             log.warning("flow.reregistered", extra={"flow": registered.name})
         _REGISTRY[registered.name] = registered
+        _FLOW_MODULES.add(target.__module__)
         return registered
 
     return register(fn) if fn is not None else register
@@ -132,25 +144,62 @@ def registered() -> dict[str, Flow]:
     return dict(_REGISTRY)
 
 
-def resolve(name: str, *, allow_import: bool = True) -> Flow:
-    """The flow called ``name``: registered, or a plain ``module:function`` imported now.
+def allow_imports(modules: Iterable[str], prefixes: Iterable[str]) -> None:
+    """What this worker may run besides registered flows: plain functions of its
+    ``--flows`` modules and of modules under ``prefixes`` (``--allow-import``)."""
+    global _PREFIXES
+    _FLOW_MODULES.update(modules)
+    _PREFIXES = tuple(p.strip().rstrip(".") for p in prefixes if p.strip())
 
-    Raises UnknownFlow when neither works; the caller leaves the run parked.
+
+def import_allowed(module_name: str) -> bool:
+    """Whether a plain function of ``module_name`` may run in this worker."""
+    if module_name in _FLOW_MODULES:
+        return True
+    prefixes = _PREFIXES
+    if prefixes is None:
+        env = os.environ.get("RUNFLEET_ALLOW_IMPORT", "")
+        prefixes = tuple(p.strip().rstrip(".") for p in env.split(",") if p.strip())
+    return any(module_name == p or module_name.startswith(p + ".") for p in prefixes)
+
+
+def _allowed_module(module_name: str) -> ModuleType | None:
+    if not import_allowed(module_name):
+        return None
+    try:
+        return importlib.import_module(module_name)
+    except Exception:  # a module that fails to import names nothing runnable
+        log.warning("flow.import_failed", extra={"module": module_name}, exc_info=True)
+        return None
+
+
+def resolve(name: str, *, allow_import: bool = True) -> Flow:
+    """The flow called ``name``: registered, or an allowed plain ``module:function``.
+
+    Raises UnknownFlow for anything else (the caller leaves the run unclaimed and logs
+    ``run.unknown_flow``): a module outside ``--flows``/``--allow-import``, a builtin
+    (``os:system``), a class, a function re-exported from another module.
     """
     found = _REGISTRY.get(name)
     if found is not None:
         return found
     if not allow_import or ":" not in name:
         raise UnknownFlow(name, "not registered in this process")
-    module_name, _, attr = name.partition(":")
-    try:
-        target: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError) as exc:
-        raise UnknownFlow(name, str(exc)) from None
+    target = lookup(name, _allowed_module)
+    if target is None:
+        raise UnknownFlow(
+            name,
+            "not registered, and not a function of a --flows module or of a module "
+            "allowed by --allow-import (RUNFLEET_ALLOW_IMPORT)",
+        )
     if isinstance(target, Flow):
         return target
-    if not callable(target):
-        raise UnknownFlow(name, "not callable")
     return Flow(name=name, fn=target, takes_context=False)
+
+
+def function(reference: str) -> Callable[..., Any]:
+    """A compensation's ``module:qualname``, resolved by the same rule as a plain flow."""
+    target = lookup(reference, _allowed_module)
+    if target is None or isinstance(target, Flow):
+        raise UnknownFlow(reference, "not a function of a --flows or --allow-import module")
+    return target  # type: ignore[no-any-return]

@@ -9,7 +9,6 @@ each marked done durably so a crash mid-way never repeats one.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import logging
 import traceback
@@ -33,6 +32,7 @@ from store.types import (
 from store.values import UnstorableValue
 from worker import metrics
 from worker.durable import Handoff
+from worker.flows import function as compensation
 from worker.flows import resolve
 from worker.retry import with_retry
 
@@ -208,10 +208,11 @@ class Settlement:
             if record.compensate is None or record.compensated_at_ms is not None:
                 continue
             try:
-                module, _, name = record.compensate.partition(":")
-                target: Any = importlib.import_module(module)
-                for part in name.split("."):
-                    target = getattr(target, part)
+                # Only registered code runs (worker.flows.function: --flows modules and
+                # --allow-import prefixes), and only on the output its digest vouches for.
+                target = compensation(record.compensate)
+                if not record.intact:
+                    raise RunfleetError("recorded output does not match its digest")
                 if inspect.iscoroutinefunction(target):
                     await target(record.output)
                 else:

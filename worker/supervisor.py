@@ -29,6 +29,9 @@ class WorkerOptions:
     metrics_port: int | None = None
     log_level: str = "INFO"
     log_json: bool = False
+    allow_import: tuple[str, ...] = ()
+    """Module prefixes whose plain functions may run (besides the ``--flows`` modules);
+    empty: ``RUNFLEET_ALLOW_IMPORT``."""
 
 
 def run_foreground(settings: Settings, options: WorkerOptions) -> None:
@@ -38,6 +41,9 @@ def run_foreground(settings: Settings, options: WorkerOptions) -> None:
 
     configure(options.log_level, json_lines=options.log_json)
     import_flows(options.flows)
+    from worker.flows import allow_imports
+
+    allow_imports(options.flows, options.allow_import or settings.allow_import_prefixes)
     health = Health.for_settings(settings)
     if options.metrics_port:
         serve(health, options.metrics_port)  # /metrics, /healthz, /readyz

@@ -137,7 +137,8 @@ async def test_conflict_names_the_first_differing_field(store: Store) -> None:
     with pytest.raises(ExecutionIdentityConflict) as caught:
         await store.runs.create(NewRun(id="r1", flow="g", payload=2))
     assert caught.value.field == "flow"
-    assert caught.value.existing == "f" and caught.value.attempted == "g"
+    assert caught.value.attempted == "g"
+    assert "'f'" not in str(caught.value) and not hasattr(caught.value, "existing")
 
 
 async def test_conflict_on_missing_versus_present_parent(store: Store) -> None:

@@ -74,3 +74,24 @@ async def leaf(ctx: Context, i: int) -> int:
 
 def _same(i: int) -> int:
     return i
+
+
+UNDONE: list[Any] = []
+"""What compensations ran, in order (in-process workers only)."""
+
+
+def undo(output: Any) -> None:
+    UNDONE.append(output)
+
+
+@flow(name="trust.compensating")
+async def compensating(ctx: Context, tag: str) -> None:
+    await ctx.step("one", str, f"{tag}-1", compensate=undo)
+    await ctx.step("two", str, f"{tag}-2", compensate=undo)
+    await ctx.step("three", str, f"{tag}-3", compensate=undo)
+    await ctx.wait_for("never")
+
+
+def plain_add(a: int, b: int) -> int:
+    """A plain function of a module that registers flows: runnable rq-style."""
+    return a + b

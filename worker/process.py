@@ -32,6 +32,7 @@ from worker.driver import Driver
 from worker.lease import Lease, LeaseGate
 from worker.retention import RetentionLoop
 from worker.retry import INFRA_ERRORS
+from worker.scheduler import Scheduler, register_schedules
 from worker.sweeper import Sweeper
 from worker.watchdog import Watchdog
 
@@ -145,6 +146,7 @@ class Worker:
             confirm=self.settings.failstop_confirm,
         )
         sweeper = Sweeper(store, self.settings, self._dispatch)
+        scheduler = Scheduler(store, self.settings, self.streams)
         retention = RetentionLoop(store, self.settings, self.streams, self.queues)
         self._started_ms = int(time.time() * 1000)
         try:
@@ -158,6 +160,7 @@ class Worker:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(lease.run(self._side_stop), name="lease")
                 tg.create_task(sweeper.run(self._side_stop), name="sweeper")
+                tg.create_task(scheduler.run(self._side_stop), name="scheduler")
                 tg.create_task(retention.run(self._side_stop), name="retention")
                 tg.create_task(self._lag_loop(), name="stream-lag")
                 listener = tg.create_task(self._cancel_listener(), name="cancel-listener")
@@ -207,6 +210,7 @@ class Worker:
                 await self.store.steps.register_flow(flow.name, flow.queue, signature)
             except INFRA_ERRORS as exc:
                 log.warning("flow.register_failed", extra={"flow": flow.name, "error": repr(exc)})
+        await register_schedules(self.store, registered().values())
 
     async def _drain(self) -> None:
         grace = self.settings.grace_period

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from store import Kind, Store
 from store.config import Settings
+from store.errors import LimitExceeded
 from store.steps import StepRecord
 from store.types import (
     AlreadySatisfied,
@@ -155,12 +156,29 @@ class Context:
         self._position += 1
         record = self.records.get(position)
         if record is None:
+            self._within_limits(kind, position)
             return position, key, None
         if record.key != key:
             raise NonDeterminism(position, record.key, key)
         if not record.intact:
             await self._quarantine(record)
         return position, key, record
+
+    def _within_limits(self, kind: str, position: int) -> None:
+        """LimitExceeded (the run fails, never retried) past the per-run caps on durable
+        calls and on children: a loop that records or spawns without end is a bug."""
+        if self.settings is None:
+            return
+        cap = self.settings.max_steps_per_run
+        if position >= cap:
+            raise LimitExceeded("max_steps_per_run", cap, f"run {self.run.id!r} recorded {cap}")
+        if kind in ("child", "spawn"):
+            started = sum(n for k, n in self._seen.items() if k.startswith(("child:", "spawn:")))
+            cap = self.settings.max_children_per_run
+            if started > cap:
+                raise LimitExceeded(
+                    "max_children_per_run", cap, f"run {self.run.id!r} started {cap} children"
+                )
 
     async def _record(
         self,

@@ -79,7 +79,7 @@ class WorkerProc:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    async def wait_started(self, timeout: float = 20.0) -> None:
+    async def wait_started(self, timeout: float = 45.0) -> None:
         await until(
             lambda: _true_if("worker.started" in self.log()),
             timeout,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Literal
+from typing import Annotated, Literal, assert_never
 
 import typer
 from rich.markup import escape
@@ -22,6 +22,7 @@ from ops import cli_common as c
 from ops.models import Check, DoctorView
 from store.config import Settings
 from store.migrate import migrations, schema_version
+from store.pooler import Path, probe
 
 SKEW_WARN_MS = 1000
 """Leases use database time, but ``enqueue_in``/``enqueue_at`` compute due times here."""
@@ -79,6 +80,7 @@ class Doctor:
 
     async def run(self) -> DoctorView:
         if await self.guarded("postgres", self._postgres):
+            await self.guarded("pooler", self._pooler)
             await self.guarded("schema", self._schema)
         redis_ok = await self.guarded("redis", self._redis)
         if redis_ok:
@@ -113,6 +115,46 @@ class Doctor:
             )
         else:
             self.add("clock skew", "ok", f"{self.skew_ms} ms between this host and the database")
+
+    async def _pooler(self) -> None:
+        """Report a pooler, and what runfleet needs behind one (see store.pooler)."""
+        seen = await probe(self.cfg)
+        prepares = self.cfg.prepare_threshold is not None
+        match seen.path:
+            case Path.TRANSACTION_POOLER:
+                pids = " then ".join(str(p) for p in seen.backend_pids)
+                detail = (
+                    f"a transaction pooler (PgBouncer?) serves this URL: one session ran on "
+                    f"backends {pids}"
+                )
+                if prepares:
+                    self.add(
+                        "pooler",
+                        "warn",
+                        f"{detail}; RUNFLEET_PREPARE_THRESHOLD is {self.cfg.prepare_threshold}: "
+                        "set it to `none` unless the pooler tracks prepared statements "
+                        "(PgBouncer >= 1.21 with max_prepared_statements)",
+                    )
+                else:
+                    self.add(
+                        "pooler",
+                        "ok",
+                        f"{detail}; prepared statements off; run `runfleet migrate` and "
+                        "`runfleet prune` against Postgres directly (session advisory locks)",
+                    )
+            case Path.MIDDLEMAN:
+                self.add(
+                    "pooler",
+                    "ok",
+                    f"a session pooler or proxy: the backend sees client port "
+                    f"{seen.client_port}, this host's socket is {seen.local_port}",
+                )
+            case Path.DIRECT:
+                self.add("pooler", "ok", "none: connected to the backend directly")
+            case Path.UNKNOWN:
+                self.add("pooler", "ok", "not determined (Unix socket or client_port hidden)")
+            case _ as never:
+                assert_never(never)
 
     async def _schema(self) -> None:
         latest = migrations()[-1].version

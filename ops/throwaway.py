@@ -212,9 +212,19 @@ class ThrowawayPostgres(_Throwaway):
     name = "postgres"
     stop_signal = signal.SIGINT  # "fast" shutdown: roll back clients, checkpoint, exit
 
-    def __init__(self, *, durable_commits: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        durable_commits: bool = False,
+        max_connections: int = 300,
+        extra_settings: dict[str, str] | None = None,
+    ) -> None:
         super().__init__()
         self.durable_commits = durable_commits
+        self.max_connections = max_connections
+        """A small value makes a test prove that clients share connections (a pooler)."""
+        self.extra_settings = dict(extra_settings or {})
+        """More ``-c`` settings (e.g. ``shared_preload_libraries`` for a benchmark)."""
         bindir = postgres_bindir()
         if bindir is None:
             raise ServicesUnavailable(f"PostgreSQL >= {MIN_POSTGRES} server binaries not found")
@@ -243,7 +253,8 @@ class ThrowawayPostgres(_Throwaway):
             "fsync": "off",
             "synchronous_commit": sync,
             "full_page_writes": "off",
-            "max_connections": "300",
+            "max_connections": str(self.max_connections),
+            **self.extra_settings,
         }
         flags = [arg for key, value in settings.items() for arg in ("-c", f"{key}={value}")]
         return [
@@ -412,8 +423,13 @@ class ThrowawayPgBouncer(_Throwaway):
 
     name = "pgbouncer"
 
-    def __init__(self, backend: ThrowawayPostgres, *, pool_mode: str = "transaction") -> None:
+    def __init__(
+        self, backend: ThrowawayPostgres, *, pool_mode: str = "transaction", pool_size: int = 40
+    ) -> None:
         super().__init__()
+        self.pool_size = pool_size
+        """Server connections per (database, user): keep it under the backend's
+        ``max_connections`` minus what direct admin clients need."""
         binary = pgbouncer_binary()
         if binary is None:
             raise ServicesUnavailable(
@@ -447,7 +463,8 @@ class ThrowawayPgBouncer(_Throwaway):
             "auth_file": str(workdir / "users.txt"),
             "pool_mode": self.pool_mode,
             "max_client_conn": "1000",
-            "default_pool_size": "40",
+            "default_pool_size": str(self.pool_size),
+            "admin_users": "postgres",  # SHOW POOLS/CLIENTS on the `pgbouncer` database
             "server_reset_query": "",
             "server_login_retry": "1",
             "ignore_startup_parameters": "extra_float_digits,options",

@@ -341,11 +341,35 @@ class Driver:
             execution.task.add_done_callback(lambda _task: self.executing.discard(row.id))
             await asyncio.wait({execution.task})
             await self._settle(row, flow, execution)
+        except Exception:
+            await self._cleanup_in_place(row, execution)
+            raise
         finally:
             if deadline is not None:
                 deadline.cancel()
             self.owned.pop(row.id, None)
             metrics.RUNS_IN_FLIGHT.dec()
+
+    async def _cleanup_in_place(self, row: RunRow, execution: Execution) -> None:
+        """A drive that fails while it may still hold the fence hands the run back now.
+
+        Otherwise the activated row stays owned by this live process, which no longer
+        renews it, and every other worker's probe vouches for us: only our own
+        ``self-orphaned`` steal would move it, after ``stale_after``. One try, fenced (a
+        settlement that did commit makes it a no-op); if the store is down too, the
+        steal stays the backstop and the drive's own error is what gets logged.
+        """
+        if execution.cause == "lost-fence":
+            return
+        if execution.task is not None and not execution.task.done():
+            return  # the body still runs: its settlement decides
+        try:
+            released = await self._park_released(row, "drive-failed")
+        except Exception:
+            return
+        if released:  # no wake hint: the released sweep paces a retry if the store is sick
+            metrics.RELEASES.labels("drive-failed").inc()
+            log.info("run.released", extra={"run_id": row.id, "cause": "drive-failed"})
 
     def _deadline_timer(self, row: RunRow) -> asyncio.TimerHandle | None:
         """Cancel the run through the ordinary path when its deadline passes mid-execution."""

@@ -10,6 +10,9 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import replace
 
+import psycopg
+import pytest
+
 from broker.liveness import Probe
 from store import Kind, Store
 from store.config import Settings
@@ -197,3 +200,25 @@ async def test_the_refusal_ladder_backs_off_per_lease_and_a_new_lease_restarts_i
         r for r in await store.journal.records("r") if r.kind == Kind.STEAL_REFUSED_OWNER_ALIVE
     ]
     assert len(refusals) == 2, "one refusal journaled per lease"
+
+
+async def test_a_failed_drive_cleans_up_in_place_instead_of_orphaning_its_activation(
+    store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store read that fails is injected (one call); the release that follows is real."""
+    await create(store, "r", flow="sr.waiter")
+    first = await activate(store, "r", ME)
+    mine = driver(store, settings)
+    assert await mine.release(first, "shutdown")  # so the next activation is epoch 2
+
+    async def broken(run_id: str) -> object:
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(store.steps, "of_run", broken)
+    with pytest.raises(psycopg.OperationalError):
+        await mine.drive("r")
+    row = await must_get(store, "r")
+    assert row.status is RunStatus.SUSPENDED and row.owner is None, "not left owned by us"
+    assert row.waiting is not None and row.waiting.reason == "released"
+    released = [r for r in await store.journal.records("r") if r.kind == Kind.INTERRUPT_RELEASED]
+    assert released[-1].payload["detail"] == "drive-failed" and released[-1].payload["epoch"] == 2

@@ -290,9 +290,10 @@ class Job:
         return str(state_name) if state_name else flow.replace(":", ".")
 
     @property
-    def args(self) -> list[Any]:
+    def args(self) -> tuple[Any, ...]:
+        """The positional arguments, a tuple as rq's."""
         payload = self._current.payload
-        return list(payload.get("args") or []) if isinstance(payload, dict) else []
+        return tuple(payload.get("args") or ()) if isinstance(payload, dict) else ()
 
     @property
     def kwargs(self) -> dict[str, Any]:

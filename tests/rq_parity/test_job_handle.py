@@ -39,7 +39,7 @@ def test_a_queued_job_reads_as_rq_reads_it(q: Queue, thread_worker: ThreadWorker
     fetched = q.fetch_job("handle-1")
     assert fetched is not None
     assert fetched.func_name == "tests.rq_parity.jobs.echo"
-    assert fetched.args == [1, "two"] and fetched.kwargs == {"flag": True}
+    assert fetched.args == (1, "two") and fetched.kwargs == {"flag": True}
     assert fetched.origin == "default" and fetched.meta == {"owner": "ann"}
     assert fetched.description == "tests.rq_parity.jobs.echo(1, 'two', flag=True)"
     assert fetched.enqueued_at is not None and fetched.started_at is None
@@ -117,8 +117,8 @@ def test_rq_options_are_options_not_arguments(q: Queue) -> None:
         at_front=True,
         x=2,
     )
-    assert job.args == [1] and job.kwargs == {"x": 2} and job.description == "custom"
+    assert job.args == (1,) and job.kwargs == {"x": 2} and job.description == "custom"
     call = q.enqueue_call(jobs.echo, args=(3,), kwargs={"y": 4}, job_id="handle-call")
-    assert call.id == "handle-call" and call.args == [3] and call.kwargs == {"y": 4}
+    assert call.id == "handle-call" and call.args == (3,) and call.kwargs == {"y": 4}
     with pytest.raises(Exception, match="ttl"):
         q.enqueue(jobs.echo, ttl=5)

@@ -185,7 +185,13 @@ def _released(p: Payload, _r: JournalRecord) -> str:
 
 
 def _cancel_requested(p: Payload, _r: JournalRecord) -> str:
+    if p.get("by"):  # a cascade: its own cancel path closes it
+        return f"cancellation asked because {p['by']} ended ({p.get('cause', 'parent exit')})"
+    if p.get("inherited_from"):
+        return f"cancellation inherited from {p['inherited_from']} when it joined as a parent"
     text = f"cancellation requested while {p.get('status', '?')}"
+    if p.get("via"):
+        text += f" (asked of {p['via']}, an earlier round of this lineage)"
     if p.get("actor"):
         text += f" by {p['actor']}"
     if p.get("reason"):

@@ -194,17 +194,21 @@ class Lifecycle:
         validate.identifier("run_id", run_id)
         async with self._db.transaction():
             requested: list[RunRow] = []
+            stuck: set[str] = set()
             while True:
                 rows = await self._db.all("runs.request_cancel", {"id": run_id})
                 requested += [run_row(r) for r in rows]
                 # A handoff that committed while the UPDATE waited on the old round's
                 # lock left a successor its snapshot could not see: a fresh read finds it.
                 rounds = await self.rounds(run_id)
-                unasked = [
-                    r for r in rounds if not r.status.terminal and r.cancel_requested_at_ms is None
-                ]
-                if not unasked:
-                    break
+                unasked = {
+                    r.id
+                    for r in rounds
+                    if not r.status.terminal and r.cancel_requested_at_ms is None
+                }
+                if not unasked or (not rows and unasked == stuck):
+                    break  # done, or no progress possible (never spin)
+                stuck = unasked
             if not requested:
                 if not rounds:
                     return NotFound(run_id)

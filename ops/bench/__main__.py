@@ -248,5 +248,28 @@ def flows(
     _emit(result.as_json(), flows_bench.table(result), as_json)
 
 
+@app.command("capacity")
+def capacity(
+    runs: Annotated[int, typer.Option("--runs", "-n", min=1, help="Runs per batch.")] = 1000,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-k", min=1, help="Slots of the one worker.")
+    ] = 32,
+    idle: Annotated[
+        float, typer.Option("--idle", min=1, help="Seconds to measure an idle worker.")
+    ] = 10.0,
+    as_json: AsJson = False,
+) -> None:
+    """Per-run and per-step statements, write transactions, WAL and Redis commands;
+    connections per process; an idle worker's background (own throwaway servers)."""
+    from ops.bench import capacity as cap
+    from store.config import Settings
+
+    try:
+        result = asyncio.run(cap.run(Settings(), runs=runs, concurrency=concurrency, idle_s=idle))
+    except BenchError as exc:
+        raise _fail(exc) from exc
+    _emit(result.as_json(), cap.table(result), as_json)
+
+
 if __name__ == "__main__":
     app()

@@ -214,8 +214,11 @@ class Job:
         """Wait until the run settles: its result, or RunFailed / RunCancelled / TimeoutError.
 
         Not rq's deprecated ``result`` property: use ``return_value()`` for that meaning.
+        Waits on the round that answers for this id (a requeued run's new round).
         """
-        return self._queue._call(AsyncRun(self._queue._async, self.id).result(timeout))
+        self.refresh()
+        answering = AsyncRun(self._queue._async, self._current.id)
+        return self._queue._call(answering.result(timeout))
 
     def return_value(self, refresh: bool = False) -> Any:
         """The result if the run completed, else None (never waits), as rq's.

@@ -84,6 +84,7 @@ def test_failure_exc_info_and_the_failed_registry(
     marker.write_text("")
     again = registry.requeue("handle-fails")
     assert again.id == "handle-fails"  # rq keeps the id across a requeue; so does this
+    assert job.result(20) == "ok"  # waits on the new round, not the failed one
     eventually(lambda: job.is_finished)
     assert job.return_value() == "ok" and registry.count == 0
     # Requeueing a run that no longer failed is refused, as rq refuses a job not in the registry.

@@ -1,0 +1,57 @@
+"""rq's producer surface under least privilege: a runfleet_producer login role with a
+scope saves meta, reads its failed registry and requeues, and sees nothing of another
+scope's runs (row-level security, not only the Python check)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from broker import Job, Queue, RunNotFound
+from store.roles import GroupRole
+from tests.rq_parity import jobs
+from tests.security.conftest import MakeLogin, login, role_worker  # noqa: F401 - fixtures
+from worker.process import Worker
+
+
+def _until_failed(job: Job) -> None:
+    deadline = time.monotonic() + 20
+    while not job.is_failed:
+        assert time.monotonic() < deadline, "job did not fail"
+        time.sleep(0.05)
+
+
+async def test_a_scoped_producer_role_meta_registry_requeue(
+    login: MakeLogin,  # noqa: F811
+    role_worker: Worker,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    mine = await login(GroupRole.PRODUCER, "s1")
+    other = await login(GroupRole.PRODUCER, "s2")
+    marker = tmp_path / "fixed"
+
+    def as_mine() -> tuple[str, dict[str, object], str]:
+        with Queue("default", settings=mine.settings, scopes=["s1"]) as q:
+            job = q.enqueue(jobs.fail_unless_exists, str(marker), meta={"a": 1})
+            _until_failed(job)
+            job.meta["b"] = 2
+            job.save_meta()
+            assert q.failed_job_registry.get_job_ids() == [job.id]
+            marker.write_text("")
+            q.failed_job_registry.requeue(job.id)
+            return job.id, Job.fetch(job.id, connection=q).meta, str(job.result(20))
+
+    job_id, meta, value = await asyncio.to_thread(as_mine)
+    assert meta == {"a": 1, "b": 2} and value == "ok"
+
+    def as_other() -> None:
+        with Queue("default", settings=other.settings, scopes=["s2"]) as q:
+            assert q.fetch_job(job_id) is None
+            assert q.failed_job_registry.get_job_ids() == []
+            with pytest.raises(RunNotFound):
+                q.failed_job_registry.requeue(job_id)
+
+    await asyncio.to_thread(as_other)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import inspect
+import math
+import reprlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from broker.trust import already_loaded, lookup
+from store import validate
 from store.errors import InvalidInput, UnknownFlow
 
 
@@ -23,14 +26,14 @@ def flow_target(target: Any) -> tuple[str, str | None, Callable[..., Any] | None
         name, queue = declared
         return name, queue, getattr(target, "fn", None), True
     if isinstance(target, str):
-        if not target:
-            raise InvalidInput("flow", "must not be empty")
-        return target, None, None, False
+        return validate.identifier("flow", target), None, None, False
     if callable(target) and hasattr(target, "__module__") and hasattr(target, "__qualname__"):
         if "<locals>" in target.__qualname__ or target.__qualname__ == "<lambda>":
             raise InvalidInput("flow", f"{target.__qualname__} is not importable by a worker")
         return f"{target.__module__}:{target.__qualname__}", None, target, False
-    raise InvalidInput("flow", f"cannot enqueue {target!r}: pass a flow, a function or 'mod:fn'")
+    raise InvalidInput(
+        "flow", f"cannot enqueue {reprlib.repr(target)}: pass a flow, a function or 'mod:fn'"
+    )
 
 
 def check_signature(
@@ -106,15 +109,27 @@ def parse_timeout(field: str, value: Any) -> int | None:
     if isinstance(value, bool):
         raise InvalidInput(field, "must be seconds or a string such as '10m'")
     if isinstance(value, int | float):
-        return int(value)
+        return _bounded_seconds(field, value)
     if isinstance(value, str):
         text = value.strip().lower()
         units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
         try:
-            return int(text) if text[-1:].isdigit() else int(text[:-1]) * units[text[-1]]
+            seconds = int(text) if text[-1:].isdigit() else int(text[:-1]) * units[text[-1]]
         except (ValueError, KeyError):
             pass
-    raise InvalidInput(field, f"{value!r} is not seconds or digits + unit (d, h, m, s)")
+        else:
+            return _bounded_seconds(field, seconds)
+    raise InvalidInput(field, f"{reprlib.repr(value)} is not seconds or digits + unit (d, h, m, s)")
+
+
+MAX_SECONDS = 100 * 365 * 86400
+"""The longest timeout or TTL taken (a century): larger is a typo, and would overflow."""
+
+
+def _bounded_seconds(field: str, value: float) -> int:
+    if not math.isfinite(value) or abs(value) > MAX_SECONDS:
+        raise InvalidInput(field, f"must be a finite number of seconds up to {MAX_SECONDS}")
+    return int(value)
 
 
 def callback_name(field: str, fn: Any) -> str | None:

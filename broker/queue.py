@@ -13,6 +13,7 @@ the producer's scopes cover the run's.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -37,7 +38,7 @@ from broker.codec import message_for
 from broker.notify import Notifier
 from broker.streams import Lane, Streams, lane_for
 from broker.trust import producer_run_id, producer_scopes
-from store import Store
+from store import Store, validate
 from store.config import Settings
 from store.errors import (
     CancelRequestFailed,
@@ -118,8 +119,16 @@ class AsyncRun:
         """Wait until the run settles; its result, or RunFailed / RunCancelled / TimeoutError.
 
         Woken by the settled notification; polls Postgres as a fallback, so a lost
-        notification (or no Redis at all) costs at most one poll interval.
+        notification (or no Redis at all) costs at most one poll interval. ``timeout``
+        must be a finite number of seconds (``InvalidInput``: nan or inf never end).
         """
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not math.isfinite(timeout)
+            or timeout < 0
+        ):
+            raise InvalidInput("timeout", f"must be a finite number of seconds >= 0: {timeout!r}")
         deadline = time.monotonic() + timeout
         async with self._queue.notifier.watch_settled(self.id) as watch:
             while True:
@@ -339,9 +348,14 @@ class AsyncQueue:
         **kwargs: Any,
     ) -> AsyncRun:
         """Admit a run that starts at ``when`` (rq's scheduled job; naive means UTC)."""
+        if not isinstance(when, datetime):
+            raise InvalidInput("when", f"must be a datetime, got {type(when).__name__}")
         if when.tzinfo is None:
             when = when.replace(tzinfo=UTC)
-        at_ms = int(when.timestamp() * 1000)
+        try:
+            at_ms = int(when.timestamp() * 1000)
+        except (OverflowError, ValueError, OSError) as exc:
+            raise InvalidInput("when", f"is not a time runfleet can store: {exc}") from None
         return await self._enqueue(f, args, kwargs, run_id or job_id, at_ms)
 
     async def enqueue_in(
@@ -353,9 +367,13 @@ class AsyncQueue:
         job_id: str | None = None,
         **kwargs: Any,
     ) -> AsyncRun:
-        return await self.enqueue_at(
-            datetime.now(UTC) + delay, f, *args, run_id=run_id or job_id, **kwargs
-        )
+        if not isinstance(delay, timedelta):
+            raise InvalidInput("delay", f"must be a timedelta, got {type(delay).__name__}")
+        try:
+            when = datetime.now(UTC) + delay
+        except OverflowError:
+            raise InvalidInput("delay", f"{delay} is outside the calendar") from None
+        return await self.enqueue_at(when, f, *args, run_id=run_id or job_id, **kwargs)
 
     async def enqueue_many(self, specs: Sequence[EnqueueSpec]) -> list[AsyncRun]:
         """Admit a batch in one transaction and one pipeline: all or nothing."""
@@ -408,6 +426,7 @@ class AsyncQueue:
 
     async def authorized(self, run_id: str) -> RunRow:
         """The run's row, if it exists and this producer's scopes cover the run's."""
+        validate.identifier("run_id", run_id)
         row = await self._available(lambda: self.store.runs.get(run_id))
         if row is None:
             raise RunNotFound(run_id)

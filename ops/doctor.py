@@ -135,6 +135,14 @@ class Doctor:
                         "set it to `none` unless the pooler tracks prepared statements "
                         "(PgBouncer >= 1.21 with max_prepared_statements)",
                     )
+                elif self.cfg.retention is not None:
+                    self.add(
+                        "pooler",
+                        "warn",
+                        f"{detail}; RUNFLEET_RETENTION is set, but the retention pass lock "
+                        "is session-scoped and not exclusive through this pooler: unset it "
+                        "and run `runfleet prune` from cron against Postgres directly",
+                    )
                 else:
                     self.add(
                         "pooler",

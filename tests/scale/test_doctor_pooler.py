@@ -58,6 +58,9 @@ async def test_transaction_pooler_warns_while_prepares_are_on(
     assert status == "warn" and "RUNFLEET_PREPARE_THRESHOLD" in detail, detail
     status, detail = await _pooler_check(cfg.model_copy(update={"prepare_threshold": None}))
     assert status == "ok" and "transaction pooler" in detail, detail
+    pruning = cfg.model_copy(update={"prepare_threshold": None, "retention": 86400.0})
+    status, detail = await _pooler_check(pruning)
+    assert status == "warn" and "RUNFLEET_RETENTION" in detail, detail
 
 
 async def test_session_pooler_is_a_middleman(

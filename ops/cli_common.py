@@ -94,6 +94,8 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         fail("the database has no runfleet schema: run `runfleet migrate`")
     except psycopg.errors.InsufficientPrivilege as exc:  # a role's least privilege (README)
         fail(f"the database role may not do this: {_first_line(exc)}")
+    except psycopg.DataError as exc:  # an argument Postgres cannot hold (a NUL, ...)
+        fail(f"invalid input: {_first_line(exc)}")
     except RunfleetError as exc:
         fail(str(exc))
     except KeyboardInterrupt:

@@ -38,6 +38,8 @@ def _json(text: str | None) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         c.fail(f"--value is not valid JSON: {exc}")
+    except RecursionError:
+        c.fail("--value is nested too deeply")
 
 
 def _act(

@@ -61,6 +61,8 @@ def parse_payload(text: str | None) -> tuple[list[Any], dict[str, Any]]:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise c.UserError(f"--payload is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise c.UserError("--payload is nested too deeply") from None
     if isinstance(value, list):
         return value, {}
     if not isinstance(value, dict):

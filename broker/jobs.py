@@ -237,10 +237,9 @@ class Job:
                 self.result(timeout)
             except Exception:  # failed, cancelled or still open: read below
                 pass
-        row = self._current if self._row is not None and self._row.status.terminal else None
-        if row is None:
-            self.refresh()
-            row = self._current
+        if self._row is None or self._row.status is not RunStatus.COMPLETED:
+            self.refresh()  # only a completed run never changes (a failed one may be requeued)
+        row = self._current
         when = _when(row.updated_at_ms)
         if row.status is RunStatus.COMPLETED:
             return Result(self.id, ResultType.SUCCESSFUL, row.result, None, when)

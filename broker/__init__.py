@@ -1,6 +1,6 @@
 """Redis: wake-up streams, liveness keys and notifications, plus the producer API."""
 
-from broker.admission import Retry
+from broker.admission import Callback, Retry
 from broker.jobs import FailedJobRegistry, Job, JobStatus, NoSuchJobError
 from broker.queue import AsyncQueue, AsyncRun, EnqueueSpec, RunCancelled, RunFailed, RunNotFound
 from broker.sync import Queue, Run
@@ -8,6 +8,7 @@ from broker.sync import Queue, Run
 __all__ = [
     "AsyncQueue",
     "AsyncRun",
+    "Callback",
     "EnqueueSpec",
     "FailedJobRegistry",
     "Job",

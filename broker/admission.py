@@ -102,6 +102,20 @@ class Retry:
         return f"Retry(max={self.max}, interval={self.intervals!r})"
 
 
+class Callback:
+    """rq's ``Callback(func, timeout=)`` for ``on_success`` / ``on_failure``.
+
+    ``timeout`` is accepted for rq's sake and not enforced: the callback runs as a
+    step of the run, under the run's own timeout.
+    """
+
+    def __init__(self, func: str | Callable[..., Any], timeout: Any = None) -> None:
+        if not isinstance(func, str) and not callable(func):
+            raise InvalidInput("callback", "func must be a function or 'module:function'")
+        self.func = func
+        self.timeout = parse_timeout("timeout", timeout)
+
+
 def parse_timeout(field: str, value: Any) -> int | None:
     """rq's timeout spellings: seconds as a number, or ``"90s"``, ``"10m"``, ``"1h"``, ``"2d"``."""
     if value is None:

@@ -25,6 +25,7 @@ class Api:
     Queue: Callable[[str], Any]
     Job: Any
     Retry: Any
+    Callback: Any
     conn: Any
     queue_name: str
     """The queue a worker serves (``idle_queue_name`` has none)."""
@@ -111,8 +112,10 @@ def depends_on_chain(api: Api) -> dict[str, Any]:
 def callbacks(api: Api) -> dict[str, Any]:
     q = api.Queue(api.queue_name)
     good, bad = api.tmp / "good", api.tmp / "bad"
-    ok = q.enqueue(jobs.record, str(good), "x", on_success=jobs.report_success)
-    ko = q.enqueue(jobs.fail_unless_exists, str(bad), on_failure=jobs.report_failure)
+    ok = q.enqueue(jobs.record, str(good), "x", on_success=api.Callback(jobs.report_success))
+    ko = q.enqueue(
+        jobs.fail_unless_exists, str(bad), on_failure=api.Callback(jobs.report_failure, timeout=10)
+    )
     until(lambda: ok.is_finished and ko.is_failed)
     until(lambda: Path(f"{good}.success").exists() and Path(f"{bad}.failure").exists())
     success = json.loads(Path(f"{good}.success").read_text())

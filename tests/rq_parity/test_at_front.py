@@ -1,0 +1,25 @@
+"""rq's at_front=True: the admission message goes on the queue's recovery lane, which
+workers read before the backlog; without it, the normal lane (FIFO)."""
+
+from __future__ import annotations
+
+from broker import AsyncQueue
+from broker.streams import Lane
+from tests.rq_parity import jobs
+
+
+async def test_at_front_publishes_on_the_recovery_lane(queue: AsyncQueue) -> None:
+    redis = queue._redis
+    assert redis is not None
+    normal = queue.streams.stream_key("default", Lane.NORMAL)
+    recovery = queue.streams.stream_key("default", Lane.RECOVERY)
+    await queue.enqueue(jobs.add, 1, 1)
+    await queue.enqueue(jobs.add, 2, 2)
+    assert (await redis.xlen(normal), await redis.xlen(recovery)) == (2, 0)
+    urgent = await queue.enqueue(jobs.add, 3, 3, at_front=True)
+    assert (await redis.xlen(normal), await redis.xlen(recovery)) == (2, 1)
+    ((_entry, fields),) = await redis.xrange(recovery)
+    assert urgent.id.encode() in b"".join(v for v in fields.values())
+    batch = [queue.prepare_data(jobs.add, (i, i), at_front=True) for i in range(2)]
+    await queue.enqueue_many(batch)
+    assert (await redis.xlen(normal), await redis.xlen(recovery)) == (2, 3)

@@ -19,7 +19,7 @@ async def test_at_front_publishes_on_the_recovery_lane(queue: AsyncQueue) -> Non
     urgent = await queue.enqueue(jobs.add, 3, 3, at_front=True)
     assert (await redis.xlen(normal), await redis.xlen(recovery)) == (2, 1)
     entries = await redis.xrange(recovery)
-    assert len(entries) == 1 and urgent.id in repr(entries[0])
+    assert entries is not None and len(entries) == 1 and urgent.id in repr(entries[0])
     batch = [queue.prepare_data(jobs.add, (i, i), at_front=True) for i in range(2)]
     await queue.enqueue_many(batch)
     assert (await redis.xlen(normal), await redis.xlen(recovery)) == (2, 3)

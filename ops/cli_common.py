@@ -96,6 +96,8 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         fail(f"the database role may not do this: {_first_line(exc)}")
     except psycopg.DataError as exc:  # an argument Postgres cannot hold (a NUL, ...)
         fail(f"invalid input: {_first_line(exc)}")
+    except UnicodeEncodeError:  # a lone surrogate in an argument: not encodable as UTF-8
+        fail("invalid input: an argument is not valid UTF-8 text (a lone surrogate)")
     except RunfleetError as exc:
         fail(str(exc))
     except KeyboardInterrupt:

@@ -18,8 +18,15 @@ from ops import cli_common as c
 from ops.cli_produce import Scopes, actor
 from ops.models import AnswerResult
 
-Token = Annotated[str, typer.Option("--token", help="The token the approval wait shows.")]
-Actor = Annotated[str | None, typer.Option("--actor", help="Who decides (default: you).")]
+Token = Annotated[
+    str, typer.Option("--token", help="The token the flow sent its approver (on_token).")
+]
+Actor = Annotated[
+    str | None,
+    typer.Option(
+        "--actor", help="Who you say you are, kept as a note (the database role is the actor)."
+    ),
+]
 Reason = Annotated[str | None, typer.Option("--reason", help="Why, for the journal.")]
 Value = Annotated[str | None, typer.Option("--value", help="A JSON value to hand the flow.")]
 
@@ -68,14 +75,19 @@ def complete(
     run_id: Annotated[str, typer.Argument(help="The run's id.")],
     event: Annotated[str, typer.Argument(help="The event name the flow waits for.")],
     value: Value = None,
+    who: Actor = None,
     scope: Scopes = None,
     as_json: c.AsJson = False,
 ) -> None:
-    """Complete an event a flow waits for (``ctx.wait_for``); the first answer wins."""
+    """Complete an event a flow waits for (``ctx.wait_for``); the first answer wins.
+
+    Only events: an approval, a child, a timer or a quota is refused. The journal names
+    the database role that answered; ``--actor`` is kept beside it as a note.
+    """
     payload = _json(value)
 
     async def call(q: AsyncQueue) -> str:
-        first = await q.complete(run_id, event, payload)
+        first = await q.complete(run_id, event, payload, actor=who or actor())
         return "completed" if first else "already-completed"
 
     _act(run_id, scope, "completed", call, as_json)

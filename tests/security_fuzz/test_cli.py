@@ -52,6 +52,9 @@ async def test_answers(cli: Cli, run_id: str, event: str, value: str) -> None:
 
 @FUZZ
 @given(command=st.sampled_from(["show", "explain", "journal", "tree", "cancel"]), run_id=odd_text)
+@example(command="show", run_id="\ud800")
+@example(command="explain", run_id="a\x00b")
+@example(command="cancel", run_id="\ud800")
 async def test_reads_and_cancel(cli: Cli, command: str, run_id: str) -> None:
     _clean(await cli(command, run_id))
 

@@ -185,3 +185,15 @@ async def test_complete_from_the_cli_refuses_an_approval(
     out = await cli("complete", run.id, "approval:manager", "--value", '{"approved": true}')
     assert out.code != 0 and out.clean
     assert "approve/deny" in out.stderr and "Traceback" not in out.stderr + out.stdout
+
+
+async def test_cli_complete_journals_the_role_and_keeps_actor_as_a_note(
+    worker: Worker, queue: AsyncQueue, store: Store, cli: Cli
+) -> None:
+    run = await queue.enqueue(tf.waiter)
+    await parked(store, run.id, "event")
+    out = await cli("complete", run.id, "go", "--value", '"v"', "--actor", "ceo@example.com")
+    assert out.code == 0, out.stderr
+    assert await run.result(timeout=10) == "v"
+    (done,) = [r for r in await store.journal.records(run.id) if r.kind == "deferred-completed"]
+    assert done.payload["answered_by"] == "postgres" and done.payload["note"] == "ceo@example.com"

@@ -47,3 +47,9 @@ RETENTION_LONGEST_BATCH = Histogram(
 RETENTION_CONSUMERS_PRUNED = Counter(
     "runfleet_retention_consumers_pruned_total", "Dead stream consumers deleted."
 )
+
+SCHEDULE_TICKS = Counter(
+    "runfleet_schedule_ticks_total",
+    "Schedule ticks this process fired, by outcome (admitted, joined, missed, overlapped).",
+    ["outcome"],
+)

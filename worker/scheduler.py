@@ -22,8 +22,6 @@ import random
 from collections.abc import Iterable
 from typing import assert_never
 
-from prometheus_client import Counter
-
 from broker.codec import message_for
 from broker.streams import Streams
 from store import Store
@@ -35,11 +33,6 @@ from worker.retry import INFRA_ERRORS
 
 log = logging.getLogger("runfleet.worker.scheduler")
 
-TICKS = Counter(
-    "runfleet_schedule_ticks_total",
-    "Schedule ticks this process fired, by outcome (admitted, joined, missed, overlapped).",
-    ["outcome"],
-)
 BATCH = 32
 """Due schedules one pass fires at most; the most overdue first, the rest next pass."""
 
@@ -116,19 +109,19 @@ class Scheduler:
             ("overlapped", fired.overlapped),
         ):
             if count:
-                TICKS.labels(outcome).inc(count)
+                metrics.SCHEDULE_TICKS.labels(outcome).inc(count)
         if fired.missed or fired.overlapped:
             # Missed ticks mean an outage (info); an overlap skip can recur every tick
             # for as long as a long run lasts (debug).
-            log.log(
-                logging.INFO if fired.missed else logging.DEBUG,
-                "schedule.ticks_skipped",
-                extra={
-                    "schedule": fired.schedule.name,
-                    "missed": fired.missed,
-                    "overlapped": fired.overlapped,
-                },
-            )
+            skipped = {
+                "schedule": fired.schedule.name,
+                "missed": fired.missed,
+                "overlapped": fired.overlapped,
+            }
+            if fired.missed:
+                log.info("schedule.ticks_skipped", extra=skipped)
+            else:
+                log.debug("schedule.ticks_skipped", extra=skipped)
         for row in fired.admitted:
             log.debug(
                 "schedule.admitted", extra={"schedule": fired.schedule.name, "run_id": row.id}

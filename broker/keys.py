@@ -19,6 +19,14 @@ GROUP = "workers"
 _GLOB_SPECIAL = frozenset("*?[]\\")
 
 
+def hash_tag(key: str) -> str | None:
+    """Redis Cluster's hash tag of ``key``: the text between its first ``{`` and the next
+    ``}``, when non-empty; only that part is hashed to choose the key's slot."""
+    start = key.find("{")
+    end = key.find("}", start + 1) if start >= 0 else -1
+    return key[start + 1 : end] if end > start + 1 else None
+
+
 def glob_escape(text: str) -> str:
     """Escape ``text`` for a Redis MATCH pattern, so a prefix like ``a[1]`` matches literally."""
     return "".join("\\" + ch if ch in _GLOB_SPECIAL else ch for ch in text)
@@ -26,7 +34,14 @@ def glob_escape(text: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Keys:
-    """Key and channel names under one prefix."""
+    """Key and channel names under one prefix.
+
+    Every name starts with the prefix, so a prefix that carries a hash tag (``{runfleet}``)
+    puts all of a fleet's keys in one Redis Cluster slot: the read script over a worker's
+    streams, ``XREAD`` over several streams and the liveness pipelines are then single-slot
+    as the cluster requires. The price is that one fleet's keys live on one master (a
+    cluster buys failover and managed-service compatibility, not sharding of one fleet).
+    """
 
     prefix: str = DEFAULT_PREFIX
 

@@ -54,19 +54,6 @@ def bouncer(small_postgres: ThrowawayPostgres) -> Iterator[ThrowawayPgBouncer]:
         yield server
 
 
-@pytest.fixture
-def own_ledger() -> Iterator[str]:
-    """The ledger on a Postgres of its own: 16 processes' ledger pools (up to 8 each)
-    would crowd the machine's shared server."""
-    with ThrowawayPostgres() as server:
-        with psycopg.connect(server.url, autocommit=True) as conn:
-            conn.execute(
-                "CREATE TABLE chaos_ledger (run_id text, step int, epoch int, "
-                "at timestamptz DEFAULT clock_timestamp())"
-            )
-        yield server.url
-
-
 @dataclass
 class Peaks:
     """Highest connection counts seen while the batch ran."""

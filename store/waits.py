@@ -316,10 +316,13 @@ class Waits:
         parked_on = facts["waiting_deferred"] == name
         if parked_on and facts["waiting_reason"] != "event":
             raise NotAnswerable(run_id, name, _NOT_YOURS.get(facts["waiting_reason"], _RUNFLEETS))
+        if facts["claimed"] or facts["timer"]:  # a wait_for of the same name does not lend it
+            why = _NOT_YOURS["approval"] if name.startswith("approval:") else _RUNFLEETS
+            raise NotAnswerable(run_id, name, why)
         if not (parked_on or facts["declared"]):
             if name.startswith("approval:"):
                 raise NotAnswerable(run_id, name, _NOT_YOURS["approval"])
-            if name.startswith(INTERNAL_PREFIXES) or facts["timer"]:
+            if name.startswith(INTERNAL_PREFIXES):
                 raise NotAnswerable(run_id, name, _RUNFLEETS)
         cap = self._settings.max_answers_per_run
         if facts["answers"] >= cap:

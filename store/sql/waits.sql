@@ -172,6 +172,12 @@ SELECT r.status, r.waiting_reason, r.waiting_deferred, r.waiting_token,
                 WHERE s.run_id = r.id AND s.kind = 'event' AND s.name = %(name)s) AS declared,
        EXISTS (SELECT FROM runfleet.clocks k
                 WHERE k.run_id = r.id AND k.deferred_name = %(name)s) AS timer,
+       -- an approval or a child of this run completes through this very name
+       EXISTS (SELECT FROM runfleet.steps s
+                WHERE s.run_id = r.id
+                  AND ((s.kind = 'approval' AND 'approval:' || s.name = %(name)s)
+                       OR (s.kind IN ('child', 'spawn')
+                           AND 'child:' || (s.output ->> 'run_id') = %(name)s))) AS claimed,
        (SELECT count(*) FROM runfleet.deferreds d
          WHERE d.run_id = r.id AND d.metadata ? 'answered_by') AS answers,
        session_user::text AS actor

@@ -95,3 +95,10 @@ async def compensating(ctx: Context, tag: str) -> None:
 def plain_add(a: int, b: int) -> int:
     """A plain function of a module that registers flows: runnable rq-style."""
     return a + b
+
+
+@flow(name="trust.sneaky")
+async def sneaky(ctx: Context) -> Any:
+    """Waits, as an event, on the name its own spawned child settles through."""
+    child_id = await ctx.spawn(blocked_child)
+    return await ctx.wait_for(f"child:{child_id}")

@@ -197,3 +197,16 @@ async def test_cli_complete_journals_the_role_and_keeps_actor_as_a_note(
     assert await run.result(timeout=10) == "v"
     (done,) = [r for r in await store.journal.records(run.id) if r.kind == "deferred-completed"]
     assert done.payload["answered_by"] == "postgres" and done.payload["note"] == "ceo@example.com"
+
+
+async def test_a_name_a_child_owns_stays_runfleets_even_if_waited_for_as_an_event(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    run = await queue.enqueue(tf.sneaky)
+    await parked(store, run.id, "event")
+    child_id = f"{run.id}/spawn:trust.blocked_child#1"
+    with pytest.raises(NotAnswerable):
+        await queue.complete(run.id, f"child:{child_id}", {"status": "completed", "result": 0})
+    assert await store.waits.deferred(run.id, f"child:{child_id}") is None
+    assert await queue.complete(child_id, "release", "from the child")  # the real settlement
+    assert (await run.result(timeout=10))["result"] == "from the child"

@@ -51,6 +51,7 @@ from worker.durable import (
     WaitTimeout,
     reference,
 )
+from worker.flows import function as resolve_function
 from worker.retry import durable_call, is_transient
 from worker.threads import in_thread
 
@@ -294,6 +295,8 @@ class Context:
             return record.output
         policy = retry or NO_RETRY
         undo = reference(compensate) if compensate is not None else None
+        if undo is not None:
+            resolve_function(undo)  # UnknownFlow now, not a failed compensation at cancel
         steps = self._store.steps
         while True:
             attempt = await self._durable(

@@ -102,3 +102,19 @@ async def sneaky(ctx: Context) -> Any:
     """Waits, as an event, on the name its own spawned child settles through."""
     child_id = await ctx.spawn(blocked_child)
     return await ctx.wait_for(f"child:{child_id}")
+
+
+@flow(name="trust.bad_compensation")
+async def bad_compensation(ctx: Context) -> str:
+    """Declares os.getenv (a real function, of a module no worker allows) as compensation."""
+    try:
+        await ctx.step("x", str, "x", compensate=_os_getenv())
+    except Exception as exc:
+        return type(exc).__name__
+    return "recorded"
+
+
+def _os_getenv() -> Any:
+    import os
+
+    return os.getenv

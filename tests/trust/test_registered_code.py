@@ -121,3 +121,11 @@ async def test_compensations_run_only_registered_code_on_intact_records(
     assert set(failed) == {"step:one#1", "step:two#1"}
     assert "unknown flow 'os:system'" in failed["step:one#1"]
     assert "digest" in failed["step:two#1"]
+
+
+async def test_a_compensation_outside_the_allowed_code_is_refused_when_declared(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    run = await queue.enqueue(tf.bad_compensation)
+    assert await run.result(timeout=10) == "UnknownFlow"
+    assert await store.steps.of_run(run.id) == []  # nothing recorded with it

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.chaos
 
 PROCESSES = 16
 CONCURRENCY = 32
-RUNS = 320
+RUNS = 480
 KILLED = 4
 MAX_CONNECTIONS = 40
 POOL_SIZE = 30
@@ -106,6 +106,11 @@ async def test_sixteen_workers_through_pgbouncer_on_forty_connections(
         update={
             "database_url": bouncer.url,
             "prepare_threshold": None,
+            # The production defaults, not the suite's 0.2 s: 16 processes renewing and
+            # sweeping five times a second would be most of this machine's work.
+            "heartbeat_interval": 1.0,
+            "stale_after": 5.0,
+            "sweep_interval": 1.0,
         }
     )
     admin = small_postgres.url
@@ -136,7 +141,7 @@ async def test_sixteen_workers_through_pgbouncer_on_forty_connections(
         assert len(victims) == KILLED, f"only {len(busy)} workers own runs: {owners}"
         for w in victims:
             w.signal(signal.SIGKILL)
-        deadline = time.monotonic() + 150  # ~60 s on a quiet 2-core machine, ~90 s loaded
+        deadline = time.monotonic() + 120  # ~20-40 s on this shared 2-core machine
         while True:
             rows = await _poll(
                 admin,
@@ -147,7 +152,7 @@ async def test_sixteen_workers_through_pgbouncer_on_forty_connections(
                 break
             if time.monotonic() > deadline:
                 logs = "\n".join(f"--- {w.pid}:\n{w.log()[-3000:]}" for w in workers[-2:])
-                raise TimeoutError(f"{rows} runs unsettled after 150 s\n{logs}")
+                raise TimeoutError(f"{rows} runs unsettled after 120 s\n{logs}")
             await asyncio.sleep(0.2)
         settled = time.monotonic() - started
     finally:

@@ -460,9 +460,12 @@ class AsyncQueue:
             outcome = await self._available(
                 lambda: self.store.lifecycle.request_cancel(run_id, actor=actor)
             )
+        except psycopg.errors.InsufficientPrivilege:
+            raise  # the caller's role may not cancel this run: its error, not a failed write
         except (Unavailable, psycopg.Error) as exc:
+            retryable = isinstance(exc, Unavailable) or is_transient(exc)
             raise CancelRequestFailed(
-                run_id, "cancel_request_failed", repr(exc), retryable=True
+                run_id, "cancel_request_failed", repr(exc), retryable=retryable
             ) from exc
         targets = [run_id]
         if isinstance(outcome, CancelRequested):

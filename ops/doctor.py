@@ -40,7 +40,7 @@ def doctor(
     ] = None,
     as_json: c.AsJson = False,
 ) -> None:
-    """Connectivity, schema version, clock skew, stream lag per queue, live workers."""
+    """Connectivity, pooler, schema version, clock skew, stream lag per queue, live workers."""
     view = c.run(Doctor(c.settings(), queue or []).run())
     if as_json:
         c.emit(view)

@@ -18,24 +18,7 @@ pytestmark = pytest.mark.chaos
 
 
 async def test_crashed_child_is_restarted_with_a_new_identity(settings: Settings) -> None:
-    supervisor = subprocess.Popen(  # noqa: ASYNC220 - spawning is instant; we never block on it
-        [
-            sys.executable,
-            "-m",
-            "ops",
-            "worker",
-            "--flows",
-            "tests.fleet.flows",
-            "--processes",
-            "2",
-            "--concurrency",
-            "2",
-            "--log-level",
-            "WARNING",
-        ],
-        env=settings_env(settings),
-        cwd=ROOT,
-    )
+    supervisor = _supervise(settings)
     redis = connect(settings)
     liveness = Liveness(redis, settings.redis_prefix, settings.host_id)
 
@@ -64,24 +47,7 @@ async def test_crashed_child_is_restarted_with_a_new_identity(settings: Settings
 
 async def test_children_that_all_die_at_once_are_all_restarted(settings: Settings) -> None:
     """Every child fail-stopping on the same partition must not end the supervisor."""
-    supervisor = subprocess.Popen(  # noqa: ASYNC220 - spawning is instant; we never block on it
-        [
-            sys.executable,
-            "-m",
-            "ops",
-            "worker",
-            "--flows",
-            "tests.fleet.flows",
-            "--processes",
-            "2",
-            "--concurrency",
-            "2",
-            "--log-level",
-            "WARNING",
-        ],
-        env=settings_env(settings),
-        cwd=ROOT,
-    )
+    supervisor = _supervise(settings)
     redis = connect(settings)
     liveness = Liveness(redis, settings.redis_prefix, settings.host_id)
 
@@ -106,6 +72,28 @@ async def test_children_that_all_die_at_once_are_all_restarted(settings: Setting
         if supervisor.poll() is None:
             supervisor.kill()
         await redis.aclose()
+
+
+def _supervise(settings: Settings) -> subprocess.Popen[bytes]:
+    """``runfleet worker --processes 2`` (a supervisor and two children)."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ops",
+            "worker",
+            "--flows",
+            "tests.fleet.flows",
+            "--processes",
+            "2",
+            "--concurrency",
+            "2",
+            "--log-level",
+            "WARNING",
+        ],
+        env=settings_env(settings),
+        cwd=ROOT,
+    )
 
 
 async def _none_left(liveness: Liveness) -> bool:

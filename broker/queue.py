@@ -458,7 +458,7 @@ class AsyncQueue:
         await self.authorized(run_id)
         try:
             outcome = await self._available(
-                lambda: self.store.lifecycle.request_cancel(run_id, actor=actor)
+                lambda: self.store.lifecycle.request_cancel(run_id, note=actor)
             )
         except psycopg.errors.InsufficientPrivilege:
             raise  # the caller's role may not cancel this run: its error, not a failed write
@@ -546,7 +546,7 @@ class AsyncQueue:
         retried: list[BaseException] = []
         resumed = await self._available(
             lambda: self.store.steps.resume_quarantined(
-                run_id, accept_recorded=accept_recorded, rerun_key=rerun_step, actor=actor
+                run_id, accept_recorded=accept_recorded, rerun_key=rerun_step, note=actor
             ),
             retried=retried,
         )
@@ -574,5 +574,5 @@ class AsyncQueue:
             kind == Kind.RESUMED
             and last.get("from") == "quarantine"
             and last.get("rerun_step") == rerun_step
-            and last.get("actor") == actor
+            and last.get("note") == actor
         )

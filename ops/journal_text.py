@@ -192,11 +192,18 @@ def _cancel_requested(p: Payload, _r: JournalRecord) -> str:
     text = f"cancellation requested while {p.get('status', '?')}"
     if p.get("via"):
         text += f" (asked of {p['via']}, an earlier round of this lineage)"
-    if p.get("actor"):
-        text += f" by {p['actor']}"
+    text += _by(p)
     if p.get("reason"):
         text += f": {p['reason']}"
     return text
+
+
+def _by(p: Payload) -> str:
+    """' by <role> (<note>)': the authenticated role that decided, then the caller's words
+    (records from before roles were journaled carry only the free-text actor)."""
+    if not p.get("actor"):
+        return f" ({p['note']})" if p.get("note") else ""
+    return f" by {p['actor']}" + (f" ({p['note']})" if p.get("note") else "")
 
 
 def _interrupted(p: Payload, r: JournalRecord) -> str:
@@ -227,8 +234,7 @@ def _resumed(p: Payload, _r: JournalRecord) -> str:
             if p.get("rerun_step")
             else "accepting the recorded outputs"
         )
-        by = f" by {p['actor']}" if p.get("actor") else ""
-        return f"released from quarantine{by}, {how}"
+        return f"released from quarantine{_by(p)}, {how}"
     return f"resumed ({_fields(p)})"
 
 

@@ -156,10 +156,9 @@ class Lifecycle:
         if not ids:
             return []
         asked = await self._db.all("runs.cascade_cancel", {"ids": ids, "parent": run_id})
-        for child in sorted(r["id"] for r in asked):
-            await self._journal.record(
-                child, Kind.CANCEL_REQUESTED, {"actor": None, "cause": cause, "by": run_id}
-            )
+        for row in sorted(asked, key=lambda r: str(r["id"])):
+            payload = {"actor": row["session_role"], "cause": cause, "by": run_id}
+            await self._journal.record(row["id"], Kind.CANCEL_REQUESTED, payload)
         await self._journal.record(
             run_id, Kind.CHILD_POLICY_APPLIED, {"cause": cause, "cascaded_to": ids}
         )
@@ -182,7 +181,7 @@ class Lifecycle:
         return [r["id"] for r in rows]
 
     async def request_cancel(
-        self, run_id: str, *, actor: str | None = None, reason: str | None = None
+        self, run_id: str, *, note: str | None = None, reason: str | None = None
     ) -> CancelOutcome:
         """Durably ask for a logical run's cancellation (first writer wins), from anywhere.
 
@@ -190,14 +189,22 @@ class Lifecycle:
         producer holds reaches the round live now, whatever it handed off to. Attached
         descendants of every round are asked in the same transaction; each is closed by
         its own cancel path (compensations included), as is the run itself.
+
+        The request is journaled with the authenticated role (``session_user``, read by
+        the UPDATE that asks) as its ``actor``: who asked is Postgres's word, not the
+        caller's. ``note`` is the caller's own words (an operator's name, ``deadline``).
         """
         validate.identifier("run_id", run_id)
+        if note is not None:
+            validate.identifier("actor", note)  # the Queue API's name for it
         async with self._db.transaction():
             requested: list[RunRow] = []
+            round_row_role: dict[str, str] = {}  # who asked each round: session_user
             stuck: set[str] = set()
             while True:
                 rows = await self._db.all("runs.request_cancel", {"id": run_id})
                 requested += [run_row(r) for r in rows]
+                round_row_role.update((r["id"], r["session_role"]) for r in rows)
                 # A handoff that committed while the UPDATE waited on the old round's
                 # lock left a successor its snapshot could not see: a fresh read finds it.
                 rounds = await self.rounds(run_id)
@@ -221,7 +228,8 @@ class Lifecycle:
                     round_row.id,
                     Kind.CANCEL_REQUESTED,
                     {
-                        "actor": actor,
+                        "actor": round_row_role[round_row.id],
+                        "note": note,
                         "reason": reason,
                         "status": round_row.status.value,
                         **({} if round_row.id == run_id else {"via": run_id}),

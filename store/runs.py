@@ -297,9 +297,8 @@ class Runs:
             )
             if row is not None:
                 existing = run_row(row)
-                await self._journal.record(
-                    new.id, Kind.CANCEL_REQUESTED, {"actor": None, "inherited_from": new.parent_id}
-                )
+                asked = {"actor": row["session_role"], "inherited_from": new.parent_id}
+                await self._journal.record(new.id, Kind.CANCEL_REQUESTED, asked)
         return Joined(existing)
 
     def _check_identity(

@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from store import values
+from store import validate, values
 from store.config import Settings
 from store.db import Database
 from store.errors import InvalidInput
@@ -169,17 +169,21 @@ class Steps:
         *,
         accept_recorded: bool = False,
         rerun_key: str | None = None,
-        actor: str | None = None,
+        note: str | None = None,
     ) -> bool:
         """An operator moves a quarantined run on: trust the recorded output, or re-run a step.
 
         Clears the quarantine wait in the same transaction; False if the run is
-        not quarantined (nothing is changed then).
+        not quarantined (nothing is changed then). Journaled with the authenticated
+        role (``session_user``, read under the row lock) as ``actor``; ``note`` is the
+        caller's own words.
         """
         if accept_recorded == (rerun_key is not None):
             raise InvalidInput("resume", "choose exactly one of accept_recorded, rerun_key")
+        if note is not None:
+            validate.identifier("actor", note)  # the Queue API's name for it
         async with self._db.transaction():
-            locked = await self._db.one("runs.get_for_update", {"id": run_id})
+            locked = await self._db.one("runs.get_for_update_by", {"id": run_id})
             if locked is None or locked["waiting_reason"] != "quarantine":
                 return False
             if rerun_key is not None:
@@ -204,7 +208,8 @@ class Steps:
                     "from": "quarantine",
                     "accept_recorded": accept_recorded,
                     "rerun_step": rerun_key,
-                    "actor": actor,
+                    "actor": locked["session_role"],
+                    "note": note,
                 },
             )
             return True

@@ -382,7 +382,7 @@ class Driver:
 
     async def _deadline(self, run_id: str) -> None:
         try:
-            await self.store.lifecycle.request_cancel(run_id, actor="deadline", reason="deadline")
+            await self.store.lifecycle.request_cancel(run_id, note="deadline", reason="deadline")
         except Exception:  # the deadline sweep tries again
             log.exception("run.deadline_cancel_failed", extra={"run_id": run_id})
             return

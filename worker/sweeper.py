@@ -194,7 +194,7 @@ class Sweeper:
         async def read(after: SweepKey, limit: int) -> list[Keyed]:
             return await sweeps.deadline_passed(after=after, limit=limit)
 
-        cancel = partial(self._store.lifecycle.request_cancel, actor="deadline", reason="deadline")
+        cancel = partial(self._store.lifecycle.request_cancel, note="deadline", reason="deadline")
         requested: list[str] = []
         for row in await self._walk(SweepKind.DEADLINE_PASSED, read, _key):
             if await self._each("deadline_passed", row.run_id, partial(cancel, row.run_id)):

@@ -8,6 +8,12 @@ SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r WHERE r.id = %(id)s
 -- name: get_for_update
 SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r WHERE r.id = %(id)s FOR UPDATE;
 
+-- name: get_for_update_by
+-- get_for_update with who is asking: the authenticated role (session_user, not a role it
+-- SET ROLE to), journaled as the actor of an operator's decision (resume).
+SELECT r.*, runfleet.now_ms() AS now_ms, session_user::text AS session_role
+  FROM runfleet.runs r WHERE r.id = %(id)s FOR UPDATE;
+
 -- name: latest_round
 SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r
  WHERE r.lineage_id = %(lineage_id)s
@@ -181,12 +187,13 @@ SELECT renewed.id, renewed.cancel_requested, runfleet.now_ms() AS now_ms
 -- it (first writer wins), so cancelling the root id reaches the round now live. The
 -- caller repeats it while a fresh read still finds a live round without it: a handoff
 -- committing while it waited on the old round's lock leaves a successor it could not see.
+-- session_role (the authenticated role, not a free-text actor) is journaled as who asked.
 UPDATE runfleet.runs AS r SET cancel_requested_at_ms = runfleet.now_ms(),
     updated_at_ms = runfleet.now_ms()
  WHERE r.lineage_id = (SELECT l.lineage_id FROM runfleet.runs l WHERE l.id = %(id)s)
    AND r.cancel_requested_at_ms IS NULL
    AND r.status NOT IN ('completed', 'failed', 'cancelled')
-RETURNING r.*, runfleet.now_ms() AS now_ms;
+RETURNING r.*, runfleet.now_ms() AS now_ms, session_user::text AS session_role;
 
 -- name: lineage_rounds
 -- Every round of the run's lineage, oldest first.
@@ -225,7 +232,7 @@ UPDATE runfleet.runs AS r SET
     updated_at_ms = runfleet.now_ms()
  WHERE r.id = ANY(%(ids)s) AND r.status NOT IN ('completed', 'failed', 'cancelled')
    AND r.cancel_requested_at_ms IS NULL
-RETURNING r.id, r.status;
+RETURNING r.id, r.status, session_user::text AS session_role;
 
 -- name: inherit_cancel
 -- A late child (or a diamond's joined child) takes its parent's request, timestamp kept,
@@ -234,7 +241,7 @@ UPDATE runfleet.runs AS r SET
     cancel_requested_at_ms = %(at_ms)s::bigint, updated_at_ms = runfleet.now_ms()
  WHERE r.id = %(id)s AND r.status NOT IN ('completed', 'failed', 'cancelled')
    AND r.cancel_requested_at_ms IS NULL
-RETURNING r.*, runfleet.now_ms() AS now_ms;
+RETURNING r.*, runfleet.now_ms() AS now_ms, session_user::text AS session_role;
 
 -- name: close_clocks
 UPDATE runfleet.clocks SET completed_at_ms = runfleet.now_ms()

@@ -98,7 +98,8 @@ async def test_deadline_cancels_through_the_ordinary_path(
     with pytest.raises(RunCancelled):
         await run.result(timeout=10)
     requests = [r for r in await store.journal.records(run.id) if r.kind == "cancel-requested"]
-    assert requests[0].payload["actor"] == "deadline"
+    assert requests[0].payload["note"] == "deadline"  # what it is; the actor is the role
+    assert requests[0].payload["actor"] == "postgres"
 
 
 async def test_sync_flow_has_the_same_api(worker: Worker, queue: AsyncQueue, store: Store) -> None:

@@ -112,7 +112,8 @@ async def test_show_journal_and_cancel_of_a_pending_run(cli: Cli) -> None:
     journal = JournalView.model_validate_json((await cli("journal", run.run_id, "--json")).stdout)
     kinds = [e.kind for e in journal.entries]
     assert kinds == ["created", "cancel-requested"]
-    assert journal.entries[1].sentence.startswith("cancellation requested while pending by cli:")
+    asked = journal.entries[1].sentence  # the role decides; the CLI's actor is a note
+    assert asked.startswith("cancellation requested while pending by postgres (cli:")
     text = await cli("journal", run.run_id)
     assert f"created as {ADD} on queue default" in text.stdout
 

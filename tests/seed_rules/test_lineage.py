@@ -57,12 +57,13 @@ async def test_cancel_reaches_every_round_of_a_lineage(store: Store) -> None:
     live = await must_get(store, "L@1")
     assert live.status is RunStatus.PENDING
 
-    outcome = await store.lifecycle.request_cancel("L", actor="ops")  # the id a producer holds
+    outcome = await store.lifecycle.request_cancel("L", note="ops")  # the id a producer holds
     assert isinstance(outcome, CancelRequested), outcome
     assert outcome.row.id == "L@1" and outcome.rounds == ("L@1",)
     assert (await must_get(store, "L@1")).cancel_requested_at_ms is not None
     record = [r for r in await store.journal.records("L@1") if r.kind == "cancel-requested"]
-    assert record and record[0].payload["via"] == "L" and record[0].payload["actor"] == "ops"
+    assert record and record[0].payload["via"] == "L" and record[0].payload["note"] == "ops"
+    assert record[0].payload["actor"] == "postgres"  # the authenticated role
     again = await store.lifecycle.request_cancel("L")
     assert isinstance(again, AlreadyRequested) and again.row.id == "L@1"
 

@@ -40,16 +40,22 @@ ITERATIONS = 50
 
 async def test_first_request_wins_and_later_ones_are_already_requested(store: Store) -> None:
     await create(store, "r1")
-    first = await store.lifecycle.request_cancel("r1", actor="alice", reason="typo")
+    first = await store.lifecycle.request_cancel("r1", note="alice", reason="typo")
     assert isinstance(first, CancelRequested)
     at = first.row.cancel_requested_at_ms
     assert at is not None and first.row.status is RunStatus.PENDING
-    second = await store.lifecycle.request_cancel("r1", actor="bob")
+    second = await store.lifecycle.request_cancel("r1", note="bob")
     assert isinstance(second, AlreadyRequested)
     assert second.row.cancel_requested_at_ms == at
     records = [r for r in await store.journal.records("r1") if r.kind == "cancel-requested"]
     assert len(records) == 1
-    assert records[0].payload == {"actor": "alice", "reason": "typo", "status": "pending"}
+    # who asked is the authenticated role; the caller's "alice" is only a note
+    assert records[0].payload == {
+        "actor": "postgres",
+        "note": "alice",
+        "reason": "typo",
+        "status": "pending",
+    }
 
 
 async def test_request_on_a_settled_run_is_already_terminal(store: Store) -> None:
@@ -124,7 +130,7 @@ async def test_cancel_cascades_through_every_attached_level(store: Store) -> Non
     await create(store, "det", parent_id="root", on_parent_exit=OnParentExit.DETACH)
     await create(store, "det-child", parent_id="det")
 
-    outcome = await store.lifecycle.request_cancel("root", actor="ops")
+    outcome = await store.lifecycle.request_cancel("root", note="ops")
     assert isinstance(outcome, CancelRequested)
 
     root = await must_get(store, "root")
@@ -137,7 +143,7 @@ async def test_cancel_cascades_through_every_attached_level(store: Store) -> Non
         assert row.cancel_requested_at_ms is not None, asked
         record = (await store.journal.last(asked, limit=1))[0]
         assert record.kind == "cancel-requested"
-        assert record.payload == {"actor": None, "cause": "parent-cancelled", "by": "root"}
+        assert record.payload == {"actor": "postgres", "cause": "parent-cancelled", "by": "root"}
     assert (await must_get(store, "b")).waiting is not None, "the cancel sweep wakes it"
     c = await must_get(store, "c")
     assert c.status is RunStatus.RUNNING and c.owner == OWNER_C

@@ -233,7 +233,7 @@ async def test_terminal_transition_cascades_to_attached_not_detached_children(
         assert row.status is RunStatus.PENDING and row.cancel_requested_at_ms is not None
         record = (await store.journal.last(asked, limit=1))[0]
         assert record.kind == "cancel-requested"
-        assert record.payload == {"actor": None, "cause": "parent-completed", "by": "parent"}
+        assert record.payload == {"actor": "postgres", "cause": "parent-completed", "by": "parent"}
     running = await must_get(store, "att-run")
     assert running.status is RunStatus.RUNNING and running.owner == OWNER_B
     assert running.cancel_requested_at_ms is not None

@@ -273,7 +273,7 @@ class Driver:
             case Wake():
                 outcome = await store.waits.wake(self.ids[op.run])
             case RequestCancel():
-                outcome = await store.lifecycle.request_cancel(self.ids[op.run], actor="model")
+                outcome = await store.lifecycle.request_cancel(self.ids[op.run], note="model")
             case Suspend():
                 outcome = await store.lifecycle.transition_owned(
                     self.ids[op.run],

@@ -6,6 +6,14 @@ batch (store/sql/retention.sql), so a pass over a million runs never holds a loc
 longer than one batch, and rows it must keep (a lineage or a relative still open)
 cost one scan per pass instead of blocking the rows behind them.
 
+Two scans share the statement and its rules. ``Scan.SETTLED`` walks runs settled before
+a fleet cutoff (``RUNFLEET_RETENTION``, ``runfleet prune --settled-before``);
+``Scan.EXPIRY`` walks runs whose own TTL has passed (rq's ``result_ttl`` /
+``failure_ttl``, an index on the expiry that holds only runs with a TTL, so with none
+the pass is one empty probe). Either way a run with a TTL of its own is due by that
+TTL only (negative: never), one without by the fleet cutoff, and a lineage or relative
+still open or not due keeps the whole unit.
+
 A dry run executes exactly the same statements inside transactions that are rolled
 back: its counts are what a real pass would have deleted at that moment, not an
 estimate from a second copy of the selection rules.
@@ -17,6 +25,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
+from enum import StrEnum
 from functools import partial
 
 from store.db import Conn, Database
@@ -28,6 +37,19 @@ PRUNED_TABLES = frozenset(
     {"runs", "journal", "steps", "attempts", "deferreds", "clocks", "run_parents"}
 )
 """Every table whose rows belong to a run; ``tests/retention`` proves it is all of them."""
+
+NO_CUTOFF = MIN_KEY
+"""``before_ms`` when no fleet-wide retention applies: only runs' own TTLs make them due."""
+
+
+class Scan(StrEnum):
+    """Which keyset a pass walks (``prune_batch``'s ``scan``)."""
+
+    SETTLED = "settled"
+    """Runs settled before the fleet cutoff, by settlement time."""
+    EXPIRY = "expiry"
+    """Runs whose own TTL has passed, by expiry time."""
+
 
 DEFAULT_BATCH = 500
 """Runs scanned per batch: tens of milliseconds of locks on a small server."""
@@ -107,11 +129,17 @@ class Retention:
         return int(row["before_ms"]), int(row["now_ms"])
 
     async def batch(
-        self, before_ms: int, *, after: Cursor = START, limit: int = DEFAULT_BATCH
+        self,
+        before_ms: int,
+        now_ms: int,
+        *,
+        scan: Scan = Scan.SETTLED,
+        after: Cursor = START,
+        limit: int = DEFAULT_BATCH,
     ) -> Batch:
         """One batch, committed on its own (a single statement on an autocommit connection)."""
         async with self._db.pool.connection() as conn:
-            return await _batch(conn, before_ms, after, limit)
+            return await _batch(conn, before_ms, after, limit, now_ms=now_ms, scan=scan)
 
     async def prune(
         self,
@@ -120,11 +148,15 @@ class Retention:
         *,
         batch: int = DEFAULT_BATCH,
         dry_run: bool = False,
+        scan: Scan = Scan.SETTLED,
         after: Cursor = START,
         max_batches: int | None = None,
         should_stop: Callable[[], bool] = lambda: False,
     ) -> Pass:
         """Walk batches from ``after`` to the end (or ``max_batches``, or ``should_stop``).
+
+        ``now_ms`` (database time) is when runs' own TTLs are judged; ``before_ms`` is the
+        fleet cutoff for runs without one (``NO_CUTOFF``: none of those is due).
 
         A dry run walks in ONE transaction that is rolled back at the end, so a lineage
         or an edge that spans two batches is counted once, as a real pass deletes it;
@@ -137,12 +169,12 @@ class Retention:
             async with self._db.pool.connection() as conn:
                 async with conn.transaction(force_rollback=True):
                     return await self._walk(
-                        partial(_batch, conn), before_ms, now_ms, batch, True, after,
-                        max_batches, should_stop,
+                        partial(_batch, conn, now_ms=now_ms, scan=scan), before_ms, now_ms,
+                        batch, True, after, max_batches, should_stop,
                     )  # fmt: skip
 
         async def committed(before: int, cursor: Cursor, limit: int) -> Batch:
-            return await self.batch(before, after=cursor, limit=limit)
+            return await self.batch(before, now_ms, scan=scan, after=cursor, limit=limit)
 
         return await self._walk(
             committed, before_ms, now_ms, batch, False, after, max_batches, should_stop
@@ -213,10 +245,14 @@ class Retention:
         return {r["table_name"] for r in rows} | {"runs"}
 
 
-async def _batch(conn: Conn, before_ms: int, after: Cursor, limit: int) -> Batch:
+async def _batch(
+    conn: Conn, before_ms: int, after: Cursor, limit: int, *, now_ms: int, scan: Scan
+) -> Batch:
     """Run one ``prune_batch`` statement on ``conn`` and read its one-row answer."""
     params = {
+        "scan": scan.value,
         "before_ms": before_ms,
+        "now_ms": now_ms,
         "after_ms": after.after_ms,
         "after_id": after.after_id,
         "limit": limit,

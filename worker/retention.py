@@ -1,14 +1,18 @@
-"""The workers' retention loop: with ``RUNFLEET_RETENTION`` set, settled runs age out.
+"""The workers' retention loop: runs' own TTLs expire them, ``RUNFLEET_RETENTION`` the rest.
 
 Every ``interval`` one worker of the fleet (the one that wins a session advisory lock
-for the pass) deletes runs settled longer ago than the retention, in the bounded
-batches of ``store.retention`` — each batch one short statement that skips rows other
-transactions hold, so a worker's claim or settlement never waits on pruning longer
-than one batch. It also drops stream consumers of dead worker processes (every process
-start is a new consumer; nothing else ever removes them).
+for the pass) deletes runs whose own TTL has passed (rq's ``result_ttl`` /
+``failure_ttl``) and, with ``RUNFLEET_RETENTION`` set, runs without one settled longer
+ago than the retention, in the bounded batches of ``store.retention`` — each batch one
+short statement that skips rows other transactions hold, so a worker's claim or
+settlement never waits on pruning longer than one batch. With ``RUNFLEET_RETENTION`` set
+it also drops stream consumers of dead worker processes (every process start is a new
+consumer; nothing else ever removes them).
 
 A failing pass is logged and counted, and tried again next interval: retention is
-housekeeping, it never stops a worker. Unset retention means the loop does nothing.
+housekeeping, it never stops a worker. The TTL pass always runs, because any producer
+may enqueue with a TTL: it walks an index that holds only runs with a TTL, so a fleet
+that never uses them pays one empty index probe per interval.
 """
 
 from __future__ import annotations
@@ -22,7 +26,16 @@ from collections.abc import Sequence
 from broker.streams import Streams
 from store import Store
 from store.config import Settings
-from store.retention import DEFAULT_BATCH, START, Cursor, Deleted, Pass, Retention
+from store.retention import (
+    DEFAULT_BATCH,
+    NO_CUTOFF,
+    START,
+    Cursor,
+    Deleted,
+    Pass,
+    Retention,
+    Scan,
+)
 from worker import metrics
 
 log = logging.getLogger("runfleet.worker.retention")
@@ -64,12 +77,13 @@ class RetentionLoop:
         self._max_batches = max_batches
         self._consumer_idle_ms = consumer_idle_ms
         self._cursor: Cursor = START
+        self._expiry_cursor: Cursor = START
+        self.last_expiry: Pass | None = None
+        """The TTL pass of the latest ``tick`` that won the lock (tests read it)."""
         self._stop = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Prune every interval (jittered) until ``stop``; returns at once when unset."""
-        if self._settings.retention_ms is None:
-            return
+        """Prune every interval (jittered) until ``stop``."""
         self._stop = stop
         while not stop.is_set():
             await self.tick()
@@ -81,42 +95,61 @@ class RetentionLoop:
                 pass
 
     async def tick(self) -> Pass | None:
-        """One pass if this process wins the fleet's lock; None if it did not (or failed)."""
+        """One pass if this process wins the fleet's lock: the TTL pass, then (with
+        ``RUNFLEET_RETENTION``) the fleet pass, which is returned. None if the lock was
+        elsewhere, the pass failed, or retention is unset (``last_expiry`` then tells)."""
         older_than = self._settings.retention_ms
-        if older_than is None:
-            return None
         started = time.monotonic()
+        done: Pass | None = None
         try:
             async with self._retention.exclusive() as mine:
                 if not mine:
                     return None
-                before_ms, now_ms = await self._retention.cutoff(older_than)
-                done = await self._retention.prune(
+                before_ms, now_ms = await self._retention.cutoff(older_than or 0)
+                if older_than is None:
+                    before_ms = NO_CUTOFF
+                expired = await self._retention.prune(
                     before_ms,
                     now_ms,
                     batch=self._batch,
-                    after=self._cursor,
+                    scan=Scan.EXPIRY,
+                    after=self._expiry_cursor,
                     max_batches=self._max_batches,
                     should_stop=self._stop.is_set,
                 )
+                self._expiry_cursor = expired.next
+                self.last_expiry = expired
+                if older_than is not None:
+                    done = await self._retention.prune(
+                        before_ms,
+                        now_ms,
+                        batch=self._batch,
+                        after=self._cursor,
+                        max_batches=self._max_batches,
+                        should_stop=self._stop.is_set,
+                    )
+                    self._cursor = done.next
         except Exception as exc:
             metrics.INFRA_ERRORS.labels("retention").inc()
             log.warning("retention.failed", extra={"error": repr(exc)}, exc_info=True)
             return None
-        self._cursor = done.next
-        _count(done.deleted)
-        metrics.RETENTION_LONGEST_BATCH.observe(done.longest_batch_s)
-        consumers = await self._prune_consumers()
+        deleted = expired.deleted + (done.deleted if done else Deleted())
+        longest = max(expired.longest_batch_s, done.longest_batch_s if done else 0.0)
+        _count(deleted)
+        metrics.RETENTION_LONGEST_BATCH.observe(longest)
+        # Dead stream consumers are the fleet-wide housekeeping's, off with it.
+        consumers = await self._prune_consumers() if older_than is not None else 0
         fields = {
-            "runs": done.deleted.runs,
-            "rows": done.deleted.rows,
-            "batches": done.batches,
-            "longest_batch_s": round(done.longest_batch_s, 4),
+            "runs": deleted.runs,
+            "expired": expired.deleted.runs,
+            "rows": deleted.rows,
+            "batches": expired.batches + (done.batches if done else 0),
+            "longest_batch_s": round(longest, 4),
             "consumers": consumers,
-            "complete": done.complete,
+            "complete": expired.complete and (done is None or done.complete),
             "seconds": round(time.monotonic() - started, 3),
         }
-        if done.deleted.runs or consumers:
+        if deleted.runs or consumers:
             log.info("retention.pruned", extra=fields)
         else:  # an idle pass every minute is not worth an info line
             log.debug("retention.pruned", extra=fields)

@@ -3,32 +3,51 @@
 -- the row locks it takes last one batch; it never waits on a lock (SKIP LOCKED), so
 -- a worker or producer holding a run it scans simply keeps that run for the next pass.
 --
--- The unit is a lineage (every handoff round of a run): it goes only when every round
--- is settled before the cutoff, and no run linked to one of its rounds by a parent
--- edge (a parent or a child) belongs to a lineage with a round still open or settled
--- after the cutoff. Terminal rows never change status, so a lineage judged prunable
--- stays prunable; the rows that could still appear (a new child edge, an answer) are
--- written under the run's row lock, which this statement holds or skips.
+-- A settled run is due when its own TTL has passed (rq's result_ttl for a completed
+-- run, failure_ttl for a failed one: runfleet.run_expires_at_ms <= %(now_ms)s; a
+-- negative TTL never passes), or, when it has no TTL of its own, when it settled before
+-- the fleet cutoff %(before_ms)s (RUNFLEET_RETENTION or --settled-before).
+--
+-- The unit is a lineage (every handoff or requeued round of a run): it goes only when
+-- every round is due, and no run linked to one of its rounds by a parent edge (a parent
+-- or a child) belongs to a lineage with a round still open or not due. Terminal rows
+-- never change status, so a lineage judged prunable stays prunable; the rows that could
+-- still appear (a new child edge, an answer) are written under the run's row lock,
+-- which this statement holds or skips.
 
 -- name: prune_batch
--- One batch: scan up to %(limit)s settled runs strictly after the keyset cursor
--- (runs_settled_idx), widen each to its lineage, keep lineages that are held, lock the
--- rest (SKIP LOCKED; a lineage with any round locked elsewhere is kept whole), delete
--- them with their rows. Returns one row: the counts per table, how many runs the scan
--- read and the scan's last key (the next cursor).
+-- One batch: scan up to %(limit)s runs strictly after the keyset cursor, in the order
+-- %(scan)s names: 'settled' walks runs settled before the cutoff (runs_settled_idx),
+-- 'expiry' walks runs whose own TTL has passed (runs_expiry_idx); the other branch is a
+-- one-time filter that reads nothing. Then widen each to its lineage, keep lineages that
+-- are held, lock the rest (SKIP LOCKED; a lineage with any round locked elsewhere is
+-- kept whole), delete them with their rows. Returns one row: the counts per table, how
+-- many runs the scan read and the scan's last key (the next cursor).
 WITH scanned AS (
-    SELECT id, lineage_id, updated_at_ms FROM runfleet.runs
-     WHERE status IN ('completed', 'failed', 'cancelled')
-       AND updated_at_ms < %(before_ms)s
-       AND (updated_at_ms, id) > (%(after_ms)s, %(after_id)s)
-     ORDER BY updated_at_ms, id
-     LIMIT %(limit)s
+    (SELECT id, lineage_id, updated_at_ms AS key_ms FROM runfleet.runs
+      WHERE %(scan)s::text = 'settled'
+        AND status IN ('completed', 'failed', 'cancelled')
+        AND updated_at_ms < %(before_ms)s
+        AND (updated_at_ms, id) > (%(after_ms)s, %(after_id)s)
+      ORDER BY updated_at_ms, id
+      LIMIT %(limit)s)
+    UNION ALL
+    (SELECT id, lineage_id, runfleet.run_expires_at_ms(status, state, updated_at_ms) AS key_ms
+       FROM runfleet.runs
+      WHERE %(scan)s::text = 'expiry'
+        AND runfleet.run_expires_at_ms(status, state, updated_at_ms) <= %(now_ms)s
+        AND (runfleet.run_expires_at_ms(status, state, updated_at_ms), id)
+            > (%(after_ms)s, %(after_id)s)
+      ORDER BY runfleet.run_expires_at_ms(status, state, updated_at_ms), id
+      LIMIT %(limit)s)
 ),
 last_key AS (
-    SELECT updated_at_ms, id FROM scanned ORDER BY updated_at_ms DESC, id DESC LIMIT 1
+    SELECT key_ms, id FROM scanned ORDER BY key_ms DESC, id DESC LIMIT 1
 ),
 members AS (
-    SELECT m.id, m.lineage_id, m.status, m.updated_at_ms FROM runfleet.runs m
+    SELECT m.id, m.lineage_id, m.status, m.updated_at_ms,
+           runfleet.run_expires_at_ms(m.status, m.state, m.updated_at_ms) AS expires_at_ms
+      FROM runfleet.runs m
      WHERE m.lineage_id IN (SELECT lineage_id FROM scanned)
 ),
 relatives AS (
@@ -41,13 +60,16 @@ relatives AS (
 held AS (
     SELECT lineage_id FROM members
      WHERE status NOT IN ('completed', 'failed', 'cancelled')
-        OR updated_at_ms >= %(before_ms)s
+        OR NOT coalesce(expires_at_ms <= %(now_ms)s, updated_at_ms < %(before_ms)s)
     UNION
     SELECT rel.lineage_id FROM relatives rel
       JOIN runfleet.runs o ON o.id = rel.other
       JOIN runfleet.runs live ON live.lineage_id = o.lineage_id
      WHERE live.status NOT IN ('completed', 'failed', 'cancelled')
-        OR live.updated_at_ms >= %(before_ms)s
+        OR NOT coalesce(
+            runfleet.run_expires_at_ms(live.status, live.state, live.updated_at_ms)
+                <= %(now_ms)s,
+            live.updated_at_ms < %(before_ms)s)
 ),
 wanted AS (
     SELECT id, lineage_id FROM members
@@ -89,7 +111,7 @@ del_runs AS (
     DELETE FROM runfleet.runs WHERE id IN (SELECT id FROM doomed) RETURNING 1
 )
 SELECT (SELECT count(*) FROM scanned) AS scanned,
-       (SELECT updated_at_ms FROM last_key) AS last_ms,
+       (SELECT key_ms FROM last_key) AS last_ms,
        (SELECT id FROM last_key) AS last_id,
        (SELECT count(*) FROM del_runs) AS runs,
        (SELECT count(*) FROM del_journal) AS journal,

@@ -49,3 +49,8 @@ async def waits(ctx: Context) -> str:
 async def hands_off(ctx: Context) -> Handoff:
     """Round 0 settles at once; round 1 stays open on an event (the lineage is open)."""
     return Handoff(waits)
+
+
+@flow(name="retention.fails")
+async def fails(ctx: Context) -> None:
+    raise ValueError("this run fails")

@@ -60,11 +60,11 @@ async def test_loop_prunes_and_only_one_process_per_pass(
     again = await other.tick()
     assert again is not None and again.deleted.runs == 0
 
-    # Off: run() returns at once; a stop set before start is harmless.
+    # Unset retention still loops (runs' own TTLs); a stop set before start is harmless.
     stop = asyncio.Event()
+    stop.set()
     off = RetentionLoop(store, settings, None, [])
     await asyncio.wait_for(off.run(stop), 1)
-    stop.set()
     await asyncio.wait_for(one.run(stop), 1)
 
 

@@ -8,8 +8,8 @@ commits after it wakes the parked run: either way the completion is never lost.
 from __future__ import annotations
 
 import hashlib
-import hmac
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from psycopg.types.json import Json, Jsonb
@@ -50,7 +50,8 @@ CHILD_DEFERRED = "child:"
 
 INTERNAL_PREFIXES = ("approval:", "child:", "spawn:", "sleep:", "step:", "quota:")
 """Namespaces of the deferreds runfleet completes itself (approvals, children, timers,
-retry backoffs, quotas): an answer from outside never writes one a flow did not declare."""
+retry backoffs, quotas): an answer from outside never writes one a flow did not declare.
+runfleet.answer (migration 0009) enforces them; keep its pattern in step with this."""
 
 _RUNFLEETS = "children, timers, sleeps and quotas are settled by runfleet only"
 _NOT_YOURS = {
@@ -68,16 +69,6 @@ def token_hash(token: str) -> str:
 
     Tokens are 192 random bits, so an unsalted hash cannot be reversed by guessing."""
     return TOKEN_HASH + hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def token_matches(stored: str | None, token: str) -> bool:
-    """Constant-time comparison of an offered token with the stored one (a hash, or a
-    plain token parked before hashing existed)."""
-    if not stored:
-        return False
-    offered = token_hash(token) if stored.startswith(TOKEN_HASH) else token
-    return hmac.compare_digest(stored.encode("utf-8", "surrogatepass"),
-                               offered.encode("utf-8", "surrogatepass"))  # fmt: skip
 
 
 def shown_token(stored: str | None) -> str | None:
@@ -100,6 +91,18 @@ def masked_payload(kind: str, payload: Any) -> Any:
     if kind in ("approval-approved", "approval-denied") or payload.get("reason") == "approval":
         return {**payload, "token": shown_token(str(payload["token"]))}
     return payload
+
+
+class AnswerOutcome(StrEnum):
+    """What runfleet.answer (migration 0009) decided; each maps to a result or an error."""
+
+    ANSWERED = "answered"
+    EXISTING = "existing"
+    TERMINAL = "terminal"
+    NOT_FOUND = "not_found"
+    NOT_ANSWERABLE = "not_answerable"
+    LIMIT = "limit"
+    NO_MATCH = "no_match"
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,40 +296,22 @@ class Waits:
     ) -> Completion:
         """A producer's answer to ``ctx.wait_for(name)``; NotAnswerable for anything else.
 
-        Decided by what the run declared, under its row lock: the wait it is parked on
-        (an ``event`` wait only) or a recorded ``event`` step of that name. A name the
-        run has not reached yet may be answered early (first writer wins), unless it is
-        in an internal namespace or an internal timer owns it. The answer is journaled
-        with the authenticated role (``session_user``); ``note`` is the caller's words.
+        Decided by runfleet.answer (migration 0009) under the run's row lock, by what the
+        run declared: the wait it is parked on (an ``event`` wait only) or a recorded
+        ``event`` step of that name. A name the run has not reached yet may be answered
+        early (first writer wins), unless it is in an internal namespace or an approval,
+        child or timer of the run owns it. The answer is journaled with the authenticated
+        role (``session_user``); ``note`` is the caller's words. The checks live in the
+        database, not here, because producers may not write deferreds themselves: raw SQL
+        with their credentials meets the same function.
         """
         validate.identifier("deferred name", name)
         if note is not None:
             validate.identifier("actor", note)
-        async with self._db.transaction():
-            facts = await self._db.one("waits.answer_facts", {"id": run_id, "name": name})
-            if facts is None:
-                raise InvalidInput("run_id", f"run {run_id!r} does not exist")
-            if not RunStatus(facts["status"]).terminal:  # a settled run: AlreadyTerminal
-                self._answerable(run_id, name, facts)
-            meta = {"answered_by": facts["actor"], "note": note}
-            return await self.complete_deferred(run_id, name, value, meta)
-
-    def _answerable(self, run_id: str, name: str, facts: dict[str, Any]) -> None:
-        """Raise NotAnswerable / LimitExceeded unless the run declared ``name`` as an event."""
-        parked_on = facts["waiting_deferred"] == name
-        if parked_on and facts["waiting_reason"] != "event":
-            raise NotAnswerable(run_id, name, _NOT_YOURS.get(facts["waiting_reason"], _RUNFLEETS))
-        if facts["claimed"] or facts["timer"]:  # a wait_for of the same name does not lend it
-            why = _NOT_YOURS["approval"] if name.startswith("approval:") else _RUNFLEETS
-            raise NotAnswerable(run_id, name, why)
-        if not (parked_on or facts["declared"]):
-            if name.startswith("approval:"):
-                raise NotAnswerable(run_id, name, _NOT_YOURS["approval"])
-            if name.startswith(INTERNAL_PREFIXES):
-                raise NotAnswerable(run_id, name, _RUNFLEETS)
-        cap = self._settings.max_answers_per_run
-        if facts["answers"] >= cap:
-            raise LimitExceeded("max_answers_per_run", cap, f"run {run_id!r} took its answers")
+        validate.json_value("value", value, self._settings.max_payload_bytes)
+        answered = await self._answer(run_id, name=name, value=value, note=note)
+        assert answered is not None, "event answers always have an outcome"
+        return answered
 
     async def answer_approval(
         self,
@@ -340,33 +325,69 @@ class Waits:
     ) -> Completion | None:
         """Answer the approval a run is parked on; None if the token is not the pending one.
 
-        The decision, who made it and why are journaled in the transaction that
-        records it, so the answer and its audit trail cannot come apart.
+        The decision, who made it (the authenticated role; ``actor`` is kept as a note)
+        and why are journaled by runfleet.answer in the statement that records it, so the
+        answer and its audit trail cannot come apart.
         """
         validate.identifier("actor", actor)
         if not isinstance(token, str) or len(token) > validate.MAX_ID_LENGTH:
             raise InvalidInput("token", "must be a string of at most 255 characters")
-        async with self._db.transaction():
-            row = await self._db.one("waits.answer_facts", {"id": run_id, "name": ""})
-            if row is None:
-                raise InvalidInput("run_id", f"run {run_id!r} does not exist")
-            if row["waiting_reason"] != "approval" or not token_matches(
-                row["waiting_token"], token
-            ):
-                return None
-            cap = self._settings.max_answers_per_run
-            if row["answers"] >= cap:
-                raise LimitExceeded("max_answers_per_run", cap, f"run {run_id!r} took its answers")
-            who = row["actor"]  # the authenticated role decides; ``actor`` is only a note
-            decision = {"approved": approved, "value": value, "actor": who, "reason": reason}
-            meta = {"answered_by": who, "note": actor}
-            done = await self.complete_deferred(run_id, row["waiting_deferred"], decision, meta)
-            await self._journal.record(
-                run_id,
-                Kind.APPROVAL_APPROVED if approved else Kind.APPROVAL_DENIED,
-                {"token": token_hash(token), "actor": who, "note": actor, "reason": reason},
-            )
-            return done
+        if not token or "\x00" in token or any(0xD800 <= ord(c) <= 0xDFFF for c in token):
+            return None  # no issued token is empty or holds these: it cannot be the pending one
+        validate.json_value("value", value, self._settings.max_payload_bytes)
+        return await self._answer(
+            run_id, token=token, approved=approved, value=value, note=actor, reason=reason
+        )
+
+    async def _answer(
+        self,
+        run_id: str,
+        *,
+        name: str = "",
+        token: str | None = None,
+        approved: bool = False,
+        value: Any = None,
+        note: str | None = None,
+        reason: str | None = None,
+    ) -> Completion | None:
+        """``waits.answer``, its outcome turned into a Completion or a typed error."""
+        seq = self._db.next_source_seq()
+        self._db.next_source_seq()  # an approval journals two records: seq and seq + 1
+        cap = self._settings.max_answers_per_run
+        row = await self._db.one(
+            "waits.answer",
+            {
+                "run_id": run_id,
+                "name": name,
+                "token": token,
+                "approved": approved,
+                "value": Json(value),  # kept verbatim: floats stay floats
+                "note": note,
+                "reason": reason,
+                "max_answers": cap,
+                "source_id": self._db.source_id,
+                "source_seq": seq,
+            },
+        )
+        assert row is not None, "runfleet.answer returns one row"
+        outcome, target = AnswerOutcome(row["outcome"]), row["deferred_name"] or name
+        if outcome is AnswerOutcome.NOT_FOUND:
+            raise InvalidInput("run_id", f"run {run_id!r} does not exist")
+        if outcome is AnswerOutcome.NOT_ANSWERABLE:
+            raise NotAnswerable(run_id, target, _NOT_YOURS.get(row["why"] or "", _RUNFLEETS))
+        if outcome is AnswerOutcome.LIMIT:
+            raise LimitExceeded("max_answers_per_run", cap, f"run {run_id!r} took its answers")
+        if outcome is AnswerOutcome.NO_MATCH:
+            return None
+        if outcome is AnswerOutcome.TERMINAL:
+            settled = await self._db.one("runs.get", {"id": run_id})
+            assert settled is not None, "a run seen settled vanished"
+            return Completion(AlreadyTerminal(run_row(settled)), woke=False)
+        written = await self.deferred(run_id, target)
+        assert written is not None, "deferred vanished"
+        if outcome is AnswerOutcome.EXISTING:
+            return Completion(DeferredExisting(written), woke=False)
+        return Completion(DeferredCompleted(written), woke=bool(row["woke"]))
 
     # ---- clocks ------------------------------------------------------------
 

@@ -4,7 +4,8 @@
 -- a superuser, after every migration (a new table gets its privileges here).
 --   runfleet_migrator  owns the schema: DDL, grants; not subject to row-level security
 --   runfleet_worker    every run (policies `true`), every row it needs; not `grants`
---   runfleet_producer  admit, read, cancel and answer runs of its granted scopes
+--   runfleet_producer  admit, read, cancel and answer (runfleet.answer only) runs of its
+--                      granted scopes
 --   runfleet_operator  read runs of its granted scopes; writes nothing
 
 -- name: privileges
@@ -51,8 +52,15 @@ BEGIN
     -- A producer admits, cancels (with the cascade to attached children) and answers:
     -- only the columns those statements write. Owner, lease, epoch, result and identity
     -- columns stay the workers' (a producer cannot forge a run's result or tenure).
-    GRANT INSERT ON runfleet.runs, runfleet.journal, runfleet.run_parents, runfleet.deferreds
-        TO runfleet_producer;
+    GRANT INSERT ON runfleet.runs, runfleet.journal, runfleet.run_parents TO runfleet_producer;
+    -- Answers are written only by runfleet.answer (migration 0009: it checks what the run
+    -- declared and journals the role that answered): no INSERT/UPDATE on deferreds, so raw
+    -- SQL with a producer's credentials cannot skip those checks.
+    REVOKE ALL ON FUNCTION runfleet.answer(text, text, text, boolean, json, text, text,
+                                           integer, text, bigint)
+        FROM PUBLIC, runfleet_worker, runfleet_producer, runfleet_operator;
+    GRANT EXECUTE ON FUNCTION runfleet.answer(text, text, text, boolean, json, text, text,
+                                              integer, text, bigint) TO runfleet_producer;
     GRANT UPDATE (status, state, cancel_requested_at_ms, updated_at_ms, waiting_reason,
                   waiting_wake_at_ms, waiting_token, waiting_request, waiting_deferred,
                   claim_host, claim_pid, claim_nonce, claimed_at_ms)

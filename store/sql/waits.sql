@@ -162,24 +162,11 @@ RETURNING r.id;
 SELECT waiting_reason, waiting_token, waiting_deferred, status FROM runfleet.runs
  WHERE id = %(id)s FOR UPDATE;
 
--- name: answer_facts
--- What a producer's answer is checked against, under the run's row lock: the run's own
--- wait, whether it declared the name with ctx.wait_for (a recorded `event` step), whether
--- an internal timer owns the name, how many answers it took, and who is asking (the
--- authenticated role: session_user, not a role it SET ROLE to, not a free-text actor).
-SELECT r.status, r.waiting_reason, r.waiting_deferred, r.waiting_token,
-       EXISTS (SELECT FROM runfleet.steps s
-                WHERE s.run_id = r.id AND s.kind = 'event' AND s.name = %(name)s) AS declared,
-       EXISTS (SELECT FROM runfleet.clocks k
-                WHERE k.run_id = r.id AND k.deferred_name = %(name)s) AS timer,
-       -- an approval or a child of this run completes through this very name
-       EXISTS (SELECT FROM runfleet.steps s
-                WHERE s.run_id = r.id
-                  AND ((s.kind = 'approval' AND 'approval:' || s.name = %(name)s)
-                       OR (s.kind IN ('child', 'spawn')
-                           AND 'child:' || (s.output ->> 'run_id') = %(name)s))) AS claimed,
-       (SELECT count(*) FROM runfleet.deferreds d
-         WHERE d.run_id = r.id AND d.metadata ? 'answered_by') AS answers,
-       session_user::text AS actor
-  FROM runfleet.runs r WHERE r.id = %(id)s
-   FOR UPDATE OF r;
+-- name: answer
+-- A producer's answer (an event's value, or an approval's decision when token is set):
+-- checked, written, woken and journaled by runfleet.answer (migration 0009) under the run's
+-- row lock, with the authenticated role as the actor. Producers may not write deferreds
+-- themselves, so this is the only way an answer from outside lands.
+SELECT outcome, why, deferred_name, woke
+  FROM runfleet.answer(%(run_id)s, %(name)s, %(token)s, %(approved)s, %(value)s::json,
+                       %(note)s, %(reason)s, %(max_answers)s, %(source_id)s, %(source_seq)s);

@@ -30,3 +30,16 @@ async def slow(ctx: Context, seconds: float) -> str:
     """Long enough in one step for its worker to be SIGKILLed while it owns the run."""
     await ctx.step("nap", asyncio.sleep, seconds)
     return "rested"
+
+
+TOKENS: dict[str, str] = {}
+"""Approval tokens as ``on_token`` delivered them, by run id (tests play the approver)."""
+
+
+@flow(name="sec.approver")
+async def approver(ctx: Context) -> dict[str, Any]:
+    def deliver(token: str) -> None:
+        TOKENS[ctx.run_id] = token
+
+    decision = await ctx.approval("boss", on_token=deliver)
+    return {"approved": decision.approved, "actor": decision.actor}

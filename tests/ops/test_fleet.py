@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 
@@ -93,7 +94,14 @@ async def test_metrics_move_when_a_run_is_driven(spawn: Spawn, queue: AsyncQueue
 
     run = await queue.enqueue(flows.sleepy, 20, "m")
     assert (await run.result(timeout=10))["tag"] == "m"
+    # The producer hears of the settlement before the drive has left the run: wait for
+    # the gauge to come down rather than race it.
     after = await scrape(port)
+    for _ in range(100):
+        if value(after, "runfleet_runs_in_flight") == 0:
+            break
+        await asyncio.sleep(0.05)
+        after = await scrape(port)
 
     def moved(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)

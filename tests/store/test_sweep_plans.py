@@ -121,6 +121,13 @@ async def _explain(url: str, name: str, params: dict[str, Any]) -> dict[str, Any
         return plan
 
 
+EQUIVALENT: dict[str, set[str]] = {
+    "sweeps.pending_runs": {"runs_status_created_idx"},
+    "sweeps.pending_tail": {"runs_status_created_idx"},
+}
+"""Other indexes whose scan is as bounded for that read (the plan choice follows statistics)."""
+
+
 @pytest.mark.parametrize("name", sorted(QUERIES))
 async def test_sweep_reads_are_index_scans_bounded_by_the_batch(filled: str, name: str) -> None:
     extra, index = QUERIES[name]
@@ -134,7 +141,10 @@ async def test_sweep_reads_are_index_scans_bounded_by_the_batch(filled: str, nam
         assert scans, f"{name}: no scan of runs/clocks in {plan}"
         for scan in scans:
             assert scan["Node Type"] in ("Index Scan", "Index Only Scan"), (name, scan)
-            assert scan["Index Name"] == index, (name, scan["Index Name"])
+            # The planner may serve the pending read from the (status, created) index
+            # as well: either is bounded, which the row counts below still prove.
+            allowed = {index} | EQUIVALENT.get(name, set())
+            assert scan["Index Name"] in allowed, (name, scan["Index Name"])
             limit = 1 if name == "sweeps.pending_tail" else BATCH
             assert scan["Actual Rows"] <= limit, (name, scan["Actual Rows"])
             assert scan.get("Rows Removed by Filter", 0) == 0, (name, scan)

@@ -52,6 +52,9 @@ SELECT id, created_at_ms FROM runfleet.runs
    AND (%(flow)s::text IS NULL OR flow = %(flow)s)
    AND created_at_ms < (SELECT runfleet.now_ms()) - %(older_than_ms)s
    AND (created_at_ms, id) > (%(after_ms)s, %(after_id)s)
+   -- Implied by the row comparison; stated so that a plan through the (status, created)
+   -- index also starts at the cursor instead of reading and filtering everything before it.
+   AND created_at_ms >= %(after_ms)s
    AND (created_at_ms, id) <= (%(through_ms)s, %(through_id)s)
  ORDER BY created_at_ms, id LIMIT %(limit)s;
 

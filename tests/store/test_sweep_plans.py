@@ -146,6 +146,10 @@ async def test_sweep_reads_are_index_scans_bounded_by_the_batch(filled: str, nam
             allowed = {index} | EQUIVALENT.get(name, set())
             assert scan["Index Name"] in allowed, (name, scan["Index Name"])
             limit = 1 if name == "sweeps.pending_tail" else BATCH
+            if scan["Index Name"] != index:
+                # Served by (status, created) with an incremental sort on id, the scan
+                # reads one row past the batch to close the last created-at group.
+                limit += 1
             assert scan["Actual Rows"] <= limit, (name, scan["Actual Rows"])
             assert scan.get("Rows Removed by Filter", 0) == 0, (name, scan)
     first = await _explain(filled, name, {**START, **extra})

@@ -45,6 +45,7 @@ from ops.bench.three_steps import QUEUE, three_steps
 from ops.throwaway import ThrowawayPostgres, ThrowawayRedis
 from store.config import Settings
 from store.migrate import migrate
+from store.queries import q
 from store.types import RunStatus
 from worker import Context, flow
 
@@ -158,13 +159,7 @@ class _Meter:
         self.peak_clients = 0
 
     def read(self) -> Counters:
-        row = self.pg.execute(
-            "SELECT (SELECT coalesce(sum(calls), 0) FROM pg_stat_statements s "
-            "        JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = current_database()),"
-            " (SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query = 'COMMIT'),"
-            " pg_snapshot_xmax(pg_current_snapshot())::text::bigint,"
-            " pg_current_wal_lsn() - '0/0'::pg_lsn"
-        ).fetchone()
+        row = self.pg.execute(q("bench.capacity_counters")).fetchone()
         assert row is not None
         stats = self.rd.info("commandstats")
         calls = Counter(
@@ -178,10 +173,7 @@ class _Meter:
                         calls, _tree_cpu(self.postmaster), _tree_cpu(self.redis_pid))  # fmt: skip
 
     def sample_connections(self) -> None:
-        row = self.pg.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' "
-            "AND datname = current_database() AND pid <> pg_backend_pid()"
-        ).fetchone()
+        row = self.pg.execute(q("bench.capacity_backends")).fetchone()
         clients = int(self.rd.info("clients")["connected_clients"]) - 1  # not ours
         self.peak_backends = max(self.peak_backends, int(row[0]) if row else 0)
         self.peak_clients = max(self.peak_clients, clients)
@@ -241,7 +233,7 @@ async def run(base: Settings, *, runs: int, concurrency: int, idle_s: float) -> 
         await migrate(pg.url)
         settings = base.model_copy(update={"database_url": pg.url, "redis_url": rd.url})
         with psycopg.connect(pg.url, autocommit=True) as conn:
-            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            conn.execute(q("bench.capacity_extension"))
             pids = (_pid(pg), _pid(rd))
             meter = _Meter(conn, redis.Redis.from_url(rd.url, decode_responses=True), pids)
             worker = runfleet_worker(settings, flows=FLOWS_MODULE, queues=QUEUE,

@@ -1,0 +1,1 @@
+"""Helpers every test tier shares (one copy of each, imported from here)."""

@@ -11,8 +11,8 @@ import psycopg
 from store import Store
 from store.config import Settings
 from store.schedules import Fired, NotDue, Overlap, Schedules
-from tests.fleet.procs import until
 from tests.schedules.helpers import assert_one_run_per_tick, every_second, gap, tick_runs
+from tests.support.polling import until
 
 
 async def _fire_for(seconds: float, *fires: Schedules, name: str) -> list[Fired | NotDue]:

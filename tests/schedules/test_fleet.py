@@ -15,7 +15,7 @@ from store import Store
 from store.config import Settings
 from store.schedules import Overlap, Schedules
 from store.types import RunStatus
-from tests.fleet.procs import Spawn, until
+from tests.fleet.procs import Spawn
 from tests.schedules.helpers import (
     TickRun,
     assert_one_run_per_tick,
@@ -23,6 +23,7 @@ from tests.schedules.helpers import (
     gap,
     tick_runs,
 )
+from tests.support.polling import until
 from worker import process
 from worker.scheduler import grace_ms
 

@@ -21,8 +21,8 @@ from ops.models import Explanation, StuckView
 from store import Store
 from store.config import Settings
 from store.types import Activated, NewRun, Owner, Parked, RunRow, Waiting
-from tests.fleet.procs import until
 from tests.ops.conftest import Cli
+from tests.support.polling import until
 
 
 async def _owned(store: Store, owner: Owner, flow: str = "tests.forever") -> RunRow:

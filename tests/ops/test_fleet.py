@@ -12,9 +12,10 @@ import tests.fleet.flows as flows
 from broker import AsyncQueue
 from ops.models import CancelResult, FleetView, JournalEntry
 from store import Store
-from tests.fleet.procs import Spawn, running_on, until
+from tests.fleet.procs import Spawn, running_on
 from tests.ops.conftest import Cli
 from tests.ops.metrics import free_port, scrape, scrape_when_up, value
+from tests.support.polling import until
 
 pytestmark = pytest.mark.chaos
 

@@ -11,9 +11,10 @@ from broker import AsyncQueue
 from ops.models import Explanation
 from store import Kind, Store
 from store.config import Settings
-from tests.fleet.procs import Spawn, running_on, until
+from tests.fleet.procs import Spawn, running_on
 from tests.ops.conftest import Cli
 from tests.ops.metrics import free_port, scrape, scrape_when_up, value
+from tests.support.polling import until
 
 pytestmark = pytest.mark.chaos
 

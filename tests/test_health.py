@@ -25,9 +25,10 @@ import tests.fleet.flows as flows
 from broker import AsyncQueue
 from store import Store
 from store.config import Settings
-from tests.fleet.procs import WorkerProc, running_on, until
+from tests.fleet.procs import WorkerProc, running_on
 from tests.fleet.tcpproxy import FreezableProxy
 from tests.ops.metrics import free_port
+from tests.support.polling import until
 from worker.health import LIVENESS_PATH, READINESS_PATH, STALL_FLOOR_S, Health
 
 # ---- unit: the verdicts ------------------------------------------------------------

@@ -15,7 +15,7 @@ import worker.retry as worker_retry
 from broker import AsyncQueue
 from store import Store
 from store.types import RunStatus
-from tests.fleet.procs import until
+from tests.support.polling import until
 from worker.process import Worker
 
 

@@ -13,7 +13,8 @@ import tests.flows.flows as f
 from broker import AsyncQueue, RunFailed
 from store import Store
 from store.types import NewRun, RunStatus
-from tests.fleet.procs import Spawn, records, running_on, until
+from tests.fleet.procs import Spawn, records, running_on
+from tests.support.polling import until
 
 pytestmark = pytest.mark.chaos
 FLOWS = "tests.flows.flows"

@@ -19,9 +19,10 @@ from broker import AsyncQueue
 from store import Store
 from store.errors import ExecutionIdentityConflict
 from store.types import RunStatus
-from tests.fleet.procs import Spawn, records, running_on, until
+from tests.fleet.procs import Spawn, records, running_on
 from tests.flows.conftest import parked
 from tests.store.test_values import identical
+from tests.support.polling import until
 from worker.process import Worker
 
 

@@ -11,8 +11,8 @@ from broker import AsyncQueue, RunCancelled, RunFailed
 from store import Store
 from store.config import Settings
 from store.types import NewRun, OnParentExit, RunStatus
-from tests.fleet.procs import until
 from tests.flows.conftest import parked
+from tests.support.polling import until
 from worker.process import Worker
 
 

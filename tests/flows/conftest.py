@@ -5,7 +5,7 @@ from __future__ import annotations
 import tests.flows.flows  # noqa: F401 - registers the test flows
 from store import Store
 from store.types import RunRow
-from tests.fleet.procs import until
+from tests.support.polling import until
 
 
 async def parked(store: Store, run_id: str, reason: str, timeout: float = 10) -> RunRow:

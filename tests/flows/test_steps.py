@@ -11,8 +11,8 @@ import tests.flows.flows as f
 from broker import AsyncQueue, RunCancelled, RunFailed
 from store import Store
 from store.errors import InvalidInput, UnknownFlow
-from tests.fleet.procs import until
 from tests.flows.conftest import parked
+from tests.support.polling import until
 from worker.process import Worker
 
 

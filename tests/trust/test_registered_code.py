@@ -17,9 +17,9 @@ from broker import AsyncQueue, RunCancelled
 from store import Store
 from store.config import Settings
 from store.errors import UnknownFlow
-from tests.fleet.procs import until
 from tests.flows.conftest import parked
 from tests.ops.conftest import Cli
+from tests.support.polling import until
 from worker.flows import import_allowed, resolve
 from worker.process import Worker
 

@@ -9,7 +9,8 @@ import tests.trust.allowed as allowed
 import tests.trust.flows as tf
 import tests.trust.outside as outside
 from broker import AsyncQueue
-from tests.fleet.procs import Spawn, until
+from tests.fleet.procs import Spawn
+from tests.support.polling import until
 
 
 @pytest.mark.timeout(90)

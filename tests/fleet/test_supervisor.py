@@ -12,7 +12,8 @@ import pytest
 from broker.client import connect
 from broker.liveness import Liveness
 from store.config import Settings
-from tests.fleet.procs import ROOT, settings_env, until
+from tests.fleet.procs import ROOT, settings_env
+from tests.support.polling import until
 
 pytestmark = pytest.mark.chaos
 

@@ -10,7 +10,8 @@ import tests.fleet.flows as flows
 from broker import AsyncQueue
 from store import Store
 from store.config import Settings
-from tests.fleet.procs import Spawn, records, running_on, until
+from tests.fleet.procs import Spawn, records, running_on
+from tests.support.polling import until
 
 pytestmark = pytest.mark.chaos
 

@@ -30,7 +30,8 @@ from store.types import (
     RunStatus,
     Waiting,
 )
-from tests.fleet.procs import Spawn, WorkerProc, records, running_on, until
+from tests.fleet.procs import Spawn, WorkerProc, records, running_on
+from tests.support.polling import until
 
 pytestmark = pytest.mark.chaos
 

@@ -12,8 +12,9 @@ import tests.fleet.flows as flows
 from broker import AsyncQueue
 from store import Store
 from store.config import Settings
-from tests.fleet.procs import WorkerProc, records, running_on, until
+from tests.fleet.procs import WorkerProc, records, running_on
 from tests.fleet.tcpproxy import FreezableProxy
+from tests.support.polling import until
 
 pytestmark = pytest.mark.chaos
 

@@ -25,7 +25,8 @@ from store import Kind, Store
 from store.config import Settings
 from store.migrate import migrate
 from store.types import RunRow, RunStatus
-from tests.fleet.procs import WorkerProc, until
+from tests.fleet.procs import WorkerProc
+from tests.support.polling import until
 
 pytestmark = pytest.mark.chaos
 

@@ -26,8 +26,9 @@ from broker import AsyncQueue
 from store import Store
 from store.config import Settings
 from store.types import RunStatus
-from tests.fleet.procs import WorkerProc, records, until
+from tests.fleet.procs import WorkerProc, records
 from tests.fleet.tcpproxy import FreezableProxy
+from tests.support.polling import until
 from worker.watchdog import FAILSTOP_EXIT
 
 pytestmark = pytest.mark.chaos

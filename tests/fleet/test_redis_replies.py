@@ -12,7 +12,8 @@ from broker import AsyncQueue
 from broker.keys import Keys
 from store import Store
 from store.config import Settings
-from tests.fleet.procs import WorkerProc, until
+from tests.fleet.procs import WorkerProc
+from tests.support.polling import until
 
 pytestmark = pytest.mark.chaos
 

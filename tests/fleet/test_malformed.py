@@ -21,7 +21,8 @@ from broker.keys import GROUP
 from store import Kind, Store
 from store.config import Settings
 from store.types import RunStatus
-from tests.fleet.procs import WorkerProc, records, until
+from tests.fleet.procs import WorkerProc, records
+from tests.support.polling import until
 
 GARBAGE: list[dict[bytes, bytes]] = [
     {FIELD: b"\xc1 not msgpack at all"},  # 0xc1 is never valid msgpack

@@ -27,7 +27,8 @@ from broker.liveness import Liveness
 from store import Kind, Store
 from store.config import Settings
 from store.types import Activated, NewRun, Owner, RunRow, RunStatus
-from tests.fleet.procs import Spawn, records, until
+from tests.fleet.procs import Spawn, records
+from tests.support.polling import until
 
 pytestmark = pytest.mark.chaos
 

@@ -23,7 +23,8 @@ from broker.streams import Lane, Streams
 from store import Store
 from store.config import Settings
 from store.types import RunRow, RunStatus
-from tests.fleet.procs import Spawn, records, until
+from tests.fleet.procs import Spawn, records
+from tests.support.polling import until
 
 pytestmark = pytest.mark.chaos
 

@@ -11,7 +11,8 @@ from broker import AsyncQueue, EnqueueSpec
 from store import Kind, Store
 from store.config import Settings
 from store.types import JournalRecord, RunStatus
-from tests.fleet.procs import Spawn, until
+from tests.fleet.procs import Spawn
+from tests.support.polling import until
 
 pytestmark = pytest.mark.chaos
 

@@ -19,7 +19,8 @@ from broker.keys import GROUP
 from store import Kind, Store
 from store.config import Settings
 from store.types import CancelRequested, RunStatus
-from tests.fleet.procs import WorkerProc, until
+from tests.fleet.procs import WorkerProc
+from tests.support.polling import until
 
 UNKNOWN = "nosuch.module:fn"
 

@@ -12,7 +12,8 @@ from ops.dashboard.models import OverviewView
 from store import Store
 from store.config import Settings
 from tests.dashboard.conftest import Dash
-from tests.fleet.procs import Spawn, running_on, until
+from tests.fleet.procs import Spawn, running_on
+from tests.support.polling import until
 
 pytestmark = pytest.mark.chaos
 

@@ -14,8 +14,8 @@ from store import Kind, Store
 from store.config import Settings
 from store.types import RunStatus
 from tests.dashboard.conftest import BASE, Dash, approval_token, mentions_dashboard, post
-from tests.fleet.procs import until
 from tests.flows.conftest import parked
+from tests.support.polling import until
 from worker.process import Worker
 
 

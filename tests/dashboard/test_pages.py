@@ -13,8 +13,8 @@ from ops.models import Explanation, FleetView, JournalView, RunDetail, RunList, 
 from store import Store
 from store.types import RunStatus
 from tests.dashboard.conftest import Dash
-from tests.fleet.procs import until
 from tests.flows.conftest import parked
+from tests.support.polling import until
 from worker.process import Worker
 
 

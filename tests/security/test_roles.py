@@ -9,8 +9,8 @@ import pytest
 from broker import AsyncQueue, RunNotFound
 from store.roles import GroupRole
 from store.types import RunStatus
-from tests.fleet.procs import until
 from tests.security.conftest import MakeLogin
+from tests.support.polling import until
 from worker.process import Worker
 
 pytestmark = pytest.mark.usefixtures("role_worker")
@@ -62,8 +62,7 @@ async def _quarantined(q: AsyncQueue, admin_url: str, run_id: str) -> None:
     await waiting_for_event(q, run_id)
     async with await psycopg.AsyncConnection.connect(admin_url, autocommit=True) as conn:
         await conn.execute(
-            "UPDATE runfleet.steps SET output = '\"DAMAGED\"'"
-            " WHERE run_id = %s AND name = 'upper'",
+            "UPDATE runfleet.steps SET output = '\"DAMAGED\"' WHERE run_id = %s AND name = 'upper'",
             (run_id,),
         )
     await q.complete(run_id, "go", 1)

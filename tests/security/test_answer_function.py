@@ -17,10 +17,10 @@ from store.errors import InvalidInput, NotAnswerable
 from store.migrate import migrations
 from store.roles import GroupRole
 from store.waits import INTERNAL_PREFIXES
-from tests.fleet.procs import until
 from tests.security import flows
 from tests.security.conftest import Login, MakeLogin
 from tests.security.test_roles import waiting_for_event
+from tests.support.polling import until
 
 pytestmark = pytest.mark.usefixtures("role_worker")
 

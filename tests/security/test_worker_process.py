@@ -8,8 +8,9 @@ import signal
 from broker import AsyncQueue
 from store.roles import GroupRole
 from store.types import RunStatus
-from tests.fleet.procs import Spawn, until
+from tests.fleet.procs import Spawn
 from tests.security.conftest import MakeLogin
+from tests.support.polling import until
 
 
 async def test_a_worker_process_takes_over_a_killed_workers_run_under_the_role(

@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
 
 from store import Store
 from store.config import Settings
 from store.types import JournalRecord, RunRow
+from tests.support.polling import until
 
 ROOT = Path(__file__).resolve().parents[2]
-T = TypeVar("T")
 Spawn = Callable[..., "WorkerProc"]
 
 
@@ -87,12 +84,17 @@ class WorkerProc:
         )
 
     async def wait_exit(self, timeout: float = 20.0) -> int:
-        deadline = time.monotonic() + timeout
-        while self.proc.poll() is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"worker {self.pid} did not exit:\n{self.log()[-3000:]}")
-            await asyncio.sleep(0.05)
-        return self.proc.returncode
+        try:
+            code = await until(
+                self._returncode, timeout, f"worker {self.pid} to exit", accept=_exited, every=0.05
+            )
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}:\n{self.log()[-3000:]}") from exc
+        assert code is not None
+        return code
+
+    async def _returncode(self) -> int | None:
+        return self.proc.poll()
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -107,16 +109,8 @@ async def _true_if(value: bool) -> bool:
     return value
 
 
-async def until(check: Callable[[], Awaitable[T | bool | None]], timeout: float, what: str) -> T:
-    """Poll ``check`` until it returns something truthy, or fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value  # type: ignore[return-value]
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
+def _exited(code: int | None) -> bool:
+    return code is not None
 
 
 async def running_on(store: Store, run_id: str, pid: int | None = None) -> RunRow | None:

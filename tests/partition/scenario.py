@@ -19,7 +19,7 @@ from functools import partial
 import tests.partition.flows as flows
 from broker import AsyncQueue
 from store.types import JournalRecord, RunStatus
-from tests.partition.cluster import A_SLOTS, VICTIM, Cluster, now_ms, until
+from tests.partition.cluster import A_SLOTS, VICTIM, Cluster, now_ms
 from tests.partition.evidence import (
     EPSILON_MS,
     EVERYTHING,
@@ -33,6 +33,7 @@ from tests.partition.evidence import (
 )
 from tests.partition.hosts import owner_host_pid
 from tests.partition.net import Service
+from tests.support.polling import until
 
 MIN_ON_VICTIM = 3
 MAX_FIRST_BATCH = A_SLOTS

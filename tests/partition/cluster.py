@@ -6,9 +6,8 @@ or frozen. Every wait has a deadline; ``close`` heals every link and kills every
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from store import Store
@@ -29,17 +28,6 @@ def timing(settings: Settings) -> Settings:
     return settings.model_copy(
         update={"heartbeat_interval": 0.5, "stale_after": 3.0, "sweep_interval": 0.5}
     )
-
-
-async def until(check: Callable[[], Awaitable[object]], timeout: float, what: str) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def now_ms() -> float:

@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 
 from broker.client import connect
 from broker.notify import Notice, Notifier
-from tests.broker.helpers import eventually
+from tests.support.polling import until
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ async def test_wait_settled_returns_the_notice(notifier: Notifier) -> None:
         await asyncio.sleep(0.02)
         return waiter.done()
 
-    await eventually(publish_until_woken, bool)
+    await until(publish_until_woken, accept=bool)
     assert waiter.result() == Notice("settled", "r1", "completed")
 
 
@@ -97,7 +97,7 @@ async def test_subscription_delivers_cancels_and_survives_a_bad_callback(
         await notifier.publish_cancel("boom")
         await redis.publish(notifier.channel("cancel"), b'{"no-run": 1}')
         await notifier.publish_cancel("r1")
-        await eventually(lambda: asyncio.sleep(0, seen), lambda s: len(s) == 1)
+        await until(lambda: asyncio.sleep(0, seen), accept=lambda s: len(s) == 1)
     assert seen == [Notice("cancel", "r1")]
     events = [r.getMessage() for r in caplog.records]
     assert "notify.callback_failed" in events
@@ -119,7 +119,7 @@ async def test_subscription_resubscribes_after_its_connection_is_killed(
         assert await sub.wait_ready(3.0)
         publisher = Notifier(redis, redis_prefix)
         await publisher.publish_settled("before", "completed")
-        await eventually(lambda: asyncio.sleep(0, seen), lambda s: "before" in s)
+        await until(lambda: asyncio.sleep(0, seen), accept=lambda s: "before" in s)
 
         victims = [
             c["id"]
@@ -135,6 +135,6 @@ async def test_subscription_resubscribes_after_its_connection_is_killed(
             await asyncio.sleep(0.05)
             return seen
 
-        await eventually(publish_and_look, lambda s: "after" in s, within=10.0)
+        await until(publish_and_look, timeout=10.0, accept=lambda s: "after" in s)
     finally:
         await sub.stop()

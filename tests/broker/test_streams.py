@@ -13,7 +13,7 @@ from broker import hostile
 from broker.codec import StreamMessage
 from broker.keys import GROUP
 from broker.streams import Delivery, QueueDepth, Streams
-from tests.broker.helpers import eventually
+from tests.support.polling import until
 
 
 def msg(run: str, kind: str = "schedule") -> StreamMessage:
@@ -131,9 +131,9 @@ async def test_reclaim_takes_idle_entries_of_a_dead_consumer(streams: Streams) -
 
     # Fresh entries (not idle long enough) are left with their consumer.
     assert await streams.reclaim("survivor", ["default"], min_idle_ms=60_000, count=10) == []
-    reclaimed = await eventually(
+    reclaimed = await until(
         lambda: streams.reclaim("survivor", ["default"], min_idle_ms=100, count=2),
-        lambda got: len(got) > 0,
+        accept=lambda got: len(got) > 0,
     )
     assert runs(reclaimed) == ["r0", "r1"]  # never more than count
     rest = await streams.reclaim("survivor", ["default"], min_idle_ms=100, count=10)
@@ -148,9 +148,9 @@ async def test_reclaim_drops_malformed_entries(streams: Streams, redis: Redis) -
     await streams.publish("default", msg("ok"))
     # The dead consumer reads raw (as an older, buggy worker might) so junk sits pending.
     await redis.xreadgroup(GROUP, "dead", {streams.stream_key("default"): ">"})
-    got = await eventually(
+    got = await until(
         lambda: streams.reclaim("survivor", ["default"], min_idle_ms=50, count=10),
-        lambda got: len(got) > 0,
+        accept=lambda got: len(got) > 0,
     )
     assert runs(got) == ["ok"]
     assert await streams.depth("default") == QueueDepth(0, 1)

@@ -9,8 +9,8 @@ from broker.codec import StreamMessage
 from broker.streams import Delivery, Lane, QueueDepth, Streams
 from store import Store
 from store.types import Waiting
-from tests.broker.helpers import eventually
 from tests.store.helpers import make_parked
+from tests.support.polling import until
 
 
 def msg(run: str) -> StreamMessage:
@@ -60,8 +60,9 @@ async def test_recovery_lane_is_reclaimed_first_and_recreated(
     taken = await streams.read("dead", ["q"], count=4, block_ms=0)
     assert runs(taken)[0] == "r0"
 
-    got = await eventually(
-        lambda: streams.reclaim("survivor", ["q"], min_idle_ms=50, count=2), lambda got: bool(got)
+    got = await until(
+        lambda: streams.reclaim("survivor", ["q"], min_idle_ms=50, count=2),
+        accept=lambda got: bool(got),
     )
     assert runs(got) == ["r0", "n0"] and got[0].lane is Lane.RECOVERY
 

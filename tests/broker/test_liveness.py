@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 
 from broker.liveness import Liveness
 from store.types import Owner
-from tests.broker.helpers import eventually
+from tests.support.polling import until
 
 
 def nonce() -> str:
@@ -59,7 +59,7 @@ async def test_same_host_zombie_is_dead(liveness: Liveness, host_id: str) -> Non
                 stat = fh.read()
             return stat[stat.rindex(b")") + 2 :][:1]
 
-        await eventually(state, lambda s: s == b"Z")
+        await until(state, accept=lambda s: s == b"Z")
         probe = await liveness.probe(Owner(host_id, child.pid, nonce()), HB)
         assert (probe.verdict, probe.evidence) == ("dead", "same-host-pid-dead")
         assert probe.detail["pid_state"] == "zombie"
@@ -130,7 +130,7 @@ async def test_cross_host_fresh_key_is_alive(liveness: Liveness) -> None:
 async def test_cross_host_expired_key_is_dead(liveness: Liveness) -> None:
     owner = Owner("elsewhere", 4242, nonce())
     await liveness.refresh(owner, confirmed_ms=HB, lapsed=False, ttl_s=0.1)
-    probe = await eventually(lambda: liveness.probe(owner, HB), lambda p: p.verdict == "dead")
+    probe = await until(lambda: liveness.probe(owner, HB), accept=lambda p: p.verdict == "dead")
     assert (probe.evidence, probe.detail["key"]) == ("cross-host-unreachable-stale", "absent")
     never = await liveness.probe(Owner("elsewhere", 1, nonce()), HB)
     assert (never.verdict, never.evidence) == ("dead", "cross-host-unreachable-stale")

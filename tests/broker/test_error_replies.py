@@ -15,16 +15,16 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from ops.throwaway import ThrowawayRedis
 from redis.asyncio import Redis
 from redis.exceptions import OutOfMemoryError, ReadOnlyError, RedisError
 
 from broker.client import connect
 from broker.liveness import Liveness
 from broker.notify import Notifier
-from ops.throwaway import ThrowawayRedis
 from store.types import Owner
 from tests.broker.conftest import closed_port
-from tests.broker.helpers import eventually
+from tests.support.polling import until
 
 pytestmark = pytest.mark.chaos
 
@@ -72,7 +72,7 @@ async def test_oom_readonly_and_masterdown_never_escape_untyped(client: Redis) -
         probe = await live.probe(owner, HB)
         assert probe.vouches, probe  # the key is still there and consistent
         assert await notifier.publish_cancel("during-oom") is True
-        await eventually(lambda: asyncio.sleep(0, seen), lambda s: "during-oom" in s)
+        await until(lambda: asyncio.sleep(0, seen), accept=lambda s: "during-oom" in s)
         await config(client, "maxmemory", "0")
 
         # READONLY: demoted to a replica of a master that is not there.
@@ -104,6 +104,6 @@ async def test_oom_readonly_and_masterdown_never_escape_untyped(client: Redis) -
             await asyncio.sleep(0.05)
             return seen
 
-        await eventually(publish_and_look, lambda s: "after" in s, within=10.0)
+        await until(publish_and_look, timeout=10.0, accept=lambda s: "after" in s)
     finally:
         await sub.stop()

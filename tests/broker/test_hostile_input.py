@@ -26,7 +26,8 @@ from broker.client import connect
 from broker.codec import MalformedMessage, decode
 from broker.liveness_keys import KeyRead, judge, unpack
 from broker.notify import MalformedNotice, Notice, Notifier, _decode
-from tests.broker.helpers import acl, eventually
+from tests.broker.helpers import acl
+from tests.support.polling import until
 
 DEEP_JSON = b"[" * 200_000 + b"]" * 200_000
 """The payload that raised RecursionError out of the cancel listener and killed workers."""
@@ -143,7 +144,7 @@ async def test_deep_json_on_the_cancel_channel_does_not_end_the_listener(
             for payload in HOSTILE_PAYLOADS:
                 await redis.publish(notifier.channel("cancel"), payload)
             await notifier.publish_cancel("after-the-garbage")
-            await eventually(lambda: asyncio.sleep(0, seen), lambda s: bool(s), within=5.0)
+            await until(lambda: asyncio.sleep(0, seen), timeout=5.0, accept=lambda s: bool(s))
         assert seen == ["after-the-garbage"]
         assert sub.ready
         dropped = hostile.HOSTILE_INPUT.labels("cancel")._value.get() - before
@@ -199,14 +200,14 @@ async def test_noperm_on_subscribe_is_retried_until_granted(
                 for code in ("NOPERM", "other")
             )
 
-        await eventually(refused, lambda n: n >= before + 2, within=5.0)
+        await until(refused, timeout=5.0, accept=lambda n: n >= before + 2)
         assert not sub.ready
         # publish_* never raises either, even refused.
         assert await restricted.publish_cancel("refused") is False
         await acl(redis, "SETUSER", user, "allchannels")
         assert await sub.wait_ready(10.0)
         await Notifier(redis, redis_prefix).publish_cancel("granted")
-        await eventually(lambda: asyncio.sleep(0, seen), lambda s: "granted" in s, within=5.0)
+        await until(lambda: asyncio.sleep(0, seen), timeout=5.0, accept=lambda s: "granted" in s)
     finally:
         await sub.stop()
 

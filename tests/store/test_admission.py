@@ -27,7 +27,6 @@ from tests.store.helpers import (
     counts,
     create,
     db_now,
-    eventually,
     extra_stores,
     journal_kinds,
     lock_waiters,
@@ -35,6 +34,7 @@ from tests.store.helpers import (
     must_get,
     race,
 )
+from tests.support.polling import until
 
 
 class Boom(Exception):
@@ -324,10 +324,12 @@ async def test_get_for_update_holds_the_row_until_the_transaction_ends(
             locked = await store.runs.get_for_update("r1")
             assert locked is not None and locked.id == "r1"
             cancel = asyncio.ensure_future(other.lifecycle.request_cancel("r1"))
-            await eventually(
+            await until(
                 partial(lock_waiters, settings.database_url),
-                lambda n: n >= 1 or cancel.done(),
+                10.0,
                 "the cancel to wait for the row lock",
+                accept=lambda n: n >= 1 or cancel.done(),
+                every=0.002,
             )
             assert not cancel.done(), "a locked row was written by another transaction"
         assert isinstance(await cancel, CancelRequested)

@@ -26,7 +26,6 @@ from tests.store.helpers import (
     OWNER_B,
     OWNER_C,
     create,
-    eventually,
     extra_stores,
     lock_waiters,
     make_parked,
@@ -34,6 +33,7 @@ from tests.store.helpers import (
     must_get,
     race_pair,
 )
+from tests.support.polling import until
 
 ITERATIONS = 60
 
@@ -131,10 +131,12 @@ async def test_park_waits_for_a_child_settlement_in_flight(
                 store.waits.park("parent", OWNER_A, 1, child_wait("kid"), deferred="child:kid")
             )
             # The park must not decide while the settlement is in flight.
-            await eventually(
+            await until(
                 partial(lock_waiters, settings.database_url),
-                lambda n: n >= 1 or park.done(),
+                10.0,
                 "the park to wait for the child's settlement",
+                accept=lambda n: n >= 1 or park.done(),
+                every=0.002,
             )
             assert not park.done(), f"decided too early: {park.result()!r}"
         finally:

@@ -24,11 +24,11 @@ from tests.store.helpers import (
     activate,
     create,
     db_now,
-    eventually,
     make_parked,
     make_running,
     must_get,
 )
+from tests.support.polling import until
 from worker.coordinator import Coordinator
 from worker.driver import Driver
 
@@ -54,10 +54,12 @@ async def test_stranded_claim_is_recovered_and_claimed_in_the_same_drive(
     assert isinstance(claimed, Claimed), claimed
     stuck = await must_get(store, "r")
     assert stuck.claimed_at_ms is not None
-    await eventually(
+    await until(
         lambda: db_now(store),
-        lambda now: now > stuck.claimed_at_ms + settings.stale_after_ms,  # type: ignore[operator]
+        10.0,
         "the claim to turn stale by database time",
+        accept=lambda now: now > stuck.claimed_at_ms + settings.stale_after_ms,  # type: ignore[operator]
+        every=0.002,
     )
     assert await driver(store, settings).drive("r") == "activated"
     row = await must_get(store, "r")
@@ -92,10 +94,12 @@ async def test_cancelled_runs_of_an_unregistered_flow_are_closed_when_stale_runn
     running = await make_running(store, "r", OWNER_B, flow="sr.retired-long-ago")
     await store.lifecycle.request_cancel("r")
     assert await driver(store, settings).drive("r") == "heartbeat_fresh"  # not stale yet
-    await eventually(
+    await until(
         lambda: db_now(store),
-        lambda now: now > (running.heartbeat_at_ms or 0) + settings.stale_after_ms,
+        10.0,
         "the lease to turn stale by database time",
+        accept=lambda now: now > (running.heartbeat_at_ms or 0) + settings.stale_after_ms,
+        every=0.002,
     )
     assert await driver(store, settings).drive("r") == "stolen"
     assert (await must_get(store, "r")).status is RunStatus.CANCELLED
@@ -181,10 +185,12 @@ async def test_the_refusal_ladder_backs_off_per_lease_and_a_new_lease_restarts_i
 
     async def stale() -> int:
         row = await must_get(store, "r")
-        return await eventually(
+        return await until(
             lambda: db_now(store),
-            lambda now: now > (row.heartbeat_at_ms or 0) + settings.stale_after_ms,
+            10.0,
             "the lease to turn stale by database time",
+            accept=lambda now: now > (row.heartbeat_at_ms or 0) + settings.stale_after_ms,
+            every=0.002,
         )
 
     await make_running(store, "r", OTHER, flow="sr.waiter")

@@ -27,13 +27,13 @@ from tests.store.helpers import (
     activate,
     create,
     db_now,
-    eventually,
     extra_stores,
     journal_kinds,
     make_running,
     must_get,
     row_lock_gate,
 )
+from tests.support.polling import until
 from worker.durable import Handoff
 from worker.settle import Settlement
 
@@ -78,9 +78,17 @@ async def in_lock_order(
     let both go: Postgres grants the row to them in queue order, so the race is forced."""
     async with row_lock_gate(database_url, run_id) as gate:
         one = asyncio.ensure_future(first())
-        await eventually(gate.waiters, lambda n: n >= 1, "the first contender to queue")
+        await until(
+            gate.waiters, 10.0, "the first contender to queue", accept=lambda n: n >= 1, every=0.002
+        )
         two = asyncio.ensure_future(then())
-        await eventually(gate.waiters, lambda n: n >= 2, "the second contender to queue")
+        await until(
+            gate.waiters,
+            10.0,
+            "the second contender to queue",
+            accept=lambda n: n >= 2,
+            every=0.002,
+        )
     return await one, await two
 
 

@@ -8,7 +8,6 @@ contenders queue on the same row at the same instant.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar, cast
@@ -30,6 +29,7 @@ from store.types import (
     RunStatus,
     Waiting,
 )
+from tests.support.polling import until
 
 OWNER_A = Owner("host-a", 101, "nonce-a")
 OWNER_B = Owner("host-b", 202, "nonce-b")
@@ -120,24 +120,13 @@ async def db_now(store: Store) -> int:
 
 async def wait_db_time_past(store: Store, ms: int) -> int:
     """Wait until the database clock reads strictly more than ``ms``; return that time."""
-    return await eventually(lambda: db_now(store), lambda now: now > ms, f"db time > {ms}")
-
-
-async def eventually(
-    probe: Callable[[], Awaitable[T]],
-    done: Callable[[T], bool],
-    what: str,
-    deadline_s: float = DEADLINE_S,
-) -> T:
-    """Poll ``probe`` until ``done`` holds or the deadline passes (then fail, naming it)."""
-    give_up = time.monotonic() + deadline_s
-    while True:
-        value = await probe()
-        if done(value):
-            return value
-        if time.monotonic() > give_up:
-            raise AssertionError(f"timed out waiting for {what}; last value {value!r}")
-        await asyncio.sleep(0.002)
+    return await until(
+        lambda: db_now(store),
+        DEADLINE_S,
+        f"db time > {ms}",
+        accept=lambda now: now > ms,
+        every=0.002,
+    )
 
 
 async def journal_kinds(store: Store, run_id: str) -> list[str]:
@@ -246,8 +235,12 @@ async def race(
     async with gate as lock:
         tasks = [asyncio.ensure_future(run(c)) for c in contenders]
         start.set()
-        await eventually(
-            lock.waiters, lambda n: n >= len(contenders), f"{len(contenders)} lock waiters"
+        await until(
+            lock.waiters,
+            DEADLINE_S,
+            f"{len(contenders)} lock waiters",
+            accept=lambda n: n >= len(contenders),
+            every=0.002,
         )
     return list(await asyncio.gather(*tasks))
 

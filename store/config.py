@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 import socket
 
@@ -103,6 +104,78 @@ class Settings(BaseSettings):
         time between two lost-pending scan cycles (a backlog is not re-woken every tick)."""
         return 2 * self.stale_after_ms
 
+    @property
+    def sweep_tick_max_ms(self) -> int:
+        """The longest wait between two sweep ticks: ``sweep_interval`` jittered up by
+        ``TICK_JITTER`` (``jittered``). A sweep acts on a row within this of it qualifying."""
+        return int(self.sweep_interval * (1 + TICK_JITTER) * 1000)
+
+    @property
+    def takeover_overdue_ms(self) -> int:
+        """How long past stale a lease may stay before a missing takeover is overdue:
+        ten of the longest sweep ticks plus five seconds, so a loaded fleet that is merely
+        slow is not reported (``explain``, ``runfleet fleet stuck``)."""
+        return 10 * self.sweep_tick_max_ms + 5000
+
+    @property
+    def due_overdue_ms(self) -> int:
+        """How long past due a timed wait may stay before a missed wake is reported:
+        three of the longest sweep ticks, at least five seconds."""
+        return max(5000, 3 * self.sweep_tick_max_ms)
+
+    @property
+    def reprobe_backoff_max(self) -> float:
+        """The cap of the backoff between probes of an owner the probe vouched for
+        (``worker.evidence.RefusalLadder``: two intervals, doubling): ``stale_after``, so
+        a vouched-for owner that stays silent is looked at again once per lease lifetime."""
+        return self.stale_after
+
+    @property
+    def lapse_check_every(self) -> float:
+        """How often the lease checks whether it lapsed: a quarter interval, at most 0.1 s,
+        so a lapse interrupts runs well inside the half interval before ``failstop_after``."""
+        return min(0.1, self.heartbeat_interval / 4)
+
+    @property
+    def loop_beat_every(self) -> float:
+        """How often the health check stamps the event loop: twice per heartbeat interval."""
+        return self.heartbeat_interval / 2
+
+    @property
+    def loop_stall_after(self) -> float:
+        """Seconds without a loop stamp after which the worker reports itself stalled:
+        three heartbeat intervals, at least ``LOOP_STALL_FLOOR`` (a GC pause is not a stall)."""
+        return max(3 * self.heartbeat_interval, LOOP_STALL_FLOOR)
+
+    @property
+    def stream_reclaim_every(self) -> float:
+        """Seconds between two reclaims of stream entries other consumers left unacknowledged
+        (two ``stale_after``): a dead consumer's deliveries are re-read, rarely."""
+        return 2 * self.stale_after
+
+    @property
+    def stream_reclaim_idle_ms(self) -> int:
+        """How long a delivery stays unacknowledged before another consumer reclaims it
+        (three ``stale_after``): longer than any live consumer's claim takes."""
+        return 3 * self.stale_after_ms
+
+    @property
+    def schedule_interval(self) -> float:
+        """Seconds between two scheduler passes: the sweep interval, at most one second
+        (a one-second cron must not fire late)."""
+        return min(1.0, self.sweep_interval)
+
+    @property
+    def schedule_grace_ms(self) -> int:
+        """How late a schedule tick may be found and still count as on time, not missed.
+
+        Three passes (each jittered up by ``TICK_JITTER``), and at least two seconds: a
+        fleet whose schedulers are merely slow (a loaded host, a long pass) never has a
+        tick counted missed; only an outage longer than this makes the missed-tick policy
+        (``catch_up``) decide.
+        """
+        return max(2000, int(3 * self.schedule_interval * 1000))
+
     producer_retry_for: float = Field(default=10.0, ge=0)
     """Seconds a producer call retries a transient error before raising ``Unavailable``."""
     prepare_threshold: int | None = 5
@@ -162,6 +235,19 @@ class Settings(BaseSettings):
     @property
     def allow_import_prefixes(self) -> tuple[str, ...]:
         return tuple(p.strip() for p in self.allow_import.split(",") if p.strip())
+
+
+TICK_JITTER = 0.2
+"""Periodic services (sweeper, scheduler, retention) wait their interval ±20 %, so the
+workers of a fleet started together do not all tick at the same instant."""
+LOOP_STALL_FLOOR = 2.0
+"""A stall shorter than this never fails liveness, whatever the heartbeat interval: GC
+pauses and a loaded machine must not restart a healthy worker."""
+
+
+def jittered(seconds: float) -> float:
+    """``seconds`` ±``TICK_JITTER``: the wait before a periodic service's next tick."""
+    return seconds * random.uniform(1 - TICK_JITTER, 1 + TICK_JITTER)
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$")

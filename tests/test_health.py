@@ -24,12 +24,12 @@ import pytest
 import tests.fleet.flows as flows
 from broker import AsyncQueue
 from store import Store
-from store.config import Settings
+from store.config import LOOP_STALL_FLOOR, Settings
 from tests.fleet.procs import WorkerProc, running_on
 from tests.fleet.tcpproxy import FreezableProxy
 from tests.ops.metrics import free_port
 from tests.support.polling import until
-from worker.health import LIVENESS_PATH, READINESS_PATH, STALL_FLOOR_S, Health
+from worker.health import LIVENESS_PATH, READINESS_PATH, Health
 
 # ---- unit: the verdicts ------------------------------------------------------------
 
@@ -90,7 +90,7 @@ def test_thresholds_follow_the_heartbeat_interval_with_a_floor() -> None:
     assert Health.for_settings(Settings(heartbeat_interval=1.0)).stall_after == 3.0
     assert Health.for_settings(Settings(heartbeat_interval=1.0)).beat_every == 0.5
     fast = Health.for_settings(Settings(heartbeat_interval=0.2))
-    assert fast.stall_after == STALL_FLOOR_S
+    assert fast.stall_after == LOOP_STALL_FLOOR
     with pytest.raises(ValueError):
         Health(stall_after=0.5, beat_every=0.5)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from store import Store
+from store.config import Settings
 from store.journal import evidence_address
 from store.types import Conflict, Owner
 
@@ -88,6 +89,12 @@ class RefusalLadder:
         self._clock = clock
         self._rungs: dict[str, _Rung] = {}
         self._pruned_at = float("-inf")
+
+    @classmethod
+    def for_settings(cls, settings: Settings) -> RefusalLadder:
+        """The ladder a worker of a fleet configured by ``settings`` climbs: from two
+        heartbeat intervals up to ``Settings.reprobe_backoff_max``."""
+        return cls(settings.heartbeat_interval, settings.reprobe_backoff_max)
 
     def __len__(self) -> int:
         return len(self._rungs)

@@ -35,9 +35,6 @@ from store.config import Settings
 
 LIVENESS_PATH = "/healthz"
 READINESS_PATH = "/readyz"
-STALL_FLOOR_S = 2.0
-"""A stall shorter than this never fails liveness, whatever the heartbeat interval: GC
-pauses and a loaded machine must not restart a healthy worker."""
 
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -81,9 +78,8 @@ class Health:
 
     @classmethod
     def for_settings(cls, settings: Settings) -> Health:
-        """Beats twice per heartbeat interval; stalled after 3 intervals (at least 2 s)."""
-        interval = settings.heartbeat_interval
-        return cls(stall_after=max(3 * interval, STALL_FLOOR_S), beat_every=interval / 2)
+        """Beats every ``loop_beat_every``; stalled after ``loop_stall_after``."""
+        return cls(stall_after=settings.loop_stall_after, beat_every=settings.loop_beat_every)
 
     # ---- fed by the worker ---------------------------------------------------
 

@@ -21,7 +21,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
+from broker.service import Service, Signal
 from store import Kind, Store
 from store.config import Settings
 from store.types import Heartbeat, Owner
@@ -61,7 +63,29 @@ class LeaseGate:
         return not self.lapsed and sent is not None and time.monotonic() - sent < self._lapse_after
 
 
-class Lease:
+@dataclass(frozen=True)
+class LeaseSignals:
+    """Points of the lease a test waits on instead of polling (``broker.service.Signal``)."""
+
+    renewed: Signal[Heartbeat | None] = field(default_factory=Signal)
+    """Each renewal attempt: its heartbeat, or None if it was not confirmed in time."""
+    lapsed: Signal[None] = field(default_factory=Signal)
+    """The gate closed and every run was interrupted."""
+    reconfirmed: Signal[None] = field(default_factory=Signal)
+    """A renewal was confirmed again after a lapse; the gate is open."""
+    published: Signal[bool] = field(default_factory=Signal)
+    """A liveness write ended: True if it was written, False if it failed or timed out."""
+
+
+class Lease(Service):
+    """The lease as a service (``broker.service``): ``start``/``stop``, or ``run(stop)``.
+
+    ``tick`` and ``check_lapse`` are one renewal and one lapse check; the worker calls
+    ``tick`` once before it starts the service, tests call both directly.
+    """
+
+    name = "lease"
+
     def __init__(
         self,
         store: Store,
@@ -71,7 +95,10 @@ class Lease:
         *,
         gate: LeaseGate | None = None,
         refresh_liveness: RefreshFn | None = None,
+        signals: LeaseSignals | None = None,
     ) -> None:
+        super().__init__()
+        self._signals = signals
         self._store = store
         self._driver = driver
         self._owner = owner
@@ -86,31 +113,31 @@ class Lease:
     def lapsed(self) -> bool:
         return self.gate.lapsed
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Renew, watch for a lapse and keep the liveness key fresh until ``stop`` is set."""
+    async def _serve(self) -> None:
+        """Renew, watch for a lapse and keep the liveness key fresh until stopped."""
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(self._renew_loop(stop), name="lease-renew")
-            tg.create_task(self._lapse_loop(stop), name="lease-lapse")
-            tg.create_task(self._liveness_loop(stop), name="lease-liveness")
+            tg.create_task(self._renew_loop(), name="lease-renew")
+            tg.create_task(self._lapse_loop(), name="lease-lapse")
+            tg.create_task(self._liveness_loop(), name="lease-liveness")
 
-    async def _renew_loop(self, stop: asyncio.Event) -> None:
+    async def _renew_loop(self) -> None:
         interval = self._settings.heartbeat_interval
-        while not stop.is_set():
+        while not self.stopping:
             started = time.monotonic()
             await self.tick()
-            await _wait(stop, interval - (time.monotonic() - started))
+            await self._pause(interval - (time.monotonic() - started))
 
-    async def _lapse_loop(self, stop: asyncio.Event) -> None:
+    async def _lapse_loop(self) -> None:
         period = min(0.1, self._settings.heartbeat_interval / 4)
-        while not stop.is_set():
+        while not self.stopping:
             self.check_lapse()
-            await _wait(stop, period)
+            await self._pause(period)
 
-    async def _liveness_loop(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
+    async def _liveness_loop(self) -> None:
+        while not self.stopping:
             self._publish_now.clear()
             await self.publish()
-            await _wait(self._publish_now, self._settings.heartbeat_interval, also=stop)
+            await _wait(self._publish_now, self._settings.heartbeat_interval, also=self._stopping)
 
     async def tick(self) -> Heartbeat | None:
         """One renewal of every owned run; None if it was not confirmed within one interval."""
@@ -122,6 +149,8 @@ class Lease:
             metrics.INFRA_ERRORS.labels("heartbeat").inc()
             log.warning("lease.renew_failed", extra={"error": repr(exc), "runs": len(owned)})
             self.check_lapse()
+            if self._signals is not None:
+                self._signals.renewed.fire(None)
             return None
         self.gate.confirm(sent)
         self.last_confirmed_ms = beat.now_ms
@@ -132,6 +161,8 @@ class Lease:
             self._driver.interrupt(run_id, "cancelled")
         if self.gate.lapsed:
             await self._reconfirmed()
+        if self._signals is not None:
+            self._signals.renewed.fire(beat)
         return beat
 
     async def _renew(self, owned: list[str]) -> Heartbeat:
@@ -163,6 +194,8 @@ class Lease:
         for run_id in list(self._driver.owned):
             self._driver.interrupt(run_id, "lease-lapsed")
         self._publish_now.set()
+        if self._signals is not None:
+            self._signals.lapsed.fire(None)
 
     async def _reconfirmed(self) -> None:
         """The database answers again after a lapse: reopen the gate and journal it.
@@ -174,6 +207,8 @@ class Lease:
         self.gate.lapsed = False
         self._publish_now.set()
         log.info("lease.reconfirmed", extra={"owner": self._owner.key})
+        if self._signals is not None:
+            self._signals.reconfirmed.fire(None)
         payload = {"owner": self._owner.key, "confirmed_ms": self.last_confirmed_ms}
         address = f"lease:{self._owner.key}:{self.last_confirmed_ms}"
         for seq, run_id in enumerate(list(self._driver.owned)):
@@ -200,6 +235,11 @@ class Lease:
         except Exception as exc:
             metrics.INFRA_ERRORS.labels("liveness").inc()
             log.warning("liveness.refresh_failed", extra={"error": repr(exc)})
+            written = False
+        else:
+            written = True
+        if self._signals is not None:
+            self._signals.published.fire(written)
 
 
 async def _wait(event: asyncio.Event, timeout: float, *, also: asyncio.Event | None = None) -> None:

@@ -17,15 +17,15 @@ that never uses them pays one empty index probe per interval.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
+from broker.service import Service, Signal
 from broker.streams import Streams
 from store import Store
-from store.config import Settings
+from store.config import Settings, jittered
 from store.retention import (
     DEFAULT_BATCH,
     NO_CUTOFF,
@@ -53,8 +53,24 @@ A live worker reads every half second while it has a free slot; one busy for lon
 than this simply gets its consumer re-created by Redis at its next read."""
 
 
-class RetentionLoop:
-    """``run(stop)`` until ``stop`` is set; ``tick()`` is one pass (tests call it)."""
+@dataclass(frozen=True)
+class RetentionSignals:
+    """Points of the retention loop a test waits on instead of polling
+    (``broker.service.Signal``)."""
+
+    passed: Signal[Pass | None] = field(default_factory=Signal)
+    """One ``tick`` ended: what it returned."""
+    expired: Signal[Pass] = field(default_factory=Signal)
+    """A TTL pass ran (this process won the fleet's lock): what it deleted."""
+
+
+class RetentionLoop(Service):
+    """A service (``broker.service``) pruning every ``interval``, jittered.
+
+    ``tick()`` is one pass (tests call it directly).
+    """
+
+    name = "retention"
 
     def __init__(
         self,
@@ -67,7 +83,10 @@ class RetentionLoop:
         batch: int = DEFAULT_BATCH,
         max_batches: int = MAX_BATCHES_PER_PASS,
         consumer_idle_ms: int = DEAD_CONSUMER_IDLE_MS,
+        signals: RetentionSignals | None = None,
     ) -> None:
+        super().__init__()
+        self._signals = signals
         self._retention = Retention(store.db)
         self._settings = settings
         self._streams = streams
@@ -80,24 +99,24 @@ class RetentionLoop:
         self._expiry_cursor: Cursor = START
         self.last_expiry: Pass | None = None
         """The TTL pass of the latest ``tick`` that won the lock (tests read it)."""
-        self._stop = asyncio.Event()
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Prune every interval (jittered) until ``stop``."""
-        self._stop = stop
-        while not stop.is_set():
+    async def _serve(self) -> None:
+        """Prune every interval (jittered) until stopped."""
+        while not self.stopping:
             await self.tick()
-            try:
-                await asyncio.wait_for(
-                    stop.wait(), timeout=self._interval * random.uniform(0.8, 1.2)
-                )
-            except TimeoutError:
-                pass
+            await self._pause(jittered(self._interval))
 
     async def tick(self) -> Pass | None:
         """One pass if this process wins the fleet's lock: the TTL pass, then (with
         ``RUNFLEET_RETENTION``) the fleet pass, which is returned. None if the lock was
-        elsewhere, the pass failed, or retention is unset (``last_expiry`` then tells)."""
+        elsewhere, the pass failed, or retention is unset (``last_expiry`` then tells).
+        A pass that runs while the service stops ends after its current batch."""
+        done = await self._pass()
+        if self._signals is not None:
+            self._signals.passed.fire(done)
+        return done
+
+    async def _pass(self) -> Pass | None:
         older_than = self._settings.retention_ms
         started = time.monotonic()
         done: Pass | None = None
@@ -115,10 +134,12 @@ class RetentionLoop:
                     scan=Scan.EXPIRY,
                     after=self._expiry_cursor,
                     max_batches=self._max_batches,
-                    should_stop=self._stop.is_set,
+                    should_stop=self._stopping.is_set,
                 )
                 self._expiry_cursor = expired.next
                 self.last_expiry = expired
+                if self._signals is not None:
+                    self._signals.expired.fire(expired)
                 if older_than is not None:
                     done = await self._retention.prune(
                         before_ms,
@@ -126,7 +147,7 @@ class RetentionLoop:
                         batch=self._batch,
                         after=self._cursor,
                         max_batches=self._max_batches,
-                        should_stop=self._stop.is_set,
+                        should_stop=self._stopping.is_set,
                     )
                     self._cursor = done.next
         except Exception as exc:

@@ -16,16 +16,16 @@ Decorated flows (``@flow(schedule=...)``) get their schedule rows from
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import assert_never
 
 from broker.codec import message_for
+from broker.service import Service, Signal
 from broker.streams import Streams
 from store import Store
-from store.config import Settings
+from store.config import Settings, jittered
 from store.schedules import Fired, NotDue, Schedules
 from worker import metrics
 from worker.flows import Flow
@@ -37,38 +37,41 @@ BATCH = 32
 """Due schedules one pass fires at most; the most overdue first, the rest next pass."""
 
 
-def interval_s(settings: Settings) -> float:
-    """Seconds between passes: the sweep interval, at most one second (one-second crons)."""
-    return min(1.0, settings.sweep_interval)
+@dataclass(frozen=True)
+class SchedulerSignals:
+    """Points of the scheduler a test waits on instead of polling (``broker.service.Signal``)."""
+
+    passed: Signal[int] = field(default_factory=Signal)
+    """One pass ended: the number of runs it admitted."""
 
 
-def grace_ms(settings: Settings) -> int:
-    """How late a tick may be found and still count as on time, not missed.
+class Scheduler(Service):
+    """A service (``broker.service``) passing every ``schedule_interval``, jittered.
 
-    Three passes (each jittered up to 1.2 × the interval), and at least two seconds:
-    a fleet whose schedulers are merely slow (a loaded host, a long pass) never has a
-    tick counted missed; only an outage longer than this makes the missed-tick policy
-    (``catch_up``) decide.
+    ``tick()`` is one pass (tests call it directly).
     """
-    return max(2000, int(3 * interval_s(settings) * 1000))
 
+    name = "scheduler"
 
-class Scheduler:
-    """``run(stop)`` until ``stop`` is set; ``tick()`` is one pass (tests call it directly)."""
-
-    def __init__(self, store: Store, settings: Settings, streams: Streams) -> None:
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        streams: Streams,
+        *,
+        signals: SchedulerSignals | None = None,
+    ) -> None:
+        super().__init__()
         self._schedules = Schedules.of(store)
         self._settings = settings
         self._streams = streams
+        self._signals = signals
 
-    async def run(self, stop: asyncio.Event) -> None:
-        interval = interval_s(self._settings)
-        while not stop.is_set():
+    async def _serve(self) -> None:
+        interval = self._settings.schedule_interval
+        while not self.stopping:
             await self.tick()
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=interval * random.uniform(0.8, 1.2))
-            except TimeoutError:
-                pass
+            await self._pause(jittered(interval))
 
     async def tick(self) -> int:
         """Fire every due schedule this pass can take; the number of runs admitted.
@@ -77,6 +80,12 @@ class Scheduler:
         due: the failed transaction rolled back); it never stops the worker.
         Failures count in ``runfleet_infrastructure_errors_total{component="scheduler"}``.
         """
+        admitted = await self._pass()
+        if self._signals is not None:
+            self._signals.passed.fire(admitted)
+        return admitted
+
+    async def _pass(self) -> int:
         try:
             names = await self._schedules.due(BATCH)
         except Exception as exc:  # in the worker's TaskGroup: never stop the worker
@@ -86,7 +95,9 @@ class Scheduler:
         admitted = 0
         for name in names:
             try:
-                outcome = await self._schedules.fire(name, grace_ms=grace_ms(self._settings))
+                outcome = await self._schedules.fire(
+                    name, grace_ms=self._settings.schedule_grace_ms
+                )
             except Exception as exc:
                 metrics.INFRA_ERRORS.labels("scheduler").inc()
                 log.warning("schedule.fire_failed", extra={"schedule": name, "error": repr(exc)})

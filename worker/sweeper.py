@@ -23,16 +23,16 @@ retried forever in front of the others.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from typing import TypeVar
 
+from broker.service import Service, Signal
 from store import Store, SweepKind
-from store.config import Settings
+from store.config import Settings, jittered
 from store.sweeps import START, Keyed, SweepCursor, SweepKey
 from store.types import ClockRow, PendingCursor, StaleRunning
 from worker import metrics
@@ -45,22 +45,42 @@ DispatchFn = Callable[[list[str], str], Awaitable[None]]
 T = TypeVar("T")
 
 
-class Sweeper:
-    def __init__(self, store: Store, settings: Settings, dispatch: DispatchFn) -> None:
+@dataclass(frozen=True)
+class SweeperSignals:
+    """Points of the sweeper a test waits on instead of polling (``broker.service.Signal``)."""
+
+    swept: Signal[None] = field(default_factory=Signal)
+    """One tick ended: every kind was tried, and what each found was dispatched."""
+
+
+class Sweeper(Service):
+    """The sweeps as a service (``broker.service``): one tick every sweep interval, jittered.
+
+    ``tick`` is one pass of every kind (tests call it directly).
+    """
+
+    name = "sweeper"
+
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings,
+        dispatch: DispatchFn,
+        *,
+        signals: SweeperSignals | None = None,
+    ) -> None:
+        super().__init__()
         self._store = store
         self._settings = settings
         self._dispatch = dispatch
         self._batch = settings.sweep_batch
+        self._signals = signals
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def _serve(self) -> None:
         interval = self._settings.sweep_interval
-        while not stop.is_set():
+        while not self.stopping:
             await self.tick()
-            jitter = interval * random.uniform(0.8, 1.2)
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=jitter)
-            except TimeoutError:
-                pass
+            await self._pause(jittered(interval))
 
     async def tick(self) -> None:
         for kind, sweep in (
@@ -74,6 +94,8 @@ class Sweeper:
             (SweepKind.LOST_PENDING, self._lost_pending),
         ):
             await self._one(kind, sweep)
+        if self._signals is not None:
+            self._signals.swept.fire(None)
 
     async def _one(self, kind: SweepKind, sweep: Callable[[], Awaitable[list[str]]]) -> None:
         started = time.monotonic()

@@ -25,7 +25,6 @@ from tests.schedules.helpers import (
 )
 from tests.support.polling import until
 from worker import process
-from worker.scheduler import grace_ms
 
 
 @pytest.fixture(autouse=True)
@@ -108,7 +107,7 @@ async def test_missed_ticks_while_no_worker_ran_skip_or_catch_up(
     await schedules.pause("skip")
     await schedules.pause("catch")
     skip, catch = await _settled(settings, "skip", 20), await _settled(settings, "catch", 20)
-    grace = grace_ms(settings)
+    grace = settings.schedule_grace_ms
     for runs in (skip, catch):  # on-time runs were admitted within the grace of their tick
         assert all(r.created_at_ms - r.tick_ms <= grace + 500 for r in runs if not r.late)
     skip_row, catch_row = await schedules.get("skip"), await schedules.get("catch")

@@ -3,8 +3,6 @@ and keeps any run whose lineage or relatives are still open (real worker, real P
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Any
 
 from psycopg import sql
@@ -13,6 +11,7 @@ import tests.retention.flows as flows
 from broker import AsyncQueue
 from store import Store
 from store.retention import PRUNED_TABLES, Retention
+from tests.support.polling import until
 from worker.process import Worker
 
 OPEN = ("pending", "running", "suspended")
@@ -54,13 +53,8 @@ async def table_rows(store: Store) -> dict[str, set[tuple[Any, ...]]]:
 
 
 async def wait_for(store: Store, predicate: Any, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate(await runs_by_status(store)):
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}: {await runs_by_status(store)}")
-        await asyncio.sleep(0.05)
+    """Poll the runs' statuses until ``predicate`` holds for them (the failure shows them)."""
+    await until(lambda: runs_by_status(store), timeout, what, accept=predicate, every=0.05)
 
 
 async def test_every_run_keyed_table_is_pruned(store: Store) -> None:

@@ -17,37 +17,43 @@ from store.queries import q
 from store.retention import MIN_KEY, Pass
 from store.types import NewRun
 from tests.retention.test_prune import runs_by_status
+from tests.support.polling import until
 from worker.process import Worker
 from worker.retention import RetentionLoop
 
 
 async def expiry_pass(loop: RetentionLoop) -> Pass:
     """One TTL pass that won the fleet's lock (the worker's own loop may hold it briefly)."""
-    async with asyncio.timeout(20):
-        while True:
-            before = loop.last_expiry
-            await loop.tick()
-            if loop.last_expiry is not before and loop.last_expiry is not None:
-                return loop.last_expiry
-            await asyncio.sleep(0.05)
+
+    async def won() -> Pass | None:
+        before = loop.last_expiry
+        await loop.tick()
+        return loop.last_expiry if loop.last_expiry is not before else None
+
+    return await until(won, 20, "a TTL pass that wins the lock", every=0.05)
 
 
-async def until(check: Callable[[], Awaitable[bool]], loop: RetentionLoop) -> None:
+async def ttl_passes_until(check: Callable[[], Awaitable[bool]], loop: RetentionLoop) -> None:
     """TTL passes until ``check`` holds, bounded by a deadline."""
-    async with asyncio.timeout(20):
-        while not await check():
-            await expiry_pass(loop)
-            await asyncio.sleep(0.1)
+
+    async def passed() -> bool:
+        if await check():
+            return True
+        await expiry_pass(loop)
+        return False
+
+    await until(passed, 20, "the TTL pass to delete the run", every=0.1)
 
 
 async def statuses(store: Store, want: dict[str, str]) -> None:
     """Poll until each run has the wanted status (workers settle them), with a deadline."""
-    async with asyncio.timeout(30):
-        while True:
-            status = await runs_by_status(store)
-            if all(status.get(k) == v for k, v in want.items()):
-                return
-            await asyncio.sleep(0.05)
+    await until(
+        lambda: runs_by_status(store),
+        30,
+        f"statuses {want}",
+        accept=lambda status: all(status.get(k) == v for k, v in want.items()),
+        every=0.05,
+    )
 
 
 async def settled_ms(store: Store, run_id: str) -> int:
@@ -86,7 +92,7 @@ async def test_result_ttl_expires_and_minus_one_keeps(
     async def one_gone() -> bool:
         return one.id not in await runs_by_status(store)
 
-    await until(one_gone, loop)
+    await ttl_passes_until(one_gone, loop)
     assert await db_now_ms(store) >= one_settled + 1000, "not deleted before its TTL"
     status = await runs_by_status(store)
     assert {forever.id, hour.id, plain.id} <= set(status), "-1, 1h and no TTL are kept"
@@ -117,7 +123,7 @@ async def test_failure_ttl_on_a_failed_run(
     async def brief_gone() -> bool:
         return brief.id not in await runs_by_status(store)
 
-    await until(brief_gone, loop)
+    await ttl_passes_until(brief_gone, loop)
     assert await db_now_ms(store) >= settled + 1000
     assert (await runs_by_status(store)).get(kept.id) == "failed", (
         "a failed run follows failure_ttl, not result_ttl"
@@ -151,7 +157,7 @@ async def test_a_ttl_child_of_an_open_parent_waits_for_the_parent(
     async def both_gone() -> bool:
         return not await runs_by_status(store)
 
-    await until(both_gone, loop)
+    await ttl_passes_until(both_gone, loop)
 
 
 @pytest.mark.parametrize(

@@ -152,15 +152,62 @@ def fleet(
     skip_backlog: Annotated[
         bool, typer.Option("--skip-backlog", help="Skip the SIGKILL-with-backlog phase.")
     ] = False,
+    scale: Annotated[
+        str,
+        typer.Option(
+            "--scale",
+            help="Process counts to drain 2 x --runs with, each side (comma-separated; '' skips).",
+        ),
+    ] = "1,2,4",
+    skip_fsync: Annotated[
+        bool,
+        typer.Option(
+            "--skip-fsync",
+            help="Skip the fsync on/off drains (two throwaway servers the bench starts; "
+            "with --database-url: that server as it is, settings never changed).",
+        ),
+    ] = False,
+    history_rows: Annotated[
+        int,
+        typer.Option(
+            "--history-rows",
+            min=0,
+            help="Settled runs (+3 journal records each) written before the second "
+            "history drain; 0 skips the history case.",
+        ),
+    ] = 1_000_000,
+    result_runs: Annotated[
+        int, typer.Option("--result-runs", min=1, help="Runs whose result() the producer awaits.")
+    ] = 1000,
+    result_samples: Annotated[
+        int, typer.Option("--result-samples", min=1, help="result() calls on settled runs.")
+    ] = 200,
+    skip_results: Annotated[
+        bool, typer.Option("--skip-results", help="Skip the result() phases.")
+    ] = False,
+    soak_runs: Annotated[
+        int,
+        typer.Option(
+            "--soak-runs",
+            min=0,
+            help="Opt-in RSS soak: one worker drains this many runs, RSS sampled every "
+            "10,000 (issue 10: 100000). 0, the default, skips it.",
+        ),
+    ] = 0,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
     as_json: AsJson = False,
 ) -> None:
-    """runfleet vs rq SimpleWorker: enqueue, drain, idle start latency; SIGKILL recovery
-    (empty queue, and behind a backlog with busy survivors), RSS."""
+    """runfleet vs rq SimpleWorker: enqueue, drain (1/2/4 processes, fsync on/off, with
+    1,000,000 settled runs), result(), idle start latency; SIGKILL recovery (empty queue,
+    and behind a backlog with busy survivors), RSS (and, opt-in, RSS over a long soak)."""
     from ops.bench import fleet_bench
     from ops.bench.fleet_procs import servers
 
+    try:
+        counts = tuple(int(n) for n in scale.split(",") if n.strip())
+    except ValueError as exc:
+        raise typer.BadParameter(f"--scale: {exc}") from exc
     try:
         with servers(database_url, redis_url) as found:
             result = asyncio.run(
@@ -179,6 +226,13 @@ def fleet(
                     backlog=backlog,
                     backlog_kills=backlog_kills,
                     backlog_concurrency=backlog_concurrency,
+                    scale=counts,
+                    skip_fsync=skip_fsync,
+                    history_rows=history_rows,
+                    skip_results=skip_results,
+                    result_runs=result_runs,
+                    result_samples=result_samples,
+                    soak_runs=soak_runs,
                 )
             )
     except BenchError as exc:

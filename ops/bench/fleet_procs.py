@@ -35,6 +35,8 @@ class Servers:
 
     database_url: str
     redis_url: str
+    database_given: bool = False
+    """The user named the Postgres server: its settings are never changed by the bench."""
 
 
 @contextmanager
@@ -46,7 +48,7 @@ def servers(database_url: str | None, redis_url: str | None) -> Iterator[Servers
     db = database_url or os.environ.get("RUNFLEET_DATABASE_URL")
     rd = redis_url or os.environ.get("RUNFLEET_REDIS_URL")
     if db and rd:
-        yield Servers(db, rd)
+        yield Servers(db, rd, database_given=True)
         return
     from ops.services import ServicesUnavailable, resolve
 
@@ -55,7 +57,9 @@ def servers(database_url: str | None, redis_url: str | None) -> Iterator[Servers
     except ServicesUnavailable as exc:
         raise BenchError(str(exc)) from exc
     try:
-        yield Servers(db or endpoints.database_url, rd or endpoints.redis_url)
+        yield Servers(
+            db or endpoints.database_url, rd or endpoints.redis_url, database_given=bool(db)
+        )
     finally:
         endpoints.close()
 

@@ -89,7 +89,6 @@ def run(
     """Enqueue singly and in bulk, drain with burst workers, then time idle starts."""
     import redis
     from rq import Queue
-    from rq.job import Job
 
     conn = redis.Redis.from_url(redis_url)
     name = f"rf-bench-rq-{secrets.token_hex(4)}"
@@ -103,27 +102,92 @@ def run(
         ids += [job.id for job in queue.enqueue_many(batch)]
         many = rate(runs, time.perf_counter() - began)
 
-        procs = [_worker(redis_url, name, burst=True) for _ in range(workers)]
-        began = time.perf_counter()
-        try:
-            for proc in procs:
-                if proc.proc.wait(600) != 0:
-                    raise BenchError(f"rq worker exited {proc.proc.returncode}:\n{proc.tail()}")
-            wall = time.perf_counter() - began
-        finally:
-            for proc in procs:
-                proc.close()
-        jobs = [j for j in Job.fetch_many(ids, connection=conn) if j is not None]
-        finished = [j for j in jobs if j.ended_at is not None]
-        if len(finished) != len(ids):
-            raise BenchError(f"rq finished {len(finished)} of {len(ids)} jobs")
-        first = min(j.started_at for j in finished if j.started_at is not None)
-        last = max(j.ended_at for j in finished if j.ended_at is not None)
-        drain = Drain(len(ids), wall, _ms(first, last) / 1000)
+        drain = _burst_drain(conn, redis_url, name, ids, workers)
         latency = _latency(conn, queue, name, redis_url, workers, latency_samples, gap_s)
         return SideResult(single, many, drain, latency)
     finally:
         queue.empty()  # type: ignore[no-untyped-call]  # rq leaves it unannotated
+        queue.delete(delete_jobs=True)
+        conn.close()
+
+
+def _burst_drain(conn: Any, redis_url: str, name: str, ids: Sequence[str], workers: int) -> Drain:
+    """``workers`` burst SimpleWorkers drain the queue; window from rq's own timestamps."""
+    from rq.job import Job
+
+    procs = [_worker(redis_url, name, burst=True) for _ in range(workers)]
+    began = time.perf_counter()
+    try:
+        for proc in procs:
+            if proc.proc.wait(600) != 0:
+                raise BenchError(f"rq worker exited {proc.proc.returncode}:\n{proc.tail()}")
+        wall = time.perf_counter() - began
+    finally:
+        for proc in procs:
+            proc.close()
+    jobs = [j for j in Job.fetch_many(list(ids), connection=conn) if j is not None]
+    finished = [j for j in jobs if j.ended_at is not None]
+    if len(finished) != len(ids):
+        raise BenchError(f"rq finished {len(finished)} of {len(ids)} jobs")
+    first = min(j.started_at for j in finished if j.started_at is not None)
+    last = max(j.ended_at for j in finished if j.ended_at is not None)
+    return Drain(len(ids), wall, _ms(first, last) / 1000)
+
+
+def drain(redis_url: str, *, runs: int, workers: int) -> Drain:
+    """A standing backlog of ``runs`` no-ops (``enqueue_many``) drained by ``workers``."""
+    import redis
+    from rq import Queue
+
+    conn = redis.Redis.from_url(redis_url)
+    name = f"rf-bench-rq-{secrets.token_hex(4)}"
+    queue = Queue(name, connection=conn)
+    try:
+        ids: list[str] = []
+        for start in range(0, runs, 1000):
+            batch = [Queue.prepare_data(noop) for _ in range(min(1000, runs - start))]
+            ids += [job.id for job in queue.enqueue_many(batch)]
+        return _burst_drain(conn, redis_url, name, ids, workers)
+    finally:
+        queue.empty()  # type: ignore[no-untyped-call]  # rq leaves it unannotated
+        queue.delete(delete_jobs=True)
+        conn.close()
+
+
+def with_results(
+    redis_url: str, *, runs: int, workers: int, samples: int
+) -> tuple[float, tuple[float, ...]]:
+    """Idle workers; admit ``runs`` in one ``enqueue_many`` and wait for each result in
+    turn (``job.latest_result(timeout)``, rq's blocking read): runs/s from admission to
+    the last result. Then ``job.return_value(refresh=True)`` on ``samples`` settled jobs:
+    ms each."""
+    import redis
+    from rq import Queue
+
+    conn = redis.Redis.from_url(redis_url)
+    name = f"rf-bench-rq-{secrets.token_hex(4)}"
+    queue = Queue(name, connection=conn)
+    procs = [_worker(redis_url, name, burst=False) for _ in range(workers)]
+    try:
+        warm = [queue.enqueue(noop) for _ in range(workers * 5)]
+        _wait_finished(conn, [j.id for j in warm], procs)
+        began = time.perf_counter()
+        jobs = queue.enqueue_many([Queue.prepare_data(noop) for _ in range(runs)])
+        for job in jobs:
+            if job.latest_result(timeout=120) is None:
+                raise BenchError(f"rq job {job.id} has no result after 120 s")
+        per_s = rate(runs, time.perf_counter() - began)
+        latency: list[float] = []
+        for job in jobs[:samples]:
+            began = time.perf_counter()
+            job.return_value(refresh=True)
+            latency.append((time.perf_counter() - began) * 1000)
+        return per_s, tuple(latency)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.close()
+        queue.empty()  # type: ignore[no-untyped-call]
         queue.delete(delete_jobs=True)
         conn.close()
 

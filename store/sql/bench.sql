@@ -26,3 +26,57 @@ SELECT count(*) FROM pg_stat_activity
 
 -- name: capacity_extension
 CREATE EXTENSION IF NOT EXISTS pg_stat_statements;
+
+-- name: durability_settings
+-- What a drain's commits cost the server's disk: reported beside every fsync row.
+SELECT current_setting('fsync') AS fsync,
+       current_setting('synchronous_commit') AS synchronous_commit,
+       current_setting('full_page_writes') AS full_page_writes;
+
+-- name: journal_tail
+-- The last journal seq: a drain's records are the ones after it.
+SELECT coalesce(max(seq), 0) AS seq FROM runfleet.journal;
+
+-- name: drain_progress
+-- Runs settled since %(after_seq)s, read from the journal's primary key: a count over
+-- runfleet.runs would read the whole history the 1,000,000-row case put there, every poll.
+SELECT count(*) FILTER (WHERE payload->>'to' = 'completed') AS completed,
+       count(*) FILTER (WHERE payload->>'to' IN ('failed', 'cancelled')) AS bad
+  FROM runfleet.journal
+ WHERE seq > %(after_seq)s AND kind = 'transitioned';
+
+-- name: drain_window
+-- A drain's processing window in database time: first activation to last settlement.
+SELECT min(at_ms) FILTER (WHERE kind IN ('claimed-and-activated', 'stolen-and-activated',
+                                         'activated', 'resumed')) AS first_ms,
+       max(at_ms) FILTER (WHERE kind = 'transitioned') AS last_ms
+  FROM runfleet.journal
+ WHERE seq > %(after_seq)s;
+
+-- name: history_runs
+-- %(rows)s runs of %(flow)s on %(queue)s that settled over the past day, as a long-lived
+-- fleet leaves them (completed, their owner cleared): the history the sweeps must not read.
+INSERT INTO runfleet.runs (id, flow, queue, status, state, lineage_id, epoch,
+                           created_at_ms, updated_at_ms, result)
+SELECT 'hist-' || lpad(g::text, 8, '0'), %(flow)s, %(queue)s, 'completed', '{}'::jsonb,
+       'hist-' || lpad(g::text, 8, '0'), 1,
+       t - 86400000 + g * 80, t - 86400000 + g * 80 + 5, 'null'::json
+  FROM generate_series(1, %(rows)s) g, (SELECT runfleet.now_ms() AS t) now;
+
+-- name: history_journal
+-- Their journal: created, claimed-and-activated and transitioned for each, in run order
+-- (what an admission and a no-op's lifecycle write).
+INSERT INTO runfleet.journal (run_id, kind, source_id, source_seq, payload, digest, at_ms)
+SELECT 'hist-' || lpad(g::text, 8, '0'), k.kind, 'bench-history', 3 * g + k.n, k.payload,
+       md5(g::text || k.kind), t - 86400000 + g * 80 + k.n
+  FROM generate_series(1, %(rows)s) g,
+       (VALUES (0, 'created', '{}'::jsonb),
+               (1, 'claimed-and-activated', '{"epoch": 1, "from": "pending"}'::jsonb),
+               (2, 'transitioned', '{"from": "running", "to": "completed"}'::jsonb))
+           AS k(n, kind, payload),
+       (SELECT runfleet.now_ms() AS t) now
+ ORDER BY g, k.n;
+
+-- name: history_analyze
+-- Statistics as autovacuum would leave them after such a fill.
+ANALYZE runfleet.runs, runfleet.journal;

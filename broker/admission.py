@@ -9,7 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.trust import already_loaded, lookup
+from broker.names import importable_name, load_from_path
+from broker.trust import already_loaded
 from store import validate
 from store.errors import InvalidInput, UnknownFlow
 
@@ -28,9 +29,10 @@ def flow_target(target: Any) -> tuple[str, str | None, Callable[..., Any] | None
     if isinstance(target, str):
         return validate.identifier("flow", target), None, None, False
     if callable(target) and hasattr(target, "__module__") and hasattr(target, "__qualname__"):
-        if "<locals>" in target.__qualname__ or target.__qualname__ == "<lambda>":
+        name = importable_name(target)
+        if name is None:
             raise InvalidInput("flow", f"{target.__qualname__} is not importable by a worker")
-        return f"{target.__module__}:{target.__qualname__}", None, target, False
+        return name, None, target, False
     raise InvalidInput(
         "flow", f"cannot enqueue {reprlib.repr(target)}: pass a flow, a function or 'mod:fn'"
     )
@@ -71,7 +73,7 @@ def importable(name: str) -> bool:
     Never imports: a producer must not run the code of a module a string names
     (``os:system``). Workers decide again by their own allow-list (``worker.flows``).
     """
-    return lookup(name, already_loaded) is not None
+    return load_from_path(name, already_loaded) is not None
 
 
 def unknown(name: str) -> UnknownFlow:

@@ -78,19 +78,11 @@ class Keys:
         return glob_escape(self.alive_base) + "*"
 
     def owner_of(self, alive_key: str) -> Owner | None:
-        """Parse a liveness key back into its owner; ``None`` if it is not one of ours.
-
-        Split from the right: pid and nonce never contain ``:``, a host id might.
-        """
+        """Parse a liveness key back into its owner (``Owner.parse``); ``None`` if it is
+        not one of ours."""
         if not alive_key.startswith(self.alive_base):
             return None
-        parts = alive_key[len(self.alive_base) :].rsplit(":", 2)
-        if len(parts) != 3 or not parts[0] or not parts[2]:
-            return None
-        host, pid, nonce = parts
-        if not (pid.isascii() and pid.isdigit()) or len(pid) > 10:  # "²" is a digit to isdigit
-            return None
-        return Owner(host_id=host, pid=int(pid), nonce=nonce)
+        return Owner.parse(alive_key[len(self.alive_base) :])
 
     @property
     def cancel_channel(self) -> str:

@@ -16,6 +16,18 @@ class InvalidInput(RunfleetError, ValueError):
         self.problem = problem
 
 
+class RunNotFound(RunfleetError):
+    """No run with this id is visible to the caller: never admitted, deleted by retention,
+    or hidden by row security (an invisible run and an unused id are told apart nowhere).
+
+    The one "no run with id" error: producers (``broker.RunNotFound``, rq's
+    ``NoSuchJobError``) and the CLI raise and catch this class."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run with id {run_id!r}")
+        self.run_id = run_id
+
+
 class ExecutionIdentityConflict(RunfleetError):
     """An execution id was reused with a different identity; names the first differing field.
 

@@ -64,6 +64,21 @@ class Owner:
     def key(self) -> str:
         return f"{self.host_id}:{self.pid}:{self.nonce}"
 
+    @classmethod
+    def parse(cls, key: str | None) -> Owner | None:
+        """The owner whose ``key`` this is (``host:pid:nonce``); None if it is not one.
+
+        Split from the right: pid and nonce never contain ``:``, a host id might. The
+        pid is ASCII digits of a plausible length (``"²".isdigit()`` is true).
+        """
+        parts = key.rsplit(":", 2) if key else []
+        if len(parts) != 3 or not parts[0] or not parts[2]:
+            return None
+        host, pid, nonce = parts
+        if not (pid.isascii() and pid.isdigit()) or len(pid) > 10:
+            return None
+        return cls(host_id=host, pid=int(pid), nonce=nonce)
+
     def __str__(self) -> str:
         return f"{self.host_id} pid {self.pid} ({self.nonce})"
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from tenacity import RetryCallState, retry_if_exception_type, wait_exponential
 
+from broker.names import importable_name
 from store.errors import RunfleetError
 
 
@@ -119,7 +120,7 @@ class Decision:
 
 def reference(fn: Callable[..., Any]) -> str:
     """``module:qualname`` of a module-level function, so another process can import it."""
-    qualname = getattr(fn, "__qualname__", "")
-    if not qualname or "<locals>" in qualname or qualname == "<lambda>":
+    name = importable_name(fn)
+    if name is None:
         raise RunfleetError(f"{fn!r} must be a module-level function to be durable")
-    return f"{fn.__module__}:{qualname}"
+    return name

@@ -14,13 +14,13 @@ import importlib
 import inspect
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, overload
 
 from broker.admission import check_signature
-from broker.trust import lookup
+from broker.names import load_from_path, qualified_name
 from store.errors import UnknownFlow
 from store.schedules import ScheduleSpec, for_flow
 
@@ -60,10 +60,6 @@ _FLOW_MODULES: set[str] = set()
 _PREFIXES: tuple[str, ...] | None = None
 """``--allow-import`` prefixes; None until a worker configures them (then the
 ``RUNFLEET_ALLOW_IMPORT`` environment variable decides)."""
-
-
-def qualified_name(fn: Callable[..., Any]) -> str:
-    return f"{fn.__module__}:{fn.__qualname__}"
 
 
 @overload
@@ -152,6 +148,14 @@ def allow_imports(modules: Iterable[str], prefixes: Iterable[str]) -> None:
     _PREFIXES = tuple(p.strip().rstrip(".") for p in prefixes if p.strip())
 
 
+def load_flows(modules: Sequence[str], prefixes: Iterable[str]) -> None:
+    """Import the ``--flows`` modules (their ``@flow`` decorators register this worker's
+    flows; a module that fails to import stops the worker), then ``allow_imports``."""
+    for name in modules:
+        importlib.import_module(name)
+    allow_imports(modules, prefixes)
+
+
 def import_allowed(module_name: str) -> bool:
     """Whether a plain function of ``module_name`` may run in this worker."""
     if module_name in _FLOW_MODULES:
@@ -185,7 +189,7 @@ def resolve(name: str, *, allow_import: bool = True) -> Flow:
         return found
     if not allow_import or ":" not in name:
         raise UnknownFlow(name, "not registered in this process")
-    target = lookup(name, _allowed_module)
+    target = load_from_path(name, _allowed_module)
     if target is None:
         raise UnknownFlow(
             name,
@@ -199,7 +203,7 @@ def resolve(name: str, *, allow_import: bool = True) -> Flow:
 
 def function(reference: str) -> Callable[..., Any]:
     """A compensation's ``module:qualname``, resolved by the same rule as a plain flow."""
-    target = lookup(reference, _allowed_module)
+    target = load_from_path(reference, _allowed_module)
     if target is None or isinstance(target, Flow):
         raise UnknownFlow(reference, "not a function of a --flows or --allow-import module")
     return target  # type: ignore[no-any-return]

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from store.config import Settings
+from store.types import Owner
 from tests.fleet.procs import ROOT, settings_env
 from tests.partition.net import Host
 
@@ -39,8 +40,9 @@ class Event:
 
 def owner_host_pid(key: str) -> tuple[str, int]:
     """``host:pid:nonce`` -> (host, pid)."""
-    host, pid, _nonce = key.rsplit(":", 2)
-    return host, int(pid)
+    owner = Owner.parse(key)
+    assert owner is not None, f"not an owner key: {key!r}"
+    return owner.host_id, owner.pid
 
 
 class HostWorkers:

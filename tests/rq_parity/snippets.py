@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.rq_parity import jobs
+from tests.support.polling import until_sync
 
 
 @dataclass(frozen=True)
@@ -33,19 +34,14 @@ class Api:
     tmp: Path
 
 
-def until(check: Callable[[], bool], timeout: float = 40.0) -> None:
-    """The polling loop rq's docs show, with a deadline."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        time.sleep(0.1)
+SNIPPET_WAIT_S = 40.0
+"""How long a snippet polls a job (rq's docs poll without a bound; tests may not)."""
 
 
 def basic_enqueue_and_poll(api: Api) -> dict[str, Any]:
     q = api.Queue(api.queue_name)
     job = q.enqueue(jobs.add, 2, 3)
-    until(lambda: job.is_finished)
+    until_sync(lambda: job.is_finished, SNIPPET_WAIT_S)
     job.refresh()
     return {
         "status": job.get_status() == "finished",
@@ -62,7 +58,7 @@ def basic_enqueue_and_poll(api: Api) -> dict[str, Any]:
 def custom_job_id_and_fetch(api: Api) -> dict[str, Any]:
     q = api.Queue(api.queue_name)
     job = q.enqueue(jobs.echo, 1, key="v", job_id=f"my-job-{api.tmp.name}")
-    until(lambda: job.is_finished)
+    until_sync(lambda: job.is_finished, SNIPPET_WAIT_S)
     fetched = api.Job.fetch(job.id, connection=api.conn)
     by_queue = q.fetch_job(job.id)
     return {
@@ -82,8 +78,8 @@ def retries(api: Api) -> dict[str, Any]:
     ok_path, bad_path = api.tmp / "ok-tries", api.tmp / "bad-tries"
     ok = q.enqueue(jobs.flaky, str(ok_path), 2, retry=api.Retry(max=3, interval=[1, 1]))
     bad = q.enqueue(jobs.flaky, str(bad_path), 5, retry=api.Retry(max=1))
-    until(lambda: ok.is_finished)
-    until(lambda: bad.is_failed)
+    until_sync(lambda: ok.is_finished, SNIPPET_WAIT_S)
+    until_sync(lambda: bad.is_failed, SNIPPET_WAIT_S)
     return {
         "ok": ok.return_value(),
         "ok_tries": ok_path.read_text(),
@@ -100,7 +96,7 @@ def depends_on_chain(api: Api) -> dict[str, Any]:
     b = q.enqueue(jobs.record, path, "b", depends_on=a)
     c = q.enqueue(jobs.record, path, "c", depends_on=[b])
     deferred = (b.get_status() == "deferred", c.is_deferred)
-    until(lambda: c.is_finished)
+    until_sync(lambda: c.is_finished, SNIPPET_WAIT_S)
     return {
         "deferred_at_first": deferred,
         "result": c.return_value(),
@@ -116,8 +112,10 @@ def callbacks(api: Api) -> dict[str, Any]:
     ko = q.enqueue(
         jobs.fail_unless_exists, str(bad), on_failure=api.Callback(jobs.report_failure, timeout=10)
     )
-    until(lambda: ok.is_finished and ko.is_failed)
-    until(lambda: Path(f"{good}.success").exists() and Path(f"{bad}.failure").exists())
+    until_sync(lambda: ok.is_finished and ko.is_failed, SNIPPET_WAIT_S)
+    until_sync(
+        lambda: Path(f"{good}.success").exists() and Path(f"{bad}.failure").exists(), SNIPPET_WAIT_S
+    )
     success = json.loads(Path(f"{good}.success").read_text())
     failure = json.loads(Path(f"{bad}.failure").read_text())
     return {
@@ -129,7 +127,7 @@ def callbacks(api: Api) -> dict[str, Any]:
 def meta(api: Api) -> dict[str, Any]:
     q = api.Queue(api.queue_name)
     job = q.enqueue(jobs.add, 1, 1, meta={"owner": "ann"}, description="adds")
-    until(lambda: job.is_finished)
+    until_sync(lambda: job.is_finished, SNIPPET_WAIT_S)
     job.meta["progress"] = 100
     job.save_meta()
     fetched = api.Job.fetch(job.id, connection=api.conn)
@@ -147,7 +145,7 @@ def scheduling(api: Api) -> dict[str, Any]:
     at = q.enqueue_at(datetime.now(UTC) + timedelta(seconds=1), jobs.add, 2, 2)
     scheduled = (later.is_scheduled, at.get_status() == "scheduled")
     not_in_queue = later.id not in q.job_ids
-    until(lambda: later.is_finished and at.is_finished)
+    until_sync(lambda: later.is_finished and at.is_finished, SNIPPET_WAIT_S)
     waited = time.monotonic() - started
     return {
         "scheduled_at_first": scheduled,
@@ -161,13 +159,13 @@ def failed_registry_requeue(api: Api) -> dict[str, Any]:
     q = api.Queue(api.queue_name)
     marker = api.tmp / "fixed"
     job = q.enqueue(jobs.fail_unless_exists, str(marker))
-    until(lambda: job.is_failed)
+    until_sync(lambda: job.is_failed, SNIPPET_WAIT_S)
     registry = q.failed_job_registry
     before = (job.id in registry.get_job_ids(), registry.count)
     exc = "FileNotFoundError" in (job.latest_result().exc_string or "")
     marker.write_text("")
     registry.requeue(job.id)
-    until(lambda: job.is_finished)
+    until_sync(lambda: job.is_finished, SNIPPET_WAIT_S)
     return {
         "before": before,
         "exc": exc,

@@ -4,7 +4,7 @@ dependency leaves it deferred until the dependency is requeued and completes."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,13 +16,7 @@ from store.errors import InvalidInput
 from tests.fleet.flows import sleepy
 from tests.rq_parity import jobs
 from tests.rq_parity.conftest import ThreadWorker
-
-
-def eventually(check: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
+from tests.support.polling import until_sync
 
 
 @pytest.fixture
@@ -53,7 +47,7 @@ def test_a_failed_dependency_leaves_the_dependent_deferred(
     marker = tmp_path / "fixed"
     dependency = q.enqueue(jobs.fail_unless_exists, str(marker))
     dependent = q.enqueue(jobs.add, 1, 2, depends_on=dependency)
-    eventually(lambda: dependency.is_failed)
+    until_sync(lambda: dependency.is_failed, 20, "the dependency to fail")
     held_until = time.monotonic() + 1.5
     while time.monotonic() < held_until:  # several looks at the failed dependency
         assert dependent.is_deferred

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -13,13 +12,7 @@ from broker import Job, JobStatus, Queue
 from store.config import Settings
 from tests.rq_parity import jobs
 from tests.rq_parity.conftest import ThreadWorker
-
-
-def eventually(check: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
+from tests.support.polling import until_sync
 
 
 @pytest.fixture
@@ -73,7 +66,7 @@ def test_failure_exc_info_and_the_failed_registry(
     thread_worker.start()
     marker = tmp_path / "fixed"
     job = q.enqueue(jobs.fail_unless_exists, str(marker), job_id="handle-fails")
-    eventually(lambda: job.is_failed)
+    until_sync(lambda: job.is_failed, 20, "the job to fail")
     assert job.return_value() is None
     assert job.exc_info is not None and "FileNotFoundError" in job.exc_info
     latest = job.latest_result()
@@ -85,7 +78,7 @@ def test_failure_exc_info_and_the_failed_registry(
     again = registry.requeue("handle-fails")
     assert again.id == "handle-fails"  # rq keeps the id across a requeue; so does this
     assert job.result(20) == "ok"  # waits on the new round, not the failed one
-    eventually(lambda: job.is_finished)
+    until_sync(lambda: job.is_finished, 20, "the job to finish")
     assert job.return_value() == "ok" and registry.count == 0
     # Requeueing a run that no longer failed is refused, as rq refuses a job not in the registry.
     with pytest.raises(Exception, match="not failed"):

@@ -13,6 +13,7 @@ from broker import Queue, Retry
 from store.config import Settings
 from tests.rq_parity import jobs
 from tests.rq_parity.conftest import ThreadWorker
+from tests.support.polling import until_sync
 
 
 @pytest.fixture
@@ -42,10 +43,7 @@ def test_retry_with_intervals_then_on_success(q: Queue, tmp_path: Path) -> None:
 def test_retries_exhausted_then_on_failure(q: Queue, tmp_path: Path) -> None:
     path = str(tmp_path / "tries")
     job = q.enqueue(jobs.flaky, path, 5, retry=Retry(max=1), on_failure=jobs.report_failure)
-    deadline = time.monotonic() + 30
-    while not job.is_failed:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    until_sync(lambda: job.is_failed, 30, "the job to fail")
     assert Path(path).read_text() == "2"  # one try and one retry
     failure = json.loads(Path(f"{path}.failure").read_text())
     assert failure == {"id": job.id, "error": "RuntimeError", "message": "try 2 of 6"}
@@ -54,7 +52,4 @@ def test_retries_exhausted_then_on_failure(q: Queue, tmp_path: Path) -> None:
 
 def test_a_raising_success_callback_fails_the_job(q: Queue, tmp_path: Path) -> None:
     job = q.enqueue(jobs.add, 1, 2, on_success=jobs.fail)  # fail(job, ...) -> TypeError
-    deadline = time.monotonic() + 30
-    while not job.is_failed:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    until_sync(lambda: job.is_failed, 30, "the job to fail")

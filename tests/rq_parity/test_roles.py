@@ -5,7 +5,6 @@ scope's runs (row-level security, not only the Python check)."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
@@ -14,14 +13,8 @@ from broker import Job, Queue, RunNotFound
 from store.roles import GroupRole
 from tests.rq_parity import jobs
 from tests.security.conftest import MakeLogin, login, role_worker  # noqa: F401 - fixtures
+from tests.support.polling import until_sync
 from worker.process import Worker
-
-
-def _until_failed(job: Job) -> None:
-    deadline = time.monotonic() + 20
-    while not job.is_failed:
-        assert time.monotonic() < deadline, "job did not fail"
-        time.sleep(0.05)
 
 
 async def test_a_scoped_producer_role_meta_registry_requeue(
@@ -36,7 +29,7 @@ async def test_a_scoped_producer_role_meta_registry_requeue(
     def as_mine() -> tuple[str, dict[str, object], str]:
         with Queue("default", settings=mine.settings, scopes=["s1"]) as q:
             job = q.enqueue(jobs.fail_unless_exists, str(marker), meta={"a": 1})
-            _until_failed(job)
+            until_sync(lambda: job.is_failed, 20, "the job to fail")
             job.meta["b"] = 2
             job.save_meta()
             assert q.failed_job_registry.get_job_ids() == [job.id]

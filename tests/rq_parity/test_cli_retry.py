@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from pathlib import Path
 
 from broker import AsyncQueue
@@ -12,6 +10,7 @@ from store.config import Settings
 from store.types import RunStatus
 from tests.ops.conftest import cli_env, invoke
 from tests.rq_parity import jobs
+from tests.support.polling import until
 from worker.process import Worker
 
 
@@ -20,10 +19,7 @@ async def test_retry_a_failed_run_from_the_cli(
 ) -> None:
     marker = tmp_path / "fixed"
     run = await queue.enqueue(jobs.fail_unless_exists, str(marker), job_id="cli-retry")
-    deadline = time.monotonic() + 20
-    while await run.get_status() is not RunStatus.FAILED:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.05)
+    await until(run.get_status, 20, "the run to fail", accept=lambda s: s is RunStatus.FAILED)
     env = cli_env(settings)
     not_yet = await invoke(env, "retry", "cli-retry", "--json")
     assert not_yet.code == 0, not_yet.stderr
@@ -31,9 +27,7 @@ async def test_retry_a_failed_run_from_the_cli(
     assert first["run_id"] == "cli-retry" and first["retry_id"] == "cli-retry@1"
     # Still failing (the marker is missing): the round fails; a retry makes round 2.
     again = queue.run("cli-retry@1")
-    while await again.get_status() is not RunStatus.FAILED:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.05)
+    await until(again.get_status, 20, "round 2 to fail", accept=lambda s: s is RunStatus.FAILED)
     marker.write_text("")
     fixed = await invoke(env, "retry", "cli-retry")
     assert fixed.code == 0, fixed.stderr

@@ -268,11 +268,20 @@ def flows(
     skip_sleep: Annotated[
         bool, typer.Option("--skip-sleep", help="Skip the sleep-lateness phases.")
     ] = False,
+    skip_fsync: Annotated[
+        bool,
+        typer.Option(
+            "--skip-fsync",
+            help="Skip the fsync on/off rows (two throwaway servers the bench starts; "
+            "with --database-url: that server as it is, settings never changed).",
+        ),
+    ] = False,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
     as_json: AsJson = False,
 ) -> None:
-    """runfleet vs DBOS: three-step durable flows/s on one Postgres; 1 s sleep lateness."""
+    """runfleet vs DBOS: three-step durable flows/s on one Postgres, and with fsync on and
+    off; 1 s sleep lateness."""
     from ops.bench import dbos_side, flows_bench
     from ops.bench.fleet_procs import servers
 
@@ -295,6 +304,7 @@ def flows(
                     sleep_runs=sleep_runs,
                     sleep_gap=sleep_gap,
                     skip_sleep=skip_sleep,
+                    skip_fsync=skip_fsync,
                 )
             )
     except BenchError as exc:

@@ -6,6 +6,11 @@ over the window from the first start to the last finish, each system's own datab
 timestamps. DBOS polls its queue: it runs twice, at its default polling interval and at
 a short one (its best case here), and the ratio is taken against the better of the two.
 
+The fsync rows drain the same backlog on both systems again, on a server that flushes
+every commit to disk and on one that does not (``ops.bench.durability``: two throwaway
+servers the bench starts, or the server the user named, as it is), DBOS at its shortest
+polling interval of the run.
+
 Then runfleet alone: how late a one-second ``ctx.sleep`` wakes, with short sleeps taken
 in-process (the default, ``inline_sleep_max``) and with every sleep parked on a durable
 timer (``RUNFLEET_INLINE_SLEEP_MAX=0``), which the due-clock sweep wakes.
@@ -23,6 +28,8 @@ from rich.table import Table
 from broker import AsyncQueue, EnqueueSpec
 from ops.bench import dbos_side
 from ops.bench.dbos_side import Throughput
+from ops.bench.drain import drop_keys
+from ops.bench.durability import Target, targets
 from ops.bench.fleet_procs import (
     Proc,
     Servers,
@@ -63,6 +70,33 @@ class SleepLateness:
 
 
 @dataclass(frozen=True, slots=True)
+class FsyncFlows:
+    """Both systems' flows/s on one durability target (DBOS None when skipped)."""
+
+    target: Target
+    runfleet: Throughput
+    dbos: Throughput | None
+    polling: float | None
+
+    @property
+    def ratio(self) -> float | None:
+        return self.runfleet.per_s / self.dbos.per_s if self.dbos else None
+
+    def as_json(self) -> dict[str, Any]:
+        t = self.target
+        return {
+            "fsync": t.fsync,
+            "synchronous_commit": t.synchronous_commit,
+            "full_page_writes": t.full_page_writes,
+            "server_started_by_bench": t.owned,
+            "runfleet": self.runfleet.as_json(),
+            "dbos": self.dbos.as_json() if self.dbos else None,
+            "dbos_polling_s": self.polling,
+            "ratio": round(self.ratio, 3) if self.ratio is not None else None,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class FlowsBenchResult:
     flows: int
     workers: int
@@ -70,6 +104,7 @@ class FlowsBenchResult:
     runfleet: Throughput
     dbos: dict[float, Throughput]
     sleeps: tuple[SleepLateness, ...]
+    fsync: tuple[FsyncFlows, ...] = ()
 
     @property
     def dbos_best(self) -> Throughput | None:
@@ -84,6 +119,12 @@ class FlowsBenchResult:
         found: dict[str, tuple[str, bool]] = {}
         if self.ratio is not None:
             found[">= 4x DBOS flows/s"] = (f"{self.ratio:.2f}x", self.ratio >= 4)
+        for row in self.fsync:
+            if row.ratio is not None:
+                found[f">= 4x DBOS flows/s, fsync {row.target.fsync}"] = (
+                    f"{row.ratio:.2f}x",
+                    row.ratio >= 4,
+                )
         for sleep in self.sleeps:
             total = sleep.sleep_s + percentile(sleep.late_ms, 99) / 1000
             found[f"1 s sleep wakes within 1.5 s p99 ({sleep.mode})"] = (
@@ -102,6 +143,7 @@ class FlowsBenchResult:
             "dbos": {f"polling_{p:g}s": t.as_json() for p, t in self.dbos.items()},
             "ratio_vs_best_dbos": round(self.ratio, 3) if self.ratio is not None else None,
             "sleeps": [s.as_json() for s in self.sleeps],
+            "fsync": [row.as_json() for row in self.fsync],
             "targets": {k: {"measured": v[0], "met": v[1]} for k, v in self.targets().items()},
         }
 
@@ -188,6 +230,7 @@ async def run(
     sleep_runs: int = 100,
     sleep_gap: float = 0.02,
     skip_sleep: bool = False,
+    skip_fsync: bool = False,
 ) -> FlowsBenchResult:
     """The whole benchmark; every scratch database is dropped afterwards."""
     if flows < 1 or workers < 1 or concurrency < 1:
@@ -232,7 +275,49 @@ async def run(
                     )
         finally:
             await store.close()
-    return FlowsBenchResult(flows, workers, concurrency, ours, theirs, tuple(sleeps))
+            await drop_keys(servers.redis_url, settings.redis_prefix)
+    fsync: tuple[FsyncFlows, ...] = ()
+    if not skip_fsync:
+        polling = None if skip_dbos or not dbos_polling else min(dbos_polling)
+        fsync = await _fsync_rows(
+            servers, flows=flows, workers=workers, concurrency=concurrency, polling=polling
+        )
+    return FlowsBenchResult(flows, workers, concurrency, ours, theirs, tuple(sleeps), fsync)
+
+
+async def _fsync_rows(
+    servers: Servers, *, flows: int, workers: int, concurrency: int, polling: float | None
+) -> tuple[FsyncFlows, ...]:
+    """Both systems on each durability target, each in scratch databases there."""
+    found: list[FsyncFlows] = []
+    async with targets(servers) as chosen:
+        for target in chosen:
+            theirs = None
+            if polling is not None:
+                theirs = await dbos_side.run(
+                    target.admin_url,
+                    flows=flows,
+                    workers=workers,
+                    concurrency=concurrency,
+                    polling=polling,
+                )
+            async with scratch_database(target.admin_url, "rf_bench_flows_fsync") as url:
+                await migrate(url)
+                settings = Settings(
+                    database_url=url,
+                    redis_url=servers.redis_url,
+                    redis_prefix=bench_prefix("flows-fsync"),
+                )
+                store = await Store.open(settings, min_size=1, max_size=2)
+                try:
+                    ours = await _runfleet_throughput(
+                        settings, store, flows=flows, workers=workers, concurrency=concurrency
+                    )
+                finally:
+                    await store.close()
+                    await drop_keys(servers.redis_url, settings.redis_prefix)
+            found.append(FsyncFlows(target, ours, theirs, polling))
+    return tuple(found)
 
 
 def table(result: FlowsBenchResult) -> Table:
@@ -252,6 +337,20 @@ def table(result: FlowsBenchResult) -> Table:
             f"{th.wall_per_s:,.1f}",
             f"{rf.per_s / th.per_s:.2f}x",
         )
+    for row in result.fsync:
+        t.add_row(
+            f"runfleet, {row.target.label}",
+            f"{row.runfleet.per_s:,.1f}",
+            f"{row.runfleet.wall_per_s:,.1f}",
+            "",
+        )
+        if row.dbos is not None and row.ratio is not None:
+            t.add_row(
+                f"DBOS, queue polling {row.polling:g} s, fsync {row.target.fsync}",
+                f"{row.dbos.per_s:,.1f}",
+                f"{row.dbos.wall_per_s:,.1f}",
+                f"{row.ratio:.2f}x",
+            )
     for sleep in result.sleeps:
         j = sleep.as_json()
         t.add_row(

@@ -9,6 +9,7 @@ from typing import Any, LiteralString
 import psycopg
 
 from store.migrate import MIGRATION_LOCK_KEY, canonical_schema, migrate, migrations, schema_version
+from tests.support.polling import until
 
 NewDatabase = Callable[[], Awaitable[str]]  # the new_empty_database fixture
 
@@ -70,13 +71,6 @@ async def describe(url: str) -> dict[str, list[tuple[Any, ...]]]:
         return {kind: await (await conn.execute(q)).fetchall() for kind, q in CATALOG.items()}
 
 
-async def eventually(check: Callable[[], Awaitable[bool]]) -> None:
-    """Poll ``check`` until true; callers bound the wait with ``asyncio.timeout``."""
-    # Suppressed ASYNC110: the condition lives in pg_locks; there is no event to await.
-    while not await check():  # noqa: ASYNC110
-        await asyncio.sleep(0.02)
-
-
 async def test_migrations_build_the_canonical_schema(new_empty_database: NewDatabase) -> None:
     migrated, canonical = await new_empty_database(), await new_empty_database()
     await migrate(migrated)
@@ -118,8 +112,7 @@ async def test_concurrent_migrations_apply_each_version_once(
             row = await cur.fetchone()
             return row is not None and row[0] == 2
 
-        async with asyncio.timeout(10):
-            await eventually(both_waiting)
+        await until(both_waiting, 10, "both migrators to queue on the advisory lock")
         assert not any(task.done() for task in racers)
         await holder.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
         results = await asyncio.gather(*racers)

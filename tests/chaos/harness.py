@@ -20,6 +20,7 @@ import tests.chaos.flows as cf
 from broker import AsyncQueue, EnqueueSpec
 from store.config import Settings
 from tests.fleet.procs import WorkerProc
+from tests.support.polling import until
 
 RUNS = 300
 FLOWS = "tests.chaos.flows"
@@ -53,14 +54,12 @@ async def _poll(url: str, sql: str) -> list[tuple[object, ...]] | None:
 
 async def wait_for_ledger(url: str, rows: int, timeout: float = 30) -> None:
     """Until the fleet has executed ``rows`` steps: the disruption lands mid-flight."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    async def ran() -> int:
         found = await _poll(url, "SELECT count(*) FROM chaos_ledger")
-        if found and int(found[0][0]) >= rows:  # type: ignore[call-overload]
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"fewer than {rows} steps ran within {timeout}s")
-        await asyncio.sleep(0.05)
+        return int(found[0][0]) if found else 0  # type: ignore[call-overload]
+
+    await until(ran, timeout, f"{rows} steps to run", accept=lambda n: n >= rows, every=0.05)
 
 
 async def run_scenario(

@@ -7,7 +7,6 @@ exits (a fail-stop) as it would in production. Logs are JSON lines, parsed for e
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -25,6 +24,7 @@ from store.config import Settings
 from store.types import Owner
 from tests.fleet.procs import ROOT, settings_env
 from tests.partition.net import Host
+from tests.support.polling import until
 
 KILL_TIMEOUT = 10.0
 
@@ -100,13 +100,15 @@ class HostWorkers:
         return [str(e.fields["owner"]) for e in self.events("worker.started")]
 
     async def wait_started(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.owners()) < self.processes:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"host {self.host.name} workers did not start:\n{self.text()[-3000:]}"
-                )
-            await asyncio.sleep(0.1)
+        async def started() -> bool:
+            if self.proc.poll() is not None:  # it exited: no point waiting out the deadline
+                raise TimeoutError(f"host {self.host.name} workers exited while starting")
+            return len(self.owners()) >= self.processes
+
+        try:
+            await until(started, timeout, f"host {self.host.name} workers to start", every=0.1)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}:\n{self.text()[-3000:]}") from exc
 
     # ---- signals ---------------------------------------------------------------
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-import time
 
 import httpx
 
@@ -15,6 +14,7 @@ from ops.models import RunList
 from store.config import Settings
 from tests.fleet.procs import ROOT, settings_env
 from tests.ops.metrics import free_port
+from tests.support.polling import until
 
 
 async def test_the_command_serves_the_pages_and_stops_on_sigterm(
@@ -35,16 +35,16 @@ async def test_the_command_serves_the_pages_and_stops_on_sigterm(
         stderr=asyncio.subprocess.STDOUT,
     )
     try:
-        deadline = time.monotonic() + 20
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-            while True:
+
+            async def listed() -> httpx.Response | None:
                 assert proc.returncode is None, "the dashboard exited while starting"
                 try:
-                    listing = await client.get("/api/runs")
-                    break
+                    return await client.get("/api/runs")
                 except httpx.ConnectError:
-                    assert time.monotonic() < deadline, "the dashboard did not start listening"
-                    await asyncio.sleep(0.1)
+                    return None
+
+            listing = await until(listed, 20, "the dashboard to listen", every=0.1)
             assert [r.id for r in RunList.model_validate_json(listing.text).runs] == [run.id]
             page = await client.get("/")
             assert page.status_code == 200 and "Overview" in page.text

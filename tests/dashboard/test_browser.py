@@ -31,6 +31,7 @@ from store.config import Settings
 from store.types import RunStatus
 from tests.dashboard.conftest import approval_token
 from tests.flows.conftest import parked
+from tests.support.polling import until
 from worker.process import Worker
 
 INSTALL = "apt-get install -y chromium chromium-driver"
@@ -59,11 +60,12 @@ async def server(settings: Settings) -> AsyncIterator[str]:
     app = create_app(settings)
     srv = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     task = asyncio.create_task(srv.serve(sockets=[sock]))
-    deadline = time.monotonic() + 10
-    while not srv.started:
+
+    async def started() -> bool:
         assert not task.done(), "the dashboard server stopped while starting"
-        assert time.monotonic() < deadline, "the dashboard server did not start"
-        await asyncio.sleep(0.02)
+        return srv.started
+
+    await until(started, 10, "the dashboard server to start")
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -103,15 +105,11 @@ class Browser:
         )
 
     async def until(self, what: str, check: Callable[[], Any], timeout: float = 15) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = await check()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                await self.shot(f"timeout-{what.replace(' ', '-')}")
-                raise TimeoutError(f"the browser did not show {what} within {timeout}s")
-            await asyncio.sleep(0.1)
+        try:
+            return await until(check, timeout, f"the browser to show {what}", every=0.1)
+        except TimeoutError:
+            await self.shot(f"timeout-{what.replace(' ', '-')}")
+            raise
 
     async def click(self, css: str) -> None:
         element = await self.call(self.driver.find_element, By.CSS_SELECTOR, css)

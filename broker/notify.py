@@ -23,7 +23,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, TypeAlias
 
@@ -33,6 +33,7 @@ from redis.asyncio.client import PubSub
 from broker import hostile
 from broker.client import require_binary
 from broker.keys import DEFAULT_PREFIX, Keys
+from broker.service import Service, Signal, within
 
 log = logging.getLogger("runfleet.broker.notify")
 
@@ -220,9 +221,11 @@ class Notifier:
             await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
             backoff = min(backoff * 2, max_backoff)
 
-    def subscription(self, kind: ChannelKind, callback: Callback) -> Subscription:
+    def subscription(
+        self, kind: ChannelKind, callback: Callback, *, signals: SubscriptionSignals | None = None
+    ) -> Subscription:
         """A service that calls ``callback`` for each notice of ``kind``; see ``Subscription``."""
-        return Subscription(self, kind, callback)
+        return Subscription(self, kind, callback, signals=signals)
 
     def watch_settled(self, *run_ids: str) -> SettledWatch:
         """Subscribe before checking Postgres, so a settle between check and wait is not missed."""
@@ -291,20 +294,40 @@ class SettledWatch:
         await self._close()
 
 
-class Subscription:
+@dataclass(frozen=True)
+class SubscriptionSignals:
+    """Points of a subscription a test waits on instead of polling (``broker.service.Signal``)."""
+
+    subscribed: Signal[None] = field(default_factory=Signal)
+    """A (re)subscription was confirmed by the server: from now on nothing is missed."""
+    handled: Signal[Notice] = field(default_factory=Signal)
+    """The callback for this notice returned (or raised, and that was logged)."""
+
+
+class Subscription(Service):
     """Runs ``callback`` for every notice of one channel kind until stopped.
 
+    A service (``broker.service``): ``start``/``stop`` are idempotent, stopping before
+    starting is harmless, ``wait_stopped`` waits until the listener closed its connection.
     Survives Redis restarts (``Notifier.listen`` resubscribes). A callback that
     raises is logged (``notify.callback_failed``) and the subscription goes on: a
     missed hint costs latency, never correctness. Callbacks run one at a time.
-    ``start``/``stop`` are idempotent; stopping before starting is harmless.
     """
 
-    def __init__(self, notifier: Notifier, kind: ChannelKind, callback: Callback) -> None:
+    def __init__(
+        self,
+        notifier: Notifier,
+        kind: ChannelKind,
+        callback: Callback,
+        *,
+        signals: SubscriptionSignals | None = None,
+    ) -> None:
+        super().__init__()
+        self.name = f"notify-{kind}"
         self._notifier = notifier
         self._kind = kind
         self._callback = callback
-        self._task: asyncio.Task[None] | None = None
+        self._signals = signals
         self._ready = asyncio.Event()
 
     @property
@@ -312,33 +335,24 @@ class Subscription:
         """Subscribed right now (false while reconnecting)."""
         return self._ready.is_set()
 
-    async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"runfleet-notify-{self._kind}")
-
     async def wait_ready(self, timeout: float) -> bool:
         """Wait until subscribed; ``False`` if that took longer than ``timeout``."""
+        return await within(self._ready, timeout)
+
+    async def _serve(self) -> None:
         try:
-            async with asyncio.timeout(timeout):
-                await self._ready.wait()
-        except TimeoutError:
-            return False
-        return True
+            await self._until_stopped(self._listen())
+        finally:
+            self._ready.clear()
 
-    async def stop(self, grace: float = 1.0) -> None:
-        """Cancel the listener and wait (up to ``grace``) for it to close its connection."""
-        task, self._task = self._task, None
-        if task is None:
-            return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
-            async with asyncio.timeout(grace):
-                await task
-        self._ready.clear()
+    def _subscribed(self) -> None:
+        self._ready.set()
+        if self._signals is not None:
+            self._signals.subscribed.fire(None)
 
-    async def _run(self) -> None:
+    async def _listen(self) -> None:
         notices = self._notifier.listen(
-            self._kind, on_ready=self._ready.set, on_lost=self._ready.clear
+            self._kind, on_ready=self._subscribed, on_lost=self._ready.clear
         )
         try:
             async for notice in notices:
@@ -351,5 +365,7 @@ class Subscription:
                         "notify.callback_failed",
                         extra={"kind": self._kind, "run_id": notice.run_id},
                     )
+                if self._signals is not None:
+                    self._signals.handled.fire(notice)
         finally:
             await notices.aclose()

@@ -21,7 +21,7 @@ from redis.exceptions import OutOfMemoryError, ReadOnlyError, RedisError
 
 from broker.client import connect
 from broker.liveness import Liveness
-from broker.notify import Notifier
+from broker.notify import Notifier, SubscriptionSignals
 from store.types import Owner
 from tests.broker.conftest import closed_port
 from tests.support.polling import until
@@ -59,8 +59,9 @@ async def test_oom_readonly_and_masterdown_never_escape_untyped(client: Redis) -
     owner = Owner("elsewhere", 4242, uuid.uuid4().hex[:12])
     await live.refresh(owner, HB, False)
     seen: list[str] = []
-    sub = notifier.subscription("cancel", lambda n: seen.append(n.run_id))
-    await sub.start()
+    signals = SubscriptionSignals()
+    sub = notifier.subscription("cancel", lambda n: seen.append(n.run_id), signals=signals)
+    sub.start()
     try:
         assert await sub.wait_ready(5.0)
 
@@ -72,7 +73,7 @@ async def test_oom_readonly_and_masterdown_never_escape_untyped(client: Redis) -
         probe = await live.probe(owner, HB)
         assert probe.vouches, probe  # the key is still there and consistent
         assert await notifier.publish_cancel("during-oom") is True
-        await until(lambda: asyncio.sleep(0, seen), accept=lambda s: "during-oom" in s)
+        await signals.handled.until(lambda n: n.run_id == "during-oom")
         await config(client, "maxmemory", "0")
 
         # READONLY: demoted to a replica of a master that is not there.
@@ -106,4 +107,5 @@ async def test_oom_readonly_and_masterdown_never_escape_untyped(client: Redis) -
 
         await until(publish_and_look, timeout=10.0, accept=lambda s: "after" in s)
     finally:
-        await sub.stop()
+        sub.stop()
+        await sub.wait_stopped(1.0)

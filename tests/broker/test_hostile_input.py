@@ -9,7 +9,6 @@ replies (NOPERM) while subscribing.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import uuid
@@ -25,7 +24,7 @@ from broker import hostile
 from broker.client import connect
 from broker.codec import MalformedMessage, decode
 from broker.liveness_keys import KeyRead, judge, unpack
-from broker.notify import MalformedNotice, Notice, Notifier, _decode
+from broker.notify import MalformedNotice, Notice, Notifier, SubscriptionSignals, _decode
 from tests.broker.helpers import acl
 from tests.support.polling import until
 
@@ -135,8 +134,9 @@ async def test_deep_json_on_the_cancel_channel_does_not_end_the_listener(
     notifier: Notifier, redis: Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     seen: list[str] = []
-    sub = notifier.subscription("cancel", lambda n: seen.append(n.run_id))
-    await sub.start()
+    signals = SubscriptionSignals()
+    sub = notifier.subscription("cancel", lambda n: seen.append(n.run_id), signals=signals)
+    sub.start()
     before = hostile.HOSTILE_INPUT.labels("cancel")._value.get()
     try:
         assert await sub.wait_ready(3.0)
@@ -144,7 +144,7 @@ async def test_deep_json_on_the_cancel_channel_does_not_end_the_listener(
             for payload in HOSTILE_PAYLOADS:
                 await redis.publish(notifier.channel("cancel"), payload)
             await notifier.publish_cancel("after-the-garbage")
-            await until(lambda: asyncio.sleep(0, seen), timeout=5.0, accept=lambda s: bool(s))
+            await signals.handled.wait(5.0)
         assert seen == ["after-the-garbage"]
         assert sub.ready
         dropped = hostile.HOSTILE_INPUT.labels("cancel")._value.get() - before
@@ -153,7 +153,8 @@ async def test_deep_json_on_the_cancel_channel_does_not_end_the_listener(
         lines = [r for r in caplog.records if r.getMessage() == "notify.malformed"]
         assert len(lines) == 1, [r.__dict__.get("reason") for r in lines]
     finally:
-        await sub.stop()
+        sub.stop()
+        await sub.wait_stopped(1.0)
 
 
 async def test_deep_json_on_the_settled_channel_does_not_break_a_watch(
@@ -189,9 +190,9 @@ async def test_noperm_on_subscribe_is_retried_until_granted(
         hostile.REDIS_ERRORS.labels("notify-cancel", code)._value.get()
         for code in ("NOPERM", "other")
     )
-    seen: list[str] = []
-    sub = restricted.subscription("cancel", lambda n: seen.append(n.run_id))
-    await sub.start()
+    signals = SubscriptionSignals()
+    sub = restricted.subscription("cancel", lambda n: None, signals=signals)
+    sub.start()
     try:
 
         async def refused() -> float:
@@ -207,9 +208,10 @@ async def test_noperm_on_subscribe_is_retried_until_granted(
         await acl(redis, "SETUSER", user, "allchannels")
         assert await sub.wait_ready(10.0)
         await Notifier(redis, redis_prefix).publish_cancel("granted")
-        await until(lambda: asyncio.sleep(0, seen), timeout=5.0, accept=lambda s: "granted" in s)
+        await signals.handled.until(lambda n: n.run_id == "granted", 5.0)
     finally:
-        await sub.stop()
+        sub.stop()
+        await sub.wait_stopped(1.0)
 
 
 async def test_noperm_on_a_watch_falls_back_to_polling(

@@ -11,7 +11,7 @@ import pytest
 from redis.asyncio import Redis
 
 from broker.client import connect
-from broker.notify import Notice, Notifier
+from broker.notify import Notice, Notifier, SubscriptionSignals
 from tests.support.polling import until
 
 
@@ -88,38 +88,45 @@ async def test_subscription_delivers_cancels_and_survives_a_bad_callback(
             raise RuntimeError("callback bug")
         seen.append(notice)
 
-    sub = notifier.subscription("cancel", on_cancel)
-    await sub.stop()  # before start: harmless
-    await sub.start()
-    await sub.start()  # twice: one listener
+    signals = SubscriptionSignals()
+    sub = notifier.subscription("cancel", on_cancel, signals=signals)
+    sub.stop()  # before start: harmless
+    assert await sub.wait_stopped(0)
+    sub.start()
+    sub.start()  # twice: one listener
     assert await sub.wait_ready(3.0)
     with caplog.at_level(logging.WARNING, logger="runfleet.broker.notify"):
         await notifier.publish_cancel("boom")
         await redis.publish(notifier.channel("cancel"), b'{"no-run": 1}')
         await notifier.publish_cancel("r1")
-        await until(lambda: asyncio.sleep(0, seen), accept=lambda s: len(s) == 1)
+        assert (await signals.handled.wait()).run_id == "boom"  # raised, logged, survived
+        assert (await signals.handled.wait()).run_id == "r1"
     assert seen == [Notice("cancel", "r1")]
     events = [r.getMessage() for r in caplog.records]
     assert "notify.callback_failed" in events
     assert "notify.malformed" in events
-    await sub.stop()
-    await sub.stop()
+    assert signals.subscribed.count == 1
+    sub.stop()
+    sub.stop()
+    assert await sub.wait_stopped(1.0)
     assert not sub.ready
+    sub.start()  # after a stop: a service runs once
+    assert await sub.wait_stopped(0)
 
 
 async def test_subscription_resubscribes_after_its_connection_is_killed(
     named_redis: Redis, redis: Redis, redis_prefix: str
 ) -> None:
-    seen: list[str] = []
+    signals = SubscriptionSignals()
     sub = Notifier(named_redis, redis_prefix).subscription(
-        "settled", lambda n: seen.append(n.run_id)
+        "settled", lambda n: None, signals=signals
     )
-    await sub.start()
+    sub.start()
     try:
-        assert await sub.wait_ready(3.0)
+        await signals.subscribed.wait(3.0)
         publisher = Notifier(redis, redis_prefix)
         await publisher.publish_settled("before", "completed")
-        await until(lambda: asyncio.sleep(0, seen), accept=lambda s: "before" in s)
+        assert (await signals.handled.wait()).run_id == "before"
 
         victims = [
             c["id"]
@@ -130,11 +137,9 @@ async def test_subscription_resubscribes_after_its_connection_is_killed(
         for client_id in victims:
             await redis.client_kill_filter(_id=client_id)
 
-        async def publish_and_look() -> list[str]:
-            await publisher.publish_settled("after", "completed")
-            await asyncio.sleep(0.05)
-            return seen
-
-        await until(publish_and_look, timeout=10.0, accept=lambda s: "after" in s)
+        await signals.subscribed.wait(10.0)  # resubscribed: nothing published now is missed
+        await publisher.publish_settled("after", "completed")
+        assert (await signals.handled.wait()).run_id == "after"
     finally:
-        await sub.stop()
+        sub.stop()
+        await sub.wait_stopped(1.0)

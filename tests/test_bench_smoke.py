@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ops.bench import dbos_side
+from ops.bench import dbos_side, scaling
 from ops.bench.__main__ import app
+from ops.bench.fleet_procs import Servers
 from ops.services import Endpoints
 
 
@@ -26,11 +27,17 @@ def _bench(services: Endpoints, *args: str) -> dict[str, Any]:
     return payload
 
 
+SKIP_SCALING = ["--scale", "", "--skip-fsync", "--history-rows", "0", "--skip-results"]
+SKIP_RECOVERY = ["--skip-recovery", "--skip-backlog", "--skip-rss"]
+TARGETS = {"drain >= 3x rq SimpleWorker", "enqueue, one call each >= 0.5x rq",
+           "enqueue_many >= 1x rq"}  # fmt: skip
+
+
 def test_fleet_bench_runs_every_phase(services: Endpoints) -> None:
     out = _bench(
         services, "fleet", "--runs", "20", "--latency-samples", "5", "--kills", "1",
         "--recovery-runs", "4", "--rss-runs", "20", "--backlog", "40", "--backlog-kills", "1",
-        "--backlog-concurrency", "4",
+        "--backlog-concurrency", "4", *SKIP_SCALING,
     )  # fmt: skip
     assert out["runfleet"]["drain"]["runs"] == 41  # two enqueue phases and one warm-up run
     assert out["rq"]["drain"]["runs"] == 40
@@ -38,12 +45,57 @@ def test_fleet_bench_runs_every_phase(services: Endpoints) -> None:
     assert out["backlog_recovery"]["steals"] >= 1
     assert out["backlog_recovery"]["backlog"] == 40
     assert out["memory"]["in_flight"] >= 1
-    assert set(out["targets"]) >= {"drain >= 2.5x rq SimpleWorker"}
+    assert set(out["targets"]) >= TARGETS
+    assert out["scale"] == [] and out["fsync"] == [] and out["history"] is None
+    assert out["results"] is None and out["soak"] is None
+
+
+def test_fleet_bench_scaling_phases(services: Endpoints) -> None:
+    """Process counts, fsync (the given server, as found), history, result(), soak."""
+    out = _bench(
+        services, "fleet", "--runs", "10", "--latency-samples", "3", *SKIP_RECOVERY,
+        "--scale", "1", "--history-rows", "300", "--result-runs", "10",
+        "--result-samples", "5", "--soak-runs", "30",
+    )  # fmt: skip
+    assert [(r["workers"], r["runfleet"]["runs"], r["rq"]["runs"]) for r in out["scale"]] == [
+        (1, 20, 20)
+    ]
+    [fsync] = out["fsync"]  # a server the user named: only reported, never reconfigured
+    assert fsync["server_started_by_bench"] is False and fsync["fsync"] in ("on", "off")
+    assert fsync["drain"]["runs"] == 20
+    history = out["history"]
+    assert history["settled_runs"] == 300 and history["journal_records"] == 900
+    assert history["empty"]["runs"] == history["with_history"]["runs"] == 20
+    results = out["results"]
+    assert results["runs"] == 10
+    assert results["runfleet_settled_result"]["samples"] == 5
+    assert results["rq_settled_return_value"]["samples"] == 5
+    assert [s["runs"] for s in out["soak"]["samples"]] == [0, 30]
+    assert set(out["targets"]) >= TARGETS | {
+        "drain, 1 processes >= 3x rq SimpleWorker",
+        "drain with 300 settled runs within 10% of a fresh database",
+        "worker RSS flat over 30 runs (growth < 20 MB or < 10%)",
+    }
+
+
+async def test_fsync_rows_start_their_own_servers(services: Endpoints) -> None:
+    """Without a server named by the user, the bench starts one server each way."""
+    rows = await scaling.fsync_rows(
+        Servers(services.database_url, services.redis_url), runs=10, workers=1, concurrency=4
+    )
+    assert [(r.target.fsync, r.target.synchronous_commit, r.target.owned) for r in rows] == [
+        ("on", "on", True),
+        ("off", "off", True),
+    ]
+    assert all(r.drain.runs == 10 for r in rows)
 
 
 @pytest.mark.skipif(not dbos_side.available(), reason="DBOS (the bench extra) is not installed")
 def test_flows_bench_against_dbos(services: Endpoints) -> None:
-    out = _bench(services, "flows", "--flows", "20", "--sleep-runs", "5", "--dbos-polling", "0.05")
+    out = _bench(
+        services, "flows", "--flows", "20", "--sleep-runs", "5", "--dbos-polling", "0.05",
+        "--skip-fsync",
+    )  # fmt: skip
     assert out["runfleet"]["flows"] == out["dbos"]["polling_0.05s"]["flows"] == 20
     assert [s["runs"] for s in out["sleeps"]] == [5, 5]
 
@@ -51,3 +103,6 @@ def test_flows_bench_against_dbos(services: Endpoints) -> None:
 def test_flows_bench_runfleet_alone(services: Endpoints) -> None:
     out = _bench(services, "flows", "--flows", "20", "--skip-dbos", "--skip-sleep")
     assert out["runfleet"]["flows"] == 20 and out["dbos"] == {}
+    [fsync] = out["fsync"]  # the given server as found; DBOS skipped there too
+    assert fsync["server_started_by_bench"] is False and fsync["runfleet"]["flows"] == 20
+    assert fsync["dbos"] is None

@@ -1,7 +1,9 @@
 """Read-only views for operators: listings, lineages and the rows that may need a person.
 
 Nothing here writes. Every row comes back with database time (``RunRow.now_ms``) so a
-caller judges lease age and due times on the one clock the fleet agrees on.
+caller judges lease age and due times on the one clock the fleet agrees on. Counts and
+the clock are ``store.stats``'s reads; stale leases are the stale sweep's read
+(``store.sweeps``): each read exists once.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from dataclasses import dataclass
 
 from store.db import Database
 from store.rows import run_row
+from store.stats import Stats
+from store.sweeps import Sweeps
 from store.types import Owner, RunRow, RunStatus
 
 DEFAULT_REACTIVATED_OVER = 3
@@ -67,10 +71,9 @@ class Inspect:
         return [run_row(r) for r in rows]
 
     async def stale_running(self, stale_after_ms: int, *, limit: int = 200) -> list[RunRow]:
-        rows = await self._db.all(
-            "inspect.stale_running", {"stale_after_ms": stale_after_ms, "limit": limit}
-        )
-        return [run_row(r) for r in rows]
+        """``Sweeps.stale_running`` from the start. Deprecated: kept until
+        ``ops/cli/fleet.py`` calls that; remove it then."""
+        return await Sweeps(self._db).stale_running(stale_after_ms, limit)
 
     async def pending_older(self, older_than_ms: int, *, limit: int = 200) -> list[RunRow]:
         """Pending runs startable for longer than ``older_than_ms`` yet not started."""
@@ -107,11 +110,9 @@ class Inspect:
         ]
 
     async def running_by_owner(self) -> dict[Owner, int]:
-        """How many running rows each owner holds (the database's view, not the key's)."""
-        rows = await self._db.all("inspect.running_by_owner")
-        return {
-            Owner(r["owner_host"], int(r["owner_pid"]), r["owner_nonce"]): int(r["n"]) for r in rows
-        }
+        """``Stats.running_by_owner``. Deprecated: kept until ``ops/cli/fleet.py`` and
+        ``ops/dashboard/data.py`` call that; remove it then."""
+        return await Stats(self._db).running_by_owner()
 
     async def active_queues(self, *, limit: int = 1000) -> list[str]:
         """Queues holding unsettled runs."""

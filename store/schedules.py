@@ -30,6 +30,7 @@ from store.cron import Cron, InvalidSchedule, iso
 from store.db import Database
 from store.errors import ExecutionIdentityConflict
 from store.runs import Runs
+from store.stats import Stats
 from store.types import Created, CreateOutcome, Joined, JsonValue, NewRun, RunRow
 
 if TYPE_CHECKING:
@@ -206,6 +207,8 @@ class Schedules:
         self._db = db
         self._runs = runs
         self._settings = settings
+        self._stats = Stats(db)
+        """Database time (``Stats.now_ms``): a first tick is the first after it."""
 
     @classmethod
     def of(cls, store: Store) -> Schedules:
@@ -231,14 +234,9 @@ class Schedules:
             "next_tick_ms": next_tick_ms,
         }
 
-    async def now_ms(self) -> int:
-        row = await self._db.one("schedules.now")
-        assert row is not None
-        return int(row["now_ms"])
-
     async def add(self, spec: ScheduleSpec) -> Schedule | None:
         """Create a schedule whose first tick is the first after now; None if the name is taken."""
-        first = spec.cron.next_after(await self.now_ms())
+        first = spec.cron.next_after(await self._stats.now_ms())
         row = await self._db.one("schedules.insert", self._params(spec, first))
         return _schedule(row) if row else None
 
@@ -248,7 +246,7 @@ class Schedules:
         Idempotent across a fleet of workers starting at once: an unchanged definition
         keeps its next tick (restarting workers never re-fire or skip a tick).
         """
-        first = spec.cron.next_after(await self.now_ms())
+        first = spec.cron.next_after(await self._stats.now_ms())
         row = await self._db.one("schedules.upsert", self._params(spec, first))
         return _schedule(row) if row else None
 

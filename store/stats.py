@@ -1,10 +1,14 @@
-"""Fleet-wide reads: how many runs are where, and whether any rule was broken."""
+"""Fleet-wide reads: how many runs are where, whether any rule was broken, and the clock.
+
+Each read exists once: operators (``runfleet fleet``, the dashboard), the demo,
+benchmarks and schedules all count and tell time here.
+"""
 
 from __future__ import annotations
 
 from store.db import Database
 from store.rows import journal_record
-from store.types import JournalRecord, RunStatus
+from store.types import JournalRecord, Owner, RunStatus
 
 
 class Stats:
@@ -30,11 +34,23 @@ class Stats:
         )
         return [journal_record(r) for r in rows]
 
+    async def running_by_owner(self) -> dict[Owner, int]:
+        """How many running rows each owner holds (the database's view, not the key's)."""
+        rows = await self._db.all("stats.running_by_owner")
+        return {
+            Owner(r["owner_host"], int(r["owner_pid"]), r["owner_nonce"]): int(r["n"]) for r in rows
+        }
+
     async def running_by_owner_pid(self) -> dict[int, int]:
-        rows = await self._db.all("stats.running_by_owner_pid")
-        return {int(row["owner_pid"]): int(row["n"]) for row in rows}
+        """``running_by_owner`` summed by pid. Deprecated: kept until its callers in
+        ``ops/`` (demo, benchmarks) read ``running_by_owner``; remove it then."""
+        by_pid: dict[int, int] = {}
+        for owner, n in (await self.running_by_owner()).items():
+            by_pid[owner.pid] = by_pid.get(owner.pid, 0) + n
+        return by_pid
 
     async def now_ms(self) -> int:
+        """Database time (``runfleet.now_ms()``), the one clock the fleet agrees on."""
         row = await self._db.one("stats.db_now")
         assert row is not None
         return int(row["now_ms"])

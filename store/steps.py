@@ -13,6 +13,7 @@ from store.config import Settings
 from store.db import Database
 from store.errors import InvalidInput
 from store.journal import Journal, Kind, digest
+from store.registry import FlowRegistry, RegisteredFlow
 from store.rows import Row, owner_params
 from store.types import JsonValue, Owner
 
@@ -47,14 +48,6 @@ class StepRecord:
         if values.text_digest(self.stored) == self.digest:
             return True
         return not values.is_canonical(self.stored) and digest(self.output) == self.digest
-
-
-@dataclass(frozen=True, slots=True)
-class RegisteredFlow:
-    name: str
-    queue: str
-    signature: str | None
-    last_seen_ms: int
 
 
 def _record(row: Row) -> StepRecord:
@@ -215,15 +208,11 @@ class Steps:
             return True
 
     async def register_flow(self, name: str, queue: str, signature: str | None) -> None:
-        await self._db.execute(
-            "steps.register_flow", {"name": name, "queue": queue, "signature": signature}
-        )
+        """``FlowRegistry.register``. Deprecated: kept until ``worker/process.py`` calls
+        ``store.flows.register`` (and ``Store`` has ``flows``); remove it then."""
+        await FlowRegistry(self._db).register(name, queue, signature)
 
     async def flow(self, name: str) -> RegisteredFlow | None:
-        row = await self._db.one("steps.flow", {"name": name})
-        if row is None:
-            return None
-        return RegisteredFlow(row["name"], row["queue"], row["signature"], int(row["last_seen_ms"]))
-
-    async def deadline_passed(self, limit: int = 64) -> list[str]:
-        return [r["id"] for r in await self._db.all("steps.deadline_passed", {"limit": limit})]
+        """``FlowRegistry.get``. Deprecated: kept until ``broker/queue.py`` and
+        ``ops/cli/schedule.py`` call ``store.flows.get``; remove it then."""
+        return await FlowRegistry(self._db).get(name)

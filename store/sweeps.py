@@ -14,8 +14,8 @@ import enum
 from dataclasses import dataclass, replace
 
 from store.db import Database
-from store.rows import clock_row
-from store.types import ClockRow, Owner, PendingCursor, StaleRunning
+from store.rows import clock_row, run_row
+from store.types import ClockRow, Owner, PendingCursor, RunRow
 
 MIN_KEY = -(2**63)
 """The smallest bigint: every keyset starts strictly after it."""
@@ -134,8 +134,12 @@ class Sweeps:
 
     async def stale_running(
         self, stale_after_ms: int, limit: int = 64, *, after: SweepKey = START
-    ) -> list[StaleRunning]:
-        """Running rows whose lease is older than ``stale_after_ms`` by database time."""
+    ) -> list[RunRow]:
+        """Running rows whose lease is older than ``stale_after_ms`` by database time,
+        stalest first, strictly after ``after`` in (heartbeat, id) order.
+
+        The one stale-lease read: the stale sweep walks it batch by batch, ``runfleet
+        fleet stuck`` reads its first page. Whole rows with ``now_ms``."""
         rows = await self._db.all(
             "sweeps.stale_running",
             {
@@ -145,14 +149,7 @@ class Sweeps:
                 "after_id": after.id,
             },
         )
-        return [
-            StaleRunning(
-                run_id=r["id"],
-                owner=Owner(r["owner_host"], int(r["owner_pid"]), r["owner_nonce"]),
-                heartbeat_at_ms=int(r["heartbeat_at_ms"]),
-            )
-            for r in rows
-        ]
+        return [run_row(r) for r in rows]
 
     async def parked_released(self, *, after: SweepKey = START, limit: int = 64) -> list[Keyed]:
         """Runs parked ``released`` by a shutdown or a lapse, by release time."""

@@ -34,7 +34,7 @@ from broker.service import Service, Signal
 from store import Store, SweepKind
 from store.config import Settings, jittered
 from store.sweeps import START, Keyed, SweepCursor, SweepKey
-from store.types import ClockRow, PendingCursor, StaleRunning
+from store.types import ClockRow, PendingCursor, RunRow
 from worker import metrics
 
 log = logging.getLogger("runfleet.worker.sweeper")
@@ -151,13 +151,15 @@ class Sweeper(Service):
         """Running rows with a stale lease: the driver probes and steals (recovery lane)."""
         stale_after = self._settings.stale_after_ms
 
-        async def read(after: SweepKey, limit: int) -> list[StaleRunning]:
+        async def read(after: SweepKey, limit: int) -> list[RunRow]:
             return await self._store.sweeps.stale_running(stale_after, limit, after=after)
 
-        rows = await self._walk(
-            SweepKind.STALE_RUNNING, read, lambda s: SweepKey(s.heartbeat_at_ms, s.run_id)
-        )
-        return [s.run_id for s in rows]
+        def key(row: RunRow) -> SweepKey:
+            assert row.heartbeat_at_ms is not None  # running rows always have a lease
+            return SweepKey(row.heartbeat_at_ms, row.id)
+
+        rows = await self._walk(SweepKind.STALE_RUNNING, read, key)
+        return [row.id for row in rows]
 
     async def _released(self) -> list[str]:
         """Runs released by a shutdown or a lapse (their direct wake may have been lost)."""

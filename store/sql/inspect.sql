@@ -18,12 +18,6 @@ SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r
  WHERE r.lineage_id = %(lineage_id)s
  ORDER BY r.round_ordinal;
 
--- name: stale_running
--- Running rows whose lease is older than `stale_after_ms` by database time, stalest first.
-SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r
- WHERE r.status = 'running' AND r.heartbeat_at_ms < runfleet.now_ms() - %(stale_after_ms)s
- ORDER BY r.heartbeat_at_ms, r.id LIMIT %(limit)s;
-
 -- name: pending_older
 -- Pending rows not started `older_than_ms` after they became startable: admission time,
 -- or the due time of a delayed admission (a run enqueued for later is not late before it).
@@ -48,11 +42,6 @@ SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r
  WHERE r.waiting_reason = %(reason)s
    AND r.status NOT IN ('completed', 'failed', 'cancelled')
  ORDER BY r.updated_at_ms, r.id LIMIT %(limit)s;
-
--- name: running_by_owner
-SELECT owner_host, owner_pid, owner_nonce, count(*) AS n FROM runfleet.runs
- WHERE status = 'running'
- GROUP BY owner_host, owner_pid, owner_nonce;
 
 -- name: active_queues
 -- Queues that unsettled runs sit on: the streams whose lag is worth measuring.

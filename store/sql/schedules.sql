@@ -4,9 +4,6 @@
 -- two schedulers never both admit a tick; the run id derived from the tick makes even a
 -- repeated admission join the first. Times are database time (runfleet.now_ms()).
 
--- name: now
-SELECT runfleet.now_ms() AS now_ms;
-
 -- name: insert
 -- A new schedule (CLI `schedule add`); nothing when the name is taken.
 INSERT INTO runfleet.schedules

@@ -17,7 +17,11 @@ SELECT seq, run_id, kind, source_id, source_seq, payload, at_ms FROM runfleet.jo
  WHERE kind = %(kind)s AND seq > %(after_seq)s ORDER BY seq LIMIT %(limit)s;
 
 -- name: db_now
+-- Database time, the one clock the fleet agrees on (also what schedules count from).
 SELECT runfleet.now_ms() AS now_ms;
 
--- name: running_by_owner_pid
-SELECT owner_pid, count(*) AS n FROM runfleet.runs WHERE status = 'running' GROUP BY owner_pid;
+-- name: running_by_owner
+-- How many running rows each owner holds: the database's view, not the liveness key's.
+SELECT owner_host, owner_pid, owner_nonce, count(*) AS n FROM runfleet.runs
+ WHERE status = 'running'
+ GROUP BY owner_host, owner_pid, owner_nonce;

@@ -69,21 +69,3 @@ RETURNING key;
 
 -- name: delete
 DELETE FROM runfleet.steps WHERE run_id = %(run_id)s AND key = %(key)s RETURNING key;
-
--- name: register_flow
-INSERT INTO runfleet.flows (name, queue, signature, registered_at_ms, last_seen_ms)
-VALUES (%(name)s, %(queue)s, %(signature)s, runfleet.now_ms(), runfleet.now_ms())
-ON CONFLICT (name) DO UPDATE SET queue = excluded.queue, signature = excluded.signature,
-    last_seen_ms = excluded.last_seen_ms;
-
--- name: flow
-SELECT name, queue, signature, registered_at_ms, last_seen_ms FROM runfleet.flows
- WHERE name = %(name)s;
-
--- name: deadline_passed
-SELECT id FROM runfleet.runs
- WHERE status IN ('pending', 'running', 'suspended') AND state ? 'deadline_ms'
-   AND state->>'deadline_ms' IS NOT NULL
-   AND (state->>'deadline_ms')::bigint <= runfleet.now_ms()
-   AND cancel_requested_at_ms IS NULL
- ORDER BY (state->>'deadline_ms')::bigint LIMIT %(limit)s;

@@ -7,10 +7,14 @@
 -- compared directly it would be a filter evaluated per row instead of an index bound.
 
 -- name: stale_running
-SELECT id, owner_host, owner_pid, owner_nonce, heartbeat_at_ms FROM runfleet.runs
- WHERE status = 'running' AND heartbeat_at_ms < (SELECT runfleet.now_ms()) - %(stale_after_ms)s
-   AND (heartbeat_at_ms, id) > (%(after_ms)s, %(after_id)s)
- ORDER BY heartbeat_at_ms, id LIMIT %(limit)s;
+-- Running rows whose lease is older than `stale_after_ms` by database time, stalest first
+-- (runs_stale_running_idx): the stale sweep's batch and `runfleet fleet stuck`'s list.
+-- Whole rows plus database time, so a caller judges lease age on the one clock.
+SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r
+ WHERE r.status = 'running'
+   AND r.heartbeat_at_ms < (SELECT runfleet.now_ms()) - %(stale_after_ms)s
+   AND (r.heartbeat_at_ms, r.id) > (%(after_ms)s, %(after_id)s)
+ ORDER BY r.heartbeat_at_ms, r.id LIMIT %(limit)s;
 
 -- name: parked_released
 -- Runs a shutdown or a lapse handed back (runs_released_idx).

@@ -28,14 +28,18 @@ async def test_recovery_first_with_backlog(
         await proc.wait_started()
     await queue.enqueue_many([EnqueueSpec(rec.nap, (50 + (i * 7) % 51,)) for i in range(BACKLOG)])
 
+    async def victim_holds() -> int:
+        owned = await store.stats.running_by_owner()
+        return sum(n for owner, n in owned.items() if owner.pid == victim.pid)
+
     async def victim_busy() -> bool:
-        return (await store.stats.running_by_owner_pid()).get(victim.pid, 0) >= 4
+        return await victim_holds() >= 4
 
     await until(victim_busy, 20, "the victim to hold runs")
     killed_at = await store.stats.now_ms()
     victim.signal(signal.SIGKILL)
     await victim.wait_exit()
-    held = (await store.stats.running_by_owner_pid()).get(victim.pid, 0)
+    held = await victim_holds()
     assert held >= 1
     pending = (await store.stats.status_counts()).get(RunStatus.PENDING, 0)
     assert pending > BACKLOG // 2, f"the backlog drained too early to prove anything ({pending})"

@@ -32,19 +32,19 @@ async def test_stale_running_lists_expired_leases_oldest_first(store: Store) -> 
     await create(store, "pending")
 
     stale = await store.sweeps.stale_running(0)
-    assert [(s.run_id, s.owner, s.heartbeat_at_ms) for s in stale] == [
+    assert [(s.id, s.owner, s.heartbeat_at_ms) for s in stale] == [
         ("s1", OWNER_A, beats["s1"]),
         ("s2", OWNER_B, beats["s2"]),
         ("s3", OWNER_C, beats["s3"]),
     ]
-    assert [s.run_id for s in await store.sweeps.stale_running(0, limit=2)] == ["s1", "s2"]
+    assert [s.id for s in await store.sweeps.stale_running(0, limit=2)] == ["s1", "s2"]
     assert await store.sweeps.stale_running(3_600_000) == []
 
     renewed = await store.runs.heartbeat(OWNER_A, ["s1"])
     await wait_db_time_past(store, renewed.now_ms)
-    assert [s.run_id for s in await store.sweeps.stale_running(0)] == ["s2", "s3", "s1"]
+    assert [s.id for s in await store.sweeps.stale_running(0)] == ["s2", "s3", "s1"]
     await store.lifecycle.transition_owned("s2", OWNER_B, 1, RunStatus.COMPLETED)
-    assert [s.run_id for s in await store.sweeps.stale_running(0)] == ["s3", "s1"]
+    assert [s.id for s in await store.sweeps.stale_running(0)] == ["s3", "s1"]
 
 
 # ---- pending runs ------------------------------------------------------------

@@ -320,13 +320,6 @@ class Heartbeat:
 
 
 @dataclass(frozen=True, slots=True)
-class StaleRunning:
-    run_id: str
-    owner: Owner
-    heartbeat_at_ms: int
-
-
-@dataclass(frozen=True, slots=True)
 class PendingCursor:
     run_id: str
     created_at_ms: int

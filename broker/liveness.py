@@ -57,8 +57,6 @@ Evidence: TypeAlias = Literal[
     "self-orphaned",
 ]
 DEFAULT_HEARTBEAT_INTERVAL = 1.0
-KEY_TTL_INTERVALS = 3
-"""Workers set their key's TTL to this many heartbeat intervals (``Settings.liveness_ttl``)."""
 MAX_TTL_FACTOR = 10
 """A TTL above this many times the expected one was not set by a runfleet worker."""
 TOLERANCE_INTERVALS = 2
@@ -170,13 +168,17 @@ class Liveness:
         self._keys = Keys(prefix)
         self.host_id = host_id
         interval_ms = int(heartbeat_interval * 1000)
-        self.key_ttl_ms = (
-            int(key_ttl * 1000) if key_ttl is not None else KEY_TTL_INTERVALS * interval_ms
+        # Unset bounds follow the fleet's rules (Settings' properties); an unset
+        # stale_after is Settings' default ratio, five intervals.
+        fleet = Settings.model_construct(
+            heartbeat_interval=heartbeat_interval,
+            stale_after=stale_after or 5 * heartbeat_interval,
         )
+        self.key_ttl_ms = int((key_ttl if key_ttl is not None else fleet.liveness_ttl) * 1000)
         self.max_ttl_ms = MAX_TTL_FACTOR * self.key_ttl_ms
         self.tolerance_ms = TOLERANCE_INTERVALS * interval_ms
-        self.stale_after_ms = int((stale_after or 5 * heartbeat_interval) * 1000)
-        self.timeout = timeout if timeout is not None else min(0.5, heartbeat_interval / 2)
+        self.stale_after_ms = fleet.stale_after_ms
+        self.timeout = timeout if timeout is not None else fleet.liveness_timeout
 
     @classmethod
     def for_settings(cls, redis: Redis, settings: Settings) -> Liveness:
@@ -207,7 +209,7 @@ class Liveness:
         ``lapsed`` says the process has stopped its runs for want of confirmation,
         so a thief need not wait for the key to expire. ``info`` carries what
         ``runfleet fleet`` shows (``started_ms``, ``queues`` comma-joined, ``runs``).
-        ``ttl_s`` defaults to ``KEY_TTL_INTERVALS`` heartbeat intervals. Bounded by
+        ``ttl_s`` defaults to ``Settings.liveness_ttl`` (three intervals). Bounded by
         ``timeout`` (default ``self.timeout``). Raises only Redis errors
         (``RedisError``, ``OSError``, ``TimeoutError``): the caller logs and goes on.
         """

@@ -128,7 +128,7 @@ class Lease(Service):
             await self._pause(interval - (time.monotonic() - started))
 
     async def _lapse_loop(self) -> None:
-        period = min(0.1, self._settings.heartbeat_interval / 4)
+        period = self._settings.lapse_check_every
         while not self.stopping:
             self.check_lapse()
             await self._pause(period)

@@ -278,9 +278,9 @@ async def run(
             await drop_keys(servers.redis_url, settings.redis_prefix)
     fsync: tuple[FsyncFlows, ...] = ()
     if not skip_fsync:
-        polling = None if skip_dbos or not dbos_polling else min(dbos_polling)
+        shortest = None if skip_dbos or not dbos_polling else min(dbos_polling)
         fsync = await _fsync_rows(
-            servers, flows=flows, workers=workers, concurrency=concurrency, polling=polling
+            servers, flows=flows, workers=workers, concurrency=concurrency, polling=shortest
         )
     return FlowsBenchResult(flows, workers, concurrency, ours, theirs, tuple(sleeps), fsync)
 

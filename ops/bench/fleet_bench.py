@@ -17,24 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from rich.table import Table
 
-from broker import AsyncQueue, EnqueueSpec
 from ops.bench import result_soak, rq_side, runfleet_side, scaling
 from ops.bench.drain import drop_keys
 from ops.bench.fleet_procs import (
     Servers,
     bench_prefix,
     percentile,
-    rss_mb,
-    runfleet_worker,
-    wait_workers_started,
 )
-from ops.bench.noop import QUEUE, nap
 from ops.bench.recovery_bench import Recovery, empty_queue, with_backlog
 from ops.bench.scratch import BenchError, scratch_database
 from store import Store
@@ -52,26 +46,6 @@ TARGETS: dict[str, float] = {
 
 
 @dataclass(frozen=True, slots=True)
-class Memory:
-    """One worker's resident memory idle and with ``in_flight`` runs executing."""
-
-    concurrency: int
-    in_flight: int
-    idle_mb: float
-    loaded_mb: float
-    peak_mb: float
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "concurrency": self.concurrency,
-            "in_flight": self.in_flight,
-            "idle_rss_mb": round(self.idle_mb, 1),
-            "rss_mb": round(self.loaded_mb, 1),
-            "peak_rss_mb": round(self.peak_mb, 1),
-        }
-
-
-@dataclass(frozen=True, slots=True)
 class FleetBenchResult:
     runs: int
     workers: int
@@ -79,7 +53,7 @@ class FleetBenchResult:
     rq: rq_side.SideResult
     runfleet: rq_side.SideResult
     recovery: Recovery | None
-    memory: Memory | None
+    memory: result_soak.Memory | None
     load_before: tuple[float, float, float]
     backlog_recovery: Recovery | None = None
     stale_after: float = 5.0
@@ -176,29 +150,6 @@ class FleetBenchResult:
         }
 
 
-async def _memory(settings: Settings, store: Store, *, concurrency: int, nap_s: float) -> Memory:
-    """One worker, ``concurrency`` slots, as many naps: VmRSS once they are all in flight."""
-    proc = runfleet_worker(settings, flows=FLOWS, queues=QUEUE, concurrency=concurrency)
-    try:
-        await wait_workers_started(settings, [proc], timeout=30)
-        await asyncio.sleep(0.5)
-        idle = rss_mb(proc.pid)
-        async with AsyncQueue(QUEUE, settings=settings) as queue:
-            await queue.enqueue_many([EnqueueSpec(nap, (nap_s,))] * concurrency)
-        in_flight, loaded = 0, 0.0
-        deadline = time.monotonic() + nap_s
-        while time.monotonic() < deadline:
-            held = (await store.stats.running_by_owner_pid()).get(proc.pid, 0)
-            if held >= in_flight:
-                in_flight, loaded = held, rss_mb(proc.pid)
-            if held >= concurrency:
-                break
-            await asyncio.sleep(0.05)
-        return Memory(concurrency, in_flight, idle, loaded, rss_mb(proc.pid, "VmHWM"))
-    finally:
-        proc.close()
-
-
 async def run(
     servers: Servers,
     *,
@@ -281,7 +232,9 @@ async def run(
                     )  # fmt: skip
                 memory = None
                 if not skip_rss:
-                    memory = await _memory(settings, store, concurrency=rss_runs, nap_s=nap_s / 2)
+                    memory = await result_soak.in_flight(
+                        settings, store, concurrency=rss_runs, nap_s=nap_s / 2
+                    )
             finally:
                 await store.close()
             soaked = None

@@ -1,4 +1,4 @@
-"""A producer waiting on every result, and a worker's memory over a long soak.
+"""A producer waiting on every result, and a worker's memory: runs in flight, long soak.
 
 ``result()``: rq users enqueue and then wait for each job's result, and that traffic
 shares the servers with the workers. Both sides start idle workers, then the producer
@@ -7,6 +7,8 @@ admits a backlog in one ``enqueue_many`` and waits for every run's result in tur
 read): runs/s from admission to the last result. Then the same call on runs already
 settled, one at a time, in ms (rq: ``job.return_value(refresh=True)``, a read of the
 result it keeps in Redis).
+
+In flight: one worker's resident set idle and with ``--rss-runs`` naps executing at once.
 
 Soak (opt-in, ``--soak-runs``): one worker drains no-op runs in batches of 10,000 and its
 resident set is read after each batch, while it is idle between batches; memory left
@@ -24,7 +26,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from broker import EnqueueSpec, Queue
+from broker import AsyncQueue, EnqueueSpec, Queue
 from ops.bench import rq_side
 from ops.bench.drain import FLOWS_MODULE, admit, journal_tail, wait_settled
 from ops.bench.fleet_procs import (
@@ -34,8 +36,9 @@ from ops.bench.fleet_procs import (
     runfleet_worker,
     wait_workers_started,
 )
-from ops.bench.noop import QUEUE, noop_flow
+from ops.bench.noop import QUEUE, nap, noop_flow
 from ops.bench.scratch import BenchError
+from store import Store
 from store.config import Settings
 
 SOAK_SAMPLE_EVERY = 10_000
@@ -107,6 +110,49 @@ class Soak:
             "max_mb": round(self.max_mb, 1),
             "growth_mb": round(self.growth_mb, 1),
         }
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """One worker's resident memory idle and with ``in_flight`` runs executing."""
+
+    concurrency: int
+    in_flight: int
+    idle_mb: float
+    loaded_mb: float
+    peak_mb: float
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "concurrency": self.concurrency,
+            "in_flight": self.in_flight,
+            "idle_rss_mb": round(self.idle_mb, 1),
+            "rss_mb": round(self.loaded_mb, 1),
+            "peak_rss_mb": round(self.peak_mb, 1),
+        }
+
+
+async def in_flight(settings: Settings, store: Store, *, concurrency: int, nap_s: float) -> Memory:
+    """One worker, ``concurrency`` slots, as many naps: VmRSS once they are all in flight."""
+    proc = runfleet_worker(settings, flows=FLOWS_MODULE, queues=QUEUE, concurrency=concurrency)
+    try:
+        await wait_workers_started(settings, [proc], timeout=30)
+        await asyncio.sleep(0.5)
+        idle = rss_mb(proc.pid)
+        async with AsyncQueue(QUEUE, settings=settings) as queue:
+            await queue.enqueue_many([EnqueueSpec(nap, (nap_s,))] * concurrency)
+        in_flight, loaded = 0, 0.0
+        deadline = time.monotonic() + nap_s
+        while time.monotonic() < deadline:
+            held = (await store.stats.running_by_owner_pid()).get(proc.pid, 0)
+            if held >= in_flight:
+                in_flight, loaded = held, rss_mb(proc.pid)
+            if held >= concurrency:
+                break
+            await asyncio.sleep(0.05)
+        return Memory(concurrency, in_flight, idle, loaded, rss_mb(proc.pid, "VmHWM"))
+    finally:
+        proc.close()
 
 
 def _runfleet_with_results(

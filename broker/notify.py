@@ -22,7 +22,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, TypeAlias
@@ -131,6 +131,24 @@ class Notifier:
         """Wake producers waiting on ``run_id``; call after the settling transaction committed."""
         payload = {"run": run_id, "status": status}
         return await self._publish("settled", payload, "notify.settled_failed")
+
+    async def publish_settled_many(self, settled: Sequence[tuple[str, str]]) -> bool:
+        """``publish_settled`` for every (run id, status) in one pipeline; never raises."""
+        if not settled:
+            return True
+        channel = self.channel("settled")
+        try:
+            async with asyncio.timeout(self._timeout):
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for run_id, status in settled:
+                        pipe.publish(channel, json.dumps({"run": run_id, "status": status}))
+                    await pipe.execute()
+        except Exception as exc:
+            hostile.error_reply(
+                log, "notify-publish", "notify.settled_failed", exc, run_id=settled[0][0]
+            )
+            return False
+        return True
 
     async def _publish(self, kind: ChannelKind, payload: dict[str, str], event: str) -> bool:
         """Publish within ``timeout``; ``False`` (and a warning) if Redis did not take it.

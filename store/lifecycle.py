@@ -6,10 +6,12 @@ its attached descendants cancelled — commit in one transaction or not at all.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Json, Jsonb
+from psycopg.types.json import Jsonb
 
 from store import validate, values
 from store.config import Settings
@@ -28,6 +30,7 @@ from store.types import (
     Owner,
     RunRow,
     RunStatus,
+    Settle,
     Transitioned,
     TransitionOutcome,
     Waiting,
@@ -79,14 +82,8 @@ class Lifecycle:
             raise InvalidInput("to_status", f"an owned run cannot transition to {to_status}")
         if (to_status is RunStatus.SUSPENDED) != (waiting is not None):
             raise InvalidInput("waiting", "a suspended run needs a waiting reason, others none")
-        patch = dict(state_patch or {})
-        limit = self._settings.max_payload_bytes
-        result = None
-        if "result" in patch:
-            result = values.encode_canonical(patch.pop("result"), limit, "state", ["result"])
-        values.encode_canonical(patch, limit, "state")
+        patch, result, payload = self._encode(epoch, to_status, state_patch, record)
         w = waiting or Waiting(reason="")
-        payload = {"to": to_status.value, "epoch": epoch, **(record or {})}
         params = {
             "id": run_id,
             "epoch": epoch,
@@ -107,12 +104,12 @@ class Lifecycle:
             **owner_params(me),
         }
         if not to_status.terminal:  # one statement: the CAS and its record
-            row = await self._transition(params)
+            row = await self._transition("runs.transition_owned", params)
             if row is None:
                 return await self._refusal(run_id, me, epoch)
             return Transitioned(run_row(row))
         async with self._db.transaction():
-            row = await self._transition(params)
+            row = await self._transition("runs.transition_owned", params)
             if row is None:
                 return await self._refusal(run_id, me, epoch)
             moved = run_row(row)
@@ -121,13 +118,100 @@ class Lifecycle:
             cascaded: list[str] = []
             if end_children:
                 cascaded = await self._cascade(run_id, cause=f"parent-{to_status.value}")
-            woke = await self.notify_parents(moved)
-            return Transitioned(moved, tuple(cascaded), tuple(woke))
+            woke = await self._notify_parents([moved])
+            return Transitioned(moved, tuple(cascaded), tuple(woke.get(run_id, ())))
 
-    async def _transition(self, params: dict[str, Any]) -> dict[str, Any] | None:
-        """``runs.transition_owned``; data Postgres refuses is UnstorableValue, not a retry."""
+    def _encode(
+        self,
+        epoch: int,
+        to_status: RunStatus,
+        state_patch: dict[str, Any] | None,
+        record: dict[str, Any] | None,
+    ) -> tuple[dict[str, Any], str | None, dict[str, Any]]:
+        """(state patch, canonical result text or None, journal payload); UnstorableValue
+        when the patch cannot be stored (nothing is written then)."""
+        patch = dict(state_patch or {})
+        limit = self._settings.max_payload_bytes
+        result = None
+        if "result" in patch:
+            result = values.encode_canonical(patch.pop("result"), limit, "state", ["result"])
+        values.encode_canonical(patch, limit, "state")
+        return patch, result, {"to": to_status.value, "epoch": epoch, **(record or {})}
+
+    def check(self, item: Settle) -> None:
+        """Raise UnstorableValue now if ``item`` could not be stored (see ``settle_many``)."""
+        self._encode(item.epoch, item.status, item.patch, item.record)
+
+    async def settle_many(self, me: Owner, items: Sequence[Settle]) -> list[TransitionOutcome]:
+        """Commit a batch of terminal settlements ``me`` owns in one transaction.
+
+        Each item keeps ``transition_owned``'s rules and answers its own outcome, in
+        order: Transitioned (with the descendants it asked to cancel and the parents it
+        woke), GuardFailed when a cancel request landed first, NotOwner/NotFound when the
+        fence was lost. The settlements, their records and clocks are one statement, the
+        children walk and the parents' wake-ups one more each: a batch of any size costs
+        the round trips of one settlement. A value that cannot be stored raises
+        UnstorableValue for the whole batch and writes nothing (``check`` each item first).
+        """
+        if not items:
+            return []
+        if len({item.run_id for item in items}) != len(items):
+            raise InvalidInput("items", "a batch settles each run once")
+        encoded = []
+        for item in items:
+            status = validate.status(item.status, "status")
+            if not status.terminal:
+                raise InvalidInput("status", f"settle_many settles runs, not {status}")
+            patch, result, payload = self._encode(item.epoch, status, item.patch, item.record)
+            encoded.append((item, status, patch, result, payload))
+        params = {
+            "ids": [item.run_id for item, *_ in encoded],
+            "epochs": [item.epoch for item, *_ in encoded],
+            "statuses": [status.value for _, status, *_ in encoded],
+            "patches": [Jsonb(patch) for _, _, patch, _, _ in encoded],
+            "results": [result for *_, result, _ in encoded],
+            "guards": [item.guard for item, *_ in encoded],
+            "kinds": [item.kind for item, *_ in encoded],
+            "seqs": [self._db.next_source_seq() for _ in encoded],
+            "payloads": [Jsonb(payload) for *_, payload in encoded],
+            "digests": [digest(payload) for *_, payload in encoded],
+            "source_id": self._db.source_id,
+            **owner_params(me),
+        }
+        async with self._db.transaction():
+            rows = await self._transition_all("runs.settle_many", params)
+            moved = {row["id"]: run_row(row) for row in rows}
+            cascaded: dict[str, list[str]] = {}
+            if moved:
+                # As in transition_owned: fresh statements after the row locks were won.
+                pairs = await self._db.all("runs.attached_descendants_many", {"ids": list(moved)})
+                for root in dict.fromkeys(str(p["root"]) for p in pairs):
+                    cause = f"parent-{moved[root].status.value}"
+                    cascaded[root] = await self._cascade(root, cause=cause)
+            woke = await self._notify_parents(list(moved.values()))
+            outcomes: list[TransitionOutcome] = []
+            for item in items:
+                done = moved.get(item.run_id)
+                if done is None:
+                    outcomes.append(await self._refusal(item.run_id, me, item.epoch))
+                    continue
+                outcomes.append(
+                    Transitioned(
+                        done,
+                        tuple(cascaded.get(item.run_id, ())),
+                        tuple(woke.get(item.run_id, ())),
+                    )
+                )
+            return outcomes
+
+    async def _transition(self, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
+        """One transition statement; data Postgres refuses is UnstorableValue, not a retry."""
+        rows = await self._transition_all(name, params)
+        return rows[0] if rows else None
+
+    async def _transition_all(self, name: str, params: dict[str, Any]) -> list[Any]:
         try:
-            return await self._db.one("runs.transition_owned", params)
+            return await self._db.all(name, params)
         except psycopg.Error as exc:
             if values.refused_by_database(exc):
                 raise values.UnstorableValue("state", f"Postgres refused it: {exc}") from exc
@@ -168,17 +252,30 @@ class Lifecycle:
         """Every round of ``run_id``'s lineage, oldest first (empty if the run is unknown)."""
         return [run_row(r) for r in await self._db.all("runs.lineage_rounds", {"id": run_id})]
 
-    async def notify_parents(self, child: RunRow) -> list[str]:
-        """Hand a settled child's outcome to every parent; the ids of parents it woke."""
-        value = {
-            "status": child.status.value,
-            "result": child.state.get("result"),
-            "error": child.state.get("error"),
-            "handed_off_to": child.state.get("handed_off_to"),
-        }
-        # Json, not Jsonb: the deferred keeps the result's exact text (floats stay floats).
-        rows = await self._db.all("waits.notify_parents", {"child": child.id, "value": Json(value)})
-        return [r["id"] for r in rows]
+    async def _notify_parents(self, children: Sequence[RunRow]) -> dict[str, list[RunRow]]:
+        """Hand settled children's outcomes to every parent; per child, the parents it woke."""
+        if not children:
+            return {}
+        # The deferred keeps the result's exact text (floats stay floats): json, not jsonb.
+        texts = [
+            json.dumps(
+                {
+                    "status": child.status.value,
+                    "result": child.state.get("result"),
+                    "error": child.state.get("error"),
+                    "handed_off_to": child.state.get("handed_off_to"),
+                }
+            )
+            for child in children
+        ]
+        rows = await self._db.all(
+            "waits.notify_parents",
+            {"children": [child.id for child in children], "values": texts},
+        )
+        woke: dict[str, list[RunRow]] = {}
+        for row in rows:
+            woke.setdefault(str(row["woken_by"]), []).append(run_row(row))
+        return woke
 
     async def request_cancel(
         self, run_id: str, *, note: str | None = None, reason: str | None = None

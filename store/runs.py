@@ -376,6 +376,40 @@ class Runs:
             return await self._changed_or_missing(run_id)
         return Activated(run_row(row))
 
+    async def claim_and_activate_many(
+        self, rows: Sequence[RunRow], me: Owner
+    ) -> dict[str, ActivateOutcome]:
+        """``claim_and_activate`` for a batch of fresh admissions, in one statement.
+
+        Each row must be as read: pending, never started (no owner, lease or claim) and
+        not waiting; anything else is refused with InvalidInput (the caller drives those
+        one by one). Every row keeps its own snapshot check (status and epoch as read) and
+        gets its own record. The outcome of each id is what ``claim_and_activate`` would
+        have answered: a row that lost its race is read again (SnapshotChanged/NotFound).
+        """
+        for row in rows:
+            if not fresh_admission(row):
+                raise InvalidInput("rows", f"run {row.id!r} is not a fresh admission")
+        if not rows:
+            return {}
+        found = await self._db.all(
+            "runs.claim_and_activate_many",
+            {
+                "ids": [row.id for row in rows],
+                "epochs": [row.epoch for row in rows],
+                "seqs": [self._db.next_source_seq() for _ in rows],
+                "owner_key": me.key,
+                "journal_kind": Kind.CLAIMED_AND_ACTIVATED,
+                "source_id": self._db.source_id,
+                **owner_params(me),
+            },
+        )
+        outcomes: dict[str, ActivateOutcome] = {r["id"]: Activated(run_row(r)) for r in found}
+        for row in rows:
+            if row.id not in outcomes:
+                outcomes[row.id] = await self._changed_or_missing(row.id)
+        return outcomes
+
     async def steal(
         self,
         run_id: str,
@@ -464,3 +498,14 @@ class Runs:
         return Heartbeat(
             confirmed=confirmed, cancel_requested=cancels, now_ms=int(rows[0]["now_ms"])
         )
+
+
+def fresh_admission(row: RunRow) -> bool:
+    """A row ``claim_and_activate_many`` takes: pending, never started, not waiting."""
+    return (
+        row.status is RunStatus.PENDING
+        and row.waiting is None
+        and row.claim is None
+        and row.owner is None
+        and row.heartbeat_at_ms is None
+    )

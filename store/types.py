@@ -253,7 +253,25 @@ class Transitioned:
 
     row: RunRow
     cascaded: tuple[str, ...] = ()
-    woke: tuple[str, ...] = ()
+    woke: tuple[RunRow, ...] = ()
+    """The woken parents as the waking statement left them (no second read to hint them)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """One terminal settlement (completed, failed or cancelled) a batch commits.
+
+    ``Lifecycle.settle_many`` applies each with ``transition_owned``'s rules: fenced by
+    the owner and ``epoch``, cancel-guarded when ``guard``, its own journal record.
+    """
+
+    run_id: str
+    epoch: int
+    status: RunStatus
+    patch: dict[str, JsonValue]
+    kind: str = "transitioned"
+    record: dict[str, JsonValue] | None = None
+    guard: bool = True
 
 
 @dataclass(frozen=True, slots=True)

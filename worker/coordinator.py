@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from worker.driver import Driver
+from worker.driver import Decision, Driver
 
 log = logging.getLogger("runfleet.worker.coordinator")
 
@@ -23,6 +23,7 @@ class Coordinator:
         self._driver = driver
         self._active: dict[str, asyncio.Task[None]] = {}
         self._again: set[str] = set()
+        self._batches: set[asyncio.Task[dict[str, Decision]]] = set()
         self.changed = asyncio.Event()
 
     def active(self) -> int:
@@ -43,27 +44,62 @@ class Coordinator:
         self.changed.set()
         return True
 
-    async def _run(self, run_id: str, on_decided: Callable[[], None] | None) -> None:
+    def schedule_many(self, items: Sequence[tuple[str, Callable[[], None] | None]]) -> int:
+        """``schedule`` for everything one stream read delivered; the runs not already in a
+        drive are decided together (``Driver.decide_many``: one read, one claim statement).
+        Returns how many new drives started."""
+        fresh: list[tuple[str, Callable[[], None] | None]] = []
+        seen: set[str] = set()
+        for run_id, on_decided in items:
+            if run_id in self._active or run_id in seen:
+                self._again.add(run_id)
+                if on_decided is not None:
+                    on_decided()
+                continue
+            fresh.append((run_id, on_decided))
+            seen.add(run_id)
+        if not fresh:
+            return 0
+        batch = self._decide_many([run_id for run_id, _ in fresh])
+        for run_id, on_decided in fresh:
+            self._active[run_id] = asyncio.create_task(
+                self._run(run_id, on_decided, batch), name=f"drive:{run_id}"
+            )
+        self.changed.set()
+        return len(fresh)
+
+    def _decide_many(self, run_ids: list[str]) -> asyncio.Task[dict[str, Decision]]:
+        """The shared decision of one read's runs; kept here until done (its drives await it)."""
+        task = asyncio.get_running_loop().create_task(
+            self._driver.decide_many(run_ids), name="decide-many"
+        )
+        self._batches.add(task)
+        task.add_done_callback(self._batches.discard)
+        return task
+
+    async def _run(
+        self,
+        run_id: str,
+        on_decided: Callable[[], None] | None,
+        batch: asyncio.Future[dict[str, Decision]] | None = None,
+    ) -> None:
         try:
             while True:
                 try:
-                    await self._driver.drive(run_id, on_decided)
+                    await self._driver.drive(run_id, on_decided, batch)
                 except asyncio.CancelledError:
                     raise
                 except Exception:
                     # Infrastructure errors land here (the database went away mid-drive).
                     # The run stays durable; a sweep or a later wake drives it again.
                     log.exception("run.drive_failed", extra={"run_id": run_id})
-                on_decided = None
+                on_decided, batch = None, None
                 if run_id not in self._again:
                     return
                 self._again.discard(run_id)
         finally:
             self._active.pop(run_id, None)
             self.changed.set()
-
-    def request_interrupt(self, run_id: str, cause: str) -> bool:
-        return self._driver.interrupt(run_id, cause)
 
     async def join(self, timeout: float | None = None) -> bool:
         """Wait for every active drive; True if all finished within ``timeout``."""
@@ -72,8 +108,3 @@ class Coordinator:
             return True
         _, pending = await asyncio.wait(tasks, timeout=timeout)
         return not pending
-
-    async def cancel_all(self) -> None:
-        for task in list(self._active.values()):
-            task.cancel()
-        await asyncio.gather(*self._active.values(), return_exceptions=True)

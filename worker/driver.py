@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,8 +21,10 @@ from broker.liveness import Probe
 from store import Kind, Store
 from store.config import Settings
 from store.errors import UnknownFlow
+from store.runs import fresh_admission
 from store.types import (
     Activated,
+    ActivateOutcome,
     ClaimRecovered,
     LeaseFresh,
     NotFound,
@@ -49,6 +51,8 @@ from worker.wake_hints import WakeHints
 
 log = logging.getLogger("runfleet.worker.driver")
 
+Decision = tuple[str, "tuple[RunRow, Flow | None] | None"]
+"""A drive's decision: its outcome word, and the run to execute if it was activated."""
 ProbeFn = Callable[[Owner, int | None], Awaitable[Probe]]
 """(owner, the row's last heartbeat or claim time in database ms) -> what vouches for it."""
 SettledFn = Callable[[str, str], Awaitable[None]]
@@ -109,11 +113,29 @@ class Driver:
 
     # ---- decide ------------------------------------------------------------
 
-    async def drive(self, run_id: str, on_decided: Callable[[], None] | None = None) -> str:
-        """Take the one step the run's row allows; returns a short word for what happened."""
+    async def drive(
+        self,
+        run_id: str,
+        on_decided: Callable[[], None] | None = None,
+        batch: asyncio.Future[dict[str, Decision]] | None = None,
+    ) -> str:
+        """Take the one step the run's row allows; returns a short word for what happened.
+
+        ``batch`` is a ``decide_many`` this run was part of: its decision is used when it
+        made one, and the run is decided alone (read, then claim) when it did not or
+        when the batch failed.
+        """
         try:
-            row = await self.store.runs.get(run_id)
-            outcome, activated = await self._decide(row, run_id)
+            decision = None
+            if batch is not None:
+                try:
+                    decision = (await asyncio.shield(batch)).get(run_id)
+                except Exception:  # the batch's error is logged by whoever decides alone
+                    decision = None
+            if decision is None:
+                row = await self.store.runs.get(run_id)
+                decision = await self._decide(row, run_id)
+            outcome, activated = decision
         finally:
             if on_decided is not None:
                 on_decided()
@@ -121,6 +143,40 @@ class Driver:
         if activated is not None:
             await self._execute(*activated)
         return outcome
+
+    async def decide_many(self, run_ids: Sequence[str]) -> dict[str, Decision]:
+        """Decide the runs one stream read delivered with one read and one claim statement.
+
+        Fresh admissions (pending, never started, not waiting, a flow this process runs,
+        no cancel asked) are claimed and activated together, each with its own snapshot
+        check and record; settled and unknown ids are decided from the same read. Any
+        other run is left out of the answer and its drive decides it alone, as before.
+        """
+        rows = await self.store.runs.get_many(list(run_ids))
+        decisions: dict[str, Decision] = {}
+        fresh: list[tuple[RunRow, Flow]] = []
+        for row in rows:
+            if row.status.terminal:
+                decisions[row.id] = ("terminal", None)
+                continue
+            if (
+                row.id in self.owned
+                or not fresh_admission(row)
+                or row.cancel_requested_at_ms is not None
+                or (self._lease_ok is not None and not self._lease_ok())
+            ):
+                continue
+            flow = self._flow(row)
+            if flow is not None:
+                fresh.append((row, flow))
+        found = {row.id for row in rows}
+        decisions.update((run_id, ("not_found", None)) for run_id in run_ids if run_id not in found)
+        if not fresh:
+            return decisions
+        outcomes = await self.store.runs.claim_and_activate_many([r for r, _ in fresh], self.owner)
+        for row, flow in fresh:
+            decisions[row.id] = await self._claimed(row, flow, outcomes[row.id])
+        return decisions
 
     async def _decide(
         self, row: RunRow | None, run_id: str
@@ -175,7 +231,12 @@ class Driver:
             if fresh is None or fresh.status.terminal or fresh.claim is not None:
                 return recovered, None
             row = fresh
-        match await self.store.runs.claim_and_activate(row.id, row.snapshot, self.owner):
+        outcome = await self.store.runs.claim_and_activate(row.id, row.snapshot, self.owner)
+        return await self._claimed(row, flow, outcome)
+
+    async def _claimed(self, row: RunRow, flow: Flow | None, outcome: ActivateOutcome) -> Decision:
+        """What a claim-and-activate answered: execute it, or journal the lost race."""
+        match outcome:
             case Activated(row=activated):
                 if activated.epoch == 1:
                     metrics.ENQUEUE_TO_START.observe(

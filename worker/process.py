@@ -12,9 +12,8 @@ import asyncio
 import importlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -27,6 +26,7 @@ from store import Store
 from store.config import Settings
 from store.types import Owner, RunRow, RunStatus
 from worker import metrics
+from worker.batching import Coalesce
 from worker.coordinator import Coordinator
 from worker.driver import Driver
 from worker.lease import Lease, LeaseGate
@@ -73,7 +73,6 @@ class Worker:
         self._stopping = asyncio.Event()
         self._hard = asyncio.Event()
         self._side_stop = asyncio.Event()
-        self._background: set[asyncio.Task[object]] = set()
         self.started = asyncio.Event()
         self.driver: Driver | None = None
         self._gate = LeaseGate(settings)
@@ -105,6 +104,13 @@ class Worker:
         prefix = self.settings.redis_prefix
         self.streams = Streams(redis, prefix)
         self.notifier = Notifier(redis, prefix)
+        # Redis hints of one event-loop turn share a pipeline: acks of the deliveries
+        # decided, settled announcements, wake hints (each covered by a sweep if lost).
+        self._acks: Coalesce[Delivery] = Coalesce(self._ack_many, name="acks")
+        self._announcements: Coalesce[tuple[str, str]] = Coalesce(
+            self.notifier.publish_settled_many, name="settled"
+        )
+        self._hints: Coalesce[RunRow] = Coalesce(self._publish_hints, name="hints")
         self.liveness = Liveness.for_settings(redis, self.settings)
         self.store = store
         # The lease renews on its own small pool: a renewal never waits behind the
@@ -227,8 +233,11 @@ class Worker:
             await join
 
     async def _close(self, store: Store, redis: object) -> None:
-        for task in list(self._background):
-            task.cancel()
+        for pending in (self._acks, self._announcements, self._hints):
+            try:  # what was decided and settled is acknowledged and announced first
+                await asyncio.wait_for(pending.drain(), timeout=1.0)
+            except Exception as exc:
+                log.warning("worker.flush_failed", extra={"error": repr(exc)})
         try:
             await asyncio.wait_for(self.liveness.clear(self.owner), timeout=1.0)
         except Exception as exc:
@@ -289,8 +298,9 @@ class Worker:
                 backoff = min(backoff * 2, 5.0)
                 await self._regroup()
                 continue
-            for delivery in deliveries:
-                self.coordinator.schedule(delivery.message.run, self._acker(delivery))
+            self.coordinator.schedule_many(
+                [(delivery.message.run, self._acker(delivery)) for delivery in deliveries]
+            )
 
     async def _regroup(self) -> None:
         try:
@@ -299,23 +309,14 @@ class Worker:
             pass
 
     def _acker(self, delivery: Delivery) -> Callable[[], None]:
-        def ack() -> None:
-            self._spawn(self._ack(delivery))
+        return lambda: self._acks.add(delivery)
 
-        return ack
-
-    async def _ack(self, delivery: Delivery) -> None:
+    async def _ack_many(self, deliveries: list[Delivery]) -> None:
+        """Acknowledge every delivery decided in one event-loop turn: one pipeline."""
         try:
-            await self.streams.ack(delivery.queue, delivery.entry_id, delivery.lane)
+            await self.streams.ack_many(deliveries)
         except BROKER_ERRORS as exc:
-            log.warning(
-                "stream.ack_failed", extra={"run_id": delivery.message.run, "error": repr(exc)}
-            )
-
-    def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
-        task: asyncio.Task[object] = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+            log.warning("stream.ack_failed", extra={"runs": len(deliveries), "error": repr(exc)})
 
     @staticmethod
     async def _wait_any(event: asyncio.Event, timeout: float) -> None:
@@ -370,17 +371,28 @@ class Worker:
         """Hint that a run can move (released, a child admitted, a parent woken).
 
         A run that already started (released, woken) goes to the recovery lane, so it
-        resumes on the next free slot instead of behind the queue's backlog.
+        resumes on the next free slot instead of behind the queue's backlog. Hints of
+        one event-loop turn share one pipeline (``_publish_hints``).
         """
+        self._hints.add(row)
+
+    async def _publish_hints(self, rows: list[RunRow]) -> None:
         try:
-            await self.streams.publish(
-                row.queue, message_for(row.id, row.flow, "schedule"), lane_of(row)
-            )
+            for lane in Lane:
+                await self.streams.publish_many(
+                    [
+                        (row.queue, message_for(row.id, row.flow, "schedule"))
+                        for row in rows
+                        if lane_of(row) is lane
+                    ],
+                    lane,
+                )
         except BROKER_ERRORS as exc:
-            log.warning("stream.publish_failed", extra={"run_id": row.id, "error": repr(exc)})
+            log.warning("stream.publish_failed", extra={"runs": len(rows), "error": repr(exc)})
 
     async def _settled(self, run_id: str, status: str) -> None:
-        await self.notifier.publish_settled(run_id, status)
+        """Announce a committed settlement; one pipeline per event-loop turn."""
+        self._announcements.add((run_id, status))
 
     async def _refresh(self, confirmed_ms: int, lapsed: bool, runs: int) -> None:
         await self.liveness.refresh(

@@ -12,7 +12,7 @@ import asyncio
 import inspect
 import logging
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from broker.queue import check_signature, flow_target
@@ -26,11 +26,13 @@ from store.types import (
     Owner,
     RunRow,
     RunStatus,
+    Settle,
     Transitioned,
     TransitionOutcome,
 )
 from store.values import UnstorableValue
 from worker import metrics
+from worker.batching import GroupCommit
 from worker.durable import Handoff
 from worker.flows import function as compensation
 from worker.flows import resolve
@@ -78,11 +80,15 @@ class Settlement:
         *,
         schedule: ScheduleFn | None,
         announce: AnnounceFn | None,
+        group_commit: bool = True,
     ) -> None:
         self._store = store
         self._owner = owner
         self._schedule = schedule
         self._announce = announce
+        self._batch: GroupCommit[Settle, TransitionOutcome] | None = (
+            GroupCommit(self._settle_many, name="settle") if group_commit else None
+        )
 
     async def result(self, row: RunRow, epoch: int, result: Any, max_rounds: int | None) -> None:
         """Settle a body's return value: a result, or a handoff.
@@ -131,12 +137,40 @@ class Settlement:
         kind: str = Kind.TRANSITIONED,
         record: dict[str, Any] | None = None,
     ) -> TransitionOutcome:
-        return await with_retry(
-            "settle",
-            lambda: self._store.lifecycle.transition_owned(
-                row.id, self._owner, epoch, status, state_patch=patch, kind=kind, record=record
-            ),
-        )
+        batch = self._batch
+        if batch is None:
+            return await with_retry(
+                "settle",
+                lambda: self._store.lifecycle.transition_owned(
+                    row.id, self._owner, epoch, status, state_patch=patch, kind=kind, record=record
+                ),
+            )
+        item = Settle(row.id, epoch, status, patch, kind, record)
+        self._store.lifecycle.check(item)  # an unstorable value fails this run alone, now
+        return await with_retry("settle", lambda: batch.submit(item))
+
+    async def _settle_many(
+        self, items: Sequence[Settle]
+    ) -> Sequence[TransitionOutcome | BaseException]:
+        """Commit the settlements ready together as one transaction (``GroupCommit``).
+
+        If Postgres refuses one item's data the whole statement fails; the batch is then
+        settled item by item, so each caller learns its own outcome and only the item at
+        fault fails. An outage reaches every caller, whose retry submits again.
+        """
+        lifecycle = self._store.lifecycle
+        try:
+            return await lifecycle.settle_many(self._owner, items)
+        except UnstorableValue:
+            if len(items) == 1:
+                raise
+        answers: list[TransitionOutcome | BaseException] = []
+        for item in items:
+            try:
+                answers.extend(await lifecycle.settle_many(self._owner, [item]))
+            except UnstorableValue as exc:
+                answers.append(exc)
+        return answers
 
     async def _fail_unstorable(
         self, row: RunRow, epoch: int, exc: UnstorableValue, failure: Any
@@ -174,19 +208,18 @@ class Settlement:
     async def _settled(self, row: RunRow, status: RunStatus, moved: Transitioned) -> None:
         """Announce a settlement; hint the parents it woke (of every round of this lineage)
         and the descendants it asked to cancel, so each closes through its own cancel
-        path now rather than at the next sweep."""
+        path now rather than at the next sweep. A parent it did not wake is not hinted:
+        it is running (and reads the deferred when it waits) or still waits on others."""
         if self._announce is not None:
             await self._announce(row.id, status.value)
         if self._schedule is None:
             return
-        parents = [e.parent_id for e in await self._store.dag.parents(row.id)]
-        wake = list(dict.fromkeys([*parents, *moved.woke, *moved.cascaded]))
-        if not wake:
+        for parent in moved.woke:  # as the waking statement left them: nothing to re-read
+            await self._schedule(parent)
+        if not moved.cascaded:
             return
-        for other in await self._store.runs.get_many(wake):
-            if other.status.terminal:
-                continue
-            if other.id in moved.cascaded or other.waiting is None:
+        for other in await self._store.runs.get_many(list(moved.cascaded)):
+            if not other.status.terminal:
                 await self._schedule(other)
 
     async def cancelled(self, row: RunRow, epoch: int) -> None:

@@ -79,6 +79,38 @@ WITH activated AS (
 )
 SELECT * FROM activated;
 
+-- name: claim_and_activate_many
+-- claim_and_activate for every fresh admission a stream read delivered, in one statement:
+-- only a row still pending, never started by anyone (no owner, no lease, no claim, no
+-- wait) and at the epoch the caller read qualifies, each with its own record. Rows are
+-- locked in id order first, so two workers handed overlapping batches (a redelivery)
+-- cannot deadlock. A row missing from the answer lost its race: the caller reads it.
+WITH wanted AS (
+    SELECT w.id, w.epoch, w.seq
+      FROM unnest(%(ids)s::text[], %(epochs)s::bigint[], %(seqs)s::bigint[]) AS w(id, epoch, seq)
+), locked AS MATERIALIZED (
+    SELECT r.id FROM runfleet.runs r
+     WHERE r.id = ANY(%(ids)s::text[]) ORDER BY r.id FOR UPDATE
+), activated AS (
+    UPDATE runfleet.runs AS r SET
+        status = 'running', owner_host = %(host)s, owner_pid = %(pid)s,
+        owner_nonce = %(nonce)s, epoch = r.epoch + 1, heartbeat_at_ms = runfleet.now_ms(),
+        updated_at_ms = runfleet.now_ms()
+      FROM wanted w JOIN locked l ON l.id = w.id
+     WHERE r.id = w.id AND r.status = 'pending' AND r.epoch = w.epoch
+       AND r.waiting_reason IS NULL AND r.claim_host IS NULL AND r.owner_host IS NULL
+       AND r.heartbeat_at_ms IS NULL
+    RETURNING r.*, runfleet.now_ms() AS now_ms, w.seq AS journal_seq
+), journaled AS (
+    INSERT INTO runfleet.journal (run_id, kind, source_id, source_seq, payload, digest, at_ms)
+    SELECT a.id, %(journal_kind)s, %(source_id)s, a.journal_seq, p.payload,
+           left(encode(sha256(convert_to(p.payload::text, 'UTF8')), 'hex'), 32), a.now_ms
+      FROM activated a,
+           LATERAL (SELECT jsonb_build_object('owner', %(owner_key)s::text, 'epoch', a.epoch,
+                                              'from', 'pending') AS payload) AS p
+)
+SELECT * FROM activated;
+
 -- name: claim
 UPDATE runfleet.runs AS r SET
     claim_host = %(host)s, claim_pid = %(pid)s, claim_nonce = %(nonce)s,
@@ -170,12 +202,84 @@ WITH moved AS (
 )
 SELECT * FROM moved;
 
+-- name: settle_many
+-- transition_owned for a batch of terminal settlements (completed or failed) of one
+-- owner, in one statement: each row keeps its own fence (owner and the epoch it was
+-- activated at) and its own cancel guard, its own record and its clocks closed. Rows
+-- are locked in id order first (see heartbeat). A row missing from the answer lost its
+-- fence or its guard: the caller reads it to learn which.
+WITH wanted AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(epochs)s::bigint[], %(statuses)s::text[],
+                         %(patches)s::jsonb[], %(results)s::text[], %(guards)s::boolean[],
+                         %(kinds)s::text[], %(seqs)s::bigint[], %(payloads)s::jsonb[],
+                         %(digests)s::text[])
+        AS w(id, epoch, to_status, patch, result, guard, kind, seq, payload, digest)
+), locked AS MATERIALIZED (
+    SELECT r.id FROM runfleet.runs r
+     WHERE r.id = ANY(%(ids)s::text[]) ORDER BY r.id FOR UPDATE
+), moved AS (
+    UPDATE runfleet.runs AS r SET
+        status = w.to_status, state = r.state || w.patch,
+        result = coalesce(w.result::json, r.result),
+        owner_host = NULL, owner_pid = NULL, owner_nonce = NULL, heartbeat_at_ms = NULL,
+        waiting_reason = NULL, waiting_wake_at_ms = NULL, waiting_token = NULL,
+        waiting_request = NULL, waiting_deferred = NULL,
+        updated_at_ms = runfleet.now_ms()
+      FROM wanted w JOIN locked l ON l.id = w.id
+     WHERE r.id = w.id AND r.status = 'running'
+       AND w.to_status IN ('completed', 'failed', 'cancelled')
+       AND r.owner_host = %(host)s AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s
+       AND r.epoch = w.epoch
+       AND (NOT w.guard OR r.cancel_requested_at_ms IS NULL)
+    RETURNING r.*, runfleet.now_ms() AS now_ms, w.kind AS journal_kind,
+              w.seq AS journal_seq, w.payload AS journal_payload, w.digest AS journal_digest
+), journaled AS (
+    INSERT INTO runfleet.journal (run_id, kind, source_id, source_seq, payload, digest, at_ms)
+    SELECT id, journal_kind, %(source_id)s, journal_seq, journal_payload, journal_digest, now_ms
+      FROM moved
+), closed AS (
+    UPDATE runfleet.clocks AS c SET completed_at_ms = runfleet.now_ms()
+      FROM moved
+     WHERE c.run_id = moved.id AND c.completed_at_ms IS NULL
+)
+SELECT * FROM moved;
+
+-- name: attached_descendants_many
+-- attached_descendants for several settling runs at once: (root, descendant) pairs,
+-- each walk excluding its own root's lineage. Usually empty: a run without children
+-- costs one probe of run_parents by parent per round of its lineage.
+WITH RECURSIVE seeds AS (
+    SELECT l.id AS root, l.lineage_id AS root_lineage FROM runfleet.runs l
+     WHERE l.id = ANY(%(ids)s::text[])
+), tree(root, root_lineage, id) AS (
+    SELECT s.root, s.root_lineage, r.id FROM seeds s
+      JOIN runfleet.runs r ON r.lineage_id = s.root_lineage
+    UNION
+    SELECT t.root, t.root_lineage, m.id FROM tree t
+      JOIN runfleet.run_parents e ON e.parent_id = t.id
+      JOIN runfleet.runs c ON c.id = e.child_id
+      JOIN runfleet.runs m ON m.lineage_id = c.lineage_id
+     WHERE coalesce(c.state->>'on_parent_exit', 'cancel') = 'cancel'
+)
+SELECT DISTINCT tree.root, r.id FROM tree JOIN runfleet.runs r ON r.id = tree.id
+ WHERE r.status NOT IN ('completed', 'failed', 'cancelled')
+   AND r.lineage_id <> tree.root_lineage
+ ORDER BY tree.root, r.id;
+
 -- name: heartbeat
 -- One statement renews every run a process owns; the answer is the confirmed
 -- set (a run missing from it lost its fence) plus which of them a cancel hit.
-WITH renewed AS (
-    UPDATE runfleet.runs AS r SET heartbeat_at_ms = runfleet.now_ms()
+-- Rows are locked in id order, as a batch settlement locks them: the process's own
+-- renewal and its own settlement batch never wait on each other in a cycle.
+WITH locked AS MATERIALIZED (
+    SELECT r.id FROM runfleet.runs r
      WHERE r.id = ANY(%(ids)s) AND r.status = 'running'
+       AND r.owner_host = %(host)s AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s
+     ORDER BY r.id FOR UPDATE
+), renewed AS (
+    UPDATE runfleet.runs AS r SET heartbeat_at_ms = runfleet.now_ms()
+      FROM locked l
+     WHERE r.id = l.id AND r.status = 'running'
        AND r.owner_host = %(host)s AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s
     RETURNING r.id, r.cancel_requested_at_ms IS NOT NULL AS cancel_requested
 )

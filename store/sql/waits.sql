@@ -134,29 +134,35 @@ SELECT run_id, name, deferred_name, due_at_ms, completed_at_ms FROM runfleet.clo
  WHERE run_id = %(run_id)s AND completed_at_ms IS NULL ORDER BY due_at_ms, name;
 
 -- name: notify_parents
--- A settled child completes the deferred every parent awaits it through (diamond
--- edges included) and clears the wait of each parent parked on it. The parents are
--- those of EVERY round of the child's lineage: a diamond's second parent joined an
+-- Settled children complete the deferred every parent awaits them through (diamond
+-- edges included) and clear the wait of each parent parked on one. The parents are
+-- those of EVERY round of a child's lineage: a diamond's second parent joined an
 -- earlier round and follows the handoff to this one, with no edge of its own here.
 -- No row lock is taken first: a parent parking concurrently holds its row lock, so
 -- the UPDATE below waits for that park to commit and then sees the wait it must clear.
-WITH edges AS (
-    SELECT DISTINCT e.parent_id FROM runfleet.run_parents e
-      JOIN runfleet.runs m ON m.id = e.child_id
-     WHERE m.lineage_id = (SELECT l.lineage_id FROM runfleet.runs l WHERE l.id = %(child)s)
+-- Takes a batch (children[i] settled with values[i], canonical JSON text); answers the
+-- woken parents' rows, so the caller can hint them without reading them again.
+WITH settled AS (
+    SELECT * FROM unnest(%(children)s::text[], %(values)s::text[]) AS s(child, value)
+), edges AS (
+    SELECT DISTINCT s.child, s.value, e.parent_id FROM settled s
+      JOIN runfleet.runs c ON c.id = s.child
+      JOIN runfleet.runs m ON m.lineage_id = c.lineage_id
+      JOIN runfleet.run_parents e ON e.child_id = m.id
 ), completed AS (
     INSERT INTO runfleet.deferreds (run_id, name, value, completed_at_ms)
-    SELECT parent_id, 'child:' || %(child)s, %(value)s, runfleet.now_ms() FROM edges
+    SELECT parent_id, 'child:' || child, value::json, runfleet.now_ms() FROM edges
     ON CONFLICT (run_id, name) DO NOTHING
     RETURNING run_id
 )
 UPDATE runfleet.runs AS r SET
     waiting_reason = NULL, waiting_wake_at_ms = NULL, waiting_token = NULL,
     waiting_request = NULL, waiting_deferred = NULL, updated_at_ms = runfleet.now_ms()
- WHERE r.id IN (SELECT parent_id FROM edges)
-   AND r.waiting_deferred = 'child:' || %(child)s
+  FROM edges
+ WHERE r.id = edges.parent_id
+   AND r.waiting_deferred = 'child:' || edges.child
    AND r.status NOT IN ('completed', 'failed', 'cancelled')
-RETURNING r.id;
+RETURNING r.*, runfleet.now_ms() AS now_ms, edges.child AS woken_by;
 
 -- name: awaiting_token
 SELECT waiting_reason, waiting_token, waiting_deferred, status FROM runfleet.runs

@@ -81,7 +81,7 @@ async def test_a_settled_child_wakes_the_parents_of_every_round(store: Store) ->
     done = await store.lifecycle.transition_owned(
         last.id, OWNER_A, last.epoch, RunStatus.COMPLETED, state_patch={"result": 7}
     )
-    assert isinstance(done, Transitioned) and "P2" in done.woke
+    assert isinstance(done, Transitioned) and "P2" in [r.id for r in done.woke]
     p2 = await must_get(store, "P2")
     assert p2.waiting is None, "the second parent of round 0 is woken by round 1"
     deferred = await store.waits.deferred("P2", f"child:{last.id}")

@@ -150,7 +150,9 @@ class _BlockingDriver:
         self.drives = 0
         self.go = asyncio.Event()
 
-    async def drive(self, run_id: str, on_decided: Callable[[], None] | None = None) -> str:
+    async def drive(
+        self, run_id: str, on_decided: Callable[[], None] | None = None, batch: object = None
+    ) -> str:
         self.drives += 1
         if on_decided is not None:
             on_decided()
@@ -168,6 +170,29 @@ async def test_wakes_for_a_run_in_a_drive_coalesce_into_one_more_drive() -> None
     stub.go.set()
     assert await coordinator.join(timeout=5)
     assert stub.drives == 3, "r: the drive in progress plus ONE more; other: one"
+
+
+async def test_a_read_batch_coalesces_duplicates_and_runs_already_in_a_drive() -> None:
+    stub = _BlockingDriver()
+    decided: list[list[str]] = []
+
+    async def decide_many(run_ids: list[str]) -> dict[str, object]:
+        decided.append(run_ids)
+        return {}
+
+    stub.decide_many = decide_many  # type: ignore[attr-defined]
+    coordinator = Coordinator(stub)  # type: ignore[arg-type]
+    assert coordinator.schedule("busy") is True
+    acked: list[str] = []
+    started = coordinator.schedule_many(
+        [(run_id, lambda r=run_id: acked.append(r)) for run_id in ("a", "busy", "b", "a")]
+    )
+    assert started == 2, "a and b start; busy and the second a coalesce"
+    stub.go.set()
+    assert await coordinator.join(timeout=5)
+    assert decided == [["a", "b"]], "one shared decision for the new runs only"
+    assert sorted(acked) == ["a", "a", "b", "busy"], "every delivery is acknowledged"
+    assert stub.drives == 5, "busy, a, b, then one more each for busy and a"
 
 
 async def test_the_refusal_ladder_backs_off_per_lease_and_a_new_lease_restarts_it(

@@ -1,6 +1,6 @@
 # Every target runs from a clean checkout: the venv is created on demand and reinstalled
 # only when pyproject.toml changes. Postgres and Redis are found or started by the test
-# harness itself (tests/conftest.py -> ops/services.py), so make needs nothing else.
+# harness itself (tests/conftest.py -> ops/servers/resolve.py), so make needs nothing else.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -26,7 +26,7 @@ browser:
 
 # The main job: a live fleet of three workers survives one of them being SIGKILLed.
 # Services: RUNFLEET_DATABASE_URL / RUNFLEET_REDIS_URL if set, else Docker, else throwaway
-# local servers (ops/services.py resolves them, as for the tests).
+# local servers (ops/servers/resolve.py resolves them, as for the tests).
 demo: $(STAMP)
 	$(BIN)/python -m ops.demo
 

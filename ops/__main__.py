@@ -1,3 +1,3 @@
-from ops.cli import app
+from ops.cli.app import app
 
 app()

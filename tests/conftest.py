@@ -1,6 +1,6 @@
 """Real-service harness: one Postgres and one Redis per session, a fresh database per test.
 
-Services come from ``ops.services.resolve("test")`` (env URLs, Docker, or throwaway local
+Services come from ``ops.servers.resolve.resolve("test")`` (env URLs, Docker, or throwaway local
 servers), so the suite runs on a machine with nothing installed but the binaries. Each test
 gets its own database cloned from a migrated template and its own Redis key prefix: tests
 never see each other's rows or keys, nor those left by an earlier run.
@@ -19,7 +19,7 @@ import pytest
 import redis
 from psycopg import sql
 
-from ops.services import Endpoints, database_url_for, resolve
+from ops.servers.resolve import Endpoints, database_url_for, resolve
 from store.config import Settings
 from store.migrate import migrate
 

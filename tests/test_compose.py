@@ -19,14 +19,14 @@ import typer.core
 import typer.main
 import yaml
 
-from ops.cli import app
+from ops.cli.app import app
 from store.config import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose" / "compose.yaml"
 DOCKERFILE = ROOT / "compose" / "Dockerfile"
 COMPOSE_ONLY_VARS = {"RUNFLEET_PG_PORT", "RUNFLEET_REDIS_PORT"}
-"""Interpolated by compose itself (host ports for ops/services.py), not read by runfleet."""
+"""Interpolated by compose itself (host ports for ops/servers/resolve.py), not read by runfleet."""
 PINNED = re.compile(r"^[\w./-]+:\d+\.\d+[\w.-]*$")
 """name:MAJOR.MINOR[...] — a moving tag like ``postgres:16`` or ``latest`` is not pinned."""
 

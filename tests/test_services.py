@@ -6,7 +6,8 @@ import psycopg
 import pytest
 import redis
 
-from ops.services import ThrowawayPostgres, ThrowawayRedis
+from ops.servers.postgres import ThrowawayPostgres
+from ops.servers.redis import ThrowawayRedis
 
 pytestmark = pytest.mark.chaos
 

@@ -36,7 +36,7 @@ class WorkerOptions:
 
 def run_foreground(settings: Settings, options: WorkerOptions) -> None:
     """Run one worker in this process until signalled."""
-    from ops.logs import configure
+    from worker.logs import configure
     from worker.process import Worker, import_flows
 
     configure(options.log_level, json_lines=options.log_json)

@@ -42,7 +42,8 @@ from broker import AsyncQueue, EnqueueSpec
 from ops.bench.fleet_procs import runfleet_worker, wait_workers_started
 from ops.bench.scratch import BenchError
 from ops.bench.three_steps import QUEUE, three_steps
-from ops.throwaway import ThrowawayPostgres, ThrowawayRedis
+from ops.servers.postgres import ThrowawayPostgres
+from ops.servers.redis import ThrowawayRedis
 from store.config import Settings
 from store.migrate import migrate
 from store.queries import q

@@ -50,7 +50,7 @@ def servers(database_url: str | None, redis_url: str | None) -> Iterator[Servers
     if db and rd:
         yield Servers(db, rd, database_given=True)
         return
-    from ops.services import ServicesUnavailable, resolve
+    from ops.servers.resolve import ServicesUnavailable, resolve
 
     try:
         endpoints = resolve("app")

@@ -29,7 +29,7 @@ def server_url(explicit: str | None) -> Iterator[str]:
         yield url
         return
     try:
-        from ops.services import resolve
+        from ops.servers.resolve import resolve
     except ImportError as exc:
         raise BenchError(
             "no database: pass --database-url or set RUNFLEET_DATABASE_URL "

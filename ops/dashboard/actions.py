@@ -16,8 +16,8 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from broker import AsyncQueue
-from ops import cli_common as c
-from ops.cli_produce import cancel_on
+from ops.cli import common as c
+from ops.cli.produce import cancel_on
 from ops.models import AnswerResult, CancelResult
 
 

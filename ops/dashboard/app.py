@@ -28,11 +28,11 @@ from starlette.routing import Route
 
 from broker import AsyncQueue
 from broker.queue import RunNotFound
-from ops import cli_common as c
-from ops.cli_runs import detail_view, list_view, tree_view
+from ops.cli import common as c
+from ops.cli.runs import detail_view, list_view, tree_view
 from ops.dashboard import data, security, svg
 from ops.dashboard.actions import Action, perform
-from ops.explain import explain, gather
+from ops.explain.report import explain, gather
 from store.config import Settings
 from store.errors import InvalidInput, RunfleetError, ScopeDenied, Unavailable
 from store.types import RunStatus
@@ -53,7 +53,7 @@ _env.globals.update(
 
 @dataclass
 class Dashboard:
-    svc: c.Services
+    conns: c.Connections
     queue: AsyncQueue
     tail: data.JournalTail
     scopes: tuple[str, ...]
@@ -124,7 +124,7 @@ def _answers(handler: Handler) -> Handler:
 
 @_answers
 async def overview(request: Request) -> Response:
-    view = await data.overview(_dash(request).svc, _dash(request).tail)
+    view = await data.overview(_dash(request).conns, _dash(request).tail)
     if request.url.path.startswith("/api/"):
         return _json(view)
     return _page(request, "overview", view=view)
@@ -146,7 +146,7 @@ def _filters(request: Request) -> dict[str, Any]:
 @_answers
 async def runs(request: Request) -> Response:
     f = _filters(request)
-    listing = await list_view(_dash(request).svc, **f)
+    listing = await list_view(_dash(request).conns, **f)
     if request.url.path.startswith("/api/"):
         return _json(listing)
     return _page(request, "runs", listing=listing, f=f)
@@ -154,12 +154,12 @@ async def runs(request: Request) -> Response:
 
 @_answers
 async def run(request: Request) -> Response:
-    svc, run_id = _dash(request).svc, request.path_params["run_id"]
-    detail = await detail_view(svc, run_id)
-    explanation = explain(await gather(svc, run_id))
-    journal = await data.journal(svc, run_id)
-    tree = await tree_view(svc, run_id)
-    steps = await data.steps(svc, run_id)
+    conns, run_id = _dash(request).conns, request.path_params["run_id"]
+    detail = await detail_view(conns, run_id)
+    explanation = explain(await gather(conns, run_id))
+    journal = await data.journal(conns, run_id)
+    tree = await tree_view(conns, run_id)
+    steps = await data.steps(conns, run_id)
     timeline = svg.timeline(journal.entries, explanation.now_ms, detail.run.status.terminal)
     done = request.query_params.get("done")
     return _page(
@@ -178,14 +178,14 @@ async def run(request: Request) -> Response:
 
 @_answers
 async def fleet(request: Request) -> Response:
-    svc = _dash(request).svc
-    now = await svc.store.stats.now_ms()
-    view, problem = await data.fleet(svc, now)
+    conns = _dash(request).conns
+    now = await conns.store.stats.now_ms()
+    view, problem = await data.fleet(conns, now)
     if request.url.path.startswith("/api/"):
         if view is None:
             return JSONResponse({"error": problem}, status_code=503)
         return _json(view)
-    running = await svc.store.inspect.list_runs(status=RunStatus.RUNNING, limit=data.COUNT_CAP)
+    running = await conns.store.inspect.list_runs(status=RunStatus.RUNNING, limit=data.COUNT_CAP)
     owned: dict[str, list[str]] = {}
     for row in running:
         if row.owner is not None:
@@ -201,18 +201,18 @@ async def fleet(request: Request) -> Response:
 
 @_answers
 async def api_run(request: Request) -> Response:
-    svc, run_id = _dash(request).svc, request.path_params["run_id"]
+    conns, run_id = _dash(request).conns, request.path_params["run_id"]
     match request.path_params.get("part", ""):
         case "":
-            return _json(await detail_view(svc, run_id))
+            return _json(await detail_view(conns, run_id))
         case "explain":
-            return _json(explain(await gather(svc, run_id)))
+            return _json(explain(await gather(conns, run_id)))
         case "journal":
-            return _json(await data.journal(svc, run_id))
+            return _json(await data.journal(conns, run_id))
         case "tree":
-            return _json(await tree_view(svc, run_id))
+            return _json(await tree_view(conns, run_id))
         case "steps":
-            return _json(await data.steps(svc, run_id))
+            return _json(await data.steps(conns, run_id))
     return JSONResponse({"error": "no such part"}, status_code=404)
 
 
@@ -273,10 +273,10 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with (
-            c.services(settings, redis="optional") as svc,
+            c.connect(settings, redis="optional") as conns,
             AsyncQueue("default", settings=settings, scopes=scopes) as q,
         ):
-            app.state.dash = Dashboard(svc, q, data.JournalTail(), scopes)
+            app.state.dash = Dashboard(conns, q, data.JournalTail(), scopes)
             yield
 
     routes = [

@@ -1,7 +1,7 @@
 """What the pages show, gathered from the same store/inspect calls the CLI's commands make.
 
 Nothing here decides or re-words anything: runs, explanations, trees and fleets come
-from ``ops.cli_runs``, ``ops.explain`` and ``ops.cli_fleet``; this module adds only the
+from ``ops.cli.runs``, ``ops.explain`` and ``ops.cli.fleet``; this module adds only the
 fleet-wide aggregates the CLI has no command for (runs per queue, the journal's rate
 of settlements and recoveries), read through existing store methods.
 """
@@ -12,8 +12,8 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
-from ops import cli_common as c
-from ops.cli_fleet import fleet_view
+from ops.cli import common as c
+from ops.cli.fleet import fleet_view
 from ops.dashboard.models import (
     AttemptView,
     Chart,
@@ -24,7 +24,7 @@ from ops.dashboard.models import (
     StepsView,
     StepView,
 )
-from ops.explain import entry
+from ops.explain.report import entry
 from ops.models import FleetView, JournalView
 from store.journal import Kind
 from store.types import JournalRecord, RunStatus
@@ -82,29 +82,29 @@ class JournalTail:
     seen: set[int] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    async def _high_water(self, svc: c.Services) -> int:
-        newest = await svc.store.inspect.list_runs(limit=1)
-        last = await svc.store.journal.last(newest[0].id, 1) if newest else []
+    async def _high_water(self, conns: c.Connections) -> int:
+        newest = await conns.store.inspect.list_runs(limit=1)
+        last = await conns.store.journal.last(newest[0].id, 1) if newest else []
         return last[-1].seq if last else 0
 
-    async def _read(self, svc: c.Services, kind: str) -> tuple[list[JournalRecord], bool]:
+    async def _read(self, conns: c.Connections, kind: str) -> tuple[list[JournalRecord], bool]:
         """The kind's records after its cursor (less the lag); True if read to the end."""
         out: list[JournalRecord] = []
         after = max(0, self.after[kind] - LAG_SEQS)
         for _ in range(_PAGES_PER_POLL):
-            batch = await svc.store.stats.records_of_kind(kind, after_seq=after, limit=_PAGE)
+            batch = await conns.store.stats.records_of_kind(kind, after_seq=after, limit=_PAGE)
             out += batch
             if len(batch) < _PAGE:
                 return out, True
             after = batch[-1].seq
         return out, False
 
-    async def refresh(self, svc: c.Services, now_ms: int) -> None:
+    async def refresh(self, conns: c.Connections, now_ms: int) -> None:
         async with self.lock:
-            high_water = await self._high_water(svc)
+            high_water = await self._high_water(conns)
             fresh: list[JournalRecord] = []
             for kind in _TAILED:
-                batch, complete = await self._read(svc, kind)
+                batch, complete = await self._read(conns, kind)
                 top = max([self.after[kind], *(r.seq for r in batch)])
                 self.after[kind] = max(top, high_water) if complete else top
                 fresh += [r for r in batch if r.seq not in self.seen]
@@ -161,20 +161,20 @@ class JournalTail:
         ]
 
 
-async def fleet(svc: c.Services, now_ms: int) -> tuple[FleetView | None, str | None]:
+async def fleet(conns: c.Connections, now_ms: int) -> tuple[FleetView | None, str | None]:
     """``runfleet fleet --json``; None with the reason when Redis does not answer."""
-    if svc.redis is None:
-        return None, svc.redis_error or "no Redis"
+    if conns.redis is None:
+        return None, conns.redis_error or "no Redis"
     try:
-        members = await svc.liveness.fleet(now_ms)
+        members = await conns.liveness.fleet(now_ms)
     except Exception as exc:  # the page still shows the database's side
         return None, f"Redis did not answer: {exc}"
-    return fleet_view(members, await svc.store.inspect.running_by_owner(), now_ms), None
+    return fleet_view(members, await conns.store.inspect.running_by_owner(), now_ms), None
 
 
-async def queue_counts(svc: c.Services, now_ms: int) -> list[QueueCounts]:
+async def queue_counts(conns: c.Connections, now_ms: int) -> list[QueueCounts]:
     """Open runs per queue and status; settled ones admitted within the window."""
-    inspect = svc.store.inspect
+    inspect = conns.store.inspect
     rows = []
     for status in (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED):
         rows.append(await inspect.list_runs(status=status, limit=COUNT_CAP))
@@ -204,27 +204,27 @@ async def queue_counts(svc: c.Services, now_ms: int) -> list[QueueCounts]:
     ]
 
 
-async def overview(svc: c.Services, tail: JournalTail) -> OverviewView:
-    now = await svc.store.stats.now_ms()
-    await tail.refresh(svc, now)
-    members, problem = await fleet(svc, now)
-    totals = await svc.store.stats.status_counts()
+async def overview(conns: c.Connections, tail: JournalTail) -> OverviewView:
+    now = await conns.store.stats.now_ms()
+    await tail.refresh(conns, now)
+    members, problem = await fleet(conns, now)
+    totals = await conns.store.stats.status_counts()
     return OverviewView(
         now_ms=now,
         window_ms=WINDOW_MS,
         fleet=members,
         fleet_error=problem,
         totals={s.value: n for s, n in totals.items()},
-        queues=await queue_counts(svc, now),
+        queues=await queue_counts(conns, now),
         charts=tail.charts(now),
         steals=[Steal(run_id=r.run_id, entry=entry(r)) for r in reversed(tail.steals)],
     )
 
 
-async def journal(svc: c.Services, run_id: str) -> JournalView:
+async def journal(conns: c.Connections, run_id: str) -> JournalView:
     """``runfleet journal RUN --json`` (the first ``JOURNAL_MAX`` records)."""
-    await svc.run_row(run_id)
-    records = await svc.store.journal.records(run_id, after_seq=0, limit=JOURNAL_MAX)
+    await conns.run_row(run_id)
+    records = await conns.store.journal.records(run_id, after_seq=0, limit=JOURNAL_MAX)
     return JournalView(run_id=run_id, entries=[entry(r) for r in records])
 
 
@@ -232,12 +232,12 @@ def _preview(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-async def steps(svc: c.Services, run_id: str) -> StepsView:
+async def steps(conns: c.Connections, run_id: str) -> StepsView:
     """Recorded steps, each with the attempts that produced its output."""
-    await svc.run_row(run_id)
+    await conns.run_row(run_id)
     out: list[StepView] = []
-    for s in await svc.store.steps.of_run(run_id):
-        attempts = await svc.store.steps.attempts(run_id, s.key)
+    for s in await conns.store.steps.of_run(run_id):
+        attempts = await conns.store.steps.attempts(run_id, s.key)
         out.append(
             StepView(
                 key=s.key,

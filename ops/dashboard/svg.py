@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from markupsafe import Markup, escape
 
-from ops.cli_common import clock
+from ops.cli.common import clock
 from ops.dashboard.models import Chart
 from ops.models import JournalEntry
 from store.journal import Kind

@@ -15,13 +15,13 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from ops.throwaway import ThrowawayRedis
 from redis.asyncio import Redis
 from redis.exceptions import OutOfMemoryError, ReadOnlyError, RedisError
 
 from broker.client import connect
 from broker.liveness import Liveness
 from broker.notify import Notifier, SubscriptionSignals
+from ops.servers.redis import ThrowawayRedis
 from store.types import Owner
 from tests.broker.conftest import closed_port
 from tests.support.polling import until

@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator, Iterator
 import psycopg
 import pytest
 
-from ops.throwaway import ThrowawayPostgres, ThrowawayRedis
+from ops.servers.postgres import ThrowawayPostgres
+from ops.servers.redis import ThrowawayRedis
 from store.config import Settings
 from store.migrate import migrate
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from ops.throwaway import ThrowawayPgBouncer, ThrowawayPostgres
+from ops.servers.postgres import ThrowawayPgBouncer, ThrowawayPostgres
 from store.config import Settings
 from store.db import connection_kwargs
 from store.migrate import migrate

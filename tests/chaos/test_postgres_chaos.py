@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 import tests.chaos.flows as cf
-from ops.throwaway import ThrowawayPostgres, postgres_stop
+from ops.servers.postgres import ThrowawayPostgres, postgres_stop
 from store.config import Settings
 from tests.chaos.harness import assert_clean, run_scenario
 

@@ -10,7 +10,7 @@ import pytest
 
 import tests.chaos.flows as cf
 from broker import AsyncQueue, Queue
-from ops.throwaway import ThrowawayPostgres, postgres_stop
+from ops.servers.postgres import ThrowawayPostgres, postgres_stop
 from store.config import Settings
 from store.errors import Unavailable
 from store.types import RunStatus

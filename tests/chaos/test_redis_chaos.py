@@ -12,7 +12,7 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from ops.throwaway import ThrowawayRedis
+from ops.servers.redis import ThrowawayRedis
 from store.config import Settings
 from tests.chaos.conftest import chaos_settings
 from tests.chaos.harness import assert_clean, run_scenario

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tests.dashboard.flows as d
 from broker import AsyncQueue
-from ops import cli_common as c
+from ops.cli import common as c
 from ops.dashboard.data import JournalTail
 from store import Kind, Store
 from store.config import Settings
@@ -19,14 +19,14 @@ async def test_refreshes_count_each_settlement_once(
     worker: Worker, queue: AsyncQueue, store: Store, settings: Settings
 ) -> None:
     tail = JournalTail()
-    async with c.services(settings) as svc:
+    async with c.connect(settings) as conns:
         first = [await queue.enqueue(d.ticker, 1, 0) for _ in range(3)]
         for run in first:
             await run.result(timeout=10)
         now = await store.stats.now_ms()
-        await tail.refresh(svc, now)
+        await tail.refresh(conns, now)
         assert _completed(tail, now) == 3
-        await tail.refresh(svc, now)  # the lag overlap re-reads them: still three
+        await tail.refresh(conns, now)  # the lag overlap re-reads them: still three
         assert _completed(tail, now) == 3
         # no claim was ever recovered: that cursor still moved up near the journal's head
         # (the newest run's last record), so later refreshes do not scan the journal from
@@ -39,10 +39,10 @@ async def test_refreshes_count_each_settlement_once(
         for run in second:
             await run.result(timeout=10)
         now = await store.stats.now_ms()
-        await tail.refresh(svc, now)
+        await tail.refresh(conns, now)
         assert _completed(tail, now) == 5
         # a new tail (a restarted dashboard) reads the same history from the beginning
         fresh = JournalTail()
-        await fresh.refresh(svc, now)
+        await fresh.refresh(conns, now)
         assert _completed(fresh, now) == 5
         assert _completed(fresh, now + 11 * 60_000) == 0  # out of the 10-minute window

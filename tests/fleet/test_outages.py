@@ -20,7 +20,8 @@ from redis.asyncio import Redis
 import tests.fleet.flows as flows
 from broker import AsyncQueue, AsyncRun
 from broker.client import connect
-from ops.throwaway import ThrowawayPostgres, ThrowawayRedis
+from ops.servers.postgres import ThrowawayPostgres
+from ops.servers.redis import ThrowawayRedis
 from store import Kind, Store
 from store.config import Settings
 from store.migrate import migrate

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pytest
 from typer.testing import CliRunner
 
-from ops.cli import app
+from ops.cli.app import app
 from store.config import Settings
 
 

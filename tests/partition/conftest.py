@@ -18,8 +18,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from ops.services import database_url_for
-from ops.throwaway import ServicesUnavailable
+from ops.servers.resolve import database_url_for
+from ops.servers.throwaway import ServicesUnavailable
 from store import Store
 from store.config import Settings
 from store.migrate import migrate

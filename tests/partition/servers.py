@@ -1,6 +1,6 @@
 """Throwaway Postgres and Redis that listen on a bridge address instead of loopback.
 
-They are the ``ops.throwaway`` servers (unprivileged, private data dir, same port kept
+They are the ``ops.servers`` throwaway servers (unprivileged, private data dir, same port kept
 across restarts) with two differences: they bind the bridge address, so the host
 namespaces reach them through links the suite can cut, and they admit clients from the
 suite's 10.213.0.0/16 (Postgres trust for that net, Redis protected mode off).
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ops.throwaway import ThrowawayPostgres, ThrowawayRedis, postgres_answers, redis_answers
+from ops.servers.postgres import ThrowawayPostgres, postgres_answers
+from ops.servers.redis import ThrowawayRedis, redis_answers
 
 SUITE_NET = "10.213.0.0/16"
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ops.doctor import Doctor
-from ops.throwaway import ThrowawayPgBouncer, ThrowawayPostgres
+from ops.cli.doctor import Doctor
+from ops.servers.postgres import ThrowawayPgBouncer, ThrowawayPostgres
 from store.config import Settings
 from store.migrate import migrate
 from store.pooler import Path, probe

@@ -21,7 +21,7 @@ import pytest
 
 import tests.chaos.flows as cf
 from broker import AsyncQueue, EnqueueSpec
-from ops.throwaway import ThrowawayPgBouncer, ThrowawayPostgres
+from ops.servers.postgres import ThrowawayPgBouncer, ThrowawayPostgres
 from store.config import Settings
 from store.migrate import migrate
 from tests.chaos.harness import _outcome, _poll, assert_clean, wait_for_ledger

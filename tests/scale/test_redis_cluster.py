@@ -22,8 +22,8 @@ from redis.crc import key_slot
 from broker.client import connect
 from broker.keys import Keys
 from broker.notify import Notifier
-from ops.doctor import Doctor
-from ops.throwaway import ThrowawayRedisCluster
+from ops.cli.doctor import Doctor
+from ops.servers.redis import ThrowawayRedisCluster
 from store.config import Settings
 from store.errors import InvalidInput
 from store.types import Owner

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ops.throwaway import TlsFiles, TlsPostgres, TlsRedis, postgres_bindir, redis_tls_supported
+from ops.servers.postgres import postgres_bindir
+from ops.servers.tls import TlsFiles, TlsPostgres, TlsRedis, redis_tls_supported
 from store.migrate import migrate_blocking
 from tests.tls.certs import make_ca, make_server, openssl_missing
 

@@ -17,7 +17,7 @@ import tests.tls.flows as flows
 from broker import AsyncQueue
 from broker.client import connect
 from ops.models import DoctorView
-from ops.throwaway import TlsPostgres, TlsRedis
+from ops.servers.tls import TlsPostgres, TlsRedis
 from store import Store
 from store.config import Settings
 from tests.ops.conftest import invoke

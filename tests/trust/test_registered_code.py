@@ -35,7 +35,7 @@ from worker.process import Worker
         "tests.trust.evil:os.system",  # a walk through another module
         "tests.trust.flows:__builtins__",
         "tests.trust.flows:Context",  # a class, not a function
-        "ops.demo_flows:nothing",  # outside every allowed prefix
+        "ops.demo.flows:nothing",  # outside every allowed prefix
     ],
 )
 def test_a_worker_resolves_nothing_unregistered(name: str) -> None:

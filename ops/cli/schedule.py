@@ -14,8 +14,8 @@ import typer
 from pydantic import BaseModel
 
 from broker.admission import importable, unknown
-from ops import cli_common as c
-from ops.cli_produce import Scopes, parse_payload
+from ops.cli import common as c
+from ops.cli.produce import Scopes, parse_payload
 from store.config import Settings
 from store.cron import Cron, iso
 from store.errors import RunfleetError
@@ -196,18 +196,18 @@ def _print(s: Schedule, as_json: bool) -> None:
 
 
 async def _call(cfg: Settings, op: Callable[[Schedules], Awaitable[T]]) -> T:
-    async with c.services(cfg) as svc:
-        return await op(Schedules.of(svc.store))
+    async with c.connect(cfg) as conns:
+        return await op(Schedules.of(conns.store))
 
 
 async def _add(cfg: Settings, spec: ScheduleSpec, late_binding: bool) -> Schedule | None:
-    async with c.services(cfg) as svc:
+    async with c.connect(cfg) as conns:
         if not late_binding and not importable(spec.flow):
-            if await svc.store.steps.flow(spec.flow) is None:
+            if await conns.store.steps.flow(spec.flow) is None:
                 raise unknown(spec.flow)
-        return await Schedules.of(svc.store).add(spec)
+        return await Schedules.of(conns.store).add(spec)
 
 
 async def _list(cfg: Settings) -> list[Schedule]:
-    async with c.services(cfg) as svc:
-        return await Schedules.of(svc.store).all()
+    async with c.connect(cfg) as conns:
+        return await Schedules.of(conns.store).all()

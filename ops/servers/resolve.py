@@ -21,33 +21,20 @@ from urllib.parse import urlsplit, urlunsplit
 
 from psycopg.conninfo import make_conninfo
 
-from ops.throwaway import (
-    MIN_POSTGRES,
-    ServicesUnavailable,
-    ThrowawayPostgres,
-    ThrowawayRedis,
-    postgres_answers,
-    postgres_bindir,
-    redis_answers,
-    wait_until,
-)
+from ops.servers.postgres import MIN_POSTGRES, ThrowawayPostgres, postgres_answers, postgres_bindir
+from ops.servers.redis import ThrowawayRedis, redis_answers
+from ops.servers.throwaway import ServicesUnavailable, wait_until
 
-__all__ = [
-    "Endpoints",
-    "ServicesUnavailable",
-    "ThrowawayPostgres",
-    "ThrowawayRedis",
-    "database_url_for",
-    "resolve",
-]
+__all__ = ["Endpoints", "Purpose", "ServicesUnavailable", "database_url_for", "resolve"]
 
-Kind = Literal["test", "app"]
+Purpose = Literal["test", "app"]
+"""Who the services are for: each has its own URL variables and its own compose project."""
 
-ENV_VARS: dict[Kind, tuple[str, str]] = {
+ENV_VARS: dict[Purpose, tuple[str, str]] = {
     "test": ("RUNFLEET_TEST_DATABASE_URL", "RUNFLEET_TEST_REDIS_URL"),
     "app": ("RUNFLEET_DATABASE_URL", "RUNFLEET_REDIS_URL"),
 }
-COMPOSE_FILE = Path(__file__).resolve().parents[1] / "compose" / "compose.yaml"
+COMPOSE_FILE = Path(__file__).resolve().parents[2] / "compose" / "compose.yaml"
 INSTALL_HINT = (
     "install PostgreSQL >= 14 server binaries (apt install postgresql) and redis-server "
     "(apt install redis-server), or set {db}/{redis} to running servers, "
@@ -78,9 +65,9 @@ class Endpoints:
                 print(f"runfleet: stopping a service failed: {exc!r}", file=sys.stderr)
 
 
-def resolve(kind: Kind) -> Endpoints:
-    """Return Postgres and Redis URLs for ``kind``, starting servers where none is given."""
-    db_var, redis_var = ENV_VARS[kind]
+def resolve(purpose: Purpose) -> Endpoints:
+    """Return Postgres and Redis URLs for ``purpose``, starting servers where none is given."""
+    db_var, redis_var = ENV_VARS[purpose]
     given = {"postgres": os.environ.get(db_var), "redis": os.environ.get(redis_var)}
     missing = [name for name, url in given.items() if not url]
     endpoints = Endpoints("", "", "env")
@@ -89,7 +76,7 @@ def resolve(kind: Kind) -> Endpoints:
         if missing:
             compose = _compose_command()
             if compose is not None:
-                started = _compose_up(compose, kind, missing, endpoints._closers)
+                started = _compose_up(compose, purpose, missing, endpoints._closers)
                 endpoints.source = "docker"
             else:
                 started = _start_local(missing, endpoints._closers, db_var, redis_var)
@@ -120,10 +107,10 @@ def _compose_command() -> list[str] | None:
 
 
 def _compose_up(
-    compose: list[str], kind: Kind, services: list[str], closers: list[Callable[[], None]]
+    compose: list[str], purpose: Purpose, services: list[str], closers: list[Callable[[], None]]
 ) -> dict[str, str]:
-    # One project per kind, so a test session never reuses (or removes) demo containers.
-    base = [*compose, "-p", f"runfleet-{kind}", "-f", str(COMPOSE_FILE)]
+    # One project per purpose, so a test session never reuses (or removes) demo containers.
+    base = [*compose, "-p", f"runfleet-{purpose}", "-f", str(COMPOSE_FILE)]
     ps = subprocess.run(
         [*base, "ps", "--status", "running", "--services"], capture_output=True, text=True
     )

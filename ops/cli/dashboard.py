@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from ops import cli_common as c
+from ops.cli import common as c
 
 _ANY = {"0.0.0.0", "::", ""}
 

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from broker.liveness import FleetMember, Liveness, Probe
-from ops import cli_common as c
+from ops.cli import common as c
 from ops.models import (
     FleetMemberView,
     FleetView,
@@ -93,9 +93,9 @@ async def _fleet(cfg: Settings, host: str | None, *, with_db: bool) -> FleetView
     now = c.wall_ms()  # without the database (a healthcheck), this host's clock judges
     if with_db:
         try:
-            async with c.services(cfg) as svc:
-                owned = await svc.store.inspect.running_by_owner()
-                now = await svc.store.stats.now_ms()
+            async with c.connect(cfg) as conns:
+                owned = await conns.store.inspect.running_by_owner()
+                now = await conns.store.stats.now_ms()
         except Exception as exc:  # the keys still answer the question; say what is missing
             c.err.print(f"[yellow]warning:[/yellow] no run counts: {escape(str(exc))}")
     redis = c.redis_client(cfg)
@@ -184,14 +184,14 @@ def stuck(
 async def _stuck(
     cfg: Settings, pending_ms: int, overdue_ms: int, reactivated_over: int, limit: int
 ) -> StuckView:
-    async with c.services(cfg, redis="optional") as svc:
-        if svc.redis_error:
+    async with c.connect(cfg, redis="optional") as conns:
+        if conns.redis_error:
             c.err.print(
-                f"[yellow]warning:[/yellow] Redis did not answer ({escape(svc.redis_error)}): "
+                f"[yellow]warning:[/yellow] Redis did not answer ({escape(conns.redis_error)}): "
                 "live owners cannot be told from dead ones"
             )
-        live = svc.liveness if svc.redis is not None else None
-        store = svc.store
+        live = conns.liveness if conns.redis is not None else None
+        store = conns.store
         items = await _stale(cfg, store, live, limit)
         for looping in await store.inspect.reactivated_over(reactivated_over, limit=limit):
             row = looping.row

@@ -28,8 +28,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from broker import AsyncQueue, EnqueueSpec
-from ops.demo_flows import work
-from ops.services import Endpoints, database_url_for, resolve
+from ops.demo.flows import work
+from ops.servers.resolve import Endpoints, database_url_for, resolve
 from store import Store
 from store.config import Settings
 from store.migrate import migrate
@@ -62,7 +62,7 @@ def _start_workers(
 ) -> list[subprocess.Popen[bytes]]:
     env = dict(os.environ)
     env.update({f"RUNFLEET_{k.upper()}": str(v) for k, v in settings.model_dump().items()})
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     return [
         subprocess.Popen(
             [
@@ -71,7 +71,7 @@ def _start_workers(
                 "ops",
                 "worker",
                 "--flows",
-                "ops.demo_flows",
+                "ops.demo.flows",
                 "--queues",
                 "demo",
                 "--concurrency",

@@ -15,8 +15,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
-from ops import cli_common as c
-from ops.explain import entry, explain, gather
+from ops.cli import common as c
+from ops.explain.report import entry, explain, gather
 from ops.models import (
     ClockView,
     DeferredView,
@@ -108,22 +108,22 @@ async def _runs(
     since: str | None,
     limit: int,
 ) -> RunList:
-    async with c.services(cfg) as svc:
-        return await list_view(svc, status, flow, queue, since, limit)
+    async with c.connect(cfg) as conns:
+        return await list_view(conns, status, flow, queue, since, limit)
 
 
 async def list_view(
-    svc: c.Services,
+    conns: c.Connections,
     status: RunStatus | None,
     flow: str | None,
     queue: str | None,
     since: str | None,
     limit: int,
 ) -> RunList:
-    """``runs --json`` over open services (the dashboard's ``/runs`` reads the same)."""
-    now = await svc.store.stats.now_ms()
+    """``runs --json`` over open connections (the dashboard's ``/runs`` reads the same)."""
+    now = await conns.store.stats.now_ms()
     since_ms = c.parse_since(since, now) if since else None
-    rows = await svc.store.inspect.list_runs(
+    rows = await conns.store.inspect.list_runs(
         status=status, flow=flow, queue=queue, since_ms=since_ms, limit=limit
     )
     return RunList(now_ms=now, runs=[RunSummary.of(r) for r in rows])
@@ -175,14 +175,14 @@ def show(run_id: RunId, as_json: c.AsJson = False) -> None:
 
 
 async def _show(cfg: Settings, run_id: str) -> RunDetail:
-    async with c.services(cfg) as svc:
-        return await detail_view(svc, run_id)
+    async with c.connect(cfg) as conns:
+        return await detail_view(conns, run_id)
 
 
-async def detail_view(svc: c.Services, run_id: str) -> RunDetail:
-    """``show --json`` over open services."""
-    row = await svc.run_row(run_id)
-    store = svc.store
+async def detail_view(conns: c.Connections, run_id: str) -> RunDetail:
+    """``show --json`` over open connections."""
+    row = await conns.run_row(run_id)
+    store = conns.store
     deferred = await store.inspect.waiting_deferred(run_id) if row.waiting else None
     return RunDetail(
         run=RunSummary.of(row, deferred),
@@ -228,11 +228,11 @@ def journal(
 async def _journal(cfg: Settings, run_id: str, follow: bool, as_json: bool) -> None:
     streaming = as_json and follow
     collected: list[JournalEntry] = []
-    async with c.services(cfg) as svc:
-        await svc.run_row(run_id)
+    async with c.connect(cfg) as conns:
+        await conns.run_row(run_id)
         after = 0
         while True:
-            batch = await svc.store.journal.records(run_id, after_seq=after, limit=1000)
+            batch = await conns.store.journal.records(run_id, after_seq=after, limit=1000)
             for record in batch:
                 item = entry(record)
                 if streaming:
@@ -249,7 +249,7 @@ async def _journal(cfg: Settings, run_id: str, follow: bool, as_json: bool) -> N
                 break
             # A record and the status change it describes commit together, so one more
             # read after seeing a terminal status catches everything up to it.
-            if (await svc.run_row(run_id)).status.terminal:
+            if (await conns.run_row(run_id)).status.terminal:
                 follow = False
                 continue
             await asyncio.sleep(FOLLOW_POLL_S)
@@ -295,16 +295,16 @@ def _grow(parent: Tree, nodes: list[TreeNode]) -> None:
 
 
 async def _tree(cfg: Settings, run_id: str) -> TreeView:
-    async with c.services(cfg) as svc:
-        return await tree_view(svc, run_id)
+    async with c.connect(cfg) as conns:
+        return await tree_view(conns, run_id)
 
 
-async def tree_view(svc: c.Services, run_id: str) -> TreeView:
-    """``tree --json`` over open services."""
-    row = await svc.run_row(run_id)
-    children = await _children(svc, row, 1, {row.id})
-    rounds = await svc.store.inspect.lineage(row.lineage_id)
-    waiting = await svc.store.waits.waiting_tree(run_id)
+async def tree_view(conns: c.Connections, run_id: str) -> TreeView:
+    """``tree --json`` over open connections."""
+    row = await conns.run_row(run_id)
+    children = await _children(conns, row, 1, {row.id})
+    rounds = await conns.store.inspect.lineage(row.lineage_id)
+    waiting = await conns.store.waits.waiting_tree(run_id)
     return TreeView(
         run=RunSummary.of(row),
         children=children,
@@ -313,10 +313,12 @@ async def tree_view(svc: c.Services, run_id: str) -> TreeView:
     )
 
 
-async def _children(svc: c.Services, row: RunRow, depth: int, seen: set[str]) -> list[TreeNode]:
+async def _children(
+    conns: c.Connections, row: RunRow, depth: int, seen: set[str]
+) -> list[TreeNode]:
     """The DAG below ``row``; a run reached twice (a diamond) is shown once, then marked."""
-    edges = await svc.store.dag.children(row.id)
-    rows = {r.id: r for r in await svc.store.runs.get_many([e.child_id for e in edges])}
+    edges = await conns.store.dag.children(row.id)
+    rows = {r.id: r for r in await conns.store.runs.get_many([e.child_id for e in edges])}
     nodes: list[TreeNode] = []
     for e in edges:
         child = rows.get(e.child_id)
@@ -329,7 +331,7 @@ async def _children(svc: c.Services, row: RunRow, depth: int, seen: set[str]) ->
             TreeNode(
                 run=RunSummary.of(child),
                 attached=child.on_parent_exit is OnParentExit.CANCEL,
-                children=await _children(svc, child, depth + 1, seen) if walk else [],
+                children=await _children(conns, child, depth + 1, seen) if walk else [],
                 truncated=not walk,
             )
         )
@@ -350,5 +352,5 @@ def explain_cmd(run_id: RunId, as_json: c.AsJson = False) -> None:
 
 
 async def _explain(cfg: Settings, run_id: str) -> Explanation:
-    async with c.services(cfg, redis="optional") as svc:
-        return explain(await gather(svc, run_id))
+    async with c.connect(cfg, redis="optional") as conns:
+        return explain(await gather(conns, run_id))

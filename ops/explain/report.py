@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 
 from broker.liveness import FleetMember, Probe
-from ops.cli_common import Services, clock, seconds, who
-from ops.journal_text import probe_words, sentence
+from ops.cli.common import Connections, clock, seconds, who
+from ops.explain.journal_text import probe_words, sentence
+from ops.explain.predict import Facts, next_step
 from ops.models import (
     ClaimView,
     Explanation,
@@ -24,7 +25,6 @@ from ops.models import (
     ProbeView,
     RunSummary,
 )
-from ops.predict import Facts, next_step
 from store.inspect import DEFAULT_REACTIVATED_OVER
 from store.journal import Kind
 from store.types import JournalRecord, Owner, RunRow, RunStatus
@@ -75,34 +75,34 @@ def _if_stale(row: RunRow, at_ms: int | None, stale_after_ms: int) -> int | None
     return at_ms
 
 
-async def gather(svc: Services, run_id: str) -> Facts:
-    row = await svc.run_row(run_id)
-    store = svc.store
+async def gather(conns: Connections, run_id: str) -> Facts:
+    row = await conns.run_row(run_id)
+    store = conns.store
     history = await store.journal.last(run_id, _HISTORY)
     owner_probe = claim_probe = None
     fleet: list[FleetMember] | None = None
     lag: int | None = None
-    if svc.redis is not None:
-        live = svc.liveness
+    if conns.redis is not None:
+        live = conns.liveness
         if row.owner is not None and row.status is RunStatus.RUNNING:
-            stale_ms = svc.settings.stale_after_ms
+            stale_ms = conns.settings.stale_after_ms
             owner_probe = await live.probe(row.owner, _if_stale(row, row.heartbeat_at_ms, stale_ms))
         if row.claim is not None:
-            claimed = _if_stale(row, row.claimed_at_ms, svc.settings.stale_after_ms)
+            claimed = _if_stale(row, row.claimed_at_ms, conns.settings.stale_after_ms)
             claim_probe = await live.probe(row.claim, claimed)
         fleet = await live.fleet(row.now_ms or None)
         if not row.status.terminal:
-            lag = await svc.streams.lag(row.queue)
+            lag = await conns.streams.lag(row.queue)
     deferred = await store.inspect.waiting_deferred(run_id) if row.waiting else None
     tree = await store.waits.waiting_tree(run_id) if row.status is RunStatus.SUSPENDED else []
     return Facts(
         row,
-        svc.settings,
+        conns.settings,
         history,
         owner_probe,
         claim_probe,
         fleet,
-        svc.redis_error,
+        conns.redis_error,
         lag,
         deferred,
         tree,

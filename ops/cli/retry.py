@@ -13,8 +13,8 @@ import typer
 from pydantic import BaseModel, ConfigDict
 
 from broker import AsyncQueue
-from ops import cli_common as c
-from ops.cli_produce import Scopes, actor
+from ops.cli import common as c
+from ops.cli.produce import Scopes, actor
 from store.config import Settings
 from store.types import RunStatus
 

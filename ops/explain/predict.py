@@ -1,6 +1,6 @@
 """What happens next to a run, predicted from the rules the driver and the sweeps follow.
 
-Pure: it reads ``Facts`` gathered once by ``ops.explain`` and says what the fleet
+Pure: it reads ``Facts`` gathered once by ``ops.explain.report`` and says what the fleet
 will do and roughly when, or that a person is needed (DESIGN §5 takeover, §7 sweeps).
 Kept apart from the gathering so each rule here can be read beside the code it mirrors.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from broker.liveness import FleetMember, Probe
-from ops.cli_common import clock, seconds, who
-from ops.journal_text import probe_words
+from ops.cli.common import clock, seconds, who
+from ops.explain.journal_text import probe_words
 from ops.models import NextStep
 from store.config import Settings
 from store.types import JournalRecord, RunRow, RunStatus, WaitingRow
@@ -74,17 +74,13 @@ def next_step(facts: Facts) -> NextStep:
     return _next_suspended(facts)
 
 
-def _sweep_ms(cfg: Settings) -> int:
-    return int(cfg.sweep_interval * 1200)  # the sweeper jitters its interval by ±20 %
-
-
 def _next_running(facts: Facts) -> NextStep:
     row, cfg = facts.row, facts.settings
     assert row.owner is not None and row.heartbeat_at_ms is not None
     owner, probe = who(row.owner), facts.owner_probe
     age = facts.now - row.heartbeat_at_ms
     left = cfg.stale_after_ms - age
-    sweep = _sweep_ms(cfg)
+    sweep = cfg.sweep_tick_max_ms
     if left >= 0:
         if probe is not None and probe.verdict == "dead":
             return NextStep(
@@ -113,8 +109,8 @@ def _next_running(facts: Facts) -> NextStep:
         return NextStep(
             summary=f"{owner} is alive ({probe.evidence}) but has not renewed its lease for "
             f"{seconds(age)}: takeovers are refused while the probe vouches for it (re-probed on "
-            f"a backoff up to {seconds(cfg.stale_after_ms)}). Look at that process: stopped "
-            "(SIGSTOP), a blocked event loop, or cut off from the database.",
+            f"a backoff up to {seconds(int(cfg.reprobe_backoff_max * 1000))}). Look at that "
+            "process: stopped (SIGSTOP), a blocked event loop, or cut off from the database.",
             within_ms=None,
             needs_person=True,
         )
@@ -126,7 +122,7 @@ def _next_running(facts: Facts) -> NextStep:
             needs_person=True,
         )
     evidence = probe_words(probe.evidence) if probe else "the lease alone (no probe answered)"
-    overdue = -left > 10 * sweep + 5000
+    overdue = -left > cfg.takeover_overdue_ms
     summary = (
         f"the stale-running sweep will try a takeover within ~{seconds(sweep)} "
         f"(the evidence would be: lease stale {seconds(age)} and {evidence})."
@@ -141,7 +137,7 @@ def _next_running(facts: Facts) -> NextStep:
 
 def _next_pending(facts: Facts) -> NextStep:
     row, cfg = facts.row, facts.settings
-    sweep, now = _sweep_ms(cfg), facts.now
+    sweep, now = cfg.sweep_tick_max_ms, facts.now
     if row.cancel_requested_at_ms is not None:
         return NextStep(
             summary="the pending-cancellation sweep closes it as cancelled within "
@@ -195,7 +191,7 @@ def _next_pending(facts: Facts) -> NextStep:
 
 
 def _timed(facts: Facts, due_ms: int, verb: str, problem: str | None) -> NextStep:
-    sweep = _sweep_ms(facts.settings)
+    sweep = facts.settings.sweep_tick_max_ms
     delta = due_ms - facts.now
     if delta > 0:
         tail = f"; but {problem}" if problem else ""
@@ -204,7 +200,7 @@ def _timed(facts: Facts, due_ms: int, verb: str, problem: str | None) -> NextSte
             within_ms=delta + sweep,
             needs_person=False,
         )
-    if -delta <= max(5000, 3 * sweep):
+    if -delta <= facts.settings.due_overdue_ms:
         return NextStep(
             summary=f"due now: the due sweep {verb} it within ~{seconds(sweep)}.",
             within_ms=sweep,
@@ -221,7 +217,7 @@ def _timed(facts: Facts, due_ms: int, verb: str, problem: str | None) -> NextSte
 
 def _next_suspended(facts: Facts) -> NextStep:
     row, cfg = facts.row, facts.settings
-    sweep = _sweep_ms(cfg)
+    sweep = cfg.sweep_tick_max_ms
     w = row.waiting
     problem = _readers_problem(facts)
     if row.cancel_requested_at_ms is not None:

@@ -14,8 +14,8 @@ from typing import Annotated, Any
 import typer
 
 from broker import AsyncQueue
-from ops import cli_common as c
-from ops.cli_produce import Scopes, actor
+from ops.cli import common as c
+from ops.cli.produce import Scopes, actor
 from ops.models import AnswerResult
 
 Token = Annotated[

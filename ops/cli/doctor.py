@@ -18,7 +18,7 @@ from rich.table import Table
 
 from broker.liveness import FleetMember, Liveness
 from broker.streams import Streams
-from ops import cli_common as c
+from ops.cli import common as c
 from ops.models import Check, DoctorView
 from store.config import Settings
 from store.migrate import migrations, schema_version
@@ -97,9 +97,9 @@ class Doctor:
         )
 
     async def _postgres(self) -> None:
-        async with c.services(self.cfg) as svc:
+        async with c.connect(self.cfg) as conns:
             before = time.time()
-            info = await svc.store.inspect.server_info()
+            info = await conns.store.inspect.server_info()
             after = time.time()
         self.add("postgres", "ok", f"PostgreSQL {info.version}")
         # The midpoint of the round trip is when the server most likely read its clock.
@@ -168,8 +168,8 @@ class Doctor:
         latest = migrations()[-1].version
         self.version = await schema_version(self.cfg.database_url)
         if self.version >= latest:
-            async with c.services(self.cfg) as svc:
-                self.active_queues = await svc.store.inspect.active_queues()
+            async with c.connect(self.cfg) as conns:
+                self.active_queues = await conns.store.inspect.active_queues()
         if self.version == latest:
             self.add("schema", "ok", f"migration {self.version} of {latest}")
         elif self.version < latest:

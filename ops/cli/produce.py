@@ -16,7 +16,7 @@ from typing import Annotated, Any, assert_never
 import typer
 
 from broker import AsyncQueue, EnqueueSpec
-from ops import cli_common as c
+from ops.cli import common as c
 from ops.models import CancelResult, EnqueueResult
 from store.config import Settings
 from store.types import (

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from ops import cli_common as c
+from ops.cli import common as c
 from ops.models import PruneResult
 from store.config import Settings
 from store.retention import DEFAULT_BATCH, Retention
@@ -78,8 +78,8 @@ async def _prune(
     consumer_idle: str,
 ) -> PruneResult:
     idle_ms = c.parse_duration_ms(consumer_idle)
-    async with c.services(cfg, redis="no" if dry_run else "optional") as svc:
-        retention = Retention(svc.store.db)
+    async with c.connect(cfg, redis="no" if dry_run else "optional") as conns:
+        retention = Retention(conns.store.db)
         _, now_ms = await retention.cutoff(0)
         try:
             before_ms = c.parse_since(settled_before, now_ms)
@@ -92,15 +92,15 @@ async def _prune(
         note: str | None = None
         if dry_run:
             note = "not pruned in a dry run"
-        elif svc.redis is None:
-            note = f"not pruned: Redis unreachable ({svc.redis_error})"
+        elif conns.redis is None:
+            note = f"not pruned: Redis unreachable ({conns.redis_error})"
         else:
             names = (
                 [q.strip() for q in queues.split(",") if q.strip()]
                 if queues is not None
                 else await retention.known_queues()
             )
-            pruned = await svc.streams.prune_consumers(names, idle_ms)
+            pruned = await conns.streams.prune_consumers(names, idle_ms)
     deleted = done.deleted
     return PruneResult(
         dry_run=dry_run,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ops.cli_common import clock, parse_owner, seconds, who
+from ops.cli.common import clock, parse_owner, seconds, who
 from store.journal import Kind
 from store.types import JournalRecord
 from store.waits import shown_token

@@ -105,7 +105,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 @dataclass
-class Services:
+class Connections:
     """Open connections for one command. ``redis`` is None when the command needs none."""
 
     settings: Settings
@@ -142,9 +142,9 @@ def redis_client(cfg: Settings) -> Redis:
 
 
 @asynccontextmanager
-async def services(
+async def connect(
     cfg: Settings, *, redis: Literal["no", "yes", "optional"] = "no"
-) -> AsyncIterator[Services]:
+) -> AsyncIterator[Connections]:
     """Postgres always; Redis when asked (``optional``: carry on without it, saying why)."""
     await check_database(cfg.database_url)
     store = await Store.open(cfg, min_size=1, max_size=4)
@@ -160,7 +160,7 @@ async def services(
                 problem = _first_line(exc)
                 await client.aclose()
                 client = None
-        yield Services(cfg, store, client, problem)
+        yield Connections(cfg, store, client, problem)
     finally:
         if client is not None:
             await client.aclose()

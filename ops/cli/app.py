@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from ops import cli_fleet, cli_flows, cli_produce, cli_roles, cli_runs, doctor
-from ops.cli_common import console, fail, settings
+from ops.cli import doctor, fleet, flows, produce, roles, runs
+from ops.cli.common import console, fail, settings
 
 __all__ = ["app", "fail", "main"]
 
@@ -73,7 +73,7 @@ def worker(
     if processes == 1:
         run_foreground(cfg, options)
         return
-    from ops.logs import configure
+    from worker.logs import configure
 
     configure(log_level, json_lines=log_json)
     raise typer.Exit(supervise(cfg, options, processes))
@@ -81,19 +81,19 @@ def worker(
 
 def _mount() -> None:
     """Command groups live in their own modules; this file only assembles them."""
-    from ops import cli_dashboard, cli_prune, cli_retry, cli_schedule
     from ops.bench.__main__ import app as bench_app
+    from ops.cli import dashboard, prune, retry, schedule
 
-    cli_runs.register(app)
-    cli_produce.register(app)
-    cli_flows.register(app)
-    cli_fleet.register(app)
-    cli_roles.register(app)
+    runs.register(app)
+    produce.register(app)
+    flows.register(app)
+    fleet.register(app)
+    roles.register(app)
     doctor.register(app)
-    cli_prune.register(app)
-    cli_dashboard.register(app)
-    cli_schedule.register(app)
-    cli_retry.register(app)
+    prune.register(app)
+    dashboard.register(app)
+    schedule.register(app)
+    retry.register(app)
     app.add_typer(bench_app, name="bench")
 
 

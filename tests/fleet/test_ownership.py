@@ -25,7 +25,7 @@ import tests.fleet.flows as flows
 from broker import AsyncQueue
 from store import Store
 from store.config import Settings
-from store.types import RunStatus
+from store.types import Owner, RunStatus
 from tests.fleet.procs import WorkerProc, records
 from tests.fleet.tcpproxy import FreezableProxy
 from tests.support.polling import until
@@ -213,9 +213,8 @@ async def test_lapsed_worker_claims_nothing_until_reconfirmed(
             await until(lambda: all_settled(store, fresh), 30, "new runs to settle")
             for run_id in fresh:
                 (claim,) = await records(store, run_id, "claimed-and-activated")
-                assert str(claim.payload["owner"]).split(":")[1] == str(b.pid), (
-                    f"lapsed A claimed {run_id}"
-                )
+                claimant = Owner.parse(str(claim.payload["owner"]))
+                assert claimant is not None and claimant.pid == b.pid, f"lapsed A claimed {run_id}"
             await lock.rollback()
             await until(lambda: all_settled(store, [held.id]), 30, "held run to settle")
             # Reconfirmed, A takes work again.

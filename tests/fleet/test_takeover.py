@@ -10,6 +10,7 @@ import tests.fleet.flows as flows
 from broker import AsyncQueue
 from store import Store
 from store.config import Settings
+from store.types import Owner
 from tests.fleet.procs import Spawn, records, running_on
 from tests.support.polling import until
 
@@ -30,7 +31,8 @@ async def test_sigkill_mid_run_is_stolen_with_evidence(
     result = await run.result(timeout=settings.stale_after + 2 * settings.sweep_interval + 2 + 3)
     assert result["pid"] == b.pid
     (steal,) = await records(store, run.id, "stolen-and-activated")
-    assert steal.payload["previous_owner"].split(":")[1] == str(a.pid)
+    previous = Owner.parse(str(steal.payload["previous_owner"]))
+    assert previous is not None and previous.pid == a.pid
     assert steal.payload["probe"] == "same-host-pid-dead"
     assert steal.payload["lease_age_ms"] > settings.stale_after_ms
     assert len(await records(store, run.id, "transitioned")) == 1

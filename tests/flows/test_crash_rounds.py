@@ -12,7 +12,7 @@ import pytest
 import tests.flows.flows as f
 from broker import AsyncQueue, RunFailed
 from store import Store
-from store.types import NewRun, RunStatus
+from store.types import NewRun, Owner, RunStatus
 from tests.fleet.procs import Spawn, records, running_on
 from tests.support.polling import until
 
@@ -36,7 +36,8 @@ async def test_a_timer_due_while_its_owner_is_dead_resumes_after_the_steal(
     fired = await store.waits.clock(run.id, "sleep:sleep#1")
     assert fired is not None and fired.completed_at_ms is not None
     assert fired.completed_at_ms >= fired.due_at_ms
-    assert steal.payload["owner"].split(":")[1] == str(b.pid)
+    thief = Owner.parse(str(steal.payload["owner"]))
+    assert thief is not None and thief.pid == b.pid
 
 
 async def test_handoffs_under_random_sigkills_leave_a_whole_lineage(

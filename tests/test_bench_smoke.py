@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from ops.bench import dbos_side, scaling
 from ops.bench.__main__ import app
 from ops.bench.fleet_procs import Servers
-from ops.servers.resolve import Endpoints
+from ops.services import Endpoints
 
 
 def _bench(services: Endpoints, *args: str) -> dict[str, Any]:
@@ -27,17 +27,19 @@ def _bench(services: Endpoints, *args: str) -> dict[str, Any]:
     return payload
 
 
-SKIP_SCALING = ["--scale", "", "--skip-fsync", "--history-rows", "0", "--skip-results"]
-SKIP_RECOVERY = ["--skip-recovery", "--skip-backlog", "--skip-rss"]
 TARGETS = {"drain >= 3x rq SimpleWorker", "enqueue, one call each >= 0.5x rq",
            "enqueue_many >= 1x rq"}  # fmt: skip
 
 
+@pytest.mark.timeout(300)
 def test_fleet_bench_runs_every_phase(services: Endpoints) -> None:
+    """One invocation, every phase: the added ones (process counts, fsync on the given
+    server as found, history, result(), soak) share the headline's enqueue and drain."""
     out = _bench(
         services, "fleet", "--runs", "20", "--latency-samples", "5", "--kills", "1",
         "--recovery-runs", "4", "--rss-runs", "20", "--backlog", "40", "--backlog-kills", "1",
-        "--backlog-concurrency", "4", *SKIP_SCALING,
+        "--backlog-concurrency", "4", "--scale", "1", "--history-rows", "300",
+        "--result-runs", "10", "--result-samples", "5", "--soak-runs", "30",
     )  # fmt: skip
     assert out["runfleet"]["drain"]["runs"] == 41  # two enqueue phases and one warm-up run
     assert out["rq"]["drain"]["runs"] == 40
@@ -45,34 +47,22 @@ def test_fleet_bench_runs_every_phase(services: Endpoints) -> None:
     assert out["backlog_recovery"]["steals"] >= 1
     assert out["backlog_recovery"]["backlog"] == 40
     assert out["memory"]["in_flight"] >= 1
-    assert set(out["targets"]) >= TARGETS
-    assert out["scale"] == [] and out["fsync"] == [] and out["history"] is None
-    assert out["results"] is None and out["soak"] is None
-
-
-def test_fleet_bench_scaling_phases(services: Endpoints) -> None:
-    """Process counts, fsync (the given server, as found), history, result(), soak."""
-    out = _bench(
-        services, "fleet", "--runs", "10", "--latency-samples", "3", *SKIP_RECOVERY,
-        "--scale", "1", "--history-rows", "300", "--result-runs", "10",
-        "--result-samples", "5", "--soak-runs", "30",
-    )  # fmt: skip
     assert [(r["workers"], r["runfleet"]["runs"], r["rq"]["runs"]) for r in out["scale"]] == [
-        (1, 20, 20)
+        (1, 40, 40)
     ]
     [fsync] = out["fsync"]  # a server the user named: only reported, never reconfigured
     assert fsync["server_started_by_bench"] is False and fsync["fsync"] in ("on", "off")
-    assert fsync["drain"]["runs"] == 20
+    assert fsync["drain"]["runs"] == 40
     history = out["history"]
     assert history["settled_runs"] == 300 and history["journal_records"] == 900
-    assert history["empty"]["runs"] == history["with_history"]["runs"] == 20
+    assert history["empty"]["runs"] == history["with_history"]["runs"] == 40
     results = out["results"]
     assert results["runs"] == 10
     assert results["runfleet_settled_result"]["samples"] == 5
     assert results["rq_settled_return_value"]["samples"] == 5
     assert [s["runs"] for s in out["soak"]["samples"]] == [0, 30]
     assert set(out["targets"]) >= TARGETS | {
-        "drain, 1 processes >= 3x rq SimpleWorker",
+        "drain, 1 process >= 3x rq SimpleWorker",
         "drain with 300 settled runs within 10% of a fresh database",
         "worker RSS flat over 30 runs (growth < 20 MB or < 10%)",
     }

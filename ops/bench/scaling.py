@@ -213,7 +213,8 @@ def add_rows(
 def targets_of(scale: tuple[ScaleRow, ...], past: History | None) -> dict[str, tuple[str, bool]]:
     found: dict[str, tuple[str, bool]] = {}
     for row in scale:
-        found[f"drain, {row.workers} processes >= 3x rq SimpleWorker"] = (
+        processes = f"{row.workers} process{'es' if row.workers > 1 else ''}"
+        found[f"drain, {processes} >= 3x rq SimpleWorker"] = (
             f"{row.ratio:.2f}x",
             row.ratio >= 3,
         )

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from ops.bench import dbos_side, scaling
 from ops.bench.__main__ import app
 from ops.bench.fleet_procs import Servers
-from ops.services import Endpoints
+from ops.servers.resolve import Endpoints
 
 
 def _bench(services: Endpoints, *args: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ DatabaseUrl = Annotated[
     typer.Option(
         "--database-url",
         help="Server to benchmark (CREATEDB rights); default RUNFLEET_DATABASE_URL, "
-        "else the services ops.services resolves for the app.",
+        "else the services ops.servers.resolve starts for the app.",
     ),
 ]
 Concurrency = Annotated[int, typer.Option("--concurrency", "-k", min=1, help="Concurrent tasks.")]
@@ -110,7 +110,7 @@ RedisUrl = Annotated[
     typer.Option(
         "--redis-url",
         help="Redis to benchmark; default RUNFLEET_REDIS_URL, else the services "
-        "ops.services resolves for the app.",
+        "ops.servers.resolve starts for the app.",
     ),
 ]
 

@@ -43,7 +43,7 @@ class Servers:
 def servers(database_url: str | None, redis_url: str | None) -> Iterator[Servers]:
     """Explicit URLs, else ``RUNFLEET_DATABASE_URL``/``RUNFLEET_REDIS_URL``, else throwaways.
 
-    Throwaway servers (``ops.services.resolve("app")``) are stopped on the way out.
+    Throwaway servers (``ops.servers.resolve.resolve("app")``) are stopped on the way out.
     """
     db = database_url or os.environ.get("RUNFLEET_DATABASE_URL")
     rd = redis_url or os.environ.get("RUNFLEET_REDIS_URL")

@@ -1,7 +1,7 @@
 """Where a benchmark runs: the server it was pointed at, and a database of its own there.
 
 The URL comes from ``--database-url``, else ``RUNFLEET_DATABASE_URL``, else
-``ops.services.resolve("app")`` (which may start throwaway servers, stopped afterwards).
+``ops.servers.resolve.resolve("app")`` (which may start throwaway servers, stopped afterwards).
 The scratch database is dropped even when the benchmark fails half-way.
 """
 
@@ -33,7 +33,7 @@ def server_url(explicit: str | None) -> Iterator[str]:
     except ImportError as exc:
         raise BenchError(
             "no database: pass --database-url or set RUNFLEET_DATABASE_URL "
-            f"(ops.services, which could start one, is unavailable: {exc})"
+            f"(ops.servers.resolve, which could start one, is unavailable: {exc})"
         ) from exc
     endpoints = resolve("app")
     try:

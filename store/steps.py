@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,21 @@ def _record(row: Row) -> StepRecord:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class StepWrite:
+    """One call's output to record (``Steps.record_many``)."""
+
+    run_id: str
+    epoch: int
+    key: str
+    name: str
+    kind: str
+    position: int
+    output: JsonValue
+    compensate: str | None = None
+    attempt: int | None = None
+
+
 class Steps:
     def __init__(self, db: Database, journal: Journal, settings: Settings) -> None:
         self._db = db
@@ -98,42 +114,76 @@ class Steps:
         An output that cannot be stored raises UnstorableValue before anything is
         written (or when Postgres refuses the data itself): permanent, never retried.
         """
-        where = f"step output of {key}"
-        text = values.encode_canonical(output, self._settings.max_payload_bytes, where)
-        payload = {"key": key, "kind": kind, "position": position, "epoch": epoch}
+        write = StepWrite(run_id, epoch, key, name, kind, position, output, compensate, attempt)
+        return (await self.record_many(me, [write]))[0]
+
+    def encode(self, write: StepWrite) -> str:
+        """``write``'s output as stored text; UnstorableValue if it cannot be stored."""
+        where = f"step output of {write.key}"
+        return values.encode_canonical(write.output, self._settings.max_payload_bytes, where)
+
+    async def record_many(self, me: Owner, writes: Sequence[StepWrite]) -> list[StepRecord | None]:
+        """``record`` for the calls of several runs ``me`` owns, in one statement.
+
+        Each is fenced by its own run and epoch and answers its own record, or None.
+        An output that cannot be stored raises UnstorableValue for the whole batch and
+        writes nothing (``encode`` each first to attribute it).
+        """
+        if not writes:
+            return []
+        texts = [self.encode(write) for write in writes]
+        payloads = [
+            {"key": w.key, "kind": w.kind, "position": w.position, "epoch": w.epoch} for w in writes
+        ]
         params = {
-            "run_id": run_id,
-            "key": key,
-            "name": name,
-            "kind": kind,
-            "position": position,
-            "output": text,
-            "digest": values.text_digest(text),
-            "epoch": epoch,
-            "compensate": compensate,
-            "attempt": attempt,
+            "run_ids": [w.run_id for w in writes],
+            "keys": [w.key for w in writes],
+            "names": [w.name for w in writes],
+            "kinds": [w.kind for w in writes],
+            "positions": [w.position for w in writes],
+            "outputs": texts,
+            "digests": [values.text_digest(text) for text in texts],
+            "epochs": [w.epoch for w in writes],
+            "compensates": [w.compensate for w in writes],
+            "attempts": [w.attempt for w in writes],
+            "seqs": [self._db.next_source_seq() for _ in writes],
+            "payloads": [Jsonb(payload) for payload in payloads],
+            "payload_digests": [digest(payload) for payload in payloads],
             "source_id": self._db.source_id,
-            "source_seq": self._db.next_source_seq(),
-            "payload": Jsonb(payload),
-            "payload_digest": digest(payload),
             "journal_kind": Kind.STEP_RECORDED,
             **owner_params(me),
         }
         try:
-            row = await self._db.one("steps.record", params)
+            rows = await self._db.all("steps.record", params)
         except psycopg.Error as exc:
             if values.refused_by_database(exc):
+                where = f"step output of {writes[0].key}" if len(writes) == 1 else "step outputs"
                 raise values.UnstorableValue(where, f"Postgres refused it: {exc}") from exc
             raise
-        return _record(row) if row else None
+        found = {(row["run_id"], row["key"]): _record(row) for row in rows}
+        return [found.get((w.run_id, w.key)) for w in writes]
 
     async def start_attempt(self, run_id: str, me: Owner, epoch: int, key: str) -> int | None:
         """Number and record the next attempt of a step (the counter survives crashes)."""
-        row = await self._db.one(
+        return (await self.start_attempts(me, [(run_id, epoch, key)]))[0]
+
+    async def start_attempts(
+        self, me: Owner, steps: Sequence[tuple[str, int, str]]
+    ) -> list[int | None]:
+        """``start_attempt`` for (run id, epoch, step key) of several runs, one statement."""
+        if not steps:
+            return []
+        rows = await self._db.all(
             "steps.attempt_start",
-            {"run_id": run_id, "key": key, "epoch": epoch, **owner_params(me)},
+            {
+                "run_ids": [run_id for run_id, _, _ in steps],
+                "epochs": [epoch for _, epoch, _ in steps],
+                "keys": [key for _, _, key in steps],
+                **owner_params(me),
+            },
         )
-        return int(row["attempt"]) if row else None
+        found = {(row["run_id"], row["key"]): int(row["attempt"]) for row in rows}
+        return [found.get((run_id, key)) for run_id, _, key in steps]
 
     async def finish_attempt(self, run_id: str, key: str, attempt: int, error: str | None) -> None:
         await self._db.execute(

@@ -27,15 +27,24 @@ Flush = Callable[[Sequence[T]], Awaitable[Sequence[R | BaseException]]]
 class GroupCommit(Generic[T, R]):
     """Batch ``submit`` calls into ``flush(items) -> answers`` (one answer per item, in order).
 
-    An answer that is an exception is raised to its own caller only.
+    An answer that is an exception is raised to its own caller only; so is an
+    ``isolate`` error, which makes the batch retry item by item to find its owner.
     """
 
-    def __init__(self, flush: Flush[T, R], *, max_items: int = 256, name: str = "batch") -> None:
+    def __init__(
+        self,
+        flush: Flush[T, R],
+        *,
+        max_items: int = 256,
+        name: str = "batch",
+        isolate: tuple[type[Exception], ...] = (),
+    ) -> None:
         if max_items < 1:
             raise ValueError("max_items must be >= 1")
         self._flush = flush
         self._max = max_items
         self._name = name
+        self._isolate = isolate
         self._pending: list[tuple[T, asyncio.Future[R]]] = []
         self._runner: asyncio.Task[None] | None = None
 
@@ -52,7 +61,7 @@ class GroupCommit(Generic[T, R]):
             await asyncio.sleep(0)  # callers ready in this same turn join the batch
             batch, self._pending = self._pending[: self._max], self._pending[self._max :]
             try:
-                answers = await self._flush([item for item, _ in batch])
+                answers = await self._answers([item for item, _ in batch])
                 if len(answers) != len(batch):
                     raise RuntimeError(f"{self._name}: {len(answers)} answers for {len(batch)}")
             except asyncio.CancelledError:
@@ -73,6 +82,23 @@ class GroupCommit(Generic[T, R]):
                     future.set_exception(answer)
                 else:
                     future.set_result(answer)
+
+    async def _answers(self, items: list[T]) -> Sequence[R | BaseException]:
+        """The flush's answers; when it raises an ``isolate`` error for a batch of several
+        (one item's data was refused, say), each item is flushed alone instead, so only
+        the item at fault gets the error."""
+        try:
+            return await self._flush(items)
+        except self._isolate:
+            if len(items) == 1:
+                raise
+        answers: list[R | BaseException] = []
+        for item in items:
+            try:
+                answers.extend(await self._flush([item]))
+            except self._isolate as exc:
+                answers.append(exc)
+        return answers
 
 
 class Coalesce(Generic[T]):

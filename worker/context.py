@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from store import Kind, Store
 from store.config import Settings
 from store.errors import LimitExceeded
-from store.steps import StepRecord
+from store.steps import StepRecord, StepWrite
 from store.types import (
     AlreadySatisfied,
     ClockExisting,
@@ -41,6 +41,7 @@ from store.types import (
     Waiting,
 )
 from store.waits import token_hash
+from worker.bookkeeping import Bookkeeping
 from worker.durable import (
     NO_RETRY,
     ChildFailed,
@@ -83,10 +84,12 @@ class Context:
     schedule: ScheduleFn | None = None
     records: dict[int, StepRecord] = field(default_factory=dict)
     lease_ok: Callable[[], bool] | None = None
+    """The process's local lease gate (monotonic, no I/O): False once the lease may have lapsed."""
+    bookkeeping: Bookkeeping | None = None
+    """The process's shared step batches; without one, each write is its own statement."""
     in_bookkeeping: int = field(default=0, init=False)
     """Nesting depth of runfleet's own store calls in progress: while above zero the body
     runs no user code, only I/O the database fences (the fail-stop watchdog ignores it)."""
-    """The process's local lease gate (monotonic, no I/O): False once the lease may have lapsed."""
     log: logging.LoggerAdapter[logging.Logger] = field(init=False)
     wake_hint: float | None = field(default=None, init=False)
     """Monotonic time a timer park is due: the driver asks for a wake then (sweeps back it up)."""
@@ -191,25 +194,24 @@ class Context:
         compensate: str | None = None,
         attempt: int | None = None,
     ) -> StepRecord:
-        record = await self._durable(
-            "steps.record",
-            lambda: self._store.steps.record(
-                self.run.id,
-                self.owner,
-                self.epoch,
-                key=key,
-                name=name,
-                kind=kind,
-                position=position,
-                output=output,
-                compensate=compensate,
-                attempt=attempt,
-            ),
+        write = StepWrite(
+            self.run.id, self.epoch, key, name, kind, position, output, compensate, attempt
         )
+        record = await self._durable("steps.record", lambda: self._write_record(write))
         if record is None:
             record = await self._own_record(position, key)
         self.records[position] = record
         return record
+
+    async def _write_record(self, write: StepWrite) -> StepRecord | None:
+        if self.bookkeeping is not None:
+            return await self.bookkeeping.record(write)
+        return (await self._store.steps.record_many(self.owner, [write]))[0]
+
+    async def _start_attempt(self, key: str) -> int | None:
+        if self.bookkeeping is not None:
+            return await self.bookkeeping.start_attempt(self.run.id, self.epoch, key)
+        return await self._store.steps.start_attempt(self.run.id, self.owner, self.epoch, key)
 
     async def _own_record(self, position: int, key: str) -> StepRecord:
         """The record this tenure already wrote at ``position``, else the fence is lost.
@@ -299,10 +301,7 @@ class Context:
             resolve_function(undo)  # UnknownFlow now, not a failed compensation at cancel
         steps = self._store.steps
         while True:
-            attempt = await self._durable(
-                "steps.start_attempt",
-                lambda: steps.start_attempt(self.run.id, self.owner, self.epoch, key),
-            )
+            attempt = await self._durable("steps.start_attempt", lambda: self._start_attempt(key))
             if attempt is None:
                 raise Interrupted("lost-fence")
             try:

@@ -38,6 +38,7 @@ from store.types import (
     WaitingReason,
 )
 from worker import metrics
+from worker.bookkeeping import Bookkeeping
 from worker.context import Context, Interrupted
 from worker.durable import Suspended
 from worker.evidence import RefusalLadder, journal_evidence
@@ -94,6 +95,7 @@ class Driver:
         self._lease_ok = lease_ok
         self.ladder = RefusalLadder(settings.heartbeat_interval, settings.stale_after)
         self.settlement = Settlement(store, owner, schedule=schedule, announce=on_settled)
+        self.bookkeeping = Bookkeeping(store, owner)
         self.wake_hints = WakeHints(schedule)
         self._warned_unknown: set[str] = set()
 
@@ -386,6 +388,7 @@ class Driver:
             settings=self.settings,
             schedule=self._schedule,
             lease_ok=self._lease_ok,
+            bookkeeping=self.bookkeeping,
         )
         execution = Execution(ctx)
         self.owned[row.id] = execution

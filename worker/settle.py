@@ -87,7 +87,9 @@ class Settlement:
         self._schedule = schedule
         self._announce = announce
         self._batch: GroupCommit[Settle, TransitionOutcome] | None = (
-            GroupCommit(self._settle_many, name="settle") if group_commit else None
+            GroupCommit(self._settle_many, name="settle", isolate=(UnstorableValue,))
+            if group_commit
+            else None
         )
 
     async def result(self, row: RunRow, epoch: int, result: Any, max_rounds: int | None) -> None:
@@ -149,28 +151,11 @@ class Settlement:
         self._store.lifecycle.check(item)  # an unstorable value fails this run alone, now
         return await with_retry("settle", lambda: batch.submit(item))
 
-    async def _settle_many(
-        self, items: Sequence[Settle]
-    ) -> Sequence[TransitionOutcome | BaseException]:
-        """Commit the settlements ready together as one transaction (``GroupCommit``).
-
-        If Postgres refuses one item's data the whole statement fails; the batch is then
-        settled item by item, so each caller learns its own outcome and only the item at
-        fault fails. An outage reaches every caller, whose retry submits again.
-        """
-        lifecycle = self._store.lifecycle
-        try:
-            return await lifecycle.settle_many(self._owner, items)
-        except UnstorableValue:
-            if len(items) == 1:
-                raise
-        answers: list[TransitionOutcome | BaseException] = []
-        for item in items:
-            try:
-                answers.extend(await lifecycle.settle_many(self._owner, [item]))
-            except UnstorableValue as exc:
-                answers.append(exc)
-        return answers
+    async def _settle_many(self, items: Sequence[Settle]) -> list[TransitionOutcome]:
+        """Commit the settlements ready together as one transaction (``GroupCommit``: an
+        item whose data Postgres refuses fails alone; an outage reaches every caller,
+        whose retry submits again)."""
+        return await self._store.lifecycle.settle_many(self._owner, items)
 
     async def _fail_unstorable(
         self, row: RunRow, epoch: int, exc: UnstorableValue, failure: Any

@@ -13,39 +13,55 @@ SELECT run_id, key, name, kind, position, output::text AS output_text, digest, e
 -- The record, its journal entry and (for a step) the end of the attempt that
 -- produced it are one statement: one round trip, and all or nothing. The output is
 -- canonical JSON text kept verbatim by the json column; the digest is over that text.
-WITH recorded AS (
+-- Takes a batch (parallel arrays: the calls of several runs of one owner that became
+-- ready together), each row fenced by its own run and epoch.
+WITH wanted AS (
+    SELECT * FROM unnest(%(run_ids)s::text[], %(keys)s::text[], %(names)s::text[],
+                         %(kinds)s::text[], %(positions)s::integer[], %(outputs)s::text[],
+                         %(digests)s::text[], %(epochs)s::bigint[], %(compensates)s::text[],
+                         %(attempts)s::integer[], %(seqs)s::bigint[], %(payloads)s::jsonb[],
+                         %(payload_digests)s::text[])
+        AS w(run_id, key, name, kind, position, output, digest, epoch, compensate, attempt,
+             seq, payload, payload_digest)
+), recorded AS (
     INSERT INTO runfleet.steps (run_id, key, name, kind, position, output, digest, epoch,
                                 recorded_at_ms, compensate)
-    SELECT %(run_id)s, %(key)s, %(name)s, %(kind)s, %(position)s, %(output)s::json,
-           %(digest)s, %(epoch)s, runfleet.now_ms(), %(compensate)s
-      FROM runfleet.runs r
-     WHERE r.id = %(run_id)s AND r.status = 'running' AND r.owner_host = %(host)s
-       AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s AND r.epoch = %(epoch)s
+    SELECT w.run_id, w.key, w.name, w.kind, w.position, w.output::json, w.digest, w.epoch,
+           runfleet.now_ms(), w.compensate
+      FROM wanted w JOIN runfleet.runs r ON r.id = w.run_id
+     WHERE r.status = 'running' AND r.owner_host = %(host)s
+       AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s AND r.epoch = w.epoch
     ON CONFLICT DO NOTHING
     RETURNING run_id, key, name, kind, position, output::text AS output_text, digest, epoch,
               recorded_at_ms, compensate, compensated_at_ms
 ), journaled AS (
     INSERT INTO runfleet.journal (run_id, kind, source_id, source_seq, payload, digest, at_ms)
-    SELECT run_id, %(journal_kind)s, %(source_id)s, %(source_seq)s, %(payload)s,
-           %(payload_digest)s, recorded_at_ms
-      FROM recorded
+    SELECT rec.run_id, %(journal_kind)s, %(source_id)s, w.seq, w.payload, w.payload_digest,
+           rec.recorded_at_ms
+      FROM recorded rec JOIN wanted w ON w.run_id = rec.run_id AND w.key = rec.key
 ), finished AS (
     UPDATE runfleet.attempts AS a SET finished_at_ms = runfleet.now_ms(), error = NULL
-      FROM recorded
-     WHERE a.run_id = recorded.run_id AND a.key = recorded.key AND a.attempt = %(attempt)s
+      FROM recorded rec JOIN wanted w ON w.run_id = rec.run_id AND w.key = rec.key
+     WHERE a.run_id = rec.run_id AND a.key = rec.key AND a.attempt = w.attempt
 )
 SELECT * FROM recorded;
 
 -- name: attempt_start
+-- Numbers and records the next attempt of each (run, step), fenced like a record; a
+-- batch as parallel arrays. A row missing from the answer lost its fence.
+WITH wanted AS (
+    SELECT * FROM unnest(%(run_ids)s::text[], %(keys)s::text[], %(epochs)s::bigint[])
+        AS w(run_id, key, epoch)
+)
 INSERT INTO runfleet.attempts (run_id, key, attempt, started_at_ms)
-SELECT %(run_id)s, %(key)s,
-       coalesce((SELECT max(attempt) FROM runfleet.attempts
-                  WHERE run_id = %(run_id)s AND key = %(key)s), 0) + 1,
+SELECT w.run_id, w.key,
+       coalesce((SELECT max(a.attempt) FROM runfleet.attempts a
+                  WHERE a.run_id = w.run_id AND a.key = w.key), 0) + 1,
        runfleet.now_ms()
-  FROM runfleet.runs r
- WHERE r.id = %(run_id)s AND r.status = 'running' AND r.owner_host = %(host)s
-   AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s AND r.epoch = %(epoch)s
-RETURNING attempt;
+  FROM wanted w JOIN runfleet.runs r ON r.id = w.run_id
+ WHERE r.status = 'running' AND r.owner_host = %(host)s
+   AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s AND r.epoch = w.epoch
+RETURNING run_id, key, attempt;
 
 -- name: attempt_finish
 UPDATE runfleet.attempts SET finished_at_ms = runfleet.now_ms(), error = %(error)s

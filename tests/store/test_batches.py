@@ -16,6 +16,7 @@ import pytest
 from store import Store
 from store.config import Settings
 from store.errors import InvalidInput
+from store.steps import StepWrite
 from store.types import (
     Activated,
     GuardFailed,
@@ -171,3 +172,33 @@ async def test_a_settlement_batch_and_the_owners_renewal_never_deadlock(
             assert untouched <= renewed.confirmed, "every run still running is renewed"
     finally:
         await lease.close()
+
+
+async def test_batched_step_writes_keep_each_runs_fence(store: Store) -> None:
+    mine = await make_running(store, "s-mine")
+    other = await make_running(store, "s-other")
+    taken = await make_running(store, "s-taken", OWNER_B)
+    starts = await store.steps.start_attempts(
+        OWNER_A,
+        [
+            (mine.id, mine.epoch, "step:a#1"),
+            (other.id, other.epoch, "step:a#1"),
+            (taken.id, taken.epoch, "step:a#1"),
+        ],
+    )
+    assert starts == [1, 1, None], "a run another owner holds starts nothing"
+    again = await store.steps.start_attempts(OWNER_A, [(mine.id, mine.epoch, "step:a#1")])
+    assert again == [2], "the counter carries on per (run, step)"
+    writes = [
+        StepWrite(mine.id, mine.epoch, "step:a#1", "a", "step", 0, {"x": 1.0}, attempt=2),
+        StepWrite(other.id, other.epoch + 1, "step:a#1", "a", "step", 0, 2, attempt=1),
+        StepWrite(taken.id, taken.epoch, "step:a#1", "a", "step", 0, 3, attempt=1),
+    ]
+    recorded = await store.steps.record_many(OWNER_A, writes)
+    assert recorded[0] is not None and recorded[0].output == {"x": 1.0} and recorded[0].intact
+    assert recorded[1] is None, "a stale epoch records nothing"
+    assert recorded[2] is None, "another owner's run records nothing"
+    assert (await journal_kinds(store, mine.id)).count("step-recorded") == 1
+    assert "step-recorded" not in await journal_kinds(store, other.id)
+    attempts = await store.steps.attempts(mine.id, "step:a#1")
+    assert [a["finished_at_ms"] is not None for a in attempts] == [False, True]

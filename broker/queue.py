@@ -1,7 +1,8 @@
 """Producers: ``Queue`` (synchronous, rq-shaped) and ``AsyncQueue`` over one admission path.
 
-Admission is one Postgres transaction (run row + ``created`` record), then one
-stream message. The message is only a hint: if Redis fails after the commit the
+Admission is one Postgres round trip (run row + ``created`` record, one implicit
+transaction: ``store.admit``), then one pipelined stream write; concurrent ``enqueue``
+calls share both (``broker.group``). The message is only a hint: if Redis fails after the commit the
 run is still durable and the lost-wake sweep schedules it. Every Postgres call a
 producer makes retries transient errors (``store.transient``) for
 ``RUNFLEET_PRODUCER_RETRY_FOR`` seconds, then raises ``Unavailable`` naming the service.
@@ -16,7 +17,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -35,6 +36,7 @@ from broker.admission import (
 )
 from broker.client import connect
 from broker.codec import message_for
+from broker.group import GroupCommit
 from broker.notify import Notifier
 from broker.streams import Lane, Streams, lane_for
 from broker.trust import producer_run_id, producer_scopes
@@ -53,6 +55,7 @@ from store.transient import is_transient, retrying, service_of
 from store.types import (
     CancelOutcome,
     CancelRequested,
+    CreateOutcome,
     DeferredCompleted,
     NewRun,
     RunRow,
@@ -130,8 +133,11 @@ class AsyncRun:
         ):
             raise InvalidInput("timeout", f"must be a finite number of seconds >= 0: {timeout!r}")
         deadline = time.monotonic() + timeout
+        row = await self._last_round(await self.fetch())
+        if row.status.terminal:  # settled: one indexed read, no subscription
+            return _outcome(row)
         async with self._queue.notifier.watch_settled(self.id) as watch:
-            while True:
+            while True:  # read again once subscribed: a settle in between is not missed
                 row = await self._last_round(await self.fetch())
                 if row.status.terminal:
                     return _outcome(row)
@@ -182,6 +188,7 @@ class AsyncQueue:
         self.scopes = producer_scopes(scopes)
         self._store: Store | None = None
         self._redis: Redis | None = None
+        self._group: GroupCommit[NewRun, AsyncRun] = GroupCommit(self._admit_each)
 
     async def connect(self) -> AsyncQueue:
         if self._store is None:
@@ -200,6 +207,7 @@ class AsyncQueue:
         return self
 
     async def close(self) -> None:
+        await self._group.drain()  # enqueues in flight finish on the store they began on
         if self._store is not None:
             await self._store.close()
             self._store = None
@@ -284,6 +292,32 @@ class AsyncQueue:
         await self._publish_ready([o.row for o in rows], front=front)
         return [AsyncRun(self, o.row.id) for o in rows]
 
+    async def _admit_each(self, news: list[NewRun], front: Hashable) -> list[AsyncRun | Exception]:
+        """One group-commit batch of single enqueues: each caller its own run or error.
+
+        Run ids are fixed before the first try, so a retry joins what an unseen commit
+        admitted. A batch the database refuses as a whole (a payload Postgres rejects, a
+        privilege) is admitted run by run, so each caller learns its own outcome.
+        """
+        outcomes: list[CreateOutcome | Exception]
+        try:
+            outcomes = await self._available(lambda: self.store.runs.admit_each(news))
+        except Unavailable:
+            raise  # every caller of the batch would have waited out the same outage
+        except Exception:
+            if len(news) == 1:
+                raise
+            outcomes = [await self._admit_alone(new) for new in news]
+        rows = [o.row for o in outcomes if not isinstance(o, Exception)]
+        await self._publish_ready(rows, front=bool(front))
+        return [o if isinstance(o, Exception) else AsyncRun(self, o.row.id) for o in outcomes]
+
+    async def _admit_alone(self, new: NewRun) -> CreateOutcome | Exception:
+        try:
+            return (await self._available(lambda: self.store.runs.admit_each([new])))[0]
+        except Exception as exc:
+            return exc
+
     async def _publish_ready(self, rows: list[RunRow], *, front: bool = False) -> None:
         """One stream message per admitted run that may start now (a hint: never fails)."""
         ready = [row for row in rows if row.status is RunStatus.PENDING and row.waiting is None]
@@ -321,8 +355,8 @@ class AsyncQueue:
     ) -> AsyncRun:
         args, kwargs, options = split_rq_call(args, kwargs)
         spec = EnqueueSpec(f, args, kwargs, run_id, options)
-        new = await self._new_run(spec, delay_until_ms)
-        return (await self._admit([new], front=bool(options.get("at_front"))))[0]
+        new = await self._new_run(spec, delay_until_ms)  # checked before it joins a batch
+        return await self._group.submit(new, bool(options.get("at_front")))
 
     async def enqueue_call(
         self,
@@ -435,10 +469,15 @@ class AsyncQueue:
             raise ScopeDenied(run_id, missing)
         return row
 
-    async def _hint(self, run_id: str, reason: str) -> None:
-        """Wake the run's queue after a committed change; never fails the producer call."""
+    async def _hint(self, run_id: str, reason: str, row: RunRow | None = None) -> None:
+        """Wake the run's queue after a committed change; never fails the producer call.
+
+        ``row`` is the run as the caller already read it (queue, flow and epoch are what
+        the wake needs), so the hint costs no read of its own; without one it reads.
+        """
         try:
-            row = await self.store.runs.get(run_id)
+            if row is None:
+                row = await self.store.runs.get(run_id)
             if row is None:
                 return
             # A woken run already started: its wake takes the recovery lane, ahead of any backlog.
@@ -467,12 +506,13 @@ class AsyncQueue:
             raise CancelRequestFailed(
                 run_id, "cancel_request_failed", repr(exc), retryable=retryable
             ) from exc
-        targets = [run_id]
+        targets, known = [run_id], {}
         if isinstance(outcome, CancelRequested):
             targets = list(dict.fromkeys([*outcome.rounds, *outcome.cascaded])) or [run_id]
+            known = {outcome.row.id: outcome.row}  # as the request left it: no second read
         for target in targets:  # each closes through its own cancel path, promptly
             await self.notifier.publish_cancel(target)
-            await self._hint(target, "cancel")
+            await self._hint(target, "cancel", known.get(target))
         return outcome
 
     async def interrupt_unsafe(self, run_id: str) -> None:
@@ -497,12 +537,12 @@ class AsyncQueue:
         ``NotAnswerable`` (nothing written). The journal names the database role that
         answered; ``actor`` is kept beside it as a note.
         """
-        await self.authorized(run_id)
+        row = await self.authorized(run_id)  # a run waiting on an event has started
         done = await self._available(
             lambda: self.store.waits.answer_event(run_id, name, value, note=actor)
         )
         if done.woke:
-            await self._hint(run_id, "event")
+            await self._hint(run_id, "event", row)
         return isinstance(done.outcome, DeferredCompleted)  # a settled run takes no answer
 
     async def approve(
@@ -518,7 +558,7 @@ class AsyncQueue:
     async def _answer(
         self, run_id: str, token: str, approved: bool, value: Any, actor: str, reason: str | None
     ) -> None:
-        await self.authorized(run_id)
+        row = await self.authorized(run_id)  # a run waiting for an approval has started
         retried: list[BaseException] = []
         done = await self._available(
             lambda: self.store.waits.answer_approval(
@@ -531,7 +571,7 @@ class AsyncQueue:
         if done is None:
             raise InvalidInput("token", f"run {run_id!r} is not waiting for an approval with it")
         if done.woke:
-            await self._hint(run_id, "approval")
+            await self._hint(run_id, "approval", row)
 
     async def resume(
         self,
@@ -542,7 +582,7 @@ class AsyncQueue:
         actor: str | None = None,
     ) -> None:
         """Move a quarantined run on: trust its recorded outputs, or re-run one step."""
-        await self.authorized(run_id)
+        row = await self.authorized(run_id)  # a quarantined run has started
         retried: list[BaseException] = []
         resumed = await self._available(
             lambda: self.store.steps.resume_quarantined(
@@ -552,7 +592,7 @@ class AsyncQueue:
         )
         if not resumed and not (retried and await self._resumed(run_id, rerun_step, actor)):
             raise InvalidInput("run_id", f"run {run_id!r} is not quarantined")
-        await self._hint(run_id, "resume")
+        await self._hint(run_id, "resume", row)
 
     async def _last_record(self, run_id: str, *kinds: str) -> tuple[str, dict[str, Any]]:
         """Kind and payload of the run's newest journal record of one of ``kinds``."""

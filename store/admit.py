@@ -1,0 +1,374 @@
+"""Run admission: create, join, identity conflicts, and the ``created`` record.
+
+A parentless run (the producer's case, one or a batch) is admitted by two statements
+sent in one pipeline (``store/sql/admit.sql``): one round trip and one implicit
+transaction, where a ``BEGIN``/insert/record/``COMMIT`` sequence took four. A child
+keeps the transaction that locks its parent's row first, so no interleaving with the
+parent's cascade can leave it running unsupervised.
+
+Re-admitting an id joins the existing run when its identity matches, and raises
+ExecutionIdentityConflict naming the first differing field otherwise. ``admit_each``
+gives each run of a batch its own outcome (a producer's group commit: one caller's
+conflict is not another's); ``create_many`` is all or nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from store import validate, values
+from store.config import Settings
+from store.dag import Dag
+from store.db import Database
+from store.errors import ExecutionIdentityConflict, InvalidInput
+from store.journal import Journal, Kind, digest
+from store.queries import q
+from store.rows import run_row
+from store.types import (
+    Created,
+    CreateOutcome,
+    Joined,
+    NewRun,
+    OnParentExit,
+    RunRow,
+    canonical_json,
+)
+
+
+def _identity(row: RunRow) -> list[tuple[str, Any]]:
+    return [
+        ("flow", row.flow),
+        ("payload", row.payload),
+        ("scopes", sorted(row.scopes)),
+        ("lineage_id", row.lineage_id),
+        ("round_ordinal", row.round_ordinal),
+        ("parent", row.state.get("parent")),
+    ]
+
+
+class Admission:
+    """``Runs``' admission half (``store.runs.Runs`` inherits it: ``store.runs.create``)."""
+
+    _db: Database
+    _journal: Journal
+    _dag: Dag
+    _settings: Settings
+
+    async def _read(self, run_id: str, *, lock: bool = False) -> RunRow | None:
+        name = "runs.get_for_update" if lock else "runs.get"
+        row = await self._db.one(name, {"id": run_id})
+        return run_row(row) if row else None
+
+    # ---- the request, checked --------------------------------------------------
+
+    def _state(self, new: NewRun) -> dict[str, Any]:
+        state: dict[str, Any] = dict(new.extra)
+        state.pop("payload", None)  # the payload has its own column (see _insert_params)
+        state.update(
+            scopes=sorted(set(new.scopes)),
+            parent=new.parent_id,
+            on_parent_exit=new.on_parent_exit.value,
+            max_rounds=new.max_rounds,
+            deadline_ms=new.deadline_ms,
+        )
+        if new.timeout_ms is not None:
+            del state["deadline_ms"]  # set from the database clock at insert
+        return state
+
+    def _validate(self, new: NewRun) -> None:
+        validate.identifier("run_id", new.id)
+        validate.identifier("flow", new.flow)
+        validate.identifier("queue", new.queue)
+        validate.json_value("extra", new.extra, self._settings.max_payload_bytes)
+        for scope in new.scopes:
+            validate.identifier("scopes", scope)
+        if new.parent_id is not None:
+            validate.identifier("parent_id", new.parent_id)
+            if new.parent_id == new.id:
+                raise InvalidInput("parent_id", "a run cannot be its own parent")
+        if new.lineage_id is not None:
+            validate.identifier("lineage_id", new.lineage_id)
+        if new.round_ordinal < 0:
+            raise InvalidInput("round_ordinal", "must be >= 0")
+        if new.max_rounds is not None and new.max_rounds < 1:
+            raise InvalidInput("max_rounds", "must be >= 1 when given")
+
+    def _payload(self, new: NewRun) -> str:
+        """The payload as its canonical text (``store.values``), so the flow's arguments
+        come back exactly as the producer gave them (``1e16`` stays a float); a payload
+        that cannot be stored raises UnstorableValue (field ``payload``)."""
+        return values.encode_canonical(new.payload, self._settings.max_payload_bytes, "payload")
+
+    def _insert_params(
+        self, news: Sequence[NewRun], states: Sequence[dict[str, Any]], inherit: bool
+    ) -> dict[str, Any]:
+        """``runs.insert``'s parallel arrays for a batch of admissions."""
+        return {
+            "id": [n.id for n in news],
+            "flow": [n.flow for n in news],
+            "queue": [n.queue for n in news],
+            "state": [Jsonb(state) for state in states],
+            "payload": [self._payload(n) for n in news],
+            "lineage_id": [n.lineage_id or n.id for n in news],
+            "round_ordinal": [n.round_ordinal for n in news],
+            "previous_round_id": [n.previous_round_id for n in news],
+            "inherit_cancel": [inherit for _ in news],
+            "delay_until_ms": [n.delay_until_ms for n in news],
+            "timeout_ms": [n.timeout_ms for n in news],
+        }
+
+    @staticmethod
+    def _created_record(new: NewRun, inherit: bool) -> dict[str, Any]:
+        return {"flow": new.flow, "queue": new.queue, "inherited_cancel": inherit}
+
+    @staticmethod
+    def _refused(exc: psycopg.Error) -> Exception:
+        """Data Postgres refuses (a lone surrogate in a payload: jsonb rejects the escape)
+        is UnstorableValue, a caller's error, never a retry; anything else as it was."""
+        if values.refused_by_database(exc):
+            return values.UnstorableValue("payload", f"Postgres refused it: {exc}")
+        return exc
+
+    # ---- admission -------------------------------------------------------------
+
+    async def create(self, new: NewRun) -> CreateOutcome:
+        """Admit a run (row + ``created`` record + parent edge) atomically.
+
+        A child whose attached parent is already cancelled or settled inherits the
+        cancellation here, under the parent's row lock.
+        """
+        if new.parent_id is None:
+            outcome = (await self._parentless([new], strict=True))[0]
+            assert not isinstance(outcome, Exception)  # strict: raised, not returned
+            return outcome
+        self._validate(new)
+        state = self._state(new)
+        async with self._db.transaction():
+            parent = await self._read(new.parent_id, lock=True)
+            if parent is None:
+                raise InvalidInput("parent_id", f"run {new.parent_id!r} does not exist")
+            if not set(state["scopes"]) <= set(parent.scopes):
+                raise InvalidInput("scopes", "a child cannot widen its parent's scopes")
+            inherit, inherit_at = await self._inherited(new.parent_id, new.on_parent_exit)
+            params = self._insert_params([new], [state], inherit)
+            try:
+                rows = await self._db.all("runs.insert", {**params, "inherit_at_ms": inherit_at})
+            except psycopg.Error as exc:
+                raise self._refused(exc) from exc
+            if not rows:
+                if new.previous_round_id is None:
+                    return await self._joined_as_child(new, state)
+                return await self._joined(new, state)
+            created = run_row(rows[0])
+            await self._journal.record(new.id, Kind.CREATED, self._created_record(new, inherit))
+            await self._dag.record_parent(new.id, new.parent_id)
+            return Created(created)
+
+    async def create_many(self, news: Sequence[NewRun]) -> list[CreateOutcome]:
+        """Admit a batch atomically, all or nothing, with ``create``'s rules.
+
+        Parentless runs (the producer's case) go as one pipeline of two statements; a
+        batch with children takes ``create`` run by run, since each child locks its
+        parent's row.
+        """
+        if len(news) == 1:
+            return [await self.create(news[0])]
+        async with self._db.transaction():
+            if any(new.parent_id is not None for new in news):
+                return [await self.create(new) for new in news]
+            outcomes = await self._parentless(news, strict=True)
+            return [o for o in outcomes if not isinstance(o, Exception)]
+
+    async def admit_each(self, news: Sequence[NewRun]) -> list[CreateOutcome | Exception]:
+        """Admit parentless runs that are independent of each other, in one round trip.
+
+        Each run gets its own outcome: an invalid run or an identity conflict is that
+        run's exception, returned in its place, and the others are admitted. An error
+        of the statement itself (the connection, a payload Postgres refuses) raises.
+        """
+        if any(new.parent_id is not None for new in news):
+            raise InvalidInput("parent_id", "admit_each is for parentless runs")
+        return await self._parentless(news, strict=False)
+
+    async def _parentless(
+        self, news: Sequence[NewRun], *, strict: bool
+    ) -> list[CreateOutcome | Exception]:
+        """Parentless admission; ``strict`` raises the first run's error (in batch order,
+        checks before writes), else each error is returned in its run's place."""
+        failed: dict[int, Exception] = {}
+        for i, new in enumerate(news):
+            try:
+                self._validate(new)
+            except Exception as exc:
+                if strict:
+                    raise
+                failed[i] = exc
+        states: dict[int, dict[str, Any]] = {}
+        payloads: dict[int, str] = {}
+        for i, new in enumerate(news):
+            if i not in failed:
+                try:
+                    states[i], payloads[i] = self._state(new), self._payload(new)
+                except Exception as exc:
+                    if strict:
+                        raise
+                    failed[i] = exc
+        firsts: dict[str, int] = {}  # a repeated id joins its first occurrence's run
+        for i, new in enumerate(news):
+            if i not in failed:
+                firsts.setdefault(new.id, i)
+        inserted, rows = await self._write(
+            [(news[i], states[i], payloads[i]) for i in firsts.values()]
+        )
+        outcomes: list[CreateOutcome | Exception] = []
+        for i, new in enumerate(news):
+            if i in failed:
+                outcomes.append(failed[i])
+                continue
+            row = rows.get(new.id)
+            try:
+                if row is not None and new.id in inserted and firsts[new.id] == i:
+                    outcomes.append(Created(row))
+                elif row is not None:
+                    self._check_identity(row, new, states[i])
+                    outcomes.append(Joined(row))
+                else:
+                    outcomes.append(await self._joined(new, states[i]))
+            except Exception as exc:
+                if strict:
+                    raise
+                outcomes.append(exc)
+        return outcomes
+
+    async def _write(
+        self, batch: Sequence[tuple[NewRun, dict[str, Any], str]]
+    ) -> tuple[set[str], dict[str, RunRow]]:
+        """``admit.runs`` then ``admit.created``, pipelined: the ids inserted, and every
+        batch run this role can see as it is after the insert, by id."""
+        if not batch:
+            return set(), {}
+        news = [new for new, _state, _payload in batch]
+        records = [self._created_record(new, False) for new in news]
+        runs = {
+            "id": [n.id for n in news],
+            "flow": [n.flow for n in news],
+            "queue": [n.queue for n in news],
+            "state": [Jsonb(state) for _new, state, _payload in batch],
+            "payload": [payload for _new, _state, payload in batch],
+            "lineage_id": [n.lineage_id or n.id for n in news],
+            "round_ordinal": [n.round_ordinal for n in news],
+            "previous_round_id": [n.previous_round_id for n in news],
+            "delay_until_ms": [n.delay_until_ms for n in news],
+            "timeout_ms": [n.timeout_ms for n in news],
+        }
+        created = {
+            "id": runs["id"],
+            "source_seq": [self._db.next_source_seq() for _ in news],
+            "record": [Jsonb(record) for record in records],
+            "digest": [digest(record) for record in records],
+            "kind": Kind.CREATED,
+            "source_id": self._db.source_id,
+        }
+        # One connection for both statements: the open transaction's, else a pooled one.
+        async with self._db._statement() as conn:
+            try:
+                async with conn.pipeline():
+                    first = await conn.execute(q("admit.runs"), runs)
+                    second = await conn.execute(q("admit.created"), created)
+                inserted = {row["id"] for row in await first.fetchall()}
+                found = await second.fetchall()
+            except psycopg.Error as exc:
+                raise self._refused(exc) from exc
+        return inserted, {row["id"]: run_row(row) for row in found}
+
+    async def _joined(self, new: NewRun, state: dict[str, Any]) -> Joined:
+        """The insert found the id taken: join the run if its identity matches ours."""
+        existing = await self._read(new.id)
+        if existing is None:
+            # Lost on (lineage_id, round_ordinal), or the id belongs to a run row-level
+            # security hides from this role: say only that it is taken, nothing about it.
+            raise InvalidInput(
+                "run_id" if new.lineage_id in (None, new.id) else "round_ordinal",
+                f"run id {new.id!r} or round {new.round_ordinal} of lineage"
+                f" {new.lineage_id or new.id!r} already belongs to another run",
+            )
+        self._check_identity(existing, new, state)
+        return Joined(existing)
+
+    async def _inherited(self, parent_id: str, policy: OnParentExit) -> tuple[bool, int | None]:
+        """Whether a child admitted now under ``parent_id`` starts cancelled, and since when.
+
+        Reads EVERY round of the parent's lineage (the caller holds the parent's row
+        lock): a cancel request or a cancelled round anywhere is inherited, with the
+        parent's own timestamp; a lineage whose rounds all completed or failed ends the
+        child too; a live round spares it (a round that handed off is ``completed``, but
+        its lineage carries on). A detached child inherits neither: the cascade never
+        reaches it either (DESIGN §8; the seed inherits a cancel even onto a detached one).
+        """
+        if policy is not OnParentExit.CANCEL:
+            return False, None
+        rounds = await self._db.all("runs.lineage_rounds", {"id": parent_id})
+        for r in rounds:
+            if r["cancel_requested_at_ms"] is not None or r["status"] == "cancelled":
+                at = r["cancel_requested_at_ms"] or r["updated_at_ms"]
+                return True, int(at)
+        ended = all(r["status"] in ("completed", "failed") for r in rounds)
+        return bool(rounds) and ended, None
+
+    async def _joined_as_child(self, new: NewRun, state: dict[str, Any]) -> Joined:
+        """A flow joined a run that exists: a diamond. The joining parent gets its own
+        durable edge (cycle-checked), and inherits onto the child as an admission would.
+
+        Every other identity field must still match; only the parent may differ.
+        """
+        existing = await self._read(new.id)
+        if existing is None or existing.state.get("parent") is None:
+            # Unknown (says only that the id is taken), or a top-level run: a flow cannot
+            # adopt a producer's run as its child (that is the "parent" conflict).
+            return await self._joined(new, state)
+        assert new.parent_id is not None
+        second = existing.state.get("parent") != new.parent_id
+        self._check_identity(existing, new, state, parent=not second)
+        if not second:
+            return Joined(existing)
+        await self._dag.record_parent(new.id, new.parent_id)
+        inherit, at = await self._inherited(new.parent_id, new.on_parent_exit)
+        if inherit:
+            row = await self._db.one(
+                "runs.inherit_cancel",
+                {"id": new.id, "at_ms": at if at is not None else existing.now_ms},
+            )
+            if row is not None:
+                existing = run_row(row)
+                asked = {"actor": row["session_role"], "inherited_from": new.parent_id}
+                await self._journal.record(new.id, Kind.CANCEL_REQUESTED, asked)
+        return Joined(existing)
+
+    def _check_identity(
+        self, existing: RunRow, new: NewRun, state: dict[str, Any], *, parent: bool = True
+    ) -> None:
+        """Join only the same run. Payloads compare by JSON value (``values.same_json``):
+        the stored one went through jsonb, which rewrites ``1e16``, ``-0.0`` and
+        ``1.5e300``, so an identical re-enqueue must not be told it differs."""
+        wanted = [
+            ("flow", new.flow),
+            ("payload", new.payload),
+            ("scopes", sorted(set(new.scopes))),
+            ("lineage_id", new.lineage_id or new.id),
+            ("round_ordinal", new.round_ordinal),
+            ("parent", new.parent_id),
+        ]
+        for (field, have), (_, want) in zip(_identity(existing), wanted, strict=True):
+            if field == "parent" and not parent:
+                continue
+            if field == "payload":
+                if not values.same_json(have, want):
+                    raise ExecutionIdentityConflict(
+                        existing.id, field, canonical_json(have), canonical_json(want)
+                    )
+            elif have != want:
+                raise ExecutionIdentityConflict(existing.id, field, have, want)

@@ -1,0 +1,196 @@
+"""What a producer costs Postgres, counted on the wire (libpq's protocol trace).
+
+One ``enqueue`` is two statements (the run row, then its ``created`` record) sent in
+one pipeline: one round trip, no BEGIN/COMMIT. Concurrent enqueues on one
+``AsyncQueue`` share a round trip (group commit), each caller still getting its own
+run or its own error. ``result()`` on a settled run is one read and no subscription.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import pq
+
+from broker import AsyncQueue
+from broker.queue import AsyncRun
+from store.config import Settings
+from store.errors import ExecutionIdentityConflict, InvalidInput
+from store.journal import Kind
+from store.types import CreateOutcome, NewRun, RunStatus, Transitioned
+from tests.store.helpers import OWNER_A, activate
+
+
+def noop(n: int) -> int:
+    return n
+
+
+class Wire:
+    """Frontend messages one connection sent, from libpq's trace of it."""
+
+    def __init__(self) -> None:
+        self._file = tempfile.TemporaryFile(mode="w+")  # closed in close()
+        self._mark = 0
+
+    def attach(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        conn.pgconn.trace(self._file.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+
+    def _sent(self) -> list[list[str]]:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.seek(0)
+        lines = self._file.read().splitlines()[self._mark :]
+        return [line.split("\t") for line in lines if line.startswith("F\t")]
+
+    def reset(self) -> None:
+        self._file.seek(0)
+        self._mark = len(self._file.read().splitlines())
+
+    def queries(self) -> list[str]:
+        """Simple-protocol statements sent (the pool's empty health probe not counted)."""
+        return [m[3].strip() for m in self._sent() if m[2] == "Query" and m[3].strip() != '""']
+
+    @property
+    def statements(self) -> int:
+        """Statements executed: extended-protocol Executes plus simple Queries."""
+        return sum(1 for m in self._sent() if m[2] == "Execute") + len(self.queries())
+
+    @property
+    def round_trips(self) -> int:
+        """Each Sync (end of a pipeline or of one extended statement) or simple Query."""
+        return sum(1 for m in self._sent() if m[2] == "Sync") + len(self.queries())
+
+    def close(self) -> None:
+        self._file.close()
+
+
+@asynccontextmanager
+async def traced(settings: Settings) -> AsyncIterator[tuple[AsyncQueue, Wire]]:
+    """A queue whose store has exactly one connection, traced."""
+    one = settings.model_copy(update={"pool_min": 1, "pool_max": 1})
+    wire = Wire()
+    async with AsyncQueue("default", settings=one) as queue:
+        async with queue.store.db.pool.connection() as conn:
+            wire.attach(conn)
+        try:
+            yield queue, wire
+        finally:
+            async with queue.store.db.pool.connection() as conn:
+                conn.pgconn.untrace()
+            wire.close()
+
+
+async def test_one_enqueue_is_one_round_trip(settings: Settings) -> None:
+    async with traced(settings) as (queue, wire):
+        await queue.enqueue(noop, 0)  # the first use of the connection may prepare
+        wire.reset()
+        run = await queue.enqueue(noop, 1)
+        assert (wire.statements, wire.round_trips) == (2, 1), wire.queries()
+        assert "BEGIN" not in wire.queries() and "COMMIT" not in wire.queries()
+        records = await queue.store.journal.records(run.id)
+        assert [r.kind for r in records] == [Kind.CREATED]
+        assert (await run.fetch()).status is RunStatus.PENDING
+
+
+async def test_result_of_a_settled_run_is_one_read(settings: Settings) -> None:
+    async with traced(settings) as (queue, wire):
+        run = await queue.enqueue(noop, 3)
+        row = await activate(queue.store, run.id)
+        settled = await queue.store.lifecycle.transition_owned(
+            run.id, OWNER_A, row.epoch, RunStatus.COMPLETED
+        )
+        assert isinstance(settled, Transitioned), settled
+        opened: list[object] = []
+        watch = queue.notifier.watch_settled
+        queue.notifier.watch_settled = lambda *ids: opened.append(ids) or watch(*ids)  # type: ignore[method-assign]
+        wire.reset()
+        assert await run.result(timeout=5) is None
+        assert (wire.statements, wire.round_trips) == (1, 1)
+        assert opened == [], "a settled run needs no settled-notification subscription"
+
+
+async def test_concurrent_enqueues_share_round_trips_and_keep_their_own_outcomes(
+    settings: Settings,
+) -> None:
+    async with traced(settings) as (queue, wire):
+        taken = await queue.enqueue(noop, 1, job_id="taken")
+        wire.reset()
+        special = {
+            10: lambda: queue.enqueue(noop, 2, job_id="taken"),  # same id, other arguments
+            20: lambda: queue.enqueue(noop, 1, job_id="taken"),  # same id and identity: joins
+            30: lambda: queue.enqueue(noop, 1, 2),  # does not match noop(n): refused alone
+            40: lambda: queue.enqueue(noop, 40, job_id="run-41"),  # collides inside the batch
+        }
+        calls = [
+            special[i]() if i in special else queue.enqueue(noop, i, job_id=f"run-{i}")
+            for i in range(100)
+        ]
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        # Every call reaches the queue in one turn of the loop: one batch, one pipeline.
+        assert (wire.statements, wire.round_trips) == (2, 1), wire.queries()
+        for i, outcome in enumerate(outcomes):
+            if i == 10:
+                assert isinstance(outcome, ExecutionIdentityConflict)
+                assert outcome.field == "payload"
+            elif i == 20:
+                assert isinstance(outcome, AsyncRun) and outcome.id == taken.id
+            elif i == 30:
+                assert isinstance(outcome, InvalidInput)
+            elif i == 40:  # first in the batch: run-41 is admitted as noop(40)
+                assert isinstance(outcome, AsyncRun) and outcome.id == "run-41"
+            elif i == 41:  # then noop(41) under the same id is another identity
+                assert isinstance(outcome, ExecutionIdentityConflict)
+            else:
+                assert isinstance(outcome, AsyncRun) and outcome.id == f"run-{i}", outcome
+        admitted = [o for o in outcomes if isinstance(o, AsyncRun) and o.id != "taken"]
+        assert len(admitted) == 96
+        for run in admitted:
+            row = await run.fetch()
+            n = 40 if run.id == "run-41" else int(run.id.removeprefix("run-"))
+            assert row.payload == {"args": [n], "kwargs": {}}
+            assert [r.kind for r in await queue.store.journal.records(run.id)] == [Kind.CREATED]
+        assert [r.kind for r in await queue.store.journal.records("taken")] == [Kind.CREATED]
+        assert (await taken.fetch()).payload == {"args": [1], "kwargs": {}}
+
+
+async def test_a_batch_refused_as_a_whole_is_admitted_run_by_run(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with AsyncQueue("default", settings=settings) as queue:
+        runs = queue.store.runs
+        real = runs.admit_each
+        sizes: list[int] = []
+
+        async def refusing(news: Sequence[NewRun]) -> list[CreateOutcome | Exception]:
+            sizes.append(len(news))
+            if any(new.id == "poison" for new in news):
+                raise psycopg.errors.DataException("refused for the whole batch")
+            return await real(news)
+
+        monkeypatch.setattr(runs, "admit_each", refusing)
+        ids = ["a", "poison", "b", "c"]
+        outcomes = await asyncio.gather(
+            *(queue.enqueue(noop, 1, job_id=i) for i in ids), return_exceptions=True
+        )
+        assert sizes[0] == 4 and sizes[1:] == [1, 1, 1, 1], sizes
+        assert isinstance(outcomes[1], psycopg.errors.DataException)
+        assert [o.id for o in outcomes if isinstance(o, AsyncRun)] == ["a", "b", "c"]
+        assert await queue.store.runs.get("poison") is None
+
+
+async def test_sequential_enqueues_are_not_held_back(settings: Settings) -> None:
+    """A lone caller waits for no window: ten enqueues in a row take ten round trips."""
+    async with traced(settings) as (queue, wire):
+        await queue.enqueue(noop, 0)
+        wire.reset()
+        for i in range(10):
+            await queue.enqueue(noop, i)
+        assert wire.round_trips == 10

@@ -20,6 +20,7 @@ import pytest
 from psycopg import pq
 
 from broker import AsyncQueue
+from broker.notify import SettledWatch
 from broker.queue import AsyncRun
 from store.config import Settings
 from store.errors import ExecutionIdentityConflict, InvalidInput
@@ -100,7 +101,9 @@ async def test_one_enqueue_is_one_round_trip(settings: Settings) -> None:
         assert (await run.fetch()).status is RunStatus.PENDING
 
 
-async def test_result_of_a_settled_run_is_one_read(settings: Settings) -> None:
+async def test_result_of_a_settled_run_is_one_read(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async with traced(settings) as (queue, wire):
         run = await queue.enqueue(noop, 3)
         row = await activate(queue.store, run.id)
@@ -108,9 +111,14 @@ async def test_result_of_a_settled_run_is_one_read(settings: Settings) -> None:
             run.id, OWNER_A, row.epoch, RunStatus.COMPLETED
         )
         assert isinstance(settled, Transitioned), settled
-        opened: list[object] = []
+        opened: list[tuple[str, ...]] = []
         watch = queue.notifier.watch_settled
-        queue.notifier.watch_settled = lambda *ids: opened.append(ids) or watch(*ids)  # type: ignore[method-assign]
+
+        def watching(*ids: str) -> SettledWatch:
+            opened.append(ids)
+            return watch(*ids)
+
+        monkeypatch.setattr(queue.notifier, "watch_settled", watching)
         wire.reset()
         assert await run.result(timeout=5) is None
         assert (wire.statements, wire.round_trips) == (1, 1)

@@ -57,6 +57,8 @@ CREATE INDEX runs_runnable_suspended_idx ON runfleet.runs (updated_at_ms, id)
 CREATE INDEX runs_owner_idx ON runfleet.runs (owner_host, owner_pid, owner_nonce)
     WHERE status = 'running';
 CREATE INDEX runs_status_created_idx ON runfleet.runs (status, created_at_ms);
+CREATE INDEX runs_stranded_claim_idx ON runfleet.runs (claimed_at_ms, id)
+    WHERE claim_host IS NOT NULL;
 
 CREATE TABLE runfleet.journal (
     seq         bigserial PRIMARY KEY,

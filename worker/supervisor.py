@@ -13,7 +13,9 @@ import logging
 import multiprocessing as mp
 import signal
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from store.config import Settings
 from worker.health import Health, serve
@@ -63,7 +65,18 @@ def run_foreground(settings: Settings, options: WorkerOptions) -> None:
             loop.add_signal_handler(sig, on_stop)
         await worker.run()
 
-    asyncio.run(main())
+    run_loop(main())
+
+
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run the worker on uvloop where it is installed (a declared dependency off Windows):
+    the hot path is socket I/O for many runs at once. Plain asyncio otherwise."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    uvloop.run(main)
 
 
 def _child(settings_json: str, options: WorkerOptions, port: int | None) -> None:

@@ -62,15 +62,6 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "retention.prune_batch/expiry": ("retention.prune_batch", {**PRUNE, "scan": "expiry"}),
 }
 
-KNOWN_SEQ_SCANS = {
-    "sweeps.stranded_claims": (
-        "no index serves `claim_host IS NOT NULL ORDER BY claimed_at_ms, id`: it reads the "
-        "whole runs table (needs a partial index on (claimed_at_ms, id) WHERE claim_host IS "
-        "NOT NULL in a migration); remove this entry when it lands"
-    ),
-}
-"""Sweeps known to scan sequentially today: strict xfail, so the fix turns them red."""
-
 
 @pytest.fixture(scope="module")
 def history(services: Endpoints, template_database: str) -> Iterator[tuple[str, int]]:
@@ -122,16 +113,8 @@ def _explain(url: str, name: str, params: dict[str, Any]) -> tuple[dict[str, Any
     return plan, "\n".join(r["QUERY PLAN"] for r in text)
 
 
-def _case(name: str) -> Any:
-    if name in KNOWN_SEQ_SCANS:
-        return pytest.param(
-            name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_SEQ_SCANS[name])
-        )
-    return name
-
-
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("case", [_case(name) for name in sorted(CASES)])
+@pytest.mark.parametrize("case", sorted(CASES))
 def test_no_sweep_scans_the_history_sequentially(history: tuple[str, int], case: str) -> None:
     url, now_ms = history
     name, params = CASES[case]

@@ -251,25 +251,30 @@ class Admission:
         batch run this role can see as it is after the insert, by id."""
         if not batch:
             return set(), {}
-        news = [new for new, _state, _payload in batch]
-        records = [self._created_record(new, False) for new in news]
-        runs = {
-            "id": [n.id for n in news],
-            "flow": [n.flow for n in news],
-            "queue": [n.queue for n in news],
-            "state": [Jsonb(state) for _new, state, _payload in batch],
-            "payload": [payload for _new, _state, payload in batch],
-            "lineage_id": [n.lineage_id or n.id for n in news],
-            "round_ordinal": [n.round_ordinal for n in news],
-            "previous_round_id": [n.previous_round_id for n in news],
-            "delay_until_ms": [n.delay_until_ms for n in news],
-            "timeout_ms": [n.timeout_ms for n in news],
-        }
+        runs = [
+            {
+                "id": new.id,
+                "flow": new.flow,
+                "queue": new.queue,
+                "state": state,
+                "payload": payload,
+                "lineage_id": new.lineage_id or new.id,
+                "round_ordinal": new.round_ordinal,
+                "previous_round_id": new.previous_round_id,
+                "delay_until_ms": new.delay_until_ms,
+                "timeout_ms": new.timeout_ms,
+            }
+            for new, state, payload in batch
+        ]
+        records = []
+        for new, _state, _payload in batch:
+            record = self._created_record(new, False)
+            seq = self._db.next_source_seq()
+            records.append(
+                {"id": new.id, "source_seq": seq, "record": record, "digest": digest(record)}
+            )
         created = {
-            "id": runs["id"],
-            "source_seq": [self._db.next_source_seq() for _ in news],
-            "record": [Jsonb(record) for record in records],
-            "digest": [digest(record) for record in records],
+            "records": Jsonb(records),
             "kind": Kind.CREATED,
             "source_id": self._db.source_id,
         }
@@ -277,7 +282,7 @@ class Admission:
         async with self._db._statement() as conn:
             try:
                 async with conn.pipeline():
-                    first = await conn.execute(q("admit.runs"), runs)
+                    first = await conn.execute(q("admit.runs"), {"runs": Jsonb(runs)})
                     second = await conn.execute(q("admit.created"), created)
                 inserted = {row["id"] for row in await first.fetchall()}
                 found = await second.fetchall()

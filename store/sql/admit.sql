@@ -9,9 +9,11 @@
 -- the first and sees its rows.
 
 -- name: runs
--- The rows, from parallel arrays; the ids it inserted come back. No conflict target:
--- every unique index is an arbiter (see runs.insert for why). A row whose id or
--- (lineage_id, round_ordinal) is taken is skipped, and its caller joins or is refused.
+-- The rows, from one jsonb array of records (one parameter to encode, where parallel
+-- arrays cost the producer a type probe per element); the ids it inserted come back.
+-- No conflict target: every unique index is an arbiter (see runs.insert for why). A row
+-- whose id or (lineage_id, round_ordinal) is taken is skipped, and its caller joins or
+-- is refused.
 INSERT INTO runfleet.runs AS r (
     id, flow, queue, status, state, payload, lineage_id, round_ordinal, parent_run_id,
     created_at_ms, updated_at_ms, waiting_reason, waiting_wake_at_ms)
@@ -22,12 +24,12 @@ SELECT b.id, b.flow, b.queue, 'pending',
     b.lineage_id, b.round_ordinal, b.previous_round_id, t.now_ms, t.now_ms,
     CASE WHEN b.delay_until_ms IS NOT NULL THEN 'timer' END, b.delay_until_ms
   FROM (SELECT runfleet.now_ms() AS now_ms) AS t,  -- one admission instant per batch
-       unnest(%(id)s::text[], %(flow)s::text[], %(queue)s::text[], %(state)s::jsonb[],
-              %(payload)s::text[], %(lineage_id)s::text[], %(round_ordinal)s::integer[],
-              %(previous_round_id)s::text[], %(delay_until_ms)s::bigint[],
-              %(timeout_ms)s::bigint[])
-       WITH ORDINALITY AS b(id, flow, queue, state, payload, lineage_id, round_ordinal,
-                            previous_round_id, delay_until_ms, timeout_ms, n)
+       ROWS FROM (jsonb_to_recordset(%(runs)s::jsonb)
+                  AS (id text, flow text, queue text, state jsonb, payload text,
+                      lineage_id text, round_ordinal integer, previous_round_id text,
+                      delay_until_ms bigint, timeout_ms bigint))
+           WITH ORDINALITY AS b(id, flow, queue, state, payload, lineage_id, round_ordinal,
+                                previous_round_id, delay_until_ms, timeout_ms, n)
  ORDER BY b.n
 ON CONFLICT DO NOTHING
 RETURNING r.id;
@@ -41,8 +43,8 @@ RETURNING r.id;
 -- anyone before this statement, so a concurrent admission of the same id is seen).
 -- No ON CONFLICT on the journal: an address collision fails the whole transaction.
 WITH b AS (
-    SELECT * FROM unnest(%(id)s::text[], %(source_seq)s::bigint[], %(record)s::jsonb[],
-                         %(digest)s::text[]) AS b(id, source_seq, record, digest)
+    SELECT * FROM jsonb_to_recordset(%(records)s::jsonb)
+                  AS b(id text, source_seq bigint, record jsonb, digest text)
 ), journaled AS (
     INSERT INTO runfleet.journal (run_id, kind, source_id, source_seq, payload, digest, at_ms)
     SELECT b.id, %(kind)s, %(source_id)s, b.source_seq, b.record, b.digest, runfleet.now_ms()
@@ -54,4 +56,4 @@ WITH b AS (
 )
 SELECT r.*, runfleet.now_ms() AS now_ms
   FROM runfleet.runs r
- WHERE r.id = ANY(%(id)s::text[]);
+ WHERE r.id IN (SELECT b.id FROM b);

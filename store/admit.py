@@ -14,7 +14,7 @@ conflict is not another's); ``create_many`` is all or nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import psycopg
@@ -37,6 +37,25 @@ from store.types import (
     RunRow,
     canonical_json,
 )
+
+BATCH_TEXT = 4_000_000
+"""The most payload text one admission pipeline carries; a larger batch goes as several
+(a group commit of many callers' megabyte payloads must not become one giant statement)."""
+
+
+def _chunks(
+    batch: list[tuple[NewRun, dict[str, Any], str]],
+) -> Iterator[list[tuple[NewRun, dict[str, Any], str]]]:
+    chunk: list[tuple[NewRun, dict[str, Any], str]] = []
+    size = 0
+    for item in batch:
+        if chunk and size + len(item[2]) > BATCH_TEXT:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(item)
+        size += len(item[2])
+    if chunk:
+        yield chunk
 
 
 def _identity(row: RunRow) -> list[tuple[str, Any]]:
@@ -221,9 +240,12 @@ class Admission:
         for i, new in enumerate(news):
             if i not in failed:
                 firsts.setdefault(new.id, i)
-        inserted, rows = await self._write(
-            [(news[i], states[i], payloads[i]) for i in firsts.values()]
-        )
+        inserted: set[str] = set()
+        rows: dict[str, RunRow] = {}
+        for chunk in _chunks([(news[i], states[i], payloads[i]) for i in firsts.values()]):
+            more, found = await self._write(chunk)
+            inserted |= more
+            rows.update(found)
         outcomes: list[CreateOutcome | Exception] = []
         for i, new in enumerate(news):
             if i in failed:

@@ -334,3 +334,50 @@ async def test_get_for_update_holds_the_row_until_the_transaction_ends(
             assert not cancel.done(), "a locked row was written by another transaction"
         assert isinstance(await cancel, CancelRequested)
     assert await store.runs.get_for_update("ghost") is None
+
+
+async def test_admit_each_gives_every_run_its_own_outcome(store: Store, database_url: str) -> None:
+    """A group commit's batch: a conflict or an invalid run is that run's error alone."""
+    await create(store, "taken", flow="f", payload={"n": 1})
+    outcomes = await store.runs.admit_each(
+        [
+            NewRun(id="a", flow="f"),
+            NewRun(id="taken", flow="f", payload={"n": 2}),  # another identity
+            NewRun(id="c", flow="f", max_rounds=0),  # refused before any write
+            NewRun(id="taken", flow="f", payload={"n": 1}),  # the same run: joins
+            NewRun(id="a", flow="f"),  # earlier in this batch: joins it
+            NewRun(id="b", flow="f", payload={"big": "x" * 100}),
+        ]
+    )
+    kinds = [type(o).__name__ for o in outcomes]
+    assert kinds == [
+        "Created",
+        "ExecutionIdentityConflict",
+        "InvalidInput",
+        "Joined",
+        "Joined",
+        "Created",
+    ], outcomes
+    for run_id in ("a", "b", "taken"):
+        assert await journal_kinds(store, run_id) == ["created"]
+    assert await count(database_url, "runs") == 3
+
+
+async def test_a_batch_past_the_text_cap_goes_as_several_pipelines(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from store import admit
+
+    monkeypatch.setattr(admit, "BATCH_TEXT", 50)
+    news = [NewRun(id=f"r{i}", flow="f", payload={"text": "y" * 40}) for i in range(5)]
+    news.append(NewRun(id="r0", flow="f", payload={"text": "y" * 40}))
+    outcomes = await store.runs.create_many(news)
+    assert [type(o).__name__ for o in outcomes] == ["Created"] * 5 + ["Joined"]
+    for new in news[:5]:
+        assert await journal_kinds(store, new.id) == ["created"]
+    with pytest.raises(ExecutionIdentityConflict):  # all or nothing, across pipelines too
+        await store.runs.create_many(
+            [NewRun(id=f"s{i}", flow="f", payload={"text": "z" * 40}) for i in range(3)]
+            + [NewRun(id="r1", flow="other")]
+        )
+    assert await store.runs.get("s0") is None

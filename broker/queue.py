@@ -2,12 +2,12 @@
 
 Admission is one Postgres round trip (run row + ``created`` record, one implicit
 transaction: ``store.admit``), then one pipelined stream write; concurrent ``enqueue``
-calls share both (``broker.group``). The message is only a hint: if Redis fails after the commit the
-run is still durable and the lost-wake sweep schedules it. Every Postgres call a
-producer makes retries transient errors (``store.transient``) for
+calls share both (``broker.group``). The message is only a hint: if Redis fails after
+the commit the run is still durable and the lost-wake sweep schedules it. Every
+Postgres call a producer makes retries transient errors (``store.transient``) for
 ``RUNFLEET_PRODUCER_RETRY_FOR`` seconds, then raises ``Unavailable`` naming the service.
-``Queue`` runs the same ``AsyncQueue`` code on a private event-loop thread, so the two differ only
-in how they are called. Every call that reads or changes a run first checks that
+``Queue`` runs the same ``AsyncQueue`` code on a private event-loop thread, so the two
+differ only in how they are called. Every call that reads or changes a run first checks that
 the producer's scopes cover the run's.
 """
 

@@ -184,8 +184,12 @@ async def test_a_read_batch_coalesces_duplicates_and_runs_already_in_a_drive() -
     coordinator = Coordinator(stub)  # type: ignore[arg-type]
     assert coordinator.schedule("busy") is True
     acked: list[str] = []
+
+    def acker(run_id: str) -> Callable[[], None]:
+        return lambda: acked.append(run_id)
+
     started = coordinator.schedule_many(
-        [(run_id, lambda r=run_id: acked.append(r)) for run_id in ("a", "busy", "b", "a")]
+        [(run_id, acker(run_id)) for run_id in ("a", "busy", "b", "a")]
     )
     assert started == 2, "a and b start; busy and the second a coalesce"
     stub.go.set()

@@ -1,0 +1,147 @@
+"""How runs reach this worker's drives: stream reads, reclaims, and the sweeps' finds.
+
+The reader takes as many deliveries as there are free slots, recovery lanes first, and
+hands each read to the coordinator as one batch (one row read and one claim statement).
+The sweeps' finds go out as stream wakes like any other, so the fleet shares them; a
+cancel request on a run nobody executes is closed here, without Redis or a reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from broker.streams import Delivery, Lane, Streams
+from store import Store
+from store.config import Settings
+from store.types import Owner, RunStatus
+from worker import metrics
+from worker.coordinator import Coordinator
+from worker.outbox import BROKER_ERRORS, Outbox, lane_of, publish_wakes
+
+log = logging.getLogger("runfleet.worker.intake")
+
+
+async def wait_any(event: asyncio.Event, timeout: float) -> None:
+    """Wait for ``event`` at most ``timeout`` seconds."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout=timeout)
+    except TimeoutError:
+        pass
+
+
+class Intake:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        streams: Streams,
+        outbox: Outbox,
+        coordinator: Coordinator,
+        settings: Settings,
+        owner: Owner,
+        queues: Sequence[str],
+        concurrency: int,
+        may_claim: Callable[[], bool],
+    ) -> None:
+        self._store = store
+        self._streams = streams
+        self._outbox = outbox
+        self._coordinator = coordinator
+        self._settings = settings
+        self._owner = owner
+        self._queues = list(queues)
+        self._concurrency = concurrency
+        self._may_claim = may_claim
+
+    def free(self) -> int:
+        return self._concurrency - self._coordinator.active()
+
+    async def read_loop(self, stopping: asyncio.Event) -> None:
+        """Read as many messages as there are free slots, recovery lanes first.
+
+        The read script takes every queue's recovery lane before any normal lane and
+        never more than ``free`` entries in total, so a takeover or a released run
+        gets the next free slot of whichever worker frees one first, ahead of any
+        backlog, and slots are never over-subscribed. A lapsed process reads nothing.
+        """
+        backoff = 0.1
+        last_reclaim = time.monotonic()
+        coordinator, streams, settings = self._coordinator, self._streams, self._settings
+        while not stopping.is_set():
+            free = self.free()
+            if free <= 0:
+                coordinator.changed.clear()
+                await wait_any(coordinator.changed, 0.5)
+                continue
+            if not self._may_claim():
+                await wait_any(stopping, 0.1)
+                continue
+            try:
+                deliveries = await streams.read(self._owner.key, self._queues, free, 500)
+                if not self._may_claim():
+                    # The lease lapsed while the read blocked: leave what was read
+                    # unacknowledged (a reclaim or a sweep re-delivers it) and claim nothing.
+                    continue
+                if time.monotonic() - last_reclaim > settings.stream_reclaim_every:
+                    last_reclaim = time.monotonic()
+                    deliveries += await streams.reclaim(
+                        self._owner.key,
+                        self._queues,
+                        settings.stream_reclaim_idle_ms,
+                        max(0, free - len(deliveries)),
+                    )
+                backoff = 0.1
+            except BROKER_ERRORS as exc:
+                metrics.INFRA_ERRORS.labels("stream").inc()
+                log.warning("stream.read_failed", extra={"error": repr(exc), "retry_in": backoff})
+                await wait_any(stopping, backoff)
+                backoff = min(backoff * 2, 5.0)
+                await self._regroup()
+                continue
+            coordinator.schedule_many([(d.message.run, self._acker(d)) for d in deliveries])
+
+    def _acker(self, delivery: Delivery) -> Callable[[], None]:
+        """Acknowledge ``delivery`` once its drive has decided (``Outbox``: pipelined)."""
+        return lambda: self._outbox.ack(delivery)
+
+    async def _regroup(self) -> None:
+        try:
+            await self._streams.ensure_groups(self._queues)
+        except BROKER_ERRORS:
+            pass
+
+    async def dispatch(self, run_ids: list[str], reason: str) -> None:
+        """Get runs a sweep found driven: a wake on their queue's stream, or a local drive
+        without Redis.
+
+        A cancel request on a run nobody executes (pending or parked) is closed here:
+        that needs no handler and no reader of its queue (DESIGN §7.1, §7.4), and a
+        wake on a queue no worker reads would leave it pending forever.
+        """
+        rows = await self._store.runs.get_many(run_ids)
+        closing = {
+            row.id
+            for row in rows
+            if row.cancel_requested_at_ms is not None
+            and row.status in (RunStatus.PENDING, RunStatus.SUSPENDED)
+        }
+        for run_id in closing:
+            self._coordinator.schedule(run_id)
+        rows = [row for row in rows if row.id not in closing]
+        if not rows:
+            return
+        rows.sort(key=lambda row: lane_of(row) is not Lane.RECOVERY)  # recovered runs first
+        try:
+            await publish_wakes(self._streams, rows, reason)
+            return
+        except BROKER_ERRORS as exc:
+            log.warning("stream.publish_failed", extra={"runs": len(rows), "error": repr(exc)})
+        free = self.free()
+        for row in rows:
+            if free <= 0:
+                break
+            if row.queue in self._queues and self._coordinator.schedule(row.id):
+                free -= 1

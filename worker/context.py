@@ -55,9 +55,9 @@ from worker.durable import (
 from worker.flows import function as resolve_function
 from worker.retry import durable_call, is_transient
 from worker.threads import in_thread
+from worker.wake_hints import ScheduleFn
 
 log = logging.getLogger("runfleet.flow")
-ScheduleFn = Callable[[RunRow], Awaitable[None]]
 T = TypeVar("T")
 
 

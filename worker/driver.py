@@ -45,10 +45,10 @@ from worker.evidence import RefusalLadder, journal_evidence
 from worker.flows import Flow, resolve
 from worker.retry import is_transient, with_retry
 from worker.rq_compat import call_rq_style, wants_rq_call
-from worker.settle import Settlement, error_of
+from worker.settle import AnnounceFn, Settlement, error_of
 from worker.sync_context import SyncContext
 from worker.threads import in_thread
-from worker.wake_hints import WakeHints
+from worker.wake_hints import ScheduleFn, WakeHints
 
 log = logging.getLogger("runfleet.worker.driver")
 
@@ -56,9 +56,6 @@ Decision = tuple[str, "tuple[RunRow, Flow | None] | None"]
 """A drive's decision: its outcome word, and the run to execute if it was activated."""
 ProbeFn = Callable[[Owner, int | None], Awaitable[Probe]]
 """(owner, the row's last heartbeat or claim time in database ms) -> what vouches for it."""
-SettledFn = Callable[[str, str], Awaitable[None]]
-ScheduleFn = Callable[[RunRow], Awaitable[None]]
-"""Hint that a run can move now (released, a child admitted, a parent woken, a timer due)."""
 UNKNOWN_PROBE = Probe(verdict="unknown", evidence="lease-expired")
 
 
@@ -79,7 +76,7 @@ class Driver:
         settings: Settings,
         *,
         probe: ProbeFn | None = None,
-        on_settled: SettledFn | None = None,
+        on_settled: AnnounceFn | None = None,
         schedule: ScheduleFn | None = None,
         lease_ok: Callable[[], bool] | None = None,
     ) -> None:
@@ -93,7 +90,7 @@ class Driver:
         self.executing: set[str] = set()
         """Runs whose body may still run here (a task or its thread not yet ended)."""
         self._lease_ok = lease_ok
-        self.ladder = RefusalLadder(settings.heartbeat_interval, settings.stale_after)
+        self.ladder = RefusalLadder.for_settings(settings)
         self.settlement = Settlement(store, owner, schedule=schedule, announce=on_settled)
         self.bookkeeping = Bookkeeping(store, owner)
         self.wake_hints = WakeHints(schedule)

@@ -11,7 +11,6 @@ it at once; a hard stop releases immediately.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import time
 from collections.abc import Sequence
@@ -39,12 +38,6 @@ from worker.watchdog import Watchdog
 
 log = logging.getLogger("runfleet.worker.process")
 LAG_INTERVAL_S = 5.0
-
-
-def import_flows(modules: Sequence[str]) -> None:
-    """Import the modules whose ``@flow`` decorators register this worker's flows."""
-    for name in modules:
-        importlib.import_module(name)
 
 
 class StreamLag(Service):

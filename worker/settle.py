@@ -37,9 +37,9 @@ from worker.durable import Handoff
 from worker.flows import function as compensation
 from worker.flows import resolve
 from worker.retry import with_retry
+from worker.wake_hints import ScheduleFn
 
 log = logging.getLogger("runfleet.worker.settle")
-ScheduleFn = Callable[[RunRow], Awaitable[None]]
 AnnounceFn = Callable[[str, str], Awaitable[None]]
 
 

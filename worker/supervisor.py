@@ -38,14 +38,12 @@ class WorkerOptions:
 
 def run_foreground(settings: Settings, options: WorkerOptions) -> None:
     """Run one worker in this process until signalled."""
+    from worker.flows import load_flows
     from worker.logs import configure
-    from worker.process import Worker, import_flows
+    from worker.process import Worker
 
     configure(options.log_level, json_lines=options.log_json)
-    import_flows(options.flows)
-    from worker.flows import allow_imports
-
-    allow_imports(options.flows, options.allow_import or settings.allow_import_prefixes)
+    load_flows(options.flows, options.allow_import or settings.allow_import_prefixes)
     health = Health.for_settings(settings)
     if options.metrics_port:
         serve(health, options.metrics_port)  # /metrics, /healthz, /readyz

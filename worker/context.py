@@ -53,6 +53,7 @@ from worker.durable import (
     reference,
 )
 from worker.flows import function as resolve_function
+from worker.outcomes import Cause
 from worker.retry import durable_call, is_transient
 from worker.threads import in_thread
 from worker.wake_hints import ScheduleFn
@@ -64,12 +65,12 @@ T = TypeVar("T")
 class Interrupted(BaseException):
     """Raised into a flow whose run this process must stop executing.
 
-    ``cause`` is ``cancelled`` (commit ``cancelled``), ``lost-fence`` (another
-    owner holds the run: write nothing), ``lease-lapsed`` or ``shutdown``
-    (release the run so another worker resumes it).
+    ``cause`` (``worker.outcomes.Cause``) is ``cancelled`` (commit ``cancelled``),
+    ``lost-fence`` (another owner holds the run: write nothing), or one that releases
+    the run so another worker resumes it (``lease-lapsed``, ``shutdown``...).
     """
 
-    def __init__(self, cause: str) -> None:
+    def __init__(self, cause: Cause) -> None:
         super().__init__(cause)
         self.cause = cause
 
@@ -93,7 +94,7 @@ class Context:
     log: logging.LoggerAdapter[logging.Logger] = field(init=False)
     wake_hint: float | None = field(default=None, init=False)
     """Monotonic time a timer park is due: the driver asks for a wake then (sweeps back it up)."""
-    _interrupt: str | None = field(default=None, init=False)
+    _interrupt: Cause | None = field(default=None, init=False)
     bookkeeping_error: BaseException | None = field(default=None, init=False)
     """A transient error runfleet's own store call gave up on (the driver releases the
     run for it rather than failing it: the database failed, not the flow)."""
@@ -116,7 +117,7 @@ class Context:
         return dict((self.run.payload or {}).get("kwargs") or {})
 
     @property
-    def interrupted(self) -> str | None:
+    def interrupted(self) -> Cause | None:
         return self._interrupt
 
     def check(self) -> None:
@@ -126,8 +127,8 @@ class Context:
         if self.lease_ok is not None and not self.lease_ok():
             # Checked before every durable call: a process whose lease may be stale by now
             # starts nothing more, even before its lapse timer has interrupted the run.
-            self._interrupt = "lease-lapsed"
-            raise Interrupted("lease-lapsed")
+            self._interrupt = Cause.LEASE_LAPSED
+            raise Interrupted(Cause.LEASE_LAPSED)
 
     # ---- replay bookkeeping ------------------------------------------------
 
@@ -226,7 +227,7 @@ class Context:
         for record in existing:
             if record.position == position and record.key == key and record.epoch == self.epoch:
                 return record
-        raise Interrupted("lost-fence")
+        raise Interrupted(Cause.LOST_FENCE)
 
     async def _park(self, waiting: Waiting, deferred: str | None = None) -> None:
         """Park durably and stop the body, unless the answer is already there."""
@@ -242,11 +243,11 @@ class Context:
             case AlreadySatisfied():
                 return
             case GuardFailed():
-                raise Interrupted("cancelled")
+                raise Interrupted(Cause.CANCELLED)
             case NotOwner(current=current) if self._parked_by_us(current, waiting):
                 raise Suspended(waiting.reason)  # a retry after our park committed unseen
             case NotOwner() | NotFound():
-                raise Interrupted("lost-fence")
+                raise Interrupted(Cause.LOST_FENCE)
 
     def _parked_by_us(self, current: RunRow, waiting: Waiting) -> bool:
         """Suspended at our epoch for our reason: only this tenure's park does that."""
@@ -303,7 +304,7 @@ class Context:
         while True:
             attempt = await self._durable("steps.start_attempt", lambda: self._start_attempt(key))
             if attempt is None:
-                raise Interrupted("lost-fence")
+                raise Interrupted(Cause.LOST_FENCE)
             try:
                 if inspect.iscoroutinefunction(fn):
                     output = await fn(*args, **kwargs)
@@ -352,7 +353,7 @@ class Context:
             case ClockScheduled(row=row) | ClockExisting(row=row):
                 return row.due_at_ms
             case _:
-                raise Interrupted("lost-fence")
+                raise Interrupted(Cause.LOST_FENCE)
 
     # ---- timers and waits --------------------------------------------------
 

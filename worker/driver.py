@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
 
 from broker.liveness import Probe
 from store import Kind, Store
@@ -43,6 +43,7 @@ from worker.context import Context, Interrupted
 from worker.durable import Suspended
 from worker.evidence import RefusalLadder, journal_evidence
 from worker.flows import Flow, resolve
+from worker.outcomes import Cause, DriveOutcome
 from worker.retry import is_transient, with_retry
 from worker.rq_compat import call_rq_style, wants_rq_call
 from worker.settle import AnnounceFn, Settlement, error_of
@@ -52,7 +53,7 @@ from worker.wake_hints import ScheduleFn, WakeHints
 
 log = logging.getLogger("runfleet.worker.driver")
 
-Decision = tuple[str, "tuple[RunRow, Flow | None] | None"]
+Decision = tuple[DriveOutcome, "tuple[RunRow, Flow | None] | None"]
 """A drive's decision: its outcome word, and the run to execute if it was activated."""
 ProbeFn = Callable[[Owner, int | None], Awaitable[Probe]]
 """(owner, the row's last heartbeat or claim time in database ms) -> what vouches for it."""
@@ -65,7 +66,7 @@ class Execution:
 
     ctx: Context
     task: asyncio.Task[Any] | None = None
-    cause: str | None = field(default=None)
+    cause: Cause | None = field(default=None)
 
 
 class Driver:
@@ -117,8 +118,8 @@ class Driver:
         run_id: str,
         on_decided: Callable[[], None] | None = None,
         batch: asyncio.Future[dict[str, Decision]] | None = None,
-    ) -> str:
-        """Take the one step the run's row allows; returns a short word for what happened.
+    ) -> DriveOutcome:
+        """Take the one step the run's row allows; returns what happened.
 
         ``batch`` is a ``decide_many`` this run was part of: its decision is used when it
         made one, and the run is decided alone (read, then claim) when it did not or
@@ -156,7 +157,7 @@ class Driver:
         fresh: list[tuple[RunRow, Flow]] = []
         for row in rows:
             if row.status.terminal:
-                decisions[row.id] = ("terminal", None)
+                decisions[row.id] = (DriveOutcome.TERMINAL, None)
                 continue
             if (
                 row.id in self.owned
@@ -169,7 +170,9 @@ class Driver:
             if flow is not None:
                 fresh.append((row, flow))
         found = {row.id for row in rows}
-        decisions.update((run_id, ("not_found", None)) for run_id in run_ids if run_id not in found)
+        decisions.update(
+            (run_id, (DriveOutcome.NOT_FOUND, None)) for run_id in run_ids if run_id not in found
+        )
         if not fresh:
             return decisions
         outcomes = await self.store.runs.claim_and_activate_many([r for r, _ in fresh], self.owner)
@@ -177,22 +180,20 @@ class Driver:
             decisions[row.id] = await self._claimed(row, flow, outcomes[row.id])
         return decisions
 
-    async def _decide(
-        self, row: RunRow | None, run_id: str
-    ) -> tuple[str, tuple[RunRow, Flow | None] | None]:
+    async def _decide(self, row: RunRow | None, run_id: str) -> Decision:
         if row is None:
-            return "not_found", None
+            return DriveOutcome.NOT_FOUND, None
         if row.status.terminal:
-            return "terminal", None
+            return DriveOutcome.TERMINAL, None
         if row.id in self.owned:
-            return "already_owned", None
+            return DriveOutcome.ALREADY_OWNED, None
         if self._lease_ok is not None and not self._lease_ok():
             # A process that cannot confirm its own lease takes nothing new: nobody
             # would renew what it claims, and another worker would soon steal it.
-            return "lease_closed", None
+            return DriveOutcome.LEASE_CLOSED, None
         flow = self._flow(row)
         if flow is None and row.cancel_requested_at_ms is None:
-            return "unknown_flow", None
+            return DriveOutcome.UNKNOWN_FLOW, None
         if row.status is RunStatus.RUNNING:
             return await self._maybe_steal(row, flow)
         return await self._claim(row, flow)
@@ -211,20 +212,18 @@ class Driver:
                 )
             return None
 
-    async def _claim(
-        self, row: RunRow, flow: Flow | None
-    ) -> tuple[str, tuple[RunRow, Flow | None] | None]:
+    async def _claim(self, row: RunRow, flow: Flow | None) -> Decision:
         if row.waiting is not None:
             if not self._wakeable(row):
-                return "waiting", None
+                return DriveOutcome.WAITING, None
             await self.store.waits.wake(row.id, cause=f"driver:{row.waiting.reason}")
             fresh = await self.store.runs.get(row.id)
             if fresh is None:
-                return "not_found", None
+                return DriveOutcome.NOT_FOUND, None
             row = fresh
         if row.claim is not None:
             recovered = await self._stranded_claim(row)
-            if recovered != "claim_recovered":
+            if recovered != DriveOutcome.CLAIM_RECOVERED:
                 return recovered, None
             fresh = await self.store.runs.get(row.id)  # claim it in this same drive
             if fresh is None or fresh.status.terminal or fresh.claim is not None:
@@ -241,7 +240,7 @@ class Driver:
                     metrics.ENQUEUE_TO_START.observe(
                         max(0, activated.now_ms - activated.created_at_ms) / 1000
                     )
-                return "activated", (activated, flow)
+                return DriveOutcome.ACTIVATED, (activated, flow)
             case SnapshotChanged(current=current):
                 await journal_evidence(
                     self.store,
@@ -251,9 +250,9 @@ class Driver:
                     current.heartbeat_at_ms,
                     {"observer": self.owner.key, "status": current.status.value},
                 )
-                return "claim_lost", None
+                return DriveOutcome.CLAIM_LOST, None
             case NotFound():
-                return "not_found", None
+                return DriveOutcome.NOT_FOUND, None
 
     def _wakeable(self, row: RunRow) -> bool:
         waiting = row.waiting
@@ -265,13 +264,13 @@ class Driver:
         # Timers and quotas wake when due; events and approvals when their timeout is.
         return waiting.wake_at_ms is not None and waiting.wake_at_ms <= row.now_ms
 
-    async def _stranded_claim(self, row: RunRow) -> str:
+    async def _stranded_claim(self, row: RunRow) -> DriveOutcome:
         assert row.claim is not None and row.claimed_at_ms is not None
         if row.now_ms - row.claimed_at_ms <= self.settings.stale_after_ms:
-            return "claim_pending"
+            return DriveOutcome.CLAIM_PENDING
         probe = await self._probe_owner(row.claim, row.claimed_at_ms)
         if probe.vouches:
-            return "claimant_alive"
+            return DriveOutcome.CLAIMANT_ALIVE
         match await self.store.runs.recover_claim(
             row.id,
             row.claim,
@@ -279,36 +278,34 @@ class Driver:
             {"probe": probe.evidence, "probe_detail": dict(probe.detail)},
         ):
             case ClaimRecovered():
-                return "claim_recovered"
+                return DriveOutcome.CLAIM_RECOVERED
             case _:
-                return "claim_lost"
+                return DriveOutcome.CLAIM_LOST
 
-    async def _maybe_steal(
-        self, row: RunRow, flow: Flow | None
-    ) -> tuple[str, tuple[RunRow, Flow | None] | None]:
+    async def _maybe_steal(self, row: RunRow, flow: Flow | None) -> Decision:
         owner, heartbeat = row.owner, row.heartbeat_at_ms
         assert owner is not None and heartbeat is not None
         if owner == self.owner and row.id in self.owned:
-            return "already_owned", None
+            return DriveOutcome.ALREADY_OWNED, None
         if row.now_ms - heartbeat <= self.settings.stale_after_ms:
             if owner != self.owner:
                 # The lease alone refuses (no probe is asked), journaled once per lease
                 # so an operator whose wake did nothing sees a live owner was in the way.
                 await self._refused(row.id, owner, heartbeat, "lease-fresh")
-            return "heartbeat_fresh", None
+            return DriveOutcome.HEARTBEAT_FRESH, None
         if owner == self.owner:
             # Ours, but no drive holds it (its settlement or release gave up after an
             # outage): nobody renews it, and every other worker's probe vouches for us.
             # Take it back through the same fenced steal, with the epoch bumped.
             probe = Probe(verdict="dead", evidence="self-orphaned", detail={"pid": owner.pid})
         elif not self.ladder.due(row.id, heartbeat):
-            return "steal_backoff", None
+            return DriveOutcome.STEAL_BACKOFF, None
         else:
             probe = await self._probe_owner(owner, heartbeat)
         if probe.vouches:
             self.ladder.refused(row.id, heartbeat)
             await self._refused(row.id, owner, heartbeat, "probe", probe=probe.evidence)
-            return "steal_refused_owner_alive", None
+            return DriveOutcome.STEAL_REFUSED_OWNER_ALIVE, None
         evidence = {
             "probe": probe.evidence,
             "observer": self.owner.key,
@@ -322,10 +319,10 @@ class Driver:
                     "run.stolen",
                     extra={"run_id": row.id, "previous": owner.key, "evidence": probe.evidence},
                 )
-                return "stolen", (stolen, flow)
+                return DriveOutcome.STOLEN, (stolen, flow)
             case LeaseFresh(current=current):
                 await self._refused(row.id, owner, current.heartbeat_at_ms, "lease-fresh")
-                return "heartbeat_fresh", None
+                return DriveOutcome.HEARTBEAT_FRESH, None
             case SnapshotChanged(current=current):
                 await journal_evidence(
                     self.store,
@@ -339,9 +336,9 @@ class Driver:
                         "expected_epoch": row.epoch,
                     },
                 )
-                return "activation_lost", None
+                return DriveOutcome.ACTIVATION_LOST, None
             case NotFound():
-                return "not_found", None
+                return DriveOutcome.NOT_FOUND, None
 
     async def _refused(
         self,
@@ -420,17 +417,17 @@ class Driver:
         settlement that did commit makes it a no-op); if the store is down too, the
         steal stays the backstop and the drive's own error is what gets logged.
         """
-        if execution.cause == "lost-fence":
+        if execution.cause == Cause.LOST_FENCE:
             return
         if execution.task is not None and not execution.task.done():
             return  # the body still runs: its settlement decides
         try:
-            released = await self._park_released(row, "drive-failed")
+            released = await self._park_released(row, Cause.DRIVE_FAILED)
         except Exception:
             return
         if released:  # no wake hint: the released sweep paces a retry if the store is sick
-            metrics.RELEASES.labels("drive-failed").inc()
-            log.info("run.released", extra={"run_id": row.id, "cause": "drive-failed"})
+            metrics.RELEASES.labels(Cause.DRIVE_FAILED).inc()
+            log.info("run.released", extra={"run_id": row.id, "cause": Cause.DRIVE_FAILED})
 
     def _deadline_timer(self, row: RunRow) -> asyncio.TimerHandle | None:
         """Cancel the run through the ordinary path when its deadline passes mid-execution."""
@@ -447,7 +444,7 @@ class Driver:
         except Exception:  # the deadline sweep tries again
             log.exception("run.deadline_cancel_failed", extra={"run_id": run_id})
             return
-        self.interrupt(run_id, "cancelled")
+        self.interrupt(run_id, Cause.CANCELLED)
 
     async def _call(self, flow: Flow, ctx: Context) -> Any:
         if wants_rq_call(flow, ctx):  # rq's retry= / on_success= / on_failure=
@@ -459,14 +456,14 @@ class Driver:
         call_args = [sync_ctx, *args] if flow.takes_context else args
         return await in_thread(flow.fn, *call_args, **kwargs)
 
-    def interrupt(self, run_id: str, cause: str) -> bool:
+    def interrupt(self, run_id: str, cause: Cause) -> bool:
         """Stop executing a run (cancel request, lost fence, lapse, shutdown)."""
         execution = self.owned.get(run_id)
         if execution is None or (execution.task is not None and execution.task.done()):
             return False  # not ours, or its body already ended and its settlement decides
         # A lost fence outranks everything: once another owner holds the run, this
         # process must not write, not even a cancellation or a release.
-        if execution.cause is None or cause == "lost-fence":
+        if execution.cause is None or cause == Cause.LOST_FENCE:
             execution.cause = cause
             execution.ctx._interrupt = cause
         if execution.task is not None and not execution.task.done():
@@ -484,26 +481,29 @@ class Driver:
         if cause is None and isinstance(exc, Interrupted):
             cause = exc.cause
         if cause is None and task.cancelled():
-            cause = "shutdown"
-        if isinstance(exc, Suspended) and cause in (None, "lost-fence"):
+            cause = Cause.SHUTDOWN
+        if isinstance(exc, Suspended) and cause in (None, Cause.LOST_FENCE):
             log.debug("run.parked", extra={"run_id": row.id, "reason": str(exc)})
             if cause is None:
                 self.wake_hints.arm(row, execution.ctx.wake_hint)
             return
-        if cause == "lost-fence":
-            log.warning("run.fence_lost", extra={"run_id": row.id, "epoch": epoch})
-        elif cause == "cancelled":
-            await self.settlement.cancelled(row, epoch)
-        elif cause is not None:
-            await self.release(row, cause)
-        elif exc is not None and execution.ctx.bookkeeping_error is not None and is_transient(exc):
-            await self.release(row, "infra-unavailable")  # the store failed, not the flow
-        elif exc is not None:
-            await self.settlement.finish(row, epoch, RunStatus.FAILED, {"error": error_of(exc)})
-        else:
-            await self.settlement.result(row, epoch, task.result(), flow.max_rounds)
+        match cause:
+            case Cause.LOST_FENCE:
+                log.warning("run.fence_lost", extra={"run_id": row.id, "epoch": epoch})
+            case Cause.CANCELLED:
+                await self.settlement.cancelled(row, epoch)
+            case Cause.SHUTDOWN | Cause.LEASE_LAPSED | Cause.DRIVE_FAILED | Cause.INFRA_UNAVAILABLE:
+                await self.release(row, cause)
+            case None if exc is None:
+                await self.settlement.result(row, epoch, task.result(), flow.max_rounds)
+            case None if execution.ctx.bookkeeping_error is not None and is_transient(exc):
+                await self.release(row, Cause.INFRA_UNAVAILABLE)  # the store failed, not the flow
+            case None:
+                await self.settlement.finish(row, epoch, RunStatus.FAILED, {"error": error_of(exc)})
+            case _:
+                assert_never(cause)
 
-    async def _park_released(self, row: RunRow, cause: str) -> bool:
+    async def _park_released(self, row: RunRow, cause: Cause) -> bool:
         async with self.store.transaction():
             outcome = await self.store.waits.park(
                 row.id,
@@ -518,7 +518,7 @@ class Driver:
                 row.id,
                 Kind.INTERRUPT_RELEASED,
                 {
-                    "cause": "lease-lapsed" if cause == "lease-lapsed" else "interrupted",
+                    "cause": Cause.LEASE_LAPSED if cause == Cause.LEASE_LAPSED else "interrupted",
                     "detail": cause,
                     "owner": self.owner.key,
                     "epoch": row.epoch,
@@ -526,7 +526,7 @@ class Driver:
             )
             return True
 
-    async def release(self, row: RunRow, cause: str) -> bool:
+    async def release(self, row: RunRow, cause: Cause) -> bool:
         """Hand an unsettled run back (shutdown, lapse): park ``released``, journaled.
 
         Compensations do not run: shutdown is not cancellation. Returns False when

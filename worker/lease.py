@@ -29,6 +29,7 @@ from store.config import Settings
 from store.types import Heartbeat, Owner
 from worker import metrics
 from worker.driver import Driver
+from worker.outcomes import Cause
 
 log = logging.getLogger("runfleet.worker.lease")
 
@@ -155,10 +156,10 @@ class Lease(Service):
         self.gate.confirm(sent)
         self.last_confirmed_ms = beat.now_ms
         for run_id in owned:
-            if run_id not in beat.confirmed and self._driver.interrupt(run_id, "lost-fence"):
+            if run_id not in beat.confirmed and self._driver.interrupt(run_id, Cause.LOST_FENCE):
                 log.warning("run.fence_lost", extra={"run_id": run_id, "via": "heartbeat"})
         for run_id in beat.cancel_requested:
-            self._driver.interrupt(run_id, "cancelled")
+            self._driver.interrupt(run_id, Cause.CANCELLED)
         if self.gate.lapsed:
             await self._reconfirmed()
         if self._signals is not None:
@@ -192,7 +193,7 @@ class Lease(Service):
         metrics.LEASE_LAPSES.inc()
         log.error("lease.lapsed", extra={"owner": self._owner.key, "runs": len(self._driver.owned)})
         for run_id in list(self._driver.owned):
-            self._driver.interrupt(run_id, "lease-lapsed")
+            self._driver.interrupt(run_id, Cause.LEASE_LAPSED)
         self._publish_now.set()
         if self._signals is not None:
             self._signals.lapsed.fire(None)

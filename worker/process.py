@@ -30,6 +30,7 @@ from worker.driver import Driver
 from worker.intake import Intake
 from worker.lease import Lease, LeaseGate
 from worker.outbox import Outbox
+from worker.outcomes import Cause
 from worker.retention import RetentionLoop
 from worker.retry import INFRA_ERRORS
 from worker.scheduler import Scheduler, register_schedules
@@ -227,7 +228,7 @@ class Worker:
             left = list(self.driver.owned)
             log.info("worker.releasing", extra={"runs": len(left)})
             for run_id in left:
-                self.driver.interrupt(run_id, "shutdown")
+                self.driver.interrupt(run_id, Cause.SHUTDOWN)
             await join
 
     async def _close(self) -> None:
@@ -267,4 +268,4 @@ class Worker:
             log.warning("cancel.check_failed", extra={"run_id": notice.run_id, "error": repr(exc)})
             return
         if row is not None and row.cancel_requested_at_ms is not None:
-            self.driver.interrupt(notice.run_id, "cancelled")
+            self.driver.interrupt(notice.run_id, Cause.CANCELLED)

@@ -31,6 +31,7 @@ from tests.store.helpers import (
 from tests.support.polling import until
 from worker.coordinator import Coordinator
 from worker.driver import Driver
+from worker.outcomes import Cause
 
 ME = Owner("host-me", 4242, "nonce-me")
 OTHER = Owner("host-other", 4343, "nonce-other")
@@ -109,8 +110,8 @@ async def test_a_lapsed_lease_releases_with_cause_lease_lapsed(
     store: Store, settings: Settings
 ) -> None:
     for run_id, cause, recorded in (
-        ("a", "lease-lapsed", "lease-lapsed"),
-        ("b", "shutdown", "interrupted"),
+        ("a", Cause.LEASE_LAPSED, "lease-lapsed"),
+        ("b", Cause.SHUTDOWN, "interrupted"),
     ):
         await create(store, run_id, flow="sr.waiter")
         row = await activate(store, run_id, ME)
@@ -137,7 +138,7 @@ async def test_shutdown_does_not_downgrade_an_already_parked_run_to_released(
     epoch = activated[-1].payload["epoch"]
     as_activated = await must_get(store, "r")
     # The shutdown's release arrives after the park (the body parked first).
-    assert await mine.release(replace(as_activated, epoch=epoch), "shutdown") is False
+    assert await mine.release(replace(as_activated, epoch=epoch), Cause.SHUTDOWN) is False
     after = await must_get(store, "r")
     assert after.waiting is not None and after.waiting.reason == "event"
     assert Kind.INTERRUPT_RELEASED not in await kinds(store, "r")
@@ -244,7 +245,7 @@ async def test_a_failed_drive_cleans_up_in_place_instead_of_orphaning_its_activa
     await create(store, "r", flow="sr.waiter")
     first = await activate(store, "r", ME)
     mine = driver(store, settings)
-    assert await mine.release(first, "shutdown")  # so the next activation is epoch 2
+    assert await mine.release(first, Cause.SHUTDOWN)  # so the next activation is epoch 2
 
     async def broken(run_id: str) -> object:
         raise psycopg.OperationalError("server closed the connection unexpectedly")

@@ -1,0 +1,62 @@
+"""The words a drive answers with and the causes that stop a run, as types.
+
+Both are StrEnums: their values are the stable strings the metrics label and the journal
+records carry, and mypy proves every ``match`` over them handles every case.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class DriveOutcome(enum.StrEnum):
+    """What one ``Driver.drive`` did (also the ``runfleet_claim_outcomes`` label)."""
+
+    ACTIVATED = "activated"
+    """Claimed and activated here: the body runs in this process."""
+    STOLEN = "stolen"
+    """A stale owner's run taken over with evidence: the body resumes here."""
+    NOT_FOUND = "not_found"
+    TERMINAL = "terminal"
+    """Already settled: nothing to do."""
+    ALREADY_OWNED = "already_owned"
+    """This process executes it already."""
+    LEASE_CLOSED = "lease_closed"
+    """This process's lease may have lapsed: it claims nothing until a renewal is confirmed."""
+    UNKNOWN_FLOW = "unknown_flow"
+    """No flow of that name runs here: left for a worker that has it."""
+    WAITING = "waiting"
+    """Parked and not yet due: its wake moves it."""
+    CLAIM_LOST = "claim_lost"
+    """Someone else changed the row first (journaled as evidence)."""
+    CLAIM_PENDING = "claim_pending"
+    """Another claimant's claim is recent: left to it."""
+    CLAIMANT_ALIVE = "claimant_alive"
+    """A stale claim whose claimant the probe vouched for."""
+    CLAIM_RECOVERED = "claim_recovered"
+    """A dead claimant's claim cleared (the run is claimable again)."""
+    HEARTBEAT_FRESH = "heartbeat_fresh"
+    """Its owner renewed recently: a live owner keeps its run."""
+    STEAL_BACKOFF = "steal_backoff"
+    """A vouched-for owner's lease is not probed again yet (the refusal ladder)."""
+    STEAL_REFUSED_OWNER_ALIVE = "steal_refused_owner_alive"
+    """Stale by the database clock, but the probe vouched for its owner: not taken."""
+    ACTIVATION_LOST = "activation_lost"
+    """A steal lost to a change made meanwhile (journaled as evidence)."""
+
+
+class Cause(enum.StrEnum):
+    """Why a run stopped executing in this process before its body ended."""
+
+    CANCELLED = "cancelled"
+    """A cancel request: compensations run, then the run settles cancelled."""
+    LOST_FENCE = "lost-fence"
+    """Another owner holds the run: this process writes nothing more for it."""
+    LEASE_LAPSED = "lease-lapsed"
+    """This process could not confirm its lease in time: the run is handed back."""
+    SHUTDOWN = "shutdown"
+    """The worker is stopping: the run is handed back (released), not cancelled."""
+    DRIVE_FAILED = "drive-failed"
+    """The drive itself failed after activation: the run is handed back at once."""
+    INFRA_UNAVAILABLE = "infra-unavailable"
+    """runfleet's own store call gave up (an outage, not the flow): handed back."""

@@ -12,6 +12,7 @@ from store.db import Conn, Database, default_source_id, open_pool
 from store.inspect import Inspect
 from store.journal import Journal, Kind
 from store.lifecycle import Lifecycle
+from store.registry import FlowRegistry
 from store.runs import Runs
 from store.stats import Stats
 from store.steps import Steps
@@ -44,6 +45,7 @@ class Store:
         self.stats = Stats(db)
         self.inspect = Inspect(db)
         self.steps = Steps(db, self.journal, settings)
+        self.flows = FlowRegistry(db)
 
     @classmethod
     async def open(

@@ -12,9 +12,7 @@ from dataclasses import dataclass
 
 from store.db import Database
 from store.rows import run_row
-from store.stats import Stats
-from store.sweeps import Sweeps
-from store.types import Owner, RunRow, RunStatus
+from store.types import RunRow, RunStatus
 
 DEFAULT_REACTIVATED_OVER = 3
 """Restarts from an interruption after which ``stuck`` and ``explain`` call a run looping."""
@@ -70,11 +68,6 @@ class Inspect:
         rows = await self._db.all("inspect.lineage", {"lineage_id": lineage_id})
         return [run_row(r) for r in rows]
 
-    async def stale_running(self, stale_after_ms: int, *, limit: int = 200) -> list[RunRow]:
-        """``Sweeps.stale_running`` from the start. Deprecated: kept until
-        ``ops/cli/fleet.py`` calls that; remove it then."""
-        return await Sweeps(self._db).stale_running(stale_after_ms, limit)
-
     async def pending_older(self, older_than_ms: int, *, limit: int = 200) -> list[RunRow]:
         """Pending runs startable for longer than ``older_than_ms`` yet not started."""
         rows = await self._db.all(
@@ -108,11 +101,6 @@ class Inspect:
             )
             for r in rows
         ]
-
-    async def running_by_owner(self) -> dict[Owner, int]:
-        """``Stats.running_by_owner``. Deprecated: kept until ``ops/cli/fleet.py`` and
-        ``ops/dashboard/data.py`` call that; remove it then."""
-        return await Stats(self._db).running_by_owner()
 
     async def active_queues(self, *, limit: int = 1000) -> list[str]:
         """Queues holding unsettled runs."""

@@ -41,14 +41,6 @@ class Stats:
             Owner(r["owner_host"], int(r["owner_pid"]), r["owner_nonce"]): int(r["n"]) for r in rows
         }
 
-    async def running_by_owner_pid(self) -> dict[int, int]:
-        """``running_by_owner`` summed by pid. Deprecated: kept until its callers in
-        ``ops/`` (demo, benchmarks) read ``running_by_owner``; remove it then."""
-        by_pid: dict[int, int] = {}
-        for owner, n in (await self.running_by_owner()).items():
-            by_pid[owner.pid] = by_pid.get(owner.pid, 0) + n
-        return by_pid
-
     async def now_ms(self) -> int:
         """Database time (``runfleet.now_ms()``), the one clock the fleet agrees on."""
         row = await self._db.one("stats.db_now")

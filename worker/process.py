@@ -212,7 +212,7 @@ class Worker:
             except (TypeError, ValueError):
                 signature = None
             try:
-                await self.store.steps.register_flow(flow.name, flow.queue, signature)
+                await self.store.flows.register(flow.name, flow.queue, signature)
             except INFRA_ERRORS as exc:
                 log.warning("flow.register_failed", extra={"flow": flow.name, "error": repr(exc)})
         await register_schedules(self.store, registered().values())

@@ -24,7 +24,7 @@ from ops.bench.noop import QUEUE, nap
 from ops.bench.scratch import BenchError
 from store import Kind, Store
 from store.config import Settings
-from store.types import JournalRecord, RunStatus
+from store.types import JournalRecord, Owner, RunStatus
 
 FLOWS = runfleet_side.FLOWS_MODULE
 BACKLOG_QUEUE = f"{QUEUE}-backlog"
@@ -75,14 +75,14 @@ async def empty_queue(
                 await wait_workers_started(settings, procs, timeout=30)
                 batch = await queue.enqueue_many([EnqueueSpec(nap, (nap_s,))] * per_kill)
                 await _until_running(store, [r.id for r in batch], procs)
-                held = await store.stats.running_by_owner_pid()
-                victim = max(procs, key=lambda p: held.get(p.pid, 0))
+                owned = await store.stats.running_by_owner()
+                victim = max(procs, key=lambda p: _held(owned, p.pid))
                 killed_at = await store.stats.now_ms()
                 os.kill(victim.pid, signal.SIGKILL)
                 victim.proc.wait(10)
                 # Counted after the kill: what the dead process still holds is exactly
                 # what must be stolen (nothing is stealable for seconds yet).
-                expected = (await store.stats.running_by_owner_pid()).get(victim.pid, 0)
+                expected = _held(await store.stats.running_by_owner(), victim.pid)
                 procs.remove(victim)
                 victim.close()
                 procs.append(start())  # the fleet is back to strength for the next kill
@@ -151,13 +151,18 @@ async def with_backlog(
     return Recovery(kills, per_kill, tuple(delays), backlog, tuple(pending_at_kill))
 
 
+def _held(owned: dict[Owner, int], pid: int) -> int:
+    """How many running rows the process ``pid`` holds (summed over its owners)."""
+    return sum(n for owner, n in owned.items() if owner.pid == pid)
+
+
 async def _busiest(store: Store, procs: list[Proc], *, at_least: int) -> Proc:
     """The worker holding the most runs, once one holds ``at_least`` (the victim)."""
     deadline = time.monotonic() + 60
     while True:
-        held = await store.stats.running_by_owner_pid()
-        best = max(procs, key=lambda p: held.get(p.pid, 0))
-        if held.get(best.pid, 0) >= at_least:
+        owned = await store.stats.running_by_owner()
+        best = max(procs, key=lambda p: _held(owned, p.pid))
+        if _held(owned, best.pid) >= at_least:
             return best
         _check_alive(procs)
         if time.monotonic() > deadline:

@@ -144,7 +144,8 @@ async def in_flight(settings: Settings, store: Store, *, concurrency: int, nap_s
         in_flight, loaded = 0, 0.0
         deadline = time.monotonic() + nap_s
         while time.monotonic() < deadline:
-            held = (await store.stats.running_by_owner_pid()).get(proc.pid, 0)
+            owned = await store.stats.running_by_owner()
+            held = sum(n for o, n in owned.items() if o.pid == proc.pid)
             if held >= in_flight:
                 in_flight, loaded = held, rss_mb(proc.pid)
             if held >= concurrency:

@@ -31,7 +31,7 @@ from broker.streams import Streams
 from store import Store
 from store.config import Settings
 from store.config import parse_duration_ms as _duration_ms
-from store.errors import RunfleetError
+from store.errors import RunfleetError, RunNotFound
 from store.types import Owner, RunRow
 
 console = Console(highlight=False)
@@ -48,12 +48,6 @@ _NO_SCHEMA = (
     psycopg.errors.InvalidSchemaName,
 )
 """A CLI waits this long for a server before saying it is unreachable (the pool waits 30 s)."""
-
-
-class UnknownRun(RunfleetError):
-    def __init__(self, run_id: str) -> None:
-        super().__init__(f"no run with id {run_id!r}")
-        self.run_id = run_id
 
 
 class UserError(RunfleetError):
@@ -127,7 +121,7 @@ class Connections:
     async def run_row(self, run_id: str) -> RunRow:
         row = await self.store.runs.get(run_id)
         if row is None:
-            raise UnknownRun(run_id)
+            raise RunNotFound(run_id)
         return row
 
 
@@ -202,20 +196,10 @@ def seconds(ms: float) -> str:
     return f"{h // 24} d {h % 24} h"
 
 
-def parse_owner(key: str | None) -> Owner | None:
-    """An owner from its key ``host:pid:nonce`` (host may itself contain ``:``)."""
-    if not key:
-        return None
-    parts = key.rsplit(":", 2)
-    if len(parts) != 3 or not parts[1].isdigit():
-        return None
-    return Owner(host_id=parts[0], pid=int(parts[1]), nonce=parts[2])
-
-
 def who(owner: Owner | str | None) -> str:
     """``host-b pid 412``: how a person names a worker process."""
     if isinstance(owner, str):
-        parsed = parse_owner(owner)
+        parsed = Owner.parse(owner)
         return f"{parsed.host_id} pid {parsed.pid}" if parsed else owner
     if owner is None:
         return "nobody"

@@ -94,7 +94,7 @@ async def _fleet(cfg: Settings, host: str | None, *, with_db: bool) -> FleetView
     if with_db:
         try:
             async with c.connect(cfg) as conns:
-                owned = await conns.store.inspect.running_by_owner()
+                owned = await conns.store.stats.running_by_owner()
                 now = await conns.store.stats.now_ms()
         except Exception as exc:  # the keys still answer the question; say what is missing
             c.err.print(f"[yellow]warning:[/yellow] no run counts: {escape(str(exc))}")
@@ -254,8 +254,8 @@ async def _stale(cfg: Settings, store: Store, live: Liveness | None, limit: int)
     """Stale leases a takeover will not resolve: the owner is vouched for, or nobody acts."""
     probes: dict[tuple[Owner, int], Probe] = {}
     items: list[StuckItem] = []
-    overdue_ms = cfg.stale_after_ms + int(10 * cfg.sweep_interval * 1000) + 5000
-    for row in await store.inspect.stale_running(cfg.stale_after_ms, limit=limit):
+    overdue_ms = cfg.stale_after_ms + cfg.takeover_overdue_ms  # the line `explain` draws
+    for row in await store.sweeps.stale_running(cfg.stale_after_ms, limit):
         assert row.owner is not None and row.heartbeat_at_ms is not None
         age = row.now_ms - row.heartbeat_at_ms
         probe = None

@@ -19,6 +19,7 @@ from broker import AsyncQueue, EnqueueSpec
 from ops.cli import common as c
 from ops.models import CancelResult, EnqueueResult
 from store.config import Settings
+from store.errors import RunNotFound
 from store.types import (
     AlreadyRequested,
     AlreadyTerminal,
@@ -160,5 +161,5 @@ async def cancel_on(q: AsyncQueue, run_id: str, who: str) -> CancelResult:
         case AlreadyTerminal(row=row):
             return CancelResult(run_id=run_id, outcome="already-terminal", status=row.status)
         case NotFound():
-            raise c.UnknownRun(run_id)
+            raise RunNotFound(run_id)
     assert_never(outcome)

@@ -203,7 +203,7 @@ async def _call(cfg: Settings, op: Callable[[Schedules], Awaitable[T]]) -> T:
 async def _add(cfg: Settings, spec: ScheduleSpec, late_binding: bool) -> Schedule | None:
     async with c.connect(cfg) as conns:
         if not late_binding and not importable(spec.flow):
-            if await conns.store.steps.flow(spec.flow) is None:
+            if await conns.store.flows.get(spec.flow) is None:
                 raise unknown(spec.flow)
         return await Schedules.of(conns.store).add(spec)
 

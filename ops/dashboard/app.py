@@ -27,14 +27,14 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from broker import AsyncQueue
-from broker.queue import RunNotFound
+from broker.queue import RunNotFound as ProducerRunNotFound
 from ops.cli import common as c
 from ops.cli.runs import detail_view, list_view, tree_view
 from ops.dashboard import data, security, svg
 from ops.dashboard.actions import Action, perform
 from ops.explain.report import explain, gather
 from store.config import Settings
-from store.errors import InvalidInput, RunfleetError, ScopeDenied, Unavailable
+from store.errors import InvalidInput, RunfleetError, RunNotFound, ScopeDenied, Unavailable
 from store.types import RunStatus
 
 POLL_MS = 1000
@@ -101,7 +101,8 @@ def _answers(handler: Handler) -> Handler:
     async def wrapped(request: Request) -> Response:
         try:
             return await handler(request)
-        except (c.UnknownRun, RunNotFound) as exc:
+        # ProducerRunNotFound: broker/queue.py's own copy, until it re-exports store.errors'.
+        except (RunNotFound, ProducerRunNotFound) as exc:
             return _problem(request, 404, str(exc))
         except ScopeDenied as exc:
             return _problem(request, 403, str(exc))

@@ -169,7 +169,7 @@ async def fleet(conns: c.Connections, now_ms: int) -> tuple[FleetView | None, st
         members = await conns.liveness.fleet(now_ms)
     except Exception as exc:  # the page still shows the database's side
         return None, f"Redis did not answer: {exc}"
-    return fleet_view(members, await conns.store.inspect.running_by_owner(), now_ms), None
+    return fleet_view(members, await conns.store.stats.running_by_owner(), now_ms), None
 
 
 async def queue_counts(conns: c.Connections, now_ms: int) -> list[QueueCounts]:

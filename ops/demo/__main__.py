@@ -87,8 +87,8 @@ def _start_workers(
 
 async def _victim(store: Store, pids: list[int]) -> int:
     """The worker pid holding the most running runs right now."""
-    held = await store.stats.running_by_owner_pid()
-    return max(pids, key=lambda pid: held.get(pid, 0))
+    owned = await store.stats.running_by_owner()
+    return max(pids, key=lambda pid: sum(n for o, n in owned.items() if o.pid == pid))
 
 
 async def run_demo(runs: int = 300, workers: int = 3, concurrency: int = 8) -> DemoResult:

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ops.cli.common import clock, parse_owner, seconds, who
+from ops.cli.common import clock, seconds, who
 from store.journal import Kind
-from store.types import JournalRecord
+from store.types import JournalRecord, Owner
 from store.waits import shown_token
 
 Payload = dict[str, Any]
@@ -309,7 +309,7 @@ def _evidence_owner(record: JournalRecord) -> str:
     if not record.source_id.startswith(prefix):
         return "the owner"
     middle = record.source_id[len(prefix) :].rsplit(":", 2)[0]
-    owner = parse_owner(middle)
+    owner = Owner.parse(middle)
     return who(owner) if owner else "the owner"
 
 

@@ -103,15 +103,14 @@ async def read_job(queue: AsyncQueue, run_id: str) -> tuple[RunRow, int | None, 
     row = await queue.authorized(run_id)
     while True:
         row = await AsyncRun(queue, row.id)._last_round(row)
-        following = row.state.get("requeued_as")
+        following = row.requeued_as
         if row.status is not RunStatus.FAILED or not following:
             break
-        row = await queue.authorized(str(following))
+        row = await queue.authorized(following)
     jobs = Jobs(queue.store)
     started, deferred = None, False
-    depends_on = row.state.get("depends_on")
-    if isinstance(depends_on, list) and depends_on and not row.status.terminal:
-        ids = [str(d) for d in depends_on]
+    if row.depends_on and not row.status.terminal:
+        ids = list(row.depends_on)
         done, _broken = await queue._available(lambda: jobs.dependencies_done(ids))
         deferred = not done
     if row.status is not RunStatus.PENDING and not deferred:
@@ -163,8 +162,7 @@ class Job:
         """Re-read the run (rq's ``refresh()``): status, meta and timestamps."""
         read = self._queue._call(read_job(self._queue._async, self.id))
         self._row, self._started_ms, self._deferred = read
-        meta = self._row.state.get("meta")
-        self.meta = dict(meta) if isinstance(meta, dict) else {}
+        self.meta = self._row.meta
 
     @property
     def _current(self) -> RunRow:
@@ -253,7 +251,7 @@ class Job:
     def exc_info(self) -> str | None:
         """The failure's traceback text (rq's ``exc_info``), None unless the run failed."""
         row = self._current
-        error = row.state.get("error")
+        error = row.error
         if row.status is not RunStatus.FAILED or not isinstance(error, dict):
             return None
         text = error.get("traceback") or f"{error.get('type')}: {error.get('message')}"
@@ -288,8 +286,7 @@ class Job:
     def func_name(self) -> str:
         """``module.function`` as rq spells it (a ``@flow``'s registered name otherwise)."""
         flow = self._current.flow
-        state_name = self._current.state.get("func_name")
-        return str(state_name) if state_name else flow.replace(":", ".")
+        return self._current.func_name or flow.replace(":", ".")
 
     @property
     def args(self) -> tuple[Any, ...]:
@@ -304,9 +301,9 @@ class Job:
 
     @property
     def description(self) -> str:
-        given = self._current.state.get("description")
+        given = self._current.description
         if given:
-            return str(given)
+            return given
         parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
         return f"{self.func_name}({', '.join(parts)})"
 

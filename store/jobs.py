@@ -65,14 +65,14 @@ class Jobs:
         for run_id in run_ids:
             row = await self._store.runs.get(run_id)
             while row is not None:
-                following = row.state.get("requeued_as")
+                following = row.requeued_as
                 if row.status is RunStatus.COMPLETED:
-                    following = row.state.get("handed_off_to")
+                    following = row.handed_off_to
                 elif row.status is not RunStatus.FAILED:
                     following = None
                 if not following:
                     break
-                row = await self._store.runs.get(str(following))
+                row = await self._store.runs.get(following)
             status = row.status if row is not None else RunStatus.CANCELLED  # pruned: gone
             done = done and status is RunStatus.COMPLETED
             broken = broken or status in (RunStatus.FAILED, RunStatus.CANCELLED)
@@ -90,8 +90,8 @@ class Jobs:
         """
         async with self._store.transaction():
             row = await self._store.runs.get_for_update(run_id)
-            while row is not None and row.state.get("requeued_as"):
-                following = await self._store.runs.get_for_update(str(row.state["requeued_as"]))
+            while row is not None and row.requeued_as:
+                following = await self._store.runs.get_for_update(row.requeued_as)
                 if following is None:
                     break
                 if not following.status.terminal:
@@ -115,13 +115,9 @@ class Jobs:
                     lineage_id=row.lineage_id,
                     previous_round_id=row.id,
                     round_ordinal=ordinal,
-                    max_rounds=_int_or_none(row.state.get("max_rounds")),
+                    max_rounds=row.max_rounds,
                     extra=extra,
                 )
             )
             await self._db.one("jobs.mark_requeued", {"id": row.id, "to": created.row.id})
             return created.row
-
-
-def _int_or_none(value: Any) -> int | None:
-    return int(value) if isinstance(value, int) else None

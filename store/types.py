@@ -157,6 +157,76 @@ class RunRow:
     def on_parent_exit(self) -> OnParentExit:
         return OnParentExit(self.state.get("on_parent_exit") or OnParentExit.CANCEL)
 
+    # The keys of ``state`` read outside the store, one typed reader each, so no
+    # module spells ``state["key"]``. State is JSON the store wrote: absent is None.
+
+    @property
+    def error(self) -> JsonValue:
+        """How a failed run failed (``{"type", "message", "traceback"}`` from the worker)."""
+        return self.state.get("error")
+
+    @property
+    def cancellation(self) -> JsonValue:
+        """What the cancelling owner recorded (``acknowledged_by``, compensated steps)."""
+        return self.state.get("cancellation")
+
+    @property
+    def parent(self) -> str | None:
+        """The run that admitted this one as a child (``NewRun.parent_id``)."""
+        return _str_or_none(self.state.get("parent"))
+
+    @property
+    def handed_off_to(self) -> str | None:
+        """The next round of the lineage, once this round handed off."""
+        return _str_or_none(self.state.get("handed_off_to"))
+
+    @property
+    def requeued_as(self) -> str | None:
+        """The round that replaced this failed one (rq's requeue)."""
+        return _str_or_none(self.state.get("requeued_as"))
+
+    @property
+    def deadline_ms(self) -> int | None:
+        """Database time past which the run is cancelled (``deadline``/``timeout``)."""
+        return _int_or_none(self.state.get("deadline_ms"))
+
+    @property
+    def max_rounds(self) -> int | None:
+        """The lineage's round budget, recorded by its first round and copied by each."""
+        return _int_or_none(self.state.get("max_rounds"))
+
+    @property
+    def depends_on(self) -> tuple[str, ...]:
+        """Run ids an rq-style job waits for before it starts."""
+        ids = self.state.get("depends_on")
+        return tuple(str(i) for i in ids) if isinstance(ids, list) else ()
+
+    @property
+    def meta(self) -> dict[str, JsonValue]:
+        """rq's ``job.meta`` (a copy: the row is immutable)."""
+        meta = self.state.get("meta")
+        return dict(meta) if isinstance(meta, dict) else {}
+
+    @property
+    def func_name(self) -> str | None:
+        """rq's ``module.function`` name, when the producer gave one."""
+        name = self.state.get("func_name")
+        return str(name) if name else None
+
+    @property
+    def description(self) -> str | None:
+        """rq's ``job.description``, when the producer gave one."""
+        given = self.state.get("description")
+        return str(given) if given else None
+
+
+def _str_or_none(value: JsonValue) -> str | None:
+    return None if value is None else str(value)
+
+
+def _int_or_none(value: JsonValue) -> int | None:
+    return int(value) if isinstance(value, int) else None
+
 
 @dataclass(frozen=True, slots=True)
 class NewRun:
@@ -417,6 +487,15 @@ class ClockCompleted:
 @dataclass(frozen=True, slots=True)
 class ClockAlreadyCompleted:
     row: ClockRow
+
+
+@dataclass(frozen=True, slots=True)
+class ClockFiring:
+    """What firing a clock did (``Waits.complete_clock``)."""
+
+    outcome: ClockCompleted | ClockAlreadyCompleted | NotFound
+    woke: bool
+    """The run's wait was cleared by it: send the run a wake."""
 
 
 @dataclass(frozen=True, slots=True)

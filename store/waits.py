@@ -26,6 +26,7 @@ from store.types import (
     ClockAlreadyCompleted,
     ClockCompleted,
     ClockExisting,
+    ClockFiring,
     ClockRow,
     ClockScheduled,
     DeferredCompleted,
@@ -422,24 +423,20 @@ class Waits:
         row = await self._db.one("waits.clock_get", {"run_id": run_id, "name": name})
         return clock_row(row) if row else None
 
-    async def complete_clock(
-        self, run_id: str, name: str
-    ) -> tuple[ClockCompleted | ClockAlreadyCompleted | NotFound, bool]:
-        """Fire a clock: complete it and its deferred in one transaction.
-
-        Returns the outcome and whether the run's wait was cleared (send a wake).
-        """
+    async def complete_clock(self, run_id: str, name: str) -> ClockFiring:
+        """Fire a clock: complete it and its deferred in one transaction."""
         async with self._db.transaction():
             row = await self._db.one("waits.clock_complete", {"run_id": run_id, "name": name})
             if row is None:
                 existing = await self.clock(run_id, name)
-                return (ClockAlreadyCompleted(existing) if existing else NotFound(run_id)), False
+                outcome = ClockAlreadyCompleted(existing) if existing else NotFound(run_id)
+                return ClockFiring(outcome, woke=False)
             fired = clock_row(row)
             done = await self.complete_deferred(
                 run_id, fired.deferred_name, {"fired_at_ms": fired.completed_at_ms}
             )
             await self._journal.record(run_id, Kind.CLOCK_FIRED, {"clock": name})
-            return ClockCompleted(fired), done.woke
+            return ClockFiring(ClockCompleted(fired), woke=done.woke)
 
     async def due_clocks(self, limit: int = 64) -> list[ClockRow]:
         return [clock_row(r) for r in await self._db.all("waits.clocks_due", {"limit": limit})]

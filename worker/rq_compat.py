@@ -105,19 +105,17 @@ async def call_rq_style(flow: Flow, ctx: Context) -> Any:
     state = ctx.run.state
     callbacks = state.get("callbacks") or {}
     assert isinstance(callbacks, dict)
-    meta = state.get("meta")
     job = CallbackJob(
         id=ctx.run.id,
         func_name=flow.name.replace(":", "."),
         origin=ctx.run.queue,
         args=ctx.args,
         kwargs=ctx.kwargs,
-        meta=dict(meta) if isinstance(meta, dict) else {},
-        description=str(state["description"]) if state.get("description") else None,
+        meta=ctx.run.meta,
+        description=ctx.run.description,
     )
-    depends_on = state.get("depends_on")
-    if isinstance(depends_on, list) and depends_on:
-        await await_dependencies(ctx, [str(d) for d in depends_on])
+    if ctx.run.depends_on:
+        await await_dependencies(ctx, list(ctx.run.depends_on))
     try:
         result = await ctx.step("call", flow.fn, *ctx.args, retry=rq_retry(state), **ctx.kwargs)
     except Exception as exc:

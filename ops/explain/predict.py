@@ -58,9 +58,9 @@ def _readers_problem(facts: Facts) -> str | None:
 def next_step(facts: Facts) -> NextStep:
     row = facts.row
     if row.status.terminal:
-        if row.state.get("handed_off_to"):
+        if row.handed_off_to:
             return NextStep(
-                summary=f"nothing here: the lineage continues in {row.state['handed_off_to']}.",
+                summary=f"nothing here: the lineage continues in {row.handed_off_to}.",
                 within_ms=None,
                 needs_person=False,
             )

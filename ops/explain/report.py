@@ -209,19 +209,18 @@ def _restarts(facts: Facts) -> list[str]:
 
 
 def _outcome(row: RunRow) -> list[str]:
-    state = row.state
     if row.status is RunStatus.COMPLETED:
-        text = _preview(state.get("result"))
-        if state.get("handed_off_to"):
-            return [f"result: round handed off to {state['handed_off_to']}."]
+        text = _preview(row.result)
+        if row.handed_off_to:
+            return [f"result: round handed off to {row.handed_off_to}."]
         return [f"result: {text}."]
     if row.status is RunStatus.FAILED:
-        error = state.get("error") or {}
+        error = row.error or {}
         if isinstance(error, dict):
             return [f"error: {error.get('type', '?')}: {error.get('message', '')}".rstrip(": ")]
         return [f"error: {_preview(error)}"]
     if row.status is RunStatus.CANCELLED:
-        cancellation = state.get("cancellation") or {}
+        cancellation = row.cancellation or {}
         return [f"cancellation: {_preview(cancellation)}."]
     return []
 

@@ -137,29 +137,29 @@ async def test_schedule_clock_after_losing_the_run_is_refused(store: Store) -> N
 async def test_complete_clock_fires_once_and_completes_its_deferred(store: Store) -> None:
     await make_running(store, "r1")
     await store.waits.schedule_clock("r1", "nap", "nap:done", 1, OWNER_A, 1)
-    outcome, woke = await store.waits.complete_clock("r1", "nap")
-    assert isinstance(outcome, ClockCompleted) and woke is False
-    fired_at = outcome.row.completed_at_ms
+    fired = await store.waits.complete_clock("r1", "nap")
+    assert isinstance(fired.outcome, ClockCompleted) and fired.woke is False
+    fired_at = fired.outcome.row.completed_at_ms
     assert fired_at is not None
     deferred = await store.waits.deferred("r1", "nap:done")
     assert deferred is not None
     assert deferred.value == {"fired_at_ms": fired_at}
 
-    again, woke_again = await store.waits.complete_clock("r1", "nap")
-    assert isinstance(again, ClockAlreadyCompleted) and woke_again is False
-    assert again.row.completed_at_ms == fired_at
+    again = await store.waits.complete_clock("r1", "nap")
+    assert isinstance(again.outcome, ClockAlreadyCompleted) and again.woke is False
+    assert again.outcome.row.completed_at_ms == fired_at
     kinds = await journal_kinds(store, "r1")
     assert kinds.count("clock-fired") == 1 and kinds.count("deferred-completed") == 1
-    missing, _ = await store.waits.complete_clock("r1", "never")
-    assert missing == NotFound("r1")
+    missing = await store.waits.complete_clock("r1", "never")
+    assert missing.outcome == NotFound("r1")
 
 
 async def test_firing_a_clock_wakes_the_run_parked_on_it(store: Store) -> None:
     await make_running(store, "r1")
     await store.waits.schedule_clock("r1", "nap", "nap:done", 1, OWNER_A, 1)
     await store.waits.park("r1", OWNER_A, 1, Waiting("timer", wake_at_ms=1), deferred="nap:done")
-    outcome, woke = await store.waits.complete_clock("r1", "nap")
-    assert isinstance(outcome, ClockCompleted) and woke is True
+    fired = await store.waits.complete_clock("r1", "nap")
+    assert isinstance(fired.outcome, ClockCompleted) and fired.woke is True
     row = await must_get(store, "r1")
     assert row.status is RunStatus.SUSPENDED and row.waiting is None
     assert (await journal_kinds(store, "r1"))[-2:] == ["deferred-completed", "clock-fired"]
@@ -170,8 +170,8 @@ async def test_firing_a_clock_whose_deferred_was_already_completed(store: Store)
     await make_running(store, "r2")
     await store.waits.schedule_clock("r2", "nap", "nap:done", 1, OWNER_A, 1)
     await store.waits.complete_deferred("r2", "nap:done", "early")
-    outcome, woke = await store.waits.complete_clock("r2", "nap")
-    assert isinstance(outcome, ClockCompleted) and woke is False
+    fired = await store.waits.complete_clock("r2", "nap")
+    assert isinstance(fired.outcome, ClockCompleted) and fired.woke is False
     got = await store.waits.deferred("r2", "nap:done")
     assert got is not None and got.value == "early"
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from store.db import Database
 from store.rows import run_row
-from store.types import RunRow, RunStatus
+from store.types import RunRow, RunStatus, WaitingReason
 
 DEFAULT_REACTIVATED_OVER = 3
 """Restarts from an interruption after which ``stuck`` and ``explain`` call a run looping."""
@@ -80,7 +80,7 @@ class Inspect:
         rows = await self._db.all("inspect.overdue_waits", {"grace_ms": grace_ms, "limit": limit})
         return [run_row(r) for r in rows]
 
-    async def waiting_for(self, reason: str, *, limit: int = 200) -> list[RunRow]:
+    async def waiting_for(self, reason: WaitingReason, *, limit: int = 200) -> list[RunRow]:
         rows = await self._db.all("inspect.waiting_for", {"reason": reason, "limit": limit})
         return [run_row(r) for r in rows]
 

@@ -13,6 +13,7 @@ from store.types import (
     RunRow,
     RunStatus,
     Waiting,
+    WaitingReason,
     WaitingRow,
 )
 
@@ -30,7 +31,7 @@ def run_row(row: Row) -> RunRow:
     waiting = None
     if row["waiting_reason"] is not None:
         waiting = Waiting(
-            reason=row["waiting_reason"],
+            reason=WaitingReason(row["waiting_reason"]),
             wake_at_ms=row["waiting_wake_at_ms"],
             token=row["waiting_token"],
             request=row["waiting_request"],
@@ -66,7 +67,7 @@ def run_row(row: Row) -> RunRow:
 def waiting_row(row: Row) -> WaitingRow:
     return WaitingRow(
         run_id=row["run_id"],
-        reason=row["reason"],
+        reason=WaitingReason(row["reason"]),
         wake_at_ms=row["wake_at_ms"],
         token=row["token"],
         request=row["request"],

@@ -99,7 +99,7 @@ class Snapshot:
 class Waiting:
     """A park's declaration: why the run waits, until when, and what it asked."""
 
-    reason: str
+    reason: WaitingReason
     wake_at_ms: int | None = None
     token: str | None = None
     request: JsonValue = None
@@ -108,7 +108,7 @@ class Waiting:
 @dataclass(frozen=True, slots=True)
 class WaitingRow:
     run_id: str
-    reason: str
+    reason: WaitingReason
     wake_at_ms: int | None
     token: str | None
     request: JsonValue

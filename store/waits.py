@@ -41,6 +41,7 @@ from store.types import (
     ParkOutcome,
     RunStatus,
     Waiting,
+    WaitingReason,
     WaitingRow,
     WakeOutcome,
     Woken,
@@ -79,10 +80,10 @@ def shown_token(stored: str | None) -> str | None:
     return stored.removeprefix(TOKEN_HASH)[:8] + "…"
 
 
-def shown_waiting_token(reason: str, token: str | None) -> str | None:
+def shown_waiting_token(reason: WaitingReason, token: str | None) -> str | None:
     """A waiting row's token as views print it: an approval's masked, others (an event's
     name, a child's id) as they are."""
-    return shown_token(token) if reason == "approval" else token
+    return shown_token(token) if reason == WaitingReason.APPROVAL else token
 
 
 def masked_payload(kind: str, payload: Any) -> Any:
@@ -92,6 +93,17 @@ def masked_payload(kind: str, payload: Any) -> Any:
     if kind in ("approval-approved", "approval-denied") or payload.get("reason") == "approval":
         return {**payload, "token": shown_token(str(payload["token"]))}
     return payload
+
+
+def _known_reason(reason: str) -> WaitingReason:
+    """The reason as the enum; refused (InvalidInput) when it is none of them.
+
+    Rows are read back as ``WaitingReason``: a word outside it must never be stored.
+    """
+    try:
+        return WaitingReason(reason)
+    except ValueError:
+        raise InvalidInput("waiting.reason", f"{reason!r} is not a waiting reason") from None
 
 
 class AnswerOutcome(StrEnum):
@@ -138,7 +150,7 @@ class Waits:
         completed, the run does not park (AlreadySatisfied) and keeps running.
         With ``guard``, a pending cancel request refuses the park (GuardFailed).
         """
-        validate.identifier("waiting.reason", waiting.reason)
+        reason = _known_reason(waiting.reason)
         validate.json_value("waiting.request", waiting.request, self._settings.max_payload_bytes)
         async with self._db.transaction():
             locked = await self._db.one("runs.get_for_update", {"id": run_id})
@@ -167,7 +179,7 @@ class Waits:
                 {
                     "id": run_id,
                     "epoch": epoch,
-                    "reason": waiting.reason,
+                    "reason": reason,
                     "wake_at_ms": waiting.wake_at_ms,
                     "token": waiting.token,
                     "request": Jsonb(waiting.request) if waiting.request is not None else None,
@@ -179,7 +191,7 @@ class Waits:
                 run_id,
                 Kind.PARKED,
                 {
-                    "reason": waiting.reason,
+                    "reason": reason,
                     "wake_at_ms": waiting.wake_at_ms,
                     "token": waiting.token,
                     "deferred": deferred,
@@ -187,9 +199,7 @@ class Waits:
                 },
             )
             return Parked(
-                WaitingRow(
-                    run_id, waiting.reason, waiting.wake_at_ms, waiting.token, waiting.request
-                )
+                WaitingRow(run_id, reason, waiting.wake_at_ms, waiting.token, waiting.request)
             )
 
     async def wake(self, run_id: str, *, cause: str = "wake") -> WakeOutcome:

@@ -27,7 +27,7 @@ from ops.models import (
 from store import Store
 from store.config import Settings
 from store.inspect import DEFAULT_REACTIVATED_OVER
-from store.types import Owner, RunRow
+from store.types import Owner, RunRow, WaitingReason
 
 
 def register(app: typer.Typer) -> None:
@@ -221,7 +221,7 @@ async def _stuck(
                     "sweep.failed",
                 )
             )
-        for row in await store.inspect.waiting_for("quarantine", limit=limit):
+        for row in await store.inspect.waiting_for(WaitingReason.QUARANTINE, limit=limit):
             items.append(
                 _item(
                     "quarantined",

@@ -8,13 +8,14 @@ Kept apart from the gathering so each rule here can be read beside the code it m
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import assert_never
 
 from broker.liveness import FleetMember, Probe
 from ops.cli.common import clock, seconds, who
 from ops.explain.journal_text import probe_words
 from ops.models import NextStep
 from store.config import Settings
-from store.types import JournalRecord, RunRow, RunStatus, WaitingRow
+from store.types import JournalRecord, RunRow, RunStatus, WaitingReason, WaitingRow
 from store.waits import shown_token
 
 
@@ -237,49 +238,55 @@ def _next_suspended(facts: Facts) -> NextStep:
             within_ms=None if problem else cfg.woken_grace_ms + sweep,
             needs_person=problem is not None,
         )
-    if w.reason == "released":
-        return NextStep(
-            summary=problem + "."
-            if problem
-            else f"it was released by a shutdown or a lease "
-            f"lapse; a worker on queue {row.queue} resumes it within ~{seconds(sweep)}.",
-            within_ms=None if problem else sweep,
-            needs_person=problem is not None,
-        )
-    if w.reason in ("timer", "quota") and w.wake_at_ms is not None:
-        return _timed(facts, w.wake_at_ms, "wakes", problem)
-    if w.reason == "quarantine":
-        return NextStep(
-            summary="a recorded step output failed its digest check or could not be decoded; "
-            "only an operator's resume moves it (accept the recorded output, or re-run the step).",
-            within_ms=None,
-            needs_person=True,
-        )
-    if w.reason == "approval":
-        return NextStep(
-            summary=f"a person must answer the approval (token {shown_token(w.token)}); "
-            "it resumes then.",
-            within_ms=None,
-            needs_person=True,
-        )
-    if w.reason == "event":
-        name = repr(facts.deferred) if facts.deferred else "its event"
-        return NextStep(
-            summary=f"waiting for event {name}: it resumes when something completes it.",
-            within_ms=None,
-            needs_person=False,
-        )
-    others = [t for t in facts.waiting_tree if t.run_id != row.id]
-    if w.reason == "child" and others:
-        first = others[0]
-        return NextStep(
-            summary=f"waiting for child runs; deepest wait: {first.run_id} waits for "
-            f"{first.reason}"
-            + (f" until {clock(first.wake_at_ms)}" if first.wake_at_ms else "")
-            + ".",
-            within_ms=None,
-            needs_person=False,
-        )
+    match w.reason:
+        case WaitingReason.RELEASED:
+            return NextStep(
+                summary=problem + "."
+                if problem
+                else f"it was released by a shutdown or a lease "
+                f"lapse; a worker on queue {row.queue} resumes it within ~{seconds(sweep)}.",
+                within_ms=None if problem else sweep,
+                needs_person=problem is not None,
+            )
+        case WaitingReason.TIMER | WaitingReason.QUOTA:
+            if w.wake_at_ms is not None:
+                return _timed(facts, w.wake_at_ms, "wakes", problem)
+        case WaitingReason.QUARANTINE:
+            return NextStep(
+                summary="a recorded step output failed its digest check or could not be "
+                "decoded; only an operator's resume moves it (accept the recorded output, or "
+                "re-run the step).",
+                within_ms=None,
+                needs_person=True,
+            )
+        case WaitingReason.APPROVAL:
+            return NextStep(
+                summary=f"a person must answer the approval (token {shown_token(w.token)}); "
+                "it resumes then.",
+                within_ms=None,
+                needs_person=True,
+            )
+        case WaitingReason.EVENT:
+            name = repr(facts.deferred) if facts.deferred else "its event"
+            return NextStep(
+                summary=f"waiting for event {name}: it resumes when something completes it.",
+                within_ms=None,
+                needs_person=False,
+            )
+        case WaitingReason.CHILD:
+            others = [t for t in facts.waiting_tree if t.run_id != row.id]
+            if others:
+                first = others[0]
+                return NextStep(
+                    summary=f"waiting for child runs; deepest wait: {first.run_id} waits for "
+                    f"{first.reason}"
+                    + (f" until {clock(first.wake_at_ms)}" if first.wake_at_ms else "")
+                    + ".",
+                    within_ms=None,
+                    needs_person=False,
+                )
+        case _:
+            assert_never(w.reason)
     return NextStep(
         summary=f"waiting for {w.reason}: it resumes when that wait is answered.",
         within_ms=None,

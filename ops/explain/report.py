@@ -27,7 +27,7 @@ from ops.models import (
 )
 from store.inspect import DEFAULT_REACTIVATED_OVER
 from store.journal import Kind
-from store.types import JournalRecord, Owner, RunRow, RunStatus
+from store.types import JournalRecord, Owner, RunRow, RunStatus, WaitingReason
 from store.waits import masked_payload, shown_waiting_token
 
 JOURNAL_SHOWN = 12
@@ -249,8 +249,8 @@ def _owner_line(facts: Facts, owner: Owner) -> str:
 def _waiting_words(facts: Facts) -> str:
     w = facts.row.waiting
     assert w is not None
-    text = w.reason
-    if facts.deferred and w.reason != "timer":
+    text = str(w.reason)
+    if facts.deferred and w.reason != WaitingReason.TIMER:
         text += f" {facts.deferred!r}"
     if w.wake_at_ms is not None:
         delta = w.wake_at_ms - facts.now

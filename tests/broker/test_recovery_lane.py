@@ -8,7 +8,7 @@ from broker import AsyncQueue
 from broker.codec import StreamMessage
 from broker.streams import Delivery, Lane, QueueDepth, Streams
 from store import Store
-from store.types import Waiting
+from store.types import Waiting, WaitingReason
 from tests.store.helpers import make_parked
 from tests.support.polling import until
 
@@ -76,7 +76,7 @@ async def test_recovery_lane_is_reclaimed_first_and_recreated(
 async def test_an_answered_wait_wakes_its_started_run_on_the_recovery_lane(
     store: Store, queue: AsyncQueue
 ) -> None:
-    parked = await make_parked(store, "answered", Waiting("event"), deferred="paid")
+    parked = await make_parked(store, "answered", Waiting(WaitingReason.EVENT), deferred="paid")
     assert parked.queue == queue.name and parked.epoch == 1
 
     assert await queue.complete("answered", "paid", {"amount": 12})

@@ -29,6 +29,7 @@ from store.types import (
     RunRow,
     RunStatus,
     Waiting,
+    WaitingReason,
 )
 from tests.fleet.procs import Spawn, WorkerProc, records, running_on
 from tests.support.polling import until
@@ -108,7 +109,9 @@ async def test_cancel_parked_run_is_woken_and_closed_by_a_sweep(
     assert row is not None
     activated = await store.runs.claim_and_activate(run_id, row.snapshot, ghost)
     assert isinstance(activated, Activated)
-    parked = await store.waits.park(run_id, ghost, activated.row.epoch, Waiting(reason="event"))
+    parked = await store.waits.park(
+        run_id, ghost, activated.row.epoch, Waiting(reason=WaitingReason.EVENT)
+    )
     assert isinstance(parked, Parked)
 
     worker = spawn()

@@ -10,7 +10,7 @@ import tests.flows.flows as f
 from broker import AsyncQueue, RunCancelled, RunFailed
 from store import Store
 from store.config import Settings
-from store.types import NewRun, OnParentExit, RunStatus
+from store.types import NewRun, OnParentExit, RunStatus, WaitingReason
 from tests.flows.conftest import parked
 from tests.support.polling import until
 from worker.process import Worker
@@ -144,7 +144,7 @@ async def test_a_settled_child_wakes_every_waiting_parent(store: Store) -> None:
     await store.dag.record_parent("shared", "right")
     for p in ("left", "right"):
         await store.waits.park(
-            p, me, 1, Waiting(reason="child", token="shared"), deferred="child:shared"
+            p, me, 1, Waiting(reason=WaitingReason.CHILD, token="shared"), deferred="child:shared"
         )
     await store.runs.claim_and_activate("shared", child.row.snapshot, me)
     await store.lifecycle.transition_owned(

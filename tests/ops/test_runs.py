@@ -24,6 +24,7 @@ from store.types import (
     Parked,
     RunStatus,
     Waiting,
+    WaitingReason,
 )
 from tests.ops.conftest import Cli
 
@@ -144,7 +145,7 @@ async def test_tree_shows_children_rounds_and_waits(store: Store, cli: Cli) -> N
     activated = await store.runs.claim_and_activate(grandchild, row.snapshot, ghost)
     assert isinstance(activated, Activated)
     parked = await store.waits.park(
-        grandchild, ghost, activated.row.epoch, Waiting(reason="event", token="t-1")
+        grandchild, ghost, activated.row.epoch, Waiting(reason=WaitingReason.EVENT, token="t-1")
     )
     assert isinstance(parked, Parked)
 

@@ -20,7 +20,7 @@ from broker.liveness import Liveness
 from ops.models import Explanation, StuckView
 from store import Store
 from store.config import Settings
-from store.types import Activated, NewRun, Owner, Parked, RunRow, Waiting
+from store.types import Activated, NewRun, Owner, Parked, RunRow, Waiting, WaitingReason
 from tests.ops.conftest import Cli
 from tests.support.polling import until
 
@@ -116,13 +116,13 @@ async def test_quarantine_unfired_timer_and_old_pending_are_listed(
     ghost = Owner("ghost-host", 4_000_001, "0badc0ffee01")
     quarantined = await _owned(store, ghost)
     parked = await store.waits.park(
-        quarantined.id, ghost, quarantined.epoch, Waiting(reason="quarantine")
+        quarantined.id, ghost, quarantined.epoch, Waiting(reason=WaitingReason.QUARANTINE)
     )
     assert isinstance(parked, Parked)
     sleeper = await _owned(store, ghost)
     due = sleeper.now_ms - 60_000  # due a minute ago, and no worker runs to wake it
     timer = await store.waits.park(
-        sleeper.id, ghost, sleeper.epoch, Waiting(reason="timer", wake_at_ms=due)
+        sleeper.id, ghost, sleeper.epoch, Waiting(reason=WaitingReason.TIMER, wake_at_ms=due)
     )
     assert isinstance(timer, Parked)
     pending = f"pending-{uuid.uuid4().hex[:8]}"

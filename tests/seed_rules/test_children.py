@@ -20,6 +20,7 @@ from store.types import (
     RunStatus,
     Transitioned,
     Waiting,
+    WaitingReason,
 )
 from tests.seed_rules import flows as sr
 from tests.seed_rules.test_lineage import handed_off
@@ -75,7 +76,7 @@ async def test_a_settled_child_wakes_the_parents_of_every_round(store: Store) ->
     assert [e.parent_id for e in await store.dag.parents(last.id)] == ["P1"]
     # P2 followed the handoff (deferred child:C said handed_off_to C@1) and parks on C@1.
     parked = await store.waits.park(
-        "P2", OWNER_C, 1, Waiting("child", token=last.id), deferred=f"child:{last.id}"
+        "P2", OWNER_C, 1, Waiting(WaitingReason.CHILD, token=last.id), deferred=f"child:{last.id}"
     )
     assert isinstance(parked, Parked), parked
     done = await store.lifecycle.transition_owned(

@@ -16,7 +16,7 @@ import pytest
 from broker.liveness import Probe
 from store import Kind, Store
 from store.config import Settings
-from store.types import Claimed, Owner, RunStatus, Waiting
+from store.types import Claimed, Owner, RunStatus, Waiting, WaitingReason
 from tests.seed_rules import flows as sr
 from tests.seed_rules.test_lineage import in_lock_order
 from tests.store.helpers import (
@@ -83,7 +83,7 @@ async def test_a_lost_claim_leaves_claim_lost_evidence(store: Store, settings: S
 async def test_cancelled_runs_of_an_unregistered_flow_are_closed_when_suspended(
     store: Store, settings: Settings
 ) -> None:
-    await make_parked(store, "r", Waiting("event"), OWNER_B, flow="sr.retired-long-ago")
+    await make_parked(store, "r", Waiting(WaitingReason.EVENT), OWNER_B, flow="sr.retired-long-ago")
     await store.lifecycle.request_cancel("r")
     await driver(store, settings).drive("r")
     assert (await must_get(store, "r")).status is RunStatus.CANCELLED

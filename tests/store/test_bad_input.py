@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from store import Store
 from store.config import Settings
 from store.errors import InvalidInput
-from store.types import Created, NewRun, RunStatus, Waiting
+from store.types import Created, NewRun, RunStatus, Waiting, WaitingReason
 from tests.store.helpers import OWNER_A, counts, create, make_running, must_get
 
 GOOD = NewRun(id="r-new", flow="tests.flow", queue="default", payload={"ok": True})
@@ -146,13 +146,16 @@ async def test_transition_refuses_a_state_patch_that_is_not_json(
 
 async def test_park_refuses_a_bad_reason_or_request(store: Store, database_url: str) -> None:
     await make_running(store, "r1")
-    await _refused(
-        database_url, "waiting.reason", partial(store.waits.park, "r1", OWNER_A, 1, Waiting(""))
-    )
+    for word in ("", "lunch"):  # what an untyped caller could pass: no WaitingReason
+        bad = Waiting(cast(WaitingReason, word))
+        park = partial(store.waits.park, "r1", OWNER_A, 1, bad)
+        await _refused(database_url, "waiting.reason", park, word)
     await _refused(
         database_url,
         "waiting.request",
-        partial(store.waits.park, "r1", OWNER_A, 1, Waiting("approval", request={1, 2})),
+        partial(
+            store.waits.park, "r1", OWNER_A, 1, Waiting(WaitingReason.APPROVAL, request={1, 2})
+        ),
     )
     assert (await must_get(store, "r1")).status is RunStatus.RUNNING
 

@@ -27,6 +27,7 @@ from store.types import (
     SnapshotChanged,
     Transitioned,
     Waiting,
+    WaitingReason,
 )
 from tests.store.helpers import (
     OWNER_A,
@@ -99,7 +100,11 @@ async def test_a_batch_settlement_answers_each_run_its_own_outcome(store: Store)
     await create(store, "awaited", parent_id="waiter")
     awaited = await activate(store, "awaited")
     await store.waits.park(
-        "waiter", OWNER_A, waiter.epoch, Waiting("child", token="awaited"), deferred="child:awaited"
+        "waiter",
+        OWNER_A,
+        waiter.epoch,
+        Waiting(WaitingReason.CHILD, token="awaited"),
+        deferred="child:awaited",
     )
     items = [
         Settle("done", done.epoch, RunStatus.COMPLETED, {"result": 1.5}),

@@ -19,6 +19,7 @@ from store.types import (
     RunStatus,
     Transitioned,
     Waiting,
+    WaitingReason,
 )
 from tests.store.helpers import (
     OWNER_A,
@@ -82,8 +83,8 @@ async def test_request_leaves_a_running_run_to_its_owner(store: Store) -> None:
 
 
 async def test_request_on_a_parked_run_leaves_it_for_the_sweeps(store: Store) -> None:
-    await make_parked(store, "r1", Waiting("event"))
-    await make_parked(store, "calm", Waiting("event"))
+    await make_parked(store, "r1", Waiting(WaitingReason.EVENT))
+    await make_parked(store, "calm", Waiting(WaitingReason.EVENT))
     assert isinstance(await store.lifecycle.request_cancel("r1"), CancelRequested)
     row = await must_get(store, "r1")
     assert row.status is RunStatus.SUSPENDED and row.waiting is not None
@@ -122,7 +123,9 @@ async def test_cancel_cascades_through_every_attached_level(store: Store) -> Non
     # root -> det (detached, pending) -> det-child (attached to det, pending)
     await create(store, "root")
     await create(store, "a", parent_id="root")
-    await make_parked(store, "b", Waiting("timer", wake_at_ms=10**15), OWNER_B, parent_id="a")
+    await make_parked(
+        store, "b", Waiting(WaitingReason.TIMER, wake_at_ms=10**15), OWNER_B, parent_id="a"
+    )
     await store.waits.schedule_clock("b", "t", "t-done", 10**15, OWNER_B, 1)
     await create(store, "c", parent_id="b")
     await activate(store, "c", OWNER_C)

@@ -20,6 +20,7 @@ from store.types import (
     RunStatus,
     Transitioned,
     Waiting,
+    WaitingReason,
 )
 from tests.store.helpers import (
     OWNER_A,
@@ -39,7 +40,7 @@ ITERATIONS = 60
 
 
 def child_wait(child_id: str) -> Waiting:
-    return Waiting("child", token=child_id)
+    return Waiting(WaitingReason.CHILD, token=child_id)
 
 
 async def test_settled_child_completes_every_parents_deferred(store: Store) -> None:

@@ -25,6 +25,7 @@ from store.types import (
     SnapshotChanged,
     Stolen,
     Waiting,
+    WaitingReason,
     Woken,
 )
 from tests.store.helpers import (
@@ -166,7 +167,9 @@ async def test_every_activation_bumps_the_epoch(store: Store) -> None:
     for owner in (OWNER_B, OWNER_C, OWNER_A):
         current = await must_get(store, "r1")
         assert current.owner is not None
-        parked = await store.waits.park("r1", current.owner, current.epoch, Waiting("event"))
+        parked = await store.waits.park(
+            "r1", current.owner, current.epoch, Waiting(WaitingReason.EVENT)
+        )
         assert isinstance(parked, Parked), parked
         assert isinstance(await store.waits.wake("r1"), Woken)
         resumed = await activate(store, "r1", owner)
@@ -179,7 +182,7 @@ async def test_every_activation_bumps_the_epoch(store: Store) -> None:
 
 
 async def test_parked_row_is_not_claimable_until_woken(store: Store) -> None:
-    parked = await make_parked(store, "r1", Waiting("event"))
+    parked = await make_parked(store, "r1", Waiting(WaitingReason.EVENT))
     assert parked.waiting is not None
     for op in (store.runs.claim, store.runs.claim_and_activate):
         refused = await op("r1", parked.snapshot, OWNER_B)
@@ -399,13 +402,13 @@ async def test_a_snapshot_from_an_earlier_tenure_loses_even_if_the_row_looks_ali
     created = await store.runs.create(NewRun(id="aba", flow="f"))
     first = await store.runs.claim_and_activate("aba", created.row.snapshot, a)
     assert isinstance(first, Activated)
-    await store.waits.park("aba", a, first.row.epoch, Waiting(reason="event"))
+    await store.waits.park("aba", a, first.row.epoch, Waiting(reason=WaitingReason.EVENT))
     await store.waits.wake("aba")
     stale_row = await store.runs.get("aba")
     assert stale_row is not None
     second = await store.runs.claim_and_activate("aba", stale_row.snapshot, b)
     assert isinstance(second, Activated)
-    await store.waits.park("aba", b, second.row.epoch, Waiting(reason="approval"))
+    await store.waits.park("aba", b, second.row.epoch, Waiting(reason=WaitingReason.APPROVAL))
     await store.waits.wake("aba")
     outcome = await store.runs.claim_and_activate("aba", stale_row.snapshot, c)
     assert isinstance(outcome, SnapshotChanged)

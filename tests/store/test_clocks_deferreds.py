@@ -19,6 +19,7 @@ from store.types import (
     RunStatus,
     Stolen,
     Waiting,
+    WaitingReason,
 )
 from tests.store.helpers import (
     OWNER_A,
@@ -157,7 +158,9 @@ async def test_complete_clock_fires_once_and_completes_its_deferred(store: Store
 async def test_firing_a_clock_wakes_the_run_parked_on_it(store: Store) -> None:
     await make_running(store, "r1")
     await store.waits.schedule_clock("r1", "nap", "nap:done", 1, OWNER_A, 1)
-    await store.waits.park("r1", OWNER_A, 1, Waiting("timer", wake_at_ms=1), deferred="nap:done")
+    await store.waits.park(
+        "r1", OWNER_A, 1, Waiting(WaitingReason.TIMER, wake_at_ms=1), deferred="nap:done"
+    )
     fired = await store.waits.complete_clock("r1", "nap")
     assert isinstance(fired.outcome, ClockCompleted) and fired.woke is True
     row = await must_get(store, "r1")
@@ -166,7 +169,7 @@ async def test_firing_a_clock_wakes_the_run_parked_on_it(store: Store) -> None:
 
 
 async def test_firing_a_clock_whose_deferred_was_already_completed(store: Store) -> None:
-    await make_parked(store, "r1", Waiting("timer"), deferred="other")
+    await make_parked(store, "r1", Waiting(WaitingReason.TIMER), deferred="other")
     await make_running(store, "r2")
     await store.waits.schedule_clock("r2", "nap", "nap:done", 1, OWNER_A, 1)
     await store.waits.complete_deferred("r2", "nap:done", "early")

@@ -18,6 +18,7 @@ from store.types import (
     Stolen,
     Transitioned,
     Waiting,
+    WaitingReason,
     Woken,
 )
 from tests.store.helpers import (
@@ -134,7 +135,7 @@ async def test_guard_turns_a_settlement_after_a_cancel_request_into_guard_failed
         assert isinstance(outcome, GuardFailed)
         assert outcome.current.status is RunStatus.RUNNING
     parked = await store.lifecycle.transition_owned(
-        "r1", OWNER_A, 1, RunStatus.SUSPENDED, waiting=Waiting("event")
+        "r1", OWNER_A, 1, RunStatus.SUSPENDED, waiting=Waiting(WaitingReason.EVENT)
     )
     assert isinstance(parked, GuardFailed)
     # A non-owner still learns it is not the owner, not that a cancel is pending.
@@ -154,12 +155,12 @@ async def test_suspended_transition_requires_and_stores_a_waiting(store: Store) 
     assert caught.value.field == "waiting"
     with pytest.raises(InvalidInput) as caught:
         await store.lifecycle.transition_owned(
-            "r1", OWNER_A, 1, RunStatus.COMPLETED, waiting=Waiting("event")
+            "r1", OWNER_A, 1, RunStatus.COMPLETED, waiting=Waiting(WaitingReason.EVENT)
         )
     assert caught.value.field == "waiting"
     assert (await must_get(store, "r1")).status is RunStatus.RUNNING
 
-    waiting = Waiting("approval", wake_at_ms=99, token="tok-1", request={"amount": 5})
+    waiting = Waiting(WaitingReason.APPROVAL, wake_at_ms=99, token="tok-1", request={"amount": 5})
     outcome = await store.lifecycle.transition_owned(
         "r1", OWNER_A, 1, RunStatus.SUSPENDED, waiting=waiting
     )
@@ -204,7 +205,11 @@ async def test_suspending_keeps_the_runs_clocks(store: Store) -> None:
     await make_running(store, "r1")
     await _with_clocks(store, "r1")
     await store.lifecycle.transition_owned(
-        "r1", OWNER_A, 1, RunStatus.SUSPENDED, waiting=Waiting("timer", wake_at_ms=10**15)
+        "r1",
+        OWNER_A,
+        1,
+        RunStatus.SUSPENDED,
+        waiting=Waiting(WaitingReason.TIMER, wake_at_ms=10**15),
     )
     assert len(await store.waits.pending_clocks("r1")) == 2
 
@@ -251,7 +256,7 @@ async def test_cascade_leaves_a_parked_childs_clocks_to_its_own_cancel(store: St
     await make_running(store, "parent")
     await make_running(store, "child", OWNER_B, parent_id="parent")
     await store.waits.schedule_clock("child", "c", "d", 10**15, OWNER_B, 1)
-    await store.waits.park("child", OWNER_B, 1, Waiting("timer", wake_at_ms=10**15))
+    await store.waits.park("child", OWNER_B, 1, Waiting(WaitingReason.TIMER, wake_at_ms=10**15))
     await store.lifecycle.transition_owned("parent", OWNER_A, 1, RunStatus.FAILED)
     child = await must_get(store, "child")
     assert child.status is RunStatus.SUSPENDED and child.cancel_requested_at_ms is not None
@@ -268,7 +273,7 @@ async def test_cascade_leaves_a_parked_childs_clocks_to_its_own_cancel(store: St
 async def test_non_terminal_transition_does_not_cascade(store: Store) -> None:
     await _family(store)
     await store.lifecycle.transition_owned(
-        "parent", OWNER_A, 1, RunStatus.SUSPENDED, waiting=Waiting("child")
+        "parent", OWNER_A, 1, RunStatus.SUSPENDED, waiting=Waiting(WaitingReason.CHILD)
     )
     for child in ("att", "att-gc", "att-run"):
         assert (await must_get(store, child)).cancel_requested_at_ms is None
@@ -310,7 +315,7 @@ async def test_heartbeat_confirms_only_runs_still_fenced_to_the_caller(store: St
     await make_running(store, "mine-1")
     await make_running(store, "mine-2")
     await make_running(store, "theirs", OWNER_B)
-    await make_parked(store, "parked", Waiting("event"))
+    await make_parked(store, "parked", Waiting(WaitingReason.EVENT))
     await create(store, "pending")
     theirs_before = (await must_get(store, "theirs")).heartbeat_at_ms
     beat = await store.runs.heartbeat(

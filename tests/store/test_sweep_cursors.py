@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from store import Store
 from store.config import Settings
-from store.types import Waiting
+from store.types import Waiting, WaitingReason
 from tests.store.helpers import extra_stores, make_parked
 from worker.sweeper import Sweeper
 
@@ -20,7 +20,7 @@ async def test_sweepers_of_two_processes_share_one_cursor_and_wrap(
 ) -> None:
     released = [f"rel-{i}" for i in range(7)]
     for run_id in released:
-        await make_parked(store, run_id, Waiting("released"))
+        await make_parked(store, run_id, Waiting(WaitingReason.RELEASED))
     small = settings.model_copy(update={"sweep_batch": 3})
     dispatched: list[list[str]] = []
 

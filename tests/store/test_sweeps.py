@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from store import Store, SweepKind
 from store.config import Settings
-from store.types import Activated, Claimed, PendingCursor, RunStatus, Waiting
+from store.types import Activated, Claimed, PendingCursor, RunStatus, Waiting, WaitingReason
 from tests.store.helpers import (
     OWNER_A,
     OWNER_B,
@@ -28,7 +28,7 @@ async def test_stale_running_lists_expired_leases_oldest_first(store: Store) -> 
         assert row.heartbeat_at_ms is not None
         beats[run_id] = row.heartbeat_at_ms
         await wait_db_time_past(store, row.heartbeat_at_ms)
-    await make_parked(store, "parked", Waiting("event"))
+    await make_parked(store, "parked", Waiting(WaitingReason.EVENT))
     await create(store, "pending")
 
     stale = await store.sweeps.stale_running(0)
@@ -113,7 +113,7 @@ async def test_pending_tail_is_the_newest_eligible(store: Store) -> None:
 async def test_pending_cancellations_lists_unowned_runs_with_a_request(store: Store) -> None:
     for run_id in ("c-pending-1", "c-pending-2", "calm"):
         await create(store, run_id)
-    await make_parked(store, "c-parked", Waiting("event"))
+    await make_parked(store, "c-parked", Waiting(WaitingReason.EVENT))
     await make_running(store, "c-running")
     await make_running(store, "c-done")
     await store.lifecycle.transition_owned("c-done", OWNER_A, 1, RunStatus.COMPLETED)
@@ -196,10 +196,10 @@ async def test_try_lock_is_released_when_the_transaction_rolls_back(
 
 
 async def test_runnable_suspended_lists_woken_runs_nobody_resumed(store: Store) -> None:
-    await make_parked(store, "woken-1", Waiting("event"))
-    await make_parked(store, "woken-2", Waiting("event"))
-    await make_parked(store, "still-waiting", Waiting("event"))
-    await make_parked(store, "claimed", Waiting("event"))
+    await make_parked(store, "woken-1", Waiting(WaitingReason.EVENT))
+    await make_parked(store, "woken-2", Waiting(WaitingReason.EVENT))
+    await make_parked(store, "still-waiting", Waiting(WaitingReason.EVENT))
+    await make_parked(store, "claimed", Waiting(WaitingReason.EVENT))
     for run_id in ("woken-1", "woken-2", "claimed"):
         await store.waits.wake(run_id)
     claimed = await must_get(store, "claimed")

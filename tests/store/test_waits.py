@@ -21,6 +21,7 @@ from store.types import (
     RunStatus,
     Stolen,
     Waiting,
+    WaitingReason,
     WaitingRow,
     Woken,
 )
@@ -48,15 +49,15 @@ ITERATIONS = 60
 
 async def test_park_suspends_the_run_and_records_the_wait(store: Store) -> None:
     await make_running(store, "r1")
-    waiting = Waiting("approval", wake_at_ms=5_000, token="tok", request={"amount": 10})
+    waiting = Waiting(WaitingReason.APPROVAL, wake_at_ms=5_000, token="tok", request={"amount": 10})
     outcome = await store.waits.park("r1", OWNER_A, 1, waiting, deferred="approval:manager")
-    assert outcome == Parked(WaitingRow("r1", "approval", 5_000, "tok", {"amount": 10}))
+    assert outcome == Parked(WaitingRow("r1", WaitingReason.APPROVAL, 5_000, "tok", {"amount": 10}))
     row = await must_get(store, "r1")
     assert row.status is RunStatus.SUSPENDED
     assert row.owner is None and row.heartbeat_at_ms is None and row.epoch == 1
     assert row.waiting == waiting
     assert await store.waits.waiting("r1") == WaitingRow(
-        "r1", "approval", 5_000, "tok", {"amount": 10}
+        "r1", WaitingReason.APPROVAL, 5_000, "tok", {"amount": 10}
     )
     record = (await store.journal.last("r1", limit=1))[0]
     assert record.kind == "parked"
@@ -72,15 +73,25 @@ async def test_park_suspends_the_run_and_records_the_wait(store: Store) -> None:
 async def test_park_is_owner_fenced(store: Store) -> None:
     running = await make_running(store, "r1")
     await create(store, "pending")
-    assert isinstance(await store.waits.park("r1", OWNER_B, 1, Waiting("event")), NotOwner)
-    assert isinstance(await store.waits.park("r1", OWNER_A, 2, Waiting("event")), NotOwner)
-    assert isinstance(await store.waits.park("pending", OWNER_A, 0, Waiting("event")), NotOwner)
-    assert await store.waits.park("ghost", OWNER_A, 1, Waiting("event")) == NotFound("ghost")
+    assert isinstance(
+        await store.waits.park("r1", OWNER_B, 1, Waiting(WaitingReason.EVENT)), NotOwner
+    )
+    assert isinstance(
+        await store.waits.park("r1", OWNER_A, 2, Waiting(WaitingReason.EVENT)), NotOwner
+    )
+    assert isinstance(
+        await store.waits.park("pending", OWNER_A, 0, Waiting(WaitingReason.EVENT)), NotOwner
+    )
+    assert await store.waits.park("ghost", OWNER_A, 1, Waiting(WaitingReason.EVENT)) == NotFound(
+        "ghost"
+    )
     assert running.heartbeat_at_ms is not None
     await wait_db_time_past(store, running.heartbeat_at_ms)
     stolen = await store.runs.steal("r1", running.snapshot, OWNER_B, {}, stale_after_ms=0)
     assert isinstance(stolen, Stolen)
-    assert isinstance(await store.waits.park("r1", OWNER_A, 1, Waiting("event")), NotOwner)
+    assert isinstance(
+        await store.waits.park("r1", OWNER_A, 1, Waiting(WaitingReason.EVENT)), NotOwner
+    )
     row = await must_get(store, "r1")
     assert row.status is RunStatus.RUNNING and row.owner == OWNER_B and row.waiting is None
     assert "parked" not in await journal_kinds(store, "r1")
@@ -89,17 +100,19 @@ async def test_park_is_owner_fenced(store: Store) -> None:
 async def test_park_with_a_cancel_request_is_guard_failed(store: Store) -> None:
     await make_running(store, "r1")
     await store.lifecycle.request_cancel("r1")
-    outcome = await store.waits.park("r1", OWNER_A, 1, Waiting("event"))
+    outcome = await store.waits.park("r1", OWNER_A, 1, Waiting(WaitingReason.EVENT))
     assert isinstance(outcome, GuardFailed)
     assert (await must_get(store, "r1")).status is RunStatus.RUNNING
-    released = await store.waits.park("r1", OWNER_A, 1, Waiting("released"), guard=False)
+    released = await store.waits.park(
+        "r1", OWNER_A, 1, Waiting(WaitingReason.RELEASED), guard=False
+    )
     assert isinstance(released, Parked)
 
 
 async def test_park_on_an_already_completed_deferred_keeps_running(store: Store) -> None:
     await make_running(store, "r1")
     await store.waits.complete_deferred("r1", "evt", {"v": 1})
-    outcome = await store.waits.park("r1", OWNER_A, 1, Waiting("event"), deferred="evt")
+    outcome = await store.waits.park("r1", OWNER_A, 1, Waiting(WaitingReason.EVENT), deferred="evt")
     assert outcome == AlreadySatisfied("evt")
     row = await must_get(store, "r1")
     assert row.status is RunStatus.RUNNING and row.owner == OWNER_A and row.waiting is None
@@ -107,7 +120,7 @@ async def test_park_on_an_already_completed_deferred_keeps_running(store: Store)
 
 
 async def test_completion_after_a_park_wakes_the_run(store: Store) -> None:
-    await make_parked(store, "r1", Waiting("event"), deferred="evt")
+    await make_parked(store, "r1", Waiting(WaitingReason.EVENT), deferred="evt")
     other = await store.waits.complete_deferred("r1", "unrelated", 0)
     assert other.woke is False
     assert (await must_get(store, "r1")).waiting is not None
@@ -122,19 +135,21 @@ async def test_completion_after_a_park_wakes_the_run(store: Store) -> None:
 
 
 async def test_completion_does_not_wake_a_quarantined_run(store: Store) -> None:
-    await make_parked(store, "r1", Waiting("quarantine"), deferred="evt")
+    await make_parked(store, "r1", Waiting(WaitingReason.QUARANTINE), deferred="evt")
     done = await store.waits.complete_deferred("r1", "evt", 1)
     assert done.woke is False
-    assert (await must_get(store, "r1")).waiting == Waiting("quarantine")
+    assert (await must_get(store, "r1")).waiting == Waiting(WaitingReason.QUARANTINE)
 
 
 # ---- wake --------------------------------------------------------------------
 
 
 async def test_wake_clears_the_wait_and_reports_what_it_was(store: Store) -> None:
-    await make_parked(store, "r1", Waiting("timer", wake_at_ms=7, token="t", request=[1]))
+    await make_parked(
+        store, "r1", Waiting(WaitingReason.TIMER, wake_at_ms=7, token="t", request=[1])
+    )
     outcome = await store.waits.wake("r1", cause="sweep")
-    assert outcome == Woken(WaitingRow("r1", "timer", 7, "t", [1]))
+    assert outcome == Woken(WaitingRow("r1", WaitingReason.TIMER, 7, "t", [1]))
     row = await must_get(store, "r1")
     assert row.waiting is None and row.status is RunStatus.SUSPENDED
     assert await store.waits.waiting("r1") is None
@@ -160,11 +175,13 @@ async def test_wake_of_a_delayed_admission(store: Store) -> None:
 
 
 async def _waiting_population(store: Store) -> None:
-    await make_parked(store, "w-early-timer", Waiting("timer", wake_at_ms=100))
-    await make_parked(store, "w-late-timer", Waiting("timer", wake_at_ms=10**15))
-    await make_parked(store, "w-event", Waiting("event"))
-    await make_parked(store, "w-approval", Waiting("approval", wake_at_ms=50, token="k"))
-    await make_parked(store, "w-tie-b", Waiting("quota", wake_at_ms=100))
+    await make_parked(store, "w-early-timer", Waiting(WaitingReason.TIMER, wake_at_ms=100))
+    await make_parked(store, "w-late-timer", Waiting(WaitingReason.TIMER, wake_at_ms=10**15))
+    await make_parked(store, "w-event", Waiting(WaitingReason.EVENT))
+    await make_parked(
+        store, "w-approval", Waiting(WaitingReason.APPROVAL, wake_at_ms=50, token="k")
+    )
+    await make_parked(store, "w-tie-b", Waiting(WaitingReason.QUOTA, wake_at_ms=100))
     await make_running(store, "not-waiting")
     await store.lifecycle.request_cancel("w-approval")
 
@@ -234,17 +251,25 @@ async def test_waiting_tree_follows_attached_children_and_later_rounds(store: St
     await make_parked(
         store,
         "r1",
-        Waiting("child"),
+        Waiting(WaitingReason.CHILD),
         lineage_id="lin",
         round_ordinal=1,
         previous_round_id="r0",
     )
-    await make_parked(store, "kid", Waiting("event"), parent_id="r1")
-    await make_parked(store, "grandkid", Waiting("approval", token="g"), parent_id="kid")
+    await make_parked(store, "kid", Waiting(WaitingReason.EVENT), parent_id="r1")
     await make_parked(
-        store, "loner", Waiting("event"), parent_id="r1", on_parent_exit=OnParentExit.DETACH
+        store, "grandkid", Waiting(WaitingReason.APPROVAL, token="g"), parent_id="kid"
     )
-    await make_parked(store, "loner-kid", Waiting("timer", wake_at_ms=1), parent_id="loner")
+    await make_parked(
+        store,
+        "loner",
+        Waiting(WaitingReason.EVENT),
+        parent_id="r1",
+        on_parent_exit=OnParentExit.DETACH,
+    )
+    await make_parked(
+        store, "loner-kid", Waiting(WaitingReason.TIMER, wake_at_ms=1), parent_id="loner"
+    )
     await make_running(store, "finished", parent_id="r1")
     await store.lifecycle.transition_owned("finished", OWNER_A, 1, RunStatus.COMPLETED)
 
@@ -273,10 +298,10 @@ async def test_waiting_tree_lists_nothing_for_a_settled_leaf(store: Store) -> No
 
 
 async def test_waiting_tree_lists_a_diamond_child_once(store: Store) -> None:
-    await make_parked(store, "top", Waiting("child"))
-    await make_parked(store, "left", Waiting("child"), parent_id="top")
-    await make_parked(store, "right", Waiting("child"), parent_id="top")
-    await make_parked(store, "bottom", Waiting("event"), parent_id="left")
+    await make_parked(store, "top", Waiting(WaitingReason.CHILD))
+    await make_parked(store, "left", Waiting(WaitingReason.CHILD), parent_id="top")
+    await make_parked(store, "right", Waiting(WaitingReason.CHILD), parent_id="top")
+    await make_parked(store, "bottom", Waiting(WaitingReason.EVENT), parent_id="left")
     await store.dag.record_parent("bottom", "right")
     tree = await store.waits.waiting_tree("top")
     assert [(w.run_id, w.depth) for w in tree] == [
@@ -300,7 +325,14 @@ async def test_race_completion_against_park_is_never_lost(
             await make_running(store, run_id)
 
             parked, completion = await race_pair(
-                partial(parker.waits.park, run_id, OWNER_A, 1, Waiting("event"), deferred="evt"),
+                partial(
+                    parker.waits.park,
+                    run_id,
+                    OWNER_A,
+                    1,
+                    Waiting(WaitingReason.EVENT),
+                    deferred="evt",
+                ),
                 partial(completer.waits.complete_deferred, run_id, "evt", {"i": run_id}),
                 second_starts_first=i % 2 == 1,
                 gate=row_lock_gate(database_url, run_id) if i % 4 < 2 else None,
@@ -329,7 +361,10 @@ async def test_race_completion_against_park_is_never_lost(
 
 async def test_answer_approval_needs_the_pending_token(store: Store) -> None:
     await make_parked(
-        store, "r1", Waiting("approval", token="tok-1", request={"amount": 3}), deferred="appr"
+        store,
+        "r1",
+        Waiting(WaitingReason.APPROVAL, token="tok-1", request={"amount": 3}),
+        deferred="appr",
     )
     assert await store.waits.answer_approval("r1", "wrong", approved=True, actor="alice") is None
     assert (await must_get(store, "r1")).waiting is not None
@@ -359,7 +394,7 @@ async def test_answer_approval_needs_the_pending_token(store: Store) -> None:
 
 
 async def test_a_denial_is_journaled_as_such(store: Store) -> None:
-    await make_parked(store, "r1", Waiting("approval", token="t"), deferred="appr")
+    await make_parked(store, "r1", Waiting(WaitingReason.APPROVAL, token="t"), deferred="appr")
     done = await store.waits.answer_approval("r1", "t", approved=False, actor="bob")
     assert done is not None and done.woke is True
     assert (await store.journal.last("r1", limit=1))[0].kind == "approval-denied"
@@ -368,7 +403,7 @@ async def test_a_denial_is_journaled_as_such(store: Store) -> None:
 async def test_answer_approval_refuses_a_run_not_awaiting_approval(
     store: Store, database_url: str
 ) -> None:
-    await make_parked(store, "r1", Waiting("event", token="t"), deferred="evt")
+    await make_parked(store, "r1", Waiting(WaitingReason.EVENT, token="t"), deferred="evt")
     assert await store.waits.answer_approval("r1", "t", approved=True, actor="alice") is None
     before = await counts(database_url)
     with pytest.raises(InvalidInput) as caught:

@@ -28,6 +28,7 @@ from store.types import (
     Snapshot,
     Stolen,
     Waiting,
+    WaitingReason,
 )
 from tests.store_model.model import (
     AckCancel,
@@ -268,7 +269,10 @@ class Driver:
                 )
             case Park():
                 outcome = await store.waits.park(
-                    self.ids[op.run], self.owners[op.owner], op.epoch, Waiting(reason="event")
+                    self.ids[op.run],
+                    self.owners[op.owner],
+                    op.epoch,
+                    Waiting(reason=WaitingReason.EVENT),
                 )
             case Wake():
                 outcome = await store.waits.wake(self.ids[op.run])
@@ -281,7 +285,7 @@ class Driver:
                     op.epoch,
                     RunStatus.SUSPENDED,
                     guard=op.guard,
-                    waiting=Waiting(reason="quota", wake_at_ms=None),
+                    waiting=Waiting(reason=WaitingReason.QUOTA, wake_at_ms=None),
                 )
             case AckCancel():
                 outcome = await store.lifecycle.acknowledge_cancel(

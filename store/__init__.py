@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from store.admit import Admission
 from store.config import Settings
 from store.dag import Dag
 from store.db import Conn, Database, default_source_id, open_pool
@@ -22,10 +21,6 @@ from store.waits import Waits
 __all__ = ["Kind", "Settings", "Store", "SweepKind"]
 
 
-class _AdmittingRuns(Admission, Runs):  # TEMPORARY until store/runs.py drops its copy
-    pass
-
-
 class Store:
     """The store's operations, grouped by concept, over one pool and one transaction boundary.
 
@@ -38,7 +33,7 @@ class Store:
         self.settings = settings
         self.journal = Journal(db)
         self.dag = Dag(db, self.journal)
-        self.runs = _AdmittingRuns(db, self.journal, self.dag, settings)
+        self.runs = Runs(db, self.journal, self.dag, settings)
         self.lifecycle = Lifecycle(db, self.journal, settings)
         self.waits = Waits(db, self.journal, settings)
         self.sweeps = Sweeps(db)

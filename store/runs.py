@@ -1,4 +1,4 @@
-"""Run admission, reads, and the claim / activate / steal compare-and-swap family.
+"""Run reads and the claim / activate / steal compare-and-swap family (admission: store.admit).
 
 Each CAS states its full precondition in SQL and writes its journal record in the
 same transaction; zero rows updated is reported as the outcome that explains why.
@@ -10,14 +10,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-import psycopg
-from psycopg.types.json import Jsonb
-
-from store import validate, values
+from store.admit import Admission
 from store.config import Settings
 from store.dag import Dag
 from store.db import Database
-from store.errors import ExecutionIdentityConflict, InvalidInput
+from store.errors import InvalidInput
 from store.journal import Journal, Kind
 from store.rows import owner_params, run_row
 from store.types import (
@@ -26,14 +23,9 @@ from store.types import (
     Claimed,
     ClaimOutcome,
     ClaimRecovered,
-    Created,
-    CreateOutcome,
     Heartbeat,
-    Joined,
     LeaseFresh,
-    NewRun,
     NotFound,
-    OnParentExit,
     Owner,
     RunRow,
     RunStatus,
@@ -41,7 +33,6 @@ from store.types import (
     SnapshotChanged,
     StealOutcome,
     Stolen,
-    canonical_json,
 )
 
 
@@ -64,18 +55,10 @@ def _same(current: Snapshot, expected: Snapshot) -> bool:
     return current == expected
 
 
-def _identity(row: RunRow) -> list[tuple[str, Any]]:
-    return [
-        ("flow", row.flow),
-        ("payload", row.payload),
-        ("scopes", sorted(row.scopes)),
-        ("lineage_id", row.lineage_id),
-        ("round_ordinal", row.round_ordinal),
-        ("parent", row.state.get("parent")),
-    ]
+class Runs(Admission):
+    """Reads, the claim / activate / steal CAS family and leases; admission
+    (``create``, ``create_many``, ``admit_each``) is inherited from ``store.admit``."""
 
-
-class Runs:
     def __init__(self, db: Database, journal: Journal, dag: Dag, settings: Settings) -> None:
         self._db = db
         self._journal = journal
@@ -99,232 +82,6 @@ class Runs:
     async def latest_round(self, lineage_id: str) -> RunRow | None:
         row = await self._db.one("runs.latest_round", {"lineage_id": lineage_id})
         return run_row(row) if row else None
-
-    # ---- admission ---------------------------------------------------------
-
-    def _state(self, new: NewRun) -> dict[str, Any]:
-        state: dict[str, Any] = dict(new.extra)
-        state.pop("payload", None)  # the payload has its own column (see _insert_params)
-        state.update(
-            scopes=sorted(set(new.scopes)),
-            parent=new.parent_id,
-            on_parent_exit=new.on_parent_exit.value,
-            max_rounds=new.max_rounds,
-            deadline_ms=new.deadline_ms,
-        )
-        if new.timeout_ms is not None:
-            del state["deadline_ms"]  # set from the database clock at insert
-        return state
-
-    def _validate(self, new: NewRun) -> None:
-        validate.identifier("run_id", new.id)
-        validate.identifier("flow", new.flow)
-        validate.identifier("queue", new.queue)
-        validate.json_value("extra", new.extra, self._settings.max_payload_bytes)
-        for scope in new.scopes:
-            validate.identifier("scopes", scope)
-        if new.parent_id is not None:
-            validate.identifier("parent_id", new.parent_id)
-            if new.parent_id == new.id:
-                raise InvalidInput("parent_id", "a run cannot be its own parent")
-        if new.lineage_id is not None:
-            validate.identifier("lineage_id", new.lineage_id)
-        if new.round_ordinal < 0:
-            raise InvalidInput("round_ordinal", "must be >= 0")
-        if new.max_rounds is not None and new.max_rounds < 1:
-            raise InvalidInput("max_rounds", "must be >= 1 when given")
-
-    def _insert_params(
-        self, news: Sequence[NewRun], states: Sequence[dict[str, Any]], inherit: bool
-    ) -> dict[str, Any]:
-        """``runs.insert``'s parallel arrays for a batch of admissions.
-
-        The payload goes in as its canonical text (``store.values``), so the flow's
-        arguments come back exactly as the producer gave them (``1e16`` stays a float);
-        a payload that cannot be stored raises UnstorableValue (field ``payload``).
-        """
-        limit = self._settings.max_payload_bytes
-        return {
-            "id": [n.id for n in news],
-            "flow": [n.flow for n in news],
-            "queue": [n.queue for n in news],
-            "state": [Jsonb(state) for state in states],
-            "payload": [values.encode_canonical(n.payload, limit, "payload") for n in news],
-            "lineage_id": [n.lineage_id or n.id for n in news],
-            "round_ordinal": [n.round_ordinal for n in news],
-            "previous_round_id": [n.previous_round_id for n in news],
-            "inherit_cancel": [inherit for _ in news],
-            "delay_until_ms": [n.delay_until_ms for n in news],
-            "timeout_ms": [n.timeout_ms for n in news],
-        }
-
-    async def _joined(self, new: NewRun, state: dict[str, Any]) -> Joined:
-        """The insert found the id taken: join the run if its identity matches ours."""
-        existing = await self.get(new.id)
-        if existing is None:
-            # Lost on (lineage_id, round_ordinal), or the id belongs to a run row-level
-            # security hides from this role: say only that it is taken, nothing about it.
-            raise InvalidInput(
-                "run_id" if new.lineage_id in (None, new.id) else "round_ordinal",
-                f"run id {new.id!r} or round {new.round_ordinal} of lineage"
-                f" {new.lineage_id or new.id!r} already belongs to another run",
-            )
-        self._check_identity(existing, new, state)
-        return Joined(existing)
-
-    async def _insert(self, params: dict[str, Any]) -> list[dict[str, Any]]:
-        """``runs.insert``; data Postgres refuses (a lone surrogate in a payload: jsonb
-        rejects the escape) is UnstorableValue, a caller's error, never a retry."""
-        try:
-            return await self._db.all("runs.insert", params)
-        except psycopg.Error as exc:
-            if values.refused_by_database(exc):
-                raise values.UnstorableValue("payload", f"Postgres refused it: {exc}") from exc
-            raise
-
-    @staticmethod
-    def _created_record(new: NewRun, inherit: bool) -> dict[str, Any]:
-        return {"flow": new.flow, "queue": new.queue, "inherited_cancel": inherit}
-
-    async def create(self, new: NewRun) -> CreateOutcome:
-        """Admit a run (row + ``created`` record + parent edge) in one transaction.
-
-        Re-admitting the same id joins the existing run when its identity matches and
-        raises ExecutionIdentityConflict naming the first differing field otherwise.
-        A child whose attached parent is already cancelled or settled inherits the
-        cancellation here, under the parent's row lock, so no interleaving with the
-        parent's cascade can leave it running unsupervised.
-        """
-        self._validate(new)
-        state = self._state(new)
-        async with self._db.transaction():
-            inherit, inherit_at = False, None
-            if new.parent_id is not None:
-                parent = await self.get_for_update(new.parent_id)
-                if parent is None:
-                    raise InvalidInput("parent_id", f"run {new.parent_id!r} does not exist")
-                if not set(state["scopes"]) <= set(parent.scopes):
-                    raise InvalidInput("scopes", "a child cannot widen its parent's scopes")
-                inherit, inherit_at = await self._inherited(new.parent_id, new.on_parent_exit)
-            params = self._insert_params([new], [state], inherit)
-            rows = await self._insert({**params, "inherit_at_ms": inherit_at})
-            row = rows[0] if rows else None
-            if row is None:
-                if new.parent_id is not None and new.previous_round_id is None:
-                    return await self._joined_as_child(new, state)
-                return await self._joined(new, state)
-            created = run_row(row)
-            await self._journal.record(new.id, Kind.CREATED, self._created_record(new, inherit))
-            if new.parent_id is not None:
-                await self._dag.record_parent(new.id, new.parent_id)
-            return Created(created)
-
-    async def create_many(self, news: Sequence[NewRun]) -> list[CreateOutcome]:
-        """Admit a batch in one transaction, all or nothing, with ``create``'s rules.
-
-        Parentless runs (the producer's case) go as one multi-row insert and one
-        pipelined round of ``created`` records; a batch with children takes ``create`` run by run,
-        since each child locks its parent's row.
-        """
-        if len(news) == 1:
-            return [await self.create(news[0])]  # its own transaction, no savepoint
-        async with self._db.transaction():
-            if any(new.parent_id is not None for new in news):
-                return [await self.create(new) for new in news]
-            for new in news:
-                self._validate(new)
-            states = [self._state(new) for new in news]
-            params = self._insert_params(news, states, False)
-            rows = await self._insert({**params, "inherit_at_ms": None})
-            inserted = {row["id"]: row for row in rows}
-            outcomes: list[CreateOutcome] = []
-            for new, state in zip(news, states, strict=True):
-                # Missing: the id was taken, possibly earlier in this very batch (the
-                # first of two same-id specs is inserted, the second joins it).
-                row = inserted.pop(new.id, None)
-                outcomes.append(Created(run_row(row)) if row else await self._joined(new, state))
-            await self._journal.record_many(
-                [
-                    (o.row.id, Kind.CREATED, self._created_record(new, False))
-                    for new, o in zip(news, outcomes, strict=True)
-                    if isinstance(o, Created)
-                ]
-            )
-            return outcomes
-
-    async def _inherited(self, parent_id: str, policy: OnParentExit) -> tuple[bool, int | None]:
-        """Whether a child admitted now under ``parent_id`` starts cancelled, and since when.
-
-        Reads EVERY round of the parent's lineage (the caller holds the parent's row
-        lock): a cancel request or a cancelled round anywhere is inherited, with the
-        parent's own timestamp; a lineage whose rounds all completed or failed ends the
-        child too; a live round spares it (a round that handed off is ``completed``, but
-        its lineage carries on). A detached child inherits neither: the cascade never
-        reaches it either (DESIGN §8; the seed inherits a cancel even onto a detached one).
-        """
-        if policy is not OnParentExit.CANCEL:
-            return False, None
-        rounds = await self._db.all("runs.lineage_rounds", {"id": parent_id})
-        for r in rounds:
-            if r["cancel_requested_at_ms"] is not None or r["status"] == "cancelled":
-                at = r["cancel_requested_at_ms"] or r["updated_at_ms"]
-                return True, int(at)
-        ended = all(r["status"] in ("completed", "failed") for r in rounds)
-        return bool(rounds) and ended, None
-
-    async def _joined_as_child(self, new: NewRun, state: dict[str, Any]) -> Joined:
-        """A flow joined a run that exists: a diamond. The joining parent gets its own
-        durable edge (cycle-checked), and inherits onto the child as an admission would.
-
-        Every other identity field must still match; only the parent may differ.
-        """
-        existing = await self.get(new.id)
-        if existing is None or existing.state.get("parent") is None:
-            # Unknown (says only that the id is taken), or a top-level run: a flow cannot
-            # adopt a producer's run as its child (that is the "parent" conflict).
-            return await self._joined(new, state)
-        assert new.parent_id is not None
-        second = existing.state.get("parent") != new.parent_id
-        self._check_identity(existing, new, state, parent=not second)
-        if not second:
-            return Joined(existing)
-        await self._dag.record_parent(new.id, new.parent_id)
-        inherit, at = await self._inherited(new.parent_id, new.on_parent_exit)
-        if inherit:
-            row = await self._db.one(
-                "runs.inherit_cancel",
-                {"id": new.id, "at_ms": at if at is not None else existing.now_ms},
-            )
-            if row is not None:
-                existing = run_row(row)
-                asked = {"actor": row["session_role"], "inherited_from": new.parent_id}
-                await self._journal.record(new.id, Kind.CANCEL_REQUESTED, asked)
-        return Joined(existing)
-
-    def _check_identity(
-        self, existing: RunRow, new: NewRun, state: dict[str, Any], *, parent: bool = True
-    ) -> None:
-        """Join only the same run. Payloads compare by JSON value (``values.same_json``):
-        the stored one went through jsonb, which rewrites ``1e16``, ``-0.0`` and
-        ``1.5e300``, so an identical re-enqueue must not be told it differs."""
-        wanted = [
-            ("flow", new.flow),
-            ("payload", new.payload),
-            ("scopes", sorted(set(new.scopes))),
-            ("lineage_id", new.lineage_id or new.id),
-            ("round_ordinal", new.round_ordinal),
-            ("parent", new.parent_id),
-        ]
-        for (field, have), (_, want) in zip(_identity(existing), wanted, strict=True):
-            if field == "parent" and not parent:
-                continue
-            if field == "payload":
-                if not values.same_json(have, want):
-                    raise ExecutionIdentityConflict(
-                        existing.id, field, canonical_json(have), canonical_json(want)
-                    )
-            elif have != want:
-                raise ExecutionIdentityConflict(existing.id, field, have, want)
 
     # ---- claim / activate / steal -----------------------------------------
 

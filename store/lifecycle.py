@@ -83,7 +83,6 @@ class Lifecycle:
         if (to_status is RunStatus.SUSPENDED) != (waiting is not None):
             raise InvalidInput("waiting", "a suspended run needs a waiting reason, others none")
         patch, result, payload = self._encode(epoch, to_status, state_patch, record)
-        w = waiting or Waiting(reason="")
         params = {
             "id": run_id,
             "epoch": epoch,
@@ -92,9 +91,11 @@ class Lifecycle:
             "result": result,
             "guard": guard,
             "waiting_reason": waiting.reason if waiting else None,
-            "waiting_wake_at_ms": w.wake_at_ms,
-            "waiting_token": w.token,
-            "waiting_request": Jsonb(w.request) if w.request is not None else None,
+            "waiting_wake_at_ms": waiting.wake_at_ms if waiting else None,
+            "waiting_token": waiting.token if waiting else None,
+            "waiting_request": Jsonb(waiting.request)
+            if waiting is not None and waiting.request is not None
+            else None,
             "waiting_deferred": None,
             "kind": kind,
             "source_id": self._db.source_id,
@@ -261,9 +262,9 @@ class Lifecycle:
             json.dumps(
                 {
                     "status": child.status.value,
-                    "result": child.state.get("result"),
-                    "error": child.state.get("error"),
-                    "handed_off_to": child.state.get("handed_off_to"),
+                    "result": child.result,
+                    "error": child.error,
+                    "handed_off_to": child.handed_off_to,
                 }
             )
             for child in children

@@ -39,6 +39,7 @@ from store.types import (
     RunRow,
     RunStatus,
     Waiting,
+    WaitingReason,
 )
 from store.waits import token_hash
 from worker.bookkeeping import Bookkeeping
@@ -271,7 +272,9 @@ class Context:
             ),
         )
         log.error("run.quarantined", extra={"run_id": self.run.id, **problem})
-        await self._park(Waiting(reason="quarantine", token=record.key, request=problem))
+        await self._park(
+            Waiting(reason=WaitingReason.QUARANTINE, token=record.key, request=problem)
+        )
 
     async def _now_ms(self) -> int:
         return await self._durable("now_ms", self._store.stats.now_ms)
@@ -340,7 +343,7 @@ class Context:
             return
         clock = f"{key}:retry{attempt}"
         due = await self._ensure_clock(clock, await self._now_ms() + int(delay * 1000))
-        await self._park(Waiting(reason="timer", wake_at_ms=due), deferred=clock)
+        await self._park(Waiting(reason=WaitingReason.TIMER, wake_at_ms=due), deferred=clock)
 
     async def _ensure_clock(self, name: str, due_at_ms: int) -> int:
         outcome = await self._durable(
@@ -384,7 +387,7 @@ class Context:
             )
             return
         self.wake_hint = time.monotonic() + remaining
-        await self._park(Waiting(reason="timer", wake_at_ms=due), deferred=key)
+        await self._park(Waiting(reason=WaitingReason.TIMER, wake_at_ms=due), deferred=key)
 
     async def _timed_wait(
         self, kind: str, name: str, timeout: float | None, extra: dict[str, Any] | None = None
@@ -410,7 +413,7 @@ class Context:
             if deadline is not None and now >= deadline:
                 raise WaitTimeout(f"no event {name!r} within its timeout")
             await self._park(
-                Waiting(reason="event", wake_at_ms=deadline, token=name), deferred=name
+                Waiting(reason=WaitingReason.EVENT, wake_at_ms=deadline, token=name), deferred=name
             )
         raise AssertionError("unreachable: a satisfied park has a completion")
 
@@ -463,7 +466,10 @@ class Context:
                 raise WaitTimeout(f"approval {name!r} was not answered within its timeout")
             await self._park(
                 Waiting(
-                    reason="approval", wake_at_ms=deadline, token=recorded["token"], request=request
+                    reason=WaitingReason.APPROVAL,
+                    wake_at_ms=deadline,
+                    token=recorded["token"],
+                    request=request,
                 ),
                 deferred=deferred,
             )
@@ -477,7 +483,7 @@ class Context:
             record = await self._record(position, key, "quota", "quota", {"wake_at_ms": wake_ms})
         due = int(record.output["wake_at_ms"])
         if await self._now_ms() < due:
-            await self._park(Waiting(reason="quota", wake_at_ms=due))
+            await self._park(Waiting(reason=WaitingReason.QUOTA, wake_at_ms=due))
 
     # ---- children ----------------------------------------------------------
 
@@ -488,7 +494,8 @@ class Context:
             done = await self._deferred(f"child:{child_id}")
             if done is None:
                 await self._park(
-                    Waiting(reason="child", token=child_id), deferred=f"child:{child_id}"
+                    Waiting(reason=WaitingReason.CHILD, token=child_id),
+                    deferred=f"child:{child_id}",
                 )
                 continue
             outcome = done.value

@@ -257,12 +257,24 @@ class Driver:
     def _wakeable(self, row: RunRow) -> bool:
         waiting = row.waiting
         assert waiting is not None
-        if row.cancel_requested_at_ms is not None or waiting.reason == WaitingReason.RELEASED:
+        if row.cancel_requested_at_ms is not None:
             return True  # a cancel closes any parked run, quarantined ones included
-        if waiting.reason == WaitingReason.QUARANTINE.value:
-            return False  # otherwise only an operator's explicit resume moves it
-        # Timers and quotas wake when due; events and approvals when their timeout is.
-        return waiting.wake_at_ms is not None and waiting.wake_at_ms <= row.now_ms
+        match waiting.reason:
+            case WaitingReason.RELEASED:
+                return True
+            case WaitingReason.QUARANTINE:
+                return False  # otherwise only an operator's explicit resume moves it
+            case (
+                WaitingReason.TIMER
+                | WaitingReason.QUOTA
+                | WaitingReason.EVENT
+                | WaitingReason.APPROVAL
+                | WaitingReason.CHILD
+            ):
+                # Timers and quotas wake when due; the others when their timeout is.
+                return waiting.wake_at_ms is not None and waiting.wake_at_ms <= row.now_ms
+            case _:
+                assert_never(waiting.reason)
 
     async def _stranded_claim(self, row: RunRow) -> DriveOutcome:
         assert row.claim is not None and row.claimed_at_ms is not None
@@ -431,10 +443,10 @@ class Driver:
 
     def _deadline_timer(self, row: RunRow) -> asyncio.TimerHandle | None:
         """Cancel the run through the ordinary path when its deadline passes mid-execution."""
-        deadline_ms = row.state.get("deadline_ms")
+        deadline_ms = row.deadline_ms
         if deadline_ms is None:
             return None
-        delay = max(0.0, (int(deadline_ms) - row.now_ms) / 1000)
+        delay = max(0.0, (deadline_ms - row.now_ms) / 1000)
         loop = asyncio.get_running_loop()
         return loop.call_later(delay, lambda: asyncio.ensure_future(self._deadline(row.id)))
 
@@ -509,7 +521,7 @@ class Driver:
                 row.id,
                 self.owner,
                 row.epoch,
-                Waiting(reason=WaitingReason.RELEASED.value),
+                Waiting(reason=WaitingReason.RELEASED),
                 guard=False,
             )
             if isinstance(outcome, NotOwner | NotFound):

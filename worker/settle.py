@@ -261,8 +261,7 @@ class Settlement:
         next round gets its own deadline: the handoff's explicit one, or the target
         flow's ``timeout`` from now (database time), else none.
         """
-        recorded = row.state.get("max_rounds")
-        limit = int(recorded) if recorded is not None else max_rounds
+        limit = row.max_rounds if row.max_rounds is not None else max_rounds
         next_round = row.round_ordinal + 1
         if limit is not None and next_round >= int(limit):
             await self.finish(
@@ -294,7 +293,7 @@ class Settlement:
             queue=queue or row.queue,
             payload={"args": list(handoff.args), "kwargs": handoff.kwargs},
             scopes=row.scopes,
-            parent_id=row.state.get("parent"),
+            parent_id=row.parent,
             on_parent_exit=row.on_parent_exit,
             lineage_id=row.lineage_id,
             round_ordinal=next_round,

@@ -134,6 +134,39 @@ class Waits:
 
     # ---- park / wake -------------------------------------------------------
 
+    async def release(
+        self, run_id: str, me: Owner, epoch: int, cause: str, detail: str
+    ) -> ParkOutcome:
+        """Hand a run ``me`` owns back unsettled (shutdown, lapse, a failed drive): park it
+        ``released`` (no cancel guard: it is not a settlement) and journal why, in one
+        transaction. Parked, or NotOwner/NotFound when the fence was already gone."""
+        async with self._db.transaction():
+            outcome = await self.park(
+                run_id, me, epoch, Waiting(reason=WaitingReason.RELEASED), guard=False
+            )
+            if isinstance(outcome, Parked):
+                await self._journal.record(
+                    run_id,
+                    Kind.INTERRUPT_RELEASED,
+                    {"cause": cause, "detail": detail, "owner": me.key, "epoch": epoch},
+                )
+            return outcome
+
+    async def quarantine(
+        self, run_id: str, me: Owner, epoch: int, key: str, problem: dict[str, Any]
+    ) -> ParkOutcome:
+        """A recorded output of step ``key`` no longer matches its digest: journal the
+        problem (owner-fenced) and park the run for an operator's decision, in one
+        transaction. The record stays even when a cancel request refuses the park."""
+        async with self._db.transaction():
+            await self._journal.emit_owned(run_id, me, epoch, Kind.QUARANTINED, problem)
+            return await self.park(
+                run_id,
+                me,
+                epoch,
+                Waiting(reason=WaitingReason.QUARANTINE, token=key, request=problem),
+            )
+
     async def park(
         self,
         run_id: str,

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar
 
-from store import Kind, Store
+from store import Store
 from store.config import Settings
 from store.errors import LimitExceeded
 from store.steps import StepRecord, StepWrite
@@ -36,6 +36,7 @@ from store.types import (
     OnParentExit,
     Owner,
     Parked,
+    ParkOutcome,
     RunRow,
     RunStatus,
     Waiting,
@@ -238,6 +239,10 @@ class Context:
                 self.run.id, self.owner, self.epoch, waiting, deferred=deferred
             ),
         )
+        self._parked(outcome, waiting)
+
+    def _parked(self, outcome: ParkOutcome, waiting: Waiting) -> None:
+        """Stop the body as the park answered (Suspended), or let it go on if satisfied."""
         match outcome:
             case Parked():
                 raise Suspended(waiting.reason)
@@ -260,20 +265,17 @@ class Context:
         )
 
     async def _quarantine(self, record: StepRecord) -> None:
-        """A recorded output no longer matches its digest: park for an operator's decision.
-
-        Not inside a transaction: the park raises Suspended, which would roll it back.
-        """
+        """A recorded output no longer matches its digest: park for an operator's decision."""
         problem = {"key": record.key, "problem": "recorded output does not match its digest"}
-        await self._durable(
-            "journal.quarantined",
-            lambda: self._store.journal.emit_owned(
-                self.run.id, self.owner, self.epoch, Kind.QUARANTINED, problem
+        outcome = await self._durable(
+            "waits.quarantine",
+            lambda: self._store.waits.quarantine(
+                self.run.id, self.owner, self.epoch, record.key, problem
             ),
         )
         log.error("run.quarantined", extra={"run_id": self.run.id, **problem})
-        await self._park(
-            Waiting(reason=WaitingReason.QUARANTINE, token=record.key, request=problem)
+        self._parked(
+            outcome, Waiting(reason=WaitingReason.QUARANTINE, token=record.key, request=problem)
         )
 
     async def _now_ms(self) -> int:

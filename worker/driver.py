@@ -28,13 +28,12 @@ from store.types import (
     ClaimRecovered,
     LeaseFresh,
     NotFound,
-    NotOwner,
     Owner,
+    Parked,
     RunRow,
     RunStatus,
     SnapshotChanged,
     Stolen,
-    Waiting,
     WaitingReason,
 )
 from worker import metrics
@@ -516,27 +515,14 @@ class Driver:
                 assert_never(cause)
 
     async def _park_released(self, row: RunRow, cause: Cause) -> bool:
-        async with self.store.transaction():
-            outcome = await self.store.waits.park(
-                row.id,
-                self.owner,
-                row.epoch,
-                Waiting(reason=WaitingReason.RELEASED),
-                guard=False,
-            )
-            if isinstance(outcome, NotOwner | NotFound):
-                return False
-            await self.store.journal.record(
-                row.id,
-                Kind.INTERRUPT_RELEASED,
-                {
-                    "cause": Cause.LEASE_LAPSED if cause == Cause.LEASE_LAPSED else "interrupted",
-                    "detail": cause,
-                    "owner": self.owner.key,
-                    "epoch": row.epoch,
-                },
-            )
-            return True
+        outcome = await self.store.waits.release(
+            row.id,
+            self.owner,
+            row.epoch,
+            cause="lease-lapsed" if cause is Cause.LEASE_LAPSED else "interrupted",
+            detail=cause,
+        )
+        return isinstance(outcome, Parked)
 
     async def release(self, row: RunRow, cause: Cause) -> bool:
         """Hand an unsettled run back (shutdown, lapse): park ``released``, journaled.

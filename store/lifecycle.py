@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
 
 from store import validate, values
+from store.admit import Admission
 from store.config import Settings
 from store.db import Database
 from store.errors import InvalidInput
@@ -25,6 +27,7 @@ from store.types import (
     CancelOutcome,
     CancelRequested,
     GuardFailed,
+    NewRun,
     NotFound,
     NotOwner,
     Owner,
@@ -37,11 +40,49 @@ from store.types import (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class HandOff:
+    """What ``Lifecycle.hand_off`` did: the round's own settlement outcome, and the next
+    round as admitted when that settlement won (None otherwise: nothing was written)."""
+
+    outcome: TransitionOutcome
+    successor: RunRow | None
+
+
 class Lifecycle:
-    def __init__(self, db: Database, journal: Journal, settings: Settings) -> None:
+    def __init__(
+        self, db: Database, journal: Journal, settings: Settings, admission: Admission
+    ) -> None:
         self._db = db
         self._journal = journal
         self._settings = settings
+        self._admission = admission
+
+    async def hand_off(
+        self, run_id: str, me: Owner, epoch: int, successor: NewRun, *, record: dict[str, Any]
+    ) -> HandOff:
+        """Settle round ``run_id`` completed and admit ``successor`` in one transaction.
+
+        Both or neither: the round settles ``completed`` with ``handed_off_to`` and a
+        ``handed-off`` record, without ending its children (the lineage, and so the parent
+        they belong to, carries on). ExecutionIdentityConflict (the successor's id taken by
+        a different run) rolls the settlement back too.
+        """
+        async with self._db.transaction():
+            outcome = await self.transition_owned(
+                run_id,
+                me,
+                epoch,
+                RunStatus.COMPLETED,
+                state_patch={"handed_off_to": successor.id},
+                kind=Kind.HANDED_OFF,
+                record=record,
+                end_children=False,
+            )
+            if not isinstance(outcome, Transitioned):
+                return HandOff(outcome, None)
+            created = await self._admission.create(successor)
+            return HandOff(outcome, created.row)
 
     async def _get(self, run_id: str) -> RunRow | None:
         row = await self._db.one("runs.get", {"id": run_id})

@@ -303,25 +303,14 @@ class Settlement:
             timeout_ms=timeout_ms,
         )
 
-        async def commit() -> tuple[TransitionOutcome, RunRow | None]:
-            async with self._store.transaction():
-                outcome = await self._store.lifecycle.transition_owned(
-                    row.id,
-                    self._owner,
-                    epoch,
-                    RunStatus.COMPLETED,
-                    state_patch={"handed_off_to": successor.id},
-                    kind=Kind.HANDED_OFF,
-                    record={"successor": successor.id, "round": next_round},
-                    end_children=False,  # the lineage, and its children's parent, go on
-                )
-                if not isinstance(outcome, Transitioned):
-                    return outcome, None
-                created = await self._store.runs.create(successor)
-                return outcome, created.row
-
+        record = {"successor": successor.id, "round": next_round}
         try:
-            outcome, created = await with_retry("settle", commit)
+            done = await with_retry(
+                "settle",
+                lambda: self._store.lifecycle.hand_off(
+                    row.id, self._owner, epoch, successor, record=record
+                ),
+            )
         except RunfleetError as exc:
             # The successor cannot be admitted (its id is taken by a different run):
             # nothing of the handoff was written, so the round fails instead.
@@ -334,9 +323,9 @@ class Settlement:
                 record={"successor": successor.id},
             )
             return
-        await self._after(row, epoch, RunStatus.COMPLETED, outcome)
-        if created is not None and self._schedule is not None:
-            await self._schedule(created)
+        await self._after(row, epoch, RunStatus.COMPLETED, done.outcome)
+        if done.successor is not None and self._schedule is not None:
+            await self._schedule(done.successor)
 
 
 def _successor_deadline(handoff: Handoff, flow_name: str) -> tuple[int | None, int | None]:

@@ -2,8 +2,9 @@
 
 from broker.admission import Callback, Retry
 from broker.jobs import FailedJobRegistry, Job, JobStatus, NoSuchJobError
-from broker.queue import AsyncQueue, AsyncRun, EnqueueSpec, RunCancelled, RunFailed, RunNotFound
+from broker.queue import AsyncQueue, AsyncRun, EnqueueSpec, RunCancelled, RunFailed
 from broker.sync import Queue, Run
+from store.errors import RunNotFound
 
 __all__ = [
     "AsyncQueue",

@@ -46,6 +46,7 @@ from store.errors import (
     CancelRequestFailed,
     InvalidInput,
     RunfleetError,
+    RunNotFound,
     ScopeDenied,
     Unavailable,
 )
@@ -88,12 +89,6 @@ class RunFailed(RunfleetError):
 class RunCancelled(RunfleetError):
     def __init__(self, run_id: str) -> None:
         super().__init__(f"run {run_id!r} was cancelled")
-        self.run_id = run_id
-
-
-class RunNotFound(RunfleetError):
-    def __init__(self, run_id: str) -> None:
-        super().__init__(f"no run with id {run_id!r}")
         self.run_id = run_id
 
 
@@ -148,8 +143,8 @@ class AsyncRun:
 
     async def _last_round(self, row: RunRow) -> RunRow:
         """A run that handed off is answered by the last round of its lineage."""
-        while row.status is RunStatus.COMPLETED and row.state.get("handed_off_to"):
-            successor = await self._queue.authorized(str(row.state["handed_off_to"]))
+        while row.status is RunStatus.COMPLETED and row.handed_off_to:
+            successor = await self._queue.authorized(row.handed_off_to)
             row = successor
         return row
 
@@ -162,7 +157,7 @@ def _outcome(row: RunRow) -> Any:
         return row.result
     if row.status is RunStatus.CANCELLED:
         raise RunCancelled(row.id)
-    raise RunFailed(row.id, row.state.get("error"))
+    raise RunFailed(row.id, row.error)
 
 
 class AsyncQueue:
@@ -262,7 +257,7 @@ class AsyncQueue:
         args, kwargs = list(spec.args), dict(spec.kwargs)
         check_signature(fn, takes_ctx, args, kwargs)
         if isinstance(spec.target, str) and not self.late_binding and not importable(name):
-            if await self._available(lambda: self.store.steps.flow(name)) is None:
+            if await self._available(lambda: self.store.flows.get(name)) is None:
                 raise unknown(name)
         options = {k: v for k, v in spec.options.items() if k not in ("at_front", "depends_on")}
         extra, job_timeout = rq_options(**options)

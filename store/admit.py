@@ -26,7 +26,6 @@ from store.dag import Dag
 from store.db import Database
 from store.errors import ExecutionIdentityConflict, InvalidInput
 from store.journal import Journal, Kind, digest
-from store.queries import q
 from store.rows import run_row
 from store.types import (
     Created,
@@ -300,16 +299,13 @@ class Admission:
             "kind": Kind.CREATED,
             "source_id": self._db.source_id,
         }
-        # One connection for both statements: the open transaction's, else a pooled one.
-        async with self._db._statement() as conn:
-            try:
-                async with conn.pipeline():
-                    first = await conn.execute(q("admit.runs"), {"runs": Jsonb(runs)})
-                    second = await conn.execute(q("admit.created"), created)
-                inserted = {row["id"] for row in await first.fetchall()}
-                found = await second.fetchall()
-            except psycopg.Error as exc:
-                raise self._refused(exc) from exc
+        try:
+            first, found = await self._db.pipelined(
+                [("admit.runs", {"runs": Jsonb(runs)}), ("admit.created", created)]
+            )
+        except psycopg.Error as exc:
+            raise self._refused(exc) from exc
+        inserted = {row["id"] for row in first}
         return inserted, {row["id"]: run_row(row) for row in found}
 
     async def _joined(self, new: NewRun, state: dict[str, Any]) -> Joined:

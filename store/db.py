@@ -102,6 +102,20 @@ class Database:
                 if not cur.nextset():
                     return rows
 
+    async def pipelined(
+        self, statements: Sequence[tuple[str, dict[str, Any]]]
+    ) -> list[list[DictRow]]:
+        """Run named statements in one round trip (psycopg's pipeline mode) on one
+        connection, the open transaction's else a pooled one; each one's rows, in order.
+
+        Outside a transaction they are one implicit transaction (a single Sync ends the
+        pipeline): all commit or none do, with no BEGIN/COMMIT round trips.
+        """
+        async with self._statement() as conn:
+            async with conn.pipeline():
+                cursors = [await conn.execute(q(name), params) for name, params in statements]
+            return [await cur.fetchall() for cur in cursors]
+
     async def all(self, name: str, params: dict[str, Any] | None = None) -> list[DictRow]:
         async with self._statement() as conn:
             cur = await conn.execute(q(name), params or {})

@@ -14,7 +14,6 @@ from store.config import Settings
 from store.db import Database
 from store.errors import InvalidInput
 from store.journal import Journal, Kind, digest
-from store.registry import FlowRegistry, RegisteredFlow
 from store.rows import Row, owner_params
 from store.types import JsonValue, Owner
 
@@ -256,13 +255,3 @@ class Steps:
                 },
             )
             return True
-
-    async def register_flow(self, name: str, queue: str, signature: str | None) -> None:
-        """``FlowRegistry.register``. Deprecated: kept until ``worker/process.py`` calls
-        ``store.flows.register`` (and ``Store`` has ``flows``); remove it then."""
-        await FlowRegistry(self._db).register(name, queue, signature)
-
-    async def flow(self, name: str) -> RegisteredFlow | None:
-        """``FlowRegistry.get``. Deprecated: kept until ``broker/queue.py`` and
-        ``ops/cli/schedule.py`` call ``store.flows.get``; remove it then."""
-        return await FlowRegistry(self._db).get(name)

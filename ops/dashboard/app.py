@@ -27,7 +27,6 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from broker import AsyncQueue
-from broker.queue import RunNotFound as ProducerRunNotFound
 from ops.cli import common as c
 from ops.cli.runs import detail_view, list_view, tree_view
 from ops.dashboard import data, security, svg
@@ -101,8 +100,7 @@ def _answers(handler: Handler) -> Handler:
     async def wrapped(request: Request) -> Response:
         try:
             return await handler(request)
-        # ProducerRunNotFound: broker/queue.py's own copy, until it re-exports store.errors'.
-        except (RunNotFound, ProducerRunNotFound) as exc:
+        except RunNotFound as exc:
             return _problem(request, 404, str(exc))
         except ScopeDenied as exc:
             return _problem(request, 403, str(exc))

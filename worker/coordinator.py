@@ -74,8 +74,14 @@ class Coordinator:
             self._driver.decide_many(run_ids), name="decide-many"
         )
         self._batches.add(task)
-        task.add_done_callback(self._batches.discard)
+        task.add_done_callback(self._batch_done)
         return task
+
+    def _batch_done(self, task: asyncio.Task[dict[str, Decision]]) -> None:
+        self._batches.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # Each run of the batch is then decided alone by its own drive.
+            log.warning("run.batch_decide_failed", extra={"error": repr(task.exception())})
 
     async def _run(
         self,

@@ -129,7 +129,7 @@ class Driver:
             if batch is not None:
                 try:
                     decision = (await asyncio.shield(batch)).get(run_id)
-                except Exception:  # the batch's error is logged by whoever decides alone
+                except Exception:  # logged once by the coordinator (run.batch_decide_failed)
                     decision = None
             if decision is None:
                 row = await self.store.runs.get(run_id)

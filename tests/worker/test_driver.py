@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import pytest
+
 from broker.liveness import Probe
 from store import Store
 from store.config import Settings
@@ -116,3 +118,23 @@ async def _settled_once(store: Store, ids: list[str]) -> bool:
         if kinds.count("transitioned") != 1:
             return False
     return True
+
+
+async def test_a_failed_batch_decision_leaves_each_run_to_its_own_drive(
+    store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    driver = Driver(store, ME, settings)
+
+    async def broken(*_args: object, **_kwargs: object) -> None:
+        raise ConnectionError("the claim statement's connection dropped")
+
+    monkeypatch.setattr(store.runs, "claim_and_activate_many", broken)
+    coordinator = Coordinator(driver)
+    ids = [
+        (await create(store, f"b{i}", flow="tw.two_steps", payload={"args": [i]})).id
+        for i in range(3)
+    ]
+    assert coordinator.schedule_many([(run_id, None) for run_id in ids]) == 3
+    assert await coordinator.join(timeout=20)
+    rows = await store.runs.get_many(ids)
+    assert {r.status for r in rows} == {RunStatus.COMPLETED}, "each decided and run alone"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import re
 import socket
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -178,6 +179,8 @@ class Settings(BaseSettings):
 
     producer_retry_for: float = Field(default=10.0, ge=0)
     """Seconds a producer call retries a transient error before raising ``Unavailable``."""
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    """The worker's event loop: uvloop (libuv; where installed) or the standard one."""
     prepare_threshold: int | None = 5
     """psycopg's automatic prepared statements (executions before preparing); None turns
     them off, as a pooler in transaction mode without prepared-statement support needs."""

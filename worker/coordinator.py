@@ -60,6 +60,8 @@ class Coordinator:
             seen.add(run_id)
         if not fresh:
             return 0
+        if len(fresh) == 1:  # an idle worker's read: the one-run path is the shortest
+            return int(self.schedule(*fresh[0]))
         batch = self._decide_many([run_id for run_id, _ in fresh])
         for run_id, on_decided in fresh:
             self._active[run_id] = asyncio.create_task(

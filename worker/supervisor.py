@@ -63,18 +63,22 @@ def run_foreground(settings: Settings, options: WorkerOptions) -> None:
             loop.add_signal_handler(sig, on_stop)
         await worker.run()
 
-    run_loop(main())
+    run_loop(main(), settings.event_loop)
 
 
-def run_loop(main: Coroutine[Any, Any, None]) -> None:
+def run_loop(main: Coroutine[Any, Any, None], loop: str = "uvloop") -> None:
     """Run the worker on uvloop where it is installed (a declared dependency off Windows):
-    the hot path is socket I/O for many runs at once. Plain asyncio otherwise."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-        return
-    uvloop.run(main)
+    the hot path is socket I/O for many runs at once. Plain asyncio otherwise, or when
+    ``RUNFLEET_EVENT_LOOP=asyncio``."""
+    if loop == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            uvloop.run(main)
+            return
+    asyncio.run(main)
 
 
 def _child(settings_json: str, options: WorkerOptions, port: int | None) -> None:

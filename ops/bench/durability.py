@@ -16,6 +16,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from ops.bench.drain import durability
 from ops.bench.fleet_procs import Servers
@@ -34,6 +35,14 @@ class Target:
     full_page_writes: str
     owned: bool
     """Started by the bench with these settings (False: the user's server, untouched)."""
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "fsync": self.fsync,
+            "synchronous_commit": self.synchronous_commit,
+            "full_page_writes": self.full_page_writes,
+            "server_started_by_bench": self.owned,
+        }
 
     @property
     def label(self) -> str:

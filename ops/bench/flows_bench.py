@@ -83,12 +83,8 @@ class FsyncFlows:
         return self.runfleet.per_s / self.dbos.per_s if self.dbos else None
 
     def as_json(self) -> dict[str, Any]:
-        t = self.target
         return {
-            "fsync": t.fsync,
-            "synchronous_commit": t.synchronous_commit,
-            "full_page_writes": t.full_page_writes,
-            "server_started_by_bench": t.owned,
+            **self.target.as_json(),
             "runfleet": self.runfleet.as_json(),
             "dbos": self.dbos.as_json() if self.dbos else None,
             "dbos_polling_s": self.polling,

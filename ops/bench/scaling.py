@@ -68,12 +68,8 @@ class FsyncRow:
     drain: Drain
 
     def as_json(self) -> dict[str, Any]:
-        t = self.target
         return {
-            "fsync": t.fsync,
-            "synchronous_commit": t.synchronous_commit,
-            "full_page_writes": t.full_page_writes,
-            "server_started_by_bench": t.owned,
+            **self.target.as_json(),
             "drain": self.drain.as_json(),
         }
 

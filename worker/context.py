@@ -58,7 +58,7 @@ from worker.flows import function as resolve_function
 from worker.outcomes import Cause
 from worker.retry import durable_call, is_transient
 from worker.threads import in_thread
-from worker.wake_hints import ScheduleFn
+from worker.wake_hints import HintFn
 
 log = logging.getLogger("runfleet.flow")
 T = TypeVar("T")
@@ -84,7 +84,7 @@ class Context:
     epoch: int
     store: Store | None = None
     settings: Settings | None = None
-    schedule: ScheduleFn | None = None
+    hint: HintFn | None = None
     records: dict[int, StepRecord] = field(default_factory=dict)
     lease_ok: Callable[[], bool] | None = None
     """The process's local lease gate (monotonic, no I/O): False once the lease may have lapsed."""
@@ -540,6 +540,6 @@ class Context:
         )  # a retried create of the same id joins the run its first try admitted
         outcome = await self._durable("runs.create", lambda: self._store.runs.create(new))
         await self._record(position, key, name, kind, {"run_id": child_id})
-        if self.schedule is not None:
-            await self.schedule(outcome.row)
+        if self.hint is not None:
+            await self.hint(outcome.row)
         return child_id

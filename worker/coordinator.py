@@ -14,7 +14,7 @@ log = logging.getLogger("runfleet.worker.coordinator")
 class Coordinator:
     """Keyed scheduling of drives.
 
-    ``schedule`` starts a drive unless one is active for that run, in which case
+    ``drive`` starts a drive unless one is active for that run, in which case
     the wake is remembered and one more drive follows the current one — so a wake
     that arrives mid-drive is never lost, and a burst of wakes costs one drive.
     """
@@ -29,10 +29,7 @@ class Coordinator:
     def active(self) -> int:
         return len(self._active)
 
-    def is_active(self, run_id: str) -> bool:
-        return run_id in self._active
-
-    def schedule(self, run_id: str, on_decided: Callable[[], None] | None = None) -> bool:
+    def drive(self, run_id: str, on_decided: Callable[[], None] | None = None) -> bool:
         """Start (or coalesce into) a drive of ``run_id``; True if a new drive started."""
         if run_id in self._active:
             self._again.add(run_id)
@@ -44,8 +41,8 @@ class Coordinator:
         self.changed.set()
         return True
 
-    def schedule_many(self, items: Sequence[tuple[str, Callable[[], None] | None]]) -> int:
-        """``schedule`` for everything one stream read delivered; the runs not already in a
+    def drive_many(self, items: Sequence[tuple[str, Callable[[], None] | None]]) -> int:
+        """``drive`` for everything one stream read delivered; the runs not already in a
         drive are decided together (``Driver.decide_many``: one read, one claim statement).
         Returns how many new drives started."""
         fresh: list[tuple[str, Callable[[], None] | None]] = []
@@ -61,7 +58,7 @@ class Coordinator:
         if not fresh:
             return 0
         if len(fresh) == 1:  # an idle worker's read: the one-run path is the shortest
-            return int(self.schedule(*fresh[0]))
+            return int(self.drive(*fresh[0]))
         batch = self._decide_many([run_id for run_id, _ in fresh])
         for run_id, on_decided in fresh:
             self._active[run_id] = asyncio.create_task(

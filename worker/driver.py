@@ -48,7 +48,7 @@ from worker.rq_compat import call_rq_style, wants_rq_call
 from worker.settle import AnnounceFn, Settlement, error_of
 from worker.sync_context import SyncContext
 from worker.threads import in_thread
-from worker.wake_hints import ScheduleFn, WakeHints
+from worker.wake_hints import HintFn, WakeHints
 
 log = logging.getLogger("runfleet.worker.driver")
 
@@ -77,7 +77,7 @@ class Driver:
         *,
         probe: ProbeFn | None = None,
         on_settled: AnnounceFn | None = None,
-        schedule: ScheduleFn | None = None,
+        hint: HintFn | None = None,
         lease_ok: Callable[[], bool] | None = None,
     ) -> None:
         self.store = store
@@ -85,15 +85,15 @@ class Driver:
         self.settings = settings
         self._probe = probe
         self._on_settled = on_settled
-        self._schedule = schedule
+        self._hint = hint
         self.owned: dict[str, Execution] = {}
         self.executing: set[str] = set()
         """Runs whose body may still run here (a task or its thread not yet ended)."""
         self._lease_ok = lease_ok
         self.ladder = RefusalLadder.for_settings(settings)
-        self.settlement = Settlement(store, owner, schedule=schedule, announce=on_settled)
+        self.settlement = Settlement(store, owner, hint=hint, announce=on_settled)
         self.bookkeeping = Bookkeeping(store, owner)
-        self.wake_hints = WakeHints(schedule)
+        self.wake_hints = WakeHints(hint)
         self._warned_unknown: set[str] = set()
 
     def running_user_code(self) -> int:
@@ -391,7 +391,7 @@ class Driver:
             epoch=row.epoch,
             store=self.store,
             settings=self.settings,
-            schedule=self._schedule,
+            hint=self._hint,
             lease_ok=self._lease_ok,
             bookkeeping=self.bookkeeping,
         )
@@ -534,6 +534,6 @@ class Driver:
             return False
         metrics.RELEASES.labels(cause).inc()
         log.info("run.released", extra={"run_id": row.id, "cause": cause})
-        if self._schedule is not None:
-            await self._schedule(row)
+        if self._hint is not None:
+            await self._hint(row)
         return True

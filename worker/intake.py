@@ -101,7 +101,7 @@ class Intake:
                 backoff = min(backoff * 2, 5.0)
                 await self._regroup()
                 continue
-            coordinator.schedule_many([(d.message.run, self._acker(d)) for d in deliveries])
+            coordinator.drive_many([(d.message.run, self._acker(d)) for d in deliveries])
 
     def _acker(self, delivery: Delivery) -> Callable[[], None]:
         """Acknowledge ``delivery`` once its drive has decided (``Outbox``: pipelined)."""
@@ -129,7 +129,7 @@ class Intake:
             and row.status in (RunStatus.PENDING, RunStatus.SUSPENDED)
         }
         for run_id in closing:
-            self._coordinator.schedule(run_id)
+            self._coordinator.drive(run_id)
         rows = [row for row in rows if row.id not in closing]
         if not rows:
             return
@@ -143,5 +143,5 @@ class Intake:
         for row in rows:
             if free <= 0:
                 break
-            if row.queue in self._queues and self._coordinator.schedule(row.id):
+            if row.queue in self._queues and self._coordinator.drive(row.id):
                 free -= 1

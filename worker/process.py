@@ -161,7 +161,7 @@ class Worker:
             settings,
             probe=self.liveness.probe,
             on_settled=self.outbox.settled,
-            schedule=self.outbox.hint,
+            hint=self.outbox.hint,
             lease_ok=gate.open,
         )
         self.coordinator = Coordinator(driver)

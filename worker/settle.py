@@ -37,7 +37,7 @@ from worker.durable import Handoff
 from worker.flows import function as compensation
 from worker.flows import resolve
 from worker.retry import with_retry
-from worker.wake_hints import ScheduleFn
+from worker.wake_hints import HintFn
 
 log = logging.getLogger("runfleet.worker.settle")
 AnnounceFn = Callable[[str, str], Awaitable[None]]
@@ -78,13 +78,13 @@ class Settlement:
         store: Store,
         owner: Owner,
         *,
-        schedule: ScheduleFn | None,
+        hint: HintFn | None,
         announce: AnnounceFn | None,
         group_commit: bool = True,
     ) -> None:
         self._store = store
         self._owner = owner
-        self._schedule = schedule
+        self._hint = hint
         self._announce = announce
         self._batch: GroupCommit[Settle, TransitionOutcome] | None = (
             GroupCommit(self._settle_many, name="settle", isolate=(UnstorableValue,))
@@ -197,15 +197,15 @@ class Settlement:
         it is running (and reads the deferred when it waits) or still waits on others."""
         if self._announce is not None:
             await self._announce(row.id, status.value)
-        if self._schedule is None:
+        if self._hint is None:
             return
         for parent in moved.woke:  # as the waking statement left them: nothing to re-read
-            await self._schedule(parent)
+            await self._hint(parent)
         if not moved.cascaded:
             return
         for other in await self._store.runs.get_many(list(moved.cascaded)):
             if not other.status.terminal:
-                await self._schedule(other)
+                await self._hint(other)
 
     async def cancelled(self, row: RunRow, epoch: int) -> None:
         """Close a run cancelled: compensations of completed steps in reverse, then the CAS."""
@@ -324,8 +324,8 @@ class Settlement:
             )
             return
         await self._after(row, epoch, RunStatus.COMPLETED, done.outcome)
-        if done.successor is not None and self._schedule is not None:
-            await self._schedule(done.successor)
+        if done.successor is not None and self._hint is not None:
+            await self._hint(done.successor)
 
 
 def _successor_deadline(handoff: Handoff, flow_name: str) -> tuple[int | None, int | None]:

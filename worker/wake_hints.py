@@ -25,15 +25,15 @@ HORIZON_S = 60.0
 MARGIN_S = 0.01
 """Fire this much after the due time, so the database clock has passed it too."""
 
-ScheduleFn = Callable[[RunRow], Awaitable[None]]
+HintFn = Callable[[RunRow], Awaitable[None]]
 """Hint that a run can move (released, a child admitted, a parent woken, a timer due):
-``Worker._schedule`` publishes a stream message a worker claims it from. Only a hint —
+``Outbox.hint`` publishes a stream message a worker claims it from. Only a hint —
 the sweeps find the run anyway if it is lost. Defined once for the driver, the
 settlement, the context and the wake hints."""
 
 
 class WakeHints:
-    def __init__(self, wake: ScheduleFn | None) -> None:
+    def __init__(self, wake: HintFn | None) -> None:
         self._wake = wake
         self._tasks: set[asyncio.Task[None]] = set()
 

@@ -164,10 +164,10 @@ class _BlockingDriver:
 async def test_wakes_for_a_run_in_a_drive_coalesce_into_one_more_drive() -> None:
     stub = _BlockingDriver()
     coordinator = Coordinator(stub)  # type: ignore[arg-type]
-    assert coordinator.schedule("r") is True
+    assert coordinator.drive("r") is True
     for _ in range(10):  # a burst of wakes while the first drive is in progress
-        assert coordinator.schedule("r") is False
-    assert coordinator.schedule("other") is True
+        assert coordinator.drive("r") is False
+    assert coordinator.drive("other") is True
     stub.go.set()
     assert await coordinator.join(timeout=5)
     assert stub.drives == 3, "r: the drive in progress plus ONE more; other: one"
@@ -183,13 +183,13 @@ async def test_a_read_batch_coalesces_duplicates_and_runs_already_in_a_drive() -
 
     stub.decide_many = decide_many  # type: ignore[attr-defined]
     coordinator = Coordinator(stub)  # type: ignore[arg-type]
-    assert coordinator.schedule("busy") is True
+    assert coordinator.drive("busy") is True
     acked: list[str] = []
 
     def acker(run_id: str) -> Callable[[], None]:
         return lambda: acked.append(run_id)
 
-    started = coordinator.schedule_many(
+    started = coordinator.drive_many(
         [(run_id, acker(run_id)) for run_id in ("a", "busy", "b", "a")]
     )
     assert started == 2, "a and b start; busy and the second a coalesce"

@@ -39,7 +39,7 @@ from worker.settle import Settlement
 
 
 def settlement(store: Store) -> Settlement:
-    return Settlement(store, OWNER_A, schedule=None, announce=None)
+    return Settlement(store, OWNER_A, hint=None, announce=None)
 
 
 async def handed_off(store: Store, row: RunRow, to: Handoff, max_rounds: int | None = 10) -> RunRow:

@@ -7,6 +7,8 @@ fail here — the case where the lease does not end the retrying by itself.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import psycopg.errors as pg
 import pytest
 
@@ -14,6 +16,7 @@ import tests.chaos.flows as cf
 import worker.retry as worker_retry
 from broker import AsyncQueue
 from store import Store
+from store.steps import StepWrite
 from store.types import RunStatus
 from tests.support.polling import until
 from worker.process import Worker
@@ -24,14 +27,14 @@ async def test_bookkeeping_that_gives_up_releases_the_run_instead_of_failing_it(
 ) -> None:
     monkeypatch.setattr(worker_retry, "DURABLE_GIVE_UP_S", 0.5)
     steps = worker.store.steps
-    real_record = steps.record
+    real_record = steps.record_many
     calls: list[str] = []
 
-    async def failing_record(*args: object, **kwargs: object) -> object:
-        calls.append(str(kwargs.get("key")))
+    async def failing_record(_me: object, writes: Sequence[StepWrite]) -> object:
+        calls.extend(write.key for write in writes)
         raise pg.AdminShutdown("terminating connection due to administrator command")
 
-    monkeypatch.setattr(steps, "record", failing_record)
+    monkeypatch.setattr(steps, "record_many", failing_record)
     run = await queue.enqueue(cf.two_steps, "t")
 
     async def released() -> bool:
@@ -46,6 +49,6 @@ async def test_bookkeeping_that_gives_up_releases_the_run_instead_of_failing_it(
     await until(released, 15, "the run to be released for its failing bookkeeping")
     assert len(calls) > 2, "the record was not retried before giving up"
     assert (await run.get_status()) is not RunStatus.FAILED
-    monkeypatch.setattr(steps, "record", real_record)
+    monkeypatch.setattr(steps, "record_many", real_record)
     assert await run.result(timeout=20) == ["t-a", "t-b"]
     assert await store.stats.settled_more_than_once() == {}

@@ -6,7 +6,8 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
-from worker.driver import Decision, Driver
+from worker.driver import Driver
+from worker.outcomes import Decision
 
 log = logging.getLogger("runfleet.worker.coordinator")
 

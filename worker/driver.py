@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
-from broker.liveness import Probe
 from store import Kind, Store
 from store.config import Settings
 from store.errors import UnknownFlow
@@ -25,15 +24,12 @@ from store.runs import fresh_admission
 from store.types import (
     Activated,
     ActivateOutcome,
-    ClaimRecovered,
-    LeaseFresh,
     NotFound,
     Owner,
     Parked,
     RunRow,
     RunStatus,
     SnapshotChanged,
-    Stolen,
     WaitingReason,
 )
 from worker import metrics
@@ -42,21 +38,16 @@ from worker.context import Context, Interrupted
 from worker.durable import Suspended
 from worker.evidence import RefusalLadder, journal_evidence
 from worker.flows import Flow, resolve
-from worker.outcomes import Cause, DriveOutcome
+from worker.outcomes import Cause, Decision, DriveOutcome
 from worker.retry import is_transient, with_retry
 from worker.rq_compat import call_rq_style, wants_rq_call
 from worker.settle import AnnounceFn, Settlement, error_of
 from worker.sync_context import SyncContext
+from worker.takeover import ProbeFn, Takeover
 from worker.threads import in_thread
 from worker.wake_hints import HintFn, WakeHints
 
 log = logging.getLogger("runfleet.worker.driver")
-
-Decision = tuple[DriveOutcome, "tuple[RunRow, Flow | None] | None"]
-"""A drive's decision: its outcome word, and the run to execute if it was activated."""
-ProbeFn = Callable[[Owner, int | None], Awaitable[Probe]]
-"""(owner, the row's last heartbeat or claim time in database ms) -> what vouches for it."""
-UNKNOWN_PROBE = Probe(verdict="unknown", evidence="lease-expired")
 
 
 @dataclass
@@ -83,18 +74,22 @@ class Driver:
         self.store = store
         self.owner = owner
         self.settings = settings
-        self._probe = probe
         self._on_settled = on_settled
         self._hint = hint
         self.owned: dict[str, Execution] = {}
         self.executing: set[str] = set()
         """Runs whose body may still run here (a task or its thread not yet ended)."""
         self._lease_ok = lease_ok
-        self.ladder = RefusalLadder.for_settings(settings)
+        self.takeover = Takeover(store, owner, settings, probe)
         self.settlement = Settlement(store, owner, hint=hint, announce=on_settled)
         self.bookkeeping = Bookkeeping(store, owner)
         self.wake_hints = WakeHints(hint)
         self._warned_unknown: set[str] = set()
+
+    @property
+    def ladder(self) -> RefusalLadder:
+        """When a vouched-for owner's lease is probed again (``Takeover``)."""
+        return self.takeover.ladder
 
     def running_user_code(self) -> int:
         """How many run bodies may be executing user code now (read by the watchdog thread).
@@ -194,7 +189,9 @@ class Driver:
         if flow is None and row.cancel_requested_at_ms is None:
             return DriveOutcome.UNKNOWN_FLOW, None
         if row.status is RunStatus.RUNNING:
-            return await self._maybe_steal(row, flow)
+            if row.owner == self.owner and row.id in self.owned:
+                return DriveOutcome.ALREADY_OWNED, None
+            return await self.takeover.steal(row, flow)
         return await self._claim(row, flow)
 
     def _flow(self, row: RunRow) -> Flow | None:
@@ -221,7 +218,7 @@ class Driver:
                 return DriveOutcome.NOT_FOUND, None
             row = fresh
         if row.claim is not None:
-            recovered = await self._stranded_claim(row)
+            recovered = await self.takeover.stranded_claim(row)
             if recovered != DriveOutcome.CLAIM_RECOVERED:
                 return recovered, None
             fresh = await self.store.runs.get(row.id)  # claim it in this same drive
@@ -274,113 +271,6 @@ class Driver:
                 return waiting.wake_at_ms is not None and waiting.wake_at_ms <= row.now_ms
             case _:
                 assert_never(waiting.reason)
-
-    async def _stranded_claim(self, row: RunRow) -> DriveOutcome:
-        assert row.claim is not None and row.claimed_at_ms is not None
-        if row.now_ms - row.claimed_at_ms <= self.settings.stale_after_ms:
-            return DriveOutcome.CLAIM_PENDING
-        probe = await self._probe_owner(row.claim, row.claimed_at_ms)
-        if probe.vouches:
-            return DriveOutcome.CLAIMANT_ALIVE
-        match await self.store.runs.recover_claim(
-            row.id,
-            row.claim,
-            row.claimed_at_ms,
-            {"probe": probe.evidence, "probe_detail": dict(probe.detail)},
-        ):
-            case ClaimRecovered():
-                return DriveOutcome.CLAIM_RECOVERED
-            case _:
-                return DriveOutcome.CLAIM_LOST
-
-    async def _maybe_steal(self, row: RunRow, flow: Flow | None) -> Decision:
-        owner, heartbeat = row.owner, row.heartbeat_at_ms
-        assert owner is not None and heartbeat is not None
-        if owner == self.owner and row.id in self.owned:
-            return DriveOutcome.ALREADY_OWNED, None
-        if row.now_ms - heartbeat <= self.settings.stale_after_ms:
-            if owner != self.owner:
-                # The lease alone refuses (no probe is asked), journaled once per lease
-                # so an operator whose wake did nothing sees a live owner was in the way.
-                await self._refused(row.id, owner, heartbeat, "lease-fresh")
-            return DriveOutcome.HEARTBEAT_FRESH, None
-        if owner == self.owner:
-            # Ours, but no drive holds it (its settlement or release gave up after an
-            # outage): nobody renews it, and every other worker's probe vouches for us.
-            # Take it back through the same fenced steal, with the epoch bumped.
-            probe = Probe(verdict="dead", evidence="self-orphaned", detail={"pid": owner.pid})
-        elif not self.ladder.due(row.id, heartbeat):
-            return DriveOutcome.STEAL_BACKOFF, None
-        else:
-            probe = await self._probe_owner(owner, heartbeat)
-        if probe.vouches:
-            self.ladder.refused(row.id, heartbeat)
-            await self._refused(row.id, owner, heartbeat, "probe", probe=probe.evidence)
-            return DriveOutcome.STEAL_REFUSED_OWNER_ALIVE, None
-        evidence = {
-            "probe": probe.evidence,
-            "observer": self.owner.key,
-            "probe_detail": dict(probe.detail),
-        }
-        match await self.store.runs.steal(row.id, row.snapshot, self.owner, evidence):
-            case Stolen(row=stolen):
-                self.ladder.forget(row.id)
-                metrics.STEALS.labels(probe.evidence).inc()
-                log.info(
-                    "run.stolen",
-                    extra={"run_id": row.id, "previous": owner.key, "evidence": probe.evidence},
-                )
-                return DriveOutcome.STOLEN, (stolen, flow)
-            case LeaseFresh(current=current):
-                await self._refused(row.id, owner, current.heartbeat_at_ms, "lease-fresh")
-                return DriveOutcome.HEARTBEAT_FRESH, None
-            case SnapshotChanged(current=current):
-                await journal_evidence(
-                    self.store,
-                    row.id,
-                    Kind.ACTIVATION_LOST,
-                    owner,
-                    heartbeat,
-                    {
-                        "observer": self.owner.key,
-                        "outcome": "snapshot-changed",
-                        "expected_epoch": row.epoch,
-                    },
-                )
-                return DriveOutcome.ACTIVATION_LOST, None
-            case NotFound():
-                return DriveOutcome.NOT_FOUND, None
-
-    async def _refused(
-        self,
-        run_id: str,
-        owner: Owner,
-        heartbeat_at_ms: int | None,
-        evidence: str,
-        *,
-        probe: str | None = None,
-    ) -> None:
-        """Journal a refused takeover once per (run, owner, lease, evidence, observer)."""
-        payload: dict[str, Any] = {
-            "evidence": evidence,
-            "observer": self.owner.key,
-            "heartbeat_at_ms": heartbeat_at_ms,
-        }
-        if probe is not None:
-            payload["probe"] = probe
-        await journal_evidence(
-            self.store, run_id, Kind.STEAL_REFUSED_OWNER_ALIVE, owner, heartbeat_at_ms, payload
-        )
-
-    async def _probe_owner(self, owner: Owner, heartbeat_at_ms: int) -> Probe:
-        """The probe's answer for ``owner``'s lease last confirmed at ``heartbeat_at_ms``."""
-        if self._probe is None:
-            return UNKNOWN_PROBE
-        try:
-            return await self._probe(owner, heartbeat_at_ms)
-        except Exception:  # the probe is a witness, not a judge: no answer is "unknown"
-            log.exception("probe.failed", extra={"owner": owner.key})
-            return UNKNOWN_PROBE
 
     # ---- execute -----------------------------------------------------------
 

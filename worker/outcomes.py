@@ -7,6 +7,11 @@ records carry, and mypy proves every ``match`` over them handles every case.
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING, TypeAlias
+
+if TYPE_CHECKING:
+    from store.types import RunRow
+    from worker.flows import Flow
 
 
 class DriveOutcome(enum.StrEnum):
@@ -60,3 +65,7 @@ class Cause(enum.StrEnum):
     """The drive itself failed after activation: the run is handed back at once."""
     INFRA_UNAVAILABLE = "infra-unavailable"
     """runfleet's own store call gave up (an outage, not the flow): handed back."""
+
+
+Decision: TypeAlias = "tuple[DriveOutcome, tuple[RunRow, Flow | None] | None]"
+"""A drive's decision: its outcome word, and the run to execute if it was activated."""

@@ -1,0 +1,145 @@
+"""Taking over a run another process holds: the steal of a stale lease and the recovery of a
+stranded claim, each decided by database time and a liveness probe, with the evidence
+journaled (once per lease, observer and evidence) whether the takeover happens or not.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from broker.liveness import Probe
+from store import Kind, Store
+from store.config import Settings
+from store.types import ClaimRecovered, LeaseFresh, NotFound, Owner, RunRow, SnapshotChanged, Stolen
+from worker import metrics
+from worker.evidence import RefusalLadder, journal_evidence
+from worker.flows import Flow
+from worker.outcomes import Decision, DriveOutcome
+
+log = logging.getLogger("runfleet.worker.takeover")
+
+ProbeFn = Callable[[Owner, int | None], Awaitable[Probe]]
+"""(owner, the row's last heartbeat or claim time in database ms) -> what vouches for it."""
+UNKNOWN_PROBE = Probe(verdict="unknown", evidence="lease-expired")
+
+
+class Takeover:
+    def __init__(
+        self, store: Store, owner: Owner, settings: Settings, probe: ProbeFn | None
+    ) -> None:
+        self._store = store
+        self._owner = owner
+        self._settings = settings
+        self._probe = probe
+        self.ladder = RefusalLadder.for_settings(settings)
+        """Per (run, lease): when a vouched-for owner is probed again."""
+
+    async def stranded_claim(self, row: RunRow) -> DriveOutcome:
+        """A claim nobody activated: left while recent or vouched for, else cleared."""
+        assert row.claim is not None and row.claimed_at_ms is not None
+        if row.now_ms - row.claimed_at_ms <= self._settings.stale_after_ms:
+            return DriveOutcome.CLAIM_PENDING
+        probe = await self._probe_owner(row.claim, row.claimed_at_ms)
+        if probe.vouches:
+            return DriveOutcome.CLAIMANT_ALIVE
+        match await self._store.runs.recover_claim(
+            row.id,
+            row.claim,
+            row.claimed_at_ms,
+            {"probe": probe.evidence, "probe_detail": dict(probe.detail)},
+        ):
+            case ClaimRecovered():
+                return DriveOutcome.CLAIM_RECOVERED
+            case _:
+                return DriveOutcome.CLAIM_LOST
+
+    async def steal(self, row: RunRow, flow: Flow | None) -> Decision:
+        """A running row no drive of this process holds: take it over if its lease is stale
+        by database time and no witness vouches for its owner, journaling the evidence."""
+        owner, heartbeat = row.owner, row.heartbeat_at_ms
+        assert owner is not None and heartbeat is not None
+        if row.now_ms - heartbeat <= self._settings.stale_after_ms:
+            if owner != self._owner:
+                # The lease alone refuses (no probe is asked), journaled once per lease
+                # so an operator whose wake did nothing sees a live owner was in the way.
+                await self.refused(row.id, owner, heartbeat, "lease-fresh")
+            return DriveOutcome.HEARTBEAT_FRESH, None
+        if owner == self._owner:
+            # Ours, but no drive holds it (its settlement or release gave up after an
+            # outage): nobody renews it, and every other worker's probe vouches for us.
+            # Take it back through the same fenced steal, with the epoch bumped.
+            probe = Probe(verdict="dead", evidence="self-orphaned", detail={"pid": owner.pid})
+        elif not self.ladder.due(row.id, heartbeat):
+            return DriveOutcome.STEAL_BACKOFF, None
+        else:
+            probe = await self._probe_owner(owner, heartbeat)
+        if probe.vouches:
+            self.ladder.refused(row.id, heartbeat)
+            await self.refused(row.id, owner, heartbeat, "probe", probe=probe.evidence)
+            return DriveOutcome.STEAL_REFUSED_OWNER_ALIVE, None
+        evidence = {
+            "probe": probe.evidence,
+            "observer": self._owner.key,
+            "probe_detail": dict(probe.detail),
+        }
+        match await self._store.runs.steal(row.id, row.snapshot, self._owner, evidence):
+            case Stolen(row=stolen):
+                self.ladder.forget(row.id)
+                metrics.STEALS.labels(probe.evidence).inc()
+                log.info(
+                    "run.stolen",
+                    extra={"run_id": row.id, "previous": owner.key, "evidence": probe.evidence},
+                )
+                return DriveOutcome.STOLEN, (stolen, flow)
+            case LeaseFresh(current=current):
+                await self.refused(row.id, owner, current.heartbeat_at_ms, "lease-fresh")
+                return DriveOutcome.HEARTBEAT_FRESH, None
+            case SnapshotChanged(current=current):
+                await journal_evidence(
+                    self._store,
+                    row.id,
+                    Kind.ACTIVATION_LOST,
+                    owner,
+                    heartbeat,
+                    {
+                        "observer": self._owner.key,
+                        "outcome": "snapshot-changed",
+                        "expected_epoch": row.epoch,
+                    },
+                )
+                return DriveOutcome.ACTIVATION_LOST, None
+            case NotFound():
+                return DriveOutcome.NOT_FOUND, None
+
+    async def refused(
+        self,
+        run_id: str,
+        owner: Owner,
+        heartbeat_at_ms: int | None,
+        evidence: str,
+        *,
+        probe: str | None = None,
+    ) -> None:
+        """Journal a refused takeover once per (run, owner, lease, evidence, observer)."""
+        payload: dict[str, Any] = {
+            "evidence": evidence,
+            "observer": self._owner.key,
+            "heartbeat_at_ms": heartbeat_at_ms,
+        }
+        if probe is not None:
+            payload["probe"] = probe
+        await journal_evidence(
+            self._store, run_id, Kind.STEAL_REFUSED_OWNER_ALIVE, owner, heartbeat_at_ms, payload
+        )
+
+    async def _probe_owner(self, owner: Owner, heartbeat_at_ms: int) -> Probe:
+        """The probe's answer for ``owner``'s lease last confirmed at ``heartbeat_at_ms``."""
+        if self._probe is None:
+            return UNKNOWN_PROBE
+        try:
+            return await self._probe(owner, heartbeat_at_ms)
+        except Exception:  # the probe is a witness, not a judge: no answer is "unknown"
+            log.exception("probe.failed", extra={"owner": owner.key})
+            return UNKNOWN_PROBE

@@ -199,24 +199,28 @@ class Lifecycle:
             return []
         if len({item.run_id for item in items}) != len(items):
             raise InvalidInput("items", "a batch settles each run once")
-        encoded = []
-        for item in items:
-            status = validate.status(item.status, "status")
+        statuses = [validate.status(item.status, "status") for item in items]
+        for status in statuses:
             if not status.terminal:
                 raise InvalidInput("status", f"settle_many settles runs, not {status}")
-            patch, result, payload = self._encode(item.epoch, status, item.patch, item.record)
-            encoded.append((item, status, patch, result, payload))
+        patches, results, payloads = zip(
+            *(
+                self._encode(item.epoch, status, item.patch, item.record)
+                for item, status in zip(items, statuses, strict=True)
+            ),
+            strict=True,
+        )
         params = {
-            "ids": [item.run_id for item, *_ in encoded],
-            "epochs": [item.epoch for item, *_ in encoded],
-            "statuses": [status.value for _, status, *_ in encoded],
-            "patches": [Jsonb(patch) for _, _, patch, _, _ in encoded],
-            "results": [result for *_, result, _ in encoded],
-            "guards": [item.guard for item, *_ in encoded],
-            "kinds": [item.kind for item, *_ in encoded],
-            "seqs": [self._db.next_source_seq() for _ in encoded],
-            "payloads": [Jsonb(payload) for *_, payload in encoded],
-            "digests": [digest(payload) for *_, payload in encoded],
+            "ids": [item.run_id for item in items],
+            "epochs": [item.epoch for item in items],
+            "statuses": [status.value for status in statuses],
+            "patches": [Jsonb(patch) for patch in patches],
+            "results": list(results),
+            "guards": [item.guard for item in items],
+            "kinds": [item.kind for item in items],
+            "seqs": [self._db.next_source_seq() for _ in items],
+            "payloads": [Jsonb(payload) for payload in payloads],
+            "digests": [digest(payload) for payload in payloads],
             "source_id": self._db.source_id,
             **owner_params(me),
         }

@@ -162,9 +162,12 @@ class Runs(Admission):
             },
         )
         outcomes: dict[str, ActivateOutcome] = {r["id"]: Activated(run_row(r)) for r in found}
-        for row in rows:
-            if row.id not in outcomes:
-                outcomes[row.id] = await self._changed_or_missing(row.id)
+        lost = [row.id for row in rows if row.id not in outcomes]
+        if lost:  # what each loser lost to, in one read
+            current = {row.id: row for row in await self.get_many(lost)}
+            for run_id in lost:
+                now = current.get(run_id)
+                outcomes[run_id] = SnapshotChanged(now) if now else NotFound(run_id)
         return outcomes
 
     async def steal(

@@ -20,6 +20,7 @@ from psycopg.rows import DictRow, dict_row
 from store import validate
 from store.errors import InvalidInput, RunfleetError
 from store.queries import q
+from store.transient import retrying
 
 
 class GroupRole(StrEnum):
@@ -80,12 +81,20 @@ async def _connect(url: str) -> psycopg.AsyncConnection[DictRow]:
     return await psycopg.AsyncConnection.connect(url, autocommit=True, row_factory=dict_row)
 
 
+APPLY_GIVE_UP_S = 30.0
+"""How long ``apply_privileges`` retries a deadlock or a lost connection."""
+
+
 async def apply_privileges(url: str, members: dict[str, GroupRole] | None = None) -> None:
     """Grant each group role exactly its documented privileges, and add login members.
 
-    All in one transaction: a half-applied privilege set is never visible.
+    All in one transaction: a half-applied privilege set is never visible. The first
+    apply moves each table's owner, which locks it; against a live fleet that can lose
+    a deadlock (Postgres rolls the whole transaction back), so a transient failure is
+    retried: the transaction is idempotent.
     """
-    try:
+
+    async def apply() -> None:
         async with await _connect(url) as conn, conn.transaction():
             await conn.execute(privileges_sql().encode())
             for login, group in (members or {}).items():
@@ -93,6 +102,9 @@ async def apply_privileges(url: str, members: dict[str, GroupRole] | None = None
                     group=sql.Identifier(group.value), member=sql.Identifier(login)
                 )
                 await conn.execute(statement)
+
+    try:
+        await retrying(apply, give_up_after=APPLY_GIVE_UP_S)
     except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedObject) as exc:
         raise _refused(exc) from exc
 

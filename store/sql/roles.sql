@@ -14,6 +14,10 @@
 -- revoked and granted afresh, so a privilege removed from this file is removed from
 -- the database too. Table lists are explicit for the scoped roles (least privilege);
 -- the worker gets every table but `grants`.
+-- Only what runfleet_migrator does not own yet changes owner: ALTER TABLE ... OWNER takes
+-- an ACCESS EXCLUSIVE lock on each table in turn, and a live fleet writing two of those
+-- tables in one transaction would deadlock with it. Once owned, re-applying takes no
+-- table lock (GRANT and REVOKE do not lock the tables they name).
 DO $$
 DECLARE
     obj record;
@@ -25,13 +29,15 @@ BEGIN
         SELECT c.relkind, c.relname FROM pg_class c
           JOIN pg_namespace n ON n.oid = c.relnamespace
          WHERE n.nspname = 'runfleet' AND c.relkind IN ('r', 'p', 'v', 'm')
+           AND c.relowner <> 'runfleet_migrator'::regrole
+         ORDER BY c.relname
     LOOP
         EXECUTE format('ALTER TABLE runfleet.%I OWNER TO runfleet_migrator', obj.relname);
     END LOOP;
     FOR obj IN
         SELECT p.oid::regprocedure AS fn FROM pg_proc p
           JOIN pg_namespace n ON n.oid = p.pronamespace
-         WHERE n.nspname = 'runfleet'
+         WHERE n.nspname = 'runfleet' AND p.proowner <> 'runfleet_migrator'::regrole
     LOOP
         EXECUTE format('ALTER FUNCTION %s OWNER TO runfleet_migrator', obj.fn);
     END LOOP;

@@ -2,8 +2,11 @@
 
 Admission is one Postgres round trip (run row + ``created`` record, one implicit
 transaction: ``store.admit``), then one pipelined stream write; concurrent ``enqueue``
-calls share both (``broker.group``). The message is only a hint: if Redis fails after
-the commit the run is still durable and the lost-wake sweep schedules it. Every
+calls share both (``broker.batching``). The message is only a hint: if Redis fails after
+the commit the run is still durable and the lost-wake sweep schedules it. So a single
+``enqueue`` returns at the commit, its durable point, and its stream message follows in
+the background (coalesced with the next ones; ``close`` sends what is left), where
+``enqueue_many`` waits for its one pipeline. Every
 Postgres call a producer makes retries transient errors (``store.transient``) for
 ``RUNFLEET_PRODUCER_RETRY_FOR`` seconds, then raises ``Unavailable`` naming the service.
 ``Queue`` runs the same ``AsyncQueue`` code on a private event-loop thread, so the two
@@ -13,11 +16,12 @@ the producer's scopes cover the run's.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -34,9 +38,9 @@ from broker.admission import (
     split_rq_call,
     unknown,
 )
+from broker.batching import Coalesce, GroupCommit
 from broker.client import connect
 from broker.codec import message_for
-from broker.group import GroupCommit
 from broker.notify import Notifier
 from broker.streams import Lane, Streams, lane_for
 from broker.trust import producer_run_id, producer_scopes
@@ -160,6 +164,14 @@ def _outcome(row: RunRow) -> Any:
     raise RunFailed(row.id, row.error)
 
 
+ADMIT_GROUP = 500
+"""The most concurrent single enqueues one admission round trip carries."""
+
+
+def _lane(front: bool) -> Lane:
+    return Lane.RECOVERY if front else Lane.NORMAL
+
+
 class AsyncQueue:
     """Admit runs to one queue from asyncio code."""
 
@@ -183,7 +195,19 @@ class AsyncQueue:
         self.scopes = producer_scopes(scopes)
         self._store: Store | None = None
         self._redis: Redis | None = None
-        self._group: GroupCommit[NewRun, AsyncRun] = GroupCommit(self._admit_each)
+        # One batch per stream lane (rq's at_front runs go to the recovery lane).
+        self._groups: dict[Lane, GroupCommit[NewRun, AsyncRun]] = {
+            lane: GroupCommit(
+                functools.partial(self._admit_each, lane=lane),
+                max_items=ADMIT_GROUP,
+                name=f"enqueue:{lane.value}",
+            )
+            for lane in Lane
+        }
+        self._hints: dict[Lane, Coalesce[RunRow]] = {
+            lane: Coalesce(functools.partial(self._publish_ready, lane=lane), name="hints")
+            for lane in Lane
+        }
 
     async def connect(self) -> AsyncQueue:
         if self._store is None:
@@ -202,7 +226,10 @@ class AsyncQueue:
         return self
 
     async def close(self) -> None:
-        await self._group.drain()  # enqueues in flight finish on the store they began on
+        for group in self._groups.values():
+            await group.drain()  # enqueues in flight finish on the store they began on
+        for hints in self._hints.values():
+            await hints.drain()  # their stream messages go out before Redis closes
         if self._store is not None:
             await self._store.close()
             self._store = None
@@ -281,13 +308,15 @@ class AsyncQueue:
             extra=extra,
         )
 
-    async def _admit(self, news: list[NewRun], *, front: bool = False) -> list[AsyncRun]:
+    async def _admit(self, news: list[NewRun], lane: Lane) -> list[AsyncRun]:
         # Run ids are fixed before the first try: a retry joins what an unseen commit admitted.
         rows = await self._available(lambda: self.store.runs.create_many(news))
-        await self._publish_ready([o.row for o in rows], front=front)
+        await self._publish_ready([o.row for o in rows], lane=lane)
         return [AsyncRun(self, o.row.id) for o in rows]
 
-    async def _admit_each(self, news: list[NewRun], front: Hashable) -> list[AsyncRun | Exception]:
+    async def _admit_each(
+        self, news: Sequence[NewRun], *, lane: Lane
+    ) -> list[AsyncRun | Exception]:
         """One group-commit batch of single enqueues: each caller its own run or error.
 
         Run ids are fixed before the first try, so a retry joins what an unseen commit
@@ -303,8 +332,9 @@ class AsyncQueue:
             if len(news) == 1:
                 raise
             outcomes = [await self._admit_alone(new) for new in news]
-        rows = [o.row for o in outcomes if not isinstance(o, Exception)]
-        await self._publish_ready(rows, front=bool(front))
+        for outcome in outcomes:
+            if not isinstance(outcome, Exception):
+                self._hints[lane].add(outcome.row)
         return [o if isinstance(o, Exception) else AsyncRun(self, o.row.id) for o in outcomes]
 
     async def _admit_alone(self, new: NewRun) -> CreateOutcome | Exception:
@@ -313,14 +343,15 @@ class AsyncQueue:
         except Exception as exc:
             return exc
 
-    async def _publish_ready(self, rows: list[RunRow], *, front: bool = False) -> None:
-        """One stream message per admitted run that may start now (a hint: never fails)."""
+    async def _publish_ready(self, rows: list[RunRow], *, lane: Lane) -> None:
+        """One stream message per admitted run that may start now (a hint: never fails);
+        rq's at_front runs go to the recovery lane, read before any backlog."""
         ready = [row for row in rows if row.status is RunStatus.PENDING and row.waiting is None]
         messages = [
             (row.queue, message_for(row.id, row.flow, "enqueue", "schedule")) for row in ready
         ]
-        try:  # rq's at_front: the recovery lane is read before any backlog
-            await self.streams.publish_many(messages, Lane.RECOVERY if front else Lane.NORMAL)
+        try:
+            await self.streams.publish_many(messages, lane)
         except Exception as exc:
             log.warning("enqueue.publish_failed", extra={"runs": len(messages), "error": repr(exc)})
 
@@ -351,7 +382,7 @@ class AsyncQueue:
         args, kwargs, options = split_rq_call(args, kwargs)
         spec = EnqueueSpec(f, args, kwargs, run_id, options)
         new = await self._new_run(spec, delay_until_ms)  # checked before it joins a batch
-        return await self._group.submit(new, bool(options.get("at_front")))
+        return await self._groups[_lane(bool(options.get("at_front")))].submit(new)
 
     async def enqueue_call(
         self,
@@ -407,7 +438,7 @@ class AsyncQueue:
     async def enqueue_many(self, specs: Sequence[EnqueueSpec]) -> list[AsyncRun]:
         """Admit a batch in one transaction and one pipeline: all or nothing."""
         front = any(spec.options.get("at_front") for spec in specs)
-        return await self._admit([await self._new_run(spec) for spec in specs], front=front)
+        return await self._admit([await self._new_run(spec) for spec in specs], _lane(front))
 
     @staticmethod
     def prepare_data(
@@ -445,7 +476,7 @@ class AsyncQueue:
         row = await self.authorized(run_id)
         jobs = Jobs(self.store)
         again = await self._available(lambda: jobs.requeue(row.id, actor=actor))
-        await self._publish_ready([again])
+        await self._publish_ready([again], lane=Lane.NORMAL)
         return AsyncRun(self, again.id)
 
     # ---- other producer calls ------------------------------------------------

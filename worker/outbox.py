@@ -14,11 +14,11 @@ import logging
 
 from redis.exceptions import RedisError
 
+from broker.batching import Coalesce
 from broker.codec import message_for
 from broker.notify import Notifier
 from broker.streams import Delivery, Lane, Streams, lane_for
 from store.types import RunRow
-from worker.batching import Coalesce
 from worker.retry import INFRA_ERRORS
 
 log = logging.getLogger("runfleet.worker.outbox")

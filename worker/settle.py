@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from broker.batching import GroupCommit
 from broker.queue import check_signature, flow_target
 from store import Kind, Store
 from store.errors import RunfleetError, UnknownFlow
@@ -32,7 +33,6 @@ from store.types import (
 )
 from store.values import UnstorableValue
 from worker import metrics
-from worker.batching import GroupCommit
 from worker.durable import Handoff
 from worker.flows import function as compensation
 from worker.flows import resolve

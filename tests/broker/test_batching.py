@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from worker.batching import Coalesce, GroupCommit
+from broker.batching import Coalesce, GroupCommit
 
 
 class Refused(Exception):

@@ -7,11 +7,16 @@ statement, transaction or pipeline per batch instead of per item. Each caller le
 only its own outcome: the flush answers item by item, and an error of the whole
 flush reaches every caller of that batch (a caller that retries submits again, into
 a later batch).
+
+One implementation serves both sides: producers' concurrent enqueues (``AsyncQueue``,
+one instance per stream lane) and the worker's settlements, step records and Redis
+hints (``worker/settle.py``, ``worker/bookkeeping.py``, ``worker/outbox.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
@@ -19,7 +24,7 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 R = TypeVar("R")
 
-log = logging.getLogger("runfleet.worker.batching")
+log = logging.getLogger("runfleet.batching")
 
 Flush = Callable[[Sequence[T]], Awaitable[Sequence[R | BaseException]]]
 
@@ -29,6 +34,8 @@ class GroupCommit(Generic[T, R]):
 
     An answer that is an exception is raised to its own caller only; so is an
     ``isolate`` error, which makes the batch retry item by item to find its owner.
+    Flushes run in a task of their own, in a fresh context: a batch never runs inside
+    one caller's context (its transaction, its log fields, its cancellation).
     """
 
     def __init__(
@@ -53,7 +60,9 @@ class GroupCommit(Generic[T, R]):
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._pending.append((item, future))
         if self._runner is None or self._runner.done():
-            self._runner = asyncio.create_task(self._run(), name=f"group-commit:{self._name}")
+            self._runner = asyncio.create_task(
+                self._run(), name=f"group-commit:{self._name}", context=contextvars.Context()
+            )
         return await future
 
     async def _run(self) -> None:
@@ -82,6 +91,12 @@ class GroupCommit(Generic[T, R]):
                     future.set_exception(answer)
                 else:
                     future.set_result(answer)
+
+    async def drain(self) -> None:
+        """Wait until every item submitted so far has its answer (before closing what
+        the flush uses)."""
+        while self._runner is not None and not self._runner.done():
+            await asyncio.wait([self._runner])
 
     async def _answers(self, items: list[T]) -> Sequence[R | BaseException]:
         """The flush's answers; when it raises an ``isolate`` error for a batch of several
@@ -120,7 +135,9 @@ class Coalesce(Generic[T]):
     def add(self, item: T) -> None:
         self._pending.append(item)
         if self._runner is None or self._runner.done():
-            self._runner = asyncio.create_task(self._run(), name=f"coalesce:{self._name}")
+            self._runner = asyncio.create_task(
+                self._run(), name=f"coalesce:{self._name}", context=contextvars.Context()
+            )
 
     async def _run(self) -> None:
         while self._pending:

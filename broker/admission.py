@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import reprlib
@@ -38,14 +39,32 @@ def flow_target(target: Any) -> tuple[str, str | None, Callable[..., Any] | None
     )
 
 
+def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    """``fn``'s signature, computed once per function (``inspect.signature`` costs more
+    than the rest of an admission's Python); None when it has none to check against."""
+    try:
+        return _signatures(fn)
+    except TypeError:  # unhashable: not cached
+        try:
+            return inspect.signature(fn)
+        except (TypeError, ValueError):
+            return None
+    except ValueError:
+        return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _signatures(fn: Callable[..., Any]) -> inspect.Signature:
+    return inspect.signature(fn)
+
+
 def check_signature(
     fn: Callable[..., Any] | None, takes_ctx: bool, args: Sequence[Any], kwargs: dict[str, Any]
 ) -> None:
     if fn is None:
         return
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):
+    signature = _signature(fn)
+    if signature is None:
         return
     try:
         signature.bind(*([None] if takes_ctx else []), *args, **kwargs)

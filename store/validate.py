@@ -14,6 +14,8 @@ MAX_ID_LENGTH = 255
 # A JSON "\u0000" escape: preceded by an even number of backslashes (zero included), so
 # the text of a literal backslash followed by "u0000" (escaped as "\\u0000") is not one.
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def identifier(field: str, value: object) -> str:
@@ -23,9 +25,11 @@ def identifier(field: str, value: object) -> str:
         raise InvalidInput(field, "must not be empty")
     if len(value) > MAX_ID_LENGTH:
         raise InvalidInput(field, f"is {len(value)} characters, the limit is {MAX_ID_LENGTH}")
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+    if value.isascii() and value.isprintable():
+        return value  # the common case, checked in C: no control character, no surrogate
+    if _CONTROL.search(value):
         raise InvalidInput(field, "must not contain control characters")
-    if any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
+    if _SURROGATE.search(value):
         raise InvalidInput(field, "must not contain lone surrogates (not encodable as UTF-8)")
     return value
 

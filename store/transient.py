@@ -11,6 +11,8 @@ turn a give-up into ``Unavailable``).
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -138,20 +140,40 @@ async def retrying(
     lease lapsed starts no write and stops retrying rather than keep knocking. After
     ``give_up_after`` seconds the last transient error is raised as it was; any other
     error at once.
+
+    The first attempt is a plain call: tenacity's machinery (tens of microseconds, on
+    every store call of the hot path) is set up only once a transient error happened.
     """
+    started = time.monotonic()
+    if check is not None:
+        check()
+    try:
+        return await fn()
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        first = exc
 
     def before_sleep(state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
         if on_retry is not None and exc is not None:
-            on_retry(state.attempt_number, exc)
+            on_retry(state.attempt_number + 1, exc)  # the plain call was attempt 1
 
-    async for attempt in AsyncRetrying(
+    remaining = give_up_after - (time.monotonic() - started)
+    if remaining <= 0:
+        raise first
+    if on_retry is not None:
+        on_retry(1, first)
+    retryer = AsyncRetrying(
         retry=retry_if_exception(is_transient),
         wait=wait_exponential_jitter(multiplier=0.05, max=max_wait, jitter=0.1),
-        stop=stop_after_delay(give_up_after),
+        stop=stop_after_delay(remaining),
         before_sleep=before_sleep,
         reraise=True,
-    ):
+    )
+    # The backoff the plain call earned, as tenacity would have slept it.
+    await asyncio.sleep(min(remaining, retryer.wait(RetryCallState(retryer, None, (), {}))))
+    async for attempt in retryer:
         if check is not None:
             check()
         with attempt:

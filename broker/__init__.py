@@ -2,7 +2,8 @@
 
 from broker.admission import Callback, Retry
 from broker.jobs import FailedJobRegistry, Job, JobStatus, NoSuchJobError
-from broker.queue import AsyncQueue, AsyncRun, EnqueueSpec, RunCancelled, RunFailed
+from broker.queue import AsyncQueue, EnqueueSpec
+from broker.run import AsyncRun, RunCancelled, RunFailed
 from broker.sync import Queue, Run
 from store.errors import RunNotFound
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from broker.queue import AsyncRun
+from broker.run import AsyncRun
 from store.errors import RunNotFound
 from store.jobs import Jobs
 from store.types import CancelOutcome, RunRow, RunStatus, WaitingReason

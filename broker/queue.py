@@ -12,20 +12,21 @@ Postgres call a producer makes retries transient errors (``store.transient``) fo
 ``Queue`` runs the same ``AsyncQueue`` code on a private event-loop thread, so the two
 differ only in how they are called. Every call that reads or changes a run first checks that
 the producer's scopes cover the run's.
+
+This module holds admission (``enqueue`` and its rq-shaped variants) and the queue's
+registry reads; the calls on an existing run are ``RunControl`` (``broker.control``),
+which ``AsyncQueue`` inherits, and the run handle is ``AsyncRun`` (``broker.run``).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import math
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-import psycopg
 from redis.asyncio import Redis
 
 from broker.admission import (
@@ -41,32 +42,17 @@ from broker.admission import (
 from broker.batching import Coalesce, GroupCommit
 from broker.client import connect
 from broker.codec import message_for
+from broker.control import RunControl
 from broker.notify import Notifier
-from broker.streams import Lane, Streams, lane_for
+from broker.run import AsyncRun
+from broker.streams import Lane, Streams
 from broker.trust import producer_run_id, producer_scopes
-from store import Store, validate
+from store import Store
 from store.config import Settings
-from store.errors import (
-    CancelRequestFailed,
-    InvalidInput,
-    RunfleetError,
-    RunNotFound,
-    ScopeDenied,
-    Unavailable,
-)
+from store.errors import InvalidInput, Unavailable
 from store.jobs import Jobs
-from store.journal import Kind
 from store.transient import is_transient, retrying, service_of
-from store.types import (
-    CancelOutcome,
-    CancelRequested,
-    CreateOutcome,
-    DeferredCompleted,
-    NewRun,
-    RunRow,
-    RunStatus,
-)
-from store.waits import token_hash
+from store.types import CreateOutcome, NewRun, RunRow, RunStatus
 
 log = logging.getLogger("runfleet.broker.queue")
 T = TypeVar("T")
@@ -81,89 +67,6 @@ __all__ = [
 ]
 
 
-class RunFailed(RunfleetError):
-    """The run settled ``failed``; ``error`` is what the worker recorded."""
-
-    def __init__(self, run_id: str, error: Any) -> None:
-        super().__init__(f"run {run_id!r} failed: {error}")
-        self.run_id = run_id
-        self.error = error
-
-
-class RunCancelled(RunfleetError):
-    def __init__(self, run_id: str) -> None:
-        super().__init__(f"run {run_id!r} was cancelled")
-        self.run_id = run_id
-
-
-class AsyncRun:
-    """A handle on one run: id, status, result, cancel."""
-
-    def __init__(self, queue: AsyncQueue, run_id: str) -> None:
-        self._queue = queue
-        self.id = run_id
-
-    def __repr__(self) -> str:
-        return f"AsyncRun({self.id!r})"
-
-    async def fetch(self) -> RunRow:
-        return await self._queue.authorized(self.id)
-
-    async def get_status(self) -> RunStatus:
-        return (await self.fetch()).status
-
-    async def return_value(self) -> Any:
-        """The result if the run completed, else None (rq's meaning; never waits)."""
-        row = await self._last_round(await self.fetch())
-        return row.result if row.status is RunStatus.COMPLETED else None
-
-    async def result(self, timeout: float = 30.0) -> Any:
-        """Wait until the run settles; its result, or RunFailed / RunCancelled / TimeoutError.
-
-        Woken by the settled notification; polls Postgres as a fallback, so a lost
-        notification (or no Redis at all) costs at most one poll interval. ``timeout``
-        must be a finite number of seconds (``InvalidInput``: nan or inf never end).
-        """
-        if (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, int | float)
-            or not math.isfinite(timeout)
-            or timeout < 0
-        ):
-            raise InvalidInput("timeout", f"must be a finite number of seconds >= 0: {timeout!r}")
-        deadline = time.monotonic() + timeout
-        row = await self._last_round(await self.fetch())
-        if row.status.terminal:  # settled: one indexed read, no subscription
-            return _outcome(row)
-        async with self._queue.notifier.watch_settled(self.id) as watch:
-            while True:  # read again once subscribed: a settle in between is not missed
-                row = await self._last_round(await self.fetch())
-                if row.status.terminal:
-                    return _outcome(row)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"run {self.id!r} is still {row.status.value}")
-                await watch.wait(min(remaining, 0.5))
-
-    async def _last_round(self, row: RunRow) -> RunRow:
-        """A run that handed off is answered by the last round of its lineage."""
-        while row.status is RunStatus.COMPLETED and row.handed_off_to:
-            successor = await self._queue.authorized(row.handed_off_to)
-            row = successor
-        return row
-
-    async def cancel(self, *, actor: str | None = None) -> CancelOutcome:
-        return await self._queue.cancel(self.id, actor=actor)
-
-
-def _outcome(row: RunRow) -> Any:
-    if row.status is RunStatus.COMPLETED:
-        return row.result
-    if row.status is RunStatus.CANCELLED:
-        raise RunCancelled(row.id)
-    raise RunFailed(row.id, row.error)
-
-
 ADMIT_GROUP = 500
 """The most concurrent single enqueues one admission round trip carries."""
 
@@ -172,7 +75,7 @@ def _lane(front: bool) -> Lane:
     return Lane.RECOVERY if front else Lane.NORMAL
 
 
-class AsyncQueue:
+class AsyncQueue(RunControl):
     """Admit runs to one queue from asyncio code."""
 
     def __init__(
@@ -483,162 +386,3 @@ class AsyncQueue:
 
     def run(self, run_id: str) -> AsyncRun:
         return AsyncRun(self, run_id)
-
-    async def authorized(self, run_id: str) -> RunRow:
-        """The run's row, if it exists and this producer's scopes cover the run's."""
-        validate.identifier("run_id", run_id)
-        row = await self._available(lambda: self.store.runs.get(run_id))
-        if row is None:
-            raise RunNotFound(run_id)
-        missing = sorted(set(row.scopes) - set(self.scopes))
-        if missing:
-            raise ScopeDenied(run_id, missing)
-        return row
-
-    async def _hint(self, run_id: str, reason: str, row: RunRow | None = None) -> None:
-        """Wake the run's queue after a committed change; never fails the producer call.
-
-        ``row`` is the run as the caller already read it (queue, flow and epoch are what
-        the wake needs), so the hint costs no read of its own; without one it reads.
-        """
-        try:
-            if row is None:
-                row = await self.store.runs.get(run_id)
-            if row is None:
-                return
-            # A woken run already started: its wake takes the recovery lane, ahead of any backlog.
-            await self.streams.publish(
-                row.queue, message_for(row.id, row.flow, reason), lane_for(row.epoch)
-            )
-        except Exception as exc:  # the lost-wake sweep covers it
-            log.warning("wake.publish_failed", extra={"run_id": run_id, "error": repr(exc)})
-
-    async def cancel(self, run_id: str, *, actor: str | None = None) -> CancelOutcome:
-        """Durably request cancellation of the logical run (every round of its lineage),
-        then tell the owners by publish (a hint).
-
-        A write that fails for the whole retry budget is CancelRequestFailed with
-        ``retryable`` set (nothing was recorded: ask again), never a raw driver error.
-        """
-        await self.authorized(run_id)
-        try:
-            outcome = await self._available(
-                lambda: self.store.lifecycle.request_cancel(run_id, note=actor)
-            )
-        except psycopg.errors.InsufficientPrivilege:
-            raise  # the caller's role may not cancel this run: its error, not a failed write
-        except (Unavailable, psycopg.Error) as exc:
-            retryable = isinstance(exc, Unavailable) or is_transient(exc)
-            raise CancelRequestFailed(
-                run_id, "cancel_request_failed", repr(exc), retryable=retryable
-            ) from exc
-        targets, known = [run_id], {}
-        if isinstance(outcome, CancelRequested):
-            targets = list(dict.fromkeys([*outcome.rounds, *outcome.cascaded])) or [run_id]
-            known = {outcome.row.id: outcome.row}  # as the request left it: no second read
-        for target in targets:  # each closes through its own cancel path, promptly
-            await self.notifier.publish_cancel(target)
-            await self._hint(target, "cancel", known.get(target))
-        return outcome
-
-    async def interrupt_unsafe(self, run_id: str) -> None:
-        """Refused: runfleet has one cancellation path, ``cancel``, durable and cascading.
-
-        Forcing a run to stop without its compensations and without the cascade
-        to its children would leave exactly the half-done state this system exists
-        to prevent, so the call always fails with ``unsafe_interrupt_unsupported``.
-        """
-        raise CancelRequestFailed(
-            run_id,
-            "unsafe_interrupt_unsupported",
-            "use cancel(): it is durable, runs compensations and cascades to attached children",
-        )
-
-    async def complete(
-        self, run_id: str, name: str, value: Any = None, *, actor: str | None = None
-    ) -> bool:
-        """Complete the event ``name`` a run waits for (first writer wins); True if first.
-
-        Only ``ctx.wait_for`` events: an approval, a child, a timer or a quota is
-        ``NotAnswerable`` (nothing written). The journal names the database role that
-        answered; ``actor`` is kept beside it as a note.
-        """
-        row = await self.authorized(run_id)  # a run waiting on an event has started
-        done = await self._available(
-            lambda: self.store.waits.answer_event(run_id, name, value, note=actor)
-        )
-        if done.woke:
-            await self._hint(run_id, "event", row)
-        return isinstance(done.outcome, DeferredCompleted)  # a settled run takes no answer
-
-    async def approve(
-        self, run_id: str, token: str, value: Any = None, *, actor: str, reason: str | None = None
-    ) -> None:
-        await self._answer(run_id, token, True, value, actor, reason)
-
-    async def deny(
-        self, run_id: str, token: str, value: Any = None, *, actor: str, reason: str | None = None
-    ) -> None:
-        await self._answer(run_id, token, False, value, actor, reason)
-
-    async def _answer(
-        self, run_id: str, token: str, approved: bool, value: Any, actor: str, reason: str | None
-    ) -> None:
-        row = await self.authorized(run_id)  # a run waiting for an approval has started
-        retried: list[BaseException] = []
-        done = await self._available(
-            lambda: self.store.waits.answer_approval(
-                run_id, token, approved=approved, value=value, actor=actor, reason=reason
-            ),
-            retried=retried,
-        )
-        if done is None and retried and await self._journaled(run_id, token, actor, approved):
-            return  # our first try committed; its answer was lost with the connection
-        if done is None:
-            raise InvalidInput("token", f"run {run_id!r} is not waiting for an approval with it")
-        if done.woke:
-            await self._hint(run_id, "approval", row)
-
-    async def resume(
-        self,
-        run_id: str,
-        *,
-        accept_recorded: bool = False,
-        rerun_step: str | None = None,
-        actor: str | None = None,
-    ) -> None:
-        """Move a quarantined run on: trust its recorded outputs, or re-run one step."""
-        row = await self.authorized(run_id)  # a quarantined run has started
-        retried: list[BaseException] = []
-        resumed = await self._available(
-            lambda: self.store.steps.resume_quarantined(
-                run_id, accept_recorded=accept_recorded, rerun_key=rerun_step, note=actor
-            ),
-            retried=retried,
-        )
-        if not resumed and not (retried and await self._resumed(run_id, rerun_step, actor)):
-            raise InvalidInput("run_id", f"run {run_id!r} is not quarantined")
-        await self._hint(run_id, "resume", row)
-
-    async def _last_record(self, run_id: str, *kinds: str) -> tuple[str, dict[str, Any]]:
-        """Kind and payload of the run's newest journal record of one of ``kinds``."""
-        records = await self._available(lambda: self.store.journal.records(run_id, limit=10_000))
-        mine = [r for r in records if r.kind in kinds and isinstance(r.payload, dict)]
-        return (mine[-1].kind, dict(mine[-1].payload)) if mine else ("", {})
-
-    async def _journaled(self, run_id: str, token: str, actor: str, approved: bool) -> bool:
-        """Whether the run's last decision is this one (a retried answer's own commit)."""
-        kind, last = await self._last_record(run_id, Kind.APPROVAL_APPROVED, Kind.APPROVAL_DENIED)
-        wanted = Kind.APPROVAL_APPROVED if approved else Kind.APPROVAL_DENIED
-        mine = last.get("token") == token_hash(token) and last.get("note") == actor
-        return kind == wanted and mine
-
-    async def _resumed(self, run_id: str, rerun_step: str | None, actor: str | None) -> bool:
-        """Whether the run's last resume is this one (a retried resume's own commit)."""
-        kind, last = await self._last_record(run_id, Kind.RESUMED)
-        return (
-            kind == Kind.RESUMED
-            and last.get("from") == "quarantine"
-            and last.get("rerun_step") == rerun_step
-            and last.get("note") == actor
-        )

@@ -22,7 +22,8 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from broker.jobs import FailedJobRegistry, Job, JobStatus, NoSuchJobError
-from broker.queue import AsyncQueue, AsyncRun, EnqueueSpec
+from broker.queue import AsyncQueue, EnqueueSpec
+from broker.run import AsyncRun
 from store.config import Settings
 from store.types import CancelOutcome
 

@@ -22,7 +22,7 @@ from psycopg import pq
 from broker import AsyncQueue
 from broker.client import connect
 from broker.notify import SettledWatch
-from broker.queue import AsyncRun
+from broker.run import AsyncRun
 from store.config import Settings
 from store.errors import ExecutionIdentityConflict, InvalidInput
 from store.journal import Kind

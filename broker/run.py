@@ -1,0 +1,102 @@
+"""A producer's handle on one run (``AsyncRun``) and how a settled run answers ``result``.
+
+A completed run answers with its result, a cancelled one raises ``RunCancelled`` and a
+failed one ``RunFailed``; a run that handed off answers with the last round of its
+lineage. Every read goes through ``AsyncQueue.authorized``, so a handle never shows a
+run the producer's scopes do not cover.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+from store.errors import InvalidInput, RunfleetError
+from store.types import CancelOutcome, RunRow, RunStatus
+
+if TYPE_CHECKING:
+    from broker.queue import AsyncQueue  # broker.queue imports this module
+
+
+class RunFailed(RunfleetError):
+    """The run settled ``failed``; ``error`` is what the worker recorded."""
+
+    def __init__(self, run_id: str, error: Any) -> None:
+        super().__init__(f"run {run_id!r} failed: {error}")
+        self.run_id = run_id
+        self.error = error
+
+
+class RunCancelled(RunfleetError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id!r} was cancelled")
+        self.run_id = run_id
+
+
+class AsyncRun:
+    """A handle on one run: id, status, result, cancel."""
+
+    def __init__(self, queue: AsyncQueue, run_id: str) -> None:
+        self._queue = queue
+        self.id = run_id
+
+    def __repr__(self) -> str:
+        return f"AsyncRun({self.id!r})"
+
+    async def fetch(self) -> RunRow:
+        return await self._queue.authorized(self.id)
+
+    async def get_status(self) -> RunStatus:
+        return (await self.fetch()).status
+
+    async def return_value(self) -> Any:
+        """The result if the run completed, else None (rq's meaning; never waits)."""
+        row = await self._last_round(await self.fetch())
+        return row.result if row.status is RunStatus.COMPLETED else None
+
+    async def result(self, timeout: float = 30.0) -> Any:
+        """Wait until the run settles; its result, or RunFailed / RunCancelled / TimeoutError.
+
+        Woken by the settled notification; polls Postgres as a fallback, so a lost
+        notification (or no Redis at all) costs at most one poll interval. ``timeout``
+        must be a finite number of seconds (``InvalidInput``: nan or inf never end).
+        """
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not math.isfinite(timeout)
+            or timeout < 0
+        ):
+            raise InvalidInput("timeout", f"must be a finite number of seconds >= 0: {timeout!r}")
+        deadline = time.monotonic() + timeout
+        row = await self._last_round(await self.fetch())
+        if row.status.terminal:  # settled: one indexed read, no subscription
+            return _outcome(row)
+        async with self._queue.notifier.watch_settled(self.id) as watch:
+            while True:  # read again once subscribed: a settle in between is not missed
+                row = await self._last_round(await self.fetch())
+                if row.status.terminal:
+                    return _outcome(row)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"run {self.id!r} is still {row.status.value}")
+                await watch.wait(min(remaining, 0.5))
+
+    async def _last_round(self, row: RunRow) -> RunRow:
+        """A run that handed off is answered by the last round of its lineage."""
+        while row.status is RunStatus.COMPLETED and row.handed_off_to:
+            successor = await self._queue.authorized(row.handed_off_to)
+            row = successor
+        return row
+
+    async def cancel(self, *, actor: str | None = None) -> CancelOutcome:
+        return await self._queue.cancel(self.id, actor=actor)
+
+
+def _outcome(row: RunRow) -> Any:
+    if row.status is RunStatus.COMPLETED:
+        return row.result
+    if row.status is RunStatus.CANCELLED:
+        raise RunCancelled(row.id)
+    raise RunFailed(row.id, row.error)

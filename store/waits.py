@@ -1,4 +1,4 @@
-"""Parks and wakes, deferred completions and durable clocks.
+"""Parks and wakes, durable clocks and approval tokens; deferreds are ``store.deferreds``.
 
 A park and a deferred completion both lock the run row first, so a completion
 that commits before the park is seen by it (AlreadySatisfied) and one that
@@ -8,30 +8,25 @@ commits after it wakes the parked run: either way the completion is never lost.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
-from psycopg.types.json import Json, Jsonb
+from psycopg.types.json import Jsonb
 
 from store import validate
 from store.config import Settings
 from store.db import Database
-from store.errors import InvalidInput, LimitExceeded, NotAnswerable
+from store.deferreds import Deferreds
+from store.errors import InvalidInput
 from store.journal import Journal, Kind
-from store.rows import clock_row, deferred_row, owner_params, run_row, waiting_row
+from store.rows import clock_row, owner_params, run_row, waiting_row
 from store.types import (
     AlreadySatisfied,
-    AlreadyTerminal,
     ClockAlreadyCompleted,
     ClockCompleted,
     ClockExisting,
     ClockFiring,
     ClockRow,
     ClockScheduled,
-    DeferredCompleted,
-    DeferredExisting,
-    DeferredRow,
     GuardFailed,
     NotFound,
     NotOwner,
@@ -49,19 +44,6 @@ from store.types import (
 
 CHILD_DEFERRED = "child:"
 """Prefix of the deferred a parent awaits a child through (see waits.notify_parents)."""
-
-INTERNAL_PREFIXES = ("approval:", "child:", "spawn:", "sleep:", "step:", "quota:")
-"""Namespaces of the deferreds runfleet completes itself (approvals, children, timers,
-retry backoffs, quotas): an answer from outside never writes one a flow did not declare.
-runfleet.answer (migration 0009) enforces them; keep its pattern in step with this."""
-
-_RUNFLEETS = "children, timers, sleeps and quotas are settled by runfleet only"
-_NOT_YOURS = {
-    "approval": "an approval wait: answer it with approve/deny and its token",
-    "child": "a child wait: only the child's own settlement answers it",
-    "timer": "a durable timer: only its clock fires it",
-    "quota": "a quota window: only its time ends it",
-}
 
 TOKEN_HASH = "sha256:"
 
@@ -106,27 +88,11 @@ def _known_reason(reason: str) -> WaitingReason:
         raise InvalidInput("waiting.reason", f"{reason!r} is not a waiting reason") from None
 
 
-class AnswerOutcome(StrEnum):
-    """What runfleet.answer (migration 0009) decided; each maps to a result or an error."""
+class Waits(Deferreds):
+    """Parks, wakes and clocks; deferred completions and answers (``complete_deferred``,
+    ``deferred``, ``answer_event``, ``answer_approval``, …) are inherited from
+    ``store.deferreds``."""
 
-    ANSWERED = "answered"
-    EXISTING = "existing"
-    TERMINAL = "terminal"
-    NOT_FOUND = "not_found"
-    NOT_ANSWERABLE = "not_answerable"
-    LIMIT = "limit"
-    NO_MATCH = "no_match"
-
-
-@dataclass(frozen=True, slots=True)
-class Completion:
-    """A deferred completion and whether it cleared the run's wait (caller sends a wake)."""
-
-    outcome: DeferredCompleted | DeferredExisting | AlreadyTerminal
-    woke: bool
-
-
-class Waits:
     def __init__(self, db: Database, journal: Journal, settings: Settings) -> None:
         self._db = db
         self._journal = journal
@@ -279,159 +245,6 @@ class Waits:
             "waits.waiting_tree", {"id": run_id, "include_detached": include_detached}
         )
         return [waiting_row(r) for r in rows]
-
-    # ---- deferreds ---------------------------------------------------------
-
-    async def complete_deferred(
-        self, run_id: str, name: str, value: Any = None, metadata: Any = None
-    ) -> Completion:
-        """Record a completion, first writer wins; wake the run if it parked on it.
-
-        A settled run takes nothing: AlreadyTerminal, no deferred row, no wake and no
-        journal record. A late answer to a run that can never read it is not a receipt.
-        """
-        validate.identifier("deferred name", name)
-        validate.json_value("value", value, self._settings.max_payload_bytes)
-        validate.json_value("metadata", metadata, self._settings.max_payload_bytes)
-        async with self._db.transaction():
-            locked = await self._db.one("runs.get_for_update", {"id": run_id})
-            if locked is None:
-                raise InvalidInput("run_id", f"run {run_id!r} does not exist")
-            current = run_row(locked)
-            if current.status.terminal:
-                return Completion(AlreadyTerminal(current), woke=False)
-            row = await self._db.one(
-                "waits.deferred_insert",
-                {
-                    "run_id": run_id,
-                    "name": name,
-                    "value": Json(value),  # kept verbatim: floats stay floats
-                    "metadata": Jsonb(metadata),
-                },
-            )
-            if row is None:
-                existing = await self.deferred(run_id, name)
-                assert existing is not None, "deferred vanished"
-                return Completion(DeferredExisting(existing), woke=False)
-            woke = await self._db.one("waits.wake_if_awaiting", {"run_id": run_id, "name": name})
-            who = {k: metadata[k] for k in ("answered_by", "note") if k in (metadata or {})}
-            await self._journal.record(
-                run_id, Kind.DEFERRED_COMPLETED, {"name": name, "woke": woke is not None, **who}
-            )
-            return Completion(DeferredCompleted(deferred_row(row)), woke=woke is not None)
-
-    async def deferred(self, run_id: str, name: str) -> DeferredRow | None:
-        row = await self._db.one("waits.deferred_get", {"run_id": run_id, "name": name})
-        return deferred_row(row) if row else None
-
-    async def consume_deferred(self, run_id: str, name: str) -> bool:
-        """Mark a completion observed (its row stays as replay evidence)."""
-        return (
-            await self._db.one("waits.deferred_consume", {"run_id": run_id, "name": name})
-            is not None
-        )
-
-    async def completed_deferreds(self, run_id: str) -> list[DeferredRow]:
-        rows = await self._db.all("waits.deferreds_completed", {"run_id": run_id})
-        return [deferred_row(r) for r in rows]
-
-    async def answer_event(
-        self, run_id: str, name: str, value: Any = None, *, note: str | None = None
-    ) -> Completion:
-        """A producer's answer to ``ctx.wait_for(name)``; NotAnswerable for anything else.
-
-        Decided by runfleet.answer (migration 0009) under the run's row lock, by what the
-        run declared: the wait it is parked on (an ``event`` wait only) or a recorded
-        ``event`` step of that name. A name the run has not reached yet may be answered
-        early (first writer wins), unless it is in an internal namespace or an approval,
-        child or timer of the run owns it. The answer is journaled with the authenticated
-        role (``session_user``); ``note`` is the caller's words. The checks live in the
-        database, not here, because producers may not write deferreds themselves: raw SQL
-        with their credentials meets the same function.
-        """
-        validate.identifier("deferred name", name)
-        if note is not None:
-            validate.identifier("actor", note)
-        validate.json_value("value", value, self._settings.max_payload_bytes)
-        answered = await self._answer(run_id, name=name, value=value, note=note)
-        assert answered is not None, "event answers always have an outcome"
-        return answered
-
-    async def answer_approval(
-        self,
-        run_id: str,
-        token: str,
-        *,
-        approved: bool,
-        value: Any = None,
-        actor: str,
-        reason: str | None = None,
-    ) -> Completion | None:
-        """Answer the approval a run is parked on; None if the token is not the pending one.
-
-        The decision, who made it (the authenticated role; ``actor`` is kept as a note)
-        and why are journaled by runfleet.answer in the statement that records it, so the
-        answer and its audit trail cannot come apart.
-        """
-        validate.identifier("actor", actor)
-        if not isinstance(token, str) or len(token) > validate.MAX_ID_LENGTH:
-            raise InvalidInput("token", "must be a string of at most 255 characters")
-        if not token or "\x00" in token or any(0xD800 <= ord(c) <= 0xDFFF for c in token):
-            return None  # no issued token is empty or holds these: it cannot be the pending one
-        validate.json_value("value", value, self._settings.max_payload_bytes)
-        return await self._answer(
-            run_id, token=token, approved=approved, value=value, note=actor, reason=reason
-        )
-
-    async def _answer(
-        self,
-        run_id: str,
-        *,
-        name: str = "",
-        token: str | None = None,
-        approved: bool = False,
-        value: Any = None,
-        note: str | None = None,
-        reason: str | None = None,
-    ) -> Completion | None:
-        """``waits.answer``, its outcome turned into a Completion or a typed error."""
-        seq = self._db.next_source_seq()
-        self._db.next_source_seq()  # an approval journals two records: seq and seq + 1
-        cap = self._settings.max_answers_per_run
-        row = await self._db.one(
-            "waits.answer",
-            {
-                "run_id": run_id,
-                "name": name,
-                "token": token,
-                "approved": approved,
-                "value": Json(value),  # kept verbatim: floats stay floats
-                "note": note,
-                "reason": reason,
-                "max_answers": cap,
-                "source_id": self._db.source_id,
-                "source_seq": seq,
-            },
-        )
-        assert row is not None, "runfleet.answer returns one row"
-        outcome, target = AnswerOutcome(row["outcome"]), row["deferred_name"] or name
-        if outcome is AnswerOutcome.NOT_FOUND:
-            raise InvalidInput("run_id", f"run {run_id!r} does not exist")
-        if outcome is AnswerOutcome.NOT_ANSWERABLE:
-            raise NotAnswerable(run_id, target, _NOT_YOURS.get(row["why"] or "", _RUNFLEETS))
-        if outcome is AnswerOutcome.LIMIT:
-            raise LimitExceeded("max_answers_per_run", cap, f"run {run_id!r} took its answers")
-        if outcome is AnswerOutcome.NO_MATCH:
-            return None
-        if outcome is AnswerOutcome.TERMINAL:
-            settled = await self._db.one("runs.get", {"id": run_id})
-            assert settled is not None, "a run seen settled vanished"
-            return Completion(AlreadyTerminal(run_row(settled)), woke=False)
-        written = await self.deferred(run_id, target)
-        assert written is not None, "deferred vanished"
-        if outcome is AnswerOutcome.EXISTING:
-            return Completion(DeferredExisting(written), woke=False)
-        return Completion(DeferredCompleted(written), woke=bool(row["woke"]))
 
     # ---- clocks ------------------------------------------------------------
 

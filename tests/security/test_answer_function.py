@@ -13,10 +13,10 @@ import psycopg
 import pytest
 
 from broker import AsyncQueue
+from store.deferreds import INTERNAL_PREFIXES
 from store.errors import InvalidInput, NotAnswerable
 from store.migrate import migrations
 from store.roles import GroupRole
-from store.waits import INTERNAL_PREFIXES
 from tests.security import flows
 from tests.security.conftest import Login, MakeLogin
 from tests.security.test_roles import waiting_for_event

@@ -8,6 +8,7 @@ import pytest
 
 from store import Store
 from store.config import Settings
+from store.deferreds import Completion
 from store.errors import InvalidInput
 from store.types import (
     AlreadySatisfied,
@@ -25,7 +26,7 @@ from store.types import (
     WaitingRow,
     Woken,
 )
-from store.waits import Completion, token_hash
+from store.waits import token_hash
 from tests.store.helpers import (
     OWNER_A,
     OWNER_B,

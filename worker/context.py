@@ -5,6 +5,9 @@ next position; a call already recorded at that position returns its recorded
 value without running, a different call there is NonDeterminism, and a record
 whose digest no longer matches parks the run in ``quarantine``. A call that must
 wait parks the run (``Suspended``) and the body resumes by replay when answered.
+
+The replay bookkeeping and ``step`` are here; timers and waits are in
+``worker.waits`` and child runs in ``worker.children``, mixins ``Context`` inherits.
 """
 
 from __future__ import annotations
@@ -12,12 +15,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import secrets
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar
 
@@ -30,10 +30,8 @@ from store.types import (
     ClockExisting,
     ClockScheduled,
     GuardFailed,
-    NewRun,
     NotFound,
     NotOwner,
-    OnParentExit,
     Owner,
     Parked,
     ParkOutcome,
@@ -42,22 +40,20 @@ from store.types import (
     Waiting,
     WaitingReason,
 )
-from store.waits import token_hash
 from worker.bookkeeping import Bookkeeping
+from worker.children import Children
 from worker.durable import (
     NO_RETRY,
-    ChildFailed,
-    Decision,
     NonDeterminism,
     Retry,
     Suspended,
-    WaitTimeout,
     reference,
 )
 from worker.flows import function as resolve_function
 from worker.outcomes import Cause
 from worker.retry import durable_call, is_transient
 from worker.threads import in_thread
+from worker.waits import Waits
 from worker.wake_hints import HintFn
 
 log = logging.getLogger("runfleet.flow")
@@ -78,7 +74,7 @@ class Interrupted(BaseException):
 
 
 @dataclass
-class Context:
+class Context(Waits, Children):
     run: RunRow
     owner: Owner
     epoch: int
@@ -359,187 +355,3 @@ class Context:
                 return row.due_at_ms
             case _:
                 raise Interrupted(Cause.LOST_FENCE)
-
-    # ---- timers and waits --------------------------------------------------
-
-    async def sleep(self, duration: timedelta | float) -> None:
-        seconds = duration.total_seconds() if isinstance(duration, timedelta) else duration
-        await self._sleep(lambda now: now + int(seconds * 1000))
-
-    async def sleep_until(self, when: datetime) -> None:
-        await self._sleep(lambda _now: int(when.timestamp() * 1000))
-
-    async def _sleep(self, due_from_now: Callable[[int], int]) -> None:
-        """A durable timer; short remainders are slept in-process, the clock stays durable."""
-        assert self.settings is not None
-        position, key, record = await self._next("sleep", "sleep")
-        now = await self._now_ms()
-        read_at = time.monotonic()  # `now` ages while the clock and its record are written
-        due = int(record.output["due_at_ms"]) if record else due_from_now(now)
-        due = await self._ensure_clock(key, due)
-        if record is None:
-            await self._record(position, key, "sleep", "sleep", {"due_at_ms": due})
-        if await self._deferred(key) is not None:
-            return
-        remaining = (due - now) / 1000 - (time.monotonic() - read_at)
-        if remaining <= self.settings.inline_sleep_max:
-            await asyncio.sleep(max(0.0, remaining))
-            await self._durable(
-                "waits.complete_clock", lambda: self._store.waits.complete_clock(self.run.id, key)
-            )
-            return
-        self.wake_hint = time.monotonic() + remaining
-        await self._park(Waiting(reason=WaitingReason.TIMER, wake_at_ms=due), deferred=key)
-
-    async def _timed_wait(
-        self, kind: str, name: str, timeout: float | None, extra: dict[str, Any] | None = None
-    ) -> tuple[dict[str, Any], int]:
-        position, key, record = await self._next(kind, name)
-        now = await self._now_ms()
-        if record is None:
-            output = {
-                "timeout_at_ms": now + int(timeout * 1000) if timeout else None,
-                **(extra or {}),
-            }
-            record = await self._record(position, key, name, kind, output)
-        return dict(record.output), now
-
-    async def wait_for(self, name: str, timeout: float | None = None) -> Any:
-        """Wait for an event completed through ``Queue.complete(run_id, name, value)``."""
-        recorded, now = await self._timed_wait("event", name, timeout)
-        deadline = recorded["timeout_at_ms"]
-        for _ in range(2):
-            done = await self._deferred(name)
-            if done is not None:
-                return done.value
-            if deadline is not None and now >= deadline:
-                raise WaitTimeout(f"no event {name!r} within its timeout")
-            await self._park(
-                Waiting(reason=WaitingReason.EVENT, wake_at_ms=deadline, token=name), deferred=name
-            )
-        raise AssertionError("unreachable: a satisfied park has a completion")
-
-    async def approval(
-        self,
-        name: str,
-        request: Any = None,
-        timeout: float | None = None,
-        *,
-        on_token: Callable[[str], Any] | None = None,
-    ) -> Decision:
-        """Park until a person approves or denies (``Queue.approve/deny`` with the token).
-
-        The token is a secret made when the approval is first reached and handed to
-        ``on_token`` (sync or async: send it to the approver) before anything is
-        recorded; only its sha256 is stored (step output, waiting row, journal), so
-        nobody can read it back. A crash between delivery and record makes a new token
-        on replay: delivery is at least once, and the last token delivered is the valid one.
-        """
-        position, key, record = await self._next("approval", name)
-        now = await self._now_ms()
-        if record is None:
-            token = secrets.token_urlsafe(24)
-            if on_token is not None:
-                sent = (
-                    on_token(token)
-                    if inspect.iscoroutinefunction(on_token)
-                    else in_thread(on_token, token)
-                )
-                if inspect.isawaitable(sent):
-                    await sent
-            output = {
-                "timeout_at_ms": now + int(timeout * 1000) if timeout else None,
-                "token": token_hash(token),
-            }
-            record = await self._record(position, key, name, "approval", output)
-        recorded = dict(record.output)
-        deferred, deadline = f"approval:{name}", recorded["timeout_at_ms"]
-        for _ in range(2):
-            done = await self._deferred(deferred)
-            if done is not None:
-                answer = done.value
-                return Decision(
-                    bool(answer.get("approved")),
-                    answer.get("value"),
-                    answer.get("actor"),
-                    answer.get("reason"),
-                )
-            if deadline is not None and now >= deadline:
-                raise WaitTimeout(f"approval {name!r} was not answered within its timeout")
-            await self._park(
-                Waiting(
-                    reason=WaitingReason.APPROVAL,
-                    wake_at_ms=deadline,
-                    token=recorded["token"],
-                    request=request,
-                ),
-                deferred=deferred,
-            )
-        raise AssertionError("unreachable: a satisfied park has a completion")
-
-    async def quota(self, wake_at: datetime | int) -> None:
-        """Park until ``wake_at`` (a provider's quota window); a datetime or epoch ms."""
-        position, key, record = await self._next("quota", "quota")
-        wake_ms = wake_at if isinstance(wake_at, int) else int(wake_at.timestamp() * 1000)
-        if record is None:
-            record = await self._record(position, key, "quota", "quota", {"wake_at_ms": wake_ms})
-        due = int(record.output["wake_at_ms"])
-        if await self._now_ms() < due:
-            await self._park(Waiting(reason=WaitingReason.QUOTA, wake_at_ms=due))
-
-    # ---- children ----------------------------------------------------------
-
-    async def child(self, flow: Any, *args: Any, run_id: str | None = None, **kwargs: Any) -> Any:
-        """Start an attached child (ends with this run) and wait for its result."""
-        child_id = await self._admit_child("child", flow, args, kwargs, run_id, OnParentExit.CANCEL)
-        while True:
-            done = await self._deferred(f"child:{child_id}")
-            if done is None:
-                await self._park(
-                    Waiting(reason=WaitingReason.CHILD, token=child_id),
-                    deferred=f"child:{child_id}",
-                )
-                continue
-            outcome = done.value
-            if outcome.get("handed_off_to"):
-                child_id = outcome["handed_off_to"]
-                continue
-            if outcome["status"] != "completed":
-                raise ChildFailed(child_id, outcome["status"], outcome.get("error"))
-            return outcome.get("result")
-
-    async def spawn(self, flow: Any, *args: Any, run_id: str | None = None, **kwargs: Any) -> str:
-        """Start a detached child that outlives this run; returns its run id."""
-        return await self._admit_child("spawn", flow, args, kwargs, run_id, OnParentExit.DETACH)
-
-    async def _admit_child(
-        self,
-        kind: str,
-        flow: Any,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        run_id: str | None,
-        policy: OnParentExit,
-    ) -> str:
-        from broker.queue import check_signature, flow_target
-
-        name, queue, fn, takes_ctx = flow_target(flow)
-        position, key, record = await self._next(kind, name)
-        if record is not None:
-            return str(record.output["run_id"])
-        check_signature(fn, takes_ctx, list(args), kwargs)
-        child_id = run_id or f"{self.run.id}/{key}"
-        new = NewRun(
-            id=child_id,
-            flow=name,
-            queue=queue or self.run.queue,
-            payload={"args": list(args), "kwargs": kwargs},
-            scopes=self.run.scopes,
-            parent_id=self.run.id,
-            on_parent_exit=policy,
-        )  # a retried create of the same id joins the run its first try admitted
-        outcome = await self._durable("runs.create", lambda: self._store.runs.create(new))
-        await self._record(position, key, name, kind, {"run_id": child_id})
-        if self.hint is not None:
-            await self.hint(outcome.row)
-        return child_id

@@ -1,0 +1,106 @@
+"""A flow's children: ``child`` (attached, awaited) and ``spawn`` (detached).
+
+``Children`` is a mixin that ``worker.context.Context`` inherits. A child is admitted
+at most once per position: its id is recorded as the parent's step, so a replay finds
+the same child instead of starting another, and the parent parks until the child's
+outcome is delivered as a completion (following a handed-off child to its successor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from store import Store
+from store.steps import StepRecord
+from store.types import NewRun, OnParentExit, RunRow, Waiting, WaitingReason
+from worker.durable import ChildFailed
+from worker.wake_hints import HintFn
+
+T = TypeVar("T")
+
+
+class Children:
+    """``Context``'s child runs (``worker.context.Context`` inherits them)."""
+
+    run: RunRow
+    hint: HintFn | None
+
+    if TYPE_CHECKING:  # for mypy only: worker.context.Context defines these
+
+        @property
+        def _store(self) -> Store: ...
+
+        async def _durable(self, what: str, call: Callable[[], Awaitable[T]]) -> T: ...
+
+        async def _next(self, kind: str, name: str) -> tuple[int, str, StepRecord | None]: ...
+
+        async def _record(
+            self,
+            position: int,
+            key: str,
+            name: str,
+            kind: str,
+            output: Any,
+            compensate: str | None = None,
+            attempt: int | None = None,
+        ) -> StepRecord: ...
+
+        async def _park(self, waiting: Waiting, deferred: str | None = None) -> None: ...
+
+        async def _deferred(self, name: str) -> Any: ...
+
+    async def child(self, flow: Any, *args: Any, run_id: str | None = None, **kwargs: Any) -> Any:
+        """Start an attached child (ends with this run) and wait for its result."""
+        child_id = await self._admit_child("child", flow, args, kwargs, run_id, OnParentExit.CANCEL)
+        while True:
+            done = await self._deferred(f"child:{child_id}")
+            if done is None:
+                await self._park(
+                    Waiting(reason=WaitingReason.CHILD, token=child_id),
+                    deferred=f"child:{child_id}",
+                )
+                continue
+            outcome = done.value
+            if outcome.get("handed_off_to"):
+                child_id = outcome["handed_off_to"]
+                continue
+            if outcome["status"] != "completed":
+                raise ChildFailed(child_id, outcome["status"], outcome.get("error"))
+            return outcome.get("result")
+
+    async def spawn(self, flow: Any, *args: Any, run_id: str | None = None, **kwargs: Any) -> str:
+        """Start a detached child that outlives this run; returns its run id."""
+        return await self._admit_child("spawn", flow, args, kwargs, run_id, OnParentExit.DETACH)
+
+    async def _admit_child(
+        self,
+        kind: str,
+        flow: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        run_id: str | None,
+        policy: OnParentExit,
+    ) -> str:
+        from broker.queue import check_signature, flow_target
+
+        name, queue, fn, takes_ctx = flow_target(flow)
+        position, key, record = await self._next(kind, name)
+        if record is not None:
+            return str(record.output["run_id"])
+        check_signature(fn, takes_ctx, list(args), kwargs)
+        child_id = run_id or f"{self.run.id}/{key}"
+        new = NewRun(
+            id=child_id,
+            flow=name,
+            queue=queue or self.run.queue,
+            payload={"args": list(args), "kwargs": kwargs},
+            scopes=self.run.scopes,
+            parent_id=self.run.id,
+            on_parent_exit=policy,
+        )  # a retried create of the same id joins the run its first try admitted
+        outcome = await self._durable("runs.create", lambda: self._store.runs.create(new))
+        await self._record(position, key, name, kind, {"run_id": child_id})
+        if self.hint is not None:
+            await self.hint(outcome.row)
+        return child_id

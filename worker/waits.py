@@ -1,0 +1,189 @@
+"""A flow's timers and waits: ``sleep``, ``sleep_until``, ``wait_for``, ``approval``, ``quota``.
+
+``Waits`` is a mixin that ``worker.context.Context`` inherits; it holds only the calls
+that park a run on a clock, an event, a person's answer or a quota window, and relies on
+the Context's replay bookkeeping (``_next``, ``_record``, ``_park``...) declared below
+for mypy. Each call is replay-safe the way every durable call is: its record is written
+once, and a resumed body finds it at the same position.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from store import Store
+from store.config import Settings
+from store.steps import StepRecord
+from store.types import RunRow, Waiting, WaitingReason
+from store.waits import token_hash
+from worker.durable import Decision, WaitTimeout
+from worker.threads import in_thread
+
+T = TypeVar("T")
+
+
+class Waits:
+    """``Context``'s timers and waits (``worker.context.Context`` inherits them)."""
+
+    run: RunRow
+    settings: Settings | None
+    wake_hint: float | None
+
+    if TYPE_CHECKING:  # for mypy only: worker.context.Context defines these
+
+        @property
+        def _store(self) -> Store: ...
+
+        async def _durable(self, what: str, call: Callable[[], Awaitable[T]]) -> T: ...
+
+        async def _next(self, kind: str, name: str) -> tuple[int, str, StepRecord | None]: ...
+
+        async def _record(
+            self,
+            position: int,
+            key: str,
+            name: str,
+            kind: str,
+            output: Any,
+            compensate: str | None = None,
+            attempt: int | None = None,
+        ) -> StepRecord: ...
+
+        async def _park(self, waiting: Waiting, deferred: str | None = None) -> None: ...
+
+        async def _now_ms(self) -> int: ...
+
+        async def _deferred(self, name: str) -> Any: ...
+
+        async def _ensure_clock(self, name: str, due_at_ms: int) -> int: ...
+
+    async def sleep(self, duration: timedelta | float) -> None:
+        seconds = duration.total_seconds() if isinstance(duration, timedelta) else duration
+        await self._sleep(lambda now: now + int(seconds * 1000))
+
+    async def sleep_until(self, when: datetime) -> None:
+        await self._sleep(lambda _now: int(when.timestamp() * 1000))
+
+    async def _sleep(self, due_from_now: Callable[[int], int]) -> None:
+        """A durable timer; short remainders are slept in-process, the clock stays durable."""
+        assert self.settings is not None
+        position, key, record = await self._next("sleep", "sleep")
+        now = await self._now_ms()
+        read_at = time.monotonic()  # `now` ages while the clock and its record are written
+        due = int(record.output["due_at_ms"]) if record else due_from_now(now)
+        due = await self._ensure_clock(key, due)
+        if record is None:
+            await self._record(position, key, "sleep", "sleep", {"due_at_ms": due})
+        if await self._deferred(key) is not None:
+            return
+        remaining = (due - now) / 1000 - (time.monotonic() - read_at)
+        if remaining <= self.settings.inline_sleep_max:
+            await asyncio.sleep(max(0.0, remaining))
+            await self._durable(
+                "waits.complete_clock", lambda: self._store.waits.complete_clock(self.run.id, key)
+            )
+            return
+        self.wake_hint = time.monotonic() + remaining
+        await self._park(Waiting(reason=WaitingReason.TIMER, wake_at_ms=due), deferred=key)
+
+    async def _timed_wait(
+        self, kind: str, name: str, timeout: float | None, extra: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], int]:
+        position, key, record = await self._next(kind, name)
+        now = await self._now_ms()
+        if record is None:
+            output = {
+                "timeout_at_ms": now + int(timeout * 1000) if timeout else None,
+                **(extra or {}),
+            }
+            record = await self._record(position, key, name, kind, output)
+        return dict(record.output), now
+
+    async def wait_for(self, name: str, timeout: float | None = None) -> Any:
+        """Wait for an event completed through ``Queue.complete(run_id, name, value)``."""
+        recorded, now = await self._timed_wait("event", name, timeout)
+        deadline = recorded["timeout_at_ms"]
+        for _ in range(2):
+            done = await self._deferred(name)
+            if done is not None:
+                return done.value
+            if deadline is not None and now >= deadline:
+                raise WaitTimeout(f"no event {name!r} within its timeout")
+            await self._park(
+                Waiting(reason=WaitingReason.EVENT, wake_at_ms=deadline, token=name), deferred=name
+            )
+        raise AssertionError("unreachable: a satisfied park has a completion")
+
+    async def approval(
+        self,
+        name: str,
+        request: Any = None,
+        timeout: float | None = None,
+        *,
+        on_token: Callable[[str], Any] | None = None,
+    ) -> Decision:
+        """Park until a person approves or denies (``Queue.approve/deny`` with the token).
+
+        The token is a secret made when the approval is first reached and handed to
+        ``on_token`` (sync or async: send it to the approver) before anything is
+        recorded; only its sha256 is stored (step output, waiting row, journal), so
+        nobody can read it back. A crash between delivery and record makes a new token
+        on replay: delivery is at least once, and the last token delivered is the valid one.
+        """
+        position, key, record = await self._next("approval", name)
+        now = await self._now_ms()
+        if record is None:
+            token = secrets.token_urlsafe(24)
+            if on_token is not None:
+                sent = (
+                    on_token(token)
+                    if inspect.iscoroutinefunction(on_token)
+                    else in_thread(on_token, token)
+                )
+                if inspect.isawaitable(sent):
+                    await sent
+            output = {
+                "timeout_at_ms": now + int(timeout * 1000) if timeout else None,
+                "token": token_hash(token),
+            }
+            record = await self._record(position, key, name, "approval", output)
+        recorded = dict(record.output)
+        deferred, deadline = f"approval:{name}", recorded["timeout_at_ms"]
+        for _ in range(2):
+            done = await self._deferred(deferred)
+            if done is not None:
+                answer = done.value
+                return Decision(
+                    bool(answer.get("approved")),
+                    answer.get("value"),
+                    answer.get("actor"),
+                    answer.get("reason"),
+                )
+            if deadline is not None and now >= deadline:
+                raise WaitTimeout(f"approval {name!r} was not answered within its timeout")
+            await self._park(
+                Waiting(
+                    reason=WaitingReason.APPROVAL,
+                    wake_at_ms=deadline,
+                    token=recorded["token"],
+                    request=request,
+                ),
+                deferred=deferred,
+            )
+        raise AssertionError("unreachable: a satisfied park has a completion")
+
+    async def quota(self, wake_at: datetime | int) -> None:
+        """Park until ``wake_at`` (a provider's quota window); a datetime or epoch ms."""
+        position, key, record = await self._next("quota", "quota")
+        wake_ms = wake_at if isinstance(wake_at, int) else int(wake_at.timestamp() * 1000)
+        if record is None:
+            record = await self._record(position, key, "quota", "quota", {"wake_at_ms": wake_ms})
+        due = int(record.output["wake_at_ms"])
+        if await self._now_ms() < due:
+            await self._park(Waiting(reason=WaitingReason.QUOTA, wake_at_ms=due))

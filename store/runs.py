@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from store.admit import Admission
 from store.config import Settings
@@ -53,6 +53,14 @@ def _same(current: Snapshot, expected: Snapshot) -> bool:
     if expected.epoch is None:
         current = replace(current, epoch=None)
     return current == expected
+
+
+class FreshClaim(NamedTuple):
+    """``Runs.claim_if_fresh``'s answer: the claim's outcome (None: the row was not a
+    fresh admission, decide from ``seen``) and the row as the statement read it."""
+
+    outcome: ActivateOutcome | None
+    seen: RunRow | None
 
 
 class Runs(Admission):
@@ -132,6 +140,38 @@ class Runs(Admission):
         if row is None:
             return await self._changed_or_missing(run_id)
         return Activated(run_row(row))
+
+    async def claim_if_fresh(self, run_id: str, flow: str, me: Owner) -> FreshClaim:
+        """Read ``run_id`` and, if it is a fresh admission of ``flow`` with no cancel
+        asked, claim and activate it, in one statement (``runs.claim_if_fresh``).
+
+        ``outcome`` is what ``claim_and_activate`` would have answered for a fresh row
+        (Activated, or SnapshotChanged/NotFound when a concurrent claim won after this
+        statement's snapshot), and None when the row was not such a row: the caller then
+        decides from ``seen``, the row as read (None: no such run).
+        """
+        found = await self._db.all(
+            "runs.claim_if_fresh",
+            {
+                "id": run_id,
+                "flow": flow,
+                "owner_key": me.key,
+                "journal_kind": Kind.CLAIMED_AND_ACTIVATED,
+                "source_id": self._db.source_id,
+                "source_seq": self._db.next_source_seq(),
+                **owner_params(me),
+            },
+        )
+        seen = next((run_row(r) for r in found if not r["activated"]), None)
+        activated = next((run_row(r) for r in found if r["activated"]), None)
+        if activated is not None:
+            return FreshClaim(Activated(activated), seen)
+        if seen is None or not (
+            fresh_admission(seen) and seen.cancel_requested_at_ms is None and seen.flow == flow
+        ):
+            return FreshClaim(None, seen)
+        current = await self.get(run_id)  # the race it lost: who won, for the record
+        return FreshClaim(SnapshotChanged(current) if current else NotFound(run_id), seen)
 
     async def claim_and_activate_many(
         self, rows: Sequence[RunRow], me: Owner

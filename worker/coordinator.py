@@ -30,36 +30,49 @@ class Coordinator:
     def active(self) -> int:
         return len(self._active)
 
-    def drive(self, run_id: str, on_decided: Callable[[], None] | None = None) -> bool:
-        """Start (or coalesce into) a drive of ``run_id``; True if a new drive started."""
+    def drive(
+        self,
+        run_id: str,
+        on_decided: Callable[[], None] | None = None,
+        delivered_flow: str | None = None,
+    ) -> bool:
+        """Start (or coalesce into) a drive of ``run_id``; True if a new drive started.
+
+        ``delivered_flow``: the flow a stream message named (``Driver.drive``)."""
         if run_id in self._active:
             self._again.add(run_id)
             if on_decided is not None:
                 on_decided()
             return False
-        task = asyncio.create_task(self._run(run_id, on_decided), name=f"drive:{run_id}")
+        task = asyncio.create_task(
+            self._run(run_id, on_decided, delivered_flow=delivered_flow), name=f"drive:{run_id}"
+        )
         self._active[run_id] = task
         self.changed.set()
         return True
 
-    def drive_many(self, items: Sequence[tuple[str, Callable[[], None] | None]]) -> int:
-        """``drive`` for everything one stream read delivered; the runs not already in a
-        drive are decided together (``Driver.decide_many``: one read, one claim statement).
-        Returns how many new drives started."""
+    def drive_many(self, items: Sequence[tuple[str, Callable[[], None] | None, str]]) -> int:
+        """``drive`` for everything one stream read delivered (run id, its ack, the flow
+        its message named); the runs not already in a drive are decided together
+        (``Driver.decide_many``: one read, one claim statement), a lone one by one
+        statement that reads and claims. Returns how many new drives started."""
         fresh: list[tuple[str, Callable[[], None] | None]] = []
+        flows: dict[str, str] = {}
         seen: set[str] = set()
-        for run_id, on_decided in items:
+        for run_id, on_decided, flow in items:
             if run_id in self._active or run_id in seen:
                 self._again.add(run_id)
                 if on_decided is not None:
                     on_decided()
                 continue
             fresh.append((run_id, on_decided))
+            flows[run_id] = flow
             seen.add(run_id)
         if not fresh:
             return 0
         if len(fresh) == 1:  # an idle worker's read: the one-run path is the shortest
-            return int(self.drive(*fresh[0]))
+            run_id, on_decided = fresh[0]
+            return int(self.drive(run_id, on_decided, flows[run_id]))
         batch = self._decide_many([run_id for run_id, _ in fresh])
         for run_id, on_decided in fresh:
             self._active[run_id] = asyncio.create_task(
@@ -88,18 +101,20 @@ class Coordinator:
         run_id: str,
         on_decided: Callable[[], None] | None,
         batch: asyncio.Future[dict[str, Decision]] | None = None,
+        *,
+        delivered_flow: str | None = None,
     ) -> None:
         try:
             while True:
                 try:
-                    await self._driver.drive(run_id, on_decided, batch)
+                    await self._driver.drive(run_id, on_decided, batch, delivered_flow)
                 except asyncio.CancelledError:
                     raise
                 except Exception:
                     # Infrastructure errors land here (the database went away mid-drive).
                     # The run stays durable; a sweep or a later wake drives it again.
                     log.exception("run.drive_failed", extra={"run_id": run_id})
-                on_decided, batch = None, None
+                on_decided, batch, delivered_flow = None, None, None  # again: read first
                 if run_id not in self._again:
                     return
                 self._again.discard(run_id)

@@ -112,12 +112,14 @@ class Driver:
         run_id: str,
         on_decided: Callable[[], None] | None = None,
         batch: asyncio.Future[dict[str, Decision]] | None = None,
+        delivered_flow: str | None = None,
     ) -> DriveOutcome:
         """Take the one step the run's row allows; returns what happened.
 
         ``batch`` is a ``decide_many`` this run was part of: its decision is used when it
         made one, and the run is decided alone (read, then claim) when it did not or
-        when the batch failed.
+        when the batch failed. ``delivered_flow`` is the flow a stream message named:
+        the read and, for a fresh admission, the claim then go as one statement.
         """
         try:
             decision = None
@@ -126,6 +128,8 @@ class Driver:
                     decision = (await asyncio.shield(batch)).get(run_id)
                 except Exception:  # logged once by the coordinator (run.batch_decide_failed)
                     decision = None
+            elif delivered_flow is not None:
+                decision = await self._decide_delivered(run_id, delivered_flow)
             if decision is None:
                 row = await self.store.runs.get(run_id)
                 decision = await self._decide(row, run_id)
@@ -173,6 +177,23 @@ class Driver:
         for row, flow in fresh:
             decisions[row.id] = await self._claimed(row, flow, outcomes[row.id])
         return decisions
+
+    async def _decide_delivered(self, run_id: str, flow_name: str) -> Decision | None:
+        """One statement reads the run and claims it if it is a fresh admission of the
+        flow the message named; anything else is decided from that same read. None: the
+        usual read-then-decide path applies (a flow this process does not run, a run it
+        already owns, a lease it cannot confirm: that path says so)."""
+        try:
+            flow = resolve(flow_name)
+        except UnknownFlow:
+            return None
+        if run_id in self.owned or (self._lease_ok is not None and not self._lease_ok()):
+            return None
+        outcome, seen = await self.store.runs.claim_if_fresh(run_id, flow_name, self.owner)
+        if outcome is None:
+            return await self._decide(seen, run_id)
+        assert seen is not None
+        return await self._claimed(seen, flow, outcome)
 
     async def _decide(self, row: RunRow | None, run_id: str) -> Decision:
         if row is None:

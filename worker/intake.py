@@ -101,7 +101,9 @@ class Intake:
                 backoff = min(backoff * 2, 5.0)
                 await self._regroup()
                 continue
-            coordinator.drive_many([(d.message.run, self._acker(d)) for d in deliveries])
+            coordinator.drive_many(
+                [(d.message.run, self._acker(d), d.message.flow) for d in deliveries]
+            )
 
     def _acker(self, delivery: Delivery) -> Callable[[], None]:
         """Acknowledge ``delivery`` once its drive has decided (``Outbox``: pipelined)."""

@@ -79,6 +79,38 @@ WITH activated AS (
 )
 SELECT * FROM activated;
 
+-- name: claim_if_fresh
+-- A stream delivery's read and claim in one statement (an idle worker's start latency is
+-- its round trips). ``seen`` is the row as this statement's snapshot has it, as a read
+-- would; ``activated`` is its claim, activation and record, made only when the row is a
+-- fresh admission of the flow the message named: pending, never started (no owner,
+-- lease or claim), not waiting, no cancel asked. All of it is checked by the UPDATE on
+-- the newest row version, so a concurrent claim that commits first (the UPDATE waits for
+-- its row lock, then re-checks) leaves ``activated`` empty while ``seen`` still shows the
+-- row fresh: the caller's lost race. Both rows come back, told apart by ``activated``.
+WITH seen AS (
+    SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r WHERE r.id = %(id)s
+), activated AS (
+    UPDATE runfleet.runs AS r SET
+        status = 'running', owner_host = %(host)s, owner_pid = %(pid)s,
+        owner_nonce = %(nonce)s, epoch = r.epoch + 1, heartbeat_at_ms = runfleet.now_ms(),
+        updated_at_ms = runfleet.now_ms()
+     WHERE r.id = %(id)s AND r.flow = %(flow)s AND r.status = 'pending'
+       AND r.waiting_reason IS NULL AND r.claim_host IS NULL AND r.owner_host IS NULL
+       AND r.heartbeat_at_ms IS NULL AND r.cancel_requested_at_ms IS NULL
+    RETURNING r.*, runfleet.now_ms() AS now_ms
+), journaled AS (
+    INSERT INTO runfleet.journal (run_id, kind, source_id, source_seq, payload, digest, at_ms)
+    SELECT a.id, %(journal_kind)s, %(source_id)s, %(source_seq)s, p.payload,
+           left(encode(sha256(convert_to(p.payload::text, 'UTF8')), 'hex'), 32), a.now_ms
+      FROM activated a,
+           LATERAL (SELECT jsonb_build_object('owner', %(owner_key)s::text, 'epoch', a.epoch,
+                                              'from', 'pending') AS payload) AS p
+)
+SELECT true AS activated, a.* FROM activated a
+UNION ALL
+SELECT false AS activated, s.* FROM seen s;
+
 -- name: claim_and_activate_many
 -- claim_and_activate for every fresh admission a stream read delivered, in one statement:
 -- only a row still pending, never started by anyone (no owner, no lease, no claim, no

@@ -48,7 +48,8 @@ async def test_sigstopped_owner_is_stolen_and_never_settles(
     b = spawn()
     await b.wait_started()
     a.signal(signal.SIGSTOP)
-    stolen = await until(lambda: running_on(store, run.id, b.pid), 15, "B to steal the run")
+    # Generous: a loaded 2-core CI machine starves B now and then (the bench times recovery).
+    stolen = await until(lambda: running_on(store, run.id, b.pid), 40, "B to steal the run")
     assert stolen.epoch > first.epoch
     a.signal(signal.SIGCONT)
     assert (await run.result(timeout=10))["pid"] == b.pid

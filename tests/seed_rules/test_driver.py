@@ -80,6 +80,75 @@ async def test_a_lost_claim_leaves_claim_lost_evidence(store: Store, settings: S
     assert len(evidence) == 1 and evidence[0].payload["observer"] == OTHER.key
 
 
+async def activated_by(store: Store, run_id: str) -> list[object]:
+    records = await store.journal.records(run_id)
+    return [r.payload["owner"] for r in records if r.kind == Kind.CLAIMED_AND_ACTIVATED]
+
+
+async def test_a_delivered_run_is_read_and_claimed_by_one_statement(
+    store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream delivery names the flow: the read and the claim are one statement."""
+    await create(store, "r", flow="sr.waiter")
+    reads: list[str] = []
+    real_get = store.runs.get
+
+    async def counted_get(run_id: str) -> object:
+        reads.append(run_id)
+        return await real_get(run_id)
+
+    monkeypatch.setattr(store.runs, "get", counted_get)
+    assert await driver(store, settings).drive("r", delivered_flow="sr.waiter") == "activated"
+    assert reads == [], "no separate read before the claim"
+    journal = await kinds(store, "r")
+    assert journal.count(Kind.CLAIMED_AND_ACTIVATED) == 1
+
+
+async def test_a_delivered_lost_claim_leaves_claim_lost_evidence(
+    store: Store, settings: Settings
+) -> None:
+    """Both contenders' statements saw the row fresh; the one queued second on its row
+    lock re-checks, finds it taken, and journals what it lost to, as a read-first drive."""
+    await create(store, "r", flow="sr.waiter")
+    winner, loser = driver(store, settings, ME), driver(store, settings, OTHER)
+    won, lost = await in_lock_order(
+        settings.database_url,
+        "r",
+        lambda: winner.drive("r", delivered_flow="sr.waiter"),
+        lambda: loser.drive("r", delivered_flow="sr.waiter"),
+    )
+    assert (won, lost) == ("activated", "claim_lost")
+    evidence = [r for r in await store.journal.records("r") if r.kind == Kind.CLAIM_LOST]
+    assert len(evidence) == 1 and evidence[0].payload["observer"] == OTHER.key
+    assert await activated_by(store, "r") == [ME.key]
+
+
+async def test_a_delivered_message_naming_another_flow_claims_by_the_row(
+    store: Store, settings: Settings
+) -> None:
+    """A message is only a hint: naming a flow the row does not have (a hostile or
+    stale message) claims nothing by that name; the row's own flow decides."""
+    await create(store, "r", flow="sr.waiter")
+    assert await driver(store, settings).drive("r", delivered_flow="sr.timed") == "activated"
+    assert await activated_by(store, "r") == [ME.key]
+    row = await must_get(store, "r")  # sr.waiter ran: it parks on its event
+    assert row.waiting is not None and row.waiting.reason == "event"
+    await create(store, "unknown", flow="sr.no-such-flow")
+    outcome = await driver(store, settings).drive("unknown", delivered_flow="sr.waiter")
+    assert outcome == "unknown_flow"
+    assert (await must_get(store, "unknown")).status is RunStatus.PENDING
+
+
+async def test_a_delivered_run_with_a_cancel_asked_is_closed_not_started(
+    store: Store, settings: Settings
+) -> None:
+    await create(store, "r", flow="sr.waiter")
+    await store.lifecycle.request_cancel("r")
+    await driver(store, settings).drive("r", delivered_flow="sr.waiter")
+    assert (await must_get(store, "r")).status is RunStatus.CANCELLED
+    assert Kind.CLAIMED_AND_ACTIVATED in await kinds(store, "r")  # claimed to close it
+
+
 async def test_cancelled_runs_of_an_unregistered_flow_are_closed_when_suspended(
     store: Store, settings: Settings
 ) -> None:
@@ -152,7 +221,11 @@ class _BlockingDriver:
         self.go = asyncio.Event()
 
     async def drive(
-        self, run_id: str, on_decided: Callable[[], None] | None = None, batch: object = None
+        self,
+        run_id: str,
+        on_decided: Callable[[], None] | None = None,
+        batch: object = None,
+        delivered_flow: str | None = None,
     ) -> str:
         self.drives += 1
         if on_decided is not None:
@@ -190,7 +263,7 @@ async def test_a_read_batch_coalesces_duplicates_and_runs_already_in_a_drive() -
         return lambda: acked.append(run_id)
 
     started = coordinator.drive_many(
-        [(run_id, acker(run_id)) for run_id in ("a", "busy", "b", "a")]
+        [(run_id, acker(run_id), "f") for run_id in ("a", "busy", "b", "a")]
     )
     assert started == 2, "a and b start; busy and the second a coalesce"
     stub.go.set()

@@ -101,7 +101,7 @@ async def test_the_coordinator_runs_a_read_to_completion_through_the_batch(
     def acker(run_id: str) -> Callable[[], None]:
         return lambda: acked.append(run_id)
 
-    assert coordinator.drive_many([(run_id, acker(run_id)) for run_id in ids]) == 8
+    assert coordinator.drive_many([(run_id, acker(run_id), "tw.two_steps") for run_id in ids]) == 8
     assert await coordinator.join(timeout=20)
     rows = await store.runs.get_many(ids)
     assert {r.status for r in rows} == {RunStatus.COMPLETED}
@@ -134,7 +134,7 @@ async def test_a_failed_batch_decision_leaves_each_run_to_its_own_drive(
         (await create(store, f"b{i}", flow="tw.two_steps", payload={"args": [i]})).id
         for i in range(3)
     ]
-    assert coordinator.drive_many([(run_id, None) for run_id in ids]) == 3
+    assert coordinator.drive_many([(run_id, None, "tw.two_steps") for run_id in ids]) == 3
     assert await coordinator.join(timeout=20)
     rows = await store.runs.get_many(ids)
     assert {r.status for r in rows} == {RunStatus.COMPLETED}, "each decided and run alone"

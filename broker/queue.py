@@ -3,11 +3,8 @@
 Admission is one Postgres round trip (run row + ``created`` record, one implicit
 transaction: ``store.admit``), then one pipelined stream write; concurrent ``enqueue``
 calls share both (``broker.batching``). The message is only a hint: if Redis fails after
-the commit the run is still durable and the lost-wake sweep schedules it. So a single
-``enqueue`` returns at the commit, its durable point, and its stream message follows in
-the background (coalesced with the next ones; ``close`` sends what is left), where
-``enqueue_many`` waits for its one pipeline. Every
-Postgres call a producer makes retries transient errors (``store.transient``) for
+the commit the run is still durable and the lost-wake sweep schedules it. Every Postgres
+call a producer makes retries transient errors (``store.transient``) for
 ``RUNFLEET_PRODUCER_RETRY_FOR`` seconds, then raises ``Unavailable`` naming the service.
 ``Queue`` runs the same ``AsyncQueue`` code on a private event-loop thread, so the two
 differ only in how they are called. Every call that reads or changes a run first checks that
@@ -39,7 +36,7 @@ from broker.admission import (
     split_rq_call,
     unknown,
 )
-from broker.batching import Coalesce, GroupCommit
+from broker.batching import GroupCommit
 from broker.client import connect
 from broker.codec import message_for
 from broker.control import RunControl
@@ -107,10 +104,6 @@ class AsyncQueue(RunControl):
             )
             for lane in Lane
         }
-        self._hints: dict[Lane, Coalesce[RunRow]] = {
-            lane: Coalesce(functools.partial(self._publish_ready, lane=lane), name="hints")
-            for lane in Lane
-        }
 
     async def connect(self) -> AsyncQueue:
         if self._store is None:
@@ -131,8 +124,6 @@ class AsyncQueue(RunControl):
     async def close(self) -> None:
         for group in self._groups.values():
             await group.drain()  # enqueues in flight finish on the store they began on
-        for hints in self._hints.values():
-            await hints.drain()  # their stream messages go out before Redis closes
         if self._store is not None:
             await self._store.close()
             self._store = None
@@ -235,9 +226,8 @@ class AsyncQueue(RunControl):
             if len(news) == 1:
                 raise
             outcomes = [await self._admit_alone(new) for new in news]
-        for outcome in outcomes:
-            if not isinstance(outcome, Exception):
-                self._hints[lane].add(outcome.row)
+        rows = [o.row for o in outcomes if not isinstance(o, Exception)]
+        await self._publish_ready(rows, lane=lane)
         return [o if isinstance(o, Exception) else AsyncRun(self, o.row.id) for o in outcomes]
 
     async def _admit_alone(self, new: NewRun) -> CreateOutcome | Exception:

@@ -20,7 +20,6 @@ import pytest
 from psycopg import pq
 
 from broker import AsyncQueue
-from broker.client import connect
 from broker.notify import SettledWatch
 from broker.run import AsyncRun
 from store.config import Settings
@@ -203,38 +202,3 @@ async def test_sequential_enqueues_are_not_held_back(settings: Settings) -> None
         for i in range(10):
             await queue.enqueue(noop, i)
         assert wire.round_trips == 10
-
-
-async def test_a_single_enqueue_returns_at_its_commit_and_its_hint_follows(
-    settings: Settings, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The stream message is sent after ``enqueue`` returns (it is only a hint), coalesced
-    with the next ones, and ``close`` sends whatever is still outstanding."""
-    queue = AsyncQueue("default", settings=settings)
-    await queue.connect()
-    real = queue.streams.publish_many
-    release = asyncio.Event()
-    sent: list[list[str]] = []
-
-    async def slow_publish(items: Sequence[Any], lane: Any) -> list[str]:
-        await release.wait()  # Redis answering slowly: enqueue must not wait for it
-        sent.append([msg.run for _queue, msg in items])
-        return await real(items, lane)
-
-    monkeypatch.setattr(queue.streams, "publish_many", slow_publish)
-    try:
-        first = await asyncio.wait_for(queue.enqueue(noop, 1), 5)
-        assert (await first.fetch()).status is RunStatus.PENDING  # durable already
-        rest = [await asyncio.wait_for(queue.enqueue(noop, i), 5) for i in range(2, 5)]
-        assert sent == []
-    finally:
-        release.set()
-        await queue.close()
-    # The first went alone; the three admitted while it was in flight went together.
-    assert sent == [[first.id], [r.id for r in rest]]
-    redis = connect(settings)
-    try:
-        entries = await redis.xrange(f"{settings.redis_prefix}:q:default")
-        assert entries is not None and len(entries) == 4
-    finally:
-        await redis.aclose()

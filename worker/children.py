@@ -8,47 +8,17 @@ outcome is delivered as a completion (following a handed-off child to its succes
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-from store import Store
-from store.steps import StepRecord
-from store.types import NewRun, OnParentExit, RunRow, Waiting, WaitingReason
+from store.types import NewRun, OnParentExit, Waiting, WaitingReason
+from worker.context_parts import ContextParts
 from worker.durable import ChildFailed
-from worker.wake_hints import HintFn
 
 T = TypeVar("T")
 
 
-class Children:
+class Children(ContextParts):
     """``Context``'s child runs (``worker.context.Context`` inherits them)."""
-
-    run: RunRow
-    hint: HintFn | None
-
-    if TYPE_CHECKING:  # for mypy only: worker.context.Context defines these
-
-        @property
-        def _store(self) -> Store: ...
-
-        async def _durable(self, what: str, call: Callable[[], Awaitable[T]]) -> T: ...
-
-        async def _next(self, kind: str, name: str) -> tuple[int, str, StepRecord | None]: ...
-
-        async def _record(
-            self,
-            position: int,
-            key: str,
-            name: str,
-            kind: str,
-            output: Any,
-            compensate: str | None = None,
-            attempt: int | None = None,
-        ) -> StepRecord: ...
-
-        async def _park(self, waiting: Waiting, deferred: str | None = None) -> None: ...
-
-        async def _deferred(self, name: str) -> Any: ...
 
     async def child(self, flow: Any, *args: Any, run_id: str | None = None, **kwargs: Any) -> Any:
         """Start an attached child (ends with this run) and wait for its result."""

@@ -2,9 +2,9 @@
 
 ``Waits`` is a mixin that ``worker.context.Context`` inherits; it holds only the calls
 that park a run on a clock, an event, a person's answer or a quota window, and relies on
-the Context's replay bookkeeping (``_next``, ``_record``, ``_park``...) declared below
-for mypy. Each call is replay-safe the way every durable call is: its record is written
-once, and a resumed body finds it at the same position.
+the Context's replay bookkeeping (``_next``, ``_record``, ``_park``...) declared in
+``worker.context_parts`` for mypy. Each call is replay-safe the way every durable call
+is: its record is written once, and a resumed body finds it at the same position.
 """
 
 from __future__ import annotations
@@ -13,55 +13,21 @@ import asyncio
 import inspect
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-from store import Store
-from store.config import Settings
-from store.steps import StepRecord
-from store.types import RunRow, Waiting, WaitingReason
+from store.types import Waiting, WaitingReason
 from store.waits import token_hash
+from worker.context_parts import ContextParts
 from worker.durable import Decision, WaitTimeout
 from worker.threads import in_thread
 
 T = TypeVar("T")
 
 
-class Waits:
+class Waits(ContextParts):
     """``Context``'s timers and waits (``worker.context.Context`` inherits them)."""
-
-    run: RunRow
-    settings: Settings | None
-    wake_hint: float | None
-
-    if TYPE_CHECKING:  # for mypy only: worker.context.Context defines these
-
-        @property
-        def _store(self) -> Store: ...
-
-        async def _durable(self, what: str, call: Callable[[], Awaitable[T]]) -> T: ...
-
-        async def _next(self, kind: str, name: str) -> tuple[int, str, StepRecord | None]: ...
-
-        async def _record(
-            self,
-            position: int,
-            key: str,
-            name: str,
-            kind: str,
-            output: Any,
-            compensate: str | None = None,
-            attempt: int | None = None,
-        ) -> StepRecord: ...
-
-        async def _park(self, waiting: Waiting, deferred: str | None = None) -> None: ...
-
-        async def _now_ms(self) -> int: ...
-
-        async def _deferred(self, name: str) -> Any: ...
-
-        async def _ensure_clock(self, name: str, due_at_ms: int) -> int: ...
 
     async def sleep(self, duration: timedelta | float) -> None:
         seconds = duration.total_seconds() if isinstance(duration, timedelta) else duration

@@ -71,6 +71,27 @@ end
 return { entries, tails }
 """
 
+# Why a script for many messages: one XADD per run costs a producer's enqueue_many and a
+# worker's wake batch a command each to pack, send and parse (redis-py packs in Python);
+# one script call per stream carries the whole batch, appended in order, atomically.
+_PUBLISH_SCRIPT = """
+--[[ runfleet: append each of ARGV[3..n] to the stream KEYS[1] as one entry, in order.
+ARGV[1]    = approximate MAXLEN of the stream
+ARGV[2]    = the entry's one field name
+ARGV[3..n] = the entries' values (encoded messages)
+Returns    the new entries' ids, in order
+]]
+local ids = {}
+for i = 3, #ARGV do
+  ids[#ids + 1] = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', ARGV[2], ARGV[i])
+end
+return ids
+"""
+SCRIPT_PUBLISH_FROM = 8
+"""Batches of at least this many messages go through the publish script (fewer: XADDs)."""
+PUBLISH_CHUNK = 1000
+"""The most messages one script call appends (a call blocks Redis while it runs)."""
+
 
 class Lane(enum.StrEnum):
     """Which of a queue's two streams: read the recovery lane first, always."""
@@ -130,6 +151,7 @@ class Streams:
         self._keys = Keys(prefix)
         self.maxlen = maxlen
         self._read_script = redis.register_script(_READ_SCRIPT)
+        self._publish_script = redis.register_script(_PUBLISH_SCRIPT)
         self._reclaim_cursor: dict[str, str] = {}
         timeout = socket_timeout_of(redis)
         # A block longer than the client's socket timeout would surface as a timeout error.
@@ -191,11 +213,29 @@ class Streams:
         if not items:
             return []
         packed = [(self.stream_key(queue, lane), encode(msg)) for queue, msg in items]
+        if len(packed) >= SCRIPT_PUBLISH_FROM:
+            return await self._publish_scripted(packed)
         async with self._redis.pipeline(transaction=False) as pipe:
             for key, data in packed:
                 pipe.xadd(key, {FIELD: data}, maxlen=self._maxlen, approximate=True)
             ids = await pipe.execute()
         return [_text(i) for i in ids]
+
+    async def _publish_scripted(self, packed: list[tuple[str, bytes]]) -> list[str]:
+        """``publish_many`` for a large batch: one script call per stream and chunk."""
+        by_key: dict[str, list[int]] = {}
+        for i, (key, _data) in enumerate(packed):
+            by_key.setdefault(key, []).append(i)
+        ids = [""] * len(packed)
+        for key, positions in by_key.items():
+            for start in range(0, len(positions), PUBLISH_CHUNK):
+                chunk = positions[start : start + PUBLISH_CHUNK]
+                reply = await self._publish_script(
+                    keys=[key], args=[self._maxlen, FIELD, *(packed[i][1] for i in chunk)]
+                )
+                for i, entry_id in zip(chunk, reply, strict=True):
+                    ids[i] = _text(entry_id)
+        return ids
 
     async def read(
         self, consumer: str, queues: list[str], count: int, block_ms: int

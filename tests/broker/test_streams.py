@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
+import broker.streams
 from broker import hostile
-from broker.codec import StreamMessage
+from broker.codec import FIELD, StreamMessage, decode
 from broker.keys import GROUP
-from broker.streams import Delivery, QueueDepth, Streams
+from broker.streams import Delivery, Lane, QueueDepth, Streams
 from tests.support.polling import until
 
 
@@ -220,3 +222,33 @@ async def test_prune_consumers_keeps_those_with_pending_entries(streams: Streams
     assert await streams.prune_consumers(["default", "nostream"], idle_ms=3_600_000) == 0
     assert await streams.prune_consumers(["default"], idle_ms=0) == 1
     assert runs(await streams.reclaim("new", ["default"], min_idle_ms=0, count=5)) == ["r1"]
+
+
+async def test_a_large_batch_is_published_by_script_in_input_order(
+    streams: Streams, redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Interleaved queues and lanes, more messages than one script call carries: every
+    entry lands once on its own stream, in input order there, and each caller position
+    gets its own entry's id."""
+    monkeypatch.setattr(broker.streams, "PUBLISH_CHUNK", 7)
+    calls: list[int] = []
+    script = streams._publish_script
+
+    async def counted(*, keys: list[str], args: list[Any]) -> list[bytes]:
+        calls.append(len(args) - 2)
+        return await script(keys=keys, args=args)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(streams, "_publish_script", counted)
+    items = [(("a", "b")[i % 2], msg(f"r{i}")) for i in range(40)]
+    ids = await streams.publish_many(items)
+    assert sorted(calls) == [6, 6, 7, 7, 7, 7]  # 20 per queue, chunks of 7
+    for queue in ("a", "b"):
+        entries: Any = await redis.xrange(streams.stream_key(queue))
+        published = [(_text(entry_id), decode(fields[FIELD]).run) for entry_id, fields in entries]
+        order = [run for _id, run in published]
+        assert order == [m.run for q, m in items if q == queue]
+        by_id = dict(published)
+        assert [by_id[ids[i]] for i, (q, _m) in enumerate(items) if q == queue] == order
+    recovery = await streams.publish_many([("a", msg(f"x{i}")) for i in range(10)], Lane.RECOVERY)
+    assert len(set(recovery)) == 10
+    assert await redis.xlen(streams.stream_key("a", Lane.RECOVERY)) == 10

@@ -1,0 +1,199 @@
+"""How the driver decides a run it was handed: claim it, take it over, or leave it.
+
+``Decisions`` is a mixin that ``worker.driver.Driver`` inherits: everything between
+"a run id arrived" and "this process now owns it at a new epoch" (or why not). A
+stream read of several runs is decided with one read and one claim statement
+(``decide_many``); a lone delivery with one statement that reads and claims
+(``_decide_delivered``); anything else from its row (``_decide``): a runnable row is
+claimed and activated, a running row whose lease is stale goes to ``Takeover``, and a
+lost race is journaled as ``claim-lost``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Container, Sequence
+from typing import assert_never
+
+from store import Kind, Store
+from store.errors import UnknownFlow
+from store.runs import fresh_admission
+from store.types import (
+    Activated,
+    ActivateOutcome,
+    NotFound,
+    Owner,
+    RunRow,
+    RunStatus,
+    SnapshotChanged,
+    WaitingReason,
+)
+from worker import metrics
+from worker.evidence import journal_evidence
+from worker.flows import Flow, resolve
+from worker.outcomes import Decision, DriveOutcome
+from worker.takeover import Takeover
+
+log = logging.getLogger("runfleet.worker.driver")
+
+
+class Decisions:
+    """``Driver``'s decide half (``worker.driver.Driver`` inherits it)."""
+
+    store: Store
+    owner: Owner
+    owned: Container[str]
+    takeover: Takeover
+    _lease_ok: Callable[[], bool] | None
+    _warned_unknown: set[str]
+
+    async def decide_many(self, run_ids: Sequence[str]) -> dict[str, Decision]:
+        """Decide the runs one stream read delivered with one read and one claim statement.
+
+        Fresh admissions (pending, never started, not waiting, a flow this process runs,
+        no cancel asked) are claimed and activated together, each with its own snapshot
+        check and record; settled and unknown ids are decided from the same read. Any
+        other run is left out of the answer and its drive decides it alone, as before.
+        """
+        rows = await self.store.runs.get_many(list(run_ids))
+        decisions: dict[str, Decision] = {}
+        fresh: list[tuple[RunRow, Flow]] = []
+        for row in rows:
+            if row.status.terminal:
+                decisions[row.id] = (DriveOutcome.TERMINAL, None)
+                continue
+            if (
+                row.id in self.owned
+                or not fresh_admission(row)
+                or row.cancel_requested_at_ms is not None
+                or (self._lease_ok is not None and not self._lease_ok())
+            ):
+                continue
+            flow = self._flow(row)
+            if flow is not None:
+                fresh.append((row, flow))
+        found = {row.id for row in rows}
+        decisions.update(
+            (run_id, (DriveOutcome.NOT_FOUND, None)) for run_id in run_ids if run_id not in found
+        )
+        if not fresh:
+            return decisions
+        outcomes = await self.store.runs.claim_and_activate_many([r for r, _ in fresh], self.owner)
+        for row, flow in fresh:
+            decisions[row.id] = await self._claimed(row, flow, outcomes[row.id])
+        return decisions
+
+    async def _decide_delivered(self, run_id: str, flow_name: str) -> Decision | None:
+        """One statement reads the run and claims it if it is a fresh admission of the
+        flow the message named; anything else is decided from that same read. None: the
+        usual read-then-decide path applies (a flow this process does not run, a run it
+        already owns, a lease it cannot confirm: that path says so)."""
+        try:
+            flow = resolve(flow_name)
+        except UnknownFlow:
+            return None
+        if run_id in self.owned or (self._lease_ok is not None and not self._lease_ok()):
+            return None
+        outcome, seen = await self.store.runs.claim_if_fresh(run_id, flow_name, self.owner)
+        if outcome is None:
+            return await self._decide(seen, run_id)
+        assert seen is not None
+        return await self._claimed(seen, flow, outcome)
+
+    async def _decide(self, row: RunRow | None, run_id: str) -> Decision:
+        if row is None:
+            return DriveOutcome.NOT_FOUND, None
+        if row.status.terminal:
+            return DriveOutcome.TERMINAL, None
+        if row.id in self.owned:
+            return DriveOutcome.ALREADY_OWNED, None
+        if self._lease_ok is not None and not self._lease_ok():
+            # A process that cannot confirm its own lease takes nothing new: nobody
+            # would renew what it claims, and another worker would soon steal it.
+            return DriveOutcome.LEASE_CLOSED, None
+        flow = self._flow(row)
+        if flow is None and row.cancel_requested_at_ms is None:
+            return DriveOutcome.UNKNOWN_FLOW, None
+        if row.status is RunStatus.RUNNING:
+            if row.owner == self.owner and row.id in self.owned:
+                return DriveOutcome.ALREADY_OWNED, None
+            return await self.takeover.steal(row, flow)
+        return await self._claim(row, flow)
+
+    def _flow(self, row: RunRow) -> Flow | None:
+        try:
+            return resolve(row.flow)
+        except UnknownFlow as exc:
+            if row.id not in self._warned_unknown:
+                if len(self._warned_unknown) > 10_000:
+                    self._warned_unknown.clear()  # bounded memory; a rare repeat warning is fine
+                self._warned_unknown.add(row.id)
+                log.warning(
+                    "run.unknown_flow",
+                    extra={"run_id": row.id, "flow": row.flow, "error": str(exc)},
+                )
+            return None
+
+    async def _claim(self, row: RunRow, flow: Flow | None) -> Decision:
+        if row.waiting is not None:
+            if not self._wakeable(row):
+                return DriveOutcome.WAITING, None
+            await self.store.waits.wake(row.id, cause=f"driver:{row.waiting.reason}")
+            fresh = await self.store.runs.get(row.id)
+            if fresh is None:
+                return DriveOutcome.NOT_FOUND, None
+            row = fresh
+        if row.claim is not None:
+            recovered = await self.takeover.stranded_claim(row)
+            if recovered != DriveOutcome.CLAIM_RECOVERED:
+                return recovered, None
+            fresh = await self.store.runs.get(row.id)  # claim it in this same drive
+            if fresh is None or fresh.status.terminal or fresh.claim is not None:
+                return recovered, None
+            row = fresh
+        outcome = await self.store.runs.claim_and_activate(row.id, row.snapshot, self.owner)
+        return await self._claimed(row, flow, outcome)
+
+    async def _claimed(self, row: RunRow, flow: Flow | None, outcome: ActivateOutcome) -> Decision:
+        """What a claim-and-activate answered: execute it, or journal the lost race."""
+        match outcome:
+            case Activated(row=activated):
+                if activated.epoch == 1:
+                    metrics.ENQUEUE_TO_START.observe(
+                        max(0, activated.now_ms - activated.created_at_ms) / 1000
+                    )
+                return DriveOutcome.ACTIVATED, (activated, flow)
+            case SnapshotChanged(current=current):
+                await journal_evidence(
+                    self.store,
+                    row.id,
+                    Kind.CLAIM_LOST,
+                    current.owner,
+                    current.heartbeat_at_ms,
+                    {"observer": self.owner.key, "status": current.status.value},
+                )
+                return DriveOutcome.CLAIM_LOST, None
+            case NotFound():
+                return DriveOutcome.NOT_FOUND, None
+
+    def _wakeable(self, row: RunRow) -> bool:
+        waiting = row.waiting
+        assert waiting is not None
+        if row.cancel_requested_at_ms is not None:
+            return True  # a cancel closes any parked run, quarantined ones included
+        match waiting.reason:
+            case WaitingReason.RELEASED:
+                return True
+            case WaitingReason.QUARANTINE:
+                return False  # otherwise only an operator's explicit resume moves it
+            case (
+                WaitingReason.TIMER
+                | WaitingReason.QUOTA
+                | WaitingReason.EVENT
+                | WaitingReason.APPROVAL
+                | WaitingReason.CHILD
+            ):
+                # Timers and quotas wake when due; the others when their timeout is.
+                return waiting.wake_at_ms is not None and waiting.wake_at_ms <= row.now_ms
+            case _:
+                assert_never(waiting.reason)

@@ -43,18 +43,21 @@ class JobStatus(enum.StrEnum):
 def job_status(row: RunRow, deferred: bool = False) -> JobStatus:
     """The rq status of a run (its last round's, for a run that handed off).
 
-    pending → queued, or canceled once cancellation was requested (a run that never
-    started is settled cancelled without running), or scheduled while its start time
-    (enqueue_at/in) is in the future; any open run is deferred (``deferred``: the
-    caller read its dependencies) while a ``depends_on`` dependency has not completed;
-    running and suspended (parked on a wait: it has started) → started;
-    completed → finished; failed → failed; cancelled → canceled.
+    Any open run whose cancellation was requested → canceled, as rq's ``cancel`` answers
+    at once: the cancel guard settles it cancelled (a pending one is even claimed for an
+    instant by the worker that closes it, which must not read as started). Otherwise
+    pending → queued, or scheduled while its start time (enqueue_at/in) is in the
+    future; any open run is deferred (``deferred``: the caller read its dependencies)
+    while a ``depends_on`` dependency has not completed; running and suspended (parked
+    on a wait: it has started) → started; completed → finished; failed → failed;
+    cancelled → canceled.
     """
-    if deferred and not row.status.terminal:
-        return JobStatus.DEFERRED
-    if row.status is RunStatus.PENDING:
+    if not row.status.terminal:
         if row.cancel_requested_at_ms is not None:
-            return JobStatus.CANCELED  # never started: no worker will run it
+            return JobStatus.CANCELED
+        if deferred:
+            return JobStatus.DEFERRED
+    if row.status is RunStatus.PENDING:
         waiting = row.waiting
         if (
             waiting is not None

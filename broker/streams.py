@@ -27,6 +27,7 @@ from broker import hostile
 from broker.client import require_binary, socket_timeout_of
 from broker.codec import FIELD, MalformedMessage, StreamMessage, decode, encode
 from broker.keys import DEFAULT_PREFIX, GROUP, Keys
+from broker.stream_scripts import PUBLISH_SCRIPT, READ_SCRIPT
 
 log = logging.getLogger("runfleet.broker.streams")
 
@@ -34,59 +35,6 @@ DEFAULT_MAXLEN = 100_000
 _MAX_BLOCK_SLICE_MS = 1000
 _RECLAIM_CALLS_PER_QUEUE = 4
 
-# Why a script: XREADGROUP's COUNT applies to each stream separately, so one call
-# over k streams can hand this consumer up to k * COUNT entries, more than the free
-# slots the caller has. The script reads the streams in priority order (every
-# recovery lane, then every normal lane), taking only what is still missing, atomically.
-_READ_SCRIPT = """
---[[ runfleet: deliver at most ARGV[3] new entries across streams, in priority order.
-KEYS[1..n] = streams ({prefix}:recovery:{queue} lanes, then {prefix}:q:{queue}), highest
-             priority first
-ARGV[1]    = consumer group name
-ARGV[2]    = consumer name
-ARGV[3]    = maximum number of entries to deliver in total (>= 1)
-Returns    { entries, tails }
-  entries  = list of { index into KEYS (1-based), entry id, { field, value, ... } }
-  tails    = per KEYS[i], the id of its newest entry ("0-0" if empty); a caller that
-             got no entries waits (XREAD BLOCK) for anything newer than these ids.
-Errors     NOGROUP when a stream or its group is missing; the caller recreates both.
-]]
-local remaining = tonumber(ARGV[3])
-local entries = {}
-local tails = {}
-for i, key in ipairs(KEYS) do
-  if remaining > 0 then
-    local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2],
-                             'COUNT', remaining, 'STREAMS', key, '>')
-    if reply then
-      for _, entry in ipairs(reply[1][2]) do
-        entries[#entries + 1] = { i, entry[1], entry[2] }
-        remaining = remaining - 1
-      end
-    end
-  end
-  local newest = redis.call('XREVRANGE', key, '+', '-', 'COUNT', 1)
-  if newest[1] then tails[i] = newest[1][1] else tails[i] = '0-0' end
-end
-return { entries, tails }
-"""
-
-# Why a script for many messages: one XADD per run costs a producer's enqueue_many and a
-# worker's wake batch a command each to pack, send and parse (redis-py packs in Python);
-# one script call per stream carries the whole batch, appended in order, atomically.
-_PUBLISH_SCRIPT = """
---[[ runfleet: append each of ARGV[3..n] to the stream KEYS[1] as one entry, in order.
-ARGV[1]    = approximate MAXLEN of the stream
-ARGV[2]    = the entry's one field name
-ARGV[3..n] = the entries' values (encoded messages)
-Returns    the new entries' ids, in order
-]]
-local ids = {}
-for i = 3, #ARGV do
-  ids[#ids + 1] = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', ARGV[2], ARGV[i])
-end
-return ids
-"""
 SCRIPT_PUBLISH_FROM = 8
 """Batches of at least this many messages go through the publish script (fewer: XADDs)."""
 PUBLISH_CHUNK = 1000
@@ -150,8 +98,8 @@ class Streams:
         self._redis = require_binary(redis)
         self._keys = Keys(prefix)
         self.maxlen = maxlen
-        self._read_script = redis.register_script(_READ_SCRIPT)
-        self._publish_script = redis.register_script(_PUBLISH_SCRIPT)
+        self._read_script = redis.register_script(READ_SCRIPT)
+        self._publish_script = redis.register_script(PUBLISH_SCRIPT)
         self._reclaim_cursor: dict[str, str] = {}
         timeout = socket_timeout_of(redis)
         # A block longer than the client's socket timeout would surface as a timeout error.

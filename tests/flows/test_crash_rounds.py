@@ -23,15 +23,19 @@ FLOWS = "tests.flows.flows"
 async def test_a_timer_due_while_its_owner_is_dead_resumes_after_the_steal(
     spawn: Spawn, queue: AsyncQueue, store: Store
 ) -> None:
-    a = spawn(flows=FLOWS)
+    # Slept in-process (its clock durable), and long enough that B starts and A is killed
+    # before the clock is due, on a loaded box too.
+    a = spawn(flows=FLOWS, inline_sleep_max=10)
     await a.wait_started()
-    run = await queue.enqueue(f.sleeper, 1.5)  # slept in-process, its clock durable
+    run = await queue.enqueue(f.sleeper, 6)
     await until(lambda: running_on(store, run.id, a.pid), 10, "the sleep to start on A")
     await until(lambda: store.waits.pending_clocks(run.id), 10, "the clock to be scheduled")
-    b = spawn(flows=FLOWS)
+    b = spawn(flows=FLOWS, inline_sleep_max=10)
     await b.wait_started()
+    unfired = await store.waits.clock(run.id, "sleep:sleep#1")
+    assert unfired is not None and unfired.completed_at_ms is None, "the clock fired on A"
     a.signal(signal.SIGKILL)
-    assert await run.result(timeout=15) == "woke"
+    assert await run.result(timeout=30) == "woke"
     (steal,) = await records(store, run.id, "stolen-and-activated")
     fired = await store.waits.clock(run.id, "sleep:sleep#1")
     assert fired is not None and fired.completed_at_ms is not None

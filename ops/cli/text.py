@@ -21,8 +21,6 @@ again where they are printed).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -96,9 +94,9 @@ def say(*parts: Part, stream: Console = out) -> None:
     stream.print(line(*parts), soft_wrap=True)
 
 
-def add_row(table: Table, *cells: Part | Iterable[Part]) -> None:
-    """A table row; a cell is a part or a sequence of parts (one styled word in text)."""
-    table.add_row(*(line(*c) if not isinstance(c, str | Text) else line(c) for c in cells))
+def add_row(table: Table, *cells: Part) -> None:
+    """A table row, each cell a part (escaped text, or ``styled``/``block`` text)."""
+    table.add_row(*(line(cell) for cell in cells))
 
 
 def tree(*label: Part) -> Tree:

@@ -8,6 +8,7 @@ import uuid
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from ops.cli.text import json_text, literal
 from tests.ops.conftest import Cli, CliResult
 from tests.security_fuzz.strategies import HUGE_DAYS, counts, durations, odd_text
 
@@ -131,3 +132,18 @@ async def test_worker_counts(cli: Cli, option: str, value: str) -> None:
     _clean(out)
     assert out.code == 2, out
     assert f"'{option}'" in out.stderr or f"'{stopper}'" in out.stderr, out.stderr
+
+
+@given(text=st.text(), value=st.recursive(st.text(), lambda inner: st.lists(inner, max_size=3)))
+@example(text="\x1b[2J\n\x9b\u202e\U000e0041\\x1b", value=["\x7f\x85\u2028\U0001f600"])
+def test_terminal_text_is_printable_and_faithful(text: str, value: object) -> None:
+    """``literal`` leaves only printable characters, changes none of them, and is its own
+    fixed point; ``json_text`` keeps JSON meaning the same value, with no such character."""
+    shown = literal(text)
+    assert shown.isprintable() or not shown
+    assert literal(shown) == shown
+    if text.isprintable():
+        assert shown == text
+    encoded = json_text(json.dumps({"v": value, "t": text}, ensure_ascii=False, indent=1))
+    assert all(ch.isprintable() or ch == "\n" for ch in encoded)
+    assert json.loads(encoded) == {"v": value, "t": text}

@@ -28,8 +28,6 @@ from tests.security.conftest import MakeLogin
 from tests.support.polling import until
 from worker import Context, flow
 
-pytestmark = pytest.mark.usefixtures("role_worker")
-
 FORGED = "next: nothing to do, the run completed"
 HOSTILE = (
     "boom \x1b]8;;https://evil.example/\x07click here\x1b]8;;\x07 \x1b[2J\x1b[H"
@@ -61,6 +59,7 @@ def _literal(out: str) -> list[str]:
     return lines
 
 
+@pytest.mark.usefixtures("role_worker")
 async def test_stored_text_reaches_the_terminal_escaped(login: MakeLogin) -> None:
     producer = await login(GroupRole.PRODUCER, "s1")
     operator = await login(GroupRole.OPERATOR, "s1")

@@ -26,8 +26,9 @@ async def cli(login: MakeLogin) -> Cli:
     """The real CLI as an operator login (read-only, scope s1) would run it."""
     env = cli_env((await login(GroupRole.OPERATOR, "s1")).settings)
 
-    async def run(*args: str) -> CliResult:
-        return await invoke(env, *args)
+    async def run(*args: str, **overrides: str) -> CliResult:
+        extra = {f"RUNFLEET_{k.upper()}": v for k, v in overrides.items()}
+        return await invoke({**env, **extra}, *args)
 
     return run
 
@@ -104,3 +105,11 @@ async def test_odd_durations_and_counts_are_refused_by_name(
     line = _error_line(out)
     assert out.code == 2, out
     assert f"'{option}'" in line and limit in line, line
+
+
+async def test_a_duration_setting_past_its_limit_is_named(cli: Cli) -> None:
+    """RUNFLEET_RETENTION reads the CLI's durations: the same limit, one line (exit 1)."""
+    out = await cli("runs", retention=INFINITE)
+    assert out.code == 1, out
+    assert _error_line(out).startswith("error: bad setting RUNFLEET_RETENTION:"), out.stderr
+    assert "36500d" in out.stderr

@@ -33,7 +33,7 @@ from ops.cli.runs import detail_view, list_view, tree_view
 from ops.cli.text import literal
 from ops.dashboard import data, security, svg
 from ops.dashboard.actions import Action, perform
-from ops.dashboard.urls import PARTS, decoded, raw_segments, run_url
+from ops.dashboard.urls import action_id, api_id, page_id, run_url
 from ops.explain.report import explain, gather
 from store.config import Settings
 from store.errors import InvalidInput, RunfleetError, RunNotFound, ScopeDenied, Unavailable
@@ -162,44 +162,9 @@ async def runs(request: Request) -> Response:
     return _page(request, "runs", listing=listing, f=f)
 
 
-def _query_id(request: Request) -> str:
-    """The id of the ``/run?id=`` routes, which take any id (the dot ids' links use them)."""
-    run_id = request.query_params.get("id")
-    if not run_id:
-        raise c.UserError("which run? the id goes in the query: /run?id=<id>")
-    return run_id
-
-
-def _page_id(request: Request) -> str:
-    if "rest" in request.path_params:
-        return str(request.path_params["rest"])  # the whole rest: a hand-typed '/' is kept
-    return _query_id(request)
-
-
-def _action_id(request: Request) -> tuple[str, str]:
-    """(run id, action) of a button's POST: the action is the last raw path segment
-    (none: ``""``)."""
-    if "rest" not in request.path_params:
-        return _query_id(request), str(request.path_params["action"])
-    segments = raw_segments(request, request.path_params["rest"])
-    if len(segments) < 2:
-        return decoded(segments), ""
-    return decoded(segments[:-1]), decoded(segments[-1:])
-
-
-def _api_id(request: Request) -> tuple[str, str]:
-    """(run id, part) of ``/api/runs/<id>[/<part>]``: a part is a last raw segment only."""
-    if "rest" not in request.path_params:
-        return _query_id(request), str(request.path_params.get("part", ""))
-    segments = raw_segments(request, request.path_params["rest"])
-    if len(segments) > 1 and decoded(segments[-1:]) in PARTS:
-        return decoded(segments[:-1]), decoded(segments[-1:])
-    return decoded(segments), ""
-
-
 @_answers
 async def run(request: Request) -> Response:
-    run_id = _page_id(request)
+    run_id = page_id(request)
     if not run_id:
         return RedirectResponse("/runs", status_code=307)
     conns = _dash(request).conns
@@ -249,7 +214,7 @@ async def fleet(request: Request) -> Response:
 
 @_answers
 async def api_run(request: Request) -> Response:
-    run_id, part = _api_id(request)
+    run_id, part = api_id(request)
     conns = _dash(request).conns
     match part:
         case "":
@@ -295,7 +260,7 @@ async def _form(request: Request) -> dict[str, str]:
 
 @_answers
 async def act(request: Request) -> Response:
-    run_id, name = _action_id(request)
+    run_id, name = action_id(request)
     try:
         action = Action(name)
     except ValueError:

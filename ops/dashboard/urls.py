@@ -22,6 +22,8 @@ from urllib.parse import quote, unquote
 
 from starlette.requests import Request
 
+from ops.cli.options import UserError
+
 PARTS = ("explain", "journal", "tree", "steps")
 """The run's JSON pieces under ``/api/runs/<id>/<part>``."""
 _SAFE = "@:"
@@ -44,7 +46,7 @@ def run_url(
     return path + "?" + "&".join(f"{k}={quote(v, safe='')}" for k, v in query)
 
 
-def raw_segments(request: Request, rest: str) -> list[str]:
+def _raw_segments(request: Request, rest: str) -> list[str]:
     """The still-encoded path segments ``rest`` (a ``{rest:path}`` parameter) came from.
 
     ``rest`` is decoded, so a ``%2F`` inside an id reads as a ``/`` in it; the raw path
@@ -60,5 +62,41 @@ def raw_segments(request: Request, rest: str) -> list[str]:
     return [quote(part, safe="") for part in rest.split("/")]  # no raw path: as decoded
 
 
-def decoded(segments: list[str]) -> str:
+def _decoded(segments: list[str]) -> str:
     return unquote("/".join(segments))
+
+
+def _query_id(request: Request) -> str:
+    """The id of the ``/run?id=`` routes, which take any id (the dot ids' links use them)."""
+    run_id = request.query_params.get("id")
+    if not run_id:
+        raise UserError("which run? the id goes in the query: /run?id=<id>")
+    return run_id
+
+
+def page_id(request: Request) -> str:
+    """The id of a run page (``/runs/<id>`` or ``/run?id=``)."""
+    if "rest" in request.path_params:
+        return str(request.path_params["rest"])  # the whole rest: a hand-typed '/' is kept
+    return _query_id(request)
+
+
+def action_id(request: Request) -> tuple[str, str]:
+    """(run id, action) of a button's POST: the action is the last raw path segment
+    (none: ``""``)."""
+    if "rest" not in request.path_params:
+        return _query_id(request), str(request.path_params["action"])
+    segments = _raw_segments(request, request.path_params["rest"])
+    if len(segments) < 2:
+        return _decoded(segments), ""
+    return _decoded(segments[:-1]), _decoded(segments[-1:])
+
+
+def api_id(request: Request) -> tuple[str, str]:
+    """(run id, part) of ``/api/runs/<id>[/<part>]``: a part is a last raw segment only."""
+    if "rest" not in request.path_params:
+        return _query_id(request), str(request.path_params.get("part", ""))
+    segments = _raw_segments(request, request.path_params["rest"])
+    if len(segments) > 1 and _decoded(segments[-1:]) in PARTS:
+        return _decoded(segments[:-1]), _decoded(segments[-1:])
+    return _decoded(segments), ""

@@ -258,13 +258,30 @@ _UNIT_MS = {"ms": 1, "s": 1000, None: 1000, "m": 60_000, "min": 60_000, "h": 3_6
             "d": 86_400_000}  # fmt: skip
 
 
+MAX_DURATION_DAYS = 36_500
+MAX_DURATION_MS = MAX_DURATION_DAYS * 86_400_000
+"""About a century: past it a duration back from now leaves the range of timestamps a
+person means (and, far enough, of a float: ``9`` * 400 days once raised OverflowError)."""
+
+
+class DurationTooLong(ValueError):
+    """A well-formed duration past ``MAX_DURATION_MS``."""
+
+
 def parse_duration_ms(text: str) -> int:
     """``90s``, ``15m``, ``2h``, ``30d`` (a bare number is seconds) in milliseconds.
 
     The one grammar for durations: the CLI (``--since``, ``--settled-before``) and
-    settings (``RUNFLEET_RETENTION``) read the same words. ``ValueError`` says why not.
+    settings (``RUNFLEET_RETENTION``) read the same words. ``ValueError`` says why not,
+    naming the limit (``MAX_DURATION_MS``) when the number is too large.
     """
     match = _DURATION.match(text)
+    shown = repr(text) if len(text) <= 60 else repr(text[:60]) + "…"
     if not match:
-        raise ValueError(f"bad duration {text!r}: use e.g. 90s, 15m, 2h, 30d")
-    return int(float(match[1]) * _UNIT_MS[match[2]])
+        raise ValueError(f"bad duration {shown}: use e.g. 90s, 15m, 2h, 30d")
+    ms = float(match[1]) * _UNIT_MS[match[2]]
+    if not ms <= MAX_DURATION_MS:  # inf too
+        raise DurationTooLong(
+            f"duration {shown} is too long: the limit is {MAX_DURATION_DAYS}d (about 100 years)"
+        )
+    return int(ms)

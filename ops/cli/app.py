@@ -8,7 +8,9 @@ from typing import Annotated
 import typer
 
 from ops.cli import doctor, fleet, flows, produce, roles, runs
-from ops.cli.common import console, fail, settings
+from ops.cli.common import fail, settings
+from ops.cli.options import CONCURRENCY_MAX, PORT_MAX, PROCESSES_MAX
+from ops.cli.text import say
 
 __all__ = ["app", "fail", "main"]
 
@@ -35,7 +37,7 @@ def migrate(
         applied = asyncio.run(run_migrations(url))
     except psycopg.OperationalError as exc:
         fail(f"cannot reach the database: {str(exc).strip().splitlines()[0]}")
-    console.print(f"migrations applied: {applied or 'none (up to date)'}")
+    say(f"migrations applied: {applied or 'none (up to date)'}")
 
 
 @app.command()
@@ -44,9 +46,20 @@ def worker(
     queues: Annotated[
         str, typer.Option(help="comma-separated queues, in priority order")
     ] = "default",
-    concurrency: Annotated[int, typer.Option(min=1, help="runs in flight per process")] = 16,
-    processes: Annotated[int, typer.Option(min=1, help="worker processes (supervised)")] = 1,
-    metrics_port: Annotated[int | None, typer.Option(help="serve Prometheus metrics")] = None,
+    concurrency: Annotated[
+        int, typer.Option(min=1, max=CONCURRENCY_MAX, help="runs in flight per process")
+    ] = 16,
+    processes: Annotated[
+        int, typer.Option(min=1, max=PROCESSES_MAX, help="worker processes (supervised)")
+    ] = 1,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=PORT_MAX,
+            help="serve Prometheus metrics (with --processes N, process i uses this port + i)",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option()] = "INFO",
     log_json: Annotated[bool, typer.Option(help="one JSON object per log line")] = False,
     allow_import: Annotated[
@@ -60,6 +73,12 @@ def worker(
     """Run worker processes until SIGTERM/SIGINT (twice: release runs immediately)."""
     from worker.supervisor import WorkerOptions, parse_csv, run_foreground, supervise
 
+    if metrics_port is not None and metrics_port + processes - 1 > PORT_MAX:
+        raise typer.BadParameter(
+            f"with --processes {processes} the last process would serve port "
+            f"{metrics_port + processes - 1}, above {PORT_MAX}",
+            param_hint="'--metrics-port'",
+        )
     options = WorkerOptions(
         flows=parse_csv(flows),
         queues=parse_csv(queues) or ("default",),

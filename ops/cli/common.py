@@ -2,7 +2,9 @@
 
 A user mistake (unknown run, bad JSON, a server that does not answer) ends as one
 line on stderr and a non-zero exit, never a traceback: operators paste these lines
-into tickets, and a traceback buries the one fact that matters.
+into tickets, and a traceback buries the one fact that matters. Every line is printed
+through ``ops.cli.text`` (``say``, ``warn``, ``fail``, ``emit``): literally, control
+characters escaped, never parsed as rich markup.
 """
 
 from __future__ import annotations
@@ -23,19 +25,17 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from rich.console import Console
 
 from broker.client import connect as connect_redis
 from broker.liveness import Liveness
 from broker.streams import Streams
+from ops.cli.options import UserError as UserError
+from ops.cli.text import Part, err, json_text, say, styled
 from store import Store
 from store.config import Settings
-from store.config import parse_duration_ms as _duration_ms
 from store.errors import RunfleetError, RunNotFound
 from store.types import Owner, RunRow
 
-console = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
 T = TypeVar("T")
 
 AsJson = Annotated[
@@ -50,14 +50,18 @@ _NO_SCHEMA = (
 """A CLI waits this long for a server before saying it is unreachable (the pool waits 30 s)."""
 
 
-class UserError(RunfleetError):
-    """A mistake in what the user typed (bad JSON, bad duration): message says which."""
-
-
 def fail(message: str, code: int = 1) -> NoReturn:
-    """One clear line and a non-zero exit: no tracebacks for user mistakes."""
-    err.print(f"[red]error:[/red] {message}", soft_wrap=True)
+    """One clear line and a non-zero exit: no tracebacks for user mistakes.
+
+    The message is printed literally: a ``[...]`` in it (``runfleet[dashboard]``, a run
+    id) is text, not rich markup, and a control character in it shows as its escape."""
+    say(styled("error:", "red"), " ", message, stream=err)
     raise typer.Exit(code)
+
+
+def warn(*parts: Part) -> None:
+    """A warning line on stderr; the command goes on."""
+    say(styled("warning:", "yellow"), " ", *parts, stream=err)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -161,9 +165,10 @@ async def connect(
         await store.close()
 
 
-def emit(model: BaseModel) -> None:
-    """Print a model as JSON (plain stdout: no rich markup, no wrapping)."""
-    typer.echo(model.model_dump_json(indent=2))
+def emit(model: BaseModel, *, indent: int | None = 2) -> None:
+    """Print a model as JSON (plain stdout: no rich markup, no wrapping); ``indent=None``
+    for one object per line. No character in it is one a terminal acts on."""
+    typer.echo(json_text(model.model_dump_json(indent=indent)))
 
 
 # ---- words for times and owners -------------------------------------------------
@@ -173,13 +178,20 @@ def clock(ms: int | None) -> str:
     """Local wall-clock time of a database timestamp, to the second."""
     if ms is None:
         return "-"
-    return datetime.fromtimestamp(ms / 1000).astimezone().strftime("%H:%M:%S")
+    try:
+        return datetime.fromtimestamp(ms / 1000).astimezone().strftime("%H:%M:%S")
+    except (OverflowError, OSError, ValueError):  # a time no calendar here can show
+        return f"{ms} ms after 1970"
 
 
 def stamp(ms: int | None) -> str:
     if ms is None:
         return "-"
-    return datetime.fromtimestamp(ms / 1000, UTC).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+    try:
+        when = datetime.fromtimestamp(ms / 1000, UTC).astimezone()
+    except (OverflowError, OSError, ValueError):  # year 1 in a zone west of UTC, ...
+        return f"{ms} ms after 1970"
+    return when.strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
 def seconds(ms: float) -> str:
@@ -204,30 +216,6 @@ def who(owner: Owner | str | None) -> str:
     if owner is None:
         return "nobody"
     return f"{owner.host_id} pid {owner.pid}"
-
-
-def parse_duration_ms(text: str) -> int:
-    """``90s``, ``15m``, ``2h``, ``1d`` (a bare number is seconds); the grammar is
-    ``store.config.parse_duration_ms``, shared with settings such as RUNFLEET_RETENTION."""
-    try:
-        return _duration_ms(text)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-
-
-def parse_since(text: str, now_ms: int) -> int:
-    """A lower bound on admission time: a duration back from now, or an ISO 8601 time."""
-    try:
-        return now_ms - parse_duration_ms(text)
-    except UserError:
-        pass
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError:
-        raise UserError(f"bad --since {text!r}: use a duration (15m, 2h) or an ISO time") from None
-    if when.tzinfo is None:
-        when = when.astimezone()
-    return int(when.timestamp() * 1000)
 
 
 def wall_ms() -> int:

@@ -13,6 +13,8 @@ from typing import Annotated
 import typer
 
 from ops.cli import common as c
+from ops.cli.options import PORT_MAX
+from ops.cli.text import say
 
 _ANY = {"0.0.0.0", "::", ""}
 
@@ -25,7 +27,7 @@ def dashboard(
     host: Annotated[str, typer.Option(help="Address to bind (default: this host only).")] = (
         "127.0.0.1"
     ),
-    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8080,
+    port: Annotated[int, typer.Option(min=0, max=PORT_MAX, help="Port to listen on.")] = 8080,
     scope: Annotated[
         list[str] | None,
         typer.Option(
@@ -58,10 +60,10 @@ def dashboard(
     if not hosts:
         hosts = ("*",) if host in _ANY else (host, "127.0.0.1", "localhost", "::1")
     if host not in ("127.0.0.1", "localhost", "::1"):
-        c.err.print(
-            f"[yellow]warning:[/yellow] listening on {host}: anyone who reaches port {port} "
+        c.warn(
+            f"listening on {host}: anyone who reaches port {port} "
             "acts with this database role and these scopes (the dashboard has no login)"
         )
     app = create_app(cfg, scopes=tuple(scope or ()), allowed_hosts=hosts)
-    c.console.print(f"runfleet dashboard on http://{host}:{port}/", markup=False)
+    say(f"runfleet dashboard on http://{host}:{port}/")
     uvicorn.run(app, host=host, port=port, log_level=log_level)

@@ -13,12 +13,12 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Literal, assert_never
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from broker.liveness import FleetMember, Liveness
 from broker.streams import Streams
 from ops.cli import common as c
+from ops.cli.text import add_row, show, styled
 from ops.models import Check, DoctorView
 from store.config import Settings
 from store.migrate import migrations, schema_version
@@ -47,9 +47,8 @@ def doctor(
     else:
         table = Table("check", "status", "detail", box=None)
         for check in view.checks:
-            status = f"[{STYLE[check.status]}]{check.status}[/]"
-            table.add_row(check.name, status, escape(check.detail))
-        c.console.print(table)
+            add_row(table, check.name, styled(check.status, STYLE[check.status]), check.detail)
+        show(table)
     if not view.ok:
         raise typer.Exit(1)
 

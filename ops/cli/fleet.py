@@ -11,11 +11,12 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from broker.liveness import FleetMember, Liveness, Probe
 from ops.cli import common as c
+from ops.cli.options import LIST_MAX, RESTARTS_MAX, duration_option
+from ops.cli.text import add_row, say, show, styled
 from ops.models import (
     FleetMemberView,
     FleetView,
@@ -66,25 +67,27 @@ def fleet(
     for w in view.workers:
         runs = "?" if w.runs_owned is None else str(w.runs_owned)
         suspect = w.suspect is not None
-        table.add_row(
-            escape(w.host),
+        add_row(
+            table,
+            w.host,
             str(w.pid),
             c.seconds(w.age_ms) if w.age_ms is not None and not suspect else "?",
             "?" if suspect else f"{c.seconds(w.confirmed_age_ms)} ago",
             runs,
-            "[red]LAPSED[/red]" if w.lapsed else "no",
-            escape(",".join(w.queues)),
+            styled("LAPSED", "red") if w.lapsed else "no",
+            ",".join(w.queues),
         )
-    c.console.print(table)
+    show(table)
     for w in view.workers:
         if w.suspect is not None:
-            c.console.print(
-                f"[red]SUSPECT[/red] {escape(w.host)} pid {w.pid} (nonce {escape(w.nonce)}): "
-                f"{escape(w.suspect)}; not a live worker (forged or left over?)"
+            say(
+                styled("SUSPECT", "red"),
+                f" {w.host} pid {w.pid} (nonce {w.nonce}): "
+                f"{w.suspect}; not a live worker (forged or left over?)",
             )
     suspects = sum(w.suspect is not None for w in view.workers)
     also = f", {suspects} suspect" if suspects else ""
-    c.console.print(f"[dim]{len(view.workers)} worker process(es){also}[/dim]")
+    say(styled(f"{len(view.workers)} worker process(es){also}", "dim"))
 
 
 async def _fleet(cfg: Settings, host: str | None, *, with_db: bool) -> FleetView:
@@ -97,7 +100,7 @@ async def _fleet(cfg: Settings, host: str | None, *, with_db: bool) -> FleetView
                 owned = await conns.store.stats.running_by_owner()
                 now = await conns.store.stats.now_ms()
         except Exception as exc:  # the keys still answer the question; say what is missing
-            c.err.print(f"[yellow]warning:[/yellow] no run counts: {escape(str(exc))}")
+            c.warn(f"no run counts: {exc}")
     redis = c.redis_client(cfg)
     try:
         members = await Liveness.for_settings(redis, cfg).fleet(now)
@@ -137,48 +140,56 @@ def _member(m: FleetMember, owned: dict[Owner, int] | None, now: int) -> FleetMe
 
 def stuck(
     pending_for: Annotated[
-        str, typer.Option(help="Report pending runs not started after this long (90s, 5m).")
-    ] = "60s",
+        int,
+        typer.Option(
+            parser=duration_option,
+            show_default="60s",
+            help="Report pending runs not started after this long (90s, 5m).",
+        ),
+    ] = 60_000,
     overdue: Annotated[
-        str, typer.Option(help="Report timed waits not woken this long after their due time.")
-    ] = "5s",
+        int,
+        typer.Option(
+            parser=duration_option,
+            show_default="5s",
+            help="Report timed waits not woken this long after their due time.",
+        ),
+    ] = 5_000,
     reactivated_over: Annotated[
         int,
         typer.Option(
             min=0,
+            max=RESTARTS_MAX,
             help="Report unsettled runs restarted (taken over or released) more than this "
             "many times.",
         ),
     ] = DEFAULT_REACTIVATED_OVER,
     limit: Annotated[
-        int, typer.Option(min=1, max=10_000, help="At most this many per kind.")
+        int, typer.Option(min=1, max=LIST_MAX, help="At most this many per kind.")
     ] = 200,
     as_json: c.AsJson = False,
 ) -> None:
     """Runs that need a person: live owners not renewing, runs restarted again and again,
     unfired timers, quarantine, …"""
-    try:
-        pending_ms, overdue_ms = c.parse_duration_ms(pending_for), c.parse_duration_ms(overdue)
-    except c.UserError as exc:
-        c.fail(str(exc))
-    view = c.run(_stuck(c.settings(), pending_ms, overdue_ms, reactivated_over, limit))
+    view = c.run(_stuck(c.settings(), pending_for, overdue, reactivated_over, limit))
     if as_json:
         c.emit(view)
         return
     if not view.items:
-        c.console.print("nothing stuck: the sweeps handle everything else.")
+        say("nothing stuck: the sweeps handle everything else.")
         return
     table = Table("kind", "run", "flow / queue", "for", "what", "do", box=None)
     for item in view.items:
-        table.add_row(
+        add_row(
+            table,
             item.kind,
-            escape(item.run.id),
-            escape(f"{item.run.flow} / {item.run.queue}"),
+            item.run.id,
+            f"{item.run.flow} / {item.run.queue}",
             c.seconds(item.age_ms),
-            escape(item.detail),
-            escape(item.action),
+            item.detail,
+            item.action,
         )
-    c.console.print(table)
+    show(table)
 
 
 async def _stuck(
@@ -186,8 +197,8 @@ async def _stuck(
 ) -> StuckView:
     async with c.connect(cfg, redis="optional") as conns:
         if conns.redis_error:
-            c.err.print(
-                f"[yellow]warning:[/yellow] Redis did not answer ({escape(conns.redis_error)}): "
+            c.warn(
+                f"Redis did not answer ({conns.redis_error}): "
                 "live owners cannot be told from dead ones"
             )
         live = conns.liveness if conns.redis is not None else None

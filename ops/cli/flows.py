@@ -16,6 +16,7 @@ import typer
 from broker import AsyncQueue
 from ops.cli import common as c
 from ops.cli.produce import Scopes, actor
+from ops.cli.text import say
 from ops.models import AnswerResult
 
 Token = Annotated[
@@ -68,7 +69,7 @@ def _act(
     if as_json:
         c.emit(result)
         return
-    c.console.print(f"run {run_id}: {result.action}; it is {result.status.value}", markup=False)
+    say(f"run {run_id}: {result.action}; it is {result.status.value}")
 
 
 def complete(

@@ -17,6 +17,7 @@ import typer
 
 from broker import AsyncQueue, EnqueueSpec
 from ops.cli import common as c
+from ops.cli.text import say
 from ops.models import CancelResult, EnqueueResult
 from store.config import Settings
 from store.errors import RunNotFound
@@ -106,10 +107,7 @@ def enqueue(
     if as_json:
         c.emit(result)
         return
-    c.console.print(
-        f"run {result.run_id} ({result.flow} on queue {result.queue}) is {result.status.value}",
-        markup=False,
-    )
+    say(f"run {result.run_id} ({result.flow} on queue {result.queue}) is {result.status.value}")
 
 
 async def _enqueue(
@@ -141,7 +139,7 @@ def cancel(
         if result.status is not RunStatus.CANCELLED
         else "nothing to cancel: the run is already cancelled",
     }
-    c.console.print(f"run {result.run_id}: {words[result.outcome]}.", markup=False)
+    say(f"run {result.run_id}: {words[result.outcome]}.")
 
 
 async def _cancel(cfg: Settings, run_id: str, scopes: list[str]) -> CancelResult:

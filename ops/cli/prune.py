@@ -12,6 +12,8 @@ from typing import Annotated
 import typer
 
 from ops.cli import common as c
+from ops.cli.options import BATCH_MAX, Since, duration_option, since_option
+from ops.cli.text import say
 from ops.models import PruneResult
 from store.config import Settings
 from store.retention import DEFAULT_BATCH, Retention
@@ -24,9 +26,10 @@ def register(app: typer.Typer) -> None:
 
 def prune(
     settled_before: Annotated[
-        str,
+        Since,
         typer.Option(
             "--settled-before",
+            parser=since_option,
             help="Delete runs settled longer ago than this (30d, 12h) or before an ISO time.",
             show_default=False,
         ),
@@ -35,15 +38,20 @@ def prune(
         bool, typer.Option("--dry-run", help="Count what would be deleted; delete nothing.")
     ] = False,
     batch: Annotated[
-        int, typer.Option(min=1, max=100_000, help="Runs per batch (one short transaction).")
+        int, typer.Option(min=1, max=BATCH_MAX, help="Runs per batch (one short transaction).")
     ] = DEFAULT_BATCH,
     queues: Annotated[
         str | None,
         typer.Option(help="Queues whose dead stream consumers to drop (default: all known)."),
     ] = None,
     consumer_idle: Annotated[
-        str, typer.Option(help="A consumer idle this long with nothing pending is dead.")
-    ] = f"{DEAD_CONSUMER_IDLE_MS // 60_000}m",
+        int,
+        typer.Option(
+            parser=duration_option,
+            show_default=f"{DEAD_CONSUMER_IDLE_MS // 60_000}m",
+            help="A consumer idle this long with nothing pending is dead.",
+        ),
+    ] = DEAD_CONSUMER_IDLE_MS,
     as_json: c.AsJson = False,
 ) -> None:
     """Delete settled runs (journal, steps, waits, edges) in bounded batches.
@@ -56,7 +64,7 @@ def prune(
         c.emit(result)
         return
     verb = "would delete" if result.dry_run else "deleted"
-    c.console.print(
+    say(
         f"{verb} {result.runs} run(s) settled before {c.stamp(result.settled_before_ms)}: "
         f"journal {result.journal}, steps {result.steps}, attempts {result.attempts}, "
         f"deferreds {result.deferreds}, clocks {result.clocks}, edges {result.run_parents} "
@@ -64,29 +72,23 @@ def prune(
         f"longest batch {result.longest_batch_ms:.0f} ms)"
     )
     if result.consumers_pruned is not None:
-        c.console.print(f"dead stream consumers deleted: {result.consumers_pruned}")
+        say(f"dead stream consumers deleted: {result.consumers_pruned}")
     elif result.consumers_note:
-        c.console.print(f"stream consumers: {result.consumers_note}")
+        say(f"stream consumers: {result.consumers_note}")
 
 
 async def _prune(
     cfg: Settings,
-    settled_before: str,
+    settled_before: Since,
     dry_run: bool,
     batch: int,
     queues: str | None,
-    consumer_idle: str,
+    idle_ms: int,
 ) -> PruneResult:
-    idle_ms = c.parse_duration_ms(consumer_idle)
     async with c.connect(cfg, redis="no" if dry_run else "optional") as conns:
         retention = Retention(conns.store.db)
         _, now_ms = await retention.cutoff(0)
-        try:
-            before_ms = c.parse_since(settled_before, now_ms)
-        except c.UserError:
-            raise c.UserError(
-                f"bad --settled-before {settled_before!r}: use a duration (30d, 12h) or an ISO time"
-            ) from None
+        before_ms = settled_before.bound_ms(now_ms)
         done = await retention.prune(before_ms, now_ms, batch=batch, dry_run=dry_run)
         pruned: int | None = None
         note: str | None = None

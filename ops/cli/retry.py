@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from broker import AsyncQueue
 from ops.cli import common as c
 from ops.cli.produce import Scopes, actor
+from ops.cli.text import say
 from store.config import Settings
 from store.types import RunStatus
 
@@ -43,10 +44,7 @@ def retry(
     if as_json:
         c.emit(result)
         return
-    c.console.print(
-        f"run {result.run_id} failed; retried as {result.retry_id} ({result.status.value})",
-        markup=False,
-    )
+    say(f"run {result.run_id} failed; retried as {result.retry_id} ({result.status.value})")
 
 
 async def _retry(cfg: Settings, run_id: str, scopes: list[str]) -> RetryResult:

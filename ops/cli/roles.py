@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from ops.cli import common as c
+from ops.cli.text import block, say
 from store import roles as r
 
 
@@ -54,7 +55,7 @@ def roles(
     Run `--apply` after every `runfleet migrate`, as the schema owner or a superuser.
     """
     if print_sql:
-        c.console.print(r.privileges_sql(), markup=False, highlight=False)
+        say(block(r.privileges_sql()))
         return
     url = c.settings().database_url
     if member and not apply:
@@ -65,14 +66,14 @@ def roles(
         except r.RolesRefused as exc:
             c.fail(str(exc))
         c.run(r.apply_privileges(url, members))
-        c.console.print("privileges applied" + (f"; members: {len(members)}" if members else ""))
+        say("privileges applied" + (f"; members: {len(members)}" if members else ""))
     for row in c.run(r.status(url)):
         state = "ok" if row.exists else "MISSING (run `runfleet migrate`)"
         flags = " LOGIN" * row.can_login + " BYPASSRLS" * row.bypass_rls
         members_text = ", ".join(row.members) or "-"
-        c.console.print(f"{row.role:<18} {state}{flags}  members: {members_text}", markup=False)
+        say(f"{row.role:<18} {state}{flags}  members: {members_text}")
     for g in c.run(r.grants(url)):
-        c.console.print(f"grant  {g.role} -> {g.scope}", markup=False)
+        say(f"grant  {g.role} -> {g.scope}")
 
 
 RoleArg = Annotated[str, typer.Argument(help="A database role (login or group role).")]
@@ -85,10 +86,10 @@ def grant(role: RoleArg, scopes: ScopesArg) -> None:
     Takes effect at the role's next statement. Needs the schema owner or a superuser.
     """
     added = c.run(r.grant(c.settings().database_url, role, scopes))
-    c.console.print(f"granted {role}: {', '.join(added) or 'nothing new'}", markup=False)
+    say(f"granted {role}: {', '.join(added) or 'nothing new'}")
 
 
 def revoke(role: RoleArg, scopes: ScopesArg) -> None:
     """Withdraw SCOPES from ROLE; its next statement no longer sees those runs."""
     removed = c.run(r.revoke(c.settings().database_url, role, scopes))
-    c.console.print(f"revoked {role}: {', '.join(removed) or 'nothing held'}", markup=False)
+    say(f"revoked {role}: {', '.join(removed) or 'nothing held'}")

@@ -11,11 +11,13 @@ import json
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 from rich.tree import Tree
 
 from ops.cli import common as c
+from ops.cli import text as t
+from ops.cli.options import LIST_MAX, Since, since_option
 from ops.explain.report import entry, explain, gather
 from ops.models import (
     ClockView,
@@ -55,8 +57,8 @@ def register(app: typer.Typer) -> None:
     app.command("explain")(explain_cmd)
 
 
-def _status(status: RunStatus) -> str:
-    return f"[{STATUS_STYLE[status]}]{status.value}[/]"
+def _status(status: RunStatus) -> Text:
+    return t.styled(status.value, STATUS_STYLE[status])
 
 
 def _where(run: RunSummary) -> str:
@@ -75,9 +77,12 @@ def runs(
     flow: Annotated[str | None, typer.Option(help="Only runs of this flow.")] = None,
     queue: Annotated[str | None, typer.Option(help="Only runs on this queue.")] = None,
     since: Annotated[
-        str | None, typer.Option(help="Admitted since: a duration back (15m, 2h) or ISO time.")
+        Since | None,
+        typer.Option(
+            parser=since_option, help="Admitted since: a duration back (15m, 2h) or ISO time."
+        ),
     ] = None,
-    limit: Annotated[int, typer.Option(min=1, max=10_000, help="At most this many.")] = 50,
+    limit: Annotated[int, typer.Option(min=1, max=LIST_MAX, help="At most this many.")] = 50,
     as_json: c.AsJson = False,
 ) -> None:
     """List runs, newest first."""
@@ -88,16 +93,9 @@ def runs(
     table = Table("id", "flow", "queue", "status", "age", "where", box=None)
     for run in listing.runs:
         age = c.seconds(listing.now_ms - run.created_at_ms)
-        table.add_row(
-            escape(run.id),
-            escape(run.flow),
-            escape(run.queue),
-            _status(run.status),
-            age,
-            escape(_where(run)),
-        )
-    c.console.print(table)
-    c.console.print(f"[dim]{len(listing.runs)} run(s)[/dim]")
+        t.add_row(table, run.id, run.flow, run.queue, _status(run.status), age, _where(run))
+    t.show(table)
+    t.say(t.styled(f"{len(listing.runs)} run(s)", "dim"))
 
 
 async def _runs(
@@ -105,7 +103,7 @@ async def _runs(
     status: RunStatus | None,
     flow: str | None,
     queue: str | None,
-    since: str | None,
+    since: Since | None,
     limit: int,
 ) -> RunList:
     async with c.connect(cfg) as conns:
@@ -117,12 +115,12 @@ async def list_view(
     status: RunStatus | None,
     flow: str | None,
     queue: str | None,
-    since: str | None,
+    since: Since | None,
     limit: int,
 ) -> RunList:
     """``runs --json`` over open connections (the dashboard's ``/runs`` reads the same)."""
     now = await conns.store.stats.now_ms()
-    since_ms = c.parse_since(since, now) if since else None
+    since_ms = since.bound_ms(now) if since else None
     rows = await conns.store.inspect.list_runs(
         status=status, flow=flow, queue=queue, since_ms=since_ms, limit=limit
     )
@@ -143,12 +141,12 @@ def show(run_id: RunId, as_json: c.AsJson = False) -> None:
     table.add_column(style="bold")
     table.add_column(overflow="fold")
 
-    def add(name: str, value: str) -> None:
-        table.add_row(name, escape(value))
+    def add(name: str, value: t.Part) -> None:
+        t.add_row(table, name, value)
 
     add("id", run.id)
     add("flow / queue", f"{run.flow} / {run.queue}")
-    table.add_row("status", _status(run.status))
+    add("status", _status(run.status))
     add("created", c.stamp(run.created_at_ms))
     add("updated", c.stamp(run.updated_at_ms))
     add("epoch", str(run.epoch))
@@ -170,8 +168,8 @@ def show(run_id: RunId, as_json: c.AsJson = False) -> None:
         add("timer", f"{clock.name} due {c.stamp(clock.due_at_ms)}")
     for d in detail.deferreds:
         add("completion", f"{d.name} at {c.stamp(d.completed_at_ms)}")
-    add("state", json.dumps(detail.state, indent=2, default=str))
-    c.console.print(table)
+    add("state", t.block(json.dumps(detail.state, indent=2, default=str)))
+    t.show(table)
 
 
 async def _show(cfg: Settings, run_id: str) -> RunDetail:
@@ -236,12 +234,12 @@ async def _journal(cfg: Settings, run_id: str, follow: bool, as_json: bool) -> N
             for record in batch:
                 item = entry(record)
                 if streaming:
-                    typer.echo(item.model_dump_json())
+                    c.emit(item, indent=None)
                 elif as_json:
                     collected.append(item)
                 else:
                     when = c.clock(record.at_ms)
-                    c.console.print(f"{when}  [bold]{record.kind}[/bold]  {escape(item.sentence)}")
+                    t.say(f"{when}  ", t.styled(record.kind, "bold"), f"  {item.sentence}")
             if batch:
                 after = batch[-1].seq
                 continue
@@ -266,32 +264,32 @@ def tree(run_id: RunId, as_json: c.AsJson = False) -> None:
     if as_json:
         c.emit(view)
         return
-    root = Tree(_label(view.run))
+    root = t.tree(*_label(view.run))
     _grow(root, view.children)
-    c.console.print(root)
+    t.show(root)
     if len(view.rounds) > 1:
-        c.console.print(f"rounds of lineage {view.run.lineage_id}:", markup=False)
+        t.say(f"rounds of lineage {view.run.lineage_id}:")
         for r in view.rounds:
             mark = "  <- this run" if r.id == view.run.id else ""
-            c.console.print(f"  round {r.round_ordinal}: {escape(r.id)} {_status(r.status)}{mark}")
+            t.say(f"  round {r.round_ordinal}: {r.id} ", _status(r.status), mark)
     if view.waiting:
-        c.console.print("waiting on:")
+        t.say("waiting on:")
         for w in view.waiting:
             due = f" due {c.clock(w.wake_at_ms)}" if w.wake_at_ms else ""
             token = f" token {w.token}" if w.token else ""
-            line = f"  {'  ' * w.depth}{w.run_id}: {w.reason}{due}{token}"
-            c.console.print(line, markup=False)
+            t.say(f"  {'  ' * w.depth}{w.run_id}: {w.reason}{due}{token}")
 
 
-def _label(run: RunSummary, attached: bool = True) -> str:
-    tag = "" if attached else " [dim](detached)[/dim]"
-    return f"{escape(run.id)} [dim]{escape(run.flow)}[/dim] {_status(run.status)}{tag}"
+def _label(run: RunSummary, attached: bool = True, truncated: bool = False) -> list[t.Part]:
+    label: list[t.Part] = [run.id, " ", t.styled(run.flow, "dim"), " ", _status(run.status)]
+    if not attached:
+        label += [" ", t.styled("(detached)", "dim")]
+    return label + ([" …"] if truncated else [])
 
 
 def _grow(parent: Tree, nodes: list[TreeNode]) -> None:
     for node in nodes:
-        branch = parent.add(_label(node.run, node.attached) + (" …" if node.truncated else ""))
-        _grow(branch, node.children)
+        _grow(t.branch(parent, *_label(node.run, node.attached, node.truncated)), node.children)
 
 
 async def _tree(cfg: Settings, run_id: str) -> TreeView:
@@ -348,7 +346,7 @@ def explain_cmd(run_id: RunId, as_json: c.AsJson = False) -> None:
         c.emit(result)
         return
     for line in result.lines:
-        c.console.print(line, markup=False, soft_wrap=True)
+        t.say(line)
 
 
 async def _explain(cfg: Settings, run_id: str) -> Explanation:

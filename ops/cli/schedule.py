@@ -15,7 +15,9 @@ from pydantic import BaseModel
 
 from broker.admission import importable, unknown
 from ops.cli import common as c
+from ops.cli.options import CATCH_UP_MAX
 from ops.cli.produce import Scopes, parse_payload
+from ops.cli.text import say
 from store.config import Settings
 from store.cron import Cron, iso
 from store.errors import RunfleetError
@@ -106,7 +108,10 @@ def add(
     ] = None,
     scope: Scopes = None,
     catch_up: Annotated[
-        int, typer.Option(min=0, help="Ticks missed while no worker ran to admit (0 = skip).")
+        int,
+        typer.Option(
+            min=0, max=CATCH_UP_MAX, help="Ticks missed while no worker ran to admit (0 = skip)."
+        ),
     ] = 0,
     overlap: Annotated[
         str, typer.Option(help="allow, or skip a tick while the previous run is open.")
@@ -152,10 +157,10 @@ def list_(as_json: c.AsJson = False) -> None:
         )
         return
     if not found:
-        c.console.print("no schedules")
+        say("no schedules")
         return
     for s in found:
-        c.console.print(
+        say(
             f"{_line(s)}; admitted {s.admitted}, missed {s.missed}, overlapped {s.overlapped}"
             f", catch-up {s.spec.catch_up}, overlap {s.spec.overlap.value}"
         )
@@ -179,7 +184,7 @@ def remove(name: Name) -> None:
     start: drop ``schedule=`` from the code to retire it."""
     if not c.run(_call(c.settings(), lambda s: s.remove(name))):
         c.fail(f"no schedule named {name!r}")
-    c.console.print(f"removed schedule {name}")
+    say(f"removed schedule {name}")
 
 
 def _one(name: str, found: Schedule | None) -> Schedule:
@@ -192,7 +197,7 @@ def _print(s: Schedule, as_json: bool) -> None:
     if as_json:
         c.emit(info(s))
     else:
-        c.console.print(_line(s))
+        say(_line(s))
 
 
 async def _call(cfg: Settings, op: Callable[[Schedules], Awaitable[T]]) -> T:

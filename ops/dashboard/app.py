@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, quote
+from urllib.parse import parse_qs
 
 import psycopg
 import psycopg_pool
@@ -28,9 +28,12 @@ from starlette.routing import Route
 
 from broker import AsyncQueue
 from ops.cli import common as c
+from ops.cli.options import LIST_MAX, since
 from ops.cli.runs import detail_view, list_view, tree_view
+from ops.cli.text import literal
 from ops.dashboard import data, security, svg
 from ops.dashboard.actions import Action, perform
+from ops.dashboard.urls import action_id, api_id, page_id, run_url
 from ops.explain.report import explain, gather
 from store.config import Settings
 from store.errors import InvalidInput, RunfleetError, RunNotFound, ScopeDenied, Unavailable
@@ -46,8 +49,14 @@ _env = Environment(
     lstrip_blocks=True,
 )
 _env.globals.update(
-    clock=c.clock, stamp=c.stamp, seconds=c.seconds, chart=svg.chart, statuses=list(RunStatus)
+    clock=c.clock,
+    stamp=c.stamp,
+    seconds=c.seconds,
+    chart=svg.chart,
+    statuses=list(RunStatus),
+    run_url=run_url,
 )
+_env.filters["literal"] = literal  # an id as text: its bidi overrides and controls shown
 
 
 @dataclass
@@ -108,6 +117,8 @@ def _answers(handler: Handler) -> Handler:
             return _problem(request, 400, str(exc))
         except psycopg.errors.InsufficientPrivilege as exc:
             return _problem(request, 403, f"the database role may not do this: {exc}")
+        except psycopg.DataError as exc:  # a text Postgres cannot hold (a NUL in an id, ...)
+            return _problem(request, 400, f"invalid input: {exc}")
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
             return _problem(request, 503, f"cannot reach the database: {exc}")
         except Unavailable as exc:
@@ -137,8 +148,8 @@ def _filters(request: Request) -> dict[str, Any]:
         "status": RunStatus(status) if status else None,
         "flow": q.get("flow") or None,
         "queue": q.get("queue") or None,
-        "since": q.get("since") or None,
-        "limit": max(1, min(limit, 10_000)),
+        "since": since(q["since"]) if q.get("since") else None,
+        "limit": max(1, min(limit, LIST_MAX)),
     }
 
 
@@ -153,7 +164,10 @@ async def runs(request: Request) -> Response:
 
 @_answers
 async def run(request: Request) -> Response:
-    conns, run_id = _dash(request).conns, request.path_params["run_id"]
+    run_id = page_id(request)
+    if not run_id:
+        return RedirectResponse("/runs", status_code=307)
+    conns = _dash(request).conns
     detail = await detail_view(conns, run_id)
     explanation = explain(await gather(conns, run_id))
     journal = await data.journal(conns, run_id)
@@ -200,8 +214,9 @@ async def fleet(request: Request) -> Response:
 
 @_answers
 async def api_run(request: Request) -> Response:
-    conns, run_id = _dash(request).conns, request.path_params["run_id"]
-    match request.path_params.get("part", ""):
+    run_id, part = api_id(request)
+    conns = _dash(request).conns
+    match part:
         case "":
             return _json(await detail_view(conns, run_id))
         case "explain":
@@ -245,11 +260,12 @@ async def _form(request: Request) -> dict[str, str]:
 
 @_answers
 async def act(request: Request) -> Response:
-    run_id = request.path_params["run_id"]
+    run_id, name = action_id(request)
     try:
-        action = Action(request.path_params["action"])
+        action = Action(name)
     except ValueError:
-        return _problem(request, 404, f"no action {request.path_params['action']!r}")
+        words = f"no action {name!r}" if name else "a button's address ends in its action"
+        return _problem(request, 404, f"{words}: /runs/<id>/<action>")
     form = await _form(request)
     why = security.refusal(request, form.get(security.FIELD))
     if why is not None:
@@ -258,7 +274,7 @@ async def act(request: Request) -> Response:
     if "application/json" in request.headers.get("accept", ""):
         return _json(result)
     outcome = getattr(result, "outcome", None) or getattr(result, "action", "")
-    return RedirectResponse(f"/runs/{quote(run_id, safe='')}?done={outcome}", status_code=303)
+    return RedirectResponse(run_url(run_id, done=outcome), status_code=303)
 
 
 def create_app(
@@ -278,16 +294,19 @@ def create_app(
             app.state.dash = Dashboard(conns, q, data.JournalTail(), scopes)
             yield
 
-    routes = [
+    routes = [  # a run's address: ops.dashboard.urls
         Route("/", overview),
         Route("/runs", runs),
-        Route("/runs/{run_id}", run),
-        Route("/runs/{run_id}/{action}", act, methods=["POST"]),
+        Route("/runs/{rest:path}", run, methods=["GET"]),
+        Route("/runs/{rest:path}", act, methods=["POST"]),
+        Route("/run", run, methods=["GET"]),
+        Route("/run/{action}", act, methods=["POST"]),
         Route("/fleet", fleet),
         Route("/api/overview", overview),
         Route("/api/runs", runs),
-        Route("/api/runs/{run_id}", api_run),
-        Route("/api/runs/{run_id}/{part}", api_run),
+        Route("/api/runs/{rest:path}", api_run),
+        Route("/api/run", api_run),
+        Route("/api/run/{part}", api_run),
         Route("/api/fleet", fleet),
     ]
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))]

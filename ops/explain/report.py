@@ -13,6 +13,7 @@ import json
 
 from broker.liveness import FleetMember, Probe
 from ops.cli.common import Connections, clock, seconds, who
+from ops.cli.text import literal
 from ops.explain.journal_text import probe_words, sentence
 from ops.explain.predict import Facts, next_step
 from ops.models import (
@@ -151,6 +152,9 @@ def explain(facts: Facts) -> Explanation:
 
 
 def lines(facts: Facts, since_ms: int, step: NextStep) -> list[str]:
+    """The explanation in words, one line each: what a run stored (its id, error, notes,
+    answers) is ``literal`` in them, so a newline or escape it holds cannot start a line
+    of its own ("next: …") on a terminal, in ``--json`` or on the dashboard."""
     row, now = facts.row, facts.now
     out = [
         f"run {row.id} ({row.flow} on queue {row.queue}) is {row.status.value} since "
@@ -185,7 +189,7 @@ def lines(facts: Facts, since_ms: int, step: NextStep) -> list[str]:
     out.append(f"last decisions ({min(len(facts.history), JOURNAL_SHOWN)} of the journal):")
     out += [f"  {clock(r.at_ms)}  {sentence(r)}" for r in facts.history[-JOURNAL_SHOWN:]]
     out.append(("next: " if not step.needs_person else "needs a person: ") + step.summary)
-    return out
+    return [literal(line) for line in out]
 
 
 def _restarts(facts: Facts) -> list[str]:
@@ -217,7 +221,8 @@ def _outcome(row: RunRow) -> list[str]:
     if row.status is RunStatus.FAILED:
         error = row.error or {}
         if isinstance(error, dict):
-            return [f"error: {error.get('type', '?')}: {error.get('message', '')}".rstrip(": ")]
+            message = error.get("message", "")
+            return [f"error: {error.get('type', '?')}" + (f": {message}" if message else "")]
         return [f"error: {_preview(error)}"]
     if row.status is RunStatus.CANCELLED:
         cancellation = row.cancellation or {}

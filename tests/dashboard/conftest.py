@@ -7,6 +7,7 @@ the CSRF cookie/token a browser page would.
 
 from __future__ import annotations
 
+import html
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -36,6 +37,34 @@ async def dashboard(settings: Settings) -> AsyncIterator[Dash]:
             )
 
         yield open_one
+
+
+_DOT = re.compile(r"\A(?:\.|%2e)\Z", re.IGNORECASE)
+_DOTDOT = re.compile(r"\A(?:\.|%2e){2}\Z", re.IGNORECASE)
+
+
+def browser_path(href: str) -> str:
+    """An ``href`` or form ``action`` (an absolute path, as the HTML has it) as a browser
+    sends it (WHATWG URL parsing): ``\\`` is ``/``, the fragment stays behind, ``.`` and
+    ``..`` segments (``%2e`` too) are resolved. A link that points at another run once it
+    is resolved points at another run, whatever the server would make of the raw text."""
+    target = html.unescape(href).replace("\\", "/").split("#", 1)[0]
+    path, sep, query = target.partition("?")
+    out: list[str] = []
+    segments = path.split("/")[1:]
+    for i, seg in enumerate(segments):
+        last = i == len(segments) - 1
+        if _DOTDOT.match(seg):
+            if out:
+                out.pop()
+            if last:
+                out.append("")
+        elif _DOT.match(seg):
+            if last:
+                out.append("")
+        else:
+            out.append(seg)
+    return "/" + "/".join(out) + sep + query
 
 
 async def post(client: httpx.AsyncClient, path: str, **form: str) -> httpx.Response:

@@ -16,6 +16,7 @@ import shutil
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -222,3 +223,52 @@ async def test_a_live_fleet_seen_through_chromium(
 
 async def _is(b: Browser, status: str) -> bool:
     return await b.attr("#run-status", "data-status") == status
+
+
+HOSTILE_IDS = ["x\\..\\victim", "victim/cancel?", "victim#top", "..", "a b&c=%41 é"]
+"""Ids a raw link misreads: ``\\`` is ``/`` to a browser, ``?`` and ``#`` end the path,
+``..`` climbs a level (``tests/security/test_dashboard_ids.py`` has the reasons)."""
+
+
+async def test_hostile_ids_open_and_cancel_their_own_runs_in_chromium(
+    worker: Worker, queue: AsyncQueue, store: Store, browser: Browser
+) -> None:
+    """Chromium itself resolves each link and form: the page of each id is that run's,
+    and its cancel button cancels that run, never ``victim``."""
+    b = browser
+    victim = await queue.enqueue(d.busy, 30, run_id="victim")
+    runs = [await queue.enqueue(d.busy, 30, run_id=run_id) for run_id in HOSTILE_IDS]
+    family = await queue.enqueue(f.parent, 1)
+    await until(lambda: _children(store, family.id), 10, "the parent's children")
+    (edge, *_) = await store.dag.children(family.id)
+    for run_id in [*(r.id for r in runs), edge.child_id]:  # a child's id holds '/' and '#'
+        await b.open("/runs")
+        await b.until(f"the row of {run_id!r}", partial(_row_link, b, run_id))
+        await b.call(b.driver.execute_script, "arguments[0].click();", await _row_link(b, run_id))
+        await b.until(f"the page of {run_id!r}", lambda: b.text("#run-status"))
+        assert await b.text("h1 .mono") == run_id
+        await b.click("#cancel")
+        await b.until(f"the flash on {run_id!r}", lambda: b.text("#done"))
+        assert await b.text("h1 .mono") == run_id
+        row = await store.runs.get(run_id)
+        assert row is not None and row.cancel_requested_at_ms is not None, run_id
+        untouched = await store.runs.get(victim.id)
+        assert untouched is not None and untouched.cancel_requested_at_ms is None, run_id
+    await b.shot("hostile-id-cancelled")
+    await queue.cancel(victim.id)
+    await queue.cancel(family.id)
+
+
+async def _row_link(b: Browser, run_id: str) -> Any:
+    """The link in the /runs row of ``run_id`` (compared in the page's own script)."""
+    return await b.call(
+        b.driver.execute_script,
+        "var id = arguments[0], row = [...document.querySelectorAll('tr.run')]"
+        ".find(function (r) { return r.dataset.id === id; });"
+        "return row ? row.querySelector('a') : null;",
+        run_id,
+    )
+
+
+async def _children(store: Store, run_id: str) -> bool:
+    return len(await store.dag.children(run_id)) == 2

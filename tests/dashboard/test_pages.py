@@ -9,6 +9,7 @@ import tests.dashboard.flows as d
 import tests.flows.flows as f
 from broker import AsyncQueue
 from ops.dashboard.models import OverviewView, StepsView
+from ops.dashboard.urls import run_url
 from ops.models import Explanation, FleetView, JournalView, RunDetail, RunList, TreeView
 from store import Store
 from store.types import RunStatus
@@ -146,8 +147,8 @@ async def test_the_run_page_draws_children_rounds_and_what_it_waits_on(
     assert len(children) == 2 and {n.attached for n in children.values()} == {True, False}
     page = (await client.get(f"/runs/{parent.id}", headers={"X-Partial": "1"})).text
     tree_html = page.split('<div id="tree">', 1)[1].split("</div>", 1)[0]
-    for child in children:
-        assert f'href="/runs/{child}"' in tree_html
+    for child in children:  # a child's id holds '/' and '#': one encoded path segment
+        assert f'href="{run_url(child)}"' in tree_html and "%2F" in run_url(child)
     assert "(detached)" in tree_html and "waiting on:" in tree_html
     for child in children:
         await queue.complete(child, "release")

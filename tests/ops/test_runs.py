@@ -92,7 +92,7 @@ async def test_runs_filters_and_json(cli: Cli) -> None:
     text = await cli("runs")
     assert text.code == 0 and first.run_id in text.stdout and "2 run(s)" in text.stdout
     bad = await cli("runs", "--since", "yesterday-ish")
-    assert bad.code == 1 and bad.clean and "bad --since" in bad.stderr
+    assert bad.code == 2 and bad.clean and "Invalid value for '--since'" in bad.stderr
     bad_status = await cli("runs", "--status", "sleeping")
     assert bad_status.code == 2 and bad_status.clean
 

@@ -58,8 +58,9 @@ async def test_prune_dry_run_then_real(
 
 
 async def test_prune_bad_duration_is_one_line(cli: Cli) -> None:
-    bad = await cli("prune", "--settled-before", "soon")
-    assert bad.code == 1 and bad.clean
-    assert "--settled-before" in bad.stderr and "Traceback" not in bad.stderr + bad.stdout
+    bad = await cli("prune", "--settled-before", "soon")  # a usage error, as a missing one
+    assert bad.code == 2 and bad.clean
+    assert "Invalid value for '--settled-before'" in bad.stderr
+    assert "Traceback" not in bad.stderr + bad.stdout
     missing = await cli("prune")
     assert missing.code == 2 and missing.clean

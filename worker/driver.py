@@ -6,7 +6,8 @@ database time is probed and, if no witness vouches for its owner, stolen with th
 evidence journaled; anything else is left alone. An activated run is executed and
 settled with the cancel guard, so a run is never both cancelled and completed.
 A run that leaves this process's fence (the heartbeat did not confirm it) is
-interrupted and writes nothing more.
+interrupted and writes nothing more. A closed driver (the worker is stopping) claims
+nothing, and a run whose claim was already in flight is handed back before its body starts.
 """
 
 from __future__ import annotations
@@ -79,6 +80,17 @@ class Driver(Decisions):
         self.bookkeeping = Bookkeeping(store, owner)
         self.wake_hints = WakeHints(hint)
         self._warned_unknown: set[str] = set()
+        self.closed = False
+        """The worker is stopping: no claim by any path, no body starts (``close``)."""
+
+    def close(self) -> None:
+        """Claim nothing from now on (stream deliveries, batches, sweeps, steals, recoveries).
+
+        Synchronous, so the worker calls it the moment its stop begins: no drive can
+        claim between the stop and an event-loop turn. A claim already sent may still
+        commit; ``_execute`` then hands that run back without starting its body.
+        """
+        self.closed = True
 
     @property
     def ladder(self) -> RefusalLadder:
@@ -154,11 +166,17 @@ class Driver(Decisions):
         metrics.RUNS_IN_FLIGHT.inc()
         deadline = self._deadline_timer(row)
         try:
-            if row.cancel_requested_at_ms is not None or flow is None:
+            if self.closed:  # its claim was in flight when the worker began to stop
+                self.interrupt(row.id, Cause.SHUTDOWN)
+            elif row.cancel_requested_at_ms is not None or flow is None:
                 await self.settlement.cancelled(row, row.epoch)
                 return
-            if row.epoch > 1:  # a first activation has no predecessor that could have recorded
+            if row.epoch > 1 and execution.cause is None:  # a first activation has no
+                # predecessor that could have recorded
                 ctx.records = {r.position: r for r in await self.store.steps.of_run(row.id)}
+            if execution.cause is not None or flow is None:  # interrupted before its body
+                await self._unstarted(row, execution.cause or Cause.SHUTDOWN)  # began: it never
+                return  # does
             execution.task = asyncio.create_task(self._call(flow, ctx), name=f"run:{row.id}")
             self.executing.add(row.id)
             execution.task.add_done_callback(lambda _task: self.executing.discard(row.id))
@@ -172,6 +190,18 @@ class Driver(Decisions):
                 deadline.cancel()
             self.owned.pop(row.id, None)
             metrics.RUNS_IN_FLIGHT.dec()
+
+    async def _unstarted(self, row: RunRow, cause: Cause) -> None:
+        """Settle by ``cause`` a run interrupted between its activation and its body."""
+        match cause:
+            case Cause.LOST_FENCE:
+                log.warning("run.fence_lost", extra={"run_id": row.id, "epoch": row.epoch})
+            case Cause.CANCELLED:
+                await self.settlement.cancelled(row, row.epoch)
+            case Cause.SHUTDOWN | Cause.LEASE_LAPSED | Cause.DRIVE_FAILED | Cause.INFRA_UNAVAILABLE:
+                await self.release(row, cause)
+            case _:
+                assert_never(cause)
 
     async def _cleanup_in_place(self, row: RunRow, execution: Execution) -> None:
         """A drive that fails while it may still hold the fence hands the run back now.

@@ -65,7 +65,8 @@ class Intake:
         The read script takes every queue's recovery lane before any normal lane and
         never more than ``free`` entries in total, so a takeover or a released run
         gets the next free slot of whichever worker frees one first, ahead of any
-        backlog, and slots are never over-subscribed. A lapsed process reads nothing.
+        backlog, and slots are never over-subscribed. A lapsed process reads nothing;
+        a stopping one hands back what its last read brought.
         """
         backoff = 0.1
         last_reclaim = time.monotonic()
@@ -101,8 +102,32 @@ class Intake:
                 backoff = min(backoff * 2, 5.0)
                 await self._regroup()
                 continue
+            if stopping.is_set():
+                # The stop began while the read blocked: claim none of it, and give the
+                # wakes back to the fleet at once (not after a reclaim's idle time).
+                await self._hand_back(deliveries)
+                return
             coordinator.drive_many(
                 [(d.message.run, self._acker(d), d.message.flow) for d in deliveries]
+            )
+
+    async def _hand_back(self, deliveries: list[Delivery]) -> None:
+        """Put what a stopping worker read back on its streams, then acknowledge it.
+
+        If Redis refuses, the deliveries stay unacknowledged: a reclaim by another
+        consumer, or a sweep, delivers them again.
+        """
+        if not deliveries:
+            return
+        try:
+            for lane in Lane:
+                await self._streams.publish_many(
+                    [(d.queue, d.message) for d in deliveries if d.lane is lane], lane
+                )
+            await self._streams.ack_many(deliveries)
+        except BROKER_ERRORS as exc:
+            log.warning(
+                "stream.hand_back_failed", extra={"runs": len(deliveries), "error": repr(exc)}
             )
 
     def _acker(self, delivery: Delivery) -> Callable[[], None]:

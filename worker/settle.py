@@ -33,7 +33,7 @@ from store.types import (
 )
 from store.values import UnstorableValue
 from worker import metrics
-from worker.durable import Handoff
+from worker.durable import Handoff, HandoffCall, checked_handoff
 from worker.flows import function as compensation
 from worker.flows import resolve
 from worker.retry import with_retry
@@ -275,8 +275,10 @@ class Settlement:
             return
         try:
             name, queue, fn, takes_ctx = flow_target(handoff.flow)
-            check_signature(fn, takes_ctx, list(handoff.args), handoff.kwargs)
-        except RunfleetError as exc:  # an unknown flow or arguments it does not take
+            call = checked_handoff(handoff)  # InvalidHandoff names a malformed field
+            check_signature(fn, takes_ctx, call.args, call.kwargs)
+        except RunfleetError as exc:  # an unknown flow, a malformed handoff, or arguments
+            # the next flow does not take: permanent, so the round fails once
             await self.finish(
                 row,
                 epoch,
@@ -286,12 +288,12 @@ class Settlement:
                 record={"successor": f"{row.lineage_id}@{next_round}"},
             )
             return
-        deadline_ms, timeout_ms = _successor_deadline(handoff, name)
+        deadline_ms, timeout_ms = _successor_deadline(call, name)
         successor = NewRun(
             id=f"{row.lineage_id}@{next_round}",
             flow=name,
             queue=queue or row.queue,
-            payload={"args": list(handoff.args), "kwargs": handoff.kwargs},
+            payload={"args": call.args, "kwargs": call.kwargs},
             scopes=row.scopes,
             parent_id=row.parent,
             on_parent_exit=row.on_parent_exit,
@@ -328,11 +330,10 @@ class Settlement:
             await self._hint(done.successor)
 
 
-def _successor_deadline(handoff: Handoff, flow_name: str) -> tuple[int | None, int | None]:
+def _successor_deadline(call: HandoffCall, flow_name: str) -> tuple[int | None, int | None]:
     """(deadline_ms, timeout_ms) of the next round: explicit, else the target's timeout."""
-    explicit = handoff.deadline
-    if explicit is not None:
-        return int(explicit.timestamp() * 1000), None
+    if call.deadline_ms is not None:
+        return call.deadline_ms, None
     try:
         timeout = resolve(flow_name).timeout
     except UnknownFlow:  # a leg this process does not run: the round keeps no deadline

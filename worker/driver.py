@@ -21,8 +21,10 @@ from typing import Any, assert_never
 from store import Store
 from store.config import Settings
 from store.types import (
+    GuardFailed,
     Owner,
     Parked,
+    ParkOutcome,
     RunRow,
     RunStatus,
 )
@@ -216,11 +218,12 @@ class Driver(Decisions):
             return
         if execution.task is not None and not execution.task.done():
             return  # the body still runs: its settlement decides
-        try:
-            released = await self._park_released(row, Cause.DRIVE_FAILED)
+        try:  # unguarded: a cancel asked meanwhile is closed by the cancel sweep elsewhere
+            released = await self._park_released(row, Cause.DRIVE_FAILED, guard=False)
         except Exception:
             return
-        if released:  # no wake hint: the released sweep paces a retry if the store is sick
+        # No wake hint: the released sweep paces a retry if the store is sick.
+        if isinstance(released, Parked):
             metrics.RELEASES.labels(Cause.DRIVE_FAILED).inc()
             log.info("run.released", extra={"run_id": row.id, "cause": Cause.DRIVE_FAILED})
 
@@ -298,23 +301,32 @@ class Driver(Decisions):
             case _:
                 assert_never(cause)
 
-    async def _park_released(self, row: RunRow, cause: Cause) -> bool:
-        outcome = await self.store.waits.release(
+    async def _park_released(self, row: RunRow, cause: Cause, *, guard: bool = True) -> ParkOutcome:
+        return await self.store.waits.release(
             row.id,
             self.owner,
             row.epoch,
             cause="lease-lapsed" if cause is Cause.LEASE_LAPSED else "interrupted",
             detail=cause,
+            guard=guard,
         )
-        return isinstance(outcome, Parked)
 
     async def release(self, row: RunRow, cause: Cause) -> bool:
         """Hand an unsettled run back (shutdown, lapse): park ``released``, journaled.
 
-        Compensations do not run: shutdown is not cancellation. Returns False when
-        the fence was already gone (another owner took the run meanwhile).
+        Compensations do not run: shutdown is not cancellation. But the row decides, not
+        the cause in memory: a cancel committed and not yet delivered when the body was
+        interrupted refuses the release (``waits.release``'s guard, fenced by owner and
+        epoch), and the run is cancelled here, compensations first, as the cancel path
+        does. Returns False when the run was not released: the fence was already gone
+        (another owner took the run meanwhile), or it was cancelled instead.
         """
-        if not await with_retry("release", lambda: self._park_released(row, cause)):
+        outcome = await with_retry("release", lambda: self._park_released(row, cause))
+        if isinstance(outcome, GuardFailed):  # still ours at this epoch, and cancel was asked
+            log.info("run.cancel_found_at_release", extra={"run_id": row.id, "cause": cause})
+            await self.settlement.cancelled(row, row.epoch, found_at=cause)
+            return False
+        if not isinstance(outcome, Parked):
             return False
         metrics.RELEASES.labels(cause).inc()
         log.info("run.released", extra={"run_id": row.id, "cause": cause})

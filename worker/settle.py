@@ -207,11 +207,18 @@ class Settlement:
             if not other.status.terminal:
                 await self._hint(other)
 
-    async def cancelled(self, row: RunRow, epoch: int) -> None:
-        """Close a run cancelled: compensations of completed steps in reverse, then the CAS."""
+    async def cancelled(self, row: RunRow, epoch: int, *, found_at: str | None = None) -> None:
+        """Close a run cancelled: compensations of completed steps in reverse, then the CAS.
+
+        ``found_at``: the interrupt (shutdown, lapse) whose release found the cancel request
+        instead of delivering it; journaled with the cancellation."""
         await self._compensate(row, epoch)
+        record = {"found_at_release": found_at} if found_at is not None else None
         outcome = await with_retry(
-            "settle", lambda: self._store.lifecycle.acknowledge_cancel(row.id, self._owner, epoch)
+            "settle",
+            lambda: self._store.lifecycle.acknowledge_cancel(
+                row.id, self._owner, epoch, record=record
+            ),
         )
         match outcome:
             case Transitioned():

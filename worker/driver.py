@@ -67,6 +67,7 @@ class Driver(Decisions):
         on_settled: AnnounceFn | None = None,
         hint: HintFn | None = None,
         lease_ok: Callable[[], bool] | None = None,
+        lease_gap: Callable[[], int | None] | None = None,
     ) -> None:
         self.store = store
         self.owner = owner
@@ -77,6 +78,8 @@ class Driver(Decisions):
         self.executing: set[str] = set()
         """Runs whose body may still run here (a task or its thread not yet ended)."""
         self._lease_ok = lease_ok
+        self._lease_gap = lease_gap
+        """How long the lease went unconfirmed in its newest lapse (``LeaseGate``)."""
         self.takeover = Takeover(store, owner, settings, probe)
         self.settlement = Settlement(store, owner, hint=hint, announce=on_settled)
         self.bookkeeping = Bookkeeping(store, owner)
@@ -302,13 +305,15 @@ class Driver(Decisions):
                 assert_never(cause)
 
     async def _park_released(self, row: RunRow, cause: Cause, *, guard: bool = True) -> ParkOutcome:
+        lapsed = cause is Cause.LEASE_LAPSED
         return await self.store.waits.release(
             row.id,
             self.owner,
             row.epoch,
-            cause="lease-lapsed" if cause is Cause.LEASE_LAPSED else "interrupted",
+            cause="lease-lapsed" if lapsed else "interrupted",
             detail=cause,
             guard=guard,
+            unconfirmed_ms=self._lease_gap() if lapsed and self._lease_gap is not None else None,
         )
 
     async def release(self, row: RunRow, cause: Cause) -> bool:

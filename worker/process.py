@@ -178,6 +178,7 @@ class Worker:
             on_settled=self.outbox.settled,
             hint=self.outbox.hint,
             lease_ok=gate.open,
+            lease_gap=gate.unconfirmed_ms,
         )
         self.coordinator = Coordinator(driver)
         self.intake = Intake(

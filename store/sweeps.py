@@ -122,6 +122,17 @@ class Sweeps:
             },
         )
 
+    async def advance_cursor(
+        self, kind: SweepKind, expected: SweepCursor, cursor: SweepCursor
+    ) -> bool:
+        """Store ``cursor`` if the kind's cursor is still ``expected`` (where this tick read
+        it); False if another tick moved it meanwhile. Call under the kind's lock: every
+        cursor write holds it, so the read and the write here cannot be interleaved."""
+        if not _same_place(await self.cursor(kind), expected):
+            return False
+        await self.save_cursor(kind, cursor)
+        return True
+
     # ---- keyset reads ------------------------------------------------------
 
     async def _keyed(
@@ -244,3 +255,8 @@ class Sweeps:
             )
             for r in rows
         ]
+
+
+def _same_place(a: SweepCursor, b: SweepCursor) -> bool:
+    """The same stored cursor (the database time each was read at aside)."""
+    return (a.after, a.through, a.cycle_started_ms) == (b.after, b.through, b.cycle_started_ms)

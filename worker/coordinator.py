@@ -38,6 +38,10 @@ class Coordinator:
     def active(self) -> int:
         return len(self._active)
 
+    def driving(self, run_id: str) -> bool:
+        """A drive of ``run_id`` is under way here (a wake for it now coalesces into it)."""
+        return run_id in self._active
+
     def drive(
         self,
         run_id: str,

@@ -140,35 +140,45 @@ class Intake:
         except BROKER_ERRORS:
             pass
 
-    async def dispatch(self, run_ids: list[str], reason: str) -> None:
+    async def dispatch(self, run_ids: list[str], reason: str) -> set[str]:
         """Get runs a sweep found driven: a wake on their queue's stream, or a local drive
-        without Redis.
+        without Redis. Returns the ids dispatched (the sweep's cursor moves past those
+        only): a wake published, a drive started here or already under way, or nothing
+        left to do (the row is gone). A stopping worker drives nothing.
 
         A cancel request on a run nobody executes (pending or parked) is closed here:
         that needs no handler and no reader of its queue (DESIGN §7.1, §7.4), and a
         wake on a queue no worker reads would leave it pending forever.
         """
         rows = await self._store.runs.get_many(run_ids)
+        found = {row.id for row in rows}
+        dispatched = {run_id for run_id in run_ids if run_id not in found}
         closing = {
             row.id
             for row in rows
             if row.cancel_requested_at_ms is not None
             and row.status in (RunStatus.PENDING, RunStatus.SUSPENDED)
         }
-        for run_id in closing:
-            self._coordinator.drive(run_id)
+        dispatched |= {run_id for run_id in closing if self._drive_here(run_id)}
         rows = [row for row in rows if row.id not in closing]
         if not rows:
-            return
+            return dispatched
         rows.sort(key=lambda row: lane_of(row) is not Lane.RECOVERY)  # recovered runs first
         try:
             await publish_wakes(self._streams, rows, reason)
-            return
+            return dispatched | {row.id for row in rows}
         except BROKER_ERRORS as exc:
             log.warning("stream.publish_failed", extra={"runs": len(rows), "error": repr(exc)})
-        free = self.free()
         for row in rows:
-            if free <= 0:
+            if self.free() <= 0:
                 break
-            if row.queue in self._queues and self._coordinator.drive(row.id):
-                free -= 1
+            if row.queue in self._queues and self._drive_here(row.id):
+                dispatched.add(row.id)
+        return dispatched
+
+    def _drive_here(self, run_id: str) -> bool:
+        """Drive ``run_id`` in this process; True if a drive of it started or is under way."""
+        if self._coordinator.closed:
+            return False
+        self._coordinator.drive(run_id)
+        return self._coordinator.driving(run_id)

@@ -1,8 +1,9 @@
 """The bounded, keyset-cursor reads the sweeps drive, their cursors, and the per-kind lock.
 
-Each read returns rows strictly after a ``SweepCursor`` in its keyset order; the
-sweeper stores the last key it read in ``runfleet.sweep_cursors`` inside the
-transaction that holds the kind's advisory lock, so whichever worker wins the next
+Each read returns rows strictly after a ``SweepCursor`` in its keyset order; once it
+has dispatched them, the sweeper stores the last key it dispatched in
+``runfleet.sweep_cursors`` under the kind's advisory lock (``advance_cursor``: only if
+the cursor is still where its tick read it), so whichever worker wins the next
 tick continues from there (a cursor kept in one process would be skipped whenever
 another process won the tick). Rows nobody can take therefore cost one batch slot
 per cycle, never the whole batch every tick.

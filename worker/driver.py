@@ -176,12 +176,13 @@ class Driver(Decisions):
             elif row.cancel_requested_at_ms is not None or flow is None:
                 await self.settlement.cancelled(row, row.epoch)
                 return
-            if row.epoch > 1 and execution.cause is None:  # a first activation has no
-                # predecessor that could have recorded
+            # A first activation has no predecessor that could have recorded.
+            if row.epoch > 1 and execution.cause is None:
                 ctx.records = {r.position: r for r in await self.store.steps.of_run(row.id)}
-            if execution.cause is not None or flow is None:  # interrupted before its body
-                await self._unstarted(row, execution.cause or Cause.SHUTDOWN)  # began: it never
-                return  # does
+            if execution.cause is not None or flow is None:
+                # Interrupted between its activation and its body: the body never starts.
+                await self._unstarted(row, execution.cause or Cause.SHUTDOWN)
+                return
             execution.task = asyncio.create_task(self._call(flow, ctx), name=f"run:{row.id}")
             self.executing.add(row.id)
             execution.task.add_done_callback(lambda _task: self.executing.discard(row.id))

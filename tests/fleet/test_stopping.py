@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from functools import partial
+from typing import Any
 
 import tests.fleet.flows as flows
 from broker import AsyncQueue
@@ -12,9 +13,10 @@ from broker.client import connect
 from broker.streams import Lane, Streams
 from store import Store
 from store.config import Settings
-from store.types import JournalRecord, Owner, RunStatus
+from store.types import JournalRecord, NewRun, Owner, RunStatus
 from tests.fleet.procs import Spawn, WorkerProc, records, running_on
 from tests.support.polling import until
+from worker.driver import Driver
 from worker.outbox import publish_wakes
 from worker.process import Worker
 
@@ -135,3 +137,27 @@ async def _claims_after_release(store: Store, run_id: str, pid: int) -> list[Jou
         return []
     claims = [r for r in journal if r.kind == "claimed-and-activated" and by_pid(r)]
     return [r for r in claims if r.seq > released[0]]
+
+
+async def test_a_claim_in_flight_when_the_stop_begins_is_released_before_its_body_runs(
+    settings: Settings, store: Store
+) -> None:
+    """The claim statement was already sent when the stop began: it commits, and the run
+    is handed back at once instead of running a body the worker would then wait for."""
+    driver = Driver(store, Owner.for_this_process(settings.host_id), settings)
+    await store.runs.create(NewRun(id="r", flow="tests.forever"))
+    real = store.runs.claim_and_activate
+
+    async def claim_then_stop(*args: Any, **kwargs: Any) -> Any:
+        outcome = await real(*args, **kwargs)
+        driver.close()  # the stop arrives while the claim's answer is on its way
+        return outcome
+
+    store.runs.claim_and_activate = claim_then_stop  # type: ignore[method-assign]
+    assert await asyncio.wait_for(driver.drive("r"), 10) == "activated"
+    assert driver.executing == set() and driver.owned == {}
+    row = await store.runs.get("r")
+    assert row is not None and row.waiting is not None and row.waiting.reason == "released"
+    kinds = [r.kind for r in await store.journal.records("r")]
+    assert kinds == ["created", "claimed-and-activated", "parked", "interrupt-released"], kinds
+    assert await driver.drive("r") == "stopping"  # and it claims nothing after that

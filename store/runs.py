@@ -27,6 +27,7 @@ from store.types import (
     LeaseFresh,
     NotFound,
     Owner,
+    Reconfirmation,
     RunRow,
     RunStatus,
     Snapshot,
@@ -290,13 +291,34 @@ class Runs(Admission):
 
     # ---- leases ------------------------------------------------------------
 
-    async def heartbeat(self, me: Owner, run_ids: list[str]) -> Heartbeat:
-        """Renew every listed run ``me`` owns in one statement; report the confirmed set."""
-        rows = await self._db.all("runs.heartbeat", {"ids": run_ids, **owner_params(me)})
-        confirmed = frozenset(r["id"] for r in rows if r["id"] is not None)
-        cancels = frozenset(r["id"] for r in rows if r["id"] is not None and r["cancel_requested"])
+    async def heartbeat(
+        self, me: Owner, run_ids: list[str], *, reconfirm: Reconfirmation | None = None
+    ) -> Heartbeat:
+        """Renew every listed run ``me`` owns in one statement; report the confirmed set.
+
+        With ``reconfirm`` (the first renewal after a lapse), the same statement journals
+        ``lease-reconfirmed`` on each run it renewed at the epoch ``reconfirm`` names."""
+        epochs = dict(reconfirm.epochs) if reconfirm is not None else {}
+        rows = await self._db.all(
+            "runs.heartbeat",
+            {
+                "ids": run_ids,
+                "re_ids": list(epochs),
+                "re_epochs": list(epochs.values()),
+                "re_seqs": [self._db.next_source_seq() for _ in epochs],
+                "source_id": self._db.source_id,
+                "journal_kind": Kind.LEASE_RECONFIRMED,
+                "owner_key": me.key,
+                "unconfirmed_ms": reconfirm.unconfirmed_ms if reconfirm is not None else None,
+                **owner_params(me),
+            },
+        )
+        renewed = [r for r in rows if r["id"] is not None]
         return Heartbeat(
-            confirmed=confirmed, cancel_requested=cancels, now_ms=int(rows[0]["now_ms"])
+            confirmed=frozenset(r["id"] for r in renewed),
+            cancel_requested=frozenset(r["id"] for r in renewed if r["cancel_requested"]),
+            now_ms=int(rows[0]["now_ms"]),
+            reconfirmed=frozenset(r["id"] for r in renewed if r["reconfirmed"]),
         )
 
 

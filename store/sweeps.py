@@ -1,8 +1,9 @@
 """The bounded, keyset-cursor reads the sweeps drive, their cursors, and the per-kind lock.
 
-Each read returns rows strictly after a ``SweepCursor`` in its keyset order; the
-sweeper stores the last key it read in ``runfleet.sweep_cursors`` inside the
-transaction that holds the kind's advisory lock, so whichever worker wins the next
+Each read returns rows strictly after a ``SweepCursor`` in its keyset order; once it
+has dispatched them, the sweeper stores the last key it dispatched in
+``runfleet.sweep_cursors`` under the kind's advisory lock (``advance_cursor``: only if
+the cursor is still where its tick read it), so whichever worker wins the next
 tick continues from there (a cursor kept in one process would be skipped whenever
 another process won the tick). Rows nobody can take therefore cost one batch slot
 per cycle, never the whole batch every tick.
@@ -121,6 +122,17 @@ class Sweeps:
                 "cycle_started_ms": cursor.cycle_started_ms,
             },
         )
+
+    async def advance_cursor(
+        self, kind: SweepKind, expected: SweepCursor, cursor: SweepCursor
+    ) -> bool:
+        """Store ``cursor`` if the kind's cursor is still ``expected`` (where this tick read
+        it); False if another tick moved it meanwhile. Call under the kind's lock: every
+        cursor write holds it, so the read and the write here cannot be interleaved."""
+        if not _same_place(await self.cursor(kind), expected):
+            return False
+        await self.save_cursor(kind, cursor)
+        return True
 
     # ---- keyset reads ------------------------------------------------------
 
@@ -244,3 +256,8 @@ class Sweeps:
             )
             for r in rows
         ]
+
+
+def _same_place(a: SweepCursor, b: SweepCursor) -> bool:
+    """The same stored cursor (the database time each was read at aside)."""
+    return (a.after, a.through, a.cycle_started_ms) == (b.after, b.through, b.cycle_started_ms)

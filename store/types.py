@@ -10,6 +10,7 @@ import enum
 import json
 import os
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -405,6 +406,22 @@ class Heartbeat:
     confirmed: frozenset[str]
     cancel_requested: frozenset[str]
     now_ms: int
+    reconfirmed: frozenset[str] = frozenset()
+    """Runs this renewal journaled ``lease-reconfirmed`` on (a ``Reconfirmation``'s)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reconfirmation:
+    """A renewal sent after a lapse: journal ``lease-reconfirmed`` on each run it renews.
+
+    Only where the process still holds the run at the epoch it executes it at (fenced in
+    the renewal statement itself), with how long the lease had gone unconfirmed.
+    """
+
+    epochs: Mapping[str, int]
+    """Run id -> the epoch this process holds it at."""
+    unconfirmed_ms: int
+    """Milliseconds from the send of the newest confirmed renewal to this one's."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -101,21 +101,39 @@ class Waits(Deferreds):
     # ---- park / wake -------------------------------------------------------
 
     async def release(
-        self, run_id: str, me: Owner, epoch: int, cause: str, detail: str
+        self,
+        run_id: str,
+        me: Owner,
+        epoch: int,
+        cause: str,
+        detail: str,
+        *,
+        guard: bool = True,
+        unconfirmed_ms: int | None = None,
     ) -> ParkOutcome:
         """Hand a run ``me`` owns back unsettled (shutdown, lapse, a failed drive): park it
-        ``released`` (no cancel guard: it is not a settlement) and journal why, in one
-        transaction. Parked, or NotOwner/NotFound when the fence was already gone."""
+        ``released`` and journal why, in one transaction. Parked, or NotOwner/NotFound when
+        the fence was already gone.
+
+        With ``guard``, the row's cancel request decides, not the caller's cause: a cancel
+        committed before the release (and not yet delivered to the body) refuses it with
+        GuardFailed, checked under the row lock with the fence, so the caller — which still
+        holds the run at ``epoch`` — cancels it instead of handing it to another worker.
+        ``unconfirmed_ms`` (a lapse's release): how long the lease went unconfirmed."""
         async with self._db.transaction():
             outcome = await self.park(
-                run_id, me, epoch, Waiting(reason=WaitingReason.RELEASED), guard=False
+                run_id, me, epoch, Waiting(reason=WaitingReason.RELEASED), guard=guard
             )
             if isinstance(outcome, Parked):
-                await self._journal.record(
-                    run_id,
-                    Kind.INTERRUPT_RELEASED,
-                    {"cause": cause, "detail": detail, "owner": me.key, "epoch": epoch},
-                )
+                record: dict[str, Any] = {
+                    "cause": cause,
+                    "detail": detail,
+                    "owner": me.key,
+                    "epoch": epoch,
+                }
+                if unconfirmed_ms is not None:
+                    record["unconfirmed_ms"] = unconfirmed_ms
+                await self._journal.record(run_id, Kind.INTERRUPT_RELEASED, record)
             return outcome
 
     async def quarantine(

@@ -18,6 +18,8 @@ class Coordinator:
     ``drive`` starts a drive unless one is active for that run, in which case
     the wake is remembered and one more drive follows the current one — so a wake
     that arrives mid-drive is never lost, and a burst of wakes costs one drive.
+    Once ``close``d (the worker is stopping) it starts no drive and repeats none: a
+    wake coalesced into a drive that then released its run must not claim it again.
     """
 
     def __init__(self, driver: Driver) -> None:
@@ -26,9 +28,19 @@ class Coordinator:
         self._again: set[str] = set()
         self._batches: set[asyncio.Task[dict[str, Decision]]] = set()
         self.changed = asyncio.Event()
+        self.closed = False
+
+    def close(self) -> None:
+        """Start no drive from now on, and repeat none (the worker is stopping)."""
+        self.closed = True
+        self._again.clear()
 
     def active(self) -> int:
         return len(self._active)
+
+    def driving(self, run_id: str) -> bool:
+        """A drive of ``run_id`` is under way here (a wake for it now coalesces into it)."""
+        return run_id in self._active
 
     def drive(
         self,
@@ -38,7 +50,10 @@ class Coordinator:
     ) -> bool:
         """Start (or coalesce into) a drive of ``run_id``; True if a new drive started.
 
-        ``delivered_flow``: the flow a stream message named (``Driver.drive``)."""
+        ``delivered_flow``: the flow a stream message named (``Driver.drive``). Closed:
+        nothing starts and ``on_decided`` is not called (the delivery is not acknowledged)."""
+        if self.closed:
+            return False
         if run_id in self._active:
             self._again.add(run_id)
             if on_decided is not None:
@@ -56,6 +71,8 @@ class Coordinator:
         its message named); the runs not already in a drive are decided together
         (``Driver.decide_many``: one read, one claim statement), a lone one by one
         statement that reads and claims. Returns how many new drives started."""
+        if self.closed:
+            return 0
         fresh: list[tuple[str, Callable[[], None] | None]] = []
         flows: dict[str, str] = {}
         seen: set[str] = set()
@@ -115,7 +132,7 @@ class Coordinator:
                     # The run stays durable; a sweep or a later wake drives it again.
                     log.exception("run.drive_failed", extra={"run_id": run_id})
                 on_decided, batch, delivered_flow = None, None, None  # again: read first
-                if run_id not in self._again:
+                if self.closed or run_id not in self._again:
                     return
                 self._again.discard(run_id)
         finally:

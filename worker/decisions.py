@@ -6,7 +6,8 @@ stream read of several runs is decided with one read and one claim statement
 (``decide_many``); a lone delivery with one statement that reads and claims
 (``_decide_delivered``); anything else from its row (``_decide``): a runnable row is
 claimed and activated, a running row whose lease is stale goes to ``Takeover``, and a
-lost race is journaled as ``claim-lost``.
+lost race is journaled as ``claim-lost``. A stopping worker (``closed``) claims nothing
+by any of these paths: the run's wake is handed back to the fleet instead.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from worker.evidence import journal_evidence
 from worker.flows import Flow, resolve
 from worker.outcomes import Decision, DriveOutcome
 from worker.takeover import Takeover
+from worker.wake_hints import HintFn
 
 log = logging.getLogger("runfleet.worker.driver")
 
@@ -45,7 +47,9 @@ class Decisions:
     owned: Container[str]
     takeover: Takeover
     _lease_ok: Callable[[], bool] | None
+    _hint: HintFn | None
     _warned_unknown: set[str]
+    closed: bool
 
     async def decide_many(self, run_ids: Sequence[str]) -> dict[str, Decision]:
         """Decide the runs one stream read delivered with one read and one claim statement.
@@ -63,7 +67,8 @@ class Decisions:
                 decisions[row.id] = (DriveOutcome.TERMINAL, None)
                 continue
             if (
-                row.id in self.owned
+                self.closed
+                or row.id in self.owned
                 or not fresh_admission(row)
                 or row.cancel_requested_at_ms is not None
                 or (self._lease_ok is not None and not self._lease_ok())
@@ -92,7 +97,11 @@ class Decisions:
             flow = resolve(flow_name)
         except UnknownFlow:
             return None
-        if run_id in self.owned or (self._lease_ok is not None and not self._lease_ok()):
+        if (
+            self.closed
+            or run_id in self.owned
+            or (self._lease_ok is not None and not self._lease_ok())
+        ):
             return None
         outcome, seen = await self.store.runs.claim_if_fresh(run_id, flow_name, self.owner)
         if outcome is None:
@@ -107,6 +116,8 @@ class Decisions:
             return DriveOutcome.TERMINAL, None
         if row.id in self.owned:
             return DriveOutcome.ALREADY_OWNED, None
+        if self.closed:
+            return await self._hand_back_wake(row)
         if self._lease_ok is not None and not self._lease_ok():
             # A process that cannot confirm its own lease takes nothing new: nobody
             # would renew what it claims, and another worker would soon steal it.
@@ -151,8 +162,18 @@ class Decisions:
             if fresh is None or fresh.status.terminal or fresh.claim is not None:
                 return recovered, None
             row = fresh
+        if self.closed:  # the worker began to stop while this drive read the row
+            return await self._hand_back_wake(row)
         outcome = await self.store.runs.claim_and_activate(row.id, row.snapshot, self.owner)
         return await self._claimed(row, flow, outcome)
+
+    async def _hand_back_wake(self, row: RunRow) -> Decision:
+        """A stopping worker claims nothing: the wake that brought this run (acknowledged
+        once the drive has decided) goes back to the fleet's stream so another worker
+        takes the run now, not at the next sweep."""
+        if self._hint is not None and (row.waiting is None or self._wakeable(row)):
+            await self._hint(row)
+        return DriveOutcome.STOPPING, None
 
     async def _claimed(self, row: RunRow, flow: Flow | None, outcome: ActivateOutcome) -> Decision:
         """What a claim-and-activate answered: execute it, or journal the lost race."""

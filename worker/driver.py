@@ -6,7 +6,8 @@ database time is probed and, if no witness vouches for its owner, stolen with th
 evidence journaled; anything else is left alone. An activated run is executed and
 settled with the cancel guard, so a run is never both cancelled and completed.
 A run that leaves this process's fence (the heartbeat did not confirm it) is
-interrupted and writes nothing more.
+interrupted and writes nothing more. A closed driver (the worker is stopping) claims
+nothing, and a run whose claim was already in flight is handed back before its body starts.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from typing import Any, assert_never
 from store import Store
 from store.config import Settings
 from store.types import (
+    GuardFailed,
     Owner,
     Parked,
+    ParkOutcome,
     RunRow,
     RunStatus,
 )
@@ -64,6 +67,7 @@ class Driver(Decisions):
         on_settled: AnnounceFn | None = None,
         hint: HintFn | None = None,
         lease_ok: Callable[[], bool] | None = None,
+        lease_gap: Callable[[], int | None] | None = None,
     ) -> None:
         self.store = store
         self.owner = owner
@@ -74,11 +78,24 @@ class Driver(Decisions):
         self.executing: set[str] = set()
         """Runs whose body may still run here (a task or its thread not yet ended)."""
         self._lease_ok = lease_ok
+        self._lease_gap = lease_gap
+        """How long the lease went unconfirmed in its newest lapse (``LeaseGate``)."""
         self.takeover = Takeover(store, owner, settings, probe)
         self.settlement = Settlement(store, owner, hint=hint, announce=on_settled)
         self.bookkeeping = Bookkeeping(store, owner)
         self.wake_hints = WakeHints(hint)
         self._warned_unknown: set[str] = set()
+        self.closed = False
+        """The worker is stopping: no claim by any path, no body starts (``close``)."""
+
+    def close(self) -> None:
+        """Claim nothing from now on (stream deliveries, batches, sweeps, steals, recoveries).
+
+        Synchronous, so the worker calls it the moment its stop begins: no drive can
+        claim between the stop and an event-loop turn. A claim already sent may still
+        commit; ``_execute`` then hands that run back without starting its body.
+        """
+        self.closed = True
 
     @property
     def ladder(self) -> RefusalLadder:
@@ -154,11 +171,18 @@ class Driver(Decisions):
         metrics.RUNS_IN_FLIGHT.inc()
         deadline = self._deadline_timer(row)
         try:
-            if row.cancel_requested_at_ms is not None or flow is None:
+            if self.closed:  # its claim was in flight when the worker began to stop
+                self.interrupt(row.id, Cause.SHUTDOWN)
+            elif row.cancel_requested_at_ms is not None or flow is None:
                 await self.settlement.cancelled(row, row.epoch)
                 return
-            if row.epoch > 1:  # a first activation has no predecessor that could have recorded
+            # A first activation has no predecessor that could have recorded.
+            if row.epoch > 1 and execution.cause is None:
                 ctx.records = {r.position: r for r in await self.store.steps.of_run(row.id)}
+            if execution.cause is not None or flow is None:
+                # Interrupted between its activation and its body: the body never starts.
+                await self._unstarted(row, execution.cause or Cause.SHUTDOWN)
+                return
             execution.task = asyncio.create_task(self._call(flow, ctx), name=f"run:{row.id}")
             self.executing.add(row.id)
             execution.task.add_done_callback(lambda _task: self.executing.discard(row.id))
@@ -173,6 +197,18 @@ class Driver(Decisions):
             self.owned.pop(row.id, None)
             metrics.RUNS_IN_FLIGHT.dec()
 
+    async def _unstarted(self, row: RunRow, cause: Cause) -> None:
+        """Settle by ``cause`` a run interrupted between its activation and its body."""
+        match cause:
+            case Cause.LOST_FENCE:
+                log.warning("run.fence_lost", extra={"run_id": row.id, "epoch": row.epoch})
+            case Cause.CANCELLED:
+                await self.settlement.cancelled(row, row.epoch)
+            case Cause.SHUTDOWN | Cause.LEASE_LAPSED | Cause.DRIVE_FAILED | Cause.INFRA_UNAVAILABLE:
+                await self.release(row, cause)
+            case _:
+                assert_never(cause)
+
     async def _cleanup_in_place(self, row: RunRow, execution: Execution) -> None:
         """A drive that fails while it may still hold the fence hands the run back now.
 
@@ -186,11 +222,12 @@ class Driver(Decisions):
             return
         if execution.task is not None and not execution.task.done():
             return  # the body still runs: its settlement decides
-        try:
-            released = await self._park_released(row, Cause.DRIVE_FAILED)
+        try:  # unguarded: a cancel asked meanwhile is closed by the cancel sweep elsewhere
+            released = await self._park_released(row, Cause.DRIVE_FAILED, guard=False)
         except Exception:
             return
-        if released:  # no wake hint: the released sweep paces a retry if the store is sick
+        # No wake hint: the released sweep paces a retry if the store is sick.
+        if isinstance(released, Parked):
             metrics.RELEASES.labels(Cause.DRIVE_FAILED).inc()
             log.info("run.released", extra={"run_id": row.id, "cause": Cause.DRIVE_FAILED})
 
@@ -268,23 +305,34 @@ class Driver(Decisions):
             case _:
                 assert_never(cause)
 
-    async def _park_released(self, row: RunRow, cause: Cause) -> bool:
-        outcome = await self.store.waits.release(
+    async def _park_released(self, row: RunRow, cause: Cause, *, guard: bool = True) -> ParkOutcome:
+        lapsed = cause is Cause.LEASE_LAPSED
+        return await self.store.waits.release(
             row.id,
             self.owner,
             row.epoch,
-            cause="lease-lapsed" if cause is Cause.LEASE_LAPSED else "interrupted",
+            cause="lease-lapsed" if lapsed else "interrupted",
             detail=cause,
+            guard=guard,
+            unconfirmed_ms=self._lease_gap() if lapsed and self._lease_gap is not None else None,
         )
-        return isinstance(outcome, Parked)
 
     async def release(self, row: RunRow, cause: Cause) -> bool:
         """Hand an unsettled run back (shutdown, lapse): park ``released``, journaled.
 
-        Compensations do not run: shutdown is not cancellation. Returns False when
-        the fence was already gone (another owner took the run meanwhile).
+        Compensations do not run: shutdown is not cancellation. But the row decides, not
+        the cause in memory: a cancel committed and not yet delivered when the body was
+        interrupted refuses the release (``waits.release``'s guard, fenced by owner and
+        epoch), and the run is cancelled here, compensations first, as the cancel path
+        does. Returns False when the run was not released: the fence was already gone
+        (another owner took the run meanwhile), or it was cancelled instead.
         """
-        if not await with_retry("release", lambda: self._park_released(row, cause)):
+        outcome = await with_retry("release", lambda: self._park_released(row, cause))
+        if isinstance(outcome, GuardFailed):  # still ours at this epoch, and cancel was asked
+            log.info("run.cancel_found_at_release", extra={"run_id": row.id, "cause": cause})
+            await self.settlement.cancelled(row, row.epoch, found_at=cause)
+            return False
+        if not isinstance(outcome, Parked):
             return False
         metrics.RELEASES.labels(cause).inc()
         log.info("run.released", extra={"run_id": row.id, "cause": cause})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import reprlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -11,7 +12,7 @@ from typing import Any
 from tenacity import RetryCallState, retry_if_exception_type, wait_exponential
 
 from broker.names import importable_name
-from store.errors import RunfleetError
+from store.errors import InvalidInput, RunfleetError
 
 
 class NonDeterminism(RunfleetError):
@@ -96,13 +97,73 @@ NO_RETRY = Retry(attempts=1)
 
 @dataclass(frozen=True)
 class Handoff:
-    """Returned by a flow: settle this round and continue the lineage in a new one."""
+    """Returned by a flow: settle this round and continue the lineage in a new one.
+
+    ``args`` a tuple or list, ``kwargs`` a dict with str keys, ``deadline`` a datetime or
+    None; anything else fails the round with ``InvalidHandoff`` (``checked_handoff``).
+    """
 
     flow: Any
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     deadline: datetime | None = None
     """The next round's deadline; when None, the target flow's ``timeout`` from now."""
+
+
+class InvalidHandoff(InvalidInput):
+    """A flow returned a ``Handoff`` no next round can be made from: the round fails with
+    this, once (``round-invalid``). ``field`` names the part: ``args``, ``kwargs``,
+    ``deadline`` (an unknown or unimportable ``flow`` is ``InvalidInput("flow")``)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"Handoff.{field}", problem)  # the message: "invalid Handoff.args: …"
+        self.field = field
+
+
+@dataclass(frozen=True)
+class HandoffCall:
+    """What a ``Handoff`` admits its next round with, once checked (``checked_handoff``)."""
+
+    args: list[Any]
+    kwargs: dict[str, Any]
+    deadline_ms: int | None
+    """The explicit deadline in epoch ms; None: the target flow's ``timeout`` applies."""
+
+
+def checked_handoff(handoff: Handoff) -> HandoffCall:
+    """The next round's arguments and deadline; ``InvalidHandoff`` naming the bad field.
+
+    A flow's return value is data the type checker may never have seen (an untyped body,
+    ``Handoff(next, 5)``): checked where the round is settled, so a malformed one fails
+    the run once instead of escaping the settlement and re-running the body on every
+    re-drive. A string is refused as ``args`` although it is a sequence: ``"ab"`` would
+    become two arguments.
+    """
+    args, kwargs, deadline = handoff.args, handoff.kwargs, handoff.deadline
+    if not isinstance(args, tuple | list):
+        raise InvalidHandoff(
+            "args", f"expected a tuple or list of positional arguments, got {_shown(args)}"
+        )
+    if not isinstance(kwargs, dict):
+        raise InvalidHandoff(
+            "kwargs", f"expected a dict of keyword arguments, got {_shown(kwargs)}"
+        )
+    bad_keys = [key for key in kwargs if not isinstance(key, str)]
+    if bad_keys:
+        raise InvalidHandoff("kwargs", f"keyword names must be str, got {_shown(bad_keys[0])}")
+    if deadline is None:
+        return HandoffCall(list(args), dict(kwargs), None)
+    if not isinstance(deadline, datetime):
+        raise InvalidHandoff("deadline", f"expected a datetime or None, got {_shown(deadline)}")
+    try:
+        deadline_ms = int(deadline.timestamp() * 1000)
+    except (OverflowError, ValueError, OSError) as exc:
+        raise InvalidHandoff("deadline", f"{deadline!r} has no timestamp: {exc}") from None
+    return HandoffCall(list(args), dict(kwargs), deadline_ms)
+
+
+def _shown(value: object) -> str:
+    return f"{type(value).__name__} {reprlib.repr(value)}"
 
 
 @dataclass(frozen=True)

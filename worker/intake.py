@@ -65,7 +65,8 @@ class Intake:
         The read script takes every queue's recovery lane before any normal lane and
         never more than ``free`` entries in total, so a takeover or a released run
         gets the next free slot of whichever worker frees one first, ahead of any
-        backlog, and slots are never over-subscribed. A lapsed process reads nothing.
+        backlog, and slots are never over-subscribed. A lapsed process reads nothing;
+        a stopping one hands back what its last read brought.
         """
         backoff = 0.1
         last_reclaim = time.monotonic()
@@ -101,8 +102,32 @@ class Intake:
                 backoff = min(backoff * 2, 5.0)
                 await self._regroup()
                 continue
+            if stopping.is_set():
+                # The stop began while the read blocked: claim none of it, and give the
+                # wakes back to the fleet at once (not after a reclaim's idle time).
+                await self._hand_back(deliveries)
+                return
             coordinator.drive_many(
                 [(d.message.run, self._acker(d), d.message.flow) for d in deliveries]
+            )
+
+    async def _hand_back(self, deliveries: list[Delivery]) -> None:
+        """Put what a stopping worker read back on its streams, then acknowledge it.
+
+        If Redis refuses, the deliveries stay unacknowledged: a reclaim by another
+        consumer, or a sweep, delivers them again.
+        """
+        if not deliveries:
+            return
+        try:
+            for lane in Lane:
+                await self._streams.publish_many(
+                    [(d.queue, d.message) for d in deliveries if d.lane is lane], lane
+                )
+            await self._streams.ack_many(deliveries)
+        except BROKER_ERRORS as exc:
+            log.warning(
+                "stream.hand_back_failed", extra={"runs": len(deliveries), "error": repr(exc)}
             )
 
     def _acker(self, delivery: Delivery) -> Callable[[], None]:
@@ -115,35 +140,45 @@ class Intake:
         except BROKER_ERRORS:
             pass
 
-    async def dispatch(self, run_ids: list[str], reason: str) -> None:
+    async def dispatch(self, run_ids: list[str], reason: str) -> set[str]:
         """Get runs a sweep found driven: a wake on their queue's stream, or a local drive
-        without Redis.
+        without Redis. Returns the ids dispatched (the sweep's cursor moves past those
+        only): a wake published, a drive started here or already under way, or nothing
+        left to do (the row is gone). A stopping worker drives nothing.
 
         A cancel request on a run nobody executes (pending or parked) is closed here:
         that needs no handler and no reader of its queue (DESIGN §7.1, §7.4), and a
         wake on a queue no worker reads would leave it pending forever.
         """
         rows = await self._store.runs.get_many(run_ids)
+        found = {row.id for row in rows}
+        dispatched = {run_id for run_id in run_ids if run_id not in found}
         closing = {
             row.id
             for row in rows
             if row.cancel_requested_at_ms is not None
             and row.status in (RunStatus.PENDING, RunStatus.SUSPENDED)
         }
-        for run_id in closing:
-            self._coordinator.drive(run_id)
+        dispatched |= {run_id for run_id in closing if self._drive_here(run_id)}
         rows = [row for row in rows if row.id not in closing]
         if not rows:
-            return
+            return dispatched
         rows.sort(key=lambda row: lane_of(row) is not Lane.RECOVERY)  # recovered runs first
         try:
             await publish_wakes(self._streams, rows, reason)
-            return
+            return dispatched | {row.id for row in rows}
         except BROKER_ERRORS as exc:
             log.warning("stream.publish_failed", extra={"runs": len(rows), "error": repr(exc)})
-        free = self.free()
         for row in rows:
-            if free <= 0:
+            if self.free() <= 0:
                 break
-            if row.queue in self._queues and self._coordinator.drive(row.id):
-                free -= 1
+            if row.queue in self._queues and self._drive_here(row.id):
+                dispatched.add(row.id)
+        return dispatched
+
+    def _drive_here(self, run_id: str) -> bool:
+        """Drive ``run_id`` in this process; True if a drive of it started or is under way."""
+        if self._coordinator.closed:
+            return False
+        self._coordinator.drive(run_id)
+        return self._coordinator.driving(run_id)

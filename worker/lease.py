@@ -24,9 +24,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from broker.service import Service, Signal
-from store import Kind, Store
+from store import Store
 from store.config import Settings
-from store.types import Heartbeat, Owner
+from store.types import Heartbeat, Owner, Reconfirmation
 from worker import metrics
 from worker.driver import Driver
 from worker.outcomes import Cause
@@ -49,10 +49,29 @@ class LeaseGate:
         self.confirmed_sent: float | None = None
         """Monotonic send time of the newest confirmed renewal (None before the first)."""
         self.lapsed = False
+        self.last_gap_ms: int | None = None
+        """How long the lease went unconfirmed in the newest lapse that ended."""
 
     def confirm(self, sent: float) -> None:
         if self.confirmed_sent is None or sent > self.confirmed_sent:
+            if self.lapsed and self.confirmed_sent is not None:  # the renewal ending a lapse
+                self.last_gap_ms = _ms(sent - self.confirmed_sent)
             self.confirmed_sent = sent
+
+    def gap_ms(self, sent: float) -> int | None:
+        """Milliseconds from the send of the newest confirmed renewal to ``sent``."""
+        return None if self.confirmed_sent is None else _ms(sent - self.confirmed_sent)
+
+    def unconfirmed_ms(self) -> int | None:
+        """How long the lease went unconfirmed in the newest lapse: so far while it lasts,
+        up to the send of the renewal that ended it once over; None if it never lapsed.
+
+        On the monotonic clock the lapse itself is decided on, from the send of the newest
+        confirmed renewal (a lapse release journals it).
+        """
+        if self.lapsed:
+            return self.gap_ms(time.monotonic())
+        return self.last_gap_ms
 
     def expired(self) -> bool:
         sent = self.confirmed_sent
@@ -141,11 +160,22 @@ class Lease(Service):
             await _wait(self._publish_now, self._settings.heartbeat_interval, also=self._stopping)
 
     async def tick(self) -> Heartbeat | None:
-        """One renewal of every owned run; None if it was not confirmed within one interval."""
-        owned = list(self._driver.owned)
+        """One renewal of every owned run; None if it was not confirmed within one interval.
+
+        Sent while lapsed, the renewal journals ``lease-reconfirmed`` itself, fenced: only
+        on the runs it renews at the epoch this process holds them at (``Reconfirmation``).
+        """
+        epochs = {run_id: run.ctx.epoch for run_id, run in list(self._driver.owned.items())}
+        owned = list(epochs)
         sent = time.monotonic()
+        gap = self.gate.gap_ms(sent)
+        reconfirm = (
+            Reconfirmation(epochs=epochs, unconfirmed_ms=gap)
+            if self.gate.lapsed and gap is not None
+            else None
+        )
         try:
-            beat = await self._renew(owned)
+            beat = await self._renew(owned, reconfirm)
         except Exception as exc:
             metrics.INFRA_ERRORS.labels("heartbeat").inc()
             log.warning("lease.renew_failed", extra={"error": repr(exc), "runs": len(owned)})
@@ -161,12 +191,12 @@ class Lease(Service):
         for run_id in beat.cancel_requested:
             self._driver.interrupt(run_id, Cause.CANCELLED)
         if self.gate.lapsed:
-            await self._reconfirmed()
+            self._reconfirmed(beat)
         if self._signals is not None:
             self._signals.renewed.fire(beat)
         return beat
 
-    async def _renew(self, owned: list[str]) -> Heartbeat:
+    async def _renew(self, owned: list[str], reconfirm: Reconfirmation | None) -> Heartbeat:
         """One renewal, waited for at most one interval.
 
         The statement runs in its own task that is never cancelled: cancelling a
@@ -177,7 +207,9 @@ class Lease(Service):
         """
         if self._inflight is not None and not self._inflight.done():
             raise TimeoutError("previous renewal still in flight")
-        task = asyncio.create_task(self._store.runs.heartbeat(self._owner, owned))
+        task = asyncio.create_task(
+            self._store.runs.heartbeat(self._owner, owned, reconfirm=reconfirm)
+        )
         self._inflight = task
         task.add_done_callback(_consume)
         done, _ = await asyncio.wait({task}, timeout=self._settings.renew_timeout)
@@ -198,30 +230,26 @@ class Lease(Service):
         if self._signals is not None:
             self._signals.lapsed.fire(None)
 
-    async def _reconfirmed(self) -> None:
-        """The database answers again after a lapse: reopen the gate and journal it.
+    def _reconfirmed(self, beat: Heartbeat) -> None:
+        """The database answers again after a lapse: reopen the gate.
 
-        The runs interrupted by the lapse are released by their drives; each run still
-        owned at this moment gets a ``lease-reconfirmed`` record, addressed by the
-        confirmation, so an operator reading its journal sees the gap and its end.
+        The runs interrupted by the lapse are released by their drives (journaling how
+        long the lease went unconfirmed); the renewal that ended the lapse journaled
+        ``lease-reconfirmed`` on each run it still held, so an operator reading a run's
+        journal sees the gap and its end.
         """
         self.gate.lapsed = False
         self._publish_now.set()
-        log.info("lease.reconfirmed", extra={"owner": self._owner.key})
+        log.info(
+            "lease.reconfirmed",
+            extra={
+                "owner": self._owner.key,
+                "unconfirmed_ms": self.gate.last_gap_ms,
+                "runs": len(beat.reconfirmed),
+            },
+        )
         if self._signals is not None:
             self._signals.reconfirmed.fire(None)
-        payload = {"owner": self._owner.key, "confirmed_ms": self.last_confirmed_ms}
-        address = f"lease:{self._owner.key}:{self.last_confirmed_ms}"
-        for seq, run_id in enumerate(list(self._driver.owned)):
-            try:
-                await self._store.journal.emit(
-                    run_id, Kind.LEASE_RECONFIRMED, payload, source_id=address, source_seq=seq
-                )
-            except Exception as exc:  # an audit record never stops the lease
-                log.warning(
-                    "journal.evidence_failed",
-                    extra={"run_id": run_id, "kind": Kind.LEASE_RECONFIRMED, "error": repr(exc)},
-                )
 
     async def publish(self) -> None:
         """Write the liveness key, bounded well under one interval; failures are logged."""
@@ -255,6 +283,10 @@ async def _wait(event: asyncio.Event, timeout: float, *, also: asyncio.Event | N
     finally:
         for waiter in waiters:
             waiter.cancel()
+
+
+def _ms(seconds: float) -> int:
+    return max(0, int(seconds * 1000))
 
 
 def _consume(task: asyncio.Task[Heartbeat]) -> None:

@@ -28,6 +28,8 @@ class DriveOutcome(enum.StrEnum):
     """This process executes it already."""
     LEASE_CLOSED = "lease_closed"
     """This process's lease may have lapsed: it claims nothing until a renewal is confirmed."""
+    STOPPING = "stopping"
+    """This worker is stopping: it claims nothing, and hands the run's wake back to the fleet."""
     UNKNOWN_FLOW = "unknown_flow"
     """No flow of that name runs here: left for a worker that has it."""
     WAITING = "waiting"

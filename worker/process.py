@@ -5,7 +5,9 @@ part is a ``broker.service.Service`` started in one TaskGroup: if any dies unexp
 the worker stops loudly instead of limping on. The reader lives in ``worker.intake``,
 what the worker tells Redis in ``worker.outbox``. Shutdown (DESIGN §10): stop reading,
 give running runs the grace period, then release what is left so another worker resumes
-it at once; a hard stop releases immediately.
+it at once; a hard stop releases immediately. From the moment a stop begins the worker
+claims nothing by any path (``Driver.close``, ``Coordinator.close``): it only finishes or
+hands back what it holds, so it always exits.
 """
 
 from __future__ import annotations
@@ -82,15 +84,28 @@ class Worker:
         self._hard = asyncio.Event()
         self.started = asyncio.Event()
         self.driver: Driver | None = None
+        self._sweeper: Sweeper | None = None
         self._gate = LeaseGate(settings)
 
     # ---- service surface -----------------------------------------------------
 
     def stop(self, *, hard: bool = False) -> None:
-        """First call: graceful stop. A second call (or ``hard``): release now. Idempotent."""
+        """First call: graceful stop. A second call (or ``hard``): release now. Idempotent.
+
+        Claims stop here, synchronously (a signal handler's call returns before any other
+        task runs): a claim that would start a body after the stop is never made.
+        """
         if self._stopping.is_set() or hard:
             self._hard.set()
         self._stopping.set()
+        self._claim_nothing()
+
+    def _claim_nothing(self) -> None:
+        if self.driver is not None:
+            self.driver.close()
+            self.coordinator.close()
+        if self._sweeper is not None:
+            self._sweeper.stop()  # its finds would be handed to a worker that takes none
 
     async def run(self) -> None:
         # Sync flow bodies hold a thread for their whole run and each sync step needs
@@ -163,6 +178,7 @@ class Worker:
             on_settled=self.outbox.settled,
             hint=self.outbox.hint,
             lease_ok=gate.open,
+            lease_gap=gate.unconfirmed_ms,
         )
         self.coordinator = Coordinator(driver)
         self.intake = Intake(
@@ -191,9 +207,12 @@ class Worker:
             confirm=settings.failstop_confirm,
         )
         self._started_ms = int(time.time() * 1000)
+        self._sweeper = Sweeper(self.store, settings, self.intake.dispatch)
+        if self._stopping.is_set():  # stopped while assembling
+            self._claim_nothing()
         return [
             self.lease,
-            Sweeper(self.store, settings, self.intake.dispatch),
+            self._sweeper,
             Scheduler(self.store, settings, self.streams),
             RetentionLoop(self.store, settings, self.streams, self.queues),
             self.notifier.subscription("cancel", self._on_cancel),

@@ -33,7 +33,7 @@ from store.types import (
 )
 from store.values import UnstorableValue
 from worker import metrics
-from worker.durable import Handoff
+from worker.durable import Handoff, HandoffCall, checked_handoff
 from worker.flows import function as compensation
 from worker.flows import resolve
 from worker.retry import with_retry
@@ -207,11 +207,18 @@ class Settlement:
             if not other.status.terminal:
                 await self._hint(other)
 
-    async def cancelled(self, row: RunRow, epoch: int) -> None:
-        """Close a run cancelled: compensations of completed steps in reverse, then the CAS."""
+    async def cancelled(self, row: RunRow, epoch: int, *, found_at: str | None = None) -> None:
+        """Close a run cancelled: compensations of completed steps in reverse, then the CAS.
+
+        ``found_at``: the interrupt (shutdown, lapse) whose release found the cancel request
+        instead of delivering it; journaled with the cancellation."""
         await self._compensate(row, epoch)
+        record = {"found_at_release": found_at} if found_at is not None else None
         outcome = await with_retry(
-            "settle", lambda: self._store.lifecycle.acknowledge_cancel(row.id, self._owner, epoch)
+            "settle",
+            lambda: self._store.lifecycle.acknowledge_cancel(
+                row.id, self._owner, epoch, record=record
+            ),
         )
         match outcome:
             case Transitioned():
@@ -275,8 +282,10 @@ class Settlement:
             return
         try:
             name, queue, fn, takes_ctx = flow_target(handoff.flow)
-            check_signature(fn, takes_ctx, list(handoff.args), handoff.kwargs)
-        except RunfleetError as exc:  # an unknown flow or arguments it does not take
+            call = checked_handoff(handoff)  # InvalidHandoff names a malformed field
+            check_signature(fn, takes_ctx, call.args, call.kwargs)
+        except RunfleetError as exc:  # an unknown flow, a malformed handoff, or arguments
+            # the next flow does not take: permanent, so the round fails once
             await self.finish(
                 row,
                 epoch,
@@ -286,12 +295,12 @@ class Settlement:
                 record={"successor": f"{row.lineage_id}@{next_round}"},
             )
             return
-        deadline_ms, timeout_ms = _successor_deadline(handoff, name)
+        deadline_ms, timeout_ms = _successor_deadline(call, name)
         successor = NewRun(
             id=f"{row.lineage_id}@{next_round}",
             flow=name,
             queue=queue or row.queue,
-            payload={"args": list(handoff.args), "kwargs": handoff.kwargs},
+            payload={"args": call.args, "kwargs": call.kwargs},
             scopes=row.scopes,
             parent_id=row.parent,
             on_parent_exit=row.on_parent_exit,
@@ -328,11 +337,10 @@ class Settlement:
             await self._hint(done.successor)
 
 
-def _successor_deadline(handoff: Handoff, flow_name: str) -> tuple[int | None, int | None]:
+def _successor_deadline(call: HandoffCall, flow_name: str) -> tuple[int | None, int | None]:
     """(deadline_ms, timeout_ms) of the next round: explicit, else the target's timeout."""
-    explicit = handoff.deadline
-    if explicit is not None:
-        return int(explicit.timestamp() * 1000), None
+    if call.deadline_ms is not None:
+        return call.deadline_ms, None
     try:
         timeout = resolve(flow_name).timeout
     except UnknownFlow:  # a leg this process does not run: the round keeps no deadline

@@ -2,31 +2,37 @@
 
 Every tick, each sweep kind takes a transaction-scoped advisory lock so normally
 one worker of the fleet performs it (the CAS keeps overlapping sweeps correct
-anyway), reads one batch strictly after the kind's cursor, stores the new cursor
-in the same transaction, and dispatches each run: a wake message on its queue's
-stream (the recovery lane for runs that already started), or — if Redis cannot
-take it — a local drive. Sweeps only dispatch; the driver decides.
+anyway), reads one batch strictly after the kind's cursor and commits; then it
+dispatches each run: a wake message on its queue's stream (the recovery lane for runs
+that already started), or — if Redis cannot take it — a local drive. Sweeps only
+dispatch; the driver decides. Only then, under the lock again, the cursor advances,
+and only past the rows dispatched (the longest dispatched prefix of the batch, in
+keyset order): a dispatch that fails leaves its rows to the next tick instead of
+skipping them for a whole cycle. The dispatch comes after the commit so that a wake
+never names a state a reader cannot see yet.
 
 Progress guarantee: a read that reaches the end of its keyset wraps around and
 fills the batch from the start, and the next tick continues after the last row
-read. So with N eligible rows and batch B, every row is dispatched at least once
-every ceil(N / B) ticks of that kind, however many rows in front of it nobody can
-take (a retired flow, a queue nobody reads, an owner the probe vouches for). The
-cursor lives in Postgres, not in this process: whichever worker wins a tick's
-lock continues where the previous winner stopped, so the bound holds fleet-wide.
+dispatched. So with N eligible rows and batch B, every row is dispatched at least once
+every ceil(N / B) ticks of that kind while dispatching works, however many rows in
+front of it nobody can take (a retired flow, a queue nobody reads, an owner the probe
+vouches for: their wakes are dispatched, the driver leaves them). The cursor lives in
+Postgres, not in this process: whichever worker wins a tick's lock continues where the
+previous winner stopped, so the bound holds fleet-wide. A cursor moves only if it is
+still where its tick read it (another worker may have advanced it meanwhile).
 
 No sweep is gated on another: each kind runs every tick. A failing sweep is
-logged and tried again next tick (its cursor rolls back with it); one row that
-cannot be processed (a clock or a deadline cancel that raises) is skipped, not
-retried forever in front of the others.
+logged and tried again next tick (its cursor stays); one row that cannot be processed
+(a clock or a deadline cancel that raises) is skipped, not retried forever in front of
+the others.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TypeVar
 
@@ -39,10 +45,43 @@ from worker import metrics
 
 log = logging.getLogger("runfleet.worker.sweeper")
 
-DispatchFn = Callable[[list[str], str], Awaitable[None]]
-"""(run ids, reason) -> get those runs driven somewhere in the fleet."""
+DispatchFn = Callable[[list[str], str], Awaitable[Collection[str]]]
+"""(run ids, reason) -> get those runs driven somewhere in the fleet; the ids dispatched."""
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Find:
+    """One row a sweep read: its place in the keyset, and the run to dispatch (None: the
+    row needs no dispatch, e.g. a clock whose firing failed and is skipped)."""
+
+    key: SweepKey
+    run_id: str | None
+
+
+@dataclass(frozen=True)
+class Finds:
+    """What one tick of a kind read, in walk order, and where its cursor may go."""
+
+    read: SweepCursor
+    """The cursor as the tick read it: it moves only if it is still this."""
+    base: SweepCursor
+    """Where the cursor goes if nothing was dispatched (``read``, or a new cycle's start)."""
+    rows: list[Find]
+    done: SweepCursor
+    """Where the cursor goes once every row was dispatched."""
+
+    @property
+    def run_ids(self) -> list[str]:
+        return _unique([row.run_id for row in self.rows if row.run_id is not None])
+
+    def advanced(self, dispatched: Collection[str]) -> SweepCursor:
+        """The cursor past the longest prefix of rows dispatched (or needing none)."""
+        for i, row in enumerate(self.rows):
+            if row.run_id is not None and row.run_id not in dispatched:
+                return self.base.at(self.rows[i - 1].key) if i else self.base
+        return self.done
 
 
 @dataclass(frozen=True)
@@ -97,13 +136,13 @@ class Sweeper(Service):
         if self._signals is not None:
             self._signals.swept.fire(None)
 
-    async def _one(self, kind: SweepKind, sweep: Callable[[], Awaitable[list[str]]]) -> None:
+    async def _one(self, kind: SweepKind, sweep: Callable[[], Awaitable[Finds]]) -> None:
         started = time.monotonic()
         try:
             async with self._store.transaction():
                 if not await self._store.sweeps.try_lock(kind):
                     return
-                run_ids = _unique(await sweep())
+                finds = await sweep()
         except Exception as exc:
             metrics.INFRA_ERRORS.labels(f"sweep:{kind.label}").inc()
             log.warning(
@@ -111,25 +150,43 @@ class Sweeper(Service):
             )
             return
         metrics.SWEEP_DURATION.labels(kind.label).observe(time.monotonic() - started)
+        run_ids = finds.run_ids
         metrics.SWEEP_BATCH.labels(kind.label).observe(len(run_ids))
-        if not run_ids:
+        dispatched: Collection[str] = ()
+        if run_ids:
+            log.debug("sweep.dispatch", extra={"kind": kind.name, "runs": len(run_ids)})
+            try:
+                dispatched = await self._dispatch(run_ids, f"sweep:{kind.label}")
+            except Exception as exc:
+                log.warning("sweep.dispatch_failed", extra={"kind": kind.name, "error": repr(exc)})
+        await self._advance(kind, finds, finds.advanced(dispatched))
+
+    async def _advance(self, kind: SweepKind, finds: Finds, cursor: SweepCursor) -> None:
+        """Move the kind's cursor, under its lock, if it is still where this tick read it.
+
+        Another worker may hold the lock now (it read the same stretch: it moves the
+        cursor itself) or may have moved it since (this tick's rows were then its too).
+        """
+        if cursor == finds.read:
             return
-        log.debug("sweep.dispatch", extra={"kind": kind.name, "runs": len(run_ids)})
         try:
-            await self._dispatch(run_ids, f"sweep:{kind.label}")
-        except Exception as exc:
-            log.warning("sweep.dispatch_failed", extra={"kind": kind.name, "error": repr(exc)})
+            async with self._store.transaction():
+                if await self._store.sweeps.try_lock(kind):
+                    await self._store.sweeps.advance_cursor(kind, finds.read, cursor)
+        except Exception as exc:  # the next tick reads this stretch again: duplicates only
+            metrics.INFRA_ERRORS.labels(f"sweep:{kind.label}").inc()
+            log.warning("sweep.cursor_failed", extra={"kind": kind.name, "error": repr(exc)})
 
     async def _walk(
         self,
         kind: SweepKind,
         read: Callable[[SweepKey, int], Awaitable[Sequence[T]]],
         key: Callable[[T], SweepKey],
-    ) -> list[T]:
-        """One batch after the kind's cursor, wrapping to the start at the end; saves the cursor.
+        run_of: Callable[[T], str | None],
+    ) -> Finds:
+        """One batch after the kind's cursor, wrapping to the start at the end.
 
-        Called under the kind's lock, in the transaction that saves the new cursor,
-        so two workers never walk the same stretch for the same tick.
+        Called under the kind's lock; the cursor moves after the dispatch (``_advance``).
         """
         cursor = await self._store.sweeps.cursor(kind)
         found = list(await read(cursor.after, self._batch))
@@ -141,13 +198,16 @@ class Sweeper(Service):
             seen = {key(row) for row in found}
             found += [row for row in wrapped if key(row) not in seen]
             after = key(wrapped[-1]) if len(wrapped) == wanted else START
-        if after != cursor.after:
-            await self._store.sweeps.save_cursor(kind, cursor.at(after))
-        return found
+        return Finds(
+            read=cursor,
+            base=cursor,
+            rows=[Find(key(row), run_of(row)) for row in found],
+            done=cursor.at(after),
+        )
 
     # ---- the kinds -----------------------------------------------------------
 
-    async def _stale_running(self) -> list[str]:
+    async def _stale_running(self) -> Finds:
         """Running rows with a stale lease: the driver probes and steals (recovery lane)."""
         stale_after = self._settings.stale_after_ms
 
@@ -158,19 +218,18 @@ class Sweeper(Service):
             assert row.heartbeat_at_ms is not None  # running rows always have a lease
             return SweepKey(row.heartbeat_at_ms, row.id)
 
-        rows = await self._walk(SweepKind.STALE_RUNNING, read, key)
-        return [row.id for row in rows]
+        return await self._walk(SweepKind.STALE_RUNNING, read, key, lambda row: row.id)
 
-    async def _released(self) -> list[str]:
+    async def _released(self) -> Finds:
         """Runs released by a shutdown or a lapse (their direct wake may have been lost)."""
         sweeps = self._store.sweeps
 
         async def read(after: SweepKey, limit: int) -> list[Keyed]:
             return await sweeps.parked_released(after=after, limit=limit)
 
-        return [k.run_id for k in await self._walk(SweepKind.PARKED, read, _key)]
+        return await self._walk(SweepKind.PARKED, read, _key, _run)
 
-    async def _runnable_suspended(self) -> list[str]:
+    async def _runnable_suspended(self) -> Finds:
         """Suspended runs whose wait was answered but whose wake was lost; every tick.
 
         Two sweep intervals of grace let the answer's own wake message arrive first;
@@ -182,36 +241,39 @@ class Sweeper(Service):
         async def read(after: SweepKey, limit: int) -> list[Keyed]:
             return await sweeps.runnable_suspended(older_than_ms=older, after=after, limit=limit)
 
-        return [k.run_id for k in await self._walk(SweepKind.RUNNABLE_SUSPENDED, read, _key)]
+        return await self._walk(SweepKind.RUNNABLE_SUSPENDED, read, _key, _run)
 
-    async def _due_clocks(self) -> list[str]:
+    async def _due_clocks(self) -> Finds:
         """Fire due clocks (each completes its deferred and may clear the run's wait)."""
 
         async def read(after: SweepKey, limit: int) -> list[ClockRow]:
             return await self._store.sweeps.due_clocks(after=after, limit=limit)
 
-        clocks = await self._walk(
-            SweepKind.DUE_CLOCKS, read, lambda c: SweepKey(c.due_at_ms, c.run_id, c.name)
+        finds = await self._walk(
+            SweepKind.DUE_CLOCKS,
+            read,
+            lambda c: SweepKey(c.due_at_ms, c.run_id, c.name),
+            lambda c: c.run_id,
         )
         fire = self._store.waits.complete_clock
-        fired: list[str] = []
-        for clock in clocks:
-            if await self._each(
-                "due_clocks", clock.run_id, partial(fire, clock.run_id, clock.name)
-            ):
-                fired.append(clock.run_id)
-        return fired
+        rows: list[Find] = []
+        for row in finds.rows:
+            assert row.run_id is not None
+            work = partial(fire, row.run_id, row.key.name)
+            fired = await self._each("due_clocks", row.run_id, work)
+            rows.append(row if fired else Find(row.key, None))  # a failed one is skipped
+        return replace(finds, rows=rows)
 
-    async def _due_waits(self) -> list[str]:
+    async def _due_waits(self) -> Finds:
         """Timed waits (timers, event and approval timeouts, delayed admissions) now due."""
         sweeps = self._store.sweeps
 
         async def read(after: SweepKey, limit: int) -> list[Keyed]:
             return await sweeps.due_waits(after=after, limit=limit)
 
-        return [k.run_id for k in await self._walk(SweepKind.DUE_WAITS, read, _key)]
+        return await self._walk(SweepKind.DUE_WAITS, read, _key, _run)
 
-    async def _deadline_passed(self) -> list[str]:
+    async def _deadline_passed(self) -> Finds:
         """Cancel runs past their deadline through the ordinary cancel path."""
         sweeps = self._store.sweeps
 
@@ -219,11 +281,13 @@ class Sweeper(Service):
             return await sweeps.deadline_passed(after=after, limit=limit)
 
         cancel = partial(self._store.lifecycle.request_cancel, note="deadline", reason="deadline")
-        requested: list[str] = []
-        for row in await self._walk(SweepKind.DEADLINE_PASSED, read, _key):
-            if await self._each("deadline_passed", row.run_id, partial(cancel, row.run_id)):
-                requested.append(row.run_id)
-        return requested
+        finds = await self._walk(SweepKind.DEADLINE_PASSED, read, _key, _run)
+        rows: list[Find] = []
+        for row in finds.rows:
+            assert row.run_id is not None
+            requested = await self._each("deadline_passed", row.run_id, partial(cancel, row.run_id))
+            rows.append(row if requested else Find(row.key, None))  # a failed one is skipped
+        return replace(finds, rows=rows)
 
     async def _each(self, kind: str, run_id: str, work: Callable[[], Awaitable[object]]) -> bool:
         """One row's write in a savepoint: a row that raises is skipped, not retried first."""
@@ -238,7 +302,7 @@ class Sweeper(Service):
             return False
         return True
 
-    async def _pending_cancellations(self) -> list[str]:
+    async def _pending_cancellations(self) -> Finds:
         """Pending and parked runs a cancel reached: closed without a handler or a reader."""
         sweeps = self._store.sweeps
 
@@ -247,10 +311,11 @@ class Sweeper(Service):
                 after=PendingCursor(after.id, after.ms), limit=limit
             )
 
-        found = await self._walk(SweepKind.PENDING_CANCELLATIONS, read, _pending_key)
-        return [c.run_id for c in found]
+        return await self._walk(
+            SweepKind.PENDING_CANCELLATIONS, read, _pending_key, lambda c: c.run_id
+        )
 
-    async def _lost_pending(self) -> list[str]:
+    async def _lost_pending(self) -> Finds:
         """Pending runs nobody drove for a while: their wake was lost (Redis restart, crash).
 
         The scan walks a finite cycle (up to the tail read at its start) and starts a
@@ -260,22 +325,22 @@ class Sweeper(Service):
         """
         sweeps = self._store.sweeps
         older = self._settings.lost_pending_after_ms
-        cursor = await sweeps.cursor(SweepKind.LOST_PENDING)
+        read = cursor = await sweeps.cursor(SweepKind.LOST_PENDING)
         if cursor.through is None:
             if (
                 cursor.cycle_started_ms is not None
                 and cursor.now_ms - cursor.cycle_started_ms < older
             ):
-                return []
+                return Finds(read=read, base=read, rows=[], done=read)
             tail = await sweeps.pending_tail(older_than_ms=older)
             cursor = SweepCursor(
                 after=START,
                 through=_pending_key(tail) if tail else None,
                 cycle_started_ms=cursor.now_ms,
+                now_ms=cursor.now_ms,
             )
-            if tail is None:
-                await sweeps.save_cursor(SweepKind.LOST_PENDING, cursor)
-                return []
+            if tail is None:  # nothing to scan: the cycle is over as soon as it began
+                return Finds(read=read, base=cursor, rows=[], done=cursor)
         assert cursor.through is not None
         found = await sweeps.pending_runs(
             older_than_ms=older,
@@ -284,15 +349,19 @@ class Sweeper(Service):
             limit=self._batch,
         )
         if len(found) < self._batch:
-            cursor = SweepCursor(cycle_started_ms=cursor.cycle_started_ms)  # cycle done
+            done = SweepCursor(cycle_started_ms=cursor.cycle_started_ms, now_ms=cursor.now_ms)
         else:
-            cursor = cursor.at(_pending_key(found[-1]))
-        await sweeps.save_cursor(SweepKind.LOST_PENDING, cursor)
-        return [p.run_id for p in found]
+            done = cursor.at(_pending_key(found[-1]))
+        rows = [Find(_pending_key(p), p.run_id) for p in found]
+        return Finds(read=read, base=cursor, rows=rows, done=done)
 
 
 def _key(row: Keyed) -> SweepKey:
     return row.key
+
+
+def _run(row: Keyed) -> str:
+    return row.run_id
 
 
 def _pending_key(row: PendingCursor) -> SweepKey:

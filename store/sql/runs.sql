@@ -303,6 +303,10 @@ SELECT DISTINCT tree.root, r.id FROM tree JOIN runfleet.runs r ON r.id = tree.id
 -- set (a run missing from it lost its fence) plus which of them a cancel hit.
 -- Rows are locked in id order, as a batch settlement locks them: the process's own
 -- renewal and its own settlement batch never wait on each other in a cycle.
+-- A renewal sent after a lapse (re_ids non-empty) journals lease-reconfirmed in this
+-- same statement, and only on the runs it renewed at the epoch the process holds them
+-- at (re_epochs[i] for re_ids[i], at address re_seqs[i]): a run stolen meanwhile is not
+-- renewed, so a cut-off owner never writes on the new owner's run.
 WITH locked AS MATERIALIZED (
     SELECT r.id FROM runfleet.runs r
      WHERE r.id = ANY(%(ids)s) AND r.status = 'running'
@@ -313,9 +317,24 @@ WITH locked AS MATERIALIZED (
       FROM locked l
      WHERE r.id = l.id AND r.status = 'running'
        AND r.owner_host = %(host)s AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s
-    RETURNING r.id, r.cancel_requested_at_ms IS NOT NULL AS cancel_requested
+    RETURNING r.id, r.epoch, r.cancel_requested_at_ms IS NOT NULL AS cancel_requested
+), reconfirmed AS (
+    INSERT INTO runfleet.journal (run_id, kind, source_id, source_seq, payload, digest, at_ms)
+    SELECT n.id, %(journal_kind)s, %(source_id)s, c.seq, p.payload,
+           left(encode(sha256(convert_to(p.payload::text, 'UTF8')), 'hex'), 32),
+           runfleet.now_ms()
+      FROM renewed n
+      JOIN unnest(%(re_ids)s::text[], %(re_epochs)s::bigint[], %(re_seqs)s::bigint[])
+           AS c(id, epoch, seq) ON c.id = n.id AND c.epoch = n.epoch
+     CROSS JOIN LATERAL (
+         SELECT jsonb_build_object('owner', %(owner_key)s::text, 'epoch', n.epoch,
+                                   'confirmed_ms', runfleet.now_ms(),
+                                   'unconfirmed_ms', %(unconfirmed_ms)s::bigint) AS payload
+     ) AS p
+    RETURNING run_id
 )
-SELECT renewed.id, renewed.cancel_requested, runfleet.now_ms() AS now_ms
+SELECT renewed.id, renewed.cancel_requested, runfleet.now_ms() AS now_ms,
+       renewed.id IN (SELECT run_id FROM reconfirmed) AS reconfirmed
   FROM (SELECT 1) AS one LEFT JOIN renewed ON true;
 
 -- name: request_cancel

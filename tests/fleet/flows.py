@@ -108,3 +108,20 @@ def sync_body_sync_step(ctx: Any, ms: int) -> dict[str, Any]:
 def _nap(ms: int) -> int:
     time.sleep(ms / 1000)
     return ms
+
+
+def _booked(path: str, run: str) -> dict[str, str]:
+    return {"path": path, "run": run}
+
+
+def undo_booking(output: dict[str, str]) -> None:
+    """The compensation of ``compensated_sleep``'s step: one ledger line where it ran."""
+    ledger_write(output["path"], run=output["run"], at="compensated")
+
+
+@flow(name="tests.compensated_sleep")
+async def compensated_sleep(ctx: Context, path: str, ms: int) -> dict[str, Any]:
+    """One step with a compensation, then a long sleep: a cancel must undo the step."""
+    await ctx.step("book", _booked, path, ctx.run_id, compensate=undo_booking)
+    await asyncio.sleep(ms / 1000)
+    return {"pid": os.getpid()}

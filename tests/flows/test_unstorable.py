@@ -129,3 +129,27 @@ async def test_a_handoff_that_cannot_be_admitted_fails_the_round_once(
         assert row is not None and row.status is RunStatus.FAILED and row.epoch == 1
         assert "round-invalid" in [r.kind for r in await store.journal.records(run.id)]
         assert await store.runs.get(f"{run.id}@1") is None
+
+
+async def test_a_malformed_handoff_fails_the_round_once_naming_the_field(
+    worker: Worker, queue: AsyncQueue, store: Store, tmp_path: Path
+) -> None:
+    """``Handoff(next, 5)``, ``args=None``, a str as args, a non-dict or non-str-keyed
+    kwargs, a deadline that is no datetime: the round fails once with ``InvalidHandoff``
+    naming the field. Before, the error escaped the settlement: the run was released and
+    its body ran again on every re-drive (or, for a str, handed off with its letters)."""
+    runs = {}
+    for how in vf.MALFORMED_HANDOFFS:
+        ledger = tmp_path / f"{how}.ledger"
+        runs[how] = (await queue.enqueue(vf.hands_off_malformed, how, str(ledger)), ledger)
+    for how, (run, ledger) in runs.items():
+        field = vf.MALFORMED_HANDOFFS[how][0]
+        error = await _failed(run)
+        assert error["type"] == "InvalidHandoff", (how, error)
+        assert error["message"].startswith(f"invalid Handoff.{field}: "), (how, error)
+        row = await store.runs.get(run.id)
+        assert row is not None and row.status is RunStatus.FAILED and row.epoch == 1, how
+        (invalid,) = [r for r in await store.journal.records(run.id) if r.kind == "round-invalid"]
+        assert invalid.payload["successor"] == f"{run.id}@1"
+        assert await store.runs.get(f"{run.id}@1") is None
+        assert ledger.read_text().splitlines() == [run.id], how  # the body ran once

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from datetime import date
 from typing import Any
 
 from store.values import UnstorableValue
@@ -133,3 +134,23 @@ async def hands_off_badly(ctx: Context, how: str) -> Handoff:
     if how == "surrogate":
         return Handoff(echo, ("\ud800",))  # jsonb refuses the lone surrogate in the payload
     return Handoff(echo, ("one", "too many"))  # arguments the next flow does not take
+
+
+MALFORMED_HANDOFFS: dict[str, tuple[str, Any, Any, Any]] = {
+    # how: (the field named, args, kwargs, deadline); each shape is one a type checker
+    # would refuse, returned by a body nobody type-checked.
+    "args-int": ("args", 5, {}, None),
+    "args-none": ("args", None, {}, None),
+    "args-str": ("args", "x", {}, None),  # would become the arguments ("x",) by accident
+    "kwargs-none": ("kwargs", ("x",), None, None),
+    "kwargs-key": ("kwargs", (), {1: "x"}, None),
+    "deadline-str": ("deadline", ("x",), {}, "2030-01-01"),
+    "deadline-date": ("deadline", ("x",), {}, date(2030, 1, 1)),
+}
+
+
+@flow(name="t.values.hands_off_malformed")
+async def hands_off_malformed(ctx: Context, how: str, path: str) -> Handoff:
+    ledger(path, ctx.run_id)  # one line per execution of this body
+    _field, args, kwargs, deadline = MALFORMED_HANDOFFS[how]
+    return Handoff(echo, args, kwargs, deadline)

@@ -14,6 +14,7 @@ from store.types import (
     NotOwner,
     OnParentExit,
     Owner,
+    Reconfirmation,
     RunStatus,
     Stolen,
     Transitioned,
@@ -344,6 +345,44 @@ async def test_heartbeat_after_a_steal_drops_the_run_from_the_old_owner(store: S
     assert (await must_get(store, "r1")).heartbeat_at_ms == stolen.row.heartbeat_at_ms
     new = await store.runs.heartbeat(OWNER_B, ["r1"])
     assert new.confirmed == {"r1"}
+
+
+async def test_a_reconfirming_heartbeat_journals_only_runs_it_renews_at_their_epoch(
+    store: Store,
+) -> None:
+    """lease-reconfirmed is written by the renewal statement itself, fenced: not on a run
+    stolen meanwhile, not on one held at another epoch than the process believes."""
+    running = await make_running(store, "stolen")
+    await make_running(store, "kept")
+    await make_running(store, "other-epoch")
+    assert running.heartbeat_at_ms is not None
+    await wait_db_time_past(store, running.heartbeat_at_ms)
+    assert isinstance(
+        await store.runs.steal("stolen", running.snapshot, OWNER_B, {}, stale_after_ms=0), Stolen
+    )
+    beat = await store.runs.heartbeat(
+        OWNER_A,
+        ["stolen", "kept", "other-epoch"],
+        reconfirm=Reconfirmation(
+            epochs={"stolen": 1, "kept": 1, "other-epoch": 7}, unconfirmed_ms=4321
+        ),
+    )
+    assert beat.confirmed == {"kept", "other-epoch"} and beat.reconfirmed == {"kept"}
+    records = {
+        run_id: [r for r in await store.journal.records(run_id) if r.kind == "lease-reconfirmed"]
+        for run_id in ("stolen", "kept", "other-epoch")
+    }
+    assert records["stolen"] == [] and records["other-epoch"] == []
+    (kept,) = records["kept"]
+    assert kept.payload == {
+        "owner": OWNER_A.key,
+        "epoch": 1,
+        "confirmed_ms": beat.now_ms,
+        "unconfirmed_ms": 4321,
+    }
+    plain = await store.runs.heartbeat(OWNER_A, ["kept"])  # an ordinary renewal writes nothing
+    assert plain.reconfirmed == frozenset()
+    assert (await journal_kinds(store, "kept")).count("lease-reconfirmed") == 1
 
 
 async def test_heartbeat_reports_cancel_requests(store: Store) -> None:

@@ -24,9 +24,10 @@ async def test_sweepers_of_two_processes_share_one_cursor_and_wrap(
     small = settings.model_copy(update={"sweep_batch": 3})
     dispatched: list[list[str]] = []
 
-    async def dispatch(run_ids: list[str], reason: str) -> None:
+    async def dispatch(run_ids: list[str], reason: str) -> set[str]:
         assert reason == "sweep:parked", (reason, run_ids)  # no other sweep has rows here
         dispatched.append(sorted(run_ids))
+        return set(run_ids)
 
     async with extra_stores(settings, 2) as (one, two):
         a, b = Sweeper(one, small, dispatch), Sweeper(two, small, dispatch)
@@ -39,3 +40,52 @@ async def test_sweepers_of_two_processes_share_one_cursor_and_wrap(
         assert dispatched[2] == sorted(["rel-6", "rel-0", "rel-1"])
         await b.tick()
         assert dispatched[3] == ["rel-2", "rel-3", "rel-4"]
+
+
+async def test_a_failed_dispatch_leaves_its_batch_to_the_next_tick(
+    store: Store, settings: Settings
+) -> None:
+    """The cursor moves after the dispatch, only past what it dispatched: a dispatch that
+    fails (Redis refused the wakes and no local drive could take them) is tried again next
+    tick, not skipped for a whole cycle."""
+    released = [f"rel-{i}" for i in range(7)]
+    for run_id in released:
+        await make_parked(store, run_id, Waiting(WaitingReason.RELEASED))
+    small = settings.model_copy(update={"sweep_batch": 3})
+    offered: list[list[str]] = []
+    failing = [True]
+
+    async def dispatch(run_ids: list[str], reason: str) -> set[str]:
+        offered.append(list(run_ids))
+        if failing[0]:
+            failing[0] = False
+            raise ConnectionError("no route to Redis")
+        return set(run_ids)
+
+    sweeper = Sweeper(store, small, dispatch)
+    await sweeper.tick()
+    await sweeper.tick()
+    assert offered == [released[0:3], released[0:3]]  # the same batch again, not rel-3..5
+    await sweeper.tick()
+    assert offered[2] == released[3:6]
+
+
+async def test_a_partial_dispatch_moves_the_cursor_past_the_dispatched_prefix_only(
+    store: Store, settings: Settings
+) -> None:
+    released = [f"rel-{i}" for i in range(7)]
+    for run_id in released:
+        await make_parked(store, run_id, Waiting(WaitingReason.RELEASED))
+    small = settings.model_copy(update={"sweep_batch": 3})
+    offered: list[list[str]] = []
+
+    async def dispatch(run_ids: list[str], reason: str) -> set[str]:
+        offered.append(list(run_ids))
+        # The first tick: the second row finds no place (Redis down, its queue not served
+        # here), the first and third do; the cursor stops after the first.
+        return {run_ids[0], run_ids[2]} if len(offered) == 1 else set(run_ids)
+
+    sweeper = Sweeper(store, small, dispatch)
+    await sweeper.tick()
+    await sweeper.tick()
+    assert offered == [released[0:3], released[1:4]]  # from the first row not dispatched

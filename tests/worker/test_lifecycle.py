@@ -33,8 +33,8 @@ from worker.watchdog import Watchdog
 Factory = Callable[[Store, Settings, Redis], Lifecycle]
 
 
-async def _no_dispatch(_run_ids: list[str], _reason: str) -> None:
-    return None
+async def _no_dispatch(_run_ids: list[str], _reason: str) -> set[str]:
+    return set()
 
 
 def _lease(store: Store, settings: Settings, _redis: Redis) -> Lifecycle:

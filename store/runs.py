@@ -287,8 +287,7 @@ class Runs(Admission):
         limit = self._settings.max_recoveries
         lost = await self._db.all("runs.lost_owners", {"id": run_id, "limit": max(1, limit)})
         owners = [previous.key, *(str(r["owner"]) for r in lost if r["owner"])]
-        request = {
-            "recoveries": limit,
+        request: dict[str, Any] = {
             "max_recoveries": limit,
             "lost_owners": owners[: limit + 1],
             "last_owner": previous.key,
@@ -298,20 +297,20 @@ class Runs(Admission):
         if row is None:
             return None
         dead = run_row(row)
+        request = {**request, "recoveries": dead.recoveries}  # as the statement found it
         await self._journal.record(
             run_id,
             Kind.DEAD_LETTERED,
             {
                 **evidence,
                 **request,
-                "recoveries": dead.recoveries,
                 "observer": me.key,
                 "previous_owner": previous.key,
                 "previous_heartbeat_at_ms": cas["exp_heartbeat_at_ms"],
                 "epoch": dead.epoch,
             },
         )
-        return DeadLettered(dead, previous, {**request, "recoveries": dead.recoveries})
+        return DeadLettered(dead, previous, request)
 
     async def revive(self, run_id: str, *, note: str | None = None) -> RunRow | None:
         """An operator moves a run parked ``dead`` on: its wait cleared, its recoveries in

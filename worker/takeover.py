@@ -101,6 +101,7 @@ class Takeover:
         )
         match await stealing:
             case DeadLettered(evidence=dead):
+                self.ladder.forget(row.id)
                 metrics.DEAD_LETTERED.inc()
                 log.error(
                     "run.dead_lettered",

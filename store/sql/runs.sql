@@ -219,7 +219,8 @@ UPDATE runfleet.runs AS r SET
     heartbeat_at_ms = NULL,
     claim_host = NULL, claim_pid = NULL, claim_nonce = NULL, claimed_at_ms = NULL,
     waiting_reason = 'dead', waiting_wake_at_ms = NULL, waiting_token = NULL,
-    waiting_request = %(evidence)s, waiting_deferred = NULL,
+    waiting_request = %(evidence)s::jsonb || jsonb_build_object('recoveries', r.recoveries),
+    waiting_deferred = NULL,
     updated_at_ms = runfleet.now_ms()
  WHERE r.id = %(id)s AND r.status = 'running'
    AND r.owner_nonce = %(exp_owner_nonce)s AND r.owner_pid = %(exp_owner_pid)s

@@ -24,7 +24,7 @@ from store import validate
 from store.errors import CancelRequestFailed, InvalidInput, RunNotFound, ScopeDenied, Unavailable
 from store.journal import Kind
 from store.transient import is_transient
-from store.types import CancelOutcome, CancelRequested, DeferredCompleted, RunRow
+from store.types import CancelOutcome, CancelRequested, DeferredCompleted, RunRow, WaitingReason
 from store.waits import token_hash
 
 if TYPE_CHECKING:
@@ -174,9 +174,34 @@ class RunControl:
         rerun_step: str | None = None,
         actor: str | None = None,
     ) -> None:
-        """Move a quarantined run on: trust its recorded outputs, or re-run one step."""
-        row = await self.authorized(run_id)  # a quarantined run has started
+        """Move a quarantined run on: trust its recorded outputs, or re-run one step.
+
+        A run parked ``dead`` (a poison run: its executions kept ending in a lost process)
+        takes neither option: its wait is cleared and its recoveries in a row start again
+        (``runfleet resume RUN``); the body re-runs from its last recorded step.
+        """
+        row = await self.authorized(run_id)  # a quarantined or dead run has started
         retried: list[BaseException] = []
+        if row.waiting is not None and row.waiting.reason == WaitingReason.DEAD:
+            if accept_recorded or rerun_step is not None:
+                raise InvalidInput(
+                    "resume", f"run {run_id!r} is parked dead: resume it without options"
+                )
+            revived = await self._available(
+                lambda: self.store.runs.revive(run_id, note=actor), retried=retried
+            )
+            if revived is None and not (retried and await self._revived(run_id, actor)):
+                raise InvalidInput("run_id", f"run {run_id!r} is not parked dead")
+            await self._hint(run_id, "resume", row)
+            return
+        if not accept_recorded and rerun_step is None:
+            if row.waiting is None or row.waiting.reason != WaitingReason.QUARANTINE:
+                raise InvalidInput("run_id", f"run {run_id!r} is not quarantined or parked dead")
+            raise InvalidInput(
+                "resume",
+                f"run {run_id!r} is quarantined: choose exactly one of accept_recorded or "
+                "rerun_step (only a run parked dead is resumed without either)",
+            )
         resumed = await self._available(
             lambda: self.store.steps.resume_quarantined(
                 run_id, accept_recorded=accept_recorded, rerun_key=rerun_step, note=actor
@@ -199,6 +224,11 @@ class RunControl:
         wanted = Kind.APPROVAL_APPROVED if approved else Kind.APPROVAL_DENIED
         mine = last.get("token") == token_hash(token) and last.get("note") == actor
         return kind == wanted and mine
+
+    async def _revived(self, run_id: str, actor: str | None) -> bool:
+        """Whether the run's last resume is this one from dead (a retried resume's commit)."""
+        kind, last = await self._last_record(run_id, Kind.RESUMED)
+        return kind == Kind.RESUMED and last.get("from") == "dead" and last.get("note") == actor
 
     async def _resumed(self, run_id: str, rerun_step: str | None, actor: str | None) -> bool:
         """Whether the run's last resume is this one (a retried resume's own commit)."""

@@ -232,6 +232,7 @@ class FleetView(_Model):
 StuckKind = Literal[
     "stale-owner-alive",
     "takeover-overdue",
+    "dead",
     "reactivated-often",
     "timer-not-fired",
     "quarantined",

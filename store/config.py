@@ -230,6 +230,11 @@ class Settings(BaseSettings):
     """Durable calls (steps, sleeps, waits, approvals, children) one run may record."""
     max_answers_per_run: int = Field(default=1_000, gt=0)
     """Answers (``complete``, approve/deny) one run accepts; more are ``LimitExceeded``."""
+    max_recoveries: int = Field(default=5, ge=0)
+    """Takeovers in a row that may re-activate a run whose executing process was lost
+    (``os._exit``, a segfault, an OOM kill, a fail-stop exit); the steal after that parks
+    it ``dead`` for an operator (``runfleet resume``) instead of handing it to the next
+    worker to kill. 0: the first lost process parks it."""
     allow_import: str = ""
     """Module prefixes whose plain functions a worker may run besides its ``--flows``
     modules, comma-separated (``RUNFLEET_ALLOW_IMPORT=app.tasks,billing``); nothing

@@ -51,6 +51,7 @@ class Kind:
     WAKE_SCHEDULED = "wake-scheduled"
     CHILD_POLICY_APPLIED = "child-policy-applied"
     QUARANTINED = "quarantined"
+    DEAD_LETTERED = "dead-lettered"
     LEASE_RECONFIRMED = "lease-reconfirmed"
     DEFERRED_COMPLETED = "deferred-completed"
     CLOCK_FIRED = "clock-fired"

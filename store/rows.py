@@ -61,6 +61,7 @@ def run_row(row: Row) -> RunRow:
         updated_at_ms=int(row["updated_at_ms"]),
         waiting=waiting,
         now_ms=int(row.get("now_ms") or 0),
+        recoveries=int(row.get("recoveries") or 0),
     )
 
 

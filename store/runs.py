@@ -10,6 +10,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple
 
+from psycopg.types.json import Jsonb
+
+from store import validate
 from store.admit import Admission
 from store.config import Settings
 from store.dag import Dag
@@ -23,6 +26,7 @@ from store.types import (
     Claimed,
     ClaimOutcome,
     ClaimRecovered,
+    DeadLettered,
     Heartbeat,
     LeaseFresh,
     NotFound,
@@ -219,26 +223,36 @@ class Runs(Admission):
         evidence: dict[str, Any],
         *,
         stale_after_ms: int | None = None,
+        counted: bool = True,
     ) -> StealOutcome:
         """Take over a running row whose lease is stale by database time.
 
         ``evidence`` is what the liveness probe saw; it is journaled with the
         previous owner and its last heartbeat as ``stolen-and-activated``.
+
+        A ``counted`` takeover (the previous owner's process was lost, not this process
+        taking back a run it orphaned) is one more recovery in a row; a run already at
+        ``Settings.max_recoveries`` is parked ``dead`` instead (``DeadLettered``, journaled
+        ``dead-lettered`` with the owners it lost), in the same transaction and under the
+        same precondition, so the count is decided in Postgres whoever else steals.
         """
         previous = expected.owner
         if expected.status is not RunStatus.RUNNING or previous is None:
             raise InvalidInput("expected", "only a running row with an owner can be stolen")
         stale = self._settings.stale_after_ms if stale_after_ms is None else stale_after_ms
+        cas = {
+            "id": run_id,
+            "stale_after_ms": stale,
+            "counted": counted,
+            "max_recoveries": self._settings.max_recoveries,
+            **_expected(expected),
+        }
         async with self._db.transaction():
-            row = await self._db.one(
-                "runs.steal",
-                {
-                    "id": run_id,
-                    "stale_after_ms": stale,
-                    **owner_params(me),
-                    **_expected(expected),
-                },
-            )
+            row = await self._db.one("runs.steal", {**cas, **owner_params(me)})
+            if row is None and counted:
+                buried = await self._bury(run_id, previous, me, cas, evidence)
+                if buried is not None:
+                    return buried
             if row is None:
                 current = await self.get(run_id)
                 if current is None:
@@ -260,6 +274,68 @@ class Runs(Admission):
                 },
             )
             return Stolen(stolen, previous)
+
+    async def _bury(
+        self,
+        run_id: str,
+        previous: Owner,
+        me: Owner,
+        cas: dict[str, Any],
+        evidence: dict[str, Any],
+    ) -> DeadLettered | None:
+        """Park a poison run ``dead`` if the steal's precondition holds and it is at the
+        limit (``runs.bury``); None when it is not (the steal's own outcome applies)."""
+        limit = self._settings.max_recoveries
+        lost = await self._db.all("runs.lost_owners", {"id": run_id, "limit": max(1, limit)})
+        owners = [previous.key, *(str(r["owner"]) for r in lost if r["owner"])]
+        request: dict[str, Any] = {
+            "max_recoveries": limit,
+            "lost_owners": owners[: limit + 1],
+            "last_owner": previous.key,
+            "probe": evidence.get("probe"),
+        }
+        row = await self._db.one("runs.bury", {**cas, "evidence": Jsonb(request)})
+        if row is None:
+            return None
+        dead = run_row(row)
+        request = {**request, "recoveries": dead.recoveries}  # as the statement found it
+        await self._journal.record(
+            run_id,
+            Kind.DEAD_LETTERED,
+            {
+                **evidence,
+                **request,
+                "observer": me.key,
+                "previous_owner": previous.key,
+                "previous_heartbeat_at_ms": cas["exp_heartbeat_at_ms"],
+                "epoch": dead.epoch,
+            },
+        )
+        return DeadLettered(dead, previous, request)
+
+    async def revive(self, run_id: str, *, note: str | None = None) -> RunRow | None:
+        """An operator moves a run parked ``dead`` on: its wait cleared, its recoveries in
+        a row back to 0, journaled ``resumed`` (``from: dead``) with the authenticated role
+        as actor and ``note`` as the caller's words. None when the run is not parked dead
+        (nothing changed)."""
+        if note is not None:
+            validate.identifier("actor", note)
+        async with self._db.transaction():
+            row = await self._db.one("runs.revive", {"id": run_id})
+            if row is None:
+                return None
+            await self._journal.record(
+                run_id,
+                Kind.RESUMED,
+                {
+                    "from": "dead",
+                    "recoveries": int(row["recoveries_before"]),
+                    "evidence": row["dead_evidence"],
+                    "actor": row["session_role"],
+                    "note": note,
+                },
+            )
+            return run_row(row)
 
     async def recover_claim(
         self, run_id: str, claimant: Owner, claimed_at_ms: int, evidence: dict[str, Any]

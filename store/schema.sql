@@ -36,6 +36,8 @@ CREATE TABLE runfleet.runs (
     waiting_deferred        text,
     result                  json,  -- canonical text of a completed run's result (store/values.py)
     payload                 json,  -- canonical text of the run's arguments (store/values.py)
+    recoveries              integer NOT NULL DEFAULT 0 CHECK (recoveries >= 0),
+        -- takeovers in a row after a lost process (migration 0012; parked `dead` past the max)
     CHECK ((owner_host IS NULL) = (owner_nonce IS NULL)),
     CHECK ((claim_host IS NULL) = (claimed_at_ms IS NULL)),
     CHECK (status <> 'running' OR owner_host IS NOT NULL)

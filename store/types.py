@@ -42,6 +42,9 @@ class WaitingReason(enum.StrEnum):
     RELEASED = "released"
     QUARANTINE = "quarantine"
     CHILD = "child"
+    DEAD = "dead"
+    """A poison run: its executions kept ending in a lost process; only an operator's
+    resume (or a cancel) moves it."""
 
 
 class OnParentExit(enum.StrEnum):
@@ -137,6 +140,9 @@ class RunRow:
     waiting: Waiting | None
     now_ms: int = 0
     """Database time when this row was read (for lease-age arithmetic)."""
+    recoveries: int = 0
+    """Takeovers in a row that re-activated the run after its process was lost; at
+    ``Settings.max_recoveries`` the next one parks it ``dead`` instead (migration 0012)."""
 
     @property
     def snapshot(self) -> Snapshot:
@@ -301,6 +307,17 @@ class Stolen:
 
 
 @dataclass(frozen=True, slots=True)
+class DeadLettered:
+    """A steal found the run re-activated ``max_recoveries`` times in a row after lost
+    processes: it is parked ``dead`` (suspended, no owner) instead of stolen again."""
+
+    row: RunRow
+    previous: Owner
+    evidence: dict[str, JsonValue]
+    """What the park recorded (``waiting.request``): recoveries, the limit, the owners lost."""
+
+
+@dataclass(frozen=True, slots=True)
 class SnapshotChanged:
     current: RunRow
 
@@ -450,7 +467,7 @@ EmitOutcome: TypeAlias = Accepted | Duplicate | Conflict
 CreateOutcome: TypeAlias = Created | Joined
 ClaimOutcome: TypeAlias = Claimed | SnapshotChanged | NotFound
 ActivateOutcome: TypeAlias = Activated | SnapshotChanged | NotFound
-StealOutcome: TypeAlias = Stolen | SnapshotChanged | LeaseFresh | NotFound
+StealOutcome: TypeAlias = Stolen | DeadLettered | SnapshotChanged | LeaseFresh | NotFound
 TransitionOutcome: TypeAlias = Transitioned | GuardFailed | NotOwner | NotFound
 CancelOutcome: TypeAlias = CancelRequested | AlreadyRequested | AlreadyTerminal | NotFound
 ParkOutcome: TypeAlias = Parked | AlreadySatisfied | GuardFailed | NotOwner | NotFound

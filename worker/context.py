@@ -42,6 +42,7 @@ from store.types import (
 )
 from worker.bookkeeping import Bookkeeping
 from worker.children import Children
+from worker.containment import safe_str
 from worker.durable import (
     NO_RETRY,
     NonDeterminism,
@@ -98,6 +99,8 @@ class Context(Waits, Children):
     run for it rather than failing it: the database failed, not the flow)."""
     _position: int = field(default=0, init=False)
     _seen: Counter[str] = field(default_factory=Counter, init=False)
+    _controls: list[BaseException] = field(default_factory=list, init=False)
+    """The control exceptions runfleet raised into this execution (the newest few)."""
 
     def __post_init__(self) -> None:
         self.log = logging.LoggerAdapter(log, {"run_id": self.run.id, "flow": self.run.flow})
@@ -121,12 +124,50 @@ class Context(Waits, Children):
     def check(self) -> None:
         """Raise Interrupted if this drive must stop (sync bodies reach it at durable calls)."""
         if self._interrupt is not None:
-            raise Interrupted(self._interrupt)
+            raise self._stop(self._interrupt)
         if self.lease_ok is not None and not self.lease_ok():
             # Checked before every durable call: a process whose lease may be stale by now
             # starts nothing more, even before its lapse timer has interrupted the run.
             self._interrupt = Cause.LEASE_LAPSED
-            raise Interrupted(Cause.LEASE_LAPSED)
+            raise self._stop(Cause.LEASE_LAPSED)
+
+    # ---- control exceptions: runfleet's own, and the body's --------------------------
+
+    def _control(self, exc: BaseException) -> BaseException:
+        """Remember ``exc`` as one runfleet raises into the body, and return it to raise."""
+        self._controls = [*self._controls[-7:], exc]
+        return exc
+
+    def _stop(self, cause: Cause) -> Interrupted:
+        """The ``Interrupted`` runfleet raises to stop this execution."""
+        exc = Interrupted(cause)
+        self._control(exc)
+        return exc
+
+    def _suspend(self, reason: str) -> Suspended:
+        """The ``Suspended`` runfleet raises once the run parked durably."""
+        exc = Suspended(reason)
+        self._control(exc)
+        return exc
+
+    def raised_by_runfleet(self, exc: BaseException) -> bool:
+        """Whether ``exc``, a BaseException out of the run's code, is runfleet's own stop.
+
+        ``Interrupted`` and ``Suspended`` are runfleet's only as the instances it raised
+        (a body that raises its own would leave the run unsettled, and re-run for ever);
+        a ``CancelledError`` only once runfleet interrupted this execution (a cancel, a
+        lost fence, a lapse, a shutdown). Every other BaseException — ``SystemExit``,
+        ``KeyboardInterrupt``, ``GeneratorExit``, the user's own — is the run's.
+        """
+        if isinstance(exc, Interrupted | Suspended):
+            return any(exc is mine for mine in self._controls)
+        if isinstance(exc, asyncio.CancelledError):
+            return self._interrupt is not None
+        return False
+
+    def raised_by_user(self, exc: BaseException) -> bool:
+        """A BaseException that is not an ``Exception`` and not runfleet's own stop."""
+        return not isinstance(exc, Exception) and not self.raised_by_runfleet(exc)
 
     # ---- replay bookkeeping ------------------------------------------------
 
@@ -225,7 +266,7 @@ class Context(Waits, Children):
         for record in existing:
             if record.position == position and record.key == key and record.epoch == self.epoch:
                 return record
-        raise Interrupted(Cause.LOST_FENCE)
+        raise self._stop(Cause.LOST_FENCE)
 
     async def _park(self, waiting: Waiting, deferred: str | None = None) -> None:
         """Park durably and stop the body, unless the answer is already there."""
@@ -241,15 +282,15 @@ class Context(Waits, Children):
         """Stop the body as the park answered (Suspended), or let it go on if satisfied."""
         match outcome:
             case Parked():
-                raise Suspended(waiting.reason)
+                raise self._suspend(waiting.reason)
             case AlreadySatisfied():
                 return
             case GuardFailed():
-                raise Interrupted(Cause.CANCELLED)
+                raise self._stop(Cause.CANCELLED)
             case NotOwner(current=current) if self._parked_by_us(current, waiting):
-                raise Suspended(waiting.reason)  # a retry after our park committed unseen
+                raise self._suspend(waiting.reason)  # a retry after our park committed unseen
             case NotOwner() | NotFound():
-                raise Interrupted(Cause.LOST_FENCE)
+                raise self._stop(Cause.LOST_FENCE)
 
     def _parked_by_us(self, current: RunRow, waiting: Waiting) -> bool:
         """Suspended at our epoch for our reason: only this tenure's park does that."""
@@ -305,16 +346,21 @@ class Context(Waits, Children):
         while True:
             attempt = await self._durable("steps.start_attempt", lambda: self._start_attempt(key))
             if attempt is None:
-                raise Interrupted(Cause.LOST_FENCE)
+                raise self._stop(Cause.LOST_FENCE)
             try:
                 if inspect.iscoroutinefunction(fn):
                     output = await fn(*args, **kwargs)
                 else:
                     output = await in_thread(fn, *args, **kwargs)
-            except Exception as exc:
-                finish = partial(steps.finish_attempt, self.run.id, key, attempt, repr(exc)[:2000])
+            except BaseException as exc:
+                if not isinstance(exc, Exception) and not self.raised_by_user(exc):
+                    raise  # runfleet's own stop: the attempt is still in flight
+                error = safe_str(exc, use_repr=True)[:2000]
+                finish = partial(steps.finish_attempt, self.run.id, key, attempt, error)
                 await self._durable("steps.finish_attempt", finish)
-                if not policy.should_retry(exc, attempt):
+                # A BaseException of the step's own is never retried: it fails the run
+                # (the driver's boundary records it), unless the body catches it.
+                if not isinstance(exc, Exception) or not policy.should_retry(exc, attempt):
                     raise
                 delay = policy.delay(attempt)
                 log.info(
@@ -354,4 +400,4 @@ class Context(Waits, Children):
             case ClockScheduled(row=row) | ClockExisting(row=row):
                 return row.due_at_ms
             case _:
-                raise Interrupted(Cause.LOST_FENCE)
+                raise self._stop(Cause.LOST_FENCE)

@@ -205,7 +205,7 @@ class Decisions:
         match waiting.reason:
             case WaitingReason.RELEASED:
                 return True
-            case WaitingReason.QUARANTINE:
+            case WaitingReason.QUARANTINE | WaitingReason.DEAD:
                 return False  # otherwise only an operator's explicit resume moves it
             case (
                 WaitingReason.TIMER

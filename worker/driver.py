@@ -28,8 +28,9 @@ from store.types import (
     RunRow,
     RunStatus,
 )
-from worker import metrics
+from worker import containment, metrics
 from worker.bookkeeping import Bookkeeping
+from worker.containment import UserBaseException
 from worker.context import Context, Interrupted
 from worker.decisions import Decisions
 from worker.durable import Suspended
@@ -249,6 +250,23 @@ class Driver(Decisions):
         self.interrupt(run_id, Cause.CANCELLED)
 
     async def _call(self, flow: Flow, ctx: Context) -> Any:
+        """Run the body; a BaseException of its own becomes ``UserBaseException``.
+
+        This is the run task's whole coroutine, so nothing the body raises reaches the
+        event loop (``SystemExit`` would end the process) or reads as a cancellation of
+        the task (a shutdown, to ``_settle``) unless runfleet itself stopped it.
+        """
+        token = containment.running(ctx.run.id)
+        try:
+            return await self._body(flow, ctx)
+        except BaseException as exc:
+            if isinstance(exc, Exception) or not ctx.raised_by_user(exc):
+                raise
+            raise UserBaseException(exc) from exc
+        finally:
+            containment.done_running(token)
+
+    async def _body(self, flow: Flow, ctx: Context) -> Any:
         if wants_rq_call(flow, ctx):  # rq's retry= / on_success= / on_failure=
             return await call_rq_style(flow, ctx)
         args, kwargs = ctx.args, ctx.kwargs

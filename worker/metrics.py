@@ -13,6 +13,10 @@ SETTLEMENTS = Counter(
     "runfleet_settlements_total", "Runs settled by this process, by final status.", ["status"]
 )
 STEALS = Counter("runfleet_steals_total", "Runs taken over, by probe evidence.", ["evidence"])
+DEAD_LETTERED = Counter(
+    "runfleet_dead_lettered_total",
+    "Poison runs this process parked dead: stale again after max_recoveries takeovers in a row.",
+)
 RELEASES = Counter("runfleet_releases_total", "Runs released unsettled, by cause.", ["cause"])
 LEASE_LAPSES = Counter("runfleet_lease_lapses_total", "Times this process's lease lapsed.")
 INFRA_ERRORS = Counter(

@@ -50,6 +50,9 @@ class DriveOutcome(enum.StrEnum):
     """Stale by the database clock, but the probe vouched for its owner: not taken."""
     ACTIVATION_LOST = "activation_lost"
     """A steal lost to a change made meanwhile (journaled as evidence)."""
+    DEAD_LETTERED = "dead_lettered"
+    """A stale run already recovered ``max_recoveries`` times in a row after lost processes:
+    parked ``dead`` for an operator instead of taken over (journaled ``dead-lettered``)."""
 
 
 class Cause(enum.StrEnum):

@@ -27,6 +27,7 @@ from store import Store
 from store.config import Settings
 from store.types import Owner
 from worker import metrics
+from worker.containment import contain_tasks
 from worker.coordinator import Coordinator
 from worker.driver import Driver
 from worker.intake import Intake
@@ -110,11 +111,13 @@ class Worker:
     async def run(self) -> None:
         # Sync flow bodies hold a thread for their whole run and each sync step needs
         # one more; asyncio's default pool (cpus + 4) would starve a busy worker.
-        asyncio.get_running_loop().set_default_executor(
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(
             ThreadPoolExecutor(
                 max_workers=2 * self.concurrency + 4, thread_name_prefix="runfleet-run"
             )
         )
+        contain_tasks(loop)  # a task a run body creates cannot end the process either
         services = await self._assemble()
         try:
             try:

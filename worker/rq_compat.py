@@ -118,7 +118,9 @@ async def call_rq_style(flow: Flow, ctx: Context) -> Any:
         await await_dependencies(ctx, list(ctx.run.depends_on))
     try:
         result = await ctx.step("call", flow.fn, *ctx.args, retry=rq_retry(state), **ctx.kwargs)
-    except Exception as exc:
+    except BaseException as exc:
+        if not isinstance(exc, Exception) and not ctx.raised_by_user(exc):
+            raise  # runfleet's own stop (cancel, shutdown, a park): not a failure
         name = callbacks.get("on_failure")
         if name:
             tb = "".join(traceback.format_exception(exc))

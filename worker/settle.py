@@ -33,6 +33,7 @@ from store.types import (
 )
 from store.values import UnstorableValue
 from worker import metrics
+from worker.containment import UserBaseException, safe_str
 from worker.durable import Handoff, HandoffCall, checked_handoff
 from worker.flows import function as compensation
 from worker.flows import resolve
@@ -56,20 +57,33 @@ def _storable(text: str, limit: int, *, keep_end: bool = False) -> str:
 
 
 def error_of(exc: BaseException) -> dict[str, Any]:
-    """A failure as the run's ``error``: always storable, whatever the exception holds."""
-    try:
-        message = str(exc)
-    except Exception:  # a hostile __str__ must not stop the run from failing
-        message = f"<{type(exc).__name__} whose str() raised>"
+    """A failure as the run's ``error``: always storable, whatever the exception holds.
+
+    A ``UserBaseException`` is recorded as the BaseException the run's code raised (its
+    type, message and traceback), marked ``base_exception``: that is what failed the run.
+    """
+    contained = isinstance(exc, UserBaseException)
+    if isinstance(exc, UserBaseException):
+        exc = exc.original
+    message = safe_str(exc)  # a hostile __str__ must not stop the run from failing
+    if contained:
+        message = f"{type(exc).__name__} raised by the run's own code" + (
+            f": {message}" if message else ""
+        )
     try:
         trace = "".join(traceback.format_exception(exc))
     except RecursionError:
         trace = "<traceback too deep to format>"
-    return {
+    except BaseException:  # a hostile __str__ again, inside the formatting
+        trace = f"<traceback of {type(exc).__name__} could not be formatted>"
+    error: dict[str, Any] = {
         "type": type(exc).__name__,
         "message": _storable(message, 8000),
         "traceback": _storable(trace, 4000, keep_end=True),
     }
+    if contained:
+        error["base_exception"] = True
+    return error
 
 
 class Settlement:
@@ -242,7 +256,9 @@ class Settlement:
                     await target(record.output)
                 else:
                     await asyncio.to_thread(target, record.output)
-            except Exception as exc:  # a failed compensation is journaled, the rest still run
+            except BaseException as exc:  # a failed compensation is journaled, the rest run
+                if _stopping(exc):
+                    raise  # this drive itself is being cancelled (a hard stop), not the code
                 log.exception(
                     "step.compensation_failed", extra={"run_id": row.id, "step": record.key}
                 )
@@ -335,6 +351,19 @@ class Settlement:
         await self._after(row, epoch, RunStatus.COMPLETED, done.outcome)
         if done.successor is not None and self._hint is not None:
             await self._hint(done.successor)
+
+
+def _stopping(exc: BaseException) -> bool:
+    """Whether ``exc`` out of a compensation is a cancellation of the drive running it.
+
+    A compensation is the run's own code: its ``SystemExit``, ``KeyboardInterrupt`` or a
+    ``CancelledError`` nobody asked for fails that compensation only (journaled), and
+    never reaches the event loop. A cancellation of the settling task is runfleet's.
+    """
+    if not isinstance(exc, asyncio.CancelledError):
+        return False
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _successor_deadline(call: HandoffCall, flow_name: str) -> tuple[int | None, int | None]:

@@ -12,7 +12,16 @@ from typing import Any
 from broker.liveness import Probe
 from store import Kind, Store
 from store.config import Settings
-from store.types import ClaimRecovered, LeaseFresh, NotFound, Owner, RunRow, SnapshotChanged, Stolen
+from store.types import (
+    ClaimRecovered,
+    DeadLettered,
+    LeaseFresh,
+    NotFound,
+    Owner,
+    RunRow,
+    SnapshotChanged,
+    Stolen,
+)
 from worker import metrics
 from worker.evidence import RefusalLadder, journal_evidence
 from worker.flows import Flow
@@ -84,7 +93,26 @@ class Takeover:
             "observer": self._owner.key,
             "probe_detail": dict(probe.detail),
         }
-        match await self._store.runs.steal(row.id, row.snapshot, self._owner, evidence):
+        # Taking back a run this process orphaned is not a lost process: it never counts
+        # toward the run's recoveries in a row (a poison run's walk through the fleet).
+        counted = probe.evidence != "self-orphaned"
+        stealing = self._store.runs.steal(
+            row.id, row.snapshot, self._owner, evidence, counted=counted
+        )
+        match await stealing:
+            case DeadLettered(evidence=dead):
+                self.ladder.forget(row.id)
+                metrics.DEAD_LETTERED.inc()
+                log.error(
+                    "run.dead_lettered",
+                    extra={
+                        "run_id": row.id,
+                        "previous": owner.key,
+                        "recoveries": dead.get("recoveries"),
+                        "lost_owners": dead.get("lost_owners"),
+                    },
+                )
+                return DriveOutcome.DEAD_LETTERED, None
             case Stolen(row=stolen):
                 self.ladder.forget(row.id)
                 metrics.STEALS.labels(probe.evidence).inc()

@@ -17,6 +17,7 @@ from broker.liveness import FleetMember, Liveness, Probe
 from ops.cli import common as c
 from ops.cli.options import LIST_MAX, RESTARTS_MAX, duration_option
 from ops.cli.text import add_row, say, show, styled
+from ops.explain.predict import dead_words
 from ops.models import (
     FleetMemberView,
     FleetView,
@@ -204,6 +205,18 @@ async def _stuck(
         live = conns.liveness if conns.redis is not None else None
         store = conns.store
         items = await _stale(cfg, store, live, limit)
+        for row in await store.inspect.waiting_for(WaitingReason.DEAD, limit=limit):
+            items.append(
+                _item(
+                    "dead",
+                    row,
+                    row.now_ms - row.updated_at_ms,
+                    dead_words(row, row.waiting.request if row.waiting else None),
+                    f"find why in the workers' logs (exit codes, OOM kills, segfaults; run_id "
+                    f"{row.id}), fix it, then `runfleet resume {row.id}` (or cancel it); "
+                    f"`runfleet explain {row.id}` has the evidence",
+                )
+            )
         for looping in await store.inspect.reactivated_over(reactivated_over, limit=limit):
             row = looping.row
             items.append(

@@ -121,7 +121,7 @@ deny = _decide(False)
 
 
 def resume(
-    run_id: Annotated[str, typer.Argument(help="The quarantined run's id.")],
+    run_id: Annotated[str, typer.Argument(help="The quarantined or dead run's id.")],
     accept_recorded: Annotated[
         bool, typer.Option("--accept-recorded", help="Trust the recorded outputs as they are.")
     ] = False,
@@ -132,9 +132,14 @@ def resume(
     scope: Scopes = None,
     as_json: c.AsJson = False,
 ) -> None:
-    """Move a quarantined run on (journaled with who decided)."""
-    if accept_recorded == (rerun_step is not None):
-        c.fail("choose exactly one of --accept-recorded or --rerun-step KEY")
+    """Move a quarantined or dead run on (journaled with who decided).
+
+    A quarantined run needs exactly one of --accept-recorded or --rerun-step KEY; a run
+    parked dead (its executions kept ending in a lost process) takes neither: its
+    recoveries in a row start again and its body re-runs from its last recorded step.
+    """
+    if accept_recorded and rerun_step is not None:
+        c.fail("choose at most one of --accept-recorded or --rerun-step KEY")
 
     async def call(q: AsyncQueue) -> None:
         await q.resume(

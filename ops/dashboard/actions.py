@@ -19,6 +19,7 @@ from broker import AsyncQueue
 from ops.cli import common as c
 from ops.cli.produce import cancel_on
 from ops.models import AnswerResult, CancelResult
+from store.types import WaitingReason
 
 
 class Action(StrEnum):
@@ -65,7 +66,11 @@ async def perform(
             done = "approved" if action is Action.APPROVE else "denied"
         case Action.RESUME:
             rerun = form.get("rerun_step", "").strip() or None
-            await q.resume(run_id, accept_recorded=rerun is None, rerun_step=rerun, actor=who)
+            current = await q.authorized(run_id)
+            if rerun is None and current.waiting and current.waiting.reason == WaitingReason.DEAD:
+                await q.resume(run_id, actor=who)  # a poison run: its count starts again
+            else:
+                await q.resume(run_id, accept_recorded=rerun is None, rerun_step=rerun, actor=who)
             done = "resumed"
     row = await q.authorized(run_id)
     return AnswerResult(run_id=run_id, action=done, status=row.status)

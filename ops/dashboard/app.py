@@ -238,7 +238,7 @@ _DONE_WORDS = {
     "already-terminal": "nothing to cancel: the run has already settled",
     "approved": "approved",
     "denied": "denied",
-    "resumed": "released from quarantine",
+    "resumed": "resumed: released from quarantine, or moved on from dead",
     "completed": "completed",
     "already-completed": "already completed",
 }

@@ -25,9 +25,9 @@ from ops.dashboard.models import (
     StepView,
 )
 from ops.explain.report import entry
-from ops.models import FleetView, JournalView
+from ops.models import FleetView, JournalView, RunSummary
 from store.journal import Kind
-from store.types import JournalRecord, RunStatus
+from store.types import JournalRecord, RunStatus, WaitingReason
 
 WINDOW_MS = 10 * 60_000
 BUCKET_MS = 10_000
@@ -48,8 +48,10 @@ _TAILED = (
     Kind.STEAL_REFUSED_OWNER_ALIVE,
     Kind.INTERRUPT_RELEASED,
     Kind.CLAIM_RECOVERED,
+    Kind.DEAD_LETTERED,
 )
-_STEALS = frozenset({Kind.STOLEN_AND_ACTIVATED, Kind.STEAL_REFUSED_OWNER_ALIVE})
+_STEALS = frozenset({Kind.STOLEN_AND_ACTIVATED, Kind.STEAL_REFUSED_OWNER_ALIVE, Kind.DEAD_LETTERED})
+DEAD_SHOWN = 50
 
 
 def settled_as(record: JournalRecord) -> str | None:
@@ -156,6 +158,7 @@ class JournalTail:
                         "#f9a825",
                         lambda r: r.kind == Kind.STEAL_REFUSED_OWNER_ALIVE,
                     ),
+                    series("parked dead", "#212121", lambda r: r.kind == Kind.DEAD_LETTERED),
                 ],
             ),
         ]
@@ -218,6 +221,10 @@ async def overview(conns: c.Connections, tail: JournalTail) -> OverviewView:
         queues=await queue_counts(conns, now),
         charts=tail.charts(now),
         steals=[Steal(run_id=r.run_id, entry=entry(r)) for r in reversed(tail.steals)],
+        dead=[
+            RunSummary.of(row)
+            for row in await conns.store.inspect.waiting_for(WaitingReason.DEAD, limit=DEAD_SHOWN)
+        ],
     )
 
 

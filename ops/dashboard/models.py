@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from ops.models import FleetView, JournalEntry
+from ops.models import FleetView, JournalEntry, RunSummary
 
 
 class _Model(BaseModel):
@@ -61,6 +61,10 @@ class OverviewView(_Model):
     queues: list[QueueCounts]
     charts: list[Chart]
     steals: list[Steal]
+    """Takeovers, refused takeovers and poison runs parked dead, newest first."""
+    dead: list[RunSummary] = []
+    """Runs parked ``dead`` (their executions kept ending in a lost process), oldest
+    first: each needs a person (``runfleet explain``, then ``runfleet resume``)."""
 
 
 class AttemptView(_Model):

@@ -235,7 +235,23 @@ def _resumed(p: Payload, _r: JournalRecord) -> str:
             else "accepting the recorded outputs"
         )
         return f"released from quarantine{_by(p)}, {how}"
+    if p.get("from") == "dead":
+        return (
+            f"moved on from dead{_by(p)}: its {p.get('recoveries', '?')} recoveries in a row "
+            "were forgotten and its body re-runs from its last recorded step"
+        )
     return f"resumed ({_fields(p)})"
+
+
+def _dead_lettered(p: Payload, _r: JournalRecord) -> str:
+    lost = p.get("lost_owners")
+    owners = ", ".join(who(o) for o in lost) if isinstance(lost, list) and lost else "?"
+    return (
+        f"parked dead by {who(p.get('observer'))} instead of a takeover: the lease of "
+        f"{who(p.get('previous_owner'))} went stale again after {p.get('recoveries', '?')} "
+        f"takeover(s) in a row (max {p.get('max_recoveries', '?')}); processes lost, newest "
+        f"first: {owners}"
+    )
 
 
 SENTENCES: dict[str, Callable[[Payload, JournalRecord], str]] = {
@@ -264,6 +280,7 @@ SENTENCES: dict[str, Callable[[Payload, JournalRecord], str]] = {
     ),
     Kind.CLOCK_FIRED: lambda p, _r: f"timer {p.get('clock', '?')!r} fired",
     Kind.QUARANTINED: lambda p, _r: f"quarantined: {_fields(p)}",
+    Kind.DEAD_LETTERED: _dead_lettered,
     Kind.HANDED_OFF: lambda p, _r: (
         f"completed this round and handed off to {p.get('successor', '?')}"
         f" (round {p.get('round', '?')})"

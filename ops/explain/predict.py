@@ -128,12 +128,33 @@ def _next_running(facts: Facts) -> NextStep:
         f"the stale-running sweep will try a takeover within ~{seconds(sweep)} "
         f"(the evidence would be: lease stale {seconds(age)} and {evidence})."
     )
+    if row.recoveries >= cfg.max_recoveries:
+        summary = (
+            f"the stale-running sweep will park it dead within ~{seconds(sweep)} instead of "
+            f"a takeover: it was already taken over {row.recoveries} time(s) in a row after "
+            f"lost processes (RUNFLEET_MAX_RECOVERIES={cfg.max_recoveries})."
+        )
     if overdue:
         summary += (
             f" It is overdue: the lease has been stale for {seconds(-left)}; check that the "
             f"workers on queue {row.queue} know flow {row.flow}."
         )
     return NextStep(summary=summary, within_ms=sweep, needs_person=overdue)
+
+
+def dead_words(row: RunRow, evidence: object) -> str:
+    """Why a run is parked ``dead``, in plain words, from the evidence its park recorded."""
+    seen = evidence if isinstance(evidence, dict) else {}
+    limit = seen.get("max_recoveries", row.recoveries)
+    lost = [who(o) for o in seen.get("lost_owners") or [] if isinstance(o, str)]
+    text = (
+        f"it is parked dead: its executions kept ending with their worker process lost "
+        f"(os._exit, a crash, an OOM kill or a fail-stop exit), and after {limit} takeover(s) "
+        "in a row (RUNFLEET_MAX_RECOVERIES) it was not handed to another worker to kill"
+    )
+    if lost:
+        text += f"; processes lost, newest first: {', '.join(lost)}"
+    return text + "."
 
 
 def _next_pending(facts: Facts) -> NextStep:
@@ -256,6 +277,16 @@ def _next_suspended(facts: Facts) -> NextStep:
                 summary="a recorded step output failed its digest check or could not be "
                 "decoded; only an operator's resume moves it (accept the recorded output, or "
                 "re-run the step).",
+                within_ms=None,
+                needs_person=True,
+            )
+        case WaitingReason.DEAD:
+            return NextStep(
+                summary=dead_words(row, w.request) + " Only a person moves it: find why in "
+                f"the workers' logs (their exit codes, OOM kills, segfaults, `worker.failstop`; "
+                f"run_id {row.id}), fix the flow or the host, then `runfleet resume {row.id}` "
+                "(its body re-runs from its last recorded step, the count starts again) or "
+                f"`runfleet cancel {row.id}`.",
                 within_ms=None,
                 needs_person=True,
             )

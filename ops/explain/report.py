@@ -36,7 +36,12 @@ _HISTORY = 200
 _ENTERS: dict[RunStatus, set[str]] = {
     RunStatus.PENDING: {Kind.CREATED},
     RunStatus.RUNNING: {Kind.CLAIMED_AND_ACTIVATED, Kind.ACTIVATED},
-    RunStatus.SUSPENDED: {Kind.PARKED, Kind.INTERRUPT_RELEASED, Kind.TRANSITIONED},
+    RunStatus.SUSPENDED: {
+        Kind.PARKED,
+        Kind.INTERRUPT_RELEASED,
+        Kind.TRANSITIONED,
+        Kind.DEAD_LETTERED,
+    },
     RunStatus.COMPLETED: {Kind.TRANSITIONED, Kind.HANDED_OFF},
     RunStatus.FAILED: {Kind.TRANSITIONED, Kind.LINEAGE_EXHAUSTED},
     RunStatus.CANCELLED: {Kind.TRANSITIONED, Kind.INTERRUPTED},
@@ -197,8 +202,20 @@ def _restarts(facts: Facts) -> list[str]:
     takeovers = sum(1 for r in facts.history if r.kind == Kind.STOLEN_AND_ACTIVATED)
     releases = sum(1 for r in facts.history if r.kind == Kind.INTERRUPT_RELEASED)
     total = takeovers + releases
+    out = []
+    row, limit = facts.row, facts.settings.max_recoveries
+    if row.recoveries and not row.status.terminal:
+        out.append(
+            f"recoveries: taken over {row.recoveries} time(s) in a row after its process was "
+            f"lost, of {limit} allowed (RUNFLEET_MAX_RECOVERIES); "
+            + (
+                "it is parked dead."
+                if row.waiting is not None and row.waiting.reason == WaitingReason.DEAD
+                else "at the limit the next lost process parks it dead."
+            )
+        )
     if total == 0:
-        return []
+        return out
     text = (
         f"restarts: its body was restarted {total} time(s) from an interruption "
         f"(takeovers: {takeovers}, releases: {releases}; epoch {facts.row.epoch})"
@@ -209,7 +226,7 @@ def _restarts(facts: Facts) -> list[str]:
             "fails the same way each time (look for run.drive_failed or lease.lapsed in the "
             "workers' logs)"
         )
-    return [text + "."]
+    return [*out, text + "."]
 
 
 def _outcome(row: RunRow) -> list[str]:

@@ -67,9 +67,10 @@ BEGIN
         FROM PUBLIC, runfleet_worker, runfleet_producer, runfleet_operator;
     GRANT EXECUTE ON FUNCTION runfleet.answer(text, text, text, boolean, json, text, text,
                                               integer, text, bigint) TO runfleet_producer;
+    -- recoveries: resuming a run parked dead starts its count again (runs.revive).
     GRANT UPDATE (status, state, cancel_requested_at_ms, updated_at_ms, waiting_reason,
                   waiting_wake_at_ms, waiting_token, waiting_request, waiting_deferred,
-                  claim_host, claim_pid, claim_nonce, claimed_at_ms)
+                  claim_host, claim_pid, claim_nonce, claimed_at_ms, recoveries)
         ON runfleet.runs TO runfleet_producer;
     GRANT UPDATE (completed_at_ms) ON runfleet.clocks TO runfleet_producer;
     -- resume a quarantined run: accept the recorded output, or drop it to re-run the step

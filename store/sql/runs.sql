@@ -189,10 +189,15 @@ RETURNING r.*, runfleet.now_ms() AS now_ms;
 -- name: steal
 -- Takeover needs the stale lease to be judged by the database clock here, in the
 -- same statement that moves ownership; the liveness probe was the caller's part.
+-- A counted takeover (the previous owner's process was lost) is one more recovery in a
+-- row, allowed only below `max_recoveries`: the count is read and written under the
+-- row's lock by the statement that wins the CAS, so two stealers cannot both count.
+-- A row at the limit is not stolen: the caller buries it (`bury`, same transaction).
 UPDATE runfleet.runs AS r SET
     owner_host = %(host)s, owner_pid = %(pid)s, owner_nonce = %(nonce)s,
     epoch = r.epoch + 1, heartbeat_at_ms = runfleet.now_ms(),
     claim_host = NULL, claim_pid = NULL, claim_nonce = NULL, claimed_at_ms = NULL,
+    recoveries = r.recoveries + CASE WHEN %(counted)s THEN 1 ELSE 0 END,
     updated_at_ms = runfleet.now_ms()
  WHERE r.id = %(id)s AND r.status = 'running'
    AND r.owner_nonce = %(exp_owner_nonce)s AND r.owner_pid = %(exp_owner_pid)s
@@ -200,7 +205,55 @@ UPDATE runfleet.runs AS r SET
    AND r.heartbeat_at_ms = %(exp_heartbeat_at_ms)s
    AND (%(exp_epoch)s::bigint IS NULL OR r.epoch = %(exp_epoch)s)
    AND r.heartbeat_at_ms < runfleet.now_ms() - %(stale_after_ms)s
+   AND (NOT %(counted)s OR r.recoveries < %(max_recoveries)s)
 RETURNING r.*, runfleet.now_ms() AS now_ms;
+
+-- name: bury
+-- A poison run: a steal's whole precondition holds (running, the same stale lease of the
+-- same owner) but it was already re-activated `max_recoveries` times in a row after lost
+-- processes. Instead of a takeover it is parked `dead` with the evidence as its request:
+-- no owner (every write of the lost one stays fenced), no wake time, so no sweep moves
+-- it; only an operator's resume (`revive`) or a cancel does.
+UPDATE runfleet.runs AS r SET
+    status = 'suspended', owner_host = NULL, owner_pid = NULL, owner_nonce = NULL,
+    heartbeat_at_ms = NULL,
+    claim_host = NULL, claim_pid = NULL, claim_nonce = NULL, claimed_at_ms = NULL,
+    waiting_reason = 'dead', waiting_wake_at_ms = NULL, waiting_token = NULL,
+    waiting_request = %(evidence)s::jsonb || jsonb_build_object('recoveries', r.recoveries),
+    waiting_deferred = NULL,
+    updated_at_ms = runfleet.now_ms()
+ WHERE r.id = %(id)s AND r.status = 'running'
+   AND r.owner_nonce = %(exp_owner_nonce)s AND r.owner_pid = %(exp_owner_pid)s
+   AND r.owner_host = %(exp_owner_host)s
+   AND r.heartbeat_at_ms = %(exp_heartbeat_at_ms)s
+   AND (%(exp_epoch)s::bigint IS NULL OR r.epoch = %(exp_epoch)s)
+   AND r.heartbeat_at_ms < runfleet.now_ms() - %(stale_after_ms)s
+   AND r.recoveries >= %(max_recoveries)s
+RETURNING r.*, runfleet.now_ms() AS now_ms;
+
+-- name: lost_owners
+-- The owners whose executions of the run were lost before the current one, newest first:
+-- the previous owner of each counted takeover (`stolen-and-activated`, not self-orphaned).
+SELECT j.payload->>'previous_owner' AS owner, j.at_ms FROM runfleet.journal j
+ WHERE j.run_id = %(id)s AND j.kind = 'stolen-and-activated'
+   AND coalesce(j.payload->>'probe', '') <> 'self-orphaned'
+ ORDER BY j.seq DESC LIMIT %(limit)s;
+
+-- name: revive
+-- An operator moves a dead run on: the wait is cleared and the count starts again, so
+-- the next lost process is recovery 1 of `max_recoveries`. The body replays from its
+-- records. session_role (the authenticated role) is journaled as who decided.
+WITH before AS (
+    SELECT id, recoveries, waiting_request FROM runfleet.runs
+     WHERE id = %(id)s AND status = 'suspended' AND waiting_reason = 'dead' FOR UPDATE
+)
+UPDATE runfleet.runs AS r SET
+    recoveries = 0, waiting_reason = NULL, waiting_wake_at_ms = NULL, waiting_token = NULL,
+    waiting_request = NULL, waiting_deferred = NULL, updated_at_ms = runfleet.now_ms()
+  FROM before
+ WHERE r.id = before.id AND r.status = 'suspended' AND r.waiting_reason = 'dead'
+RETURNING r.*, runfleet.now_ms() AS now_ms, session_user::text AS session_role,
+          before.recoveries AS recoveries_before, before.waiting_request AS dead_evidence;
 
 -- name: transition_owned
 -- Leaving 'running' drops the owner (the epoch stays as the fence history).
@@ -208,11 +261,13 @@ RETURNING r.*, runfleet.now_ms() AS now_ms;
 -- record and, for a terminal status, the closing of the run's clocks are part of
 -- the same statement: one round trip, and nothing lands unless the CAS won.
 -- A result is canonical JSON text (store/values.py), kept verbatim by the json column.
+-- The execution ended cleanly, so the run's recoveries in a row start again.
 WITH moved AS (
     UPDATE runfleet.runs AS r SET
         status = %(to_status)s, state = r.state || %(state_patch)s,
         result = coalesce(%(result)s::json, r.result),
         owner_host = NULL, owner_pid = NULL, owner_nonce = NULL, heartbeat_at_ms = NULL,
+        recoveries = 0,
         waiting_reason = %(waiting_reason)s, waiting_wake_at_ms = %(waiting_wake_at_ms)s,
         waiting_token = %(waiting_token)s, waiting_request = %(waiting_request)s,
         waiting_deferred = %(waiting_deferred)s,
@@ -254,6 +309,7 @@ WITH wanted AS (
         status = w.to_status, state = r.state || w.patch,
         result = coalesce(w.result::json, r.result),
         owner_host = NULL, owner_pid = NULL, owner_nonce = NULL, heartbeat_at_ms = NULL,
+        recoveries = 0,
         waiting_reason = NULL, waiting_wake_at_ms = NULL, waiting_token = NULL,
         waiting_request = NULL, waiting_deferred = NULL,
         updated_at_ms = runfleet.now_ms()

@@ -3,9 +3,11 @@
 -- name: park
 -- Owner-fenced; the caller holds the row lock (get_for_update) so a deferred
 -- completion cannot slip between its "already satisfied?" check and this write.
+-- An execution that parks ended cleanly, so its run's recoveries in a row start again.
 UPDATE runfleet.runs AS r SET
     status = 'suspended', owner_host = NULL, owner_pid = NULL, owner_nonce = NULL,
-    heartbeat_at_ms = NULL, waiting_reason = %(reason)s, waiting_wake_at_ms = %(wake_at_ms)s,
+    heartbeat_at_ms = NULL, recoveries = 0,
+    waiting_reason = %(reason)s, waiting_wake_at_ms = %(wake_at_ms)s,
     waiting_token = %(token)s, waiting_request = %(request)s,
     waiting_deferred = %(deferred)s, updated_at_ms = runfleet.now_ms()
  WHERE r.id = %(id)s AND r.status = 'running'

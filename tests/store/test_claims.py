@@ -15,11 +15,13 @@ from store.types import (
     Activated,
     Claimed,
     ClaimRecovered,
+    DeadLettered,
     LeaseFresh,
     NotFound,
     NotOwner,
     Owner,
     Parked,
+    RunRow,
     RunStatus,
     Snapshot,
     SnapshotChanged,
@@ -412,3 +414,84 @@ async def test_a_snapshot_from_an_earlier_tenure_loses_even_if_the_row_looks_ali
     await store.waits.wake("aba")
     outcome = await store.runs.claim_and_activate("aba", stale_row.snapshot, c)
     assert isinstance(outcome, SnapshotChanged)
+
+
+# ---- poison runs: recoveries in a row, parked dead -----------------------------------
+
+
+async def _stale(store: Store, row: RunRow) -> RunRow:
+    assert row.heartbeat_at_ms is not None
+    await wait_db_time_past(store, row.heartbeat_at_ms)
+    return row
+
+
+async def test_a_run_taken_over_max_recoveries_times_in_a_row_is_parked_dead(
+    settings: Settings, store: Store
+) -> None:
+    limited = settings.model_copy(update={"max_recoveries": 2})
+    async with extra_stores(limited, 1) as (thieves,):
+        row = await _stale(store, await make_running(thieves, "r1"))
+        for thief, expected in ((OWNER_B, 1), (OWNER_C, 2)):
+            outcome = await thieves.runs.steal("r1", row.snapshot, thief, PROBE, stale_after_ms=0)
+            assert isinstance(outcome, Stolen), outcome
+            assert outcome.row.recoveries == expected
+            row = await _stale(store, outcome.row)
+        buried = await thieves.runs.steal("r1", row.snapshot, OWNER_A, PROBE, stale_after_ms=0)
+    assert isinstance(buried, DeadLettered), buried
+    assert buried.previous == OWNER_C
+    dead = buried.row
+    assert dead.status is RunStatus.SUSPENDED and dead.owner is None and dead.epoch == 3
+    assert dead.waiting is not None and dead.waiting.reason is WaitingReason.DEAD
+    assert dead.waiting.wake_at_ms is None and dead.recoveries == 2
+    evidence = dead.waiting.request
+    assert evidence["lost_owners"] == [OWNER_C.key, OWNER_B.key, OWNER_A.key], evidence
+    assert evidence["recoveries"] == evidence["max_recoveries"] == 2
+    record = (await store.journal.last("r1", limit=1))[0]
+    assert record.kind == "dead-lettered"
+    assert record.payload["previous_owner"] == OWNER_C.key
+    assert record.payload["observer"] == OWNER_A.key
+    assert record.payload["lost_owners"] == evidence["lost_owners"]
+    # The lost owner stays fenced, and nothing takes the run: not a claim, not a wake.
+    fenced = await store.lifecycle.transition_owned("r1", OWNER_C, 3, RunStatus.COMPLETED)
+    assert isinstance(fenced, NotOwner)
+    refused = await store.runs.claim_and_activate("r1", dead.snapshot, OWNER_B)
+    assert isinstance(refused, SnapshotChanged)
+
+    revived = await store.runs.revive("r1", note="ops")
+    assert revived is not None and revived.recoveries == 0 and revived.waiting is None
+    record = (await store.journal.last("r1", limit=1))[0]
+    assert record.kind == "resumed"
+    assert record.payload["from"] == "dead" and record.payload["recoveries"] == 2
+    assert record.payload["evidence"] == evidence and record.payload["note"] == "ops"
+    assert record.payload["actor"]  # the authenticated role
+    assert await store.runs.revive("r1") is None  # not dead any more: nothing changes
+    again = await activate(store, "r1", OWNER_B)
+    assert again.epoch == 4 and again.recoveries == 0
+
+
+async def test_a_clean_end_of_an_execution_starts_the_count_again(
+    settings: Settings, store: Store
+) -> None:
+    limited = settings.model_copy(update={"max_recoveries": 1})
+    async with extra_stores(limited, 1) as (thieves,):
+        row = await _stale(store, await make_running(thieves, "r1"))
+        stolen = await thieves.runs.steal("r1", row.snapshot, OWNER_B, PROBE, stale_after_ms=0)
+        assert isinstance(stolen, Stolen) and stolen.row.recoveries == 1
+        parked = await thieves.waits.park("r1", OWNER_B, 2, Waiting(reason=WaitingReason.EVENT))
+        assert isinstance(parked, Parked)
+        assert (await must_get(thieves, "r1")).recoveries == 0
+        assert isinstance(await thieves.waits.wake("r1"), Woken)
+        row = await _stale(store, await activate(thieves, "r1", OWNER_C))
+        stolen = await thieves.runs.steal("r1", row.snapshot, OWNER_A, PROBE, stale_after_ms=0)
+        assert isinstance(stolen, Stolen) and stolen.row.recoveries == 1
+        # Taking back a run this process orphaned is no lost process: it never counts.
+        row = await _stale(store, stolen.row)
+        orphaned = {"probe": "self-orphaned", "observer": OWNER_A.key}
+        back = await thieves.runs.steal(
+            "r1", row.snapshot, OWNER_A, orphaned, stale_after_ms=0, counted=False
+        )
+        assert isinstance(back, Stolen) and back.row.recoveries == 1
+        row = await _stale(store, back.row)
+        dead = await thieves.runs.steal("r1", row.snapshot, OWNER_B, PROBE, stale_after_ms=0)
+    assert isinstance(dead, DeadLettered)
+    assert dead.evidence["lost_owners"] == [OWNER_A.key, OWNER_C.key], dead.evidence

@@ -354,6 +354,7 @@ class Driver:
                 cancel_requested=row.cancel_requested_at_ms is not None,
                 waiting=row.waiting.reason if row.waiting else None,
                 kinds=tuple(r.kind for r in records),
+                recoveries=row.recoveries,
             )
             assert observed == expected, f"{row.id}: store {observed} != model {expected}"
             assert row.claim is None, f"{row.id}: no operation here leaves a claim behind"

@@ -13,8 +13,12 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import Literal, TypeAlias
 
+from store.config import Settings
 from store.journal import Kind
 from store.types import RunStatus
+
+MAX_RECOVERIES: int = Settings.model_fields["max_recoveries"].default
+"""The store's limit on takeovers in a row (the model's store uses the default settings)."""
 
 
 class Lease(enum.Enum):
@@ -46,6 +50,8 @@ class RunModel:
     waiting: str | None
     kinds: tuple[str, ...]
     """Journal record kinds the store must hold for this run, in order."""
+    recoveries: int = 0
+    """Takeovers in a row: each steal counts one, any owner's park or settlement resets."""
 
     @classmethod
     def created(cls) -> RunModel:
@@ -155,8 +161,11 @@ Op: TypeAlias = Single | Race
 
 
 def _released(m: RunModel, kind: str, status: RunStatus, waiting: str | None) -> RunModel:
-    """Leaving ``running``: the owner and lease go, the epoch stays as fence history."""
-    return replace(m.journaled(kind), status=status, owner=None, heartbeat=None, waiting=waiting)
+    """Leaving ``running``: the owner and lease go, the epoch stays as fence history; the
+    execution ended cleanly, so the recoveries in a row start again."""
+    return replace(
+        m.journaled(kind), status=status, owner=None, heartbeat=None, waiting=waiting, recoveries=0
+    )
 
 
 def _claim(m: RunModel, op: ClaimActivate) -> list[tuple[Expect, RunModel]]:
@@ -177,17 +186,33 @@ def _steal(m: RunModel, op: Steal) -> list[tuple[Expect, RunModel]]:
         return [("InvalidInput", m)]
     if op.snap != m.snap:
         return [("SnapshotChanged", m)]
-    stolen = replace(
-        m.journaled(Kind.STOLEN_AND_ACTIVATED),
-        owner=op.owner,
-        epoch=m.epoch + 1,
-        heartbeat=Lease.RENEWED,
-    )
+    if m.recoveries >= MAX_RECOVERIES:  # a poison run: parked dead instead of stolen
+        taken: tuple[Expect, RunModel] = (
+            "DeadLettered",
+            replace(
+                m.journaled(Kind.DEAD_LETTERED),
+                status=RunStatus.SUSPENDED,
+                owner=None,
+                heartbeat=None,
+                waiting="dead",
+            ),
+        )
+    else:
+        taken = (
+            "Stolen",
+            replace(
+                m.journaled(Kind.STOLEN_AND_ACTIVATED),
+                owner=op.owner,
+                epoch=m.epoch + 1,
+                heartbeat=Lease.RENEWED,
+                recoveries=m.recoveries + 1,
+            ),
+        )
     if op.forced or op.lease == "stale":
-        return [("Stolen", stolen)]
+        return [taken]
     if op.lease == "fresh":
         return [("LeaseFresh", m)]
-    return [("Stolen", stolen), ("LeaseFresh", m)]
+    return [taken, ("LeaseFresh", m)]
 
 
 def _settle(m: RunModel, op: Settle) -> list[tuple[Expect, RunModel]]:

@@ -1,6 +1,7 @@
 """Random operation sequences from three owners over three runs, held to the reference model.
 
-Claims (with current or stale snapshots), forced and default-threshold steals, heartbeats,
+Claims (with current or stale snapshots), forced and default-threshold steals (a run stolen
+``max_recoveries`` times in a row is parked dead instead), heartbeats,
 guarded settlements, park/wake, suspensions through ``transition_owned``, cancel requests
 and acknowledgements, plus races of the same operations on separate connections (claim x3,
 steal x3, settle vs cancel, park vs cancel, suspend vs cancel). The database fixture is
@@ -59,6 +60,25 @@ SEQUENCES = st.integers(1, 50).flatmap(lambda n: st.lists(INTENTS, min_size=n, m
         Intent("race_claim", 1, 0, 0, True),
         Intent("race_steal", 1, 0, 0, True),
         Intent("race_cancel_settle", 1, 0, 0, True),
+    ]
+)
+# A poison run: stolen MAX_RECOVERIES (5) times in a row, then three thieves race for it:
+# exactly one parks it dead and the others lose (decided under the row lock); a wake and a
+# new claim do not reset the count (the next steal buries it at once), a park does.
+@example(
+    intents=[
+        Intent("claim", 2, 0, 0, True),
+        *(Intent("steal", 2, i % 3, 0, True) for i in range(1, 6)),
+        Intent("race_steal", 2, 0, 0, True),
+        Intent("wake", 2, 0, 0, True),
+        Intent("claim", 2, 1, 0, True),
+        Intent("steal", 2, 2, 0, True),
+        Intent("wake", 2, 0, 0, True),
+        Intent("claim", 2, 1, 0, True),
+        Intent("park", 2, 1, 0, True),
+        Intent("wake", 2, 0, 0, True),
+        Intent("claim", 2, 0, 0, True),
+        Intent("steal", 2, 2, 0, True),
     ]
 )
 async def test_store_follows_the_model(store: Store, intents: list[Intent]) -> None:

@@ -79,6 +79,7 @@ class Driver(Decisions):
         self.bookkeeping = Bookkeeping(store, owner)
         self.wake_hints = WakeHints(hint)
         self._warned_unknown: set[str] = set()
+        self._rehinted: dict[str, float] = {}
 
     @property
     def ladder(self) -> RefusalLadder:

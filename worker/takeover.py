@@ -12,7 +12,16 @@ from typing import Any
 from broker.liveness import Probe
 from store import Kind, Store
 from store.config import Settings
-from store.types import ClaimRecovered, LeaseFresh, NotFound, Owner, RunRow, SnapshotChanged, Stolen
+from store.types import (
+    ClaimRecovered,
+    LeaseFresh,
+    NotFound,
+    NotServed,
+    Owner,
+    RunRow,
+    SnapshotChanged,
+    Stolen,
+)
 from worker import metrics
 from worker.evidence import RefusalLadder, journal_evidence
 from worker.flows import Flow
@@ -110,6 +119,8 @@ class Takeover:
                     },
                 )
                 return DriveOutcome.ACTIVATION_LOST, None
+            case NotServed():
+                return DriveOutcome.NOT_SERVED, None  # the driver checks first: not reached
             case NotFound():
                 return DriveOutcome.NOT_FOUND, None
 

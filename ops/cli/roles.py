@@ -64,7 +64,7 @@ def roles(
             members = _members(member or [])
         except r.RolesRefused as exc:
             c.fail(str(exc))
-        c.run(r.apply_privileges(url, members))
+        c.run(r.apply_privileges(url, members, r.Limits.of(c.settings())))
         c.console.print("privileges applied" + (f"; members: {len(members)}" if members else ""))
     for row in c.run(r.status(url)):
         state = "ok" if row.exists else "MISSING (run `runfleet migrate`)"
@@ -73,6 +73,19 @@ def roles(
         c.console.print(f"{row.role:<18} {state}{flags}  members: {members_text}", markup=False)
     for g in c.run(r.grants(url)):
         c.console.print(f"grant  {g.role} -> {g.scope}", markup=False)
+    seen = c.run(r.visibility(url))
+    limits = ", ".join(f"{k}={v}" for k, v in sorted(seen.limits.items()))
+    c.console.print(f"producer limits  {limits or '-'}", markup=False)
+    c.console.print(
+        "catalog statistics  "
+        + (
+            "hidden from producers and operators"
+            if seen.statistics_hidden
+            else "readable by every role (run `runfleet roles --apply` as a superuser to"
+            " hide them; README: Trust model)"
+        ),
+        markup=False,
+    )
 
 
 RoleArg = Annotated[str, typer.Argument(help="A database role (login or group role).")]

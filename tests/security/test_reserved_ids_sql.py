@@ -26,7 +26,7 @@ ADMIT: LiteralString = (
     "INSERT INTO runfleet.runs (id, flow, queue, status, state, payload, lineage_id,"
     " round_ordinal, parent_run_id, created_at_ms, updated_at_ms)"
     " VALUES (%s, 'sec.leaf', 'default', 'pending', '{\"scopes\": [\"s2\"]}',"
-    " '{\"args\": [0], \"kwargs\": {}}', %s, %s,"
+    ' \'{"args": [0], "kwargs": {}}\', %s, %s,'
     " %s, runfleet.now_ms(), runfleet.now_ms())"
 )
 

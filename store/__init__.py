@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 
 from store.config import Settings
@@ -28,12 +28,14 @@ class Store:
     nested blocks become savepoints.
     """
 
-    def __init__(self, db: Database, settings: Settings) -> None:
+    def __init__(
+        self, db: Database, settings: Settings, *, serves: Collection[str] | None = None
+    ) -> None:
         self.db = db
         self.settings = settings
         self.journal = Journal(db)
         self.dag = Dag(db, self.journal)
-        self.runs = Runs(db, self.journal, self.dag, settings)
+        self.runs = Runs(db, self.journal, self.dag, settings, serves)
         self.lifecycle = Lifecycle(db, self.journal, settings, self.runs)
         self.waits = Waits(db, self.journal, settings)
         self.sweeps = Sweeps(db)
@@ -52,10 +54,12 @@ class Store:
         max_size: int | None = None,
         statement_timeout_ms: int | None = None,
         checkout_timeout: float = 30.0,
+        serves: Collection[str] | None = None,
     ) -> Store:
         """Open a pool and the store over it; ``statement_timeout_ms`` overrides the setting
         for this store's connections only, ``checkout_timeout`` bounds the wait for one
-        (see ``store.db.open_pool``)."""
+        (see ``store.db.open_pool``). ``serves``: the queues a worker's claims are limited
+        to (``store.runs.Runs``); None for a store that claims nothing or serves all."""
         pool = await open_pool(
             settings,
             min_size=min_size,
@@ -63,7 +67,7 @@ class Store:
             statement_timeout_ms=statement_timeout_ms,
             checkout_timeout=checkout_timeout,
         )
-        return cls(Database(pool, source_id or default_source_id()), settings)
+        return cls(Database(pool, source_id or default_source_id()), settings, serves=serves)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Conn]:

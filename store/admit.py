@@ -95,6 +95,7 @@ class Admission:
         )
         if new.timeout_ms is not None:
             del state["deadline_ms"]  # set from the database clock at insert
+        validate.run_state(state, self._settings.max_payload_bytes)  # as the database will
         return state
 
     def _validate(self, new: NewRun) -> None:
@@ -149,7 +150,7 @@ class Admission:
         is UnstorableValue, a caller's error, never a retry; anything else as it was."""
         if values.refused_by_database(exc):
             return values.UnstorableValue("payload", f"Postgres refused it: {exc}")
-        return exc
+        return validate.database_refusal(exc) or exc
 
     # ---- admission -------------------------------------------------------------
 

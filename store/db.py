@@ -11,13 +11,14 @@ import asyncio
 import contextlib
 import contextvars
 import itertools
+import logging
 import secrets
 import socket
 import time
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Self, TypeVar
 
 import psycopg
 from psycopg import AsyncConnection
@@ -28,6 +29,9 @@ from store.config import Settings
 from store.queries import q
 
 Conn = AsyncConnection[DictRow]
+
+log = logging.getLogger("runfleet.store.db")
+C = TypeVar("C", bound=AsyncConnection[DictRow])
 
 
 class Database:
@@ -159,7 +163,7 @@ async def open_pool(
         min_size=min_size or settings.pool_min,
         max_size=max_size or settings.pool_max,
         kwargs=connection_kwargs(settings, statement_timeout_ms=statement_timeout_ms),
-        connection_class=AsyncConnection[DictRow],
+        connection_class=_Connection,
         check=_check_if_idle,
         reset=_mark_returned,
         open=False,
@@ -172,6 +176,83 @@ async def open_pool(
     return pool
 
 
+OPTIONS_REFUSED = "postgres.startup_options_refused"
+"""The log event of a server (a pooler) refusing the startup parameter ``options``."""
+
+_REFUSES_OPTIONS = ("unsupported startup parameter",)
+"""What PgBouncer answers a startup parameter it does not list in
+``ignore_startup_parameters`` (``unsupported startup parameter: options``; newer
+versions: ``unsupported startup parameter in options: ...``)."""
+
+_without_options: set[str] = set()
+"""Conninfos whose server refused ``options``: this process connects to them without it."""
+
+
+def refuses_options(exc: BaseException) -> bool:
+    """Whether a failed connection attempt was the server refusing the ``options``
+    startup parameter (a stock PgBouncer), not trouble a retry could mend."""
+    text = str(exc)
+    return isinstance(exc, psycopg.OperationalError) and any(m in text for m in _REFUSES_OPTIONS)
+
+
+async def connect(conninfo: str, **kwargs: Any) -> Conn:
+    """``AsyncConnection.connect`` that survives a pooler refusing the startup ``options``.
+
+    runfleet's server-side timeouts travel as ``options`` (``connection_kwargs``). A
+    PgBouncer that does not list it in ``ignore_startup_parameters`` refuses every such
+    connection, and a pool retrying forever made workers exit and producers wait 30 s.
+    So the first refusal is logged once per conninfo, with both fixes, and this process
+    connects without the parameter from then on: it works, with Postgres applying none
+    of runfleet's timeouts (exactly as behind a PgBouncer that ignores ``options``). A
+    ``SET`` after connecting is no substitute: in transaction mode it would land on
+    whichever server connection ran it and stay there for the next client.
+    """
+    return await _without_refused_options(AsyncConnection[DictRow].connect, conninfo, kwargs)
+
+
+async def _without_refused_options(
+    open_: Callable[..., Awaitable[C]], conninfo: str, kwargs: dict[str, Any]
+) -> C:
+    """``open_(conninfo, **kwargs)``, dropping ``options`` where the server refuses it."""
+    if "options" in kwargs and conninfo in _without_options:
+        kwargs = {k: v for k, v in kwargs.items() if k != "options"}
+    try:
+        return await open_(conninfo, **kwargs)
+    except psycopg.OperationalError as exc:
+        if "options" not in kwargs or not refuses_options(exc):
+            raise
+        if conninfo not in _without_options:
+            _without_options.add(conninfo)
+            log.warning(
+                OPTIONS_REFUSED,
+                extra={
+                    "error": str(exc).strip().splitlines()[-1],
+                    "consequence": "connecting without it: Postgres applies no"
+                    " statement_timeout or idle_in_transaction_session_timeout to runfleet's"
+                    " sessions (the lease's server-side bound is off too)",
+                    "fix": "list `options` in PgBouncer's ignore_startup_parameters and set its"
+                    " query_timeout / idle_transaction_timeout, or set"
+                    " RUNFLEET_STATEMENT_TIMEOUT=0 and RUNFLEET_IDLE_IN_TRANSACTION_TIMEOUT=0"
+                    " so that runfleet sends no options",
+                },
+            )
+    kwargs = {k: v for k, v in kwargs.items() if k != "options"}
+    return await open_(conninfo, **kwargs)
+
+
+def options_refused(conninfo: str) -> bool:
+    """Whether this process found the server at ``conninfo`` refusing ``options``."""
+    return conninfo in _without_options
+
+
+class _Connection(AsyncConnection[DictRow]):
+    """The pool's connections: opened with the ``options`` fallback of ``connect``."""
+
+    @classmethod
+    async def connect(cls, conninfo: str = "", **kwargs: Any) -> Self:
+        return await _without_refused_options(super().connect, conninfo, kwargs)
+
+
 def connection_kwargs(
     settings: Settings, *, statement_timeout_ms: int | None = None
 ) -> dict[str, Any]:
@@ -182,9 +263,10 @@ def connection_kwargs(
     round trip. PgBouncer refuses unknown startup parameters: behind it either list
     ``options`` in its ``ignore_startup_parameters`` (the timeouts are then not applied
     by Postgres: use PgBouncer's ``query_timeout``/``idle_transaction_timeout`` or
-    ``ALTER ROLE ... SET``), or set both timeouts to 0 so no ``options`` is sent. A
-    ``SET`` per connection would not work there: in transaction mode it lands on
-    whichever server connection runs it and leaks to other clients.
+    ``ALTER ROLE ... SET``), or set both timeouts to 0 so no ``options`` is sent; a
+    stock PgBouncer makes ``connect`` fall back to connecting without it, with a
+    warning. A ``SET`` per connection would not work there: in transaction mode it
+    lands on whichever server connection runs it and leaks to other clients.
     ``tcp_user_timeout`` and keepalives make a silently dropped connection fail within
     seconds instead of the kernel's minutes.
     """

@@ -9,10 +9,13 @@ calling ``store.waits.complete_deferred``, ``store.waits.answer_event`` and the 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import partial
 from typing import Any
 
+import psycopg
 from psycopg.types.json import Json, Jsonb
 
 from store import validate
@@ -60,6 +63,10 @@ class Completion:
 
     outcome: DeferredCompleted | DeferredExisting | AlreadyTerminal
     woke: bool
+
+
+_COMPACT = partial(json.dumps, separators=(",", ":"), allow_nan=False)
+"""JSON text with no spaces: its length is what ``validate.json_value`` measured."""
 
 
 class Deferreds:
@@ -161,6 +168,8 @@ class Deferreds:
         answer and its audit trail cannot come apart.
         """
         validate.identifier("actor", actor)
+        if reason is not None:
+            validate.json_value("reason", reason, self._settings.max_payload_bytes)
         if not isinstance(token, str) or len(token) > validate.MAX_ID_LENGTH:
             raise InvalidInput("token", "must be a string of at most 255 characters")
         if not token or "\x00" in token or any(0xD800 <= ord(c) <= 0xDFFF for c in token):
@@ -185,21 +194,24 @@ class Deferreds:
         seq = self._db.next_source_seq()
         self._db.next_source_seq()  # an approval journals two records: seq and seq + 1
         cap = self._settings.max_answers_per_run
-        row = await self._db.one(
-            "waits.answer",
-            {
-                "run_id": run_id,
-                "name": name,
-                "token": token,
-                "approved": approved,
-                "value": Json(value),  # kept verbatim: floats stay floats
-                "note": note,
-                "reason": reason,
-                "max_answers": cap,
-                "source_id": self._db.source_id,
-                "source_seq": seq,
-            },
-        )
+        params = {
+            "run_id": run_id,
+            "name": name,
+            "token": token,
+            "approved": approved,
+            # Kept verbatim (floats stay floats), as compact as validate.json_value measured
+            # it: runfleet.answer holds the text it receives to the same cap (0013).
+            "value": Json(value, dumps=_COMPACT),
+            "note": note,
+            "reason": reason,
+            "max_answers": cap,
+            "source_id": self._db.source_id,
+            "source_seq": seq,
+        }
+        try:
+            row = await self._db.one("waits.answer", params)
+        except psycopg.errors.CheckViolation as exc:
+            raise (validate.database_refusal(exc) or exc) from exc
         assert row is not None, "runfleet.answer returns one row"
         outcome, target = AnswerOutcome(row["outcome"]), row["deferred_name"] or name
         if outcome is AnswerOutcome.NOT_FOUND:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 from psycopg.types.json import Jsonb
 
 from store import validate
@@ -47,9 +48,14 @@ class Jobs:
 
     async def save_meta(self, run_id: str, meta: dict[str, Any]) -> bool:
         """Replace the run's ``meta``; False when no such run (or not visible)."""
-        validate.json_value("meta", meta, self._store.settings.max_payload_bytes)
+        cap = self._store.settings.max_payload_bytes
+        validate.json_value("meta", meta, cap)
+        validate.stored_jsonb("meta", meta, cap)  # as the database measures it (0013)
         params = {"id": run_id, "meta": Jsonb(meta)}
-        return await self._db.one("jobs.save_meta", params) is not None
+        try:
+            return await self._db.one("jobs.save_meta", params) is not None
+        except psycopg.errors.CheckViolation as exc:
+            raise (validate.database_refusal(exc) or exc) from exc
 
     async def started_at_ms(self, run_id: str) -> int | None:
         row = await self._db.one("jobs.started_at", {"id": run_id})

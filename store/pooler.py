@@ -21,11 +21,10 @@ import socket
 from dataclasses import dataclass
 from enum import StrEnum
 
-import psycopg
 from psycopg.rows import DictRow
 
 from store.config import Settings
-from store.db import Conn, connection_kwargs
+from store.db import Conn, connect, connection_kwargs
 from store.queries import q
 
 
@@ -59,8 +58,8 @@ async def probe(settings: Settings) -> PoolerProbe:
     kwargs["prepare_threshold"] = None  # the probe must work where prepares do not
     url = settings.database_url
     async with (
-        await psycopg.AsyncConnection.connect(url, **kwargs) as first,
-        await psycopg.AsyncConnection.connect(url, **kwargs) as second,
+        await connect(url, **kwargs) as first,
+        await connect(url, **kwargs) as second,
     ):
         before = await _session(first)
         local = _local_port(first)

@@ -18,6 +18,7 @@ from psycopg import sql
 from psycopg.rows import DictRow, dict_row
 
 from store import validate
+from store.config import Settings
 from store.errors import InvalidInput, RunfleetError
 from store.queries import q
 from store.transient import retrying
@@ -65,6 +66,29 @@ class Grant:
     granted_at_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What the database holds producers to whatever client they use (``runfleet.limits``,
+    migration 0013): the same numbers as the settings of that name."""
+
+    max_payload_bytes: int
+    max_answers_per_run: int
+
+    @classmethod
+    def of(cls, settings: Settings) -> Limits:
+        return cls(settings.max_payload_bytes, settings.max_answers_per_run)
+
+
+@dataclass(frozen=True, slots=True)
+class Visibility:
+    """What the scoped roles can see of the fleet as a whole, and the limits they meet."""
+
+    statistics_hidden: bool
+    """The catalog's row counters and sizes are hidden from producers and operators (a
+    superuser applied the privileges); otherwise every role reads them."""
+    limits: dict[str, int]
+
+
 def privileges_sql() -> str:
     """What ``runfleet roles --apply`` executes (and ``--print`` shows)."""
     return q("roles.privileges")
@@ -85,8 +109,11 @@ APPLY_GIVE_UP_S = 30.0
 """How long ``apply_privileges`` retries a deadlock or a lost connection."""
 
 
-async def apply_privileges(url: str, members: dict[str, GroupRole] | None = None) -> None:
-    """Grant each group role exactly its documented privileges, and add login members.
+async def apply_privileges(
+    url: str, members: dict[str, GroupRole] | None = None, limits: Limits | None = None
+) -> None:
+    """Grant each group role exactly its documented privileges, and add login members;
+    with ``limits``, write them to ``runfleet.limits`` (``Limits.of(settings)``).
 
     All in one transaction: a half-applied privilege set is never visible. The first
     apply moves each table's owner, which locks it; against a live fleet that can lose
@@ -97,6 +124,14 @@ async def apply_privileges(url: str, members: dict[str, GroupRole] | None = None
     async def apply() -> None:
         async with await _connect(url) as conn, conn.transaction():
             await conn.execute(privileges_sql().encode())
+            if limits is not None:
+                await conn.execute(
+                    q("roles.limits"),
+                    {
+                        "names": ["max_payload_bytes", "max_answers_per_run"],
+                        "values": [limits.max_payload_bytes, limits.max_answers_per_run],
+                    },
+                )
             for login, group in (members or {}).items():
                 statement = sql.SQL(q("roles.member")).format(
                     group=sql.Identifier(group.value), member=sql.Identifier(login)
@@ -122,6 +157,17 @@ async def status(url: str) -> list[RoleStatus]:
             )
             for row in await cur.fetchall()
         ]
+
+
+async def visibility(url: str) -> Visibility:
+    """Whether the catalog's statistics are hidden from scoped roles; the limits in force."""
+    async with await _connect(url) as conn:
+        row = await (await conn.execute(q("roles.visibility"))).fetchone()
+        assert row is not None
+        return Visibility(
+            statistics_hidden=bool(row["statistics_hidden"]),
+            limits={str(k): int(v) for k, v in row["limits"].items()},
+        )
 
 
 def _scopes(scopes: list[str]) -> list[str]:

@@ -6,7 +6,7 @@ same transaction; zero rows updated is reported as the outcome that explains why
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple
 
@@ -30,6 +30,7 @@ from store.types import (
     Heartbeat,
     LeaseFresh,
     NotFound,
+    NotServed,
     Owner,
     Reconfirmation,
     RunRow,
@@ -70,13 +71,40 @@ class FreshClaim(NamedTuple):
 
 class Runs(Admission):
     """Reads, the claim / activate / steal CAS family and leases; admission
-    (``create``, ``create_many``, ``admit_each``) is inherited from ``store.admit``."""
+    (``create``, ``create_many``, ``admit_each``) is inherited from ``store.admit``.
 
-    def __init__(self, db: Database, journal: Journal, dag: Dag, settings: Settings) -> None:
+    ``serves`` is the queues this store's claimant serves (a worker's ``--queues``):
+    every claim, activation and steal refuses a run of another queue in its own SQL
+    (``NotServed``), whichever path brought the run. None serves every queue (tools,
+    tests, benchmarks).
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        journal: Journal,
+        dag: Dag,
+        settings: Settings,
+        serves: Collection[str] | None = None,
+    ) -> None:
         self._db = db
         self._journal = journal
         self._dag = dag
         self._settings = settings
+        self.serves: frozenset[str] | None = None if serves is None else frozenset(serves)
+
+    def may_claim(self, row: RunRow) -> bool:
+        """Whether this claimant may claim ``row``: its queue is served, or it is a pending
+        run with a cancel request (closing one executes nothing). The SQL of every claim
+        states the same rule; this is the read-side copy the driver decides with."""
+        return (
+            self.serves is None
+            or row.queue in self.serves
+            or (row.status is RunStatus.PENDING and row.cancel_requested_at_ms is not None)
+        )
+
+    def _serving(self) -> dict[str, Any]:
+        return {"serves": None if self.serves is None else sorted(self.serves)}
 
     # ---- reads -------------------------------------------------------------
 
@@ -98,14 +126,23 @@ class Runs(Admission):
 
     # ---- claim / activate / steal -----------------------------------------
 
-    async def _changed_or_missing(self, run_id: str) -> SnapshotChanged | NotFound:
+    async def _changed_or_missing(self, run_id: str) -> SnapshotChanged | NotServed | NotFound:
         current = await self.get(run_id)
-        return SnapshotChanged(current) if current else NotFound(run_id)
+        return self._lost(run_id, current)
+
+    def _lost(self, run_id: str, current: RunRow | None) -> SnapshotChanged | NotServed | NotFound:
+        """Why a claim statement changed nothing, from the row as it is now."""
+        if current is None:
+            return NotFound(run_id)
+        if not self.may_claim(current):
+            return NotServed(current)
+        return SnapshotChanged(current)
 
     async def claim(self, run_id: str, expected: Snapshot, me: Owner) -> ClaimOutcome:
         async with self._db.transaction():
             row = await self._db.one(
-                "runs.claim", {"id": run_id, **owner_params(me), **_expected(expected)}
+                "runs.claim",
+                {"id": run_id, **owner_params(me), **_expected(expected), **self._serving()},
             )
             if row is None:
                 return await self._changed_or_missing(run_id)
@@ -116,7 +153,12 @@ class Runs(Admission):
         async with self._db.transaction():
             row = await self._db.one(
                 "runs.activate",
-                {"id": run_id, "claimed_at_ms": claimed_at_ms, **owner_params(me)},
+                {
+                    "id": run_id,
+                    "claimed_at_ms": claimed_at_ms,
+                    **owner_params(me),
+                    **self._serving(),
+                },
             )
             if row is None:
                 return await self._changed_or_missing(run_id)
@@ -140,6 +182,7 @@ class Runs(Admission):
                 "source_seq": self._db.next_source_seq(),
                 **owner_params(me),
                 **_expected(expected),
+                **self._serving(),
             },
         )
         if row is None:
@@ -165,18 +208,23 @@ class Runs(Admission):
                 "source_id": self._db.source_id,
                 "source_seq": self._db.next_source_seq(),
                 **owner_params(me),
+                **self._serving(),
             },
         )
         seen = next((run_row(r) for r in found if not r["activated"]), None)
         activated = next((run_row(r) for r in found if r["activated"]), None)
         if activated is not None:
             return FreshClaim(Activated(activated), seen)
-        if seen is None or not (
-            fresh_admission(seen) and seen.cancel_requested_at_ms is None and seen.flow == flow
+        if (
+            seen is None
+            or not self.may_claim(seen)
+            or not (
+                fresh_admission(seen) and seen.cancel_requested_at_ms is None and seen.flow == flow
+            )
         ):
             return FreshClaim(None, seen)
         current = await self.get(run_id)  # the race it lost: who won, for the record
-        return FreshClaim(SnapshotChanged(current) if current else NotFound(run_id), seen)
+        return FreshClaim(self._lost(run_id, current), seen)
 
     async def claim_and_activate_many(
         self, rows: Sequence[RunRow], me: Owner
@@ -204,6 +252,7 @@ class Runs(Admission):
                 "journal_kind": Kind.CLAIMED_AND_ACTIVATED,
                 "source_id": self._db.source_id,
                 **owner_params(me),
+                **self._serving(),
             },
         )
         outcomes: dict[str, ActivateOutcome] = {r["id"]: Activated(run_row(r)) for r in found}
@@ -211,8 +260,7 @@ class Runs(Admission):
         if lost:  # what each loser lost to, in one read
             current = {row.id: row for row in await self.get_many(lost)}
             for run_id in lost:
-                now = current.get(run_id)
-                outcomes[run_id] = SnapshotChanged(now) if now else NotFound(run_id)
+                outcomes[run_id] = self._lost(run_id, current.get(run_id))
         return outcomes
 
     async def steal(
@@ -246,6 +294,7 @@ class Runs(Admission):
             "counted": counted,
             "max_recoveries": self._settings.max_recoveries,
             **_expected(expected),
+            **self._serving(),
         }
         async with self._db.transaction():
             row = await self._db.one("runs.steal", {**cas, **owner_params(me)})
@@ -257,6 +306,8 @@ class Runs(Admission):
                 current = await self.get(run_id)
                 if current is None:
                     return NotFound(run_id)
+                if not self.may_claim(current):
+                    return NotServed(current)
                 if _same(current.snapshot, expected):
                     return LeaseFresh(current)
                 return SnapshotChanged(current)
@@ -340,7 +391,10 @@ class Runs(Admission):
     async def recover_claim(
         self, run_id: str, claimant: Owner, claimed_at_ms: int, evidence: dict[str, Any]
     ) -> ClaimRecovered | SnapshotChanged | NotFound:
-        """Clear a claim stranded by a claimant the caller's probe found dead."""
+        """Clear a claim stranded by a claimant the caller's probe found dead.
+
+        Not limited to the queues served: clearing claims nothing, it makes the run
+        claimable again by its own queue's workers."""
         async with self._db.transaction():
             row = await self._db.one(
                 "runs.recover_claim",
@@ -352,7 +406,8 @@ class Runs(Admission):
                 },
             )
             if row is None:
-                return await self._changed_or_missing(run_id)
+                current = await self.get(run_id)
+                return SnapshotChanged(current) if current else NotFound(run_id)
             await self._journal.record(
                 run_id, Kind.CLAIM_RECOVERED, {"claimant": claimant.key, **evidence}
             )

@@ -62,8 +62,9 @@ CREATE INDEX runs_status_created_idx ON runfleet.runs (status, created_at_ms);
 CREATE INDEX runs_stranded_claim_idx ON runfleet.runs (claimed_at_ms, id)
     WHERE claim_host IS NOT NULL;
 
+-- seq is always generated and a record's address is its writer's (0013): see there.
 CREATE TABLE runfleet.journal (
-    seq         bigserial PRIMARY KEY,
+    seq         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     run_id      text NOT NULL,
     kind        text NOT NULL,
     source_id   text NOT NULL,
@@ -71,7 +72,8 @@ CREATE TABLE runfleet.journal (
     payload     jsonb NOT NULL DEFAULT '{}'::jsonb,
     digest      text NOT NULL,
     at_ms       bigint NOT NULL,
-    UNIQUE (source_id, source_seq)
+    writer      regrole NOT NULL DEFAULT quote_ident(session_user)::regrole,
+    CONSTRAINT journal_address_key UNIQUE (source_id, source_seq, writer)
 );
 CREATE INDEX journal_run_idx ON runfleet.journal (run_id, seq);
 
@@ -323,8 +325,146 @@ CREATE POLICY schedules_scoped ON runfleet.schedules TO runfleet_producer, runfl
                AND jsonb_array_length(scopes) > 0
                AND (SELECT runfleet.granted_scopes()) @> scopes));
 
+-- Tenant limits (0013): what producers are held to through any client; see the migration.
+-- The limits producers are held to, kept in the database because raw SQL never sees a
+-- process's settings. `runfleet roles --apply` writes them from its RUNFLEET_* settings;
+-- these are the defaults. Fleet bookkeeping: readable by every role, written by the owner.
+CREATE TABLE runfleet.limits (
+    name            text PRIMARY KEY CHECK (name IN ('max_payload_bytes', 'max_answers_per_run')),
+    value           bigint NOT NULL CHECK (value > 0),
+    updated_at_ms   bigint NOT NULL
+);
+INSERT INTO runfleet.limits (name, value, updated_at_ms)
+VALUES ('max_payload_bytes', 1000000, runfleet.now_ms()),
+       ('max_answers_per_run', 1000, runfleet.now_ms());
+
+-- A refusal the policies below raise from the branch of a check that failed, so a raw
+-- statement meets a message naming the field, not only the policy's name. VOLATILE: the
+-- planner must never evaluate it ahead of time.
+CREATE FUNCTION runfleet.refuse(p_field text, p_problem text) RETURNS boolean
+    LANGUAGE plpgsql VOLATILE AS
+$$
+BEGIN
+    RAISE EXCEPTION 'runfleet refuses %: %', p_field, p_problem
+        USING ERRCODE = 'check_violation', COLUMN = p_field;
+END
+$$;
+
+-- What a producer may keep in a run's state: meta, description and a result each within
+-- the payload cap, and the whole state within four times it (room for the rest of what
+-- admission records, and a meta saved later), measured as Postgres renders the jsonb
+-- (jsonb::text: what a reader of the row receives). store/validate.py checks the same
+-- first, so the API raises a typed error before the database is asked.
+CREATE FUNCTION runfleet.producer_state_ok(p_state jsonb, p_max_bytes bigint)
+    RETURNS boolean LANGUAGE plpgsql STABLE AS
+$$
+DECLARE
+    v_key text;
+    v_size bigint;
+BEGIN
+    FOREACH v_key IN ARRAY ARRAY['meta', 'description', 'result'] LOOP
+        v_size := octet_length((p_state -> v_key)::text);
+        IF v_size > p_max_bytes THEN
+            RETURN runfleet.refuse(v_key, format(
+                'is %s bytes as stored, producers may store %s (runfleet.limits max_payload_bytes)',
+                v_size, p_max_bytes));
+        END IF;
+    END LOOP;
+    v_size := octet_length(p_state::text);
+    IF v_size > 4 * p_max_bytes THEN
+        RETURN runfleet.refuse('state', format(
+            'is %s bytes as stored, producers may store %s (4 x runfleet.limits max_payload_bytes)',
+            v_size, 4 * p_max_bytes));
+    END IF;
+    RETURN true;
+END
+$$;
+
+-- What a producer may admit (broker/trust.py says the same first): never a derived id. A
+-- child is `<parent>/child:<flow>#<n>` (`/spawn:` detached) and only workers create them;
+-- a first round is its own lineage and never ends in `@<number>`; a later round
+-- `<lineage>@<n>` only as the requeue of a failed round of that lineage the producer can
+-- see (this runs with the caller's row-level security) and with the same scopes (rq's
+-- failed registry: store/jobs.py). The payload within the cap, the times the database's.
+CREATE FUNCTION runfleet.producer_run_ok(
+    p_id text, p_lineage_id text, p_round_ordinal integer, p_previous_round_id text,
+    p_payload json, p_state jsonb, p_created_at_ms bigint, p_updated_at_ms bigint,
+    p_max_bytes bigint
+) RETURNS boolean LANGUAGE plpgsql STABLE AS
+$$
+DECLARE
+    v_size bigint;
+    v_now bigint := runfleet.now_ms();
+BEGIN
+    IF strpos(p_id, '/child:') > 0 OR strpos(p_id, '/spawn:') > 0 THEN
+        RETURN runfleet.refuse('run_id', format(
+            '%s is reserved for derived ids: it names a run''s children', quote_literal(p_id)));
+    END IF;
+    IF p_round_ordinal = 0 THEN
+        IF p_id ~ '@[0-9]+$' THEN
+            RETURN runfleet.refuse('run_id', format(
+                '%s is reserved for derived ids: an ''@<number>'' suffix names a round of a lineage',
+                quote_literal(p_id)));
+        END IF;
+        IF p_lineage_id IS DISTINCT FROM p_id OR p_previous_round_id IS NOT NULL THEN
+            RETURN runfleet.refuse('lineage_id', format(
+                'run %s: a first round starts its own lineage (lineage_id = id, no previous round)',
+                quote_literal(p_id)));
+        END IF;
+    ELSIF p_round_ordinal < 0 OR p_id IS DISTINCT FROM p_lineage_id || '@' || p_round_ordinal
+          OR NOT EXISTS (SELECT FROM runfleet.runs p
+                          WHERE p.id = p_previous_round_id AND p.lineage_id = p_lineage_id
+                            AND p.round_ordinal < p_round_ordinal AND p.status = 'failed'
+                            AND p.state -> 'scopes' = p_state -> 'scopes') THEN
+        RETURN runfleet.refuse('run_id', format(
+            'run %s: a producer admits a later round only as the requeue of a failed round of'
+            ' its lineage, with the same scopes', quote_literal(p_id)));
+    END IF;
+    v_size := octet_length(p_payload::text);
+    IF v_size > p_max_bytes THEN
+        RETURN runfleet.refuse('payload', format(
+            'is %s bytes, producers may store %s (runfleet.limits max_payload_bytes)',
+            v_size, p_max_bytes));
+    END IF;
+    IF p_created_at_ms NOT BETWEEN v_now - 60000 AND v_now + 1000
+       OR p_updated_at_ms NOT BETWEEN v_now - 60000 AND v_now + 1000 THEN
+        RETURN runfleet.refuse('created_at_ms',
+            'an admission carries the database''s time (runfleet.now_ms()), not the caller''s');
+    END IF;
+    RETURN runfleet.producer_state_ok(p_state, p_max_bytes);
+END
+$$;
+
+-- The policies: restrictive (every one must hold, besides the scope policies), for the
+-- producer group only. Workers create derived ids and write results: their policies stay
+-- `true`, and their own settings bound what they store. The cap is read once per
+-- statement (an InitPlan).
+CREATE POLICY runs_producer_admits ON runfleet.runs AS RESTRICTIVE FOR INSERT
+    TO runfleet_producer
+    WITH CHECK (runfleet.producer_run_ok(
+        id, lineage_id, round_ordinal, parent_run_id, payload, state, created_at_ms,
+        updated_at_ms,
+        (SELECT l.value FROM runfleet.limits l WHERE l.name = 'max_payload_bytes')));
+CREATE POLICY runs_producer_updates ON runfleet.runs AS RESTRICTIVE FOR UPDATE
+    TO runfleet_producer
+    USING (true)
+    WITH CHECK (runfleet.producer_state_ok(
+        state, (SELECT l.value FROM runfleet.limits l WHERE l.name = 'max_payload_bytes')));
+CREATE POLICY journal_producer_appends ON runfleet.journal AS RESTRICTIVE FOR INSERT
+    TO runfleet_producer
+    WITH CHECK (CASE
+        WHEN octet_length(payload::text)
+             > (SELECT l.value FROM runfleet.limits l WHERE l.name = 'max_payload_bytes')
+            THEN runfleet.refuse('payload', 'a journal record larger than runfleet.limits'
+                                            ' max_payload_bytes')
+        WHEN length(kind) > 255 OR length(source_id) > 255 OR length(digest) > 255
+            THEN runfleet.refuse('kind', 'a journal record''s kind, source_id and digest are'
+                                         ' at most 255 characters')
+        ELSE true END);
+
 -- Answers (0009): an answer from outside is written only by runfleet.answer (SECURITY
 -- DEFINER, checks and journal under the row lock); producers hold no INSERT on deferreds.
+-- It holds the limits of 0013 (runfleet.limits) whoever calls it.
 CREATE FUNCTION runfleet.answer(
     p_run_id text, p_name text, p_token text, p_approved boolean, p_value json,
     p_note text, p_reason text, p_max_answers integer, p_source_id text, p_source_seq bigint
@@ -343,7 +483,28 @@ DECLARE
     v_woke boolean;
     v_hash text;
     v_payload jsonb;
+    v_max_bytes bigint;
+    v_max_answers bigint;
 BEGIN
+    SELECT l.value INTO v_max_bytes FROM runfleet.limits l WHERE l.name = 'max_payload_bytes';
+    SELECT least(p_max_answers, l.value) INTO v_max_answers
+      FROM runfleet.limits l WHERE l.name = 'max_answers_per_run';
+    v_max_answers := coalesce(v_max_answers, p_max_answers);
+    IF octet_length(p_value::text) > v_max_bytes THEN
+        PERFORM runfleet.refuse('value', format(
+            'the answer is %s bytes, the limit is %s (runfleet.limits max_payload_bytes)',
+            octet_length(p_value::text), v_max_bytes));
+    END IF;
+    IF octet_length(p_reason) > v_max_bytes THEN
+        PERFORM runfleet.refuse('reason', format(
+            'is %s bytes, the limit is %s', octet_length(p_reason), v_max_bytes));
+    END IF;
+    IF length(p_name) > 255 OR length(p_note) > 255 OR length(p_token) > 255
+       OR length(p_source_id) > 255 THEN
+        PERFORM runfleet.refuse('name', 'names, notes, tokens and source ids are at most'
+                                        ' 255 characters');
+    END IF;
+
     -- Visibility first, without a lock: an invisible run is never locked or waited on.
     SELECT r.state -> 'scopes' INTO v_scopes FROM runfleet.runs r WHERE r.id = p_run_id;
     IF NOT FOUND THEN
@@ -377,7 +538,7 @@ BEGIN
             RETURN QUERY SELECT 'no_match'::text, NULL::text, NULL::text, false;
             RETURN;
         END IF;
-        IF v_answers >= p_max_answers THEN
+        IF v_answers >= v_max_answers THEN
             RETURN QUERY SELECT 'limit'::text, NULL::text, NULL::text, false;
             RETURN;
         END IF;
@@ -420,7 +581,7 @@ BEGIN
                 v_target, false;
             RETURN;
         END IF;
-        IF v_answers >= p_max_answers THEN
+        IF v_answers >= v_max_answers THEN
             RETURN QUERY SELECT 'limit'::text, NULL::text, v_target, false;
             RETURN;
         END IF;

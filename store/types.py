@@ -323,6 +323,17 @@ class SnapshotChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class NotServed:
+    """The run's queue is not one the claimant serves: nothing changed.
+
+    Which pool executes a run is the row's decision (its ``queue``), never a message's:
+    a run is claimed, activated or stolen only by a worker serving its queue.
+    """
+
+    current: RunRow
+
+
+@dataclass(frozen=True, slots=True)
 class LeaseFresh:
     """A steal was refused by the database clock: the owner renewed recently."""
 
@@ -465,9 +476,11 @@ class Conflict:
 
 EmitOutcome: TypeAlias = Accepted | Duplicate | Conflict
 CreateOutcome: TypeAlias = Created | Joined
-ClaimOutcome: TypeAlias = Claimed | SnapshotChanged | NotFound
-ActivateOutcome: TypeAlias = Activated | SnapshotChanged | NotFound
-StealOutcome: TypeAlias = Stolen | DeadLettered | SnapshotChanged | LeaseFresh | NotFound
+ClaimOutcome: TypeAlias = Claimed | SnapshotChanged | NotServed | NotFound
+ActivateOutcome: TypeAlias = Activated | SnapshotChanged | NotServed | NotFound
+StealOutcome: TypeAlias = (
+    Stolen | DeadLettered | SnapshotChanged | LeaseFresh | NotServed | NotFound
+)
 TransitionOutcome: TypeAlias = Transitioned | GuardFailed | NotOwner | NotFound
 CancelOutcome: TypeAlias = CancelRequested | AlreadyRequested | AlreadyTerminal | NotFound
 ParkOutcome: TypeAlias = Parked | AlreadySatisfied | GuardFailed | NotOwner | NotFound

@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
+
+import psycopg
 
 from store.errors import InvalidInput
 from store.types import RunStatus
+from store.values import jsonb_text_size
 
 MAX_ID_LENGTH = 255
 # A JSON "\u0000" escape: preceded by an even number of backslashes (zero included), so
@@ -46,6 +50,75 @@ def json_value(field: str, value: Any, max_bytes: int) -> str:
     if size > max_bytes:
         raise InvalidInput(field, f"is {size} bytes encoded, the limit is {max_bytes}")
     return text
+
+
+STATE_KEYS_CAPPED = ("meta", "description", "result")
+"""State keys each held to the payload cap as stored (the database says the same)."""
+STATE_FACTOR = 4
+"""A run's whole state may take this many times the payload cap as stored: room for
+meta, description and the rest of what admission records, and a meta saved later."""
+
+
+_EXPONENT = re.compile(r"[0-9][eE][+-]?[0-9]")
+
+
+def _stored_at_most(value: Any) -> int | None:
+    """A cheap upper bound of ``values.jsonb_text_size(value)``, or None if there is none.
+
+    From compact ASCII JSON (C-fast): jsonb adds one space per ``,`` and ``:`` and writes
+    UTF-8 where this text has ``\\uXXXX``; numbers come back as written unless in
+    exponent form (``1e+300``), which only the exact walk can size.
+    """
+    try:
+        text = json.dumps(value, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError):
+        return None
+    if _EXPONENT.search(text):
+        return None
+    return len(text) + text.count(",") + text.count(":")
+
+
+def stored_jsonb(field: str, value: Any, max_bytes: int) -> None:
+    """Refuse ``value`` if Postgres's rendering of it as jsonb exceeds ``max_bytes``.
+
+    That is the size a reader of the column receives, and what the database measures
+    (migration 0013's ``runfleet.producer_state_ok``); compact JSON can be much shorter
+    (jsonb writes ``", "``, and ``1e300`` in full).
+    """
+    bound = _stored_at_most(value)
+    if bound is not None and bound <= max_bytes:
+        return
+    size = jsonb_text_size(value)
+    if size > max_bytes:
+        raise InvalidInput(field, f"is {size} bytes as stored (jsonb), the limit is {max_bytes}")
+
+
+def run_state(state: Mapping[str, Any], max_bytes: int) -> None:
+    """The limits the database holds a producer's run state to, checked first so the API
+    raises InvalidInput naming the field: meta, description and a result each within
+    ``max_bytes``, the whole state within ``STATE_FACTOR`` times it, as stored."""
+    bound = _stored_at_most(state)
+    if bound is not None and bound <= max_bytes:
+        return  # every part is within the cap too: the common case, one json.dumps
+    for key in STATE_KEYS_CAPPED:
+        if key in state:
+            stored_jsonb(key, state[key], max_bytes)
+    stored_jsonb("state", dict(state), STATE_FACTOR * max_bytes)
+
+
+def database_refusal(exc: BaseException) -> InvalidInput | None:
+    """A limit the database enforced itself (migration 0013's ``runfleet.refuse``: a
+    check_violation naming the column) as the InvalidInput the API raises for it; None
+    for any other error. Reached when the database's limits (``runfleet roles --apply``)
+    are tighter than this process's settings."""
+    if not isinstance(exc, psycopg.errors.CheckViolation):
+        return None
+    message = exc.diag.message_primary or ""
+    if not message.startswith("runfleet refuses "):
+        return None
+    field = exc.diag.column_name or "value"
+    problem = message.removeprefix(f"runfleet refuses {field}: ")
+    return InvalidInput(field, f"{problem} (refused by the database)")
 
 
 def status(value: object, field: str = "status") -> RunStatus:

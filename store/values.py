@@ -201,6 +201,48 @@ def refused_by_database(exc: BaseException) -> bool:
     return isinstance(exc, psycopg.DataError) or state[:2] in ("22", "54")
 
 
+_JSONB_ESCAPES = {'"': 2, "\\": 2, "\b": 2, "\f": 2, "\n": 2, "\r": 2, "\t": 2}
+
+
+def _jsonb_string_size(text: str) -> int:
+    """Bytes of ``text`` as Postgres writes a jsonb string: quoted, UTF-8, escaped."""
+    size = len(text.encode("utf-8", "surrogatepass")) + 2
+    for char in text:
+        if char < " " or char in ('"', "\\"):
+            size += _JSONB_ESCAPES.get(char, 6) - 1
+    return size
+
+
+def jsonb_text_size(value: Any) -> int:
+    """Bytes of ``value`` as Postgres renders it from jsonb (``jsonb::text``): what a
+    reader of the column receives, and what the database measures its limits on
+    (migration 0013). Not the compact JSON the value was sent as: jsonb writes ``", "``
+    and ``": "`` between items, strings in UTF-8, and numbers in full (``1e300`` comes
+    back as 301 digits). ``value`` is JSON-shaped (``json.dumps`` accepts it).
+    """
+    size = 0
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if item is None or item is True:
+            size += 4
+        elif item is False:
+            size += 5
+        elif isinstance(item, str):
+            size += _jsonb_string_size(item)
+        elif isinstance(item, int | float):
+            size += len(format(_number(item), "f"))
+        elif isinstance(item, dict):
+            size += 2 + 2 * max(0, len(item) - 1)
+            for key, nested in item.items():
+                size += _jsonb_string_size(str(_key(key))) + 2
+                stack.append(nested)
+        else:  # a list or tuple
+            size += 2 + 2 * max(0, len(item) - 1)
+            stack.extend(item)
+    return size
+
+
 def _number(value: int | float) -> Decimal:
     """A JSON number as the decimal it is written as (floats by their shortest repr)."""
     return Decimal(repr(value)) if isinstance(value, float) else Decimal(value)

@@ -7,22 +7,29 @@ stream read of several runs is decided with one read and one claim statement
 (``_decide_delivered``); anything else from its row (``_decide``): a runnable row is
 claimed and activated, a running row whose lease is stale goes to ``Takeover``, and a
 lost race is journaled as ``claim-lost``. A stopping worker (``closed``) claims nothing
-by any of these paths: the run's wake is handed back to the fleet instead.
+by any of these paths: the run's wake is handed back to the fleet instead. The row
+decides which pool executes a run: a run whose queue this process does not serve is
+never claimed (``Runs.may_claim``, and the claim statements say so again in SQL),
+whatever message brought it here.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Container, Sequence
 from typing import assert_never
 
+from broker import hostile
 from store import Kind, Store
+from store.config import Settings
 from store.errors import UnknownFlow
 from store.runs import fresh_admission
 from store.types import (
     Activated,
     ActivateOutcome,
     NotFound,
+    NotServed,
     Owner,
     RunRow,
     RunStatus,
@@ -38,18 +45,23 @@ from worker.wake_hints import HintFn
 
 log = logging.getLogger("runfleet.worker.driver")
 
+REHINTS_KEPT = 10_000
+"""Runs remembered for the re-hint limit (``Decisions._not_served``): bounded memory."""
+
 
 class Decisions:
     """``Driver``'s decide half (``worker.driver.Driver`` inherits it)."""
 
     store: Store
     owner: Owner
+    settings: Settings
     owned: Container[str]
     takeover: Takeover
     _lease_ok: Callable[[], bool] | None
     _hint: HintFn | None
     _warned_unknown: set[str]
     closed: bool
+    _rehinted: dict[str, float]
 
     async def decide_many(self, run_ids: Sequence[str]) -> dict[str, Decision]:
         """Decide the runs one stream read delivered with one read and one claim statement.
@@ -65,6 +77,9 @@ class Decisions:
         for row in rows:
             if row.status.terminal:
                 decisions[row.id] = (DriveOutcome.TERMINAL, None)
+                continue
+            if not self.store.runs.may_claim(row):
+                decisions[row.id] = (await self._not_served(row), None)
                 continue
             if (
                 self.closed
@@ -122,6 +137,8 @@ class Decisions:
             # A process that cannot confirm its own lease takes nothing new: nobody
             # would renew what it claims, and another worker would soon steal it.
             return DriveOutcome.LEASE_CLOSED, None
+        if not self.store.runs.may_claim(row):
+            return await self._not_served(row), None
         flow = self._flow(row)
         if flow is None and row.cancel_requested_at_ms is None:
             return DriveOutcome.UNKNOWN_FLOW, None
@@ -130,6 +147,32 @@ class Decisions:
                 return DriveOutcome.ALREADY_OWNED, None
             return await self.takeover.steal(row, flow)
         return await self._claim(row, flow)
+
+    async def _not_served(self, row: RunRow) -> DriveOutcome:
+        """A run of a queue this process does not serve reached it (a message on the wrong
+        stream: a Redis writer's, or a stale one): dropped with a rate-limited log line and
+        the ``not_served`` claim outcome. A run that may be waiting for a worker gets one
+        wake on its own queue's stream (at most once per run per ``stale_after``), so its
+        own pool takes it without waiting for the lost-wake sweep."""
+        hostile.rate_limited(
+            log,
+            logging.WARNING,
+            "run.not_served",
+            run_id=row.id,
+            queue=row.queue,
+            serves=sorted(self.store.runs.serves or ()),
+        )
+        if self._hint is None or row.status not in (RunStatus.PENDING, RunStatus.SUSPENDED):
+            return DriveOutcome.NOT_SERVED
+        now = time.monotonic()
+        last = self._rehinted.get(row.id)
+        if last is not None and now - last < self.settings.stale_after:
+            return DriveOutcome.NOT_SERVED
+        if len(self._rehinted) >= REHINTS_KEPT:
+            self._rehinted.clear()
+        self._rehinted[row.id] = now
+        await self._hint(row)
+        return DriveOutcome.NOT_SERVED
 
     def _flow(self, row: RunRow) -> Flow | None:
         try:
@@ -194,6 +237,8 @@ class Decisions:
                     {"observer": self.owner.key, "status": current.status.value},
                 )
                 return DriveOutcome.CLAIM_LOST, None
+            case NotServed(current=current):
+                return await self._not_served(current), None
             case NotFound():
                 return DriveOutcome.NOT_FOUND, None
 

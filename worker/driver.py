@@ -86,6 +86,7 @@ class Driver(Decisions):
         self.bookkeeping = Bookkeeping(store, owner)
         self.wake_hints = WakeHints(hint)
         self._warned_unknown: set[str] = set()
+        self._rehinted: dict[str, float] = {}
         self.closed = False
         """The worker is stopping: no claim by any path, no body starts (``close``)."""
 

@@ -146,9 +146,11 @@ class Intake:
         only): a wake published, a drive started here or already under way, or nothing
         left to do (the row is gone). A stopping worker drives nothing.
 
-        A cancel request on a run nobody executes (pending or parked) is closed here:
-        that needs no handler and no reader of its queue (DESIGN §7.1, §7.4), and a
-        wake on a queue no worker reads would leave it pending forever.
+        A cancel request on a run nobody executes (pending or parked) is closed here,
+        without a reader (DESIGN §7.1, §7.4): a wake on a queue no worker reads would
+        leave it pending forever. Only where this process may claim it: any pending run
+        (closing one executes nothing), a parked one only of a queue served here (its
+        compensations are its own pool's code); the others get a wake on their queue.
         """
         rows = await self._store.runs.get_many(run_ids)
         found = {row.id for row in rows}
@@ -158,6 +160,7 @@ class Intake:
             for row in rows
             if row.cancel_requested_at_ms is not None
             and row.status in (RunStatus.PENDING, RunStatus.SUSPENDED)
+            and self._store.runs.may_claim(row)
         }
         dispatched |= {run_id for run_id in closing if self._drive_here(run_id)}
         rows = [row for row in rows if row.id not in closing]

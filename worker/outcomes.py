@@ -32,6 +32,9 @@ class DriveOutcome(enum.StrEnum):
     """This worker is stopping: it claims nothing, and hands the run's wake back to the fleet."""
     UNKNOWN_FLOW = "unknown_flow"
     """No flow of that name runs here: left for a worker that has it."""
+    NOT_SERVED = "not_served"
+    """The run's queue (its row's, whatever a message said) is not one this worker serves:
+    left for that queue's workers, with a wake on its own queue's stream."""
     WAITING = "waiting"
     """Parked and not yet due: its wake moves it."""
     CLAIM_LOST = "claim_lost"

@@ -152,8 +152,13 @@ class Worker:
     async def _assemble(self) -> list[Service]:
         """Build every collaborator of this process, once; the services to start."""
         settings, owner = self.settings, self.owner
+        # The store claims only runs of the queues this process serves (the row's queue
+        # decides, whatever a stream message names: store.runs.Runs).
         self.store = await Store.open(
-            settings, source_id=owner.key, max_size=max(4, settings.pool_max)
+            settings,
+            source_id=owner.key,
+            max_size=max(4, settings.pool_max),
+            serves=self.queues,
         )
         # The lease renews on its own small pool: a renewal never waits behind the
         # shared pool's connections, nor behind a statement hung on one of them.
@@ -165,6 +170,7 @@ class Worker:
             min_size=1,
             max_size=2,
             statement_timeout_ms=max(1, int(settings.renew_timeout * 1000)),
+            serves=self.queues,
         )
         self._redis = connect(settings, client_name=f"runfleet:{owner.key}")
         prefix = settings.redis_prefix

@@ -17,6 +17,7 @@ from store.types import (
     DeadLettered,
     LeaseFresh,
     NotFound,
+    NotServed,
     Owner,
     RunRow,
     SnapshotChanged,
@@ -138,6 +139,8 @@ class Takeover:
                     },
                 )
                 return DriveOutcome.ACTIVATION_LOST, None
+            case NotServed():
+                return DriveOutcome.NOT_SERVED, None  # the driver checks first: not reached
             case NotFound():
                 return DriveOutcome.NOT_FOUND, None
 

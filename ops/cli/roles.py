@@ -65,7 +65,7 @@ def roles(
             members = _members(member or [])
         except r.RolesRefused as exc:
             c.fail(str(exc))
-        c.run(r.apply_privileges(url, members))
+        c.run(r.apply_privileges(url, members, r.Limits.of(c.settings())))
         say("privileges applied" + (f"; members: {len(members)}" if members else ""))
     for row in c.run(r.status(url)):
         state = "ok" if row.exists else "MISSING (run `runfleet migrate`)"
@@ -74,6 +74,18 @@ def roles(
         say(f"{row.role:<18} {state}{flags}  members: {members_text}")
     for g in c.run(r.grants(url)):
         say(f"grant  {g.role} -> {g.scope}")
+    seen = c.run(r.visibility(url))
+    limits = ", ".join(f"{k}={v}" for k, v in sorted(seen.limits.items()))
+    say(f"producer limits  {limits or '-'}")
+    say(
+        "catalog statistics  "
+        + (
+            "hidden from producers and operators"
+            if seen.statistics_hidden
+            else "readable by every role (run `runfleet roles --apply` as a superuser to"
+            " hide them; README: Trust model)"
+        )
+    )
 
 
 RoleArg = Annotated[str, typer.Argument(help="A database role (login or group role).")]

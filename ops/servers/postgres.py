@@ -167,16 +167,23 @@ class ThrowawayPgBouncer(Throwaway):
     ``ignore_startup_parameters`` lists ``options``: runfleet sends its statement and
     idle-in-transaction timeouts that way, and PgBouncer refuses unknown startup
     parameters; the pooler's ``query_timeout``/``idle_transaction_timeout`` stand in
-    for them. Any database name is passed through to the backend (``*``).
+    for them. ``ignore_startup_parameters=None`` leaves the setting out, as a stock
+    configuration does. Any database name is passed through to the backend (``*``).
     """
 
     name = "pgbouncer"
 
     def __init__(
-        self, backend: ThrowawayPostgres, *, pool_mode: str = "transaction", pool_size: int = 40
+        self,
+        backend: ThrowawayPostgres,
+        *,
+        pool_mode: str = "transaction",
+        pool_size: int = 40,
+        ignore_startup_parameters: str | None = "extra_float_digits,options",
     ) -> None:
         super().__init__()
         self.pool_size = pool_size
+        self.ignore_startup_parameters = ignore_startup_parameters
         """Server connections per (database, user): keep it under the backend's
         ``max_connections`` minus what direct admin clients need."""
         binary = pgbouncer_binary()
@@ -216,10 +223,11 @@ class ThrowawayPgBouncer(Throwaway):
             "admin_users": "postgres",  # SHOW POOLS/CLIENTS on the `pgbouncer` database
             "server_reset_query": "",
             "server_login_retry": "1",
-            "ignore_startup_parameters": "extra_float_digits,options",
             "query_timeout": "30",
             "idle_transaction_timeout": "60",
         }
+        if self.ignore_startup_parameters is not None:
+            settings["ignore_startup_parameters"] = self.ignore_startup_parameters
         ini = workdir / "pgbouncer.ini"
         body = "\n".join(f"{key} = {value}" for key, value in settings.items())
         ini.write_text(

@@ -1,4 +1,6 @@
--- The journal: append-only decisions, addressed by (source_id, source_seq).
+-- The journal: append-only decisions, addressed by (source_id, source_seq) of their
+-- writer: the database fills in `writer` (the authenticated role) and `seq` (an identity),
+-- so no writer can take another's addresses or choose where a record sorts (0013).
 
 -- name: append
 -- One record or a batch, from parallel arrays; a record whose address is taken is
@@ -9,7 +11,7 @@ SELECT b.run_id, b.kind, b.source_id, b.source_seq, b.payload, b.digest, runflee
               %(source_seq)s::bigint[], %(payload)s::jsonb[], %(digest)s::text[])
        WITH ORDINALITY AS b(run_id, kind, source_id, source_seq, payload, digest, n)
  ORDER BY b.n
-ON CONFLICT (source_id, source_seq) DO NOTHING
+ON CONFLICT (source_id, source_seq, writer) DO NOTHING
 RETURNING seq;
 
 -- name: append_owned
@@ -23,8 +25,10 @@ SELECT %(run_id)s, %(kind)s, %(source_id)s, %(source_seq)s, %(payload)s, %(diges
 RETURNING seq;
 
 -- name: at_address
+-- This writer's record at the address (another role's at the same address is not ours).
 SELECT seq, digest, payload FROM runfleet.journal
- WHERE source_id = %(source_id)s AND source_seq = %(source_seq)s;
+ WHERE source_id = %(source_id)s AND source_seq = %(source_seq)s
+   AND writer = quote_ident(session_user)::regrole;
 
 -- name: records
 SELECT seq, run_id, kind, source_id, source_seq, payload, at_ms FROM runfleet.journal

@@ -5,7 +5,7 @@
 --   runfleet_migrator  owns the schema: DDL, grants; not subject to row-level security
 --   runfleet_worker    every run (policies `true`), every row it needs; not `grants`
 --   runfleet_producer  admit, read, cancel and answer (runfleet.answer only) runs of its
---                      granted scopes
+--                      granted scopes, within runfleet.limits
 --   runfleet_operator  read runs of its granted scopes; writes nothing
 
 -- name: privileges
@@ -51,14 +51,30 @@ BEGIN
 
     GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA runfleet TO runfleet_worker;
     REVOKE ALL ON runfleet.grants FROM runfleet_worker;
+    REVOKE INSERT, UPDATE, DELETE ON runfleet.limits FROM runfleet_worker;
+    -- The journal is append-only, and its order (seq) and each record's writer are the
+    -- database's (migration 0013): nobody's INSERT names them, and nobody updates a record.
+    REVOKE INSERT, UPDATE ON runfleet.journal FROM runfleet_worker;
+    GRANT INSERT (run_id, kind, source_id, source_seq, payload, digest, at_ms)
+        ON runfleet.journal TO runfleet_worker;
     GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA runfleet TO runfleet_worker;
 
     EXECUTE 'GRANT SELECT ON ' || run_tables || ', runfleet.flows, runfleet.grants,'
-            ' runfleet.schema_migrations TO runfleet_producer, runfleet_operator';
+            ' runfleet.limits, runfleet.schema_migrations TO runfleet_producer,'
+            ' runfleet_operator';
     -- A producer admits, cancels (with the cascade to attached children) and answers:
-    -- only the columns those statements write. Owner, lease, epoch, result and identity
-    -- columns stay the workers' (a producer cannot forge a run's result or tenure).
-    GRANT INSERT ON runfleet.runs, runfleet.journal, runfleet.run_parents TO runfleet_producer;
+    -- only the columns those statements write. Owner, lease, epoch, claim, result and the
+    -- journal's seq and writer stay the workers' and the database's (a producer cannot
+    -- forge a run's result or tenure, nor choose where a record sorts or whose it is).
+    -- What it writes in them is held to runfleet.limits by the policies of migration 0013
+    -- (no derived ids, sizes within the caps). No sequence privileges: the journal's seq
+    -- is an identity, so a producer needs none and reads no fleet-wide counter from one.
+    GRANT INSERT (id, flow, queue, status, state, payload, lineage_id, round_ordinal,
+                  parent_run_id, created_at_ms, updated_at_ms, cancel_requested_at_ms,
+                  waiting_reason, waiting_wake_at_ms)
+        ON runfleet.runs TO runfleet_producer;
+    GRANT INSERT (run_id, kind, source_id, source_seq, payload, digest, at_ms)
+        ON runfleet.journal TO runfleet_producer;
     -- Answers are written only by runfleet.answer (migration 0009: it checks what the run
     -- declared and journals the role that answered): no INSERT/UPDATE on deferreds, so raw
     -- SQL with a producer's credentials cannot skip those checks.
@@ -75,9 +91,60 @@ BEGIN
     GRANT UPDATE (completed_at_ms) ON runfleet.clocks TO runfleet_producer;
     -- resume a quarantined run: accept the recorded output, or drop it to re-run the step
     GRANT UPDATE (digest), DELETE ON runfleet.steps TO runfleet_producer;
-    GRANT USAGE ON ALL SEQUENCES IN SCHEMA runfleet TO runfleet_producer;
+
+    -- Statistics that count every scope's rows (per-table tuple counters and scans, table
+    -- and database sizes, database-wide commit counts) are readable by PUBLIC in a stock
+    -- cluster, and only a superuser may change that: pg_catalog belongs to the bootstrap
+    -- superuser. Applied by a superuser, they are taken from PUBLIC in this database and
+    -- left to pg_read_all_stats (monitoring roles, via pg_monitor) and the migrator;
+    -- applied by the owner alone, nothing changes here (`runfleet roles` says which).
+    -- What stays visible whatever is done is in the README ("Trust model").
+    IF EXISTS (SELECT FROM pg_roles WHERE rolname = current_user AND rolsuper) THEN
+        FOR obj IN
+            SELECT c.oid::regclass::text AS name FROM pg_class c
+             WHERE c.relnamespace = 'pg_catalog'::regnamespace AND c.relkind = 'v'
+               AND (c.relname ~ ('^pg_stat(io)?_(all|user|sys|xact_all|xact_user|xact_sys)_'
+                                 '(tables|indexes|sequences|functions)$')
+                    OR c.relname IN ('pg_stat_database', 'pg_stat_database_conflicts'))
+             ORDER BY 1
+        LOOP
+            EXECUTE format('REVOKE ALL ON %s FROM PUBLIC', obj.name);
+            EXECUTE format('GRANT SELECT ON %s TO pg_read_all_stats, runfleet_migrator',
+                           obj.name);
+        END LOOP;
+        FOR obj IN
+            SELECT p.oid::regprocedure::text AS name FROM pg_proc p
+             WHERE p.pronamespace = 'pg_catalog'::regnamespace
+               AND ((p.proname LIKE 'pg\_stat\_get\_%' AND p.pronargs = 1
+                     AND p.proargtypes[0] = 'oid'::regtype)
+                    OR p.proname IN ('pg_relation_size', 'pg_table_size', 'pg_indexes_size',
+                                     'pg_total_relation_size', 'pg_database_size'))
+             ORDER BY 1
+        LOOP
+            EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', obj.name);
+            EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO pg_read_all_stats,'
+                           ' runfleet_migrator', obj.name);
+        END LOOP;
+    END IF;
 END
 $$;
+
+-- name: limits
+-- The limits producers are held to in the database (migration 0013), from the settings
+-- of whoever applies the privileges; a row changes only when its value does.
+INSERT INTO runfleet.limits AS l (name, value, updated_at_ms)
+SELECT w.name, w.value, runfleet.now_ms()
+  FROM unnest(%(names)s::text[], %(values)s::bigint[]) AS w(name, value)
+ON CONFLICT (name) DO UPDATE SET value = excluded.value, updated_at_ms = excluded.updated_at_ms
+ WHERE l.value IS DISTINCT FROM excluded.value;
+
+-- name: visibility
+-- Whether the catalog's statistics are hidden from the scoped roles (a superuser applied
+-- the privileges), and the limits producers are held to.
+SELECT NOT has_table_privilege('runfleet_producer', 'pg_catalog.pg_stat_user_tables', 'SELECT')
+       AS statistics_hidden,
+       coalesce((SELECT jsonb_object_agg(l.name, l.value) FROM runfleet.limits l), '{}'::jsonb)
+       AS limits;
 
 -- name: status
 -- The group roles as the cluster has them: exists, attributes, and their members.

@@ -1,6 +1,13 @@
 -- Run rows: admission, the claim/activate/steal CAS family, owned transitions,
 -- heartbeats and cancellation. Every UPDATE states its whole precondition in its
 -- WHERE clause, so zero rows returned means "lost the race", never "half done".
+--
+-- The row decides which pool executes a run: every statement that claims, activates or
+-- steals takes `serves`, the queues the claimant serves (NULL: a store that serves
+-- every queue, as tools and tests open it), and touches a run only if its queue is one
+-- of them, whatever message or sweep brought the run here. The one exception is a
+-- pending run with a cancel request: closing it executes nothing (it never started, so
+-- it has no steps to compensate), and any worker may close it (DESIGN §7.4).
 
 -- name: get
 SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r WHERE r.id = %(id)s;
@@ -66,6 +73,8 @@ WITH activated AS (
        AND r.owner_nonce IS NOT DISTINCT FROM %(exp_owner_nonce)s
        AND r.heartbeat_at_ms IS NOT DISTINCT FROM %(exp_heartbeat_at_ms)s
    AND (%(exp_epoch)s::bigint IS NULL OR r.epoch = %(exp_epoch)s)
+       AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[])
+            OR (r.status = 'pending' AND r.cancel_requested_at_ms IS NOT NULL))
     RETURNING r.*, runfleet.now_ms() AS now_ms
 ), record AS (
     SELECT a.id, jsonb_build_object('owner', %(owner_key)s::text, 'epoch', a.epoch,
@@ -98,6 +107,7 @@ WITH seen AS (
      WHERE r.id = %(id)s AND r.flow = %(flow)s AND r.status = 'pending'
        AND r.waiting_reason IS NULL AND r.claim_host IS NULL AND r.owner_host IS NULL
        AND r.heartbeat_at_ms IS NULL AND r.cancel_requested_at_ms IS NULL
+       AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[]))
     RETURNING r.*, runfleet.now_ms() AS now_ms
 ), journaled AS (
     INSERT INTO runfleet.journal (run_id, kind, source_id, source_seq, payload, digest, at_ms)
@@ -132,6 +142,8 @@ WITH wanted AS (
      WHERE r.id = w.id AND r.status = 'pending' AND r.epoch = w.epoch
        AND r.waiting_reason IS NULL AND r.claim_host IS NULL AND r.owner_host IS NULL
        AND r.heartbeat_at_ms IS NULL
+       AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[])
+            OR (r.status = 'pending' AND r.cancel_requested_at_ms IS NOT NULL))
     RETURNING r.*, runfleet.now_ms() AS now_ms, w.seq AS journal_seq
 ), journaled AS (
     INSERT INTO runfleet.journal (run_id, kind, source_id, source_seq, payload, digest, at_ms)
@@ -154,6 +166,8 @@ UPDATE runfleet.runs AS r SET
    AND r.owner_nonce IS NOT DISTINCT FROM %(exp_owner_nonce)s
    AND r.heartbeat_at_ms IS NOT DISTINCT FROM %(exp_heartbeat_at_ms)s
    AND (%(exp_epoch)s::bigint IS NULL OR r.epoch = %(exp_epoch)s)
+   AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[])
+        OR (r.status = 'pending' AND r.cancel_requested_at_ms IS NOT NULL))
 RETURNING r.*, runfleet.now_ms() AS now_ms;
 
 -- name: activate
@@ -165,6 +179,8 @@ UPDATE runfleet.runs AS r SET
  WHERE r.id = %(id)s AND r.status IN ('pending', 'suspended') AND r.waiting_reason IS NULL
    AND r.claim_host = %(host)s AND r.claim_pid = %(pid)s AND r.claim_nonce = %(nonce)s
    AND r.claimed_at_ms = %(claimed_at_ms)s
+   AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[])
+        OR (r.status = 'pending' AND r.cancel_requested_at_ms IS NOT NULL))
 RETURNING r.*, runfleet.now_ms() AS now_ms;
 
 -- name: recover_claim
@@ -206,6 +222,7 @@ UPDATE runfleet.runs AS r SET
    AND (%(exp_epoch)s::bigint IS NULL OR r.epoch = %(exp_epoch)s)
    AND r.heartbeat_at_ms < runfleet.now_ms() - %(stale_after_ms)s
    AND (NOT %(counted)s OR r.recoveries < %(max_recoveries)s)
+   AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[]))
 RETURNING r.*, runfleet.now_ms() AS now_ms;
 
 -- name: bury
@@ -229,6 +246,7 @@ UPDATE runfleet.runs AS r SET
    AND (%(exp_epoch)s::bigint IS NULL OR r.epoch = %(exp_epoch)s)
    AND r.heartbeat_at_ms < runfleet.now_ms() - %(stale_after_ms)s
    AND r.recoveries >= %(max_recoveries)s
+   AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[]))
 RETURNING r.*, runfleet.now_ms() AS now_ms;
 
 -- name: lost_owners

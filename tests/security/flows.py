@@ -43,3 +43,9 @@ async def approver(ctx: Context) -> dict[str, Any]:
 
     decision = await ctx.approval("boss", on_token=deliver)
     return {"approved": decision.approved, "actor": decision.actor}
+
+
+@flow(name="sec.fails")
+async def fails(ctx: Context, why: str) -> None:
+    """Fails every time: a run for the failed registry (requeue admits its next round)."""
+    raise RuntimeError(why)

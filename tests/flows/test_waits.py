@@ -102,6 +102,27 @@ async def test_deadline_cancels_through_the_ordinary_path(
     assert requests[0].payload["actor"] == "postgres"
 
 
+async def test_a_sub_second_job_timeout_is_a_deadline_in_milliseconds(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    """``job_timeout=0.3`` is 300 ms from admission (it was cut to 0 s: cancelled at once)."""
+    for given, expected_ms in ((1.5, 1500), (0.0004, 1), ("2s", 2000)):
+        admitted = await queue.enqueue(f.event_timeout, job_timeout=given)
+        row = await store.runs.get(admitted.id)
+        assert row is not None and row.deadline_ms == row.created_at_ms + expected_ms, given
+    run = await queue.enqueue(f.slow, job_timeout=0.3)  # over the flow's own 0.5 s
+    row = await store.runs.get(run.id)
+    assert row is not None and row.deadline_ms == row.created_at_ms + 300
+    with pytest.raises(RunCancelled):
+        await run.result(timeout=10)
+    records = await store.journal.records(run.id)
+    kinds = [r.kind for r in records]
+    assert kinds.index("claimed-and-activated") < kinds.index("cancel-requested")
+    (asked,) = [r for r in records if r.kind == "cancel-requested"]
+    assert asked.payload["note"] == "deadline"
+    assert asked.at_ms >= row.created_at_ms + 300, "cancelled at its deadline, not before"
+
+
 async def test_sync_flow_has_the_same_api(worker: Worker, queue: AsyncQueue, store: Store) -> None:
     tag = uuid.uuid4().hex[:6]
     run = await queue.enqueue(f.sync_flow, tag)

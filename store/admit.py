@@ -344,7 +344,10 @@ class Admission:
 
     async def _joined_as_child(self, new: NewRun, state: dict[str, Any]) -> Joined:
         """A flow joined a run that exists: a diamond. The joining parent gets its own
-        durable edge (cycle-checked), and inherits onto the child as an admission would.
+        durable edge (cycle-checked), inherits onto the child as an admission would, and
+        receives at once the outcome of every round of the child that already settled
+        (its settlement handed it only to the parents it had then), so it never waits
+        for a wake that was sent before it joined.
 
         Every other identity field must still match; only the parent may differ.
         """
@@ -359,6 +362,7 @@ class Admission:
         if not second:
             return Joined(existing)
         await self._dag.record_parent(new.id, new.parent_id)
+        await self._dag.deliver_settled(new.id, new.parent_id)
         inherit, at = await self._inherited(new.parent_id, new.on_parent_exit)
         if inherit:
             row = await self._db.one(

@@ -138,6 +138,8 @@ SELECT run_id, name, deferred_name, due_at_ms, completed_at_ms FROM runfleet.clo
 -- edges included) and clear the wait of each parent parked on one. The parents are
 -- those of EVERY round of a child's lineage: a diamond's second parent joined an
 -- earlier round and follows the handoff to this one, with no edge of its own here.
+-- A parent already settled gets nothing (a settled run takes nothing): no deferred
+-- is written onto it. only_parent, when set, limits the hand-over to that parent.
 -- No row lock is taken first: a parent parking concurrently holds its row lock, so
 -- the UPDATE below waits for that park to commit and then sees the wait it must clear.
 -- Takes a batch (children[i] settled with values[i], canonical JSON text); answers the
@@ -149,6 +151,9 @@ WITH settled AS (
       JOIN runfleet.runs c ON c.id = s.child
       JOIN runfleet.runs m ON m.lineage_id = c.lineage_id
       JOIN runfleet.run_parents e ON e.child_id = m.id
+      JOIN runfleet.runs p ON p.id = e.parent_id
+     WHERE p.status NOT IN ('completed', 'failed', 'cancelled')
+       AND (%(only_parent)s::text IS NULL OR e.parent_id = %(only_parent)s)
 ), completed AS (
     INSERT INTO runfleet.deferreds (run_id, name, value, completed_at_ms)
     SELECT parent_id, 'child:' || child, value::json, runfleet.now_ms() FROM edges

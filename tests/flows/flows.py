@@ -153,3 +153,9 @@ async def many_rounds(ctx: Context, n: int) -> Any:
     if n > 0:
         return Handoff(many_rounds, (n - 1,))
     return "done"
+
+
+@flow(name="t.joiner")
+async def joiner(ctx: Context, child_id: str) -> Any:
+    """A parent of the shared child ``child_id`` (a diamond when two of them run)."""
+    return await ctx.child(rounds, 1, run_id=child_id)

@@ -76,6 +76,18 @@ async def test_a_failed_child_fails_the_awaiting_parent(
     assert info.value.error["type"] == "ChildFailed"
 
 
+async def test_a_second_parent_joining_a_finished_child_gets_its_result_at_once(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    first = await queue.enqueue(f.joiner, "shared-kid")
+    assert await first.result(timeout=10) == "done"  # the child handed off once, then ended
+    kid = await store.runs.get("shared-kid")
+    assert kid is not None and kid.status is RunStatus.COMPLETED
+    second = await queue.enqueue(f.joiner, "shared-kid")  # same child id, same arguments
+    assert await second.result(timeout=10) == "done", "the late parent is never woken"
+    assert [e.parent_id for e in await store.dag.parents("shared-kid")] == [first.id, second.id]
+
+
 async def test_handoff_rounds_and_result_follows_the_lineage(
     worker: Worker, queue: AsyncQueue, store: Store
 ) -> None:

@@ -57,6 +57,19 @@ def _chunks(
         yield chunk
 
 
+def _bounded_by_parent(new: NewRun, parent: RunRow) -> int | None:
+    """The explicit deadline of a child admitted under ``parent``.
+
+    An attached child never outlives its parent's deadline: its own (``deadline_ms``, or
+    its flow's timeout from now, whichever is earlier at insert) is cut to the parent's.
+    A detached child keeps its own: it is meant to outlive the parent.
+    """
+    bound = parent.deadline_ms if new.on_parent_exit is OnParentExit.CANCEL else None
+    if bound is None or new.deadline_ms is None:
+        return new.deadline_ms if bound is None else bound
+    return min(new.deadline_ms, bound)
+
+
 def _identity(row: RunRow) -> list[tuple[str, Any]]:
     return [
         ("flow", row.flow),
@@ -91,10 +104,8 @@ class Admission:
             parent=new.parent_id,
             on_parent_exit=new.on_parent_exit.value,
             max_rounds=new.max_rounds,
-            deadline_ms=new.deadline_ms,
+            deadline_ms=new.deadline_ms,  # with timeout_ms, the earlier wins at insert
         )
-        if new.timeout_ms is not None:
-            del state["deadline_ms"]  # set from the database clock at insert
         return state
 
     def _validate(self, new: NewRun) -> None:
@@ -171,6 +182,7 @@ class Admission:
                 raise InvalidInput("parent_id", f"run {new.parent_id!r} does not exist")
             if not set(state["scopes"]) <= set(parent.scopes):
                 raise InvalidInput("scopes", "a child cannot widen its parent's scopes")
+            state["deadline_ms"] = _bounded_by_parent(new, parent)
             inherit, inherit_at = await self._inherited(new.parent_id, new.on_parent_exit)
             params = self._insert_params([new], [state], inherit)
             try:

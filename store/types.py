@@ -246,6 +246,8 @@ class NewRun:
     round_ordinal: int = 0
     max_rounds: int | None = None
     deadline_ms: int | None = None
+    """Database time past which the run is cancelled; with ``timeout_ms`` too, the earlier
+    of the two wins. An attached child's is also bounded by its parent's (``store.admit``)."""
     delay_until_ms: int | None = None
     timeout_ms: int | None = None
     """Deadline relative to admission, on the database clock (``@flow(timeout=...)``)."""

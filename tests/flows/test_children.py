@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 
 import pytest
 
@@ -120,7 +121,7 @@ async def test_an_attached_child_never_outlives_its_parents_deadline(
         await run.result(timeout=10)
     for kid, policy in children.items():
         if policy is OnParentExit.CANCEL:
-            await until(lambda kid=kid: _settled(store, kid), 10, f"{kid} to end")
+            await until(partial(_settled, store, kid), 10, f"{kid} to end")
         else:
             spawned = await store.runs.get(kid)
             assert spawned is not None and not spawned.status.terminal

@@ -21,6 +21,7 @@ from store.types import (
     Waiting,
     WaitingReason,
 )
+from store.values import text_digest
 from tests.store.helpers import (
     OWNER_A,
     OWNER_B,
@@ -57,6 +58,22 @@ async def test_first_completion_wins(store: Store) -> None:
     assert second.outcome.row == row
     assert await store.waits.deferred("r1", "evt") == row
     assert (await journal_kinds(store, "r1")).count("deferred-completed") == 1
+
+
+async def test_a_losing_completion_is_told_whether_the_winner_has_its_digest(
+    store: Store,
+) -> None:
+    await create(store, "r1")
+    first = await store.waits.complete_deferred("r1", "evt", {"b": 2, "a": 1.5})
+    assert isinstance(first.outcome, DeferredCompleted)
+    won = first.outcome.row
+    assert won.digest == text_digest('{"a":1.5,"b":2}'), "the digest of the text stored"
+    retried = await store.waits.complete_deferred("r1", "evt", {"a": 1.5, "b": 2})
+    assert retried.outcome == DeferredExisting(won, same=True), "its own value won"
+    other = await store.waits.complete_deferred("r1", "evt", {"a": 2})
+    assert other.outcome == DeferredExisting(won, same=False), "another value won"
+    (record,) = [r for r in await store.journal.records("r1") if r.kind == "deferred-completed"]
+    assert record.payload["digest"] == won.digest, "the journal says which value won"
 
 
 async def test_completion_with_no_value(store: Store) -> None:

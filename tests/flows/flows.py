@@ -181,3 +181,14 @@ async def awaits_timed_child(ctx: Context) -> str:
 async def timed_parent(ctx: Context) -> None:
     await ctx.spawn(leaf, 1)  # detached: keeps its own (no) deadline
     await ctx.child(leaf, 2)  # attached: never answered, bounded by this deadline
+
+
+@flow(name="t.zero_wait")
+async def zero_wait(ctx: Context) -> Any:
+    """``wait_for(timeout=0)``: the answer if it is already there, else a timeout at once."""
+    await ctx.wait_for("start")
+    try:
+        return await ctx.wait_for("now", timeout=0)
+    except TimeoutError:
+        await ctx.wait_for("after")  # parks, so a replay has to decide "now" again
+        return "timed out"

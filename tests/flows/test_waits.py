@@ -8,11 +8,12 @@ import uuid
 import pytest
 
 import tests.flows.flows as f
-from broker import AsyncQueue, RunCancelled
+from broker import AsyncQueue, EventCompleted, EventTimedOut, RunCancelled
 from store import Store
 from store.errors import InvalidInput
 from store.waits import token_hash
 from tests.flows.conftest import parked
+from tests.support.polling import until
 from worker.process import Worker
 
 
@@ -43,6 +44,45 @@ async def test_short_sleep_holds_its_slot_but_stays_durable(
 async def test_event_timeout_raises_in_the_body(worker: Worker, queue: AsyncQueue) -> None:
     run = await queue.enqueue(f.event_timeout)
     assert await run.result(timeout=10) == "timed out"
+
+
+async def _parked_on(store: Store, run_id: str, event: str) -> None:
+    async def check() -> bool:
+        row = await store.runs.get(run_id)
+        return bool(row and row.waiting and row.waiting.token == event)
+
+    await until(check, 10, f"run {run_id} to park on the event {event!r}")
+
+
+async def test_wait_for_timeout_zero_takes_an_answer_already_there(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    run = await queue.enqueue(f.zero_wait)
+    await _parked_on(store, run.id, "start")
+    assert isinstance(await queue.complete(run.id, "now", "early"), EventCompleted)
+    await queue.complete(run.id, "start")
+    assert await run.result(timeout=10) == "early"
+
+
+async def test_wait_for_timeout_zero_unanswered_times_out_at_once_and_for_good(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    run = await queue.enqueue(f.zero_wait)
+    await _parked_on(store, run.id, "start")
+    await queue.complete(run.id, "start")
+    await _parked_on(store, run.id, "after")  # it timed out without parking on "now"
+    late = await queue.complete(run.id, "now", "too late")
+    assert late == EventTimedOut(run.id, "now") and not late, "the timeout is recorded"
+    await queue.complete(run.id, "after")  # resumes by replay: "now" is decided again
+    assert await run.result(timeout=10) == "timed out", "a replay times out again"
+    timed = await store.waits.deferred(run.id, "now")
+    assert timed is not None and timed.timed_out and timed.value is None
+    (record,) = [
+        r
+        for r in await store.journal.records(run.id)
+        if r.kind == "deferred-completed" and r.payload["name"] == "now"
+    ]
+    assert record.payload["timed_out"] is True
 
 
 async def test_approval_with_token_actor_and_journal(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from store import Store
+from store.deferreds import Completion
 from store.errors import InvalidInput
 from store.types import (
     ClockAlreadyCompleted,
@@ -14,6 +15,8 @@ from store.types import (
     ClockScheduled,
     DeferredCompleted,
     DeferredExisting,
+    EventCompleted,
+    EventTimedOut,
     NotFound,
     NotOwner,
     RunStatus,
@@ -74,6 +77,28 @@ async def test_a_losing_completion_is_told_whether_the_winner_has_its_digest(
     assert other.outcome == DeferredExisting(won, same=False), "another value won"
     (record,) = [r for r in await store.journal.records("r1") if r.kind == "deferred-completed"]
     assert record.payload["digest"] == won.digest, "the journal says which value won"
+
+
+async def test_a_waits_timeout_is_a_completion_no_later_answer_overwrites(
+    store: Store,
+) -> None:
+    await create(store, "r1")
+    timed = await store.waits.time_out("r1", "evt")
+    assert isinstance(timed.outcome, DeferredCompleted) and timed.outcome.row.timed_out
+    late = await store.waits.answer_event("r1", "evt", None)
+    assert late == EventTimedOut("r1", "evt"), "never taken for an answer, even a null one"
+    again = await store.waits.complete_deferred("r1", "evt", None)
+    assert again.outcome == DeferredExisting(timed.outcome.row, same=False)
+    assert await store.waits.time_out("r1", "evt") == Completion(
+        DeferredExisting(timed.outcome.row, same=False), woke=False
+    )
+
+    await create(store, "r2")
+    answered = await store.waits.answer_event("r2", "evt", "in time")
+    assert isinstance(answered, EventCompleted)
+    lost = await store.waits.time_out("r2", "evt")
+    assert isinstance(lost.outcome, DeferredExisting) and not lost.outcome.row.timed_out
+    assert lost.outcome.row.value == "in time", "an answer that came first stands"
 
 
 async def test_completion_with_no_value(store: Store) -> None:

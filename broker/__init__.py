@@ -6,12 +6,18 @@ from broker.queue import AsyncQueue, EnqueueSpec
 from broker.run import AsyncRun, RunCancelled, RunFailed
 from broker.sync import Queue, Run
 from store.errors import RunNotFound
+from store.types import EventAnswer, EventCompleted, EventExisting, EventRunSettled, EventTimedOut
 
 __all__ = [
     "AsyncQueue",
     "AsyncRun",
     "Callback",
     "EnqueueSpec",
+    "EventAnswer",
+    "EventCompleted",
+    "EventExisting",
+    "EventRunSettled",
+    "EventTimedOut",
     "FailedJobRegistry",
     "Job",
     "JobStatus",

@@ -138,7 +138,25 @@ class Callback:
 
 
 def parse_timeout(field: str, value: Any) -> int | None:
-    """rq's timeout spellings: seconds as a number, or ``"90s"``, ``"10m"``, ``"1h"``, ``"2d"``."""
+    """rq's timeout spellings as whole seconds: a number, ``"90s"``, ``"10m"``, ``"1h"``, ``"2d"``.
+
+    For the TTLs and a callback's timeout, which rq counts in seconds; a run's deadline
+    takes ``parse_timeout_ms``, which keeps fractions.
+    """
+    seconds = _seconds(field, value)
+    return None if seconds is None else int(seconds)
+
+
+def parse_timeout_ms(field: str, value: Any) -> int | None:
+    """A timeout in rq's spellings as milliseconds, fractions kept (``0.1`` is 100 ms).
+
+    A positive timeout is at least 1 ms (``store.validate.timeout_ms``).
+    """
+    seconds = _seconds(field, value)
+    return None if seconds is None else validate.timeout_ms(seconds)
+
+
+def _seconds(field: str, value: Any) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool):
@@ -161,10 +179,10 @@ MAX_SECONDS = 100 * 365 * 86400
 """The longest timeout or TTL taken (a century): larger is a typo, and would overflow."""
 
 
-def _bounded_seconds(field: str, value: float) -> int:
+def _bounded_seconds(field: str, value: float) -> float:
     if not math.isfinite(value) or abs(value) > MAX_SECONDS:
         raise InvalidInput(field, f"must be a finite number of seconds up to {MAX_SECONDS}")
-    return int(value)
+    return value
 
 
 def callback_name(field: str, fn: Any) -> str | None:
@@ -191,7 +209,7 @@ def rq_options(
     meta: dict[str, Any] | None = None,
     description: str | None = None,
 ) -> tuple[dict[str, Any], int | None]:
-    """The run-state keys rq's ``enqueue`` options become, and the timeout in seconds."""
+    """The run-state keys rq's ``enqueue`` options become, and the timeout in milliseconds."""
     state: dict[str, Any] = {}
     if meta is not None:
         if not isinstance(meta, dict):
@@ -218,7 +236,7 @@ def rq_options(
     }
     if callbacks:
         state["callbacks"] = callbacks
-    return state, parse_timeout("job_timeout", job_timeout)
+    return state, parse_timeout_ms("job_timeout", job_timeout)
 
 
 RQ_OPTIONS = (

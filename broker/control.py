@@ -24,7 +24,14 @@ from store import validate
 from store.errors import CancelRequestFailed, InvalidInput, RunNotFound, ScopeDenied, Unavailable
 from store.journal import Kind
 from store.transient import is_transient
-from store.types import CancelOutcome, CancelRequested, DeferredCompleted, RunRow, WaitingReason
+from store.types import (
+    CancelOutcome,
+    CancelRequested,
+    EventAnswer,
+    EventCompleted,
+    RunRow,
+    WaitingReason,
+)
 from store.waits import token_hash
 
 if TYPE_CHECKING:
@@ -123,20 +130,26 @@ class RunControl:
 
     async def complete(
         self, run_id: str, name: str, value: Any = None, *, actor: str | None = None
-    ) -> bool:
-        """Complete the event ``name`` a run waits for (first writer wins); True if first.
+    ) -> EventAnswer:
+        """Complete the event ``name`` a run waits for (first writer wins).
+
+        Answers what stands (``store.types.EventAnswer``): EventCompleted (this value),
+        EventExisting (an earlier answer; ``same`` when it has this value's digest, as a
+        retry after a lost reply finds its own commit), EventTimedOut or EventRunSettled.
+        It is truthy exactly when the event holds this value, so ``if q.complete(...)``
+        still reads "my answer is the answer".
 
         Only ``ctx.wait_for`` events: an approval, a child, a timer or a quota is
         ``NotAnswerable`` (nothing written). The journal names the database role that
-        answered; ``actor`` is kept beside it as a note.
+        answered and the digest of the value that won; ``actor`` is kept as a note.
         """
         row = await self.authorized(run_id)  # a run waiting on an event has started
         done = await self._available(
             lambda: self.store.waits.answer_event(run_id, name, value, note=actor)
         )
-        if done.woke:
+        if isinstance(done, EventCompleted) and done.woke:
             await self._hint(run_id, "event", row)
-        return isinstance(done.outcome, DeferredCompleted)  # a settled run takes no answer
+        return done
 
     async def approve(
         self, run_id: str, token: str, value: Any = None, *, actor: str, reason: str | None = None

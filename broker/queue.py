@@ -44,7 +44,7 @@ from broker.notify import Notifier
 from broker.run import AsyncRun
 from broker.streams import Lane, Streams
 from broker.trust import producer_run_id, producer_scopes
-from store import Store
+from store import Store, validate
 from store.config import Settings
 from store.errors import InvalidInput, Unavailable
 from store.jobs import Jobs
@@ -181,7 +181,7 @@ class AsyncQueue(RunControl):
             if await self._available(lambda: self.store.flows.get(name)) is None:
                 raise unknown(name)
         options = {k: v for k, v in spec.options.items() if k not in ("at_front", "depends_on")}
-        extra, job_timeout = rq_options(**options)
+        extra, job_timeout_ms = rq_options(**options)
         depends_on = dependency_ids(spec.options.get("depends_on"))
         if depends_on:
             if takes_ctx:
@@ -189,7 +189,9 @@ class AsyncQueue(RunControl):
             for dependency in depends_on:
                 await self.authorized(dependency)  # exists, and this producer may see it
             extra["depends_on"] = depends_on
-        timeout = job_timeout if job_timeout is not None else getattr(spec.target, "timeout", None)
+        declared = getattr(spec.target, "timeout", None)  # a @flow's timeout, in seconds
+        if job_timeout_ms is None and isinstance(declared, int | float):
+            job_timeout_ms = validate.timeout_ms(declared)
         return NewRun(
             id=spec.run_id or uuid.uuid4().hex,
             flow=name,
@@ -197,7 +199,7 @@ class AsyncQueue(RunControl):
             payload={"args": args, "kwargs": kwargs},
             scopes=self.scopes,
             delay_until_ms=delay_until_ms,
-            timeout_ms=int(timeout * 1000) if isinstance(timeout, int | float) else None,
+            timeout_ms=job_timeout_ms,
             max_rounds=getattr(spec.target, "max_rounds", None),
             extra=extra,
         )

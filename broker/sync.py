@@ -25,7 +25,7 @@ from broker.jobs import FailedJobRegistry, Job, JobStatus, NoSuchJobError
 from broker.queue import AsyncQueue, EnqueueSpec
 from broker.run import AsyncRun
 from store.config import Settings
-from store.types import CancelOutcome
+from store.types import CancelOutcome, EventAnswer
 
 T = TypeVar("T")
 
@@ -215,7 +215,7 @@ class Queue:
 
     def complete(
         self, run_id: str, name: str, value: Any = None, *, actor: str | None = None
-    ) -> bool:
+    ) -> EventAnswer:
         return self._call(self._async.complete(run_id, name, value, actor=actor))
 
     def approve(

@@ -283,10 +283,23 @@ class CancelResult(_Model):
 
 
 class AnswerResult(_Model):
-    """What ``resume``, ``approve``, ``deny`` and ``complete`` did to a run."""
+    """What ``resume``, ``approve``, ``deny`` and ``complete`` did to a run.
+
+    ``complete``'s actions: ``completed`` (this value), ``already-completed`` (an earlier
+    answer with this very value stands), ``answered-otherwise`` (another value won),
+    ``timed-out`` (the wait's timeout came first), ``run-settled`` (it takes nothing)."""
 
     run_id: str
-    action: Literal["resumed", "approved", "denied", "completed", "already-completed"]
+    action: Literal[
+        "resumed",
+        "approved",
+        "denied",
+        "completed",
+        "already-completed",
+        "answered-otherwise",
+        "timed-out",
+        "run-settled",
+    ]
     status: RunStatus
 
 

@@ -36,7 +36,7 @@ class Store:
         self.journal = Journal(db)
         self.dag = Dag(db, self.journal)
         self.runs = Runs(db, self.journal, self.dag, settings, serves)
-        self.lifecycle = Lifecycle(db, self.journal, settings, self.runs)
+        self.lifecycle = Lifecycle(db, self.journal, settings, self.runs, self.dag)
         self.waits = Waits(db, self.journal, settings)
         self.sweeps = Sweeps(db)
         self.stats = Stats(db)

@@ -57,6 +57,19 @@ def _chunks(
         yield chunk
 
 
+def _bounded_by_parent(new: NewRun, parent: RunRow) -> int | None:
+    """The explicit deadline of a child admitted under ``parent``.
+
+    An attached child never outlives its parent's deadline: its own (``deadline_ms``, or
+    its flow's timeout from now, whichever is earlier at insert) is cut to the parent's.
+    A detached child keeps its own: it is meant to outlive the parent.
+    """
+    bound = parent.deadline_ms if new.on_parent_exit is OnParentExit.CANCEL else None
+    if bound is None or new.deadline_ms is None:
+        return new.deadline_ms if bound is None else bound
+    return min(new.deadline_ms, bound)
+
+
 def _identity(row: RunRow) -> list[tuple[str, Any]]:
     return [
         ("flow", row.flow),
@@ -91,10 +104,8 @@ class Admission:
             parent=new.parent_id,
             on_parent_exit=new.on_parent_exit.value,
             max_rounds=new.max_rounds,
-            deadline_ms=new.deadline_ms,
+            deadline_ms=new.deadline_ms,  # with timeout_ms, the earlier wins at insert
         )
-        if new.timeout_ms is not None:
-            del state["deadline_ms"]  # set from the database clock at insert
         validate.run_state(state, self._settings.max_payload_bytes)  # as the database will
         return state
 
@@ -172,6 +183,7 @@ class Admission:
                 raise InvalidInput("parent_id", f"run {new.parent_id!r} does not exist")
             if not set(state["scopes"]) <= set(parent.scopes):
                 raise InvalidInput("scopes", "a child cannot widen its parent's scopes")
+            state["deadline_ms"] = _bounded_by_parent(new, parent)
             inherit, inherit_at = await self._inherited(new.parent_id, new.on_parent_exit)
             params = self._insert_params([new], [state], inherit)
             try:
@@ -345,7 +357,10 @@ class Admission:
 
     async def _joined_as_child(self, new: NewRun, state: dict[str, Any]) -> Joined:
         """A flow joined a run that exists: a diamond. The joining parent gets its own
-        durable edge (cycle-checked), and inherits onto the child as an admission would.
+        durable edge (cycle-checked), inherits onto the child as an admission would, and
+        receives at once the outcome of every round of the child that already settled
+        (its settlement handed it only to the parents it had then), so it never waits
+        for a wake that was sent before it joined.
 
         Every other identity field must still match; only the parent may differ.
         """
@@ -360,6 +375,7 @@ class Admission:
         if not second:
             return Joined(existing)
         await self._dag.record_parent(new.id, new.parent_id)
+        await self._dag.deliver_settled(new.id, new.parent_id)
         inherit, at = await self._inherited(new.parent_id, new.on_parent_exit)
         if inherit:
             row = await self._db.one(

@@ -1,13 +1,33 @@
-"""The run DAG: one durable edge per (child, parent), cycle-checked where it is inserted."""
+"""The run DAG: one durable edge per (child, parent), cycle-checked where it is inserted,
+and the hand-over of a settled child's outcome to the parents that await it."""
 
 from __future__ import annotations
+
+import json
+from collections.abc import Sequence
 
 from store import validate
 from store.db import Database
 from store.errors import FlowCycleDetected
 from store.journal import Journal, Kind
-from store.rows import edge
-from store.types import EdgeExisting, EdgeRecorded, ParentEdge
+from store.rows import edge, run_row
+from store.types import EdgeExisting, EdgeRecorded, ParentEdge, RunRow
+
+
+def child_outcome(child: RunRow) -> str:
+    """What a parent's ``child:<id>`` deferred holds once the child settled, as JSON text.
+
+    Text, not a value: the deferred keeps it verbatim (a ``json`` column), so the result's
+    floats stay floats when the parent reads it back.
+    """
+    return json.dumps(
+        {
+            "status": child.status.value,
+            "result": child.result,
+            "error": child.error,
+            "handed_off_to": child.handed_off_to,
+        }
+    )
 
 
 class Dag:
@@ -40,6 +60,47 @@ class Dag:
                 raise FlowCycleDetected(list(cycle["path"]))
             await self._journal.record(child_id, Kind.PARENT_RECORDED, {"parent": parent_id})
             return EdgeRecorded(edge(row))
+
+    async def notify_parents(
+        self, children: Sequence[RunRow], *, only_parent: str | None = None
+    ) -> dict[str, list[RunRow]]:
+        """Hand settled children's outcomes to their parents; per child, the parents it woke.
+
+        Every parent of every round of each child's lineage gets its ``child:<id>``
+        deferred (first writer wins) and is woken if parked on it. A parent that has
+        itself settled gets nothing: a settled run takes nothing, as ``complete_deferred``
+        answers. ``only_parent`` limits the hand-over to one parent (a diamond's parent
+        that joins a child after it settled).
+        """
+        if not children:
+            return {}
+        rows = await self._db.all(
+            "waits.notify_parents",
+            {
+                "children": [child.id for child in children],
+                "values": [child_outcome(child) for child in children],
+                "only_parent": only_parent,
+            },
+        )
+        woke: dict[str, list[RunRow]] = {}
+        for row in rows:
+            woke.setdefault(str(row["woken_by"]), []).append(run_row(row))
+        return woke
+
+    async def deliver_settled(self, child_id: str, parent_id: str) -> list[RunRow]:
+        """A parent joining ``child_id`` gets the outcome of each round already settled.
+
+        Called after the parent's edge is recorded, in its transaction: the lineage's rows
+        are locked (``FOR SHARE``) first, so a settlement still in flight commits before
+        this reads them (and is handed over here), or waits for this transaction and then
+        sees the new edge itself. Either way the joining parent is never left waiting on a
+        child whose outcome was handed out before it joined. Answers the parent's row if
+        it was parked on one of those rounds and is now woken.
+        """
+        rounds = [run_row(r) for r in await self._db.all("dag.lock_lineage", {"id": child_id})]
+        settled = [r for r in rounds if r.status.terminal]
+        woke = await self.notify_parents(settled, only_parent=parent_id)
+        return [row for rows in woke.values() for row in rows]
 
     async def parents(self, child_id: str) -> list[ParentEdge]:
         return [edge(r) for r in await self._db.all("dag.parents", {"id": child_id})]

@@ -9,26 +9,30 @@ calling ``store.waits.complete_deferred``, ``store.waits.answer_event`` and the 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import partial
-from typing import Any
+from typing import Any, assert_never
 
 import psycopg
-from psycopg.types.json import Json, Jsonb
+from psycopg.types.json import Jsonb
 
-from store import validate
+from store import validate, values
 from store.config import Settings
 from store.db import Database
 from store.errors import InvalidInput, LimitExceeded, NotAnswerable
 from store.journal import Journal, Kind
 from store.rows import deferred_row, run_row
 from store.types import (
+    TIMED_OUT,
     AlreadyTerminal,
     DeferredCompleted,
     DeferredExisting,
     DeferredRow,
+    EventAnswer,
+    EventCompleted,
+    EventExisting,
+    EventRunSettled,
+    EventTimedOut,
 )
 
 INTERNAL_PREFIXES = ("approval:", "child:", "spawn:", "sleep:", "step:", "quota:")
@@ -65,8 +69,16 @@ class Completion:
     woke: bool
 
 
-_COMPACT = partial(json.dumps, separators=(",", ":"), allow_nan=False)
-"""JSON text with no spaces: its length is what ``validate.json_value`` measured."""
+def _same(existing: DeferredRow, text: str) -> bool:
+    """Whether the completion that won holds the value whose canonical text is ``text``.
+
+    By digest (the digest of exactly the text stored); a row written before migration
+    0014 has none and is compared by JSON value. A wait's timeout is never the same."""
+    if existing.timed_out:
+        return False
+    if existing.digest is not None:
+        return existing.digest == values.text_digest(text)
+    return values.same_json(existing.value, values.decode(text))
 
 
 class Deferreds:
@@ -83,9 +95,14 @@ class Deferreds:
 
         A settled run takes nothing: AlreadyTerminal, no deferred row, no wake and no
         journal record. A late answer to a run that can never read it is not a receipt.
+
+        The value is stored as its canonical text with that text's digest, which the
+        ``deferred-completed`` record repeats: the journal says which value won. A
+        completion that loses answers DeferredExisting with ``same`` (the winner has the
+        digest of the value offered).
         """
         validate.identifier("deferred name", name)
-        validate.json_value("value", value, self._settings.max_payload_bytes)
+        text = values.encode_canonical(value, self._settings.max_payload_bytes, "value")
         validate.json_value("metadata", metadata, self._settings.max_payload_bytes)
         async with self._db.transaction():
             locked = await self._db.one("runs.get_for_update", {"id": run_id})
@@ -99,20 +116,35 @@ class Deferreds:
                 {
                     "run_id": run_id,
                     "name": name,
-                    "value": Json(value),  # kept verbatim: floats stay floats
+                    "value": text,  # canonical text, kept verbatim: floats stay floats
                     "metadata": Jsonb(metadata),
                 },
             )
             if row is None:
                 existing = await self.deferred(run_id, name)
                 assert existing is not None, "deferred vanished"
-                return Completion(DeferredExisting(existing), woke=False)
+                return Completion(DeferredExisting(existing, _same(existing, text)), woke=False)
+            won = deferred_row(row)
             woke = await self._db.one("waits.wake_if_awaiting", {"run_id": run_id, "name": name})
-            who = {k: metadata[k] for k in ("answered_by", "note") if k in (metadata or {})}
+            kept = ("answered_by", "note", TIMED_OUT)
+            who = {k: metadata[k] for k in kept if k in (metadata or {})}
             await self._journal.record(
-                run_id, Kind.DEFERRED_COMPLETED, {"name": name, "woke": woke is not None, **who}
+                run_id,
+                Kind.DEFERRED_COMPLETED,
+                {"name": name, "woke": woke is not None, "digest": won.digest, **who},
             )
-            return Completion(DeferredCompleted(deferred_row(row)), woke=woke is not None)
+            return Completion(DeferredCompleted(won), woke=woke is not None)
+
+    async def time_out(self, run_id: str, name: str) -> Completion:
+        """Record that the wait on deferred ``name`` timed out, unless an answer came first.
+
+        A wait's timeout is a completion like any other (first writer wins, no value,
+        metadata ``timed_out``): once it is written, an answer that arrives later finds
+        it and writes nothing (``EventTimedOut``), and a replay of the flow reads the
+        timeout again instead of an answer that came too late. DeferredExisting means
+        an answer won the race: the wait is answered, not timed out.
+        """
+        return await self.complete_deferred(run_id, name, None, {TIMED_OUT: True})
 
     async def deferred(self, run_id: str, name: str) -> DeferredRow | None:
         row = await self._db.one("waits.deferred_get", {"run_id": run_id, "name": name})
@@ -131,7 +163,7 @@ class Deferreds:
 
     async def answer_event(
         self, run_id: str, name: str, value: Any = None, *, note: str | None = None
-    ) -> Completion:
+    ) -> EventAnswer:
         """A producer's answer to ``ctx.wait_for(name)``; NotAnswerable for anything else.
 
         Decided by runfleet.answer (migration 0009) under the run's row lock, by what the
@@ -142,14 +174,29 @@ class Deferreds:
         role (``session_user``); ``note`` is the caller's words. The checks live in the
         database, not here, because producers may not write deferreds themselves: raw SQL
         with their credentials meets the same function.
+
+        The outcome says what stands: EventCompleted (this answer, with its digest),
+        EventExisting (an earlier answer; ``same`` if it has this answer's digest: a retry
+        after a lost reply), EventTimedOut (the wait's timeout came first) or
+        EventRunSettled.
         """
         validate.identifier("deferred name", name)
         if note is not None:
             validate.identifier("actor", note)
-        validate.json_value("value", value, self._settings.max_payload_bytes)
-        answered = await self._answer(run_id, name=name, value=value, note=note)
+        text = values.encode_canonical(value, self._settings.max_payload_bytes, "value")
+        answered = await self._answer(run_id, name=name, value=text, note=note)
         assert answered is not None, "event answers always have an outcome"
-        return answered
+        match answered.outcome:
+            case DeferredCompleted(row=row):
+                return EventCompleted(run_id, name, row.digest, answered.woke)
+            case DeferredExisting(row=row) if row.timed_out:
+                return EventTimedOut(run_id, name)
+            case DeferredExisting(row=row):
+                return EventExisting(run_id, name, row.digest, _same(row, text))
+            case AlreadyTerminal(row=row):
+                return EventRunSettled(run_id, row.status)
+            case unreachable:
+                assert_never(unreachable)
 
     async def answer_approval(
         self,
@@ -174,9 +221,9 @@ class Deferreds:
             raise InvalidInput("token", "must be a string of at most 255 characters")
         if not token or "\x00" in token or any(0xD800 <= ord(c) <= 0xDFFF for c in token):
             return None  # no issued token is empty or holds these: it cannot be the pending one
-        validate.json_value("value", value, self._settings.max_payload_bytes)
+        text = values.encode_canonical(value, self._settings.max_payload_bytes, "value")
         return await self._answer(
-            run_id, token=token, approved=approved, value=value, note=actor, reason=reason
+            run_id, token=token, approved=approved, value=text, note=actor, reason=reason
         )
 
     async def _answer(
@@ -186,30 +233,35 @@ class Deferreds:
         name: str = "",
         token: str | None = None,
         approved: bool = False,
-        value: Any = None,
+        value: str = "null",
         note: str | None = None,
         reason: str | None = None,
     ) -> Completion | None:
-        """``waits.answer``, its outcome turned into a Completion or a typed error."""
+        """``waits.answer``, its outcome turned into a Completion or a typed error.
+
+        ``value`` is canonical JSON text, kept verbatim (floats stay floats) and digested
+        as stored by runfleet.answer."""
         seq = self._db.next_source_seq()
         self._db.next_source_seq()  # an approval journals two records: seq and seq + 1
         cap = self._settings.max_answers_per_run
-        params = {
-            "run_id": run_id,
-            "name": name,
-            "token": token,
-            "approved": approved,
-            # Kept verbatim (floats stay floats), as compact as validate.json_value measured
-            # it: runfleet.answer holds the text it receives to the same cap (0013).
-            "value": Json(value, dumps=_COMPACT),
-            "note": note,
-            "reason": reason,
-            "max_answers": cap,
-            "source_id": self._db.source_id,
-            "source_seq": seq,
-        }
         try:
-            row = await self._db.one("waits.answer", params)
+            row = await self._db.one(
+                "waits.answer",
+                {
+                    "run_id": run_id,
+                    "name": name,
+                    "token": token,
+                    "approved": approved,
+                    # Canonical text, kept verbatim: runfleet.answer digests it as stored
+                    # and holds it to the same cap validate measured (0013).
+                    "value": value,
+                    "note": note,
+                    "reason": reason,
+                    "max_answers": cap,
+                    "source_id": self._db.source_id,
+                    "source_seq": seq,
+                },
+            )
         except psycopg.errors.CheckViolation as exc:
             raise (validate.database_refusal(exc) or exc) from exc
         assert row is not None, "runfleet.answer returns one row"
@@ -229,5 +281,5 @@ class Deferreds:
         written = await self.deferred(run_id, target)
         assert written is not None, "deferred vanished"
         if outcome is AnswerOutcome.EXISTING:
-            return Completion(DeferredExisting(written), woke=False)
+            return Completion(DeferredExisting(written, _same(written, value)), woke=False)
         return Completion(DeferredCompleted(written), woke=bool(row["woke"]))

@@ -6,7 +6,6 @@ its attached descendants cancelled — commit in one transaction or not at all.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +16,7 @@ from psycopg.types.json import Jsonb
 from store import validate, values
 from store.admit import Admission
 from store.config import Settings
+from store.dag import Dag
 from store.db import Database
 from store.errors import InvalidInput
 from store.journal import Journal, Kind, digest
@@ -51,12 +51,13 @@ class HandOff:
 
 class Lifecycle:
     def __init__(
-        self, db: Database, journal: Journal, settings: Settings, admission: Admission
+        self, db: Database, journal: Journal, settings: Settings, admission: Admission, dag: Dag
     ) -> None:
         self._db = db
         self._journal = journal
         self._settings = settings
         self._admission = admission
+        self._dag = dag
 
     async def hand_off(
         self, run_id: str, me: Owner, epoch: int, successor: NewRun, *, record: dict[str, Any]
@@ -160,7 +161,7 @@ class Lifecycle:
             cascaded: list[str] = []
             if end_children:
                 cascaded = await self._cascade(run_id, cause=f"parent-{to_status.value}")
-            woke = await self._notify_parents([moved])
+            woke = await self._dag.notify_parents([moved])
             return Transitioned(moved, tuple(cascaded), tuple(woke.get(run_id, ())))
 
     def _encode(
@@ -234,7 +235,7 @@ class Lifecycle:
                 for root in dict.fromkeys(str(p["root"]) for p in pairs):
                     cause = f"parent-{moved[root].status.value}"
                     cascaded[root] = await self._cascade(root, cause=cause)
-            woke = await self._notify_parents(list(moved.values()))
+            woke = await self._dag.notify_parents(list(moved.values()))
             outcomes: list[TransitionOutcome] = []
             for item in items:
                 done = moved.get(item.run_id)
@@ -297,31 +298,6 @@ class Lifecycle:
     async def rounds(self, run_id: str) -> list[RunRow]:
         """Every round of ``run_id``'s lineage, oldest first (empty if the run is unknown)."""
         return [run_row(r) for r in await self._db.all("runs.lineage_rounds", {"id": run_id})]
-
-    async def _notify_parents(self, children: Sequence[RunRow]) -> dict[str, list[RunRow]]:
-        """Hand settled children's outcomes to every parent; per child, the parents it woke."""
-        if not children:
-            return {}
-        # The deferred keeps the result's exact text (floats stay floats): json, not jsonb.
-        texts = [
-            json.dumps(
-                {
-                    "status": child.status.value,
-                    "result": child.result,
-                    "error": child.error,
-                    "handed_off_to": child.handed_off_to,
-                }
-            )
-            for child in children
-        ]
-        rows = await self._db.all(
-            "waits.notify_parents",
-            {"children": [child.id for child in children], "values": texts},
-        )
-        woke: dict[str, list[RunRow]] = {}
-        for row in rows:
-            woke.setdefault(str(row["woken_by"]), []).append(run_row(row))
-        return woke
 
     async def request_cancel(
         self, run_id: str, *, note: str | None = None, reason: str | None = None

@@ -84,6 +84,7 @@ def deferred_row(row: Row) -> DeferredRow:
         metadata=row["metadata"],
         completed_at_ms=int(row["completed_at_ms"]),
         consumed_at_ms=row["consumed_at_ms"],
+        digest=row.get("digest"),
     )
 
 

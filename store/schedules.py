@@ -123,7 +123,7 @@ def for_flow(
         payload=payload,
         catch_up=catch_up,
         overlap=overlap_of(overlap),
-        timeout_ms=int(timeout * 1000) if timeout is not None else None,
+        timeout_ms=validate.timeout_ms(timeout) if timeout is not None else None,
         max_rounds=max_rounds,
         origin=Origin.DECORATOR,
     )

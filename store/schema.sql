@@ -119,8 +119,14 @@ CREATE TABLE runfleet.deferreds (
     metadata         jsonb,
     completed_at_ms  bigint NOT NULL,
     consumed_at_ms   bigint,
+    digest           text,  -- runfleet.value_digest(value) (0014); NULL on older rows
     PRIMARY KEY (run_id, name)
 );
+
+-- The digest of a stored value's exact text (0014), as store/values.py text_digest.
+CREATE FUNCTION runfleet.value_digest(p_value json) RETURNS text
+    LANGUAGE sql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS
+$$ SELECT left(encode(sha256(convert_to(p_value::text, 'UTF8')), 'hex'), 32) $$;
 
 CREATE TABLE runfleet.clocks (
     run_id           text NOT NULL,
@@ -465,6 +471,7 @@ CREATE POLICY journal_producer_appends ON runfleet.journal AS RESTRICTIVE FOR IN
 -- Answers (0009): an answer from outside is written only by runfleet.answer (SECURITY
 -- DEFINER, checks and journal under the row lock); producers hold no INSERT on deferreds.
 -- It holds the limits of 0013 (runfleet.limits) whoever calls it.
+-- Since 0014 it writes and journals the answer's digest (runfleet.value_digest).
 CREATE FUNCTION runfleet.answer(
     p_run_id text, p_name text, p_token text, p_approved boolean, p_value json,
     p_note text, p_reason text, p_max_answers integer, p_source_id text, p_source_seq bigint
@@ -581,15 +588,23 @@ BEGIN
                 v_target, false;
             RETURN;
         END IF;
+        -- An event already completed is 'existing' before the cap is counted: a retry
+        -- whose first try committed unseen learns its value stands (0014), not 'limit'.
+        IF EXISTS (SELECT FROM runfleet.deferreds d
+                    WHERE d.run_id = p_run_id AND d.name = v_target) THEN
+            RETURN QUERY SELECT 'existing'::text, NULL::text, v_target, false;
+            RETURN;
+        END IF;
         IF v_answers >= v_max_answers THEN
             RETURN QUERY SELECT 'limit'::text, NULL::text, v_target, false;
             RETURN;
         END IF;
     END IF;
 
-    INSERT INTO runfleet.deferreds (run_id, name, value, metadata, completed_at_ms)
+    INSERT INTO runfleet.deferreds (run_id, name, value, metadata, completed_at_ms, digest)
     VALUES (p_run_id, v_target, v_value,
-            jsonb_build_object('answered_by', v_who::text, 'note', p_note), runfleet.now_ms())
+            jsonb_build_object('answered_by', v_who::text, 'note', p_note), runfleet.now_ms(),
+            runfleet.value_digest(v_value))
     ON CONFLICT DO NOTHING;
     IF NOT FOUND THEN
         RETURN QUERY SELECT 'existing'::text, NULL::text, v_target, false;
@@ -604,7 +619,8 @@ BEGIN
 
     -- The journal, in the same transaction: digests are of the jsonb text here.
     v_payload := jsonb_build_object('name', v_target, 'woke', v_woke,
-                                    'answered_by', v_who::text, 'note', p_note);
+                                    'answered_by', v_who::text, 'note', p_note,
+                                    'digest', runfleet.value_digest(v_value));
     INSERT INTO runfleet.journal (run_id, kind, source_id, source_seq, payload, digest, at_ms)
     VALUES (p_run_id, 'deferred-completed', p_source_id, p_source_seq, v_payload,
             left(encode(sha256(convert_to(v_payload::text, 'UTF8')), 'hex'), 32),

@@ -133,3 +133,13 @@ def finite_ms(field: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise InvalidInput(field, f"must be a finite number of milliseconds, got {value!r}")
     return int(value)
+
+
+def timeout_ms(seconds: float) -> int:
+    """A timeout of ``seconds`` as whole milliseconds, the unit every deadline is kept in.
+
+    Rounded up when positive, so a sub-millisecond timeout is 1 ms, never the zero that
+    would put the deadline at admission (``job_timeout=0.1`` is 100 ms, not 0 s); zero
+    and negative are truncated as given.
+    """
+    return math.ceil(seconds * 1000) if seconds > 0 else int(seconds * 1000)

@@ -4,15 +4,22 @@
 at most once per position: its id is recorded as the parent's step, so a replay finds
 the same child instead of starting another, and the parent parks until the child's
 outcome is delivered as a completion (following a handed-off child to its successor).
+
+A child has its own flow's deadline (``@flow(timeout=)``, from its admission), as any
+run of that flow has; an attached one is also cut to its parent's deadline at admission
+(``store.admit``), so it never outlives the run that awaits it. A detached one keeps
+its own.
 """
 
 from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from store import validate
 from store.types import NewRun, OnParentExit, Waiting, WaitingReason
 from worker.context_parts import ContextParts
 from worker.durable import ChildFailed
+from worker.flows import Flow, registered
 
 T = TypeVar("T")
 
@@ -68,9 +75,19 @@ class Children(ContextParts):
             scopes=self.run.scopes,
             parent_id=self.run.id,
             on_parent_exit=policy,
+            timeout_ms=_timeout_ms(flow, name),
         )  # a retried create of the same id joins the run its first try admitted
         outcome = await self._durable("runs.create", lambda: self._store.runs.create(new))
         await self._record(position, key, name, kind, {"run_id": child_id})
         if self.hint is not None:
             await self.hint(outcome.row)
         return child_id
+
+
+def _timeout_ms(flow: Any, name: str) -> int | None:
+    """The child flow's declared ``timeout`` in ms: from the ``@flow`` object, or the flow
+    registered under the name given; a plain function or an unknown name has none."""
+    declared = flow if isinstance(flow, Flow) else registered().get(name)
+    if declared is None or declared.timeout is None:
+        return None
+    return validate.timeout_ms(declared.timeout)

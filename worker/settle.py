@@ -17,7 +17,7 @@ from typing import Any
 
 from broker.batching import GroupCommit
 from broker.queue import check_signature, flow_target
-from store import Kind, Store
+from store import Kind, Store, validate
 from store.errors import RunfleetError, UnknownFlow
 from store.types import (
     GuardFailed,
@@ -374,4 +374,4 @@ def _successor_deadline(call: HandoffCall, flow_name: str) -> tuple[int | None, 
         timeout = resolve(flow_name).timeout
     except UnknownFlow:  # a leg this process does not run: the round keeps no deadline
         return None, None
-    return None, (int(timeout * 1000) if timeout is not None else None)
+    return None, (validate.timeout_ms(timeout) if timeout is not None else None)

@@ -11,19 +11,41 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 import secrets
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from store.types import Waiting, WaitingReason
+from store import validate
+from store.errors import InvalidInput
+from store.types import DeferredRow, Waiting, WaitingReason
 from store.waits import token_hash
 from worker.context_parts import ContextParts
 from worker.durable import Decision, WaitTimeout
 from worker.threads import in_thread
 
 T = TypeVar("T")
+
+
+def _timeout_at(now_ms: int, timeout: float | None) -> int | None:
+    """The database time a wait times out at, or None (it waits for ever).
+
+    ``timeout`` is seconds from now, kept to the millisecond; ``0`` means "only if
+    already answered" (the deadline is now). Anything but a finite number >= 0 is
+    refused before anything is recorded.
+    """
+    if timeout is None:
+        return None
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or timeout < 0
+    ):
+        raise InvalidInput("timeout", f"must be a finite number of seconds >= 0, got {timeout!r}")
+    return now_ms + validate.timeout_ms(timeout)
 
 
 class Waits(ContextParts):
@@ -64,23 +86,42 @@ class Waits(ContextParts):
         position, key, record = await self._next(kind, name)
         now = await self._now_ms()
         if record is None:
-            output = {
-                "timeout_at_ms": now + int(timeout * 1000) if timeout else None,
-                **(extra or {}),
-            }
+            output = {"timeout_at_ms": _timeout_at(now, timeout), **(extra or {})}
             record = await self._record(position, key, name, kind, output)
         return dict(record.output), now
 
+    async def _answer_of(self, deferred: str, deadline: int | None, now: int) -> DeferredRow | None:
+        """The completion of ``deferred``, or None: the wait must park for it.
+
+        At or past ``deadline`` with no answer, the wait's timeout is written first as the
+        completion (``store.waits.time_out``, first writer wins): from then on an answer
+        that comes later writes nothing, and every replay reads the timeout again. An
+        answer that wins that race is the completion instead.
+        """
+        done: DeferredRow | None = await self._deferred(deferred)
+        if done is None and deadline is not None and now >= deadline:
+            await self._durable(
+                "waits.time_out", lambda: self._store.waits.time_out(self.run.id, deferred)
+            )
+            done = await self._deferred(deferred)  # None only if the run was taken from us
+        return done
+
     async def wait_for(self, name: str, timeout: float | None = None) -> Any:
-        """Wait for an event completed through ``Queue.complete(run_id, name, value)``."""
+        """Wait for an event completed through ``Queue.complete(run_id, name, value)``.
+
+        ``timeout`` (seconds, ms precision) raises WaitTimeout once it passes unanswered;
+        ``timeout=0`` takes only an answer already there and otherwise times out at once.
+        The timeout is recorded, so a later answer is ``EventTimedOut`` and a replay of the
+        body times out again, whatever arrived since.
+        """
         recorded, now = await self._timed_wait("event", name, timeout)
         deadline = recorded["timeout_at_ms"]
         for _ in range(2):
-            done = await self._deferred(name)
+            done = await self._answer_of(name, deadline, now)
             if done is not None:
+                if done.timed_out:
+                    raise WaitTimeout(f"no event {name!r} within its timeout")
                 return done.value
-            if deadline is not None and now >= deadline:
-                raise WaitTimeout(f"no event {name!r} within its timeout")
             await self._park(
                 Waiting(reason=WaitingReason.EVENT, wake_at_ms=deadline, token=name), deferred=name
             )
@@ -105,6 +146,7 @@ class Waits(ContextParts):
         position, key, record = await self._next("approval", name)
         now = await self._now_ms()
         if record is None:
+            timeout_at = _timeout_at(now, timeout)  # refused before a token is sent
             token = secrets.token_urlsafe(24)
             if on_token is not None:
                 sent = (
@@ -114,16 +156,15 @@ class Waits(ContextParts):
                 )
                 if inspect.isawaitable(sent):
                     await sent
-            output = {
-                "timeout_at_ms": now + int(timeout * 1000) if timeout else None,
-                "token": token_hash(token),
-            }
+            output = {"timeout_at_ms": timeout_at, "token": token_hash(token)}
             record = await self._record(position, key, name, "approval", output)
         recorded = dict(record.output)
         deferred, deadline = f"approval:{name}", recorded["timeout_at_ms"]
         for _ in range(2):
-            done = await self._deferred(deferred)
+            done = await self._answer_of(deferred, deadline, now)
             if done is not None:
+                if done.timed_out:
+                    raise WaitTimeout(f"approval {name!r} was not answered within its timeout")
                 answer = done.value
                 return Decision(
                     bool(answer.get("approved")),
@@ -131,8 +172,6 @@ class Waits(ContextParts):
                     answer.get("actor"),
                     answer.get("reason"),
                 )
-            if deadline is not None and now >= deadline:
-                raise WaitTimeout(f"approval {name!r} was not answered within its timeout")
             await self._park(
                 Waiting(
                     reason=WaitingReason.APPROVAL,

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, assert_never
 
 import typer
 
-from broker import AsyncQueue
+from broker import AsyncQueue, EventCompleted, EventExisting, EventRunSettled, EventTimedOut
 from ops.cli import common as c
 from ops.cli.produce import Scopes, actor
 from ops.cli.text import say
@@ -83,13 +83,25 @@ def complete(
     """Complete an event a flow waits for (``ctx.wait_for``); the first answer wins.
 
     Only events: an approval, a child, a timer or a quota is refused. The journal names
-    the database role that answered; ``--actor`` is kept beside it as a note.
+    the database role that answered; ``--actor`` is kept beside it as a note. The action
+    says what stands: ``completed`` (this value), ``already-completed`` (an earlier
+    answer with this very value, e.g. a retry whose reply was lost), ``answered-otherwise``
+    (another value won), ``timed-out`` (the wait's timeout came first), ``run-settled``.
     """
     payload = _json(value)
 
     async def call(q: AsyncQueue) -> str:
-        first = await q.complete(run_id, event, payload, actor=who or actor())
-        return "completed" if first else "already-completed"
+        match await q.complete(run_id, event, payload, actor=who or actor()):
+            case EventCompleted():
+                return "completed"
+            case EventExisting(same=same):
+                return "already-completed" if same else "answered-otherwise"
+            case EventTimedOut():
+                return "timed-out"
+            case EventRunSettled():
+                return "run-settled"
+            case unreachable:
+                assert_never(unreachable)
 
     _act(run_id, scope, "completed", call, as_json)
 

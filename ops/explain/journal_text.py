@@ -275,7 +275,9 @@ SENTENCES: dict[str, Callable[[Payload, JournalRecord], str]] = {
     Kind.INTERRUPTED: _interrupted,
     Kind.CHILD_POLICY_APPLIED: _child_policy,
     Kind.DEFERRED_COMPLETED: lambda p, _r: (
-        f"completion {p.get('name', '?')!r} recorded"
+        f"wait {p.get('name', '?')!r} timed out"
+        if p.get("timed_out")
+        else f"completion {p.get('name', '?')!r} recorded"
         + (" and it woke the run" if p.get("woke") else "")
     ),
     Kind.CLOCK_FIRED: lambda p, _r: f"timer {p.get('clock', '?')!r} fired",

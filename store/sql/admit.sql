@@ -18,8 +18,10 @@ INSERT INTO runfleet.runs AS r (
     id, flow, queue, status, state, payload, lineage_id, round_ordinal, parent_run_id,
     created_at_ms, updated_at_ms, waiting_reason, waiting_wake_at_ms)
 SELECT b.id, b.flow, b.queue, 'pending',
-    b.state || CASE WHEN b.timeout_ms IS NULL THEN '{}'::jsonb
-               ELSE jsonb_build_object('deadline_ms', t.now_ms + b.timeout_ms) END,
+    b.state || CASE WHEN b.timeout_ms IS NULL THEN '{}'::jsonb  -- the earlier deadline
+               ELSE jsonb_build_object('deadline_ms', LEAST(t.now_ms + b.timeout_ms,
+                                                             (b.state->>'deadline_ms')::bigint))
+               END,
     b.payload::json,  -- canonical text, kept verbatim (store/values.py)
     b.lineage_id, b.round_ordinal, b.previous_round_id, t.now_ms, t.now_ms,
     CASE WHEN b.delay_until_ms IS NOT NULL THEN 'timer' END, b.delay_until_ms

@@ -35,3 +35,12 @@ SELECT child_id, parent_id, seq FROM runfleet.run_parents
 
 -- name: remove_edges
 DELETE FROM runfleet.run_parents WHERE child_id = %(id)s OR parent_id = %(id)s;
+
+-- name: lock_lineage
+-- Every round of a child's lineage, locked against a settlement in flight: a parent
+-- joining the child (a diamond) reads which rounds have settled only after their
+-- settlements committed, and a settlement that starts later sees the joiner's edge.
+SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r
+ WHERE r.lineage_id = (SELECT l.lineage_id FROM runfleet.runs l WHERE l.id = %(id)s)
+ ORDER BY r.round_ordinal
+   FOR SHARE;

@@ -74,10 +74,12 @@ SELECT r.id AS run_id, r.waiting_reason AS reason, r.waiting_wake_at_ms AS wake_
  ORDER BY min(tree.depth), r.created_at_ms, r.id;
 
 -- name: deferred_insert
-INSERT INTO runfleet.deferreds (run_id, name, value, metadata, completed_at_ms)
-VALUES (%(run_id)s, %(name)s, %(value)s, %(metadata)s, runfleet.now_ms())
+-- value is canonical JSON text (store/values.py), kept verbatim; its digest is of that text.
+INSERT INTO runfleet.deferreds (run_id, name, value, metadata, completed_at_ms, digest)
+VALUES (%(run_id)s, %(name)s, %(value)s::json, %(metadata)s, runfleet.now_ms(),
+        runfleet.value_digest(%(value)s::json))
 ON CONFLICT (run_id, name) DO NOTHING
-RETURNING run_id, name, value, metadata, completed_at_ms, consumed_at_ms;
+RETURNING run_id, name, value, metadata, completed_at_ms, consumed_at_ms, digest;
 
 -- name: lock_child
 -- A parent parking on child:<id> waits here for a settlement of that child still in
@@ -85,7 +87,7 @@ RETURNING run_id, name, value, metadata, completed_at_ms, consumed_at_ms;
 SELECT 1 FROM runfleet.runs WHERE id = %(id)s FOR SHARE;
 
 -- name: deferred_get
-SELECT run_id, name, value, metadata, completed_at_ms, consumed_at_ms
+SELECT run_id, name, value, metadata, completed_at_ms, consumed_at_ms, digest
   FROM runfleet.deferreds WHERE run_id = %(run_id)s AND name = %(name)s;
 
 -- name: deferred_consume
@@ -94,7 +96,7 @@ UPDATE runfleet.deferreds SET consumed_at_ms = runfleet.now_ms()
 RETURNING name;
 
 -- name: deferreds_completed
-SELECT run_id, name, value, metadata, completed_at_ms, consumed_at_ms
+SELECT run_id, name, value, metadata, completed_at_ms, consumed_at_ms, digest
   FROM runfleet.deferreds WHERE run_id = %(run_id)s ORDER BY completed_at_ms, name;
 
 -- name: wake_if_awaiting
@@ -140,6 +142,8 @@ SELECT run_id, name, deferred_name, due_at_ms, completed_at_ms FROM runfleet.clo
 -- edges included) and clear the wait of each parent parked on one. The parents are
 -- those of EVERY round of a child's lineage: a diamond's second parent joined an
 -- earlier round and follows the handoff to this one, with no edge of its own here.
+-- A parent already settled gets nothing (a settled run takes nothing): no deferred
+-- is written onto it. only_parent, when set, limits the hand-over to that parent.
 -- No row lock is taken first: a parent parking concurrently holds its row lock, so
 -- the UPDATE below waits for that park to commit and then sees the wait it must clear.
 -- Takes a batch (children[i] settled with values[i], canonical JSON text); answers the
@@ -151,9 +155,13 @@ WITH settled AS (
       JOIN runfleet.runs c ON c.id = s.child
       JOIN runfleet.runs m ON m.lineage_id = c.lineage_id
       JOIN runfleet.run_parents e ON e.child_id = m.id
+      JOIN runfleet.runs p ON p.id = e.parent_id
+     WHERE p.status NOT IN ('completed', 'failed', 'cancelled')
+       AND (%(only_parent)s::text IS NULL OR e.parent_id = %(only_parent)s)
 ), completed AS (
-    INSERT INTO runfleet.deferreds (run_id, name, value, completed_at_ms)
-    SELECT parent_id, 'child:' || child, value::json, runfleet.now_ms() FROM edges
+    INSERT INTO runfleet.deferreds (run_id, name, value, completed_at_ms, digest)
+    SELECT parent_id, 'child:' || child, value::json, runfleet.now_ms(),
+           runfleet.value_digest(value::json) FROM edges
     ON CONFLICT (run_id, name) DO NOTHING
     RETURNING run_id
 )

@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 
 from worker import Context, Handoff, Retry, flow
+from worker.durable import ChildFailed
 
 CALLS: dict[str, int] = {}
 """In-process call counts (in-process workers only): proves recorded steps never re-run."""
@@ -153,3 +154,41 @@ async def many_rounds(ctx: Context, n: int) -> Any:
     if n > 0:
         return Handoff(many_rounds, (n - 1,))
     return "done"
+
+
+@flow(name="t.joiner")
+async def joiner(ctx: Context, child_id: str) -> Any:
+    """A parent of the shared child ``child_id`` (a diamond when two of them run)."""
+    return await ctx.child(rounds, 1, run_id=child_id)
+
+
+@flow(name="t.timed_child", timeout=0.5)
+async def timed_child(ctx: Context) -> None:
+    await ctx.wait_for("never")  # only its own deadline ends it
+
+
+@flow(name="t.awaits_timed_child")
+async def awaits_timed_child(ctx: Context) -> str:
+    """No deadline of its own: only the child's flow timeout can end the wait."""
+    try:
+        await ctx.child(timed_child)
+    except ChildFailed as failed:
+        return f"child {failed.status}"
+    return "child returned"
+
+
+@flow(name="t.timed_parent", timeout=0.8)
+async def timed_parent(ctx: Context) -> None:
+    await ctx.spawn(leaf, 1)  # detached: keeps its own (no) deadline
+    await ctx.child(leaf, 2)  # attached: never answered, bounded by this deadline
+
+
+@flow(name="t.zero_wait")
+async def zero_wait(ctx: Context) -> Any:
+    """``wait_for(timeout=0)``: the answer if it is already there, else a timeout at once."""
+    await ctx.wait_for("start")
+    try:
+        return await ctx.wait_for("now", timeout=0)
+    except TimeoutError:
+        await ctx.wait_for("after")  # parks, so a replay has to decide "now" again
+        return "timed out"

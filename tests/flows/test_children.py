@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 
 import pytest
 
@@ -74,6 +75,56 @@ async def test_a_failed_child_fails_the_awaiting_parent(
     with pytest.raises(RunFailed) as info:
         await run.result(timeout=10)
     assert info.value.error["type"] == "ChildFailed"
+
+
+async def test_a_second_parent_joining_a_finished_child_gets_its_result_at_once(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    first = await queue.enqueue(f.joiner, "shared-kid")
+    assert await first.result(timeout=10) == "done"  # the child handed off once, then ended
+    kid = await store.runs.get("shared-kid")
+    assert kid is not None and kid.status is RunStatus.COMPLETED
+    second = await queue.enqueue(f.joiner, "shared-kid")  # same child id, same arguments
+    assert await second.result(timeout=10) == "done", "the late parent is never woken"
+    assert [e.parent_id for e in await store.dag.parents("shared-kid")] == [first.id, second.id]
+
+
+async def test_a_child_gets_its_own_flows_deadline(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    run = await queue.enqueue(f.awaits_timed_child)
+    assert await run.result(timeout=10) == "child cancelled"
+    (kid,) = await _children(store, run.id)
+    row = await store.runs.get(kid)
+    assert row is not None and row.status is RunStatus.CANCELLED
+    assert row.deadline_ms == row.created_at_ms + 500
+    asked = [r for r in await store.journal.records(kid) if r.kind == "cancel-requested"]
+    assert asked[0].payload["note"] == "deadline"
+
+
+async def test_an_attached_child_never_outlives_its_parents_deadline(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    run = await queue.enqueue(f.timed_parent)
+    await parked(store, run.id, "child")
+    parent = await store.runs.get(run.id)
+    assert parent is not None and parent.deadline_ms is not None
+    children = await _children(store, run.id)
+    for kid, policy in children.items():
+        row = await store.runs.get(kid)
+        assert row is not None
+        if policy is OnParentExit.CANCEL:
+            assert row.deadline_ms == parent.deadline_ms, "cut to the parent's deadline"
+        else:
+            assert row.deadline_ms is None, "a detached child keeps its own (none)"
+    with pytest.raises(RunCancelled):
+        await run.result(timeout=10)
+    for kid, policy in children.items():
+        if policy is OnParentExit.CANCEL:
+            await until(partial(_settled, store, kid), 10, f"{kid} to end")
+        else:
+            spawned = await store.runs.get(kid)
+            assert spawned is not None and not spawned.status.terminal
 
 
 async def test_handoff_rounds_and_result_follows_the_lineage(

@@ -8,11 +8,12 @@ import uuid
 import pytest
 
 import tests.flows.flows as f
-from broker import AsyncQueue, RunCancelled
+from broker import AsyncQueue, EventCompleted, EventTimedOut, RunCancelled
 from store import Store
 from store.errors import InvalidInput
 from store.waits import token_hash
 from tests.flows.conftest import parked
+from tests.support.polling import until
 from worker.process import Worker
 
 
@@ -43,6 +44,45 @@ async def test_short_sleep_holds_its_slot_but_stays_durable(
 async def test_event_timeout_raises_in_the_body(worker: Worker, queue: AsyncQueue) -> None:
     run = await queue.enqueue(f.event_timeout)
     assert await run.result(timeout=10) == "timed out"
+
+
+async def _parked_on(store: Store, run_id: str, event: str) -> None:
+    async def check() -> bool:
+        row = await store.runs.get(run_id)
+        return bool(row and row.waiting and row.waiting.token == event)
+
+    await until(check, 10, f"run {run_id} to park on the event {event!r}")
+
+
+async def test_wait_for_timeout_zero_takes_an_answer_already_there(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    run = await queue.enqueue(f.zero_wait)
+    await _parked_on(store, run.id, "start")
+    assert isinstance(await queue.complete(run.id, "now", "early"), EventCompleted)
+    await queue.complete(run.id, "start")
+    assert await run.result(timeout=10) == "early"
+
+
+async def test_wait_for_timeout_zero_unanswered_times_out_at_once_and_for_good(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    run = await queue.enqueue(f.zero_wait)
+    await _parked_on(store, run.id, "start")
+    await queue.complete(run.id, "start")
+    await _parked_on(store, run.id, "after")  # it timed out without parking on "now"
+    late = await queue.complete(run.id, "now", "too late")
+    assert late == EventTimedOut(run.id, "now") and not late, "the timeout is recorded"
+    await queue.complete(run.id, "after")  # resumes by replay: "now" is decided again
+    assert await run.result(timeout=10) == "timed out", "a replay times out again"
+    timed = await store.waits.deferred(run.id, "now")
+    assert timed is not None and timed.timed_out and timed.value is None
+    (record,) = [
+        r
+        for r in await store.journal.records(run.id)
+        if r.kind == "deferred-completed" and r.payload["name"] == "now"
+    ]
+    assert record.payload["timed_out"] is True
 
 
 async def test_approval_with_token_actor_and_journal(
@@ -100,6 +140,27 @@ async def test_deadline_cancels_through_the_ordinary_path(
     requests = [r for r in await store.journal.records(run.id) if r.kind == "cancel-requested"]
     assert requests[0].payload["note"] == "deadline"  # what it is; the actor is the role
     assert requests[0].payload["actor"] == "postgres"
+
+
+async def test_a_sub_second_job_timeout_is_a_deadline_in_milliseconds(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    """``job_timeout=0.3`` is 300 ms from admission (it was cut to 0 s: cancelled at once)."""
+    for given, expected_ms in ((1.5, 1500), (0.0004, 1), ("2s", 2000)):
+        admitted = await queue.enqueue(f.event_timeout, job_timeout=given)
+        row = await store.runs.get(admitted.id)
+        assert row is not None and row.deadline_ms == row.created_at_ms + expected_ms, given
+    run = await queue.enqueue(f.slow, job_timeout=0.3)  # over the flow's own 0.5 s
+    row = await store.runs.get(run.id)
+    assert row is not None and row.deadline_ms == row.created_at_ms + 300
+    with pytest.raises(RunCancelled):
+        await run.result(timeout=10)
+    records = await store.journal.records(run.id)
+    kinds = [r.kind for r in records]
+    assert kinds.index("claimed-and-activated") < kinds.index("cancel-requested")
+    (asked,) = [r for r in records if r.kind == "cancel-requested"]
+    assert asked.payload["note"] == "deadline"
+    assert asked.at_ms >= row.created_at_ms + 300, "cancelled at its deadline, not before"
 
 
 async def test_sync_flow_has_the_same_api(worker: Worker, queue: AsyncQueue, store: Store) -> None:

@@ -53,6 +53,19 @@ async def test_complete_and_approve_from_the_cli(
         }
 
 
+async def test_complete_from_the_cli_says_which_value_stands(
+    settings: Settings, store: Store, cli: Cli
+) -> None:
+    async with AsyncQueue("default", settings=settings) as q:
+        waiting = await q.enqueue(f.sync_flow, uuid.uuid4().hex[:6])  # nobody runs it
+    actions = []
+    for value in ('"first"', '"first"', '"second"'):
+        done = await cli("complete", waiting.id, "go", "--value", value, "--json")
+        assert done.code == 0, done.stderr
+        actions.append(AnswerResult.model_validate_json(done.stdout).action)
+    assert actions == ["completed", "already-completed", "answered-otherwise"]
+
+
 async def test_resume_a_quarantined_run_from_the_cli(
     worker: Worker, settings: Settings, store: Store, cli: Cli
 ) -> None:

@@ -12,11 +12,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from broker import AsyncQueue
+from broker import AsyncQueue, EventCompleted
 from store.deferreds import INTERNAL_PREFIXES
 from store.errors import InvalidInput, NotAnswerable
 from store.migrate import migrations
 from store.roles import GroupRole
+from store.values import text_digest
 from tests.security import flows
 from tests.security.conftest import Login, MakeLogin
 from tests.security.test_roles import waiting_for_event
@@ -43,11 +44,17 @@ async def test_a_granted_producer_completes_and_approves_through_the_queue(
     async with AsyncQueue("default", settings=me.settings, scopes=["s1"]) as q:
         run = await q.enqueue("sec.full", "hi", run_id="event-1")
         await waiting_for_event(q, run.id)
-        assert await q.complete(run.id, "go", {"ok": True}) is True
+        assert isinstance(await q.complete(run.id, "go", {"ok": True}), EventCompleted)
         assert (await run.result(timeout=20))["answer"] == {"ok": True}
         done = [r for r in await q.store.journal.records(run.id) if r.kind == "deferred-completed"]
         assert [r.payload for r in done if r.payload.get("name") == "go"] == [
-            {"name": "go", "woke": True, "answered_by": me.name, "note": None}
+            {
+                "name": "go",
+                "woke": True,
+                "answered_by": me.name,
+                "note": None,
+                "digest": text_digest('{"ok":true}'),  # which value won
+            }
         ]
 
         asked = await q.enqueue("sec.approver", run_id="approval-1")
@@ -111,12 +118,12 @@ async def test_an_ungranted_producer_gets_not_found_from_the_function(login: Mak
         await _raw(operator, ANSWER, (run.id, "go"))
     async with AsyncQueue("default", settings=owner.settings, scopes=["s1"]) as q:
         assert await q.store.waits.deferred(run.id, "go") is None
-        assert await q.complete(run.id, "go", "real") is True
+        assert isinstance(await q.complete(run.id, "go", "real"), EventCompleted)
         assert (await q.run(run.id).result(timeout=20))["answer"] == "real"
 
 
 def test_the_function_refuses_the_same_internal_namespaces_as_the_store() -> None:
     """runfleet.answer spells the internal prefixes as a regex; it must list the same set."""
-    body = next(m.sql for m in migrations() if m.name == "answer_function")
+    body = [m.sql for m in migrations() if "FUNCTION runfleet.answer(" in m.sql][-1]  # newest
     pattern = "^(" + "|".join(p.removesuffix(":") for p in INTERNAL_PREFIXES) + "):"
     assert f"v_target ~ '{pattern}'" in body

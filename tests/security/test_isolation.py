@@ -17,7 +17,7 @@ from psycopg import sql
 from broker import AsyncQueue, RunNotFound
 from store.errors import RunfleetError
 from store.roles import GroupRole
-from store.types import RunStatus
+from store.types import EventCompleted, RunStatus
 from tests.ops.conftest import CliResult, cli_env, invoke
 from tests.security.conftest import Login, MakeLogin
 from tests.security.test_roles import waiting_for_event
@@ -104,7 +104,7 @@ async def test_an_ungranted_producer_cannot_touch_or_detect_the_run(login: MakeL
         run = await q.run(victim).fetch()
         assert run.status is RunStatus.SUSPENDED and run.cancel_requested_at_ms is None
         assert run.payload == {"args": [SECRET], "kwargs": {}}
-        assert await q.complete(victim, "go", "real") is True
+        assert isinstance(await q.complete(victim, "go", "real"), EventCompleted)
         assert (await q.run(victim).result(timeout=20))["answer"] == "real"
 
 

@@ -14,7 +14,7 @@ from typing import LiteralString
 import psycopg
 import pytest
 
-from broker import AsyncQueue
+from broker import AsyncQueue, EventCompleted
 from store.roles import GroupRole
 from store.types import RunStatus
 from tests.security.conftest import Login, MakeLogin
@@ -69,7 +69,7 @@ async def test_a_producer_cannot_admit_a_derived_id_with_raw_sql(login: MakeLogi
             return bool(row and row.waiting and row.waiting.reason == "event")
 
         await until(waiting, 20, "the victim to reach its wait, past its child")
-        assert await q.complete(victim.id, "go", "ok") is True
+        assert isinstance(await q.complete(victim.id, "go", "ok"), EventCompleted)
         assert await victim.result(timeout=20) == {"upper": "V", "kid": 42, "answer": "ok"}
         child = await q.run("victim/child:sec.leaf#1").fetch()
         assert child.status is RunStatus.COMPLETED and child.scopes == ("s1",)

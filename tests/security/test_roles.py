@@ -8,7 +8,7 @@ import pytest
 
 from broker import AsyncQueue, RunNotFound
 from store.roles import GroupRole
-from store.types import RunStatus
+from store.types import EventCompleted, RunStatus
 from tests.security.conftest import MakeLogin
 from tests.support.polling import until
 from worker.process import Worker
@@ -38,7 +38,7 @@ async def test_worker_role_runs_a_flow_end_to_end_for_a_scoped_producer(
     async with AsyncQueue("default", settings=me.settings, scopes=["s1"]) as q:
         run = await q.enqueue("sec.full", "hi", run_id="full-1")
         await waiting_for_event(q, run.id)
-        assert await q.complete(run.id, "go", {"ok": True}) is True
+        assert isinstance(await q.complete(run.id, "go", {"ok": True}), EventCompleted)
         assert await run.result(timeout=20) == {"upper": "HI", "kid": 42, "answer": {"ok": True}}
         # The child inherited the parent's scopes, so the producer sees it too.
         edges = await q.store.dag.children(run.id)

@@ -15,7 +15,7 @@ from typing import Any, LiteralString
 import psycopg
 import pytest
 
-from broker import AsyncQueue
+from broker import AsyncQueue, EventCompleted
 from store import roles
 from store.errors import InvalidInput, LimitExceeded
 from store.roles import GroupRole
@@ -85,7 +85,7 @@ async def test_raw_sql_cannot_store_more_than_the_caps(login: MakeLogin) -> None
         row = await q.store.runs.get("asking")
         assert row is not None and "meta" not in row.state and "junk" not in row.state
         assert await q.store.waits.deferred("asking", "go") is None
-        assert await q.complete("asking", "go", "fine") is True
+        assert isinstance(await q.complete("asking", "go", "fine"), EventCompleted)
         assert (await q.run("asking").result(timeout=20))["answer"] == "fine"
 
 
@@ -124,8 +124,8 @@ async def test_the_api_refuses_first_with_its_typed_errors(
             await q.complete(run.id, "early", "z" * 20_000)
         assert tight.value.field == "value"
         # The answer cap: the smaller of the caller's (1,000 here) and the database's (2).
-        assert await q.complete(run.id, "early-1", 1) is True
-        assert await q.complete(run.id, "early-2", 2) is True
+        assert isinstance(await q.complete(run.id, "early-1", 1), EventCompleted)
+        assert isinstance(await q.complete(run.id, "early-2", 2), EventCompleted)
         with pytest.raises(LimitExceeded):
             await q.complete(run.id, "early-3", 3)
     assert await _raw(me, ANSWER, ("asking", "early-4", "4", None, 10**9, 7)) == ("limit",)

@@ -12,10 +12,12 @@ from broker import AsyncQueue
 from store import Store
 from store.errors import CancelRequestFailed, FlowCycleDetected
 from store.types import (
+    AlreadySatisfied,
     AlreadyTerminal,
     CancelRequested,
     Joined,
     NewRun,
+    OnParentExit,
     Parked,
     RunStatus,
     Transitioned,
@@ -26,6 +28,7 @@ from tests.seed_rules import flows as sr
 from tests.seed_rules.test_lineage import handed_off
 from tests.store.helpers import (
     OWNER_A,
+    OWNER_B,
     OWNER_C,
     activate,
     create,
@@ -113,6 +116,75 @@ async def test_a_diamonds_second_parent_gets_an_edge_on_join(store: Store) -> No
     assert [e.parent_id for e in await store.dag.parents("P1")] == ["R"]
 
 
+async def test_a_parent_joining_an_already_settled_child_gets_its_outcome_at_once(
+    store: Store,
+) -> None:
+    await make_running(store, "P1")
+    await make_running(store, "P2", OWNER_C)
+    await create(store, "D", payload={"n": 1}, parent_id="P1")
+    child = await activate(store, "D", OWNER_A)
+    await store.lifecycle.transition_owned(
+        "D", OWNER_A, child.epoch, RunStatus.COMPLETED, state_patch={"result": 7.0}
+    )
+    joined = await store.runs.create(
+        NewRun(id="D", flow="tests.flow", payload={"n": 1}, parent_id="P2")
+    )
+    assert isinstance(joined, Joined), joined
+    done = await store.waits.deferred("P2", "child:D")
+    assert done is not None, "the joining parent is handed the settled child's outcome"
+    assert done.value == {
+        "status": "completed",
+        "result": 7.0,
+        "error": None,
+        "handed_off_to": None,
+    }
+    assert isinstance(done.value["result"], float)
+    parked = await store.waits.park(
+        "P2", OWNER_C, 1, Waiting(WaitingReason.CHILD, token="D"), deferred="child:D"
+    )
+    assert isinstance(parked, AlreadySatisfied), "it never parks on a wake already sent"
+
+
+async def test_a_parent_joining_a_handed_off_child_gets_every_settled_round(
+    store: Store,
+) -> None:
+    await make_running(store, "P1")
+    await make_running(store, "P2", OWNER_C)
+    await create(store, "C", flow="sr.lineage", parent_id="P1")
+    child = await activate(store, "C", OWNER_A)
+    last = await handed_off(store, child, Handoff(sr.lineage, (0,)))  # C completed, C@1 live
+    await store.lifecycle.transition_owned(
+        last.id, OWNER_A, last.epoch, RunStatus.COMPLETED, state_patch={"result": "end"}
+    )
+    joined = await store.runs.create(NewRun(id="C", flow="sr.lineage", parent_id="P2"))
+    assert isinstance(joined, Joined), joined
+    first = await store.waits.deferred("P2", "child:C")
+    assert first is not None and first.value["handed_off_to"] == last.id
+    followed = await store.waits.deferred("P2", f"child:{last.id}")
+    assert followed is not None and followed.value["result"] == "end"
+
+
+async def test_a_parent_parked_on_a_child_it_joins_after_settlement_is_woken(
+    store: Store,
+) -> None:
+    """A join from outside the parent's body (the parent parked): its wait is cleared."""
+    await make_running(store, "P1")
+    await create(store, "D", parent_id="P1")
+    child = await activate(store, "D", OWNER_B)
+    await store.lifecycle.transition_owned("D", OWNER_B, child.epoch, RunStatus.FAILED)
+    await make_running(store, "P2", OWNER_C)
+    await store.waits.park(
+        "P2", OWNER_C, 1, Waiting(WaitingReason.CHILD, token="D"), deferred="child:D"
+    )
+    assert isinstance(
+        await store.runs.create(NewRun(id="D", flow="tests.flow", parent_id="P2")), Joined
+    )
+    p2 = await must_get(store, "P2")
+    assert p2.status is RunStatus.SUSPENDED and p2.waiting is None, "woken: a claim resumes it"
+    done = await store.waits.deferred("P2", "child:D")
+    assert done is not None and done.value["status"] == "failed"
+
+
 async def test_a_diamonds_second_parent_cancelled_is_inherited_on_join(store: Store) -> None:
     await make_running(store, "P1")
     await make_running(store, "P2", OWNER_C)
@@ -134,6 +206,28 @@ async def test_a_settled_run_gets_no_wake_and_no_receipt_for_a_late_completion(
     assert isinstance(late.outcome, AlreadyTerminal) and late.woke is False
     assert await store.waits.deferred("r", "go") is None
     assert await journal_kinds(store, "r") == before, "no receipt journaled"
+
+
+async def test_a_settled_parent_takes_no_child_deferred(store: Store) -> None:
+    """A child settling after its parent settled writes nothing onto the parent."""
+    parent = await make_running(store, "P")
+    await create(store, "attached", parent_id="P")
+    await create(store, "detached", parent_id="P", on_parent_exit=OnParentExit.DETACH)
+    await make_running(store, "live")  # a second parent of `attached`, still running
+    await store.dag.record_parent("attached", "live")
+    await store.lifecycle.transition_owned("P", OWNER_A, parent.epoch, RunStatus.COMPLETED)
+    kept = await journal_kinds(store, "P")
+    for kid, status in (("attached", RunStatus.CANCELLED), ("detached", RunStatus.COMPLETED)):
+        row = await activate(store, kid, OWNER_C)
+        done = await store.lifecycle.transition_owned(
+            kid, OWNER_C, row.epoch, status, guard=False, state_patch={"result": kid}
+        )
+        assert isinstance(done, Transitioned), done
+        assert await store.waits.deferred("P", f"child:{kid}") is None, kid
+    assert await store.waits.completed_deferreds("P") == []
+    assert await journal_kinds(store, "P") == kept
+    live = await store.waits.deferred("live", "child:attached")
+    assert live is not None and live.value["status"] == "cancelled", "a live parent still does"
 
 
 async def test_a_failed_cancel_write_is_a_typed_retryable_cancel_request_failed(

@@ -9,7 +9,7 @@ import pytest
 
 from broker import AsyncQueue, RunCancelled
 from store import Store
-from store.types import CancelRequested, RunStatus
+from store.types import CancelRequested, EventRunSettled, RunStatus
 from tests.flows.conftest import parked
 from tests.seed_rules import flows as sr
 from worker.process import Worker
@@ -57,6 +57,6 @@ async def test_a_settled_run_answers_false_to_a_late_completion(
     with pytest.raises(RunCancelled):
         await run.result(timeout=15)
     before = [r.kind for r in await store.journal.records(run.id)]
-    assert await queue.complete(run.id, "go", {"late": True}) is False
+    assert isinstance(await queue.complete(run.id, "go", {"late": True}), EventRunSettled)
     assert await store.waits.deferred(run.id, "go") is None
     assert [r.kind for r in await store.journal.records(run.id)] == before

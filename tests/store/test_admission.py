@@ -306,6 +306,36 @@ async def test_timeout_sets_a_deadline_on_the_database_clock(store: Store) -> No
     assert (await create(store, "r2", deadline_ms=42)).state["deadline_ms"] == 42
 
 
+async def test_given_a_deadline_and_a_timeout_the_earlier_wins(store: Store) -> None:
+    now = await db_now(store)
+    late = await create(store, "late", deadline_ms=now + 10**9, timeout_ms=5_000)
+    assert late.deadline_ms is not None and late.deadline_ms <= late.now_ms + 5_000
+    early = await create(store, "early", deadline_ms=now + 50, timeout_ms=5_000)
+    assert early.deadline_ms == now + 50
+
+
+async def test_an_attached_childs_deadline_is_bounded_by_its_parents(store: Store) -> None:
+    """min(own timeout from its admission, the parent's deadline); a detached child keeps
+    its own, and a child of a parent without a deadline has only its own."""
+    parent = await create(store, "parent", timeout_ms=2_000)
+    assert parent.deadline_ms is not None
+    short = await create(store, "short", parent_id="parent", timeout_ms=100)
+    assert short.deadline_ms is not None and short.deadline_ms <= short.now_ms + 100
+    long = await create(store, "long", parent_id="parent", timeout_ms=60_000)
+    assert long.deadline_ms == parent.deadline_ms, "never outlives the parent's deadline"
+    untimed = await create(store, "untimed", parent_id="parent")
+    assert untimed.deadline_ms == parent.deadline_ms
+    spawned = await create(
+        store, "spawned", parent_id="parent", on_parent_exit=OnParentExit.DETACH, timeout_ms=60_000
+    )
+    assert spawned.deadline_ms is not None and spawned.deadline_ms > parent.deadline_ms + 50_000
+    free = await create(store, "free", parent_id="parent", on_parent_exit=OnParentExit.DETACH)
+    assert free.deadline_ms is None
+    await create(store, "open")
+    own = await create(store, "own", parent_id="open", timeout_ms=100)
+    assert own.deadline_ms is not None and own.deadline_ms <= own.now_ms + 100
+
+
 async def test_get_many_reads_the_runs_that_exist(store: Store) -> None:
     await create(store, "a")
     await create(store, "b")

@@ -15,6 +15,8 @@ from store.config import Settings
 from store.types import (
     Activated,
     AlreadySatisfied,
+    Joined,
+    NewRun,
     OnParentExit,
     Parked,
     RunStatus,
@@ -185,3 +187,76 @@ async def test_race_child_settlement_against_parent_park_is_never_lost(
             else:
                 assert isinstance(parked, Parked), parked
                 assert parent.status is RunStatus.SUSPENDED
+
+
+async def test_a_join_waits_for_a_child_settlement_in_flight(
+    settings: Settings, store: Store
+) -> None:
+    """A diamond's second parent joins while the child's settlement is uncommitted: the
+    settlement handed its outcome to the parents it saw, so the join must see it settled."""
+    await make_running(store, "first")
+    await make_running(store, "second", OWNER_C)
+    await make_running(store, "kid", OWNER_B, parent_id="first")
+    async with extra_stores(settings, 1) as (child_side,):
+        settling = asyncio.Event()
+        may_commit = asyncio.Event()
+
+        async def settle() -> None:
+            async with child_side.transaction():
+                done = await child_side.lifecycle.transition_owned(
+                    "kid", OWNER_B, 1, RunStatus.COMPLETED, state_patch={"result": "r"}
+                )
+                assert isinstance(done, Transitioned)
+                settling.set()
+                await may_commit.wait()
+
+        settler = asyncio.ensure_future(settle())
+        try:
+            await settling.wait()
+            join = asyncio.ensure_future(
+                store.runs.create(NewRun(id="kid", flow="tests.flow", parent_id="second"))
+            )
+            await until(
+                partial(lock_waiters, settings.database_url),
+                10.0,
+                "the join to wait for the child's settlement",
+                accept=lambda n: n >= 1 or join.done(),
+                every=0.002,
+            )
+            assert not join.done(), f"decided too early: {join.result()!r}"
+        finally:
+            may_commit.set()  # never leave the settlement's transaction open
+            await settler
+        assert isinstance(await join, Joined)
+    done = await store.waits.deferred("second", "child:kid")
+    assert done is not None and done.value["result"] == "r"
+
+
+async def test_race_child_settlement_against_a_second_parent_joining_is_never_lost(
+    settings: Settings, store: Store
+) -> None:
+    async with extra_stores(settings, 2) as (parent_side, child_side):
+        for i in range(ITERATIONS // 2):
+            first, second, kid_id = f"first-{i}", f"second-{i}", f"kid-{i}"
+            await make_running(store, first)
+            await make_running(store, second, OWNER_C)
+            await make_running(store, kid_id, OWNER_B, parent_id=first)
+            joined, settled = await race_pair(
+                partial(
+                    parent_side.runs.create,
+                    NewRun(id=kid_id, flow="tests.flow", parent_id=second),
+                ),
+                partial(
+                    child_side.lifecycle.transition_owned,
+                    kid_id,
+                    OWNER_B,
+                    1,
+                    RunStatus.COMPLETED,
+                ),
+                second_starts_first=i % 2 == 1,
+            )
+            assert isinstance(joined, Joined), joined
+            assert isinstance(settled, Transitioned), settled
+            for parent in (first, second):
+                got = await store.waits.deferred(parent, f"child:{kid_id}")
+                assert got is not None, f"{parent} never got the outcome of {kid_id}"

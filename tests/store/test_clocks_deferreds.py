@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from store import Store
+from store.deferreds import Completion
 from store.errors import InvalidInput
 from store.types import (
     ClockAlreadyCompleted,
@@ -14,6 +15,8 @@ from store.types import (
     ClockScheduled,
     DeferredCompleted,
     DeferredExisting,
+    EventCompleted,
+    EventTimedOut,
     NotFound,
     NotOwner,
     RunStatus,
@@ -21,6 +24,7 @@ from store.types import (
     Waiting,
     WaitingReason,
 )
+from store.values import text_digest
 from tests.store.helpers import (
     OWNER_A,
     OWNER_B,
@@ -57,6 +61,44 @@ async def test_first_completion_wins(store: Store) -> None:
     assert second.outcome.row == row
     assert await store.waits.deferred("r1", "evt") == row
     assert (await journal_kinds(store, "r1")).count("deferred-completed") == 1
+
+
+async def test_a_losing_completion_is_told_whether_the_winner_has_its_digest(
+    store: Store,
+) -> None:
+    await create(store, "r1")
+    first = await store.waits.complete_deferred("r1", "evt", {"b": 2, "a": 1.5})
+    assert isinstance(first.outcome, DeferredCompleted)
+    won = first.outcome.row
+    assert won.digest == text_digest('{"a":1.5,"b":2}'), "the digest of the text stored"
+    retried = await store.waits.complete_deferred("r1", "evt", {"a": 1.5, "b": 2})
+    assert retried.outcome == DeferredExisting(won, same=True), "its own value won"
+    other = await store.waits.complete_deferred("r1", "evt", {"a": 2})
+    assert other.outcome == DeferredExisting(won, same=False), "another value won"
+    (record,) = [r for r in await store.journal.records("r1") if r.kind == "deferred-completed"]
+    assert record.payload["digest"] == won.digest, "the journal says which value won"
+
+
+async def test_a_waits_timeout_is_a_completion_no_later_answer_overwrites(
+    store: Store,
+) -> None:
+    await create(store, "r1")
+    timed = await store.waits.time_out("r1", "evt")
+    assert isinstance(timed.outcome, DeferredCompleted) and timed.outcome.row.timed_out
+    late = await store.waits.answer_event("r1", "evt", None)
+    assert late == EventTimedOut("r1", "evt"), "never taken for an answer, even a null one"
+    again = await store.waits.complete_deferred("r1", "evt", None)
+    assert again.outcome == DeferredExisting(timed.outcome.row, same=False)
+    assert await store.waits.time_out("r1", "evt") == Completion(
+        DeferredExisting(timed.outcome.row, same=False), woke=False
+    )
+
+    await create(store, "r2")
+    answered = await store.waits.answer_event("r2", "evt", "in time")
+    assert isinstance(answered, EventCompleted)
+    lost = await store.waits.time_out("r2", "evt")
+    assert isinstance(lost.outcome, DeferredExisting) and not lost.outcome.row.timed_out
+    assert lost.outcome.row.value == "in time", "an answer that came first stands"
 
 
 async def test_completion_with_no_value(store: Store) -> None:

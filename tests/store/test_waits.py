@@ -26,6 +26,7 @@ from store.types import (
     WaitingRow,
     Woken,
 )
+from store.values import text_digest
 from store.waits import token_hash
 from tests.store.helpers import (
     OWNER_A,
@@ -131,7 +132,7 @@ async def test_completion_after_a_park_wakes_the_run(store: Store) -> None:
     assert row.status is RunStatus.SUSPENDED and row.waiting is None
     record = (await store.journal.last("r1", limit=1))[0]
     assert record.kind == "deferred-completed"
-    assert record.payload == {"name": "evt", "woke": True}
+    assert record.payload == {"name": "evt", "woke": True, "digest": text_digest('{"v":1}')}
     assert (await activate(store, "r1", OWNER_B)).epoch == 2
 
 

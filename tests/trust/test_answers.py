@@ -10,10 +10,12 @@ from __future__ import annotations
 import pytest
 
 import tests.trust.flows as tf
-from broker import AsyncQueue
+from broker import AsyncQueue, EventCompleted, EventExisting, EventRunSettled
 from store import Store
 from store.config import Settings
 from store.errors import InvalidInput, LimitExceeded, NotAnswerable
+from store.types import RunStatus
+from store.values import text_digest
 from store.waits import token_hash
 from tests.flows.conftest import parked
 from tests.ops.conftest import Cli
@@ -118,6 +120,38 @@ async def test_an_early_answer_to_an_ordinary_event_still_lands(
     run = await queue.enqueue(tf.waiter)
     assert await queue.complete(run.id, "go", "early")  # before or after the park: both fine
     assert await run.result(timeout=10) == "early"
+
+
+async def test_a_second_answer_learns_whether_its_value_is_the_one_that_stands(
+    settings: Settings, store: Store
+) -> None:
+    """EventCompleted, then EventExisting(same=True) for the same value (a retry after a
+    lost reply: truthy, even at the answer cap) or same=False for another; the winner's
+    digest on the deferred and in the journal."""
+    tight = settings.model_copy(update={"max_answers_per_run": 1})
+    async with AsyncQueue("default", settings=tight) as q:
+        run = await q.enqueue(tf.waiter)  # nobody runs it: early answers only
+        first = await q.complete(run.id, "go", {"b": 2, "a": 1.5})
+        assert isinstance(first, EventCompleted) and first
+        assert first.digest == text_digest('{"a":1.5,"b":2}')
+        again = await q.complete(run.id, "go", {"a": 1.5, "b": 2})
+        assert again == EventExisting(run.id, "go", first.digest, same=True) and again
+        other = await q.complete(run.id, "go", "something else")
+        assert other == EventExisting(run.id, "go", first.digest, same=False) and not other
+    stored = await store.waits.deferred(run.id, "go")
+    assert stored is not None and stored.digest == first.digest
+    (done,) = [r for r in await store.journal.records(run.id) if r.kind == "deferred-completed"]
+    assert done.payload["digest"] == first.digest
+
+
+async def test_an_answer_to_a_settled_run_is_run_settled(
+    worker: Worker, queue: AsyncQueue, store: Store
+) -> None:
+    run = await queue.enqueue(tf.waiter)
+    await queue.complete(run.id, "go", "yes")
+    assert await run.result(timeout=10) == "yes"
+    late = await queue.complete(run.id, "late", "no")
+    assert late == EventRunSettled(run.id, RunStatus.COMPLETED) and not late
 
 
 async def test_answers_per_run_are_capped(settings: Settings, store: Store) -> None:

@@ -24,7 +24,7 @@ async def test_a_takeover_is_shown_with_its_evidence(
     client = await dashboard()
     a = spawn()
     await a.wait_started()
-    run = await queue.enqueue(flows.sleepy, 4000, "dashboard")
+    run = await queue.enqueue(flows.sleepy, 8000, "dashboard")  # outlasts B's start
     await until(lambda: running_on(store, run.id, a.pid), 10, "run to start on A")
     b = spawn()
     await b.wait_started()

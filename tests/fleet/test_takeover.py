@@ -22,13 +22,14 @@ async def test_sigkill_mid_run_is_stolen_with_evidence(
 ) -> None:
     a = spawn()
     await a.wait_started()
-    run = await queue.enqueue(flows.sleepy, 2000, "k")
+    # Long enough that B starts before the body ends on A, on a loaded 2-core box too.
+    run = await queue.enqueue(flows.sleepy, 8000, "k")
     await until(lambda: running_on(store, run.id, a.pid), 10, "run to start on A")
     b = spawn()
     await b.wait_started()
     a.signal(signal.SIGKILL)
-    # Recovery budget: stale_after + two sweep ticks, then the 2 s body runs again.
-    result = await run.result(timeout=settings.stale_after + 2 * settings.sweep_interval + 2 + 3)
+    # Recovery budget: stale_after + two sweep ticks, then the 8 s body runs again.
+    result = await run.result(timeout=settings.stale_after + 2 * settings.sweep_interval + 8 + 5)
     assert result["pid"] == b.pid
     (steal,) = await records(store, run.id, "stolen-and-activated")
     previous = Owner.parse(str(steal.payload["previous_owner"]))
@@ -43,7 +44,7 @@ async def test_sigstopped_owner_is_stolen_and_never_settles(
 ) -> None:
     a = spawn()
     await a.wait_started()
-    run = await queue.enqueue(flows.sleepy, 1500, "s")
+    run = await queue.enqueue(flows.sleepy, 8000, "s")  # outlasts B's start on A
     first = await until(lambda: running_on(store, run.id, a.pid), 10, "run to start on A")
     b = spawn()
     await b.wait_started()
@@ -52,7 +53,7 @@ async def test_sigstopped_owner_is_stolen_and_never_settles(
     stolen = await until(lambda: running_on(store, run.id, b.pid), 40, "B to steal the run")
     assert stolen.epoch > first.epoch
     a.signal(signal.SIGCONT)
-    assert (await run.result(timeout=10))["pid"] == b.pid
+    assert (await run.result(timeout=20))["pid"] == b.pid
     (steal,) = await records(store, run.id, "stolen-and-activated")
     # A stopped process still has its pid; its key expired, so the pid no longer vouches.
     assert steal.payload["probe"] == "same-host-pid-reused"

@@ -24,7 +24,7 @@ async def test_explain_after_sigkill_names_the_evidence_and_the_previous_owner(
 ) -> None:
     a = spawn()
     await a.wait_started()
-    run = await queue.enqueue(flows.sleepy, 4000, "explain")
+    run = await queue.enqueue(flows.sleepy, 8000, "explain")  # outlasts B's start
     await until(lambda: running_on(store, run.id, a.pid), 10, "run to start on A")
     port = free_port()
     b = spawn(extra_args=["--metrics-port", str(port)])

@@ -9,6 +9,9 @@ from worker import Context, Handoff, flow
 UNDONE: list[str] = []
 """Compensations that ran, in order (in-process workers only)."""
 
+STARTED: list[str] = []
+"""Run ids whose body began, written by user code before any durable call (in-process)."""
+
 
 def undo(output: Any) -> None:
     UNDONE.append(str(output))
@@ -47,5 +50,13 @@ async def timed(ctx: Context) -> str:
 
 @flow(name="sr.waiter")
 async def waiter(ctx: Context) -> str:
+    await ctx.wait_for("go")
+    return "done"
+
+
+@flow(name="sr.marks_start")
+async def marks_start(ctx: Context) -> str:
+    """User code with a side effect before any durable call: a body that began is seen."""
+    STARTED.append(ctx.run_id)
     await ctx.wait_for("go")
     return "done"

@@ -142,11 +142,47 @@ async def test_a_delivered_message_naming_another_flow_claims_by_the_row(
 async def test_a_delivered_run_with_a_cancel_asked_is_closed_not_started(
     store: Store, settings: Settings
 ) -> None:
-    await create(store, "r", flow="sr.waiter")
+    """``sr.marks_start`` writes a marker before its first durable call (which is itself
+    cancel-guarded): only the driver's own check keeps user code from running."""
+    sr.STARTED.clear()
+    await create(store, "r", flow="sr.marks_start")
     await store.lifecycle.request_cancel("r")
-    await driver(store, settings).drive("r", delivered_flow="sr.waiter")
+    await driver(store, settings).drive("r", delivered_flow="sr.marks_start")
+    assert sr.STARTED == [], "user code ran for a run cancelled before it started"
     assert (await must_get(store, "r")).status is RunStatus.CANCELLED
     assert Kind.CLAIMED_AND_ACTIVATED in await kinds(store, "r")  # claimed to close it
+
+
+async def test_a_run_cancelled_before_it_starts_never_executes_user_code(
+    store: Store, settings: Settings
+) -> None:
+    """Every way a drive activates a run whose cancel was asked first (a claim from its
+    row, a delivered claim, a steal of a stale lease) closes it without calling the body."""
+    sr.STARTED.clear()
+    mine = driver(store, settings)
+    for run_id, delivered in (("claimed", None), ("delivered", "sr.marks_start")):
+        await create(store, run_id, flow="sr.marks_start")
+        await store.lifecycle.request_cancel(run_id)
+        assert await mine.drive(run_id, delivered_flow=delivered) == "activated"
+    running = await make_running(store, "stolen", OTHER, flow="sr.marks_start")
+    await store.lifecycle.request_cancel("stolen")
+    await until(
+        lambda: db_now(store),
+        10.0,
+        "the lease to turn stale by database time",
+        accept=lambda now: now > (running.heartbeat_at_ms or 0) + settings.stale_after_ms,
+        every=0.002,
+    )
+    assert await mine.drive("stolen") == "stolen"
+    assert sr.STARTED == [], "user code ran for a run cancelled before it started"
+    for run_id in ("claimed", "delivered", "stolen"):
+        row = await must_get(store, run_id)
+        assert row.status is RunStatus.CANCELLED, row
+        assert Kind.INTERRUPTED in await kinds(store, run_id)
+    # The same flow does run when nobody cancelled it: the marker is a real witness.
+    await create(store, "control", flow="sr.marks_start")
+    assert await mine.drive("control") == "activated"
+    assert sr.STARTED == ["control"]
 
 
 async def test_cancelled_runs_of_an_unregistered_flow_are_closed_when_suspended(
@@ -331,3 +367,39 @@ async def test_a_failed_drive_cleans_up_in_place_instead_of_orphaning_its_activa
     assert row.waiting is not None and row.waiting.reason == "released"
     released = [r for r in await store.journal.records("r") if r.kind == Kind.INTERRUPT_RELEASED]
     assert released[-1].payload["detail"] == "drive-failed" and released[-1].payload["epoch"] == 2
+
+
+async def test_a_lost_steal_leaves_activation_lost_evidence(
+    store: Store, settings: Settings
+) -> None:
+    """Two observers find the same lease stale; the row lock forces the order. The one that
+    lost journals ``activation-lost`` (that exact kind: operators and tools read it) naming
+    the lease it saw and what changed, once, and activates nothing."""
+    third = Owner("host-third", 4444, "nonce-third")
+    running = await make_running(store, "r", third, flow="sr.waiter")
+    await until(
+        lambda: db_now(store),
+        10.0,
+        "the lease to turn stale by database time",
+        accept=lambda now: now > (running.heartbeat_at_ms or 0) + settings.stale_after_ms,
+        every=0.002,
+    )
+    winner, loser = driver(store, settings, ME), driver(store, settings, OTHER)
+    won, lost = await in_lock_order(
+        settings.database_url, "r", lambda: winner.drive("r"), lambda: loser.drive("r")
+    )
+    assert (won, lost) == ("stolen", "activation_lost")
+    records = await store.journal.records("r")
+    evidence = [r for r in records if r.kind == "activation-lost"]
+    assert len(evidence) == 1, [r.kind for r in records]
+    (lost_record,) = evidence
+    assert lost_record.payload == {
+        "observer": OTHER.key,
+        "outcome": "snapshot-changed",
+        "expected_epoch": running.epoch,
+    }
+    assert lost_record.source_id == (
+        f"evidence:r:{third.key}:{running.heartbeat_at_ms}:activation-lost::{OTHER.key}"
+    ), "addressed by the lease it lost to: a repeat is a duplicate, not a second record"
+    steals = [r for r in records if r.kind == Kind.STOLEN_AND_ACTIVATED]
+    assert [s.payload["owner"] for s in steals] == [ME.key], "only the winner activated"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from worker import Context, Handoff, flow
@@ -11,6 +12,9 @@ UNDONE: list[str] = []
 
 STARTED: list[str] = []
 """Run ids whose body began, written by user code before any durable call (in-process)."""
+
+STOPPED: list[str] = []
+"""Run ids whose body was cancelled mid-way (``sr.holds``; in-process workers only)."""
 
 
 def undo(output: Any) -> None:
@@ -60,3 +64,15 @@ async def marks_start(ctx: Context) -> str:
     STARTED.append(ctx.run_id)
     await ctx.wait_for("go")
     return "done"
+
+
+@flow(name="sr.holds")
+async def holds(ctx: Context) -> str:
+    """Runs until something stops it (no durable call to notice a lapse by itself)."""
+    STARTED.append(ctx.run_id)
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        STOPPED.append(ctx.run_id)
+        raise
+    return "never"

@@ -24,13 +24,16 @@ from tests.store.helpers import (
     activate,
     create,
     db_now,
+    extra_stores,
     make_parked,
     make_running,
     must_get,
+    row_lock_gate,
 )
 from tests.support.polling import until
 from worker.coordinator import Coordinator
 from worker.driver import Driver
+from worker.lease import Lease, LeaseGate, LeaseSignals
 from worker.outcomes import Cause
 
 ME = Owner("host-me", 4242, "nonce-me")
@@ -214,19 +217,60 @@ async def test_cancelled_runs_of_an_unregistered_flow_are_closed_when_stale_runn
 async def test_a_lapsed_lease_releases_with_cause_lease_lapsed(
     store: Store, settings: Settings
 ) -> None:
-    for run_id, cause, recorded in (
-        ("a", Cause.LEASE_LAPSED, "lease-lapsed"),
-        ("b", Cause.SHUTDOWN, "interrupted"),
-    ):
-        await create(store, run_id, flow="sr.waiter")
-        row = await activate(store, run_id, ME)
-        assert await driver(store, settings).release(row, cause) is True
-        released = [
-            r for r in await store.journal.records(run_id) if r.kind == Kind.INTERRUPT_RELEASED
-        ]
-        assert released[-1].payload["cause"] == recorded and released[-1].payload["detail"] == cause
-        parked = await must_get(store, run_id)
-        assert parked.waiting is not None and parked.waiting.reason == "released"
+    """End to end, wired as a worker wires it: renewals stall in Postgres itself (a row
+    lock the heartbeat statement queues behind), the lapse loop interrupts the body on its
+    own timer, and the drive hands the run back journaled ``lease-lapsed``, fenced at the
+    epoch it ran, as soon as the database answers again. Nothing here calls ``release``."""
+    sr.STARTED.clear()
+    sr.STOPPED.clear()
+    await create(store, "r", flow="sr.holds")
+    gate = LeaseGate(settings)
+    signals = LeaseSignals()
+    mine = Driver(store, ME, settings, lease_ok=gate.open)
+    async with extra_stores(settings, 1) as (lease_store,):
+        lease = Lease(lease_store, mine, ME, settings, gate=gate, signals=signals)
+        assert await lease.tick() is not None and gate.open()
+        drive = asyncio.ensure_future(mine.drive("r"))
+        try:
+            await until(
+                lambda: _true_if(sr.STARTED == ["r"]), 10.0, "the body to start", every=0.005
+            )
+            async with row_lock_gate(settings.database_url, "r") as lock:
+                lease.start()
+                await signals.lapsed.wait(settings.stale_after * 5)
+                assert lease.lapsed and not gate.open()
+                await until(
+                    lambda: _true_if(sr.STOPPED == ["r"]), 10.0, "the lapse to stop the body"
+                )
+                # The release queues behind the lock too: nothing is written while stalled.
+                await until(lock.waiters, 10.0, "the release to queue", accept=lambda n: n >= 2)
+                assert Kind.INTERRUPT_RELEASED not in await kinds(store, "r")
+            assert await asyncio.wait_for(drive, 10.0) == "activated"
+        finally:
+            lease.stop()
+            assert await lease.wait_stopped(5)
+            if not drive.done():
+                drive.cancel()
+    released = [r for r in await store.journal.records("r") if r.kind == Kind.INTERRUPT_RELEASED]
+    assert len(released) == 1, await kinds(store, "r")
+    assert released[0].payload["cause"] == "lease-lapsed"
+    assert released[0].payload["detail"] == "lease-lapsed"
+    assert released[0].payload["epoch"] == 1
+    assert released[0].source_id == store.db.source_id, "written by the drive that lapsed"
+    parked = await must_get(store, "r")
+    assert parked.status is RunStatus.SUSPENDED and parked.owner is None
+    assert parked.waiting is not None and parked.waiting.reason == "released"
+    assert Kind.TRANSITIONED not in await kinds(store, "r"), "a lapse is not a settlement"
+    # The other cause a drive releases with is recorded as such (shutdown: "interrupted").
+    await create(store, "b", flow="sr.waiter")
+    row = await activate(store, "b", ME)
+    assert await driver(store, settings).release(row, Cause.SHUTDOWN) is True
+    (shutdown,) = [r for r in await store.journal.records("b") if r.kind == Kind.INTERRUPT_RELEASED]
+    assert shutdown.payload["cause"] == "interrupted" and shutdown.payload["detail"] == "shutdown"
+
+
+async def _true_if(value: bool) -> bool:
+    return value
 
 
 async def test_shutdown_does_not_downgrade_an_already_parked_run_to_released(

@@ -101,9 +101,6 @@ def load_targets(path: Path = TARGETS) -> dict[str, Target]:
         tests = tuple(str(t) for t in table.get("tests", ()))
         if not tests:
             raise MutateError(f"{path}: target {module!r} lists no tests")
-        for test in tests:
-            if not (ROOT / test.split("::", 1)[0]).exists():
-                raise MutateError(f"{path}: target {module!r}: no such test file {test!r}")
         targets[module] = Target(module, tests, int(table.get("timeout", 30)))
     return targets
 
@@ -248,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
         if target is None:
             known = ", ".join(sorted(targets))
             raise MutateError(f"{args.module!r} is not a target in {TARGETS} (known: {known})")
+        for test in target.tests:
+            if not (ROOT / test.split("::", 1)[0]).exists():
+                raise MutateError(f"{TARGETS}: {target.module}: no such test file {test!r}")
         where = ROOT / "build" / "mutate" / target.slug
         prepare(target, where, keep=args.keep)
         command = mutmut_command()

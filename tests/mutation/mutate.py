@@ -42,10 +42,16 @@ LINKED = ("store", "broker", "worker", "ops", "tests")
 """What the scratch project links to: the packages (copied, one module mutated) and tests."""
 SOURCES = ("store", "broker", "worker", "ops")
 
-KILLED = {1, 3, 36, 24, -24, 152, 255, -9, -11}
-"""mutmut exit codes that mean a test caught the mutant (failed, crashed or timed out)."""
 SURVIVED = {0}
 NO_TESTS = {5, 33}
+UNCHECKED = {None, 2, 34}
+"""Not run (yet), interrupted, or skipped."""
+
+
+def killed(code: int | None) -> bool:
+    """Any other exit is a kill: a test failed, timed out (36, SIGXCPU) or the mutant
+    crashed the test process (a signal, e.g. ``os.kill(pid, 1)`` sending itself SIGHUP)."""
+    return code not in SURVIVED | NO_TESTS | UNCHECKED
 
 
 class MutateError(Exception):
@@ -173,7 +179,7 @@ def summarize(target: Target, where: Path, equivalent: set[str]) -> Summary:
     codes: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"]
     groups: dict[str, list[str]] = {"killed": [], "survived": [], "no_tests": [], "unchecked": []}
     for name, code in sorted(codes.items()):
-        if code in KILLED:
+        if killed(code):
             groups["killed"].append(name)
         elif code in SURVIVED:
             groups["survived"].append(name)

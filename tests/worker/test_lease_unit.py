@@ -6,6 +6,7 @@ margin is checked at its exact edge; runs are real drives of ``sr.holds`` bodies
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -353,3 +354,109 @@ async def test_the_running_lease_renews_every_interval_and_stops_when_asked(
     count = signals.renewed.count
     await asyncio.sleep(settings.heartbeat_interval * 2)
     assert signals.renewed.count == count, "no renewal after stop"
+
+
+async def test_every_run_still_held_after_a_lapse_gets_its_own_reconfirmed_record(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="runfleet.worker.lease")
+    for run_id in ("a", "b"):
+        await rig.hold(run_id)
+    rig.lease.gate.lapsed = True
+    beat = await rig.lease.tick()
+    assert beat is not None and rig.lease.lapsed is False
+    for run_id in ("a", "b"):
+        records = [
+            r for r in await rig.store.journal.records(run_id) if r.kind == "lease-reconfirmed"
+        ]
+        assert len(records) == 1, f"{run_id}: one record each, at addresses of their own"
+        assert records[0].payload["confirmed_ms"] == beat.now_ms
+    (line,) = [r for r in caplog.records if r.getMessage() == "lease.reconfirmed"]
+    assert line.__dict__["owner"] == ME.key
+
+
+async def test_a_reconfirmed_record_that_cannot_be_written_is_logged_with_its_run(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="runfleet.worker.lease")
+    await rig.hold("r")
+
+    async def broken(*_args: object, **_kwargs: object) -> object:
+        raise psycopg.OperationalError("journal unreachable")
+
+    monkeypatch.setattr(rig.store.journal, "emit", broken)
+    rig.lease.gate.lapsed = True
+    assert await rig.lease.tick() is not None
+    (line,) = [r for r in caplog.records if r.getMessage() == "journal.evidence_failed"]
+    assert line.__dict__["run_id"] == "r"
+    assert line.__dict__["kind"] == "lease-reconfirmed"
+    assert "journal unreachable" in line.__dict__["error"]
+
+
+async def test_the_lapse_loop_lapses_on_its_own_timer_and_ends_when_stopped(
+    rig: Rig, clock: Clock
+) -> None:
+    """Without any renewal running (none would check): the lapse loop alone notices."""
+    await rig.hold("r")
+    clock.now += rig.settings.lapse_after + 1.0
+    loop_task = asyncio.ensure_future(rig.lease._lapse_loop())
+    try:
+        await rig.signals.lapsed.wait(5)
+        assert rig.cause("r") is Cause.LEASE_LAPSED
+    finally:
+        rig.lease._stopping.set()
+        await asyncio.wait_for(loop_task, 5)
+
+
+async def test_the_running_lease_names_its_loops_and_stops_at_once(
+    store: Store, settings: Settings
+) -> None:
+    """Stop wakes every loop, the liveness one waiting a whole (long) interval included."""
+    slow = settings.model_copy(update={"heartbeat_interval": 5.0, "stale_after": 25.0})
+
+    async def refresh(_confirmed: int, _lapsed: bool, _runs: int) -> None:
+        return None
+
+    signals = LeaseSignals()
+    lease = Lease(
+        store, Driver(store, ME, slow), ME, slow, refresh_liveness=refresh, signals=signals
+    )
+    lease.start()
+    assert await signals.renewed.wait(5) is not None
+    assert await signals.published.wait(5) is True
+    names = {task.get_name() for task in asyncio.all_tasks()}
+    assert {"lease-renew", "lease-lapse", "lease-liveness"} <= names
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    lease.stop()
+    assert await lease.wait_stopped(2.0), "stop did not wake a loop"
+    assert loop.time() - began < 2.0
+
+
+async def test_renewals_keep_their_interval_when_each_takes_a_while(
+    store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pause after a renewal is the interval less the renewal's own time."""
+    real = store.runs.heartbeat
+    took = settings.heartbeat_interval * 0.75
+
+    async def slow(me: Owner, run_ids: list[str]) -> object:
+        await asyncio.sleep(took)
+        return await real(me, run_ids)
+
+    monkeypatch.setattr(store.runs, "heartbeat", slow)
+    signals = LeaseSignals()
+    lease = Lease(store, Driver(store, ME, settings), ME, settings, signals=signals)
+    loop = asyncio.get_running_loop()
+    lease.start()
+    try:
+        await signals.renewed.wait(5)
+        began = loop.time()
+        for _ in range(4):
+            assert await signals.renewed.wait(5) is not None
+        period = (loop.time() - began) / 4
+    finally:
+        lease.stop()
+        assert await lease.wait_stopped(5)
+    interval = settings.heartbeat_interval
+    assert period < interval + took * 0.8, f"{period:.3f} s between renewals"

@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tomllib
@@ -163,6 +164,26 @@ def mutmut_command() -> list[str]:
     return [found, "run", "--max-children", "1"]
 
 
+def run_mutmut(command: list[str], where: Path, env: dict[str, str]) -> int:
+    """Run mutmut in its own process group; stopping this run (Ctrl-C, SIGTERM) ends the
+    whole group (mutmut forks a child per mutant), so no mutant outlives it."""
+    proc = subprocess.Popen(command, cwd=where, env=env, start_new_session=True)
+    try:
+        return proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _stop_on_sigterm(_signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signal.SIGTERM)  # unwinds: mutmut's group and the servers end
+
+
 def services_env() -> tuple[dict[str, str], Endpoints]:
     """The environment every mutant's tests run with, and what to close afterwards."""
     endpoints = resolve("test")
@@ -241,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-diffs", action="store_true", help="do not print survivors' diffs")
     parser.add_argument("--list", action="store_true", help="list the targets and exit")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         targets = load_targets()
         if args.list or not args.module:
@@ -259,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         command = mutmut_command()
         env, endpoints = services_env()
         try:
-            done = subprocess.run(command, cwd=where, env=env, check=False)
+            returncode = run_mutmut(command, where, env)
             equivalent = equivalent_mutants()
             summary = summarize(target, where, equivalent)
             if not args.no_diffs:
@@ -271,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(report(target, summary, equivalent))
     print(f"  (results kept in {where.relative_to(ROOT)}; `cd` there and `mutmut browse`)")
-    return done.returncode
+    return returncode
 
 
 if __name__ == "__main__":

@@ -85,6 +85,15 @@ async def test_a_lease_exactly_stale_after_old_is_still_fresh_and_nobody_is_prob
         "observer": ME.key,
         "heartbeat_at_ms": row.heartbeat_at_ms,
     }
+    (address,) = [
+        r.source_id
+        for r in await store.journal.records("r")
+        if r.kind == Kind.STEAL_REFUSED_OWNER_ALIVE
+    ]
+    assert address == (
+        f"evidence:r:{THEM.key}:{row.heartbeat_at_ms}:"
+        f"{Kind.STEAL_REFUSED_OWNER_ALIVE}:lease-fresh:{ME.key}"
+    ), "addressed by the owner whose lease refused it"
     past = replace(row, now_ms=row.heartbeat_at_ms + settings.stale_after_ms + 1)
     # One ms later this process thinks it stale and asks the probe; the database, whose
     # clock decides, still finds the lease fresh: refused, nothing stolen.

@@ -168,6 +168,12 @@ async def test_a_vouched_for_owner_is_refused_with_the_probe_named_then_backed_o
         "heartbeat_at_ms": row.heartbeat_at_ms,
         "probe": "cross-host-key-fresh",
     }
+    (address,) = [
+        r.source_id
+        for r in await store.journal.records("r")
+        if r.kind == Kind.STEAL_REFUSED_OWNER_ALIVE
+    ]
+    assert address.startswith(f"evidence:r:{THEM.key}:{row.heartbeat_at_ms}:"), address
     assert (await must_get(store, "r")).owner == THEM
     assert sample("runfleet_steals_total", evidence="cross-host-key-fresh") == before
 

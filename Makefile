@@ -31,11 +31,13 @@ demo: $(STAMP)
 	$(BIN)/python -m ops.demo
 
 # Mutation testing of ONE module against the tests tests/mutation/targets.toml maps it to
-# (`make mutate MODULE=worker/lease.py`; `make mutate` lists the targets). One mutant at a
-# time, minutes per module; results stay in build/mutate/. Not part of `make test`.
+# (`make mutate MODULE=worker/lease.py`; `make mutate` lists the targets; ARGS=--retest
+# re-runs only the last run's survivors). One mutant at a time, minutes per module;
+# results stay in build/mutate/. Not part of `make test`.
 MODULE ?=
+ARGS ?=
 mutate: $(STAMP)
-	$(BIN)/python -m tests.mutation.mutate $(if $(MODULE),$(MODULE),--list)
+	$(BIN)/python -m tests.mutation.mutate $(if $(MODULE),$(MODULE) $(ARGS),--list)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -156,12 +156,21 @@ def prepare(target: Target, where: Path, *, keep: bool) -> None:
     (where / "pyproject.toml").write_text(pyproject + mutmut_table(target))
 
 
-def mutmut_command() -> list[str]:
+def mutmut_command(names: list[str] | None = None) -> list[str]:
+    """``mutmut run``, one mutant at a time; with ``names``, only those mutants again."""
     script = Path(sys.executable).with_name("mutmut")
     found = str(script) if script.exists() else shutil.which("mutmut")
     if found is None:
         raise MutateError("mutmut is not installed: pip install -e '.[dev]'")
-    return [found, "run", "--max-children", "1"]
+    return [found, "run", "--max-children", "1", *(names or [])]
+
+
+def refresh_tests(where: Path) -> None:
+    """Copy the tests as they are now over the previous run's copy (``--retest``)."""
+    copy = where / "mutants" / "tests"
+    if not copy.exists():
+        raise MutateError(f"no previous run in {where}: run without --retest first")
+    shutil.copytree(ROOT / "tests", copy, dirs_exist_ok=True)
 
 
 def run_mutmut(command: list[str], where: Path, env: dict[str, str]) -> int:
@@ -259,6 +268,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("module", nargs="?", help="e.g. worker/lease.py (see targets.toml)")
     parser.add_argument("--keep", action="store_true", help="resume the previous run")
+    parser.add_argument(
+        "--retest",
+        action="store_true",
+        help="re-run only the previous run's survivors, against the tests as they are now",
+    )
     parser.add_argument("--no-diffs", action="store_true", help="do not print survivors' diffs")
     parser.add_argument("--list", action="store_true", help="list the targets and exit")
     args = parser.parse_args(argv)
@@ -277,11 +291,17 @@ def main(argv: list[str] | None = None) -> int:
             if not (ROOT / test.split("::", 1)[0]).exists():
                 raise MutateError(f"{TARGETS}: {target.module}: no such test file {test!r}")
         where = ROOT / "build" / "mutate" / target.slug
-        prepare(target, where, keep=args.keep)
-        command = mutmut_command()
+        if args.retest:
+            survivors = summarize(target, where, equivalent_mutants()).unexplained()
+            refresh_tests(where)
+            prepare(target, where, keep=True)
+            command = mutmut_command(survivors) if survivors else []
+        else:
+            prepare(target, where, keep=args.keep)
+            command = mutmut_command()
         env, endpoints = services_env()
         try:
-            returncode = run_mutmut(command, where, env)
+            returncode = run_mutmut(command, where, env) if command else 0
             equivalent = equivalent_mutants()
             summary = summarize(target, where, equivalent)
             if not args.no_diffs:

@@ -129,8 +129,9 @@ def test_the_gate_opens_on_a_confirmation_and_expires_exactly_at_the_lapse_margi
 
 
 async def test_a_renewal_confirms_what_it_renewed_and_interrupts_what_it_did_not(
-    rig: Rig, clock: Clock
+    rig: Rig, clock: Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="runfleet.worker.lease")
     for run_id in ("kept", "gone", "cancelled"):
         await rig.hold(run_id)
     gone = rig.driver.owned["gone"].ctx
@@ -146,6 +147,8 @@ async def test_a_renewal_confirms_what_it_renewed_and_interrupts_what_it_did_not
     assert rig.lease.last_confirmed_ms == beat.now_ms
     assert rig.cause("kept") is None
     assert rig.cause("gone") is Cause.LOST_FENCE
+    (lost,) = [r for r in caplog.records if r.getMessage() == "run.fence_lost"]
+    assert (lost.__dict__["run_id"], lost.__dict__["via"]) == ("gone", "heartbeat")
     await asyncio.wait_for(rig.drives["cancelled"], 10)
     assert (await must_get(rig.store, "cancelled")).status is RunStatus.CANCELLED
     await asyncio.wait_for(rig.drives["gone"], 10)
@@ -154,8 +157,9 @@ async def test_a_renewal_confirms_what_it_renewed_and_interrupts_what_it_did_not
 
 
 async def test_a_failed_renewal_is_unconfirmed_counted_and_may_lapse_the_lease(
-    rig: Rig, clock: Clock, monkeypatch: pytest.MonkeyPatch
+    rig: Rig, clock: Clock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="runfleet.worker.lease")
     await rig.hold("r")
     clock.now = 1024.0
     assert await rig.lease.tick() is not None
@@ -174,6 +178,12 @@ async def test_a_failed_renewal_is_unconfirmed_counted_and_may_lapse_the_lease(
     assert await rig.lease.tick() is None
     assert rig.lease.lapsed, "the failed renewal itself checks the lapse"
     assert rig.cause("r") is Cause.LEASE_LAPSED
+    failed = [r for r in caplog.records if r.getMessage() == "lease.renew_failed"]
+    assert len(failed) == 2 and failed[0].__dict__["runs"] == 1
+    assert "connection refused" in failed[0].__dict__["error"]
+    (lapsed,) = [r for r in caplog.records if r.getMessage() == "lease.lapsed"]
+    assert lapsed.levelno == logging.ERROR
+    assert (lapsed.__dict__["owner"], lapsed.__dict__["runs"]) == (ME.key, 1)
 
 
 async def test_a_hanging_renewal_is_unconfirmed_after_one_interval_and_never_doubled(
@@ -264,8 +274,9 @@ async def test_a_confirmation_after_a_lapse_reopens_the_gate_and_journals_it(
 
 
 async def test_the_liveness_key_says_lapsed_until_confirmed_and_failures_are_counted(
-    store: Store, settings: Settings
+    store: Store, settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="runfleet.worker.lease")
     seen: list[tuple[int, bool, int]] = []
     mode: list[str] = ["ok"]
     driver = Driver(store, ME, settings)
@@ -295,6 +306,8 @@ async def test_the_liveness_key_says_lapsed_until_confirmed_and_failures_are_cou
     assert signals.published.count == 4
     assert await signals.published.until(lambda written: not written, 1) is False
     assert sample("runfleet_infrastructure_errors_total", component="liveness") == before + 1
+    (line,) = [r for r in caplog.records if r.getMessage() == "liveness.refresh_failed"]
+    assert "redis down" in line.__dict__["error"]
     mode[0] = "hang"
     loop = asyncio.get_running_loop()
     began = loop.time()

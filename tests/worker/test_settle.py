@@ -288,8 +288,9 @@ async def test_a_cancel_compensates_completed_steps_newest_first_once(store: Sto
 
 
 async def test_a_failing_or_unregistered_compensation_is_journaled_and_the_rest_run(
-    store: Store,
+    store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.ERROR, logger="runfleet.worker.settle")
     sr.UNDONE.clear()
     row = await _with_steps(
         store,
@@ -305,6 +306,11 @@ async def test_a_failing_or_unregistered_compensation_is_journaled_and_the_rest_
     failed = await journal(store, "r", Kind.STEP_COMPENSATION_FAILED)
     assert [f["key"] for f in failed] == ["unknown", "fails"]
     assert "cannot undo r-fails" in failed[1]["error"]
+    lines = [r for r in caplog.records if r.getMessage() == "step.compensation_failed"]
+    assert [(r.__dict__["run_id"], r.__dict__["step"]) for r in lines] == [
+        ("r", "unknown"),
+        ("r", "fails"),
+    ]
     assert (await must_get(store, "r")).status is RunStatus.CANCELLED
 
 

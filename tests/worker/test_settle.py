@@ -9,6 +9,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
@@ -322,3 +323,22 @@ async def test_a_compensation_stops_when_the_fence_is_lost(store: Store) -> None
     await settlement(store).cancelled(row, row.epoch)
     assert sr.UNDONE == ["r-two"], "the first undone; then the fence said stop"
     assert (await must_get(store, "r")).status is not RunStatus.CANCELLED
+
+
+async def test_a_compensation_never_runs_on_an_output_its_digest_does_not_vouch_for(
+    store: Store,
+) -> None:
+    """A hostile writer with access to the table rewrites a recorded output: the undo is
+    refused (journaled) rather than run on data runfleet never recorded."""
+    sr.UNDONE.clear()
+    row = await _with_steps(store, "r", [("one", UNDO)])
+    async with await psycopg.AsyncConnection.connect(
+        store.settings.database_url, autocommit=True
+    ) as conn:
+        await conn.execute(
+            "UPDATE runfleet.steps SET output = '\"tampered\"' WHERE run_id = 'r' AND key = 'one'"
+        )
+    await settlement(store).cancelled(row, row.epoch)
+    assert sr.UNDONE == []
+    (failed,) = await journal(store, "r", Kind.STEP_COMPENSATION_FAILED)
+    assert failed == {"key": "one", "error": "recorded output does not match its digest"}

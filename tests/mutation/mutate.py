@@ -165,6 +165,26 @@ def mutmut_command(names: list[str] | None = None) -> list[str]:
     return [found, "run", "--max-children", "1", *(names or [])]
 
 
+def _meta(target: Target, where: Path) -> Path:
+    return where / "mutants" / (target.module + ".meta")
+
+
+def keep_earlier_kills(target: Target, where: Path, earlier: dict[str, int | None]) -> None:
+    """After ``--retest``: a mutant killed before keeps its kill.
+
+    mutmut forgets every result when the test selection changed (a test file added to
+    ``targets.toml``), but a retest only re-runs the survivors; a kill by fewer tests is
+    still a kill by more (tests are added, not weakened, to kill survivors).
+    """
+    meta = _meta(target, where)
+    data = json.loads(meta.read_text())
+    codes: dict[str, int | None] = data["exit_code_by_key"]
+    for name, code in earlier.items():
+        if name in codes and killed(code) and codes[name] is None:
+            codes[name] = code
+    meta.write_text(json.dumps(data, indent=4))
+
+
 def refresh_tests(where: Path) -> None:
     """Copy the tests as they are now over the previous run's copy (``--retest``)."""
     copy = where / "mutants" / "tests"
@@ -203,7 +223,7 @@ def services_env() -> tuple[dict[str, str], Endpoints]:
 
 
 def summarize(target: Target, where: Path, equivalent: set[str]) -> Summary:
-    meta = where / "mutants" / (target.module + ".meta")
+    meta = _meta(target, where)
     if not meta.exists():
         raise MutateError(f"mutmut wrote no results for {target.module} ({meta})")
     codes: dict[str, int | None] = json.loads(meta.read_text())["exit_code_by_key"]
@@ -291,8 +311,10 @@ def main(argv: list[str] | None = None) -> int:
             if not (ROOT / test.split("::", 1)[0]).exists():
                 raise MutateError(f"{TARGETS}: {target.module}: no such test file {test!r}")
         where = ROOT / "build" / "mutate" / target.slug
+        earlier: dict[str, int | None] = {}
         if args.retest:
             survivors = summarize(target, where, equivalent_mutants()).unexplained()
+            earlier = json.loads(_meta(target, where).read_text())["exit_code_by_key"]
             refresh_tests(where)
             prepare(target, where, keep=True)
             command = mutmut_command(survivors) if survivors else []
@@ -302,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         env, endpoints = services_env()
         try:
             returncode = run_mutmut(command, where, env) if command else 0
+            if earlier:
+                keep_earlier_kills(target, where, earlier)
             equivalent = equivalent_mutants()
             summary = summarize(target, where, equivalent)
             if not args.no_diffs:

@@ -237,3 +237,26 @@ async def test_a_stranded_claim_is_left_while_recent_or_vouched_for_then_recover
     assert (await must_get(store, "c")).claim is None
     # The same (now cleared) claim recovered again: the row changed, the claim is lost.
     assert await takeover.stranded_claim(past) == DriveOutcome.CLAIM_LOST
+
+
+async def test_a_steal_the_database_finds_fresh_journals_the_lease_it_found(
+    store: Store, settings: Settings
+) -> None:
+    """This process judged the lease stale (a read whose time it misjudged); the steal
+    statement, on database time, found it fresh: the refusal names the lease it saw."""
+    row = await make_running(store, "r", THEM, flow="sr.waiter")
+    assert row.heartbeat_at_ms is not None
+    current = await must_get(store, "r")
+    old_read = replace(row, now_ms=row.heartbeat_at_ms + settings.stale_after_ms + 1)
+    takeover = Takeover(store, ME, settings, Probes(DEAD))
+    assert await takeover.steal(old_read, None) == (DriveOutcome.HEARTBEAT_FRESH, None)
+    refusals = [
+        r for r in await store.journal.records("r") if r.kind == Kind.STEAL_REFUSED_OWNER_ALIVE
+    ]
+    assert len(refusals) == 1
+    assert refusals[0].payload == {
+        "evidence": "lease-fresh",
+        "observer": ME.key,
+        "heartbeat_at_ms": current.heartbeat_at_ms,
+    }
+    assert refusals[0].source_id.startswith(f"evidence:r:{THEM.key}:{current.heartbeat_at_ms}:")

@@ -16,6 +16,7 @@ from prometheus_client import REGISTRY
 from store import Kind, Store
 from store.config import Settings
 from store.types import (
+    Activated,
     ActivateOutcome,
     Claimed,
     Owner,
@@ -106,13 +107,15 @@ async def test_a_batch_claim_lost_to_another_worker_is_journaled(
     await create(store, "r", flow="sr.waiter")
     mine = driver(store, settings)
     rows = await store.runs.get_many(["r"])
-    theirs = await store.runs.claim("r", rows[0].snapshot, THEM)  # between read and claim
-    assert isinstance(theirs, Claimed)
+    theirs = await store.runs.claim_and_activate("r", rows[0].snapshot, THEM)  # in between
+    assert isinstance(theirs, Activated)
     outcome = await mine._claimed(rows[0], sr.waiter, await _claim_from(store, rows[0]))
     assert outcome == (DriveOutcome.CLAIM_LOST, None)
     (lost,) = [r for r in await store.journal.records("r") if r.kind == Kind.CLAIM_LOST]
-    assert lost.payload == {"observer": ME.key, "status": "pending"}
-    assert lost.source_id.startswith(f"evidence:r:-:None:{Kind.CLAIM_LOST}"), lost.source_id
+    assert lost.payload == {"observer": ME.key, "status": "running"}
+    assert lost.source_id.startswith(
+        f"evidence:r:{THEM.key}:{theirs.row.heartbeat_at_ms}:{Kind.CLAIM_LOST}"
+    ), "addressed by the lease it lost to"
 
 
 async def _claim_from(store: Store, row: RunRow) -> ActivateOutcome:
@@ -258,10 +261,15 @@ async def test_a_first_activation_is_timed_from_admission(store: Store, settings
     mine = driver(store, settings)
     await create(store, "r", flow="sr.waiter")
     before = sample("runfleet_enqueue_to_start_seconds_count")
-    assert (await mine._decide(await must_get(store, "r"), "r"))[0] is DriveOutcome.ACTIVATED
+    waited = sample("runfleet_enqueue_to_start_seconds_sum")
+    outcome, activated = await mine._decide(await must_get(store, "r"), "r")
+    assert outcome is DriveOutcome.ACTIVATED and activated is not None
     assert sample("runfleet_enqueue_to_start_seconds_count") == before + 1
+    first = activated[0]
+    expected = max(0, first.now_ms - first.created_at_ms) / 1000
+    assert sample("runfleet_enqueue_to_start_seconds_sum") - waited == pytest.approx(expected)
     # A later activation of the same run (epoch 2) is not a start from the queue.
-    activated = await must_get(store, "r")
-    await store.waits.release("r", ME, activated.epoch, "interrupted", "shutdown")
+    running = await must_get(store, "r")
+    await store.waits.release("r", ME, running.epoch, "interrupted", "shutdown")
     assert (await mine._decide(await must_get(store, "r"), "r"))[0] is DriveOutcome.ACTIVATED
     assert sample("runfleet_enqueue_to_start_seconds_count") == before + 1

@@ -14,9 +14,17 @@ import pytest
 from prometheus_client import REGISTRY
 
 from store import Kind, Store
-from store.types import Owner, RunRow, RunStatus
+from store.types import (
+    Activated,
+    OnParentExit,
+    Owner,
+    RunRow,
+    RunStatus,
+    Waiting,
+    WaitingReason,
+)
 from tests.seed_rules import flows as sr
-from tests.store.helpers import OWNER_A, OWNER_B, create, make_running, must_get
+from tests.store.helpers import OWNER_A, OWNER_B, create, make_parked, make_running, must_get
 from worker.durable import Handoff
 from worker.settle import Settlement, _storable, error_of
 
@@ -342,3 +350,35 @@ async def test_a_compensation_never_runs_on_an_output_its_digest_does_not_vouch_
     assert sr.UNDONE == []
     (failed,) = await journal(store, "r", Kind.STEP_COMPENSATION_FAILED)
     assert failed == {"key": "one", "error": "recorded output does not match its digest"}
+
+
+async def test_a_successor_inherits_the_rounds_place_scopes_and_lineage(store: Store) -> None:
+    await make_running(store, "p", OWNER_B, flow="sr.waiter", scopes=("team-a",))
+    await create(
+        store,
+        "L",
+        flow="sr.lineage",
+        parent_id="p",
+        on_parent_exit=OnParentExit.DETACH,
+        scopes=("team-a",),
+        queue="q-lineage",
+    )
+    first = await must_get(store, "L")
+    row = await store.runs.claim_and_activate("L", first.snapshot, OWNER_A)
+    assert isinstance(row, Activated)
+    await settlement(store).hand_off(row.row, row.row.epoch, Handoff(sr.lineage, (0,), {}), 10)
+    successor = await must_get(store, "L@1")
+    assert successor.queue == "q-lineage", "the target flow names no queue: the round's"
+    assert successor.scopes == ("team-a",)
+    assert successor.parent == "p" and successor.on_parent_exit is OnParentExit.DETACH
+    assert successor.parent_run_id == "L" and successor.lineage_id == "L"
+
+
+async def test_a_settled_child_hints_the_parent_it_woke(store: Store) -> None:
+    await make_parked(
+        store, "p", Waiting(WaitingReason.CHILD, token="kid"), OWNER_B, deferred="child:kid"
+    )
+    kid = await make_running(store, "kid", OWNER_A, flow="sr.waiter", parent_id="p")
+    calls = Calls()
+    await settlement(store, calls).result(kid, kid.epoch, 5, None)
+    assert calls.hinted == ["p"], "the parent its settlement woke, as the waking left it"

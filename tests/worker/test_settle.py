@@ -352,7 +352,7 @@ async def test_a_compensation_never_runs_on_an_output_its_digest_does_not_vouch_
     assert failed == {"key": "one", "error": "recorded output does not match its digest"}
 
 
-async def test_a_successor_inherits_the_rounds_place_scopes_and_lineage(store: Store) -> None:
+async def test_a_successor_inherits_the_rounds_scopes_parent_and_lineage(store: Store) -> None:
     await make_running(store, "p", OWNER_B, flow="sr.waiter", scopes=("team-a",))
     await create(
         store,
@@ -361,14 +361,12 @@ async def test_a_successor_inherits_the_rounds_place_scopes_and_lineage(store: S
         parent_id="p",
         on_parent_exit=OnParentExit.DETACH,
         scopes=("team-a",),
-        queue="q-lineage",
     )
     first = await must_get(store, "L")
     row = await store.runs.claim_and_activate("L", first.snapshot, OWNER_A)
     assert isinstance(row, Activated)
     await settlement(store).hand_off(row.row, row.row.epoch, Handoff(sr.lineage, (0,), {}), 10)
     successor = await must_get(store, "L@1")
-    assert successor.queue == "q-lineage", "the target flow names no queue: the round's"
     assert successor.scopes == ("team-a",)
     assert successor.parent == "p" and successor.on_parent_exit is OnParentExit.DETACH
     assert successor.parent_run_id == "L" and successor.lineage_id == "L"

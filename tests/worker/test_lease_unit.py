@@ -187,8 +187,13 @@ async def test_a_failed_renewal_is_unconfirmed_counted_and_may_lapse_the_lease(
 
 
 async def test_a_hanging_renewal_is_unconfirmed_after_one_interval_and_never_doubled(
-    rig: Rig, clock: Clock, monkeypatch: pytest.MonkeyPatch
+    rig: Rig, clock: Clock, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="runfleet.worker.lease")
+    loop_errors: list[dict[str, object]] = []
+    running_loop = asyncio.get_running_loop()
+    previous_handler = running_loop.get_exception_handler()
+    running_loop.set_exception_handler(lambda _loop, context: loop_errors.append(context))
     confirmed = rig.lease.gate.confirmed_sent
     clock.now += 0.1  # the hanging renewal is sent later than the confirmed one
     answer = asyncio.Event()
@@ -214,6 +219,13 @@ async def test_a_hanging_renewal_is_unconfirmed_after_one_interval_and_never_dou
     await until(lambda: _true_if(rig.lease._inflight is not None and rig.lease._inflight.done()))
     assert rig.lease.gate.confirmed_sent == confirmed, "a late answer confirms nothing"
     assert await rig.lease.tick() is not None and len(calls) == 2
+    running_loop.set_exception_handler(previous_handler)
+    assert loop_errors == [], "the late renewal's end is consumed quietly"
+    errors = [r.__dict__["error"] for r in caplog.records if r.getMessage() == "lease.renew_failed"]
+    assert errors == [
+        "TimeoutError('renewal not confirmed within one interval')",
+        "TimeoutError('previous renewal still in flight')",
+    ]
 
 
 async def test_a_lapse_interrupts_every_run_once_and_closes_the_gate(

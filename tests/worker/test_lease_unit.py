@@ -6,6 +6,7 @@ margin is checked at its exact edge; runs are real drives of ``sr.holds`` bodies
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -485,3 +486,33 @@ async def test_renewals_keep_their_interval_when_each_takes_a_while(
         assert await lease.wait_stopped(5)
     interval = settings.heartbeat_interval
     assert period < interval + took * 0.8, f"{period:.3f} s between renewals"
+
+
+async def test_a_late_renewal_that_fails_is_consumed_not_reported_as_lost(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its answer is ignored, and so is its error: no "exception was never retrieved"."""
+    answer = asyncio.Event()
+
+    async def hanging_then_failing(*_args: object) -> object:
+        await answer.wait()
+        raise psycopg.OperationalError("late and broken")
+
+    monkeypatch.setattr(rig.store.runs, "heartbeat", hanging_then_failing)
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, object]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    try:
+        assert await rig.lease.tick() is None
+        late = rig.lease._inflight
+        assert late is not None
+        answer.set()
+        await asyncio.wait({late})
+        rig.lease._inflight = None
+        del late
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(previous)
+    assert errors == []

@@ -273,3 +273,43 @@ async def test_a_first_activation_is_timed_from_admission(store: Store, settings
     await store.waits.release("r", ME, running.epoch, "interrupted", "shutdown")
     assert (await mine._decide(await must_get(store, "r"), "r"))[0] is DriveOutcome.ACTIVATED
     assert sample("runfleet_enqueue_to_start_seconds_count") == before + 1
+
+
+async def test_a_settled_run_in_a_batch_does_not_stop_the_batch(
+    store: Store, settings: Settings
+) -> None:
+    mine = driver(store, settings)
+    await make_running(store, "a-done", THEM, flow="sr.waiter")
+    done = await must_get(store, "a-done")
+    await store.lifecycle.transition_owned("a-done", THEM, done.epoch, RunStatus.COMPLETED)
+    await create(store, "b-fresh", flow="sr.waiter")
+    decided = await mine.decide_many(["a-done", "b-fresh"])
+    assert decided["a-done"] == (DriveOutcome.TERMINAL, None)
+    assert decided["b-fresh"][0] is DriveOutcome.ACTIVATED
+
+
+async def test_a_delivered_fresh_run_is_claimed_by_the_delivery_statement_alone(
+    store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mine = driver(store, settings)
+    await create(store, "r", flow="sr.waiter")
+
+    async def no_second_claim(*_args: object) -> object:
+        raise AssertionError("claimed by a second statement")
+
+    monkeypatch.setattr(store.runs, "claim_and_activate", no_second_claim)
+    decided = await mine._decide_delivered("r", "sr.waiter")
+    assert decided is not None and decided[0] is DriveOutcome.ACTIVATED
+
+
+async def test_a_timed_wait_is_due_at_its_exact_wake_time(store: Store, settings: Settings) -> None:
+    mine = driver(store, settings)
+    now = await db_now(store)
+    for reason in (WaitingReason.TIMER, WaitingReason.QUOTA, WaitingReason.EVENT):
+        run_id = f"due-{reason}"
+        await make_parked(
+            store, run_id, Waiting(reason, wake_at_ms=now + 5_000), OWNER_B, flow="sr.waiter"
+        )
+        row = await must_get(store, run_id)
+        assert not mine._wakeable(replace(row, now_ms=now + 4_999))
+        assert mine._wakeable(replace(row, now_ms=now + 5_000)), reason

@@ -19,6 +19,7 @@ from store.types import (
     Activated,
     ActivateOutcome,
     Claimed,
+    NotFound,
     Owner,
     RunRow,
     RunStatus,
@@ -186,7 +187,6 @@ async def test_an_unknown_flow_is_warned_about_once_per_run_and_the_memory_is_bo
     mine._warned_unknown.update(f"other-{i}" for i in range(10_000))
     mine._flow(row)
     assert len(mine._warned_unknown) == 10_001, "at the bound nothing is forgotten yet"
-    mine._warned_unknown.add("one-more")
     mine._flow(replace(row, id="u2"))
     assert mine._warned_unknown == {"u2"}, "past the bound the memory starts again"
     assert mine._flow(await _registered(store)) is sr.waiter
@@ -300,6 +300,7 @@ async def test_a_delivered_fresh_run_is_claimed_by_the_delivery_statement_alone(
     monkeypatch.setattr(store.runs, "claim_and_activate", no_second_claim)
     decided = await mine._decide_delivered("r", "sr.waiter")
     assert decided is not None and decided[0] is DriveOutcome.ACTIVATED
+    assert decided[1] is not None and decided[1][1] is sr.waiter, "executed as its flow"
 
 
 async def test_a_timed_wait_is_due_at_its_exact_wake_time(store: Store, settings: Settings) -> None:
@@ -313,3 +314,69 @@ async def test_a_timed_wait_is_due_at_its_exact_wake_time(store: Store, settings
         row = await must_get(store, run_id)
         assert not mine._wakeable(replace(row, now_ms=now + 4_999))
         assert mine._wakeable(replace(row, now_ms=now + 5_000)), reason
+
+
+async def test_a_stale_running_row_is_stolen_as_its_flow_ours_included(
+    store: Store, settings: Settings
+) -> None:
+    """Not in this process's drives: a row of ours is self-orphaned, taken back like any."""
+    mine = driver(store, settings)
+    for run_id, owner in (("theirs", THEM), ("ours", ME)):
+        await make_running(store, run_id, owner, flow="sr.waiter")
+    heartbeat = (await must_get(store, "ours")).heartbeat_at_ms or 0
+    await until(
+        lambda: db_now(store),
+        10.0,
+        "the leases to turn stale by database time",
+        accept=lambda now: now > heartbeat + settings.stale_after_ms,
+        every=0.002,
+    )
+    for run_id in ("theirs", "ours"):
+        outcome, activated = await mine._decide(await must_get(store, run_id), run_id)
+        assert outcome is DriveOutcome.STOLEN, run_id
+        assert activated is not None and activated[1] is sr.waiter, "executed as its flow"
+
+
+async def test_a_claim_that_finds_the_run_gone_says_not_found(
+    store: Store, settings: Settings
+) -> None:
+    await create(store, "r", flow="sr.waiter")
+    row = await must_get(store, "r")
+    assert await driver(store, settings)._claimed(row, sr.waiter, NotFound("r")) == (
+        DriveOutcome.NOT_FOUND,
+        None,
+    )
+
+
+async def test_a_recovered_claim_taken_again_meanwhile_is_left_to_its_new_claimant(
+    store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between clearing a stranded claim and claiming the run, another worker claimed it
+    (forced: its claim lands just before this drive re-reads the row)."""
+    mine = driver(store, settings)
+    pending = await create(store, "c", flow="sr.waiter")
+    assert isinstance(await store.runs.claim("c", pending.snapshot, THEM), Claimed)
+    stuck = await must_get(store, "c")
+    claimed_at = stuck.claimed_at_ms or 0
+    await until(
+        lambda: db_now(store),
+        10.0,
+        "the claim to turn stale by database time",
+        accept=lambda now: now > claimed_at + settings.stale_after_ms,
+        every=0.002,
+    )
+    stuck = await must_get(store, "c")  # read once stale, as a sweep would
+    real_get = store.runs.get
+    other = Owner("host-other", 8103, "nonce-other")
+
+    async def claimed_meanwhile(run_id: str) -> RunRow | None:
+        cleared = await real_get(run_id)
+        assert cleared is not None and cleared.claim is None
+        assert isinstance(await store.runs.claim(run_id, cleared.snapshot, other), Claimed)
+        return await real_get(run_id)
+
+    monkeypatch.setattr(store.runs, "get", claimed_meanwhile)
+    assert await mine._decide(stuck, "c") == (DriveOutcome.CLAIM_RECOVERED, None)
+    monkeypatch.undo()
+    left = await must_get(store, "c")
+    assert left.claim == other and left.owner is None, "not taken from its new claimant"

@@ -348,11 +348,12 @@ async def test_a_claim_that_finds_the_run_gone_says_not_found(
     )
 
 
+@pytest.mark.parametrize("meanwhile", ["claimed", "settled"])
 async def test_a_recovered_claim_taken_again_meanwhile_is_left_to_its_new_claimant(
-    store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
+    store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch, meanwhile: str
 ) -> None:
-    """Between clearing a stranded claim and claiming the run, another worker claimed it
-    (forced: its claim lands just before this drive re-reads the row)."""
+    """Between clearing a stranded claim and claiming the run, another worker claimed it,
+    or ran and settled it (forced: it lands just before this drive re-reads the row)."""
     mine = driver(store, settings)
     pending = await create(store, "c", flow="sr.waiter")
     assert isinstance(await store.runs.claim("c", pending.snapshot, THEM), Claimed)
@@ -372,11 +373,22 @@ async def test_a_recovered_claim_taken_again_meanwhile_is_left_to_its_new_claima
     async def claimed_meanwhile(run_id: str) -> RunRow | None:
         cleared = await real_get(run_id)
         assert cleared is not None and cleared.claim is None
-        assert isinstance(await store.runs.claim(run_id, cleared.snapshot, other), Claimed)
+        if meanwhile == "claimed":
+            assert isinstance(await store.runs.claim(run_id, cleared.snapshot, other), Claimed)
+        else:
+            ran = await store.runs.claim_and_activate(run_id, cleared.snapshot, other)
+            assert isinstance(ran, Activated)
+            await store.lifecycle.transition_owned(
+                run_id, other, ran.row.epoch, RunStatus.COMPLETED
+            )
         return await real_get(run_id)
 
     monkeypatch.setattr(store.runs, "get", claimed_meanwhile)
     assert await mine._decide(stuck, "c") == (DriveOutcome.CLAIM_RECOVERED, None)
     monkeypatch.undo()
     left = await must_get(store, "c")
-    assert left.claim == other and left.owner is None, "not taken from its new claimant"
+    if meanwhile == "claimed":
+        assert left.claim == other and left.owner is None, "not taken from its new claimant"
+    else:
+        assert left.status is RunStatus.COMPLETED
+    assert Kind.CLAIM_LOST not in await kinds(store, "c"), "no claim was even tried"

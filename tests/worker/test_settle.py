@@ -6,14 +6,18 @@ a compensation that fails). Runs are activated under ``OWNER_A`` through the sto
 from __future__ import annotations
 
 import logging
+import traceback
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
+import worker.settle as settle_module
 from store import Kind, Store
+from store.config import Settings
 from store.types import (
     Activated,
     OnParentExit,
@@ -380,3 +384,45 @@ async def test_a_settled_child_hints_the_parent_it_woke(store: Store) -> None:
     calls = Calls()
     await settlement(store, calls).result(kid, kid.epoch, 5, None)
     assert calls.hinted == ["p"], "the parent its settlement woke, as the waking left it"
+
+
+def test_an_error_keeps_its_traceback_as_formatted_or_says_it_could_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    try:
+        raise KeyError("k")
+    except KeyError as exc:
+        caught = exc
+    assert error_of(caught)["traceback"] == "".join(traceback.format_exception(caught))
+
+    def too_deep(_exc: BaseException) -> list[str]:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(settle_module, "traceback", SimpleNamespace(format_exception=too_deep))
+    assert error_of(caught)["traceback"] == "<traceback too deep to format>"
+
+
+@pytest.mark.parametrize(
+    ("limit", "stored"),
+    [
+        (300, {"type": "UnstorableValue", "traceback": ""}),
+        (60, {"type": "UnstorableValue"}),
+    ],
+)
+async def test_an_unstorable_failure_is_shrunk_step_by_step_until_it_fits(
+    settings: Settings, limit: int, stored: dict[str, str]
+) -> None:
+    """Under a small payload limit even the storage error is too big with its traceback
+    (then it is kept without one), or at all (then only its type is)."""
+    small = await Store.open(settings.model_copy(update={"max_payload_bytes": limit}))
+    try:
+        row = await make_running(small, "r", OWNER_A, flow="sr.waiter")
+        huge = {"type": "Boom", "message": "m" * 1000}
+        await settlement(small).finish(row, row.epoch, RunStatus.FAILED, {"error": huge})
+        failed = await must_get(small, "r")
+        assert failed.status is RunStatus.FAILED and isinstance(failed.error, dict)
+        assert {k: v for k, v in failed.error.items() if k != "message"} == stored
+        if "traceback" in stored:
+            assert failed.error["message"], "the storage error's message is what fits"
+    finally:
+        await small.close()

@@ -426,3 +426,43 @@ async def test_an_unstorable_failure_is_shrunk_step_by_step_until_it_fits(
             assert failed.error["message"], "the storage error's message is what fits"
     finally:
         await small.close()
+
+
+def flaky(real: Any) -> Any:
+    """``real`` failing once with a transient error first (a dropped connection)."""
+    failed: list[bool] = []
+
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        if not failed:
+            failed.append(True)
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return await real(*args, **kwargs)
+
+    return call
+
+
+@pytest.mark.parametrize("ending", ["result", "cancel", "handoff"])
+async def test_a_settlement_retries_a_dropped_connection_counted_as_settle(
+    store: Store, monkeypatch: pytest.MonkeyPatch, ending: str
+) -> None:
+    row = await make_running(store, "r", OWNER_A, flow="sr.lineage")
+    before = sample("runfleet_infrastructure_errors_total", component="settle")
+    if ending == "result":
+        monkeypatch.setattr(
+            store.lifecycle, "transition_owned", flaky(store.lifecycle.transition_owned)
+        )
+        await settlement(store, group=False).result(row, row.epoch, 1, None)
+        expected = RunStatus.COMPLETED
+    elif ending == "cancel":
+        await store.lifecycle.request_cancel("r")
+        monkeypatch.setattr(
+            store.lifecycle, "acknowledge_cancel", flaky(store.lifecycle.acknowledge_cancel)
+        )
+        await settlement(store).cancelled(row, row.epoch)
+        expected = RunStatus.CANCELLED
+    else:
+        monkeypatch.setattr(store.lifecycle, "hand_off", flaky(store.lifecycle.hand_off))
+        await settlement(store).hand_off(row, row.epoch, Handoff(sr.lineage, (0,)), 10)
+        expected = RunStatus.COMPLETED
+    assert (await must_get(store, "r")).status is expected
+    assert sample("runfleet_infrastructure_errors_total", component="settle") == before + 1

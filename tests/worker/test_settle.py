@@ -441,7 +441,7 @@ def flaky(real: Any) -> Any:
     return call
 
 
-@pytest.mark.parametrize("ending", ["result", "cancel", "handoff"])
+@pytest.mark.parametrize("ending", ["result", "grouped", "cancel", "handoff"])
 async def test_a_settlement_retries_a_dropped_connection_counted_as_settle(
     store: Store, monkeypatch: pytest.MonkeyPatch, ending: str
 ) -> None:
@@ -452,6 +452,10 @@ async def test_a_settlement_retries_a_dropped_connection_counted_as_settle(
             store.lifecycle, "transition_owned", flaky(store.lifecycle.transition_owned)
         )
         await settlement(store, group=False).result(row, row.epoch, 1, None)
+        expected = RunStatus.COMPLETED
+    elif ending == "grouped":
+        monkeypatch.setattr(store.lifecycle, "settle_many", flaky(store.lifecycle.settle_many))
+        await settlement(store).result(row, row.epoch, 1, None)
         expected = RunStatus.COMPLETED
     elif ending == "cancel":
         await store.lifecycle.request_cancel("r")

@@ -147,9 +147,12 @@ async def test_a_handoff_settles_the_round_admits_the_next_and_hints_it(store: S
     assert (record["successor"], record["round"]) == ("L@1", 1)
 
 
-async def test_a_handoff_at_the_budget_fails_the_lineage_exhausted(store: Store) -> None:
+@pytest.mark.parametrize("group", [True, False])
+async def test_a_handoff_at_the_budget_fails_the_lineage_exhausted(
+    store: Store, group: bool
+) -> None:
     row = await make_running(store, "L", OWNER_A, flow="sr.lineage")
-    await settlement(store).hand_off(row, row.epoch, Handoff(sr.lineage, (0,)), 1)
+    await settlement(store, group=group).hand_off(row, row.epoch, Handoff(sr.lineage, (0,)), 1)
     done = await must_get(store, "L")
     assert done.status is RunStatus.FAILED
     assert done.error == {"type": "LineageExhausted", "message": "max_rounds=1 reached"}

@@ -29,10 +29,18 @@ from store.types import (
 )
 from tests.seed_rules import flows as sr
 from tests.store.helpers import OWNER_A, OWNER_B, create, make_parked, make_running, must_get
+from worker import Context, flow
 from worker.durable import Handoff
 from worker.settle import Settlement, _storable, error_of
 
 UNDO = "tests.seed_rules.flows:undo"
+
+
+@flow(name="ts.queued", queue="q-special")
+async def queued(ctx: Context) -> str:
+    return "done"
+
+
 UNDONE_ASYNC: list[str] = []
 
 
@@ -170,7 +178,10 @@ async def test_a_handoff_to_a_flow_that_cannot_take_it_fails_the_round_invalid(
     row = await make_running(store, "L", OWNER_A, flow="sr.lineage")
     await settlement(store).hand_off(row, row.epoch, Handoff(sr.lineage, (1, 2, 3)), 10)
     done = await must_get(store, "L")
-    assert done.status is RunStatus.FAILED and done.error is not None
+    assert isinstance(done.error, dict) and done.status is RunStatus.FAILED
+    assert done.error["type"] == "InvalidInput" and "too many positional" in str(
+        done.error["message"]
+    )
     (record,) = await journal(store, "L", Kind.ROUND_INVALID)
     assert record["successor"] == "L@1"
     assert await store.runs.get("L@1") is None
@@ -178,7 +189,9 @@ async def test_a_handoff_to_a_flow_that_cannot_take_it_fails_the_round_invalid(
     await create(store, "N@1", flow="sr.waiter")
     other = await make_running(store, "N", OWNER_A, flow="sr.lineage")
     await settlement(store).hand_off(other, other.epoch, Handoff(sr.lineage, (0,)), 10)
-    assert (await must_get(store, "N")).status is RunStatus.FAILED
+    failed = await must_get(store, "N")
+    assert failed.status is RunStatus.FAILED and isinstance(failed.error, dict)
+    assert failed.error["type"] == "ExecutionIdentityConflict"
     (invalid,) = await journal(store, "N", Kind.ROUND_INVALID)
     assert invalid["successor"] == "N@1"
     assert (await must_get(store, "N@1")).flow == "sr.waiter"
@@ -473,3 +486,9 @@ async def test_a_settlement_retries_a_dropped_connection_counted_as_settle(
         expected = RunStatus.COMPLETED
     assert (await must_get(store, "r")).status is expected
     assert sample("runfleet_infrastructure_errors_total", component="settle") == before + 1
+
+
+async def test_a_successor_goes_to_the_queue_its_flow_names(store: Store) -> None:
+    row = await make_running(store, "Q", OWNER_A, flow="sr.lineage")
+    await settlement(store).hand_off(row, row.epoch, Handoff(queued), 10)
+    assert (await must_get(store, "Q@1")).queue == "q-special"

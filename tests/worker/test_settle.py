@@ -5,6 +5,7 @@ a compensation that fails). Runs are activated under ``OWNER_A`` through the sto
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import traceback
 from datetime import UTC, datetime, timedelta
@@ -492,3 +493,22 @@ async def test_a_successor_goes_to_the_queue_its_flow_names(store: Store) -> Non
     row = await make_running(store, "Q", OWNER_A, flow="sr.lineage")
     await settlement(store).hand_off(row, row.epoch, Handoff(queued), 10)
     assert (await must_get(store, "Q@1")).queue == "q-special"
+
+
+async def test_an_unstorable_settlement_in_a_group_commit_fails_alone(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Should an unstorable value reach the batch (the per-item check missed it: disabled
+    here), it fails its own run only; the others committed with it settle as they were."""
+    good = await make_running(store, "good", OWNER_A, flow="sr.waiter")
+    bad = await make_running(store, "bad", OWNER_A, flow="sr.waiter")
+    monkeypatch.setattr(store.lifecycle, "check", lambda _item: None)
+    both = settlement(store)
+    await asyncio.gather(
+        both.result(good, good.epoch, {"ok": 1}, None),
+        both.result(bad, bad.epoch, {"bad": "\x00"}, None),
+    )
+    assert (await must_get(store, "good")).status is RunStatus.COMPLETED
+    failed = await must_get(store, "bad")
+    assert failed.status is RunStatus.FAILED and isinstance(failed.error, dict)
+    assert failed.error["type"] == "UnstorableValue"

@@ -13,6 +13,7 @@ from store.types import (
     AlreadyRequested,
     CancelRequested,
     GuardFailed,
+    NewRun,
     NotFound,
     NotOwner,
     RunStatus,
@@ -21,6 +22,7 @@ from store.types import (
     Waiting,
     WaitingReason,
 )
+from store.values import UnstorableValue
 from tests.store.helpers import OWNER_A, OWNER_B, create, make_running, must_get
 
 
@@ -183,3 +185,39 @@ async def test_a_settled_child_hands_its_error_and_handoff_to_its_parent(store: 
         "error": error,
         "handed_off_to": None,
     }
+
+
+async def test_a_handoff_records_its_successor_and_keeps_the_rounds_children(
+    store: Store,
+) -> None:
+    row = await make_running(store, "L", flow="sr.lineage")
+    await create(store, "kid", parent_id="L")
+    successor = NewRun(id="L@1", flow="sr.lineage", lineage_id="L", round_ordinal=1)
+    done = await store.lifecycle.hand_off("L", OWNER_A, row.epoch, successor, record={"n": 1})
+    assert isinstance(done.outcome, Transitioned) and done.successor is not None
+    assert done.successor.id == "L@1" and done.successor.status is RunStatus.PENDING
+    settled = await must_get(store, "L")
+    assert settled.status is RunStatus.COMPLETED and settled.handed_off_to == "L@1"
+    (record,) = await payloads(store, "L", Kind.HANDED_OFF)
+    assert record == {"to": "completed", "epoch": row.epoch, "n": 1}
+    kid = await must_get(store, "kid")
+    assert kid.cancel_requested_at_ms is None, "the lineage carries on: its children too"
+    assert await payloads(store, "L", Kind.CHILD_POLICY_APPLIED) == []
+
+
+async def test_a_handoff_by_a_process_that_lost_the_run_admits_nothing(store: Store) -> None:
+    row = await make_running(store, "L", flow="sr.lineage")
+    successor = NewRun(id="L@1", flow="sr.lineage", lineage_id="L", round_ordinal=1)
+    done = await store.lifecycle.hand_off("L", OWNER_B, row.epoch, successor, record={})
+    assert isinstance(done.outcome, NotOwner) and done.outcome.current.owner == OWNER_A
+    assert done.successor is None
+    assert await store.runs.get("L@1") is None
+
+
+def test_the_per_item_check_refuses_an_unstorable_patch(store: Store) -> None:
+    item = Settle("r", 1, RunStatus.FAILED, {"error": "\x00"}, Kind.TRANSITIONED, None)
+    with pytest.raises(UnstorableValue):
+        store.lifecycle.check(item)
+    store.lifecycle.check(
+        Settle("r", 1, RunStatus.FAILED, {"error": "ok"}, Kind.TRANSITIONED, None)
+    )

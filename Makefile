@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.runfleet-installed
 
-.PHONY: test lint demo clean browser
+.PHONY: test lint demo clean browser mutate
 
 test: lint browser
 	$(BIN)/pytest -q
@@ -30,6 +30,15 @@ browser:
 demo: $(STAMP)
 	$(BIN)/python -m ops.demo
 
+# Mutation testing of ONE module against the tests tests/mutation/targets.toml maps it to
+# (`make mutate MODULE=worker/lease.py`; `make mutate` lists the targets; ARGS=--retest
+# re-runs only the last run's survivors). One mutant at a time, minutes per module;
+# results stay in build/mutate/. Not part of `make test`.
+MODULE ?=
+ARGS ?=
+mutate: $(STAMP)
+	$(BIN)/python -m tests.mutation.mutate $(if $(MODULE),$(MODULE) $(ARGS),--list)
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
@@ -42,5 +51,5 @@ $(STAMP): pyproject.toml Makefile | $(BIN)/python
 	touch $@
 
 clean:
-	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis .services *.egg-info
+	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis .services *.egg-info build/mutate
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +

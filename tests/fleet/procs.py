@@ -127,3 +127,39 @@ async def running_on(store: Store, run_id: str, pid: int | None = None) -> RunRo
 
 async def records(store: Store, run_id: str, kind: str) -> list[JournalRecord]:
     return [r for r in await store.journal.records(run_id) if r.kind == kind]
+
+
+async def writes_after_steal(
+    store: Store, run_id: str, steal: JournalRecord, previous: RunRow
+) -> list[str]:
+    """Every write to ``run_id`` after ``steal`` that came from ``previous``'s ownership.
+
+    ``previous`` is the row as the cut-off owner held it (its owner and epoch). A write is
+    attributed to that ownership by any of what it carries, not only the journal address
+    the owner's own process writes at: its source id, a lease address of its owner
+    (``lease:<key>:…``), its owner key as the payload's ``owner``, or its epoch as the
+    payload's ``epoch``; a step recorded at its epoch after the steal; or the row itself
+    no longer held at the stolen epoch. Evidence it journaled about the new owner's lease
+    as an observer (``observer``: its key, a non-owner's record) is not an owned write.
+    Returns a description of each such write (empty: the owner wrote nothing).
+    """
+    assert previous.owner is not None
+    key, epoch = previous.owner.key, previous.epoch
+    found: list[str] = []
+    for record in await store.journal.records(run_id, after_seq=steal.seq):
+        payload = record.payload if isinstance(record.payload, dict) else {}
+        if (
+            record.source_id == key
+            or record.source_id.startswith(f"lease:{key}:")
+            or payload.get("owner") == key
+            or payload.get("epoch") == epoch
+        ):
+            found.append(f"journal {record.kind} from {record.source_id}: {payload}")
+    stolen_epoch = steal.payload["epoch"] if isinstance(steal.payload, dict) else None
+    for step in await store.steps.of_run(run_id):
+        if step.epoch == epoch and step.recorded_at_ms >= steal.at_ms:
+            found.append(f"step {step.key} recorded at epoch {epoch} after the steal")
+    row = await store.runs.get(run_id)
+    if row is not None and (row.epoch != stolen_epoch or row.owner == previous.owner):
+        found.append(f"row left at epoch {row.epoch} owned by {row.owner}")
+    return found

@@ -11,7 +11,7 @@ from broker import AsyncQueue
 from store import Store
 from store.config import Settings
 from store.types import Owner
-from tests.fleet.procs import Spawn, records, running_on
+from tests.fleet.procs import Spawn, records, running_on, writes_after_steal
 from tests.support.polling import until
 
 pytestmark = pytest.mark.chaos
@@ -59,9 +59,8 @@ async def test_sigstopped_owner_is_stolen_and_never_settles(
     assert steal.payload["probe"] == "same-host-pid-reused"
     (settled,) = await records(store, run.id, "transitioned")
     assert stolen.owner is not None and settled.source_id == stolen.owner.key
-    a_key = first.owner.key if first.owner else ""
-    late = [r for r in await store.journal.records(run.id) if r.seq > steal.seq]
-    assert all(r.source_id != a_key for r in late), "the old owner wrote after the steal"
+    late = await writes_after_steal(store, run.id, steal, first)
+    assert late == [], "the old owner wrote after the steal"
 
 
 async def test_graceful_sigterm_releases_to_another_worker_fast(

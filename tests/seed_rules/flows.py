@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from worker import Context, Handoff, flow
 
 UNDONE: list[str] = []
 """Compensations that ran, in order (in-process workers only)."""
+
+STARTED: list[str] = []
+"""Run ids whose body began, written by user code before any durable call (in-process)."""
+
+STOPPED: list[str] = []
+"""Run ids whose body was cancelled mid-way (``sr.holds``; in-process workers only)."""
 
 
 def undo(output: Any) -> None:
@@ -49,3 +56,23 @@ async def timed(ctx: Context) -> str:
 async def waiter(ctx: Context) -> str:
     await ctx.wait_for("go")
     return "done"
+
+
+@flow(name="sr.marks_start")
+async def marks_start(ctx: Context) -> str:
+    """User code with a side effect before any durable call: a body that began is seen."""
+    STARTED.append(ctx.run_id)
+    await ctx.wait_for("go")
+    return "done"
+
+
+@flow(name="sr.holds")
+async def holds(ctx: Context) -> str:
+    """Runs until something stops it (no durable call to notice a lapse by itself)."""
+    STARTED.append(ctx.run_id)
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        STOPPED.append(ctx.run_id)
+        raise
+    return "never"

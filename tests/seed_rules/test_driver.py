@@ -24,13 +24,16 @@ from tests.store.helpers import (
     activate,
     create,
     db_now,
+    extra_stores,
     make_parked,
     make_running,
     must_get,
+    row_lock_gate,
 )
 from tests.support.polling import until
 from worker.coordinator import Coordinator
 from worker.driver import Driver
+from worker.lease import Lease, LeaseGate, LeaseSignals
 from worker.outcomes import Cause
 
 ME = Owner("host-me", 4242, "nonce-me")
@@ -142,11 +145,47 @@ async def test_a_delivered_message_naming_another_flow_claims_by_the_row(
 async def test_a_delivered_run_with_a_cancel_asked_is_closed_not_started(
     store: Store, settings: Settings
 ) -> None:
-    await create(store, "r", flow="sr.waiter")
+    """``sr.marks_start`` writes a marker before its first durable call (which is itself
+    cancel-guarded): only the driver's own check keeps user code from running."""
+    sr.STARTED.clear()
+    await create(store, "r", flow="sr.marks_start")
     await store.lifecycle.request_cancel("r")
-    await driver(store, settings).drive("r", delivered_flow="sr.waiter")
+    await driver(store, settings).drive("r", delivered_flow="sr.marks_start")
+    assert sr.STARTED == [], "user code ran for a run cancelled before it started"
     assert (await must_get(store, "r")).status is RunStatus.CANCELLED
     assert Kind.CLAIMED_AND_ACTIVATED in await kinds(store, "r")  # claimed to close it
+
+
+async def test_a_run_cancelled_before_it_starts_never_executes_user_code(
+    store: Store, settings: Settings
+) -> None:
+    """Every way a drive activates a run whose cancel was asked first (a claim from its
+    row, a delivered claim, a steal of a stale lease) closes it without calling the body."""
+    sr.STARTED.clear()
+    mine = driver(store, settings)
+    for run_id, delivered in (("claimed", None), ("delivered", "sr.marks_start")):
+        await create(store, run_id, flow="sr.marks_start")
+        await store.lifecycle.request_cancel(run_id)
+        assert await mine.drive(run_id, delivered_flow=delivered) == "activated"
+    running = await make_running(store, "stolen", OTHER, flow="sr.marks_start")
+    await store.lifecycle.request_cancel("stolen")
+    await until(
+        lambda: db_now(store),
+        10.0,
+        "the lease to turn stale by database time",
+        accept=lambda now: now > (running.heartbeat_at_ms or 0) + settings.stale_after_ms,
+        every=0.002,
+    )
+    assert await mine.drive("stolen") == "stolen"
+    assert sr.STARTED == [], "user code ran for a run cancelled before it started"
+    for run_id in ("claimed", "delivered", "stolen"):
+        row = await must_get(store, run_id)
+        assert row.status is RunStatus.CANCELLED, row
+        assert Kind.INTERRUPTED in await kinds(store, run_id)
+    # The same flow does run when nobody cancelled it: the marker is a real witness.
+    await create(store, "control", flow="sr.marks_start")
+    assert await mine.drive("control") == "activated"
+    assert sr.STARTED == ["control"]
 
 
 async def test_cancelled_runs_of_an_unregistered_flow_are_closed_when_suspended(
@@ -178,19 +217,60 @@ async def test_cancelled_runs_of_an_unregistered_flow_are_closed_when_stale_runn
 async def test_a_lapsed_lease_releases_with_cause_lease_lapsed(
     store: Store, settings: Settings
 ) -> None:
-    for run_id, cause, recorded in (
-        ("a", Cause.LEASE_LAPSED, "lease-lapsed"),
-        ("b", Cause.SHUTDOWN, "interrupted"),
-    ):
-        await create(store, run_id, flow="sr.waiter")
-        row = await activate(store, run_id, ME)
-        assert await driver(store, settings).release(row, cause) is True
-        released = [
-            r for r in await store.journal.records(run_id) if r.kind == Kind.INTERRUPT_RELEASED
-        ]
-        assert released[-1].payload["cause"] == recorded and released[-1].payload["detail"] == cause
-        parked = await must_get(store, run_id)
-        assert parked.waiting is not None and parked.waiting.reason == "released"
+    """End to end, wired as a worker wires it: renewals stall in Postgres itself (a row
+    lock the heartbeat statement queues behind), the lapse loop interrupts the body on its
+    own timer, and the drive hands the run back journaled ``lease-lapsed``, fenced at the
+    epoch it ran, as soon as the database answers again. Nothing here calls ``release``."""
+    sr.STARTED.clear()
+    sr.STOPPED.clear()
+    await create(store, "r", flow="sr.holds")
+    gate = LeaseGate(settings)
+    signals = LeaseSignals()
+    mine = Driver(store, ME, settings, lease_ok=gate.open)
+    async with extra_stores(settings, 1) as (lease_store,):
+        lease = Lease(lease_store, mine, ME, settings, gate=gate, signals=signals)
+        assert await lease.tick() is not None and gate.open()
+        drive = asyncio.ensure_future(mine.drive("r"))
+        try:
+            await until(
+                lambda: _true_if(sr.STARTED == ["r"]), 10.0, "the body to start", every=0.005
+            )
+            async with row_lock_gate(settings.database_url, "r") as lock:
+                lease.start()
+                await signals.lapsed.wait(settings.stale_after * 5)
+                assert lease.lapsed and not gate.open()
+                await until(
+                    lambda: _true_if(sr.STOPPED == ["r"]), 10.0, "the lapse to stop the body"
+                )
+                # The release queues behind the lock too: nothing is written while stalled.
+                await until(lock.waiters, 10.0, "the release to queue", accept=lambda n: n >= 2)
+                assert Kind.INTERRUPT_RELEASED not in await kinds(store, "r")
+            assert await asyncio.wait_for(drive, 10.0) == "activated"
+        finally:
+            lease.stop()
+            assert await lease.wait_stopped(5)
+            if not drive.done():
+                drive.cancel()
+    released = [r for r in await store.journal.records("r") if r.kind == Kind.INTERRUPT_RELEASED]
+    assert len(released) == 1, await kinds(store, "r")
+    assert released[0].payload["cause"] == "lease-lapsed"
+    assert released[0].payload["detail"] == "lease-lapsed"
+    assert released[0].payload["epoch"] == 1
+    assert released[0].source_id == store.db.source_id, "written by the drive that lapsed"
+    parked = await must_get(store, "r")
+    assert parked.status is RunStatus.SUSPENDED and parked.owner is None
+    assert parked.waiting is not None and parked.waiting.reason == "released"
+    assert Kind.TRANSITIONED not in await kinds(store, "r"), "a lapse is not a settlement"
+    # The other cause a drive releases with is recorded as such (shutdown: "interrupted").
+    await create(store, "b", flow="sr.waiter")
+    row = await activate(store, "b", ME)
+    assert await driver(store, settings).release(row, Cause.SHUTDOWN) is True
+    (shutdown,) = [r for r in await store.journal.records("b") if r.kind == Kind.INTERRUPT_RELEASED]
+    assert shutdown.payload["cause"] == "interrupted" and shutdown.payload["detail"] == "shutdown"
+
+
+async def _true_if(value: bool) -> bool:
+    return value
 
 
 async def test_shutdown_does_not_downgrade_an_already_parked_run_to_released(
@@ -331,3 +411,39 @@ async def test_a_failed_drive_cleans_up_in_place_instead_of_orphaning_its_activa
     assert row.waiting is not None and row.waiting.reason == "released"
     released = [r for r in await store.journal.records("r") if r.kind == Kind.INTERRUPT_RELEASED]
     assert released[-1].payload["detail"] == "drive-failed" and released[-1].payload["epoch"] == 2
+
+
+async def test_a_lost_steal_leaves_activation_lost_evidence(
+    store: Store, settings: Settings
+) -> None:
+    """Two observers find the same lease stale; the row lock forces the order. The one that
+    lost journals ``activation-lost`` (that exact kind: operators and tools read it) naming
+    the lease it saw and what changed, once, and activates nothing."""
+    third = Owner("host-third", 4444, "nonce-third")
+    running = await make_running(store, "r", third, flow="sr.waiter")
+    await until(
+        lambda: db_now(store),
+        10.0,
+        "the lease to turn stale by database time",
+        accept=lambda now: now > (running.heartbeat_at_ms or 0) + settings.stale_after_ms,
+        every=0.002,
+    )
+    winner, loser = driver(store, settings, ME), driver(store, settings, OTHER)
+    won, lost = await in_lock_order(
+        settings.database_url, "r", lambda: winner.drive("r"), lambda: loser.drive("r")
+    )
+    assert (won, lost) == ("stolen", "activation_lost")
+    records = await store.journal.records("r")
+    evidence = [r for r in records if r.kind == "activation-lost"]
+    assert len(evidence) == 1, [r.kind for r in records]
+    (lost_record,) = evidence
+    assert lost_record.payload == {
+        "observer": OTHER.key,
+        "outcome": "snapshot-changed",
+        "expected_epoch": running.epoch,
+    }
+    assert lost_record.source_id == (
+        f"evidence:r:{third.key}:{running.heartbeat_at_ms}:activation-lost::{OTHER.key}"
+    ), "addressed by the lease it lost to: a repeat is a duplicate, not a second record"
+    steals = [r for r in records if r.kind == Kind.STOLEN_AND_ACTIVATED]
+    assert [s.payload["owner"] for s in steals] == [ME.key], "only the winner activated"

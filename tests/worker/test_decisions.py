@@ -1,0 +1,394 @@
+"""The driver's decide half (``worker.decisions``) case by case against the real store.
+
+Each test hands a driver a run in one state and checks the one decision it makes: what
+it answers, what it claims, what it journals and counts. Other owners exist only as the
+owner columns of their rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import pytest
+from prometheus_client import REGISTRY
+
+from store import Kind, Store
+from store.config import Settings
+from store.types import (
+    Activated,
+    ActivateOutcome,
+    Claimed,
+    NotFound,
+    Owner,
+    RunRow,
+    RunStatus,
+    Waiting,
+    WaitingReason,
+)
+from tests.seed_rules import flows as sr
+from tests.store.helpers import (
+    OWNER_B,
+    create,
+    db_now,
+    make_parked,
+    make_running,
+    must_get,
+)
+from tests.support.polling import until
+from worker.driver import Driver, Execution
+from worker.outcomes import DriveOutcome
+
+ME = Owner("host-me", 8101, "nonce-me")
+THEM = Owner("host-them", 8102, "nonce-them")
+
+assert sr.waiter  # registers the flows
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def driver(store: Store, settings: Settings, *, lease: list[bool] | None = None) -> Driver:
+    gate = lease if lease is not None else [True]
+    return Driver(store, ME, settings, lease_ok=lambda: gate[0])
+
+
+def hold(mine: Driver, run_id: str) -> None:
+    """Mark ``run_id`` as executing in ``mine`` (as ``_execute`` does while a body runs)."""
+    mine.owned[run_id] = Execution(ctx=None)  # type: ignore[arg-type]
+
+
+async def kinds(store: Store, run_id: str) -> list[str]:
+    return [r.kind for r in await store.journal.records(run_id)]
+
+
+# ---- decide_many -------------------------------------------------------------------
+
+
+async def test_a_batch_leaves_out_what_it_may_not_claim_and_claims_nothing_then(
+    store: Store, settings: Settings
+) -> None:
+    gate = [True]
+    mine = driver(store, settings, lease=gate)
+    await create(store, "held", flow="sr.waiter")
+    hold(mine, "held")
+    await create(store, "unknown", flow="nobody.runs.this")
+    await make_running(store, "done", THEM, flow="sr.waiter")
+    done = await must_get(store, "done")
+    await store.lifecycle.transition_owned("done", THEM, done.epoch, RunStatus.COMPLETED)
+    decided = await mine.decide_many(["held", "unknown", "done", "absent"])
+    assert decided == {
+        "done": (DriveOutcome.TERMINAL, None),
+        "absent": (DriveOutcome.NOT_FOUND, None),
+    }
+    assert (await must_get(store, "held")).status is RunStatus.PENDING
+    await create(store, "fresh", flow="sr.waiter")
+    gate[0] = False
+    assert await mine.decide_many(["fresh"]) == {}, "a closed lease claims nothing"
+    assert (await must_get(store, "fresh")).status is RunStatus.PENDING
+    gate[0] = True
+    outcome, activated = (await mine.decide_many(["fresh"]))["fresh"]
+    assert outcome is DriveOutcome.ACTIVATED and activated is not None
+    assert activated[0].owner == ME and activated[1] is sr.waiter
+
+
+async def test_a_driver_without_a_lease_gate_claims(store: Store, settings: Settings) -> None:
+    mine = Driver(store, ME, settings)
+    await create(store, "a", flow="sr.waiter")
+    await create(store, "b", flow="sr.waiter")
+    assert (await mine.decide_many(["a"]))["a"][0] is DriveOutcome.ACTIVATED
+    outcome = await mine._decide_delivered("b", "sr.waiter")
+    assert outcome is not None and outcome[0] is DriveOutcome.ACTIVATED
+
+
+async def test_a_batch_claim_lost_to_another_worker_is_journaled(
+    store: Store, settings: Settings
+) -> None:
+    await create(store, "r", flow="sr.waiter")
+    mine = driver(store, settings)
+    rows = await store.runs.get_many(["r"])
+    theirs = await store.runs.claim_and_activate("r", rows[0].snapshot, THEM)  # in between
+    assert isinstance(theirs, Activated)
+    outcome = await mine._claimed(rows[0], sr.waiter, await _claim_from(store, rows[0]))
+    assert outcome == (DriveOutcome.CLAIM_LOST, None)
+    (lost,) = [r for r in await store.journal.records("r") if r.kind == Kind.CLAIM_LOST]
+    assert lost.payload == {"observer": ME.key, "status": "running"}
+    assert lost.source_id.startswith(
+        f"evidence:r:{THEM.key}:{theirs.row.heartbeat_at_ms}:{Kind.CLAIM_LOST}"
+    ), "addressed by the lease it lost to"
+
+
+async def _claim_from(store: Store, row: RunRow) -> ActivateOutcome:
+    return await store.runs.claim_and_activate(row.id, row.snapshot, ME)
+
+
+# ---- one run, delivered or read ----------------------------------------------------
+
+
+async def test_a_delivery_is_decided_by_the_row_when_it_cannot_claim_it_at_once(
+    store: Store, settings: Settings
+) -> None:
+    gate = [True]
+    mine = driver(store, settings, lease=gate)
+    await create(store, "r", flow="sr.waiter")
+    assert await mine._decide_delivered("r", "nobody.runs.this") is None
+    hold(mine, "r")
+    assert await mine._decide_delivered("r", "sr.waiter") is None
+    mine.owned.clear()
+    gate[0] = False
+    assert await mine._decide_delivered("r", "sr.waiter") is None
+    gate[0] = True
+    await make_running(store, "theirs", THEM, flow="sr.waiter")
+    decided = await mine._decide_delivered("theirs", "sr.waiter")
+    assert decided == (DriveOutcome.HEARTBEAT_FRESH, None), "decided from the same read"
+    assert await mine._decide_delivered("absent", "sr.waiter") == (DriveOutcome.NOT_FOUND, None)
+
+
+async def test_each_state_of_a_row_gets_its_one_decision(store: Store, settings: Settings) -> None:
+    gate = [True]
+    mine = driver(store, settings, lease=gate)
+    assert await mine._decide(None, "absent") == (DriveOutcome.NOT_FOUND, None)
+    await make_running(store, "theirs", THEM, flow="sr.waiter")
+    theirs = await must_get(store, "theirs")
+    await store.lifecycle.transition_owned("theirs", THEM, theirs.epoch, RunStatus.FAILED)
+    settled = await must_get(store, "theirs")
+    assert await mine._decide(settled, "theirs") == (DriveOutcome.TERMINAL, None)
+    await create(store, "mine", flow="sr.waiter")
+    row = await must_get(store, "mine")
+    hold(mine, "mine")
+    assert await mine._decide(row, "mine") == (DriveOutcome.ALREADY_OWNED, None)
+    mine.owned.clear()
+    gate[0] = False
+    assert await mine._decide(row, "mine") == (DriveOutcome.LEASE_CLOSED, None)
+    gate[0] = True
+    await create(store, "unknown", flow="nobody.runs.this")
+    unknown = await must_get(store, "unknown")
+    assert await mine._decide(unknown, "unknown") == (DriveOutcome.UNKNOWN_FLOW, None)
+    await store.lifecycle.request_cancel("unknown")
+    cancelled = await must_get(store, "unknown")
+    outcome, activated = await mine._decide(cancelled, "unknown")
+    assert outcome is DriveOutcome.ACTIVATED and activated is not None, "claimed to close it"
+    assert activated[1] is None
+
+
+async def test_an_unknown_flow_is_warned_about_once_per_run_and_the_memory_is_bounded(
+    store: Store, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="runfleet.worker.driver")
+    mine = driver(store, settings)
+    await create(store, "u", flow="nobody.runs.this")
+    row = await must_get(store, "u")
+    assert mine._flow(row) is None and mine._flow(row) is None
+    (line,) = [r for r in caplog.records if r.getMessage() == "run.unknown_flow"]
+    assert (line.__dict__["run_id"], line.__dict__["flow"]) == ("u", "nobody.runs.this")
+    assert "nobody.runs.this" in line.__dict__["error"]
+    mine._warned_unknown.clear()
+    mine._warned_unknown.update(f"other-{i}" for i in range(10_000))
+    mine._flow(row)
+    assert len(mine._warned_unknown) == 10_001, "at the bound nothing is forgotten yet"
+    mine._flow(replace(row, id="u2"))
+    assert mine._warned_unknown == {"u2"}, "past the bound the memory starts again"
+    assert mine._flow(await _registered(store)) is sr.waiter
+
+
+async def _registered(store: Store) -> RunRow:
+    await create(store, "known", flow="sr.waiter")
+    return await must_get(store, "known")
+
+
+# ---- claims: waits, stranded claims, the first activation ----------------------------
+
+
+async def test_a_parked_run_is_claimed_only_when_its_wait_allows(
+    store: Store, settings: Settings
+) -> None:
+    mine = driver(store, settings)
+    now = await db_now(store)
+    cases = {
+        "event-open": (Waiting(WaitingReason.EVENT), False),
+        "event-timed-out": (Waiting(WaitingReason.EVENT, wake_at_ms=now - 1), True),
+        "timer-future": (Waiting(WaitingReason.TIMER, wake_at_ms=now + 60_000), False),
+        "released": (Waiting(WaitingReason.RELEASED), True),
+        "quarantined": (Waiting(WaitingReason.QUARANTINE), False),
+    }
+    for run_id, (waiting, _) in cases.items():
+        await make_parked(store, run_id, waiting, OWNER_B, flow="sr.waiter")
+    await make_parked(
+        store, "timer-now", Waiting(WaitingReason.TIMER, wake_at_ms=now), OWNER_B, flow="sr.waiter"
+    )
+    for run_id, (_, claims) in {**cases, "timer-now": (None, True)}.items():
+        row = await must_get(store, run_id)
+        outcome, _activated = await mine._decide(row, run_id)
+        expected = DriveOutcome.ACTIVATED if claims else DriveOutcome.WAITING
+        assert outcome is expected, run_id
+    woken = [r for r in await store.journal.records("released") if r.kind == Kind.WOKEN]
+    assert [r.payload["cause"] for r in woken] == ["driver:released"]
+    await make_parked(
+        store, "q-cancelled", Waiting(WaitingReason.QUARANTINE), OWNER_B, flow="sr.waiter"
+    )
+    await store.lifecycle.request_cancel("q-cancelled")
+    row = await must_get(store, "q-cancelled")
+    assert (await mine._decide(row, "q-cancelled"))[0] is DriveOutcome.ACTIVATED, (
+        "a cancel closes even a quarantined run"
+    )
+
+
+async def test_a_recent_stranded_claim_is_left_and_a_recovered_one_claimed_now(
+    store: Store, settings: Settings
+) -> None:
+    mine = driver(store, settings)
+    pending = await create(store, "c", flow="sr.waiter")
+    assert isinstance(await store.runs.claim("c", pending.snapshot, THEM), Claimed)
+    row = await must_get(store, "c")
+    assert await mine._decide(row, "c") == (DriveOutcome.CLAIM_PENDING, None)
+    assert row.claimed_at_ms is not None
+    claimed_at = row.claimed_at_ms
+    await until(
+        lambda: db_now(store),
+        10.0,
+        "the claim to turn stale by database time",
+        accept=lambda now: now > claimed_at + settings.stale_after_ms,
+        every=0.002,
+    )
+    outcome, activated = await mine._decide(await must_get(store, "c"), "c")
+    assert outcome is DriveOutcome.ACTIVATED and activated is not None
+    assert activated[0].owner == ME
+    assert Kind.CLAIM_RECOVERED in await kinds(store, "c")
+
+
+async def test_a_first_activation_is_timed_from_admission(store: Store, settings: Settings) -> None:
+    mine = driver(store, settings)
+    await create(store, "r", flow="sr.waiter")
+    before = sample("runfleet_enqueue_to_start_seconds_count")
+    waited = sample("runfleet_enqueue_to_start_seconds_sum")
+    outcome, activated = await mine._decide(await must_get(store, "r"), "r")
+    assert outcome is DriveOutcome.ACTIVATED and activated is not None
+    assert sample("runfleet_enqueue_to_start_seconds_count") == before + 1
+    first = activated[0]
+    expected = max(0, first.now_ms - first.created_at_ms) / 1000
+    assert sample("runfleet_enqueue_to_start_seconds_sum") - waited == pytest.approx(expected)
+    # A later activation of the same run (epoch 2) is not a start from the queue.
+    running = await must_get(store, "r")
+    await store.waits.release("r", ME, running.epoch, "interrupted", "shutdown")
+    assert (await mine._decide(await must_get(store, "r"), "r"))[0] is DriveOutcome.ACTIVATED
+    assert sample("runfleet_enqueue_to_start_seconds_count") == before + 1
+
+
+async def test_a_settled_run_in_a_batch_does_not_stop_the_batch(
+    store: Store, settings: Settings
+) -> None:
+    mine = driver(store, settings)
+    await make_running(store, "a-done", THEM, flow="sr.waiter")
+    done = await must_get(store, "a-done")
+    await store.lifecycle.transition_owned("a-done", THEM, done.epoch, RunStatus.COMPLETED)
+    await create(store, "b-fresh", flow="sr.waiter")
+    decided = await mine.decide_many(["a-done", "b-fresh"])
+    assert decided["a-done"] == (DriveOutcome.TERMINAL, None)
+    assert decided["b-fresh"][0] is DriveOutcome.ACTIVATED
+
+
+async def test_a_delivered_fresh_run_is_claimed_by_the_delivery_statement_alone(
+    store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mine = driver(store, settings)
+    await create(store, "r", flow="sr.waiter")
+
+    async def no_second_claim(*_args: object) -> object:
+        raise AssertionError("claimed by a second statement")
+
+    monkeypatch.setattr(store.runs, "claim_and_activate", no_second_claim)
+    decided = await mine._decide_delivered("r", "sr.waiter")
+    assert decided is not None and decided[0] is DriveOutcome.ACTIVATED
+    assert decided[1] is not None and decided[1][1] is sr.waiter, "executed as its flow"
+
+
+async def test_a_timed_wait_is_due_at_its_exact_wake_time(store: Store, settings: Settings) -> None:
+    mine = driver(store, settings)
+    now = await db_now(store)
+    for reason in (WaitingReason.TIMER, WaitingReason.QUOTA, WaitingReason.EVENT):
+        run_id = f"due-{reason}"
+        await make_parked(
+            store, run_id, Waiting(reason, wake_at_ms=now + 5_000), OWNER_B, flow="sr.waiter"
+        )
+        row = await must_get(store, run_id)
+        assert not mine._wakeable(replace(row, now_ms=now + 4_999))
+        assert mine._wakeable(replace(row, now_ms=now + 5_000)), reason
+
+
+async def test_a_stale_running_row_is_stolen_as_its_flow_ours_included(
+    store: Store, settings: Settings
+) -> None:
+    """Not in this process's drives: a row of ours is self-orphaned, taken back like any."""
+    mine = driver(store, settings)
+    for run_id, owner in (("theirs", THEM), ("ours", ME)):
+        await make_running(store, run_id, owner, flow="sr.waiter")
+    heartbeat = (await must_get(store, "ours")).heartbeat_at_ms or 0
+    await until(
+        lambda: db_now(store),
+        10.0,
+        "the leases to turn stale by database time",
+        accept=lambda now: now > heartbeat + settings.stale_after_ms,
+        every=0.002,
+    )
+    for run_id in ("theirs", "ours"):
+        outcome, activated = await mine._decide(await must_get(store, run_id), run_id)
+        assert outcome is DriveOutcome.STOLEN, run_id
+        assert activated is not None and activated[1] is sr.waiter, "executed as its flow"
+
+
+async def test_a_claim_that_finds_the_run_gone_says_not_found(
+    store: Store, settings: Settings
+) -> None:
+    await create(store, "r", flow="sr.waiter")
+    row = await must_get(store, "r")
+    assert await driver(store, settings)._claimed(row, sr.waiter, NotFound("r")) == (
+        DriveOutcome.NOT_FOUND,
+        None,
+    )
+
+
+@pytest.mark.parametrize("meanwhile", ["claimed", "settled"])
+async def test_a_recovered_claim_taken_again_meanwhile_is_left_to_its_new_claimant(
+    store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch, meanwhile: str
+) -> None:
+    """Between clearing a stranded claim and claiming the run, another worker claimed it,
+    or ran and settled it (forced: it lands just before this drive re-reads the row)."""
+    mine = driver(store, settings)
+    pending = await create(store, "c", flow="sr.waiter")
+    assert isinstance(await store.runs.claim("c", pending.snapshot, THEM), Claimed)
+    stuck = await must_get(store, "c")
+    claimed_at = stuck.claimed_at_ms or 0
+    await until(
+        lambda: db_now(store),
+        10.0,
+        "the claim to turn stale by database time",
+        accept=lambda now: now > claimed_at + settings.stale_after_ms,
+        every=0.002,
+    )
+    stuck = await must_get(store, "c")  # read once stale, as a sweep would
+    real_get = store.runs.get
+    other = Owner("host-other", 8103, "nonce-other")
+
+    async def claimed_meanwhile(run_id: str) -> RunRow | None:
+        cleared = await real_get(run_id)
+        assert cleared is not None and cleared.claim is None
+        if meanwhile == "claimed":
+            assert isinstance(await store.runs.claim(run_id, cleared.snapshot, other), Claimed)
+        else:
+            ran = await store.runs.claim_and_activate(run_id, cleared.snapshot, other)
+            assert isinstance(ran, Activated)
+            await store.lifecycle.transition_owned(
+                run_id, other, ran.row.epoch, RunStatus.COMPLETED
+            )
+        return await real_get(run_id)
+
+    monkeypatch.setattr(store.runs, "get", claimed_meanwhile)
+    assert await mine._decide(stuck, "c") == (DriveOutcome.CLAIM_RECOVERED, None)
+    monkeypatch.undo()
+    left = await must_get(store, "c")
+    if meanwhile == "claimed":
+        assert left.claim == other and left.owner is None, "not taken from its new claimant"
+    else:
+        assert left.status is RunStatus.COMPLETED
+    assert Kind.CLAIM_LOST not in await kinds(store, "c"), "no claim was even tried"

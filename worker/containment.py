@@ -63,7 +63,13 @@ def running(run_id: str) -> contextvars.Token[str | None]:
 
 
 def done_running(token: contextvars.Token[str | None]) -> None:
-    _IN_RUN.reset(token)
+    """Undo ``running``. A coroutine closed outside its task (a pending task collected at
+    shutdown) runs its ``finally`` in another context, where the token cannot be reset:
+    the task's own context copy, which holds the mark, dies with the task anyway."""
+    try:
+        _IN_RUN.reset(token)
+    except ValueError:
+        pass
 
 
 async def _contained(coro: Coroutine[Any, Any, Any]) -> Any:

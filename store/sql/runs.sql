@@ -393,7 +393,8 @@ WITH locked AS MATERIALIZED (
       FROM locked l
      WHERE r.id = l.id AND r.status = 'running'
        AND r.owner_host = %(host)s AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s
-    RETURNING r.id, r.epoch, r.cancel_requested_at_ms IS NOT NULL AS cancel_requested
+    RETURNING r.id, r.epoch, r.heartbeat_at_ms,
+              r.cancel_requested_at_ms IS NOT NULL AS cancel_requested
 ), reconfirmed AS (
     INSERT INTO runfleet.journal (run_id, kind, source_id, source_seq, payload, digest, at_ms)
     SELECT n.id, %(journal_kind)s, %(source_id)s, c.seq, p.payload,
@@ -404,7 +405,7 @@ WITH locked AS MATERIALIZED (
            AS c(id, epoch, seq) ON c.id = n.id AND c.epoch = n.epoch
      CROSS JOIN LATERAL (
          SELECT jsonb_build_object('owner', %(owner_key)s::text, 'epoch', n.epoch,
-                                   'confirmed_ms', runfleet.now_ms(),
+                                   'confirmed_ms', n.heartbeat_at_ms,
                                    'unconfirmed_ms', %(unconfirmed_ms)s::bigint) AS payload
      ) AS p
     RETURNING run_id

@@ -6,6 +6,7 @@ margin is checked at its exact edge; runs are real drives of ``sr.holds`` bodies
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 import gc
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -166,7 +167,7 @@ async def test_a_failed_renewal_is_unconfirmed_counted_and_may_lapse_the_lease(
     assert await rig.lease.tick() is not None
     assert await rig.signals.renewed.wait(1) is not None
 
-    async def refused(*_args: object) -> object:
+    async def refused(*_args: object, **_kwargs: object) -> object:
         raise psycopg.OperationalError("connection refused")
 
     monkeypatch.setattr(rig.store.runs, "heartbeat", refused)
@@ -201,10 +202,10 @@ async def test_a_hanging_renewal_is_unconfirmed_after_one_interval_and_never_dou
     calls: list[list[str]] = []
     real = rig.store.runs.heartbeat
 
-    async def hanging(me: Owner, run_ids: list[str]) -> object:
+    async def hanging(me: Owner, run_ids: list[str], **kwargs: Any) -> object:
         calls.append(run_ids)
         await answer.wait()
-        return await real(me, run_ids)
+        return await real(me, run_ids, **kwargs)
 
     monkeypatch.setattr(rig.store.runs, "heartbeat", hanging)
     loop = asyncio.get_running_loop()
@@ -396,27 +397,11 @@ async def test_every_run_still_held_after_a_lapse_gets_its_own_reconfirmed_recor
             r for r in await rig.store.journal.records(run_id) if r.kind == "lease-reconfirmed"
         ]
         assert len(records) == 1, f"{run_id}: one record each, at addresses of their own"
-        assert records[0].payload["confirmed_ms"] == beat.now_ms
+        row = await rig.store.runs.get(run_id)
+        assert row is not None  # the lease confirmed is the heartbeat this renewal wrote
+        assert records[0].payload["confirmed_ms"] == row.heartbeat_at_ms
     (line,) = [r for r in caplog.records if r.getMessage() == "lease.reconfirmed"]
     assert line.__dict__["owner"] == ME.key
-
-
-async def test_a_reconfirmed_record_that_cannot_be_written_is_logged_with_its_run(
-    rig: Rig, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.WARNING, logger="runfleet.worker.lease")
-    await rig.hold("r")
-
-    async def broken(*_args: object, **_kwargs: object) -> object:
-        raise psycopg.OperationalError("journal unreachable")
-
-    monkeypatch.setattr(rig.store.journal, "emit", broken)
-    rig.lease.gate.lapsed = True
-    assert await rig.lease.tick() is not None
-    (line,) = [r for r in caplog.records if r.getMessage() == "journal.evidence_failed"]
-    assert line.__dict__["run_id"] == "r"
-    assert line.__dict__["kind"] == "lease-reconfirmed"
-    assert "journal unreachable" in line.__dict__["error"]
 
 
 async def test_the_lapse_loop_lapses_on_its_own_timer_and_ends_when_stopped(
@@ -466,9 +451,9 @@ async def test_renewals_keep_their_interval_when_each_takes_a_while(
     real = store.runs.heartbeat
     took = settings.heartbeat_interval * 0.75
 
-    async def slow(me: Owner, run_ids: list[str]) -> object:
+    async def slow(me: Owner, run_ids: list[str], **kwargs: Any) -> object:
         await asyncio.sleep(took)
-        return await real(me, run_ids)
+        return await real(me, run_ids, **kwargs)
 
     monkeypatch.setattr(store.runs, "heartbeat", slow)
     signals = LeaseSignals()
@@ -494,7 +479,7 @@ async def test_a_late_renewal_that_fails_is_consumed_not_reported_as_lost(
     """Its answer is ignored, and so is its error: no "exception was never retrieved"."""
     answer = asyncio.Event()
 
-    async def hanging_then_failing(*_args: object) -> object:
+    async def hanging_then_failing(*_args: object, **_kwargs: object) -> object:
         await answer.wait()
         raise psycopg.OperationalError("late and broken")
 

@@ -6,11 +6,11 @@ margin is checked at its exact edge; runs are real drives of ``sr.holds`` bodies
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 import gc
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 import pytest

@@ -253,3 +253,18 @@ async def test_settlement_records_carry_the_digest_of_their_payload(store: Store
     assert [r[0] for r in rows] == ["one", "many"]
     for _run_id, payload, stored in rows:
         assert stored == digest(payload)
+
+
+async def test_a_batch_settlement_cascades_with_its_own_status_as_the_cause(
+    store: Store,
+) -> None:
+    parent = await make_running(store, "p")
+    await create(store, "kid", parent_id="p")
+    (outcome,) = await store.lifecycle.settle_many(
+        OWNER_A, [Settle("p", parent.epoch, RunStatus.FAILED, {}, Kind.TRANSITIONED, None)]
+    )
+    assert isinstance(outcome, Transitioned) and outcome.cascaded == ("kid",)
+    (asked,) = await payloads(store, "kid", Kind.CANCEL_REQUESTED)
+    assert asked == {"actor": "postgres", "cause": "parent-failed", "by": "p"}
+    (policy,) = await payloads(store, "p", Kind.CHILD_POLICY_APPLIED)
+    assert policy == {"cause": "parent-failed", "cascaded_to": ["kid"]}

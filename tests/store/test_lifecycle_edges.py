@@ -5,10 +5,12 @@ settled child hands its parents. Written against surviving ``make mutate`` mutan
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 
 from store import Kind, Store
 from store.errors import InvalidInput
+from store.journal import digest
 from store.types import (
     AlreadyRequested,
     CancelRequested,
@@ -232,3 +234,37 @@ async def test_a_status_that_is_not_one_is_refused_by_name(store: Store) -> None
     with pytest.raises(InvalidInput) as single:
         await store.lifecycle.transition_owned("r", OWNER_A, row.epoch, "bogus")  # type: ignore[arg-type]
     assert single.value.field == "to_status"
+
+
+async def test_settlement_records_carry_the_digest_of_their_payload(store: Store) -> None:
+    """One by one or batched: the stored digest is the payload's (an audit can verify it)."""
+    one = await make_running(store, "one")
+    await store.lifecycle.transition_owned("one", OWNER_A, one.epoch, RunStatus.COMPLETED)
+    many = await make_running(store, "many")
+    await store.lifecycle.settle_many(
+        OWNER_A, [Settle("many", many.epoch, RunStatus.FAILED, {}, Kind.TRANSITIONED, None)]
+    )
+    async with await psycopg.AsyncConnection.connect(store.settings.database_url) as conn:
+        cursor = await conn.execute(
+            "SELECT run_id, payload, digest FROM runfleet.journal WHERE kind = %s ORDER BY seq",
+            (Kind.TRANSITIONED,),
+        )
+        rows = await cursor.fetchall()
+    assert [r[0] for r in rows] == ["one", "many"]
+    for _run_id, payload, stored in rows:
+        assert stored == digest(payload)
+
+
+async def test_a_batch_settlement_cascades_with_its_own_status_as_the_cause(
+    store: Store,
+) -> None:
+    parent = await make_running(store, "p")
+    await create(store, "kid", parent_id="p")
+    (outcome,) = await store.lifecycle.settle_many(
+        OWNER_A, [Settle("p", parent.epoch, RunStatus.FAILED, {}, Kind.TRANSITIONED, None)]
+    )
+    assert isinstance(outcome, Transitioned) and outcome.cascaded == ("kid",)
+    (asked,) = await payloads(store, "kid", Kind.CANCEL_REQUESTED)
+    assert asked == {"actor": "postgres", "cause": "parent-failed", "by": "p"}
+    (policy,) = await payloads(store, "p", Kind.CHILD_POLICY_APPLIED)
+    assert policy == {"cause": "parent-failed", "cascaded_to": ["kid"]}

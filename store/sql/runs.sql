@@ -388,9 +388,13 @@ WITH locked AS MATERIALIZED (
      WHERE r.id = ANY(%(ids)s) AND r.status = 'running'
        AND r.owner_host = %(host)s AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s
      ORDER BY r.id FOR UPDATE
+), t AS MATERIALIZED (
+    -- One instant for the whole renewal, read after the locks: every heartbeat it writes,
+    -- every lease-reconfirmed record's confirmed_ms and the now_ms it answers agree.
+    SELECT runfleet.now_ms() AS now_ms FROM (SELECT count(*) FROM locked) AS after_locks
 ), renewed AS (
-    UPDATE runfleet.runs AS r SET heartbeat_at_ms = runfleet.now_ms()
-      FROM locked l
+    UPDATE runfleet.runs AS r SET heartbeat_at_ms = t.now_ms
+      FROM locked l, t
      WHERE r.id = l.id AND r.status = 'running'
        AND r.owner_host = %(host)s AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s
     RETURNING r.id, r.epoch, r.heartbeat_at_ms,
@@ -410,9 +414,9 @@ WITH locked AS MATERIALIZED (
      ) AS p
     RETURNING run_id
 )
-SELECT renewed.id, renewed.cancel_requested, runfleet.now_ms() AS now_ms,
+SELECT renewed.id, renewed.cancel_requested, t.now_ms,
        renewed.id IN (SELECT run_id FROM reconfirmed) AS reconfirmed
-  FROM (SELECT 1) AS one LEFT JOIN renewed ON true;
+  FROM t LEFT JOIN renewed ON true;
 
 -- name: request_cancel
 -- A cancel is asked of the logical run: every unsettled round of the run's lineage gets

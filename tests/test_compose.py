@@ -19,6 +19,7 @@ import typer.core
 import typer.main
 import yaml
 
+import runfleet
 from runfleet.ops.cli.app import app
 from runfleet.store.config import Settings
 
@@ -159,7 +160,7 @@ def test_runfleet_variables_are_settings(services: dict[str, dict[str, Any]]) ->
 
 
 def test_images_are_pinned(services: dict[str, dict[str, Any]]) -> None:
-    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    version = runfleet.__version__
     for name, service in services.items():
         image = service.get("image")
         assert image, f"{name} has no image"
@@ -179,8 +180,8 @@ def test_image_build_installs_the_package(services: dict[str, dict[str, Any]]) -
     text = DOCKERFILE.read_text()
     assert re.search(r"^RUN pip install \.", text, re.MULTILINE)
     copied = set(re.findall(r"^COPY\s+(\S+)\s", text, re.MULTILINE))
-    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    wanted = {p.rstrip("*") for p in packages["packages"]["find"]["include"]}
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    wanted = set(setuptools["package-dir"].values()) | {"setup.py", "LICENSE"}
     assert wanted <= copied and all((ROOT / p).exists() for p in copied if p != ".")
 
 

@@ -7,6 +7,7 @@ parses options, calls it, and prints through ``_emit`` (a rich table, or ``--jso
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 from typing import Annotated, Any
 
@@ -41,6 +42,26 @@ def _emit(payload: dict[str, Any], table: Table, as_json: bool) -> None:
         typer.echo(json.dumps(payload, indent=2))
     else:
         Console().print(table)
+
+
+# The peer benchmarks (`fleet` beside rq, `flows` beside DBOS) are lab equipment: the
+# wheel leaves their modules out (setup.py's LAB), so they run from a checkout only.
+LAB_MISSING = (
+    "`runfleet bench {command}` compares runfleet with {peer}; its peer adapters are lab "
+    "equipment, not part of the installed package. Run it from a checkout of the runfleet "
+    "repository: pip install -e '.[dev,bench]' && runfleet bench {command}"
+)
+
+
+def _lab(command: str, peer: str, *modules: str) -> list[Any]:
+    """Import the lab modules a peer benchmark needs, or fail naming the checkout."""
+    try:
+        return [importlib.import_module(f"runfleet.ops.bench.{m}") for m in modules]
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("runfleet.ops.bench."):
+            raise
+        Console(stderr=True).print(LAB_MISSING.format(command=command, peer=peer))
+        raise typer.Exit(code=2) from exc
 
 
 def _fail(exc: BenchError) -> typer.Exit:
@@ -201,8 +222,9 @@ def fleet(
     """runfleet vs rq SimpleWorker: enqueue, drain (1/2/4 processes, fsync on/off, with
     1,000,000 settled runs), result(), idle start latency; SIGKILL recovery (empty queue,
     and behind a backlog with busy survivors), RSS (and, opt-in, RSS over a long soak)."""
-    from runfleet.ops.bench import fleet_bench
     from runfleet.ops.bench.fleet_procs import servers
+
+    (fleet_bench,) = _lab("fleet", "rq", "fleet_bench")
 
     try:
         counts = tuple(int(n) for n in scale.split(",") if n.strip())
@@ -282,8 +304,9 @@ def flows(
 ) -> None:
     """runfleet vs DBOS: three-step durable flows/s on one Postgres, and with fsync on and
     off; 1 s sleep lateness."""
-    from runfleet.ops.bench import dbos_side, flows_bench
     from runfleet.ops.bench.fleet_procs import servers
+
+    dbos_side, flows_bench = _lab("flows", "DBOS", "dbos_side", "flows_bench")
 
     if not skip_dbos and not dbos_side.available():
         raise _fail(BenchError(dbos_side.DBOS_MISSING))

@@ -21,12 +21,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import runfleet
 from runfleet.broker.client import connect
 from runfleet.broker.liveness import Liveness
 from runfleet.ops.bench.scratch import BenchError
 from runfleet.store.config import Settings
 
-ROOT = Path(__file__).resolve().parents[2]
+# The folder runfleet/ is in (a checkout, or site-packages): what children import it from.
+ROOT = Path(runfleet.__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,26 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        import runfleet
+
+        say(f"runfleet {runfleet.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_print_version, help="print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    pass
+
+
 @app.command()
 def migrate(
     database_url: Annotated[

@@ -39,7 +39,8 @@ from runfleet.store.types import Owner, RunRow
 T = TypeVar("T")
 
 AsJson = Annotated[
-    bool, typer.Option("--json", help="Print JSON (validates against the runfleet.ops.models model).")
+    bool,
+    typer.Option("--json", help="Print JSON (validates against the runfleet.ops.models model)."),
 ]
 CONNECT_TIMEOUT_S = 5
 _NO_SCHEMA = (

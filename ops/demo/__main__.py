@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+import runfleet
 from runfleet.broker import AsyncQueue, EnqueueSpec
 from runfleet.ops.demo.flows import work
 from runfleet.ops.servers.resolve import Endpoints, database_url_for, resolve
@@ -62,7 +63,8 @@ def _start_workers(
 ) -> list[subprocess.Popen[bytes]]:
     env = dict(os.environ)
     env.update({f"RUNFLEET_{k.upper()}": str(v) for k, v in settings.model_dump().items()})
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    # The folder runfleet/ is in (a checkout, or site-packages): children import it from there.
+    env["PYTHONPATH"] = str(Path(runfleet.__file__).resolve().parents[1])
     return [
         subprocess.Popen(
             [

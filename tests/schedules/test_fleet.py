@@ -33,7 +33,8 @@ def _scheduler_wired() -> None:
     source = inspect.getsource(process)
     if "Scheduler(" not in source or "register_schedules(" not in source:
         pytest.fail(
-            "worker/process.py does not run runfleet.worker.scheduler: add Scheduler(...).run(stop) "
+            "worker/process.py does not run runfleet.worker.scheduler: "
+            "add Scheduler(...).run(stop) "
             "beside the sweeper and register_schedules(...) after the flow registry"
         )
 

@@ -120,7 +120,8 @@ def test_the_cli_prints_only_through_its_one_escaping_helper() -> None:
     ``tree``, ``fail``, ``emit``), so a new command or a new field cannot print stored
     text raw, or through rich markup, by forgetting to escape it."""
     found = []
-    for folder in (Path(runfleet.ops.cli.__file__).parent, Path(runfleet.ops.explain.__file__).parent):
+    folders = (Path(runfleet.ops.cli.__file__).parent, Path(runfleet.ops.explain.__file__).parent)
+    for folder in folders:
         for path in sorted(folder.glob("*.py")):
             if path.name in ("text.py", "common.py") and path.parent.name == "cli":
                 continue

@@ -1,0 +1,165 @@
+"""runfleet: durable runs for Python worker fleets. Postgres decides, Redis hints.
+
+The public API is this module's ``__all__``::
+
+    from runfleet import Queue, Retry, flow
+
+Producers enqueue with ``Queue`` (rq-shaped, synchronous) or ``AsyncQueue``; flows are
+functions decorated with ``@flow`` whose steps a worker records (``Context``). Everything
+else lives in the subpackages, which are internals: ``runfleet.store`` (Postgres, the
+truth), ``runfleet.broker`` (Redis hints and the producer API), ``runfleet.worker``
+(executing runs) and ``runfleet.ops`` (the CLI, dashboard, demo and benchmarks).
+
+Names load on first use, so a producer's ``from runfleet import Queue`` never imports the
+worker, and importing any ``runfleet.*`` module does not import them all.
+
+Two ``Retry`` classes exist because two different things are retried: ``Retry(max=,
+interval=)`` is rq's policy for an enqueued job (the producer's side), ``StepRetry(attempts=,
+backoff=)`` is a flow step's (``ctx.step(..., retry=StepRetry(attempts=5))``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from runfleet.broker import (
+        AsyncQueue,
+        AsyncRun,
+        Callback,
+        EnqueueSpec,
+        EventAnswer,
+        EventCompleted,
+        EventExisting,
+        EventRunSettled,
+        EventTimedOut,
+        FailedJobRegistry,
+        Job,
+        JobStatus,
+        NoSuchJobError,
+        Queue,
+        Retry,
+        Run,
+        RunCancelled,
+        RunFailed,
+        RunNotFound,
+    )
+    from runfleet.store.config import Settings
+    from runfleet.store.errors import InvalidInput, RunfleetError, Unavailable
+    from runfleet.worker import (
+        ChildFailed,
+        Context,
+        Decision,
+        Flow,
+        Handoff,
+        Interrupted,
+        NonDeterminism,
+        SyncContext,
+        WaitTimeout,
+        flow,
+    )
+    from runfleet.worker import Retry as StepRetry
+
+# Public name -> (module, attribute there).
+_WHERE: dict[str, tuple[str, str]] = {
+    **{
+        name: ("runfleet.broker", name)
+        for name in (
+            "AsyncQueue",
+            "AsyncRun",
+            "Callback",
+            "EnqueueSpec",
+            "EventAnswer",
+            "EventCompleted",
+            "EventExisting",
+            "EventRunSettled",
+            "EventTimedOut",
+            "FailedJobRegistry",
+            "Job",
+            "JobStatus",
+            "NoSuchJobError",
+            "Queue",
+            "Retry",
+            "Run",
+            "RunCancelled",
+            "RunFailed",
+            "RunNotFound",
+        )
+    },
+    **{
+        name: ("runfleet.worker", name)
+        for name in (
+            "ChildFailed",
+            "Context",
+            "Decision",
+            "Flow",
+            "Handoff",
+            "Interrupted",
+            "NonDeterminism",
+            "SyncContext",
+            "WaitTimeout",
+            "flow",
+        )
+    },
+    "StepRetry": ("runfleet.worker", "Retry"),
+    "Settings": ("runfleet.store.config", "Settings"),
+    "InvalidInput": ("runfleet.store.errors", "InvalidInput"),
+    "RunfleetError": ("runfleet.store.errors", "RunfleetError"),
+    "Unavailable": ("runfleet.store.errors", "Unavailable"),
+}
+
+__all__ = [
+    "AsyncQueue",
+    "AsyncRun",
+    "Callback",
+    "ChildFailed",
+    "Context",
+    "Decision",
+    "EnqueueSpec",
+    "EventAnswer",
+    "EventCompleted",
+    "EventExisting",
+    "EventRunSettled",
+    "EventTimedOut",
+    "FailedJobRegistry",
+    "Flow",
+    "Handoff",
+    "Interrupted",
+    "InvalidInput",
+    "Job",
+    "JobStatus",
+    "NoSuchJobError",
+    "NonDeterminism",
+    "Queue",
+    "Retry",
+    "Run",
+    "RunCancelled",
+    "RunFailed",
+    "RunNotFound",
+    "RunfleetError",
+    "Settings",
+    "StepRetry",
+    "SyncContext",
+    "Unavailable",
+    "WaitTimeout",
+    "__version__",
+    "flow",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name from its module the first time it is asked for (PEP 562)."""
+    try:
+        module, attribute = _WHERE[name]
+    except KeyError:
+        raise AttributeError(f"module 'runfleet' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

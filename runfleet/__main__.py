@@ -1,0 +1,5 @@
+"""``python -m runfleet``: the ``runfleet`` command line."""
+
+from runfleet.ops.cli.app import main
+
+main()

@@ -1,0 +1,55 @@
+"""What pyproject.toml cannot say: the wheel's subpackages, and the modules it leaves out.
+
+The repository keeps store/, broker/, worker/ and ops/ at its top; ``package-dir`` in
+pyproject.toml maps them to ``runfleet.store`` etc. Every folder with an ``__init__.py``
+under them is a subpackage, found here so that a new one needs no edit.
+
+The benchmarks that compare runfleet with its peers (rq, DBOS) are lab equipment: they
+run from a checkout (``pip install -e '.[bench]'``), not from an installed runfleet, and
+``runfleet bench fleet|flows`` says so when they are absent (ops/bench/__main__.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+ROOT = Path(__file__).resolve().parent
+TOPS = ("store", "broker", "worker", "ops")
+# Checked by tests/packaging/test_wheel.py against the wheel and ops/bench/__main__.py.
+LAB = {
+    "runfleet.ops.bench": {
+        "rq_side",  # the rq peer adapter
+        "dbos_side",  # the DBOS peer adapter
+        "dbos_app",  # the DBOS peer's workflow process
+        "result_soak",  # rq's and runfleet's result round trip, side by side
+        "fleet_bench",  # `bench fleet`: runfleet beside rq
+        "flows_bench",  # `bench flows`: runfleet beside DBOS
+        "scaling",  # the drain at N processes, beside rq
+        "runfleet_side",  # runfleet's half of those comparisons
+        "drain",
+        "durability",
+        "recovery_bench",
+    },
+}
+
+
+def subpackages() -> list[str]:
+    found = ["runfleet"]
+    for top in TOPS:
+        for init in sorted((ROOT / top).rglob("__init__.py")):
+            found.append(".".join(("runfleet", *init.parent.relative_to(ROOT).parts)))
+    return found
+
+
+class BuildPy(build_py):
+    """build_py without the lab modules."""
+
+    def find_package_modules(self, package: str, package_dir: str) -> list[tuple[str, str, str]]:
+        modules = super().find_package_modules(package, package_dir)
+        return [m for m in modules if m[1] not in LAB.get(package, set())]
+
+
+setup(packages=subpackages(), cmdclass={"build_py": BuildPy})

@@ -16,7 +16,6 @@ import importlib
 import re
 import shutil
 import subprocess
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
+import runfleet
 from runfleet.broker.keys import GROUP, Keys
 from runfleet.store.config import Settings
 from runfleet.worker import metrics
@@ -47,7 +47,7 @@ CRD_KINDS = {
     ("keda.sh/v1alpha1", "TriggerAuthentication"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
 }
-VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+VERSION = runfleet.__version__
 
 Doc = dict[str, Any]
 

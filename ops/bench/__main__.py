@@ -60,7 +60,7 @@ def _lab(command: str, peer: str, *modules: str) -> list[Any]:
     except ModuleNotFoundError as exc:
         if not (exc.name or "").startswith("runfleet.ops.bench."):
             raise
-        Console(stderr=True).print(LAB_MISSING.format(command=command, peer=peer))
+        typer.echo(LAB_MISSING.format(command=command, peer=peer), err=True)
         raise typer.Exit(code=2) from exc
 
 

@@ -83,7 +83,7 @@ def roles(
             "hidden from producers and operators"
             if seen.statistics_hidden
             else "readable by every role (run `runfleet roles --apply` as a superuser to"
-            " hide them; README: Trust model)"
+            " hide them; docs: explanation/trust-model.md)"
         )
     )
 

@@ -5,7 +5,7 @@ Producers held USAGE on every sequence and read pg_stat_user_tables, so
 was. Now no scoped role holds a sequence privilege (the journal's seq is an identity),
 and ``runfleet roles --apply`` run by a superuser takes the catalog's statistics views
 and functions from PUBLIC in runfleet's database. What Postgres shows every role
-whatever is done is listed in the README ("Trust model"): a test cannot hide it.
+whatever is done is listed in docs/explanation/trust-model.md: a test cannot hide it.
 """
 
 from __future__ import annotations

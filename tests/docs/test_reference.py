@@ -1,29 +1,35 @@
-"""The README's Metrics and Logs sections list exactly what the code emits.
+"""The reference pages list exactly what the code has: settings, metrics, log events, commands.
 
-Operators build dashboards and log queries from those tables, so a metric or log
-event added without documentation (or documented but gone) fails here.
+Operators build dashboards, log queries and deployments from those tables (docs/reference/),
+so a setting, metric, log event or command added without documentation (or documented but
+gone) fails here.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import typer.main
 from prometheus_client import Counter, Gauge, Histogram
 
 from runfleet.broker import hostile
+from runfleet.ops.cli.app import app
+from runfleet.store.config import Settings
 from runfleet.worker import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 _LEVELS = {"debug", "info", "warning", "error", "exception"}
 
 
-def _section(title: str) -> str:
-    text = (ROOT / "README.md").read_text()
-    match = re.search(rf"^## {title}\n(.*?)(?=^## |\Z)", text, re.MULTILINE | re.DOTALL)
-    assert match, f"README.md has no '## {title}' section"
-    return match[1]
+REFERENCE = ROOT / "docs" / "reference"
+
+
+def _page(name: str) -> str:
+    return (REFERENCE / f"{name}.md").read_text()
 
 
 def _rows(section: str) -> dict[str, list[str]]:
@@ -58,8 +64,8 @@ def test_metric_names_follow_prometheus_conventions() -> None:
         assert all(re.fullmatch(r"[a-z_]+", label) for label in labels), (name, labels)
 
 
-def test_readme_lists_every_metric_with_its_labels() -> None:
-    documented = _rows(_section("Metrics"))
+def test_the_metrics_page_lists_every_metric_with_its_labels() -> None:
+    documented = _rows(_page("metrics"))
     emitted = _metrics()
     assert set(documented) == set(emitted)
     for name, (kind, labels) in emitted.items():
@@ -98,8 +104,38 @@ def _log_events() -> set[str]:
     return events
 
 
-def test_readme_lists_every_log_event() -> None:
-    documented = set(_rows(_section("Logs")))
+def test_the_logs_page_lists_every_log_event() -> None:
+    documented = set(_rows(_page("logs")))
     emitted = _log_events()
     assert emitted - documented == set(), "undocumented log events"
     assert documented - emitted == set(), "documented events nothing emits"
+
+
+def test_the_settings_page_lists_every_setting() -> None:
+    documented = {name for name in _rows(_page("settings")) if name.startswith("RUNFLEET_")}
+    prefix = Settings.model_config.get("env_prefix", "")
+    fields = {f"{prefix}{name}".upper() for name in Settings.model_fields}
+    assert fields - documented == set(), "undocumented settings"
+    assert documented - fields == set(), "documented settings that do not exist"
+
+
+def _commands(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """Every command path of a click group (typer builds on its own copy of click)."""
+    for name, sub in sorted(getattr(command, "commands", {}).items()):
+        if not sub.hidden:
+            yield (*path, name)
+            yield from _commands(sub, (*path, name))
+
+
+def test_the_cli_page_lists_every_command() -> None:
+    text = _page("cli")
+    documented = set(re.findall(r"`runfleet ((?:[a-z][a-z-]*)(?: [a-z][a-z-]*)*)", text))
+    commands = {" ".join(path) for path in _commands(typer.main.get_command(app))}
+    groups = {c for c in commands if any(other.startswith(c + " ") for other in commands)}
+    missing = {
+        c for c in commands - groups if not any(d == c or d.startswith(c + " ") for d in documented)
+    }
+    assert missing == set(), "commands the CLI page does not list"
+    # Every documented `runfleet X Y` starts with a real command.
+    unknown = {d for d in documented if not any(d == c or d.startswith(c + " ") for c in commands)}
+    assert unknown == set(), "documented commands that do not exist"

@@ -1,0 +1,51 @@
+"""The docs hold what a reader needs and no lab notes; every page is in the navigation.
+
+A figure carries the command, the machine and the settings behind it, nothing else: no
+commit measured, no account of what else was running on the machine that day.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+LAB_NOTES = [
+    re.compile(r"\bcommit \(?[0-9a-f]{7,40}\b"),
+    re.compile(r"\((?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7}\)"),  # (c216ac8)
+    re.compile(r"other agents|later session|same day|shared the machine|sharing both cores"),
+]
+
+
+def _pages() -> list[Path]:
+    return sorted([ROOT / "README.md", *DOCS.rglob("*.md")])
+
+
+def test_no_lab_notes_in_the_docs() -> None:
+    for page in _pages():
+        text = page.read_text()
+        for pattern in LAB_NOTES:
+            found = pattern.search(text)
+            assert found is None, f"{page.relative_to(ROOT)}: lab note {found[0]!r}"
+
+
+def _nav(entries: list[object]) -> set[str]:
+    found: set[str] = set()
+    for entry in entries:
+        value = next(iter(entry.values())) if isinstance(entry, dict) else entry
+        if isinstance(value, list):
+            found |= _nav(value)
+        elif isinstance(value, str):
+            found.add(value)
+    return found
+
+
+def test_every_page_is_in_the_navigation() -> None:
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    nav = _nav(config["nav"])
+    pages = {str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")}
+    assert pages - nav == set(), "pages mkdocs.yml's nav does not list"
+    assert nav - pages == set(), "nav entries without a page"

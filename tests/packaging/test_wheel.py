@@ -1,0 +1,178 @@
+"""The built wheel, installed into a clean venv beside PyPI's ``ops``, is runfleet.
+
+Everything here is real: ``python -m build`` makes the sdist and, from it, the wheel; a
+fresh venv gets Canonical's ``ops`` first and then that wheel (never the editable install
+or this checkout: the venv's commands run in a temporary directory with no PYTHONPATH);
+the console script applies the migrations to a real, empty Postgres database.
+
+Offline-ish: every distribution pip needs (the build backend, runfleet's dependencies,
+``ops``) is kept in a wheelhouse (``RUNFLEET_WHEELHOUSE``, default
+``~/.cache/runfleet/wheelhouse``). pip downloads into it only what it lacks (the first
+run needs the index); the installs and the isolated build then read it with ``--no-index``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import runfleet
+from tests.conftest import NewDatabase
+
+ROOT = Path(__file__).resolve().parents[2]
+WHEELHOUSE = Path(
+    os.environ.get("RUNFLEET_WHEELHOUSE", Path.home() / ".cache" / "runfleet" / "wheelhouse")
+)
+TOPS = ("store", "broker", "worker", "ops")
+
+
+def lab_modules() -> set[str]:
+    """setup.py's LAB: the dotted modules the wheel must leave out."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "LAB" for t in node.targets
+        ):
+            lab: dict[str, set[str]] = ast.literal_eval(node.value)
+            return {f"{package}.{module}" for package, mods in lab.items() for module in mods}
+    raise AssertionError("setup.py has no LAB")
+
+
+def _run(
+    argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = None, code: int = 0
+) -> subprocess.CompletedProcess[str]:
+    """``argv`` without this checkout's PYTHONPATH (and without the shared venv's)."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    clean.update({"PIP_DISABLE_PIP_VERSION_CHECK": "1", **(env or {})})
+    done = subprocess.run(argv, capture_output=True, text=True, env=clean, cwd=cwd, timeout=600)
+    assert done.returncode == code, f"{argv}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+def _fetch(*requirements: str) -> None:
+    """Put ``requirements`` (and their dependencies) in the wheelhouse: offline if it has them."""
+    WHEELHOUSE.mkdir(parents=True, exist_ok=True)
+    pip = [sys.executable, "-m", "pip", "download", "-q", "--dest", str(WHEELHOUSE)]
+    local = ["--no-index", "--find-links", str(WHEELHOUSE)]
+    offline = subprocess.run([*pip, *local, *requirements], capture_output=True, text=True)
+    if offline.returncode != 0:
+        _run([*pip, "--find-links", str(WHEELHOUSE), *requirements])
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    backend = ast.literal_eval(
+        next(
+            line.split("=", 1)[1].strip()
+            for line in (ROOT / "pyproject.toml").read_text().splitlines()
+            if line.startswith("requires")
+        )
+    )
+    _fetch(*backend)
+    offline = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(WHEELHOUSE)}
+    _run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], env=offline)
+    return out
+
+
+@pytest.fixture(scope="module")
+def wheel(dist: Path) -> Path:
+    (found,) = dist.glob("runfleet-*.whl")
+    return found
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Iterator[Path]:
+    where = tmp_path_factory.mktemp("venv")
+    _fetch("ops", str(wheel))
+    for stray in WHEELHOUSE.glob("runfleet-*"):  # pip download copied the wheel itself
+        stray.unlink()
+    _run([sys.executable, "-m", "venv", str(where)])
+    pip = [str(where / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile"]
+    pip += ["--no-index"]
+    _run([*pip, "--find-links", str(WHEELHOUSE), "ops"])  # the application's own `ops`
+    _run([*pip, "--find-links", str(WHEELHOUSE), str(wheel)])
+    yield where
+
+
+def test_the_wheel_holds_runfleet_only_and_no_lab_equipment(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {name.split("/")[0] for name in names}
+    assert tops == {"runfleet", f"runfleet-{runfleet.__version__}.dist-info"}, tops
+    modules = {n.removesuffix(".py").replace("/", ".") for n in names if n.endswith(".py")}
+    lab = lab_modules()
+    assert lab and not lab & modules, lab & modules
+    for needed in (
+        "runfleet/py.typed",
+        "runfleet/store/schema.sql",
+        "runfleet/store/migrations/0001_initial.sql",
+        "runfleet/store/sql/runs.sql",
+        "runfleet/ops/dashboard/templates/base.html",
+        "runfleet/ops/bench/capacity.py",
+    ):
+        assert needed in names, needed
+    # Every subpackage of the checkout is in the wheel (setup.py finds them itself).
+    for top in TOPS:
+        for init in (ROOT / top).rglob("__init__.py"):
+            assert f"runfleet/{init.relative_to(ROOT)}" in names, init
+
+
+def test_the_sdist_builds_the_same_package(dist: Path) -> None:
+    (sdist,) = dist.glob("runfleet-*.tar.gz")
+    assert sdist.name == f"runfleet-{runfleet.__version__}.tar.gz"
+
+
+CHECK = """
+import importlib.util, json, sys
+import ops
+import runfleet
+from runfleet import AsyncQueue, Job, Queue, Retry, StepRetry, flow
+from runfleet.store.migrate import migrations
+import runfleet.ops.cli.app
+print(json.dumps({
+    "ops": ops.__file__, "charm": hasattr(ops, "CharmBase"),
+    "runfleet": runfleet.__file__, "inner_ops": runfleet.ops.__name__,
+    "tops": [n for n in ("store", "broker", "worker") if importlib.util.find_spec(n)],
+    "lab": [m for m in sys.argv[1:] if importlib.util.find_spec(m)],
+    "migrations": len(migrations()), "version": runfleet.__version__,
+    "all": sorted(runfleet.__all__),
+}))
+"""
+
+
+def test_runfleet_and_pypis_ops_both_import_from_the_wheel(venv: Path, tmp_path: Path) -> None:
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    python = str(venv / "bin" / "python")
+    done = _run([python, "-c", CHECK, *sorted(lab_modules())], cwd=tmp_path)
+    found = json.loads(done.stdout)
+    assert found["ops"] == str(site / "ops" / "__init__.py") and found["charm"], found
+    assert found["runfleet"] == str(site / "runfleet" / "__init__.py"), found
+    assert found["inner_ops"] == "runfleet.ops"
+    assert found["tops"] == [], "the wheel installed top-level packages besides runfleet"
+    assert found["lab"] == []
+    assert found["migrations"] == len(list((ROOT / "store" / "migrations").glob("*.sql")))
+    assert found["version"] == runfleet.__version__
+    assert found["all"] == sorted(runfleet.__all__)
+
+
+async def test_the_console_script_works_from_the_wheel(
+    venv: Path, tmp_path: Path, new_empty_database: NewDatabase
+) -> None:
+    script = str(venv / "bin" / "runfleet")
+    version = _run([script, "--version"], cwd=tmp_path)
+    assert version.stdout.strip() == f"runfleet {runfleet.__version__}"
+    assert "migrate" in _run([script, "--help"], cwd=tmp_path).stdout
+    url = await new_empty_database()
+    migrated = _run([script, "migrate", "--database-url", url], cwd=tmp_path)
+    assert "migrations applied" in migrated.stdout
+    # A peer benchmark names what is missing and where to get it, instead of a traceback.
+    peer = _run([script, "bench", "fleet"], cwd=tmp_path, code=2)
+    assert "lab equipment" in peer.stderr and "pip install -e '.[dev,bench]'" in peer.stderr

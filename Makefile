@@ -56,5 +56,5 @@ $(STAMP): pyproject.toml Makefile | $(BIN)/python
 	touch $@
 
 clean:
-	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis .services *.egg-info build/mutate
+	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis .services *.egg-info build/mutate build/site dist
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +

@@ -173,6 +173,9 @@ async def test_the_console_script_works_from_the_wheel(
     url = await new_empty_database()
     migrated = _run([script, "migrate", "--database-url", url], cwd=tmp_path)
     assert "migrations applied" in migrated.stdout
-    # A peer benchmark names what is missing and where to get it, instead of a traceback.
+    # What a user benchmarks on their own servers is there; a peer benchmark names what is
+    # missing and where to get it, instead of a traceback.
+    for command in ("store", "capacity"):
+        assert "--json" in _run([script, "bench", command, "--help"], cwd=tmp_path).stdout
     peer = _run([script, "bench", "fleet"], cwd=tmp_path, code=2)
     assert "lab equipment" in peer.stderr and "pip install -e '.[dev,bench]'" in peer.stderr

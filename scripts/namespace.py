@@ -174,10 +174,15 @@ class PythonFile:
         self.lines = source.splitlines(keepends=True)
         self.edits: list[tuple[tuple[int, int], tuple[int, int], str]] = []
         self.bound_tops: set[str] = set()
+        self.bare: list[tuple[int, str]] = []  # (index in edits, top) of each `import top`
 
     def rewrite(self) -> str:
         tokens = list(tokenize.generate_tokens(io.StringIO(self.source).readline))
         self.imports(tokens)
+        for index, top in self.bare:
+            if top in self.bound_tops:  # `import broker` beside `import broker.streams`:
+                start, end, _ = self.edits[index]  # the names say runfleet.broker now
+                self.edits[index] = (start, end, f"import {PREFIX}.{top}")
         self.strings(tokens)
         if self.bound_tops:
             self.names(tokens)
@@ -237,6 +242,7 @@ class PythonFile:
         if after.type != tokenize.NEWLINE:
             raise Unsupported(f"{self.where(first)}: `import {first.string}, ...`: split it")
         self.edits.pop()
+        self.bare.append((len(self.edits), first.string))
         self.edits.append((keyword.start, first.end, f"from {PREFIX} import {first.string}"))
 
     def strings(self, tokens: list[tokenize.TokenInfo]) -> None:

@@ -25,12 +25,15 @@ if [ -n "$(git status --porcelain)" ]; then
 fi
 tool=$(mktemp --suffix=.py)
 trap 'rm -f "$tool"' EXIT
-# The script as it was when MECHANICAL was made: the same rewrite, byte for byte.
-git show "$mechanical^:scripts/namespace.py" >"$tool"
+# This checkout's script (main's, once the move is merged): on MECHANICAL's parent it
+# makes MECHANICAL's tree exactly (tests/test_namespace_script.py pins its forms).
+cp scripts/namespace.py "$tool"
 python=${PYTHON:-.venv/bin/python}
 [ -x "$python" ] || python=python3
 git checkout -q -b "$branch-ns" "$branch"
 "$python" "$tool" .
+# MECHANICAL's tree has the script itself; without it here, the merge would delete it.
+git checkout "$mechanical" -- scripts/namespace.py
 git add -A
 git commit -q -m "mechanical: scripts/namespace.py" || echo "nothing to rewrite on $branch"
 git merge -q -s ours --no-edit -m "record the namespace move ($mechanical) as merged" "$mechanical"

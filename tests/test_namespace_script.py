@@ -32,7 +32,7 @@ BEFORE = {
 import sys
 from importlib import resources
 
-import broker
+import broker  # beside broker.streams: the names say runfleet.broker
 import broker.streams
 import worker.driver as drive_module
 from ops.demo import flows
@@ -50,6 +50,7 @@ SQL = resources.files("store")
 CHUNK = broker.streams.PUBLISH_CHUNK
 QUEUE = broker.Queue
 ''',
+    "solo.py": "import broker\n\nQUEUE = broker.Queue\n",
     "Makefile": "demo:\n\tpython -m ops.demo\n",
     "compose.yaml": "command: [runfleet, worker, --flows, ops.demo.flows]\n",
     "guide.md": "```python\nfrom broker import Queue\nimport worker\n```\nSee `store.db.Store`.\n",
@@ -73,9 +74,9 @@ AFTER = {
 import sys
 from importlib import resources
 
+import runfleet.broker  # beside broker.streams: the names say runfleet.broker
 import runfleet.broker.streams
 import runfleet.worker.driver as drive_module
-from runfleet import broker
 from runfleet.ops.demo import flows
 from runfleet.store import Store
 from runfleet.store.db import Store as S2
@@ -91,6 +92,7 @@ SQL = resources.files("runfleet.store")
 CHUNK = runfleet.broker.streams.PUBLISH_CHUNK
 QUEUE = runfleet.broker.Queue
 ''',
+    "solo.py": "from runfleet import broker\n\nQUEUE = broker.Queue\n",
     "Makefile": "demo:\n\tpython -m runfleet.ops.demo\n",
     "compose.yaml": "command: [runfleet, worker, --flows, runfleet.ops.demo.flows]\n",
     "guide.md": (

@@ -11,6 +11,7 @@ from store.db import Conn, Database, default_source_id, open_pool
 from store.inspect import Inspect
 from store.journal import Journal, Kind
 from store.lifecycle import Lifecycle
+from store.queues import Queues
 from store.registry import FlowRegistry
 from store.runs import Runs
 from store.stats import Stats
@@ -43,6 +44,7 @@ class Store:
         self.inspect = Inspect(db)
         self.steps = Steps(db, self.journal, settings)
         self.flows = FlowRegistry(db)
+        self.queues = Queues(db)
 
     @classmethod
     async def open(

@@ -189,7 +189,9 @@ class Runs(Admission):
             return await self._changed_or_missing(run_id)
         return Activated(run_row(row))
 
-    async def claim_if_fresh(self, run_id: str, flow: str, me: Owner) -> FreshClaim:
+    async def claim_if_fresh(
+        self, run_id: str, flow: str, me: Owner, ahead_flows: Collection[str] | None = None
+    ) -> FreshClaim:
         """Read ``run_id`` and, if it is a fresh admission of ``flow`` with no cancel
         asked, claim and activate it, in one statement (``runs.claim_if_fresh``).
 
@@ -197,12 +199,18 @@ class Runs(Admission):
         (Activated, or SnapshotChanged/NotFound when a concurrent claim won after this
         statement's snapshot), and None when the row was not such a row: the caller then
         decides from ``seen``, the row as read (None: no such run).
+
+        ``ahead_flows``: the flows the caller runs. Given, a fresh run of the same queue
+        with a higher priority takes the slot (docs/queues.md): ``outcome`` is then
+        Activated with that run, and the named run stays pending (its wake is the
+        caller's to re-publish). None: only the named run is claimed.
         """
         found = await self._db.all(
             "runs.claim_if_fresh",
             {
                 "id": run_id,
                 "flow": flow,
+                "ahead_flows": None if ahead_flows is None else sorted(ahead_flows),
                 "owner_key": me.key,
                 "journal_kind": Kind.CLAIMED_AND_ACTIVATED,
                 "source_id": self._db.source_id,
@@ -227,7 +235,7 @@ class Runs(Admission):
         return FreshClaim(self._lost(run_id, current), seen)
 
     async def claim_and_activate_many(
-        self, rows: Sequence[RunRow], me: Owner
+        self, rows: Sequence[RunRow], me: Owner, ahead_flows: Collection[str] | None = None
     ) -> dict[str, ActivateOutcome]:
         """``claim_and_activate`` for a batch of fresh admissions, in one statement.
 
@@ -236,6 +244,8 @@ class Runs(Admission):
         one by one). Every row keeps its own snapshot check (status and epoch as read) and
         gets its own record. The outcome of each id is what ``claim_and_activate`` would
         have answered: a row that lost its race is read again (SnapshotChanged/NotFound).
+        ``ahead_flows`` as for ``claim_if_fresh``: a delivered run's outcome may be the
+        activation of a higher-priority run of its queue, claimed in its place.
         """
         for row in rows:
             if not fresh_admission(row):
@@ -248,6 +258,7 @@ class Runs(Admission):
                 "ids": [row.id for row in rows],
                 "epochs": [row.epoch for row in rows],
                 "seqs": [self._db.next_source_seq() for _ in rows],
+                "ahead_flows": None if ahead_flows is None else sorted(ahead_flows),
                 "owner_key": me.key,
                 "journal_kind": Kind.CLAIMED_AND_ACTIVATED,
                 "source_id": self._db.source_id,
@@ -255,7 +266,9 @@ class Runs(Admission):
                 **self._serving(),
             },
         )
-        outcomes: dict[str, ActivateOutcome] = {r["id"]: Activated(run_row(r)) for r in found}
+        outcomes: dict[str, ActivateOutcome] = {
+            r["named_id"]: Activated(run_row(r)) for r in found
+        }
         lost = [row.id for row in rows if row.id not in outcomes]
         if lost:  # what each loser lost to, in one read
             current = {row.id: row for row in await self.get_many(lost)}

@@ -38,6 +38,12 @@ CREATE TABLE runfleet.runs (
     payload                 json,  -- canonical text of the run's arguments (store/values.py)
     recoveries              integer NOT NULL DEFAULT 0 CHECK (recoveries >= 0),
         -- takeovers in a row after a lost process (migration 0012; parked `dead` past the max)
+    priority                integer NOT NULL CHECK (priority BETWEEN -1000000 AND 1000000),
+        -- higher starts first; an admission naming none gets its queue's (docs/queues.md)
+    dedup_key               text CHECK (length(dedup_key) BETWEEN 1 AND 255),
+        -- at most one open run per (queue, dedup_key): runs_open_dedup_idx
+    rank_ms                 bigint GENERATED ALWAYS AS (created_at_ms - priority::bigint * 60000) STORED,
+        -- effective priority with aging: one priority point is worth a minute of waiting
     CHECK ((owner_host IS NULL) = (owner_nonce IS NULL)),
     CHECK ((claim_host IS NULL) = (claimed_at_ms IS NULL)),
     CHECK (status <> 'running' OR owner_host IS NOT NULL)
@@ -61,6 +67,43 @@ CREATE INDEX runs_owner_idx ON runfleet.runs (owner_host, owner_pid, owner_nonce
 CREATE INDEX runs_status_created_idx ON runfleet.runs (status, created_at_ms);
 CREATE INDEX runs_stranded_claim_idx ON runfleet.runs (claimed_at_ms, id)
     WHERE claim_host IS NOT NULL;
+CREATE INDEX runs_ready_priority_idx ON runfleet.runs (queue, priority DESC, rank_ms, id)
+    WHERE status = 'pending' AND waiting_reason IS NULL AND owner_host IS NULL
+      AND claim_host IS NULL;
+CREATE UNIQUE INDEX runs_open_dedup_idx ON runfleet.runs (queue, dedup_key)
+    WHERE dedup_key IS NOT NULL AND status IN ('pending', 'running', 'suspended');
+
+-- Per-queue settings (docs/queues.md), changed live by `runfleet queue set`.
+CREATE TABLE runfleet.queues (
+    name              text PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 255),
+    default_priority  integer NOT NULL DEFAULT 0
+                          CHECK (default_priority BETWEEN -1000000 AND 1000000),
+    updated_at_ms     bigint NOT NULL,
+    updated_by        text NOT NULL
+);
+-- Every change of a queue's settings, with who made it (append-only, like the journal).
+CREATE TABLE runfleet.queue_changes (
+    seq        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue      text NOT NULL,
+    change     jsonb NOT NULL,
+    note       text,
+    changed_by text NOT NULL,
+    at_ms      bigint NOT NULL
+);
+CREATE INDEX queue_changes_queue_idx ON runfleet.queue_changes (queue, seq);
+
+CREATE FUNCTION runfleet.queue_default_priority() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
+$$
+BEGIN
+    NEW.priority := coalesce(
+        (SELECT q.default_priority FROM runfleet.queues q WHERE q.name = NEW.queue), 0);
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER runs_default_priority BEFORE INSERT ON runfleet.runs
+    FOR EACH ROW WHEN (NEW.priority IS NULL)
+    EXECUTE FUNCTION runfleet.queue_default_priority();
 
 -- seq is always generated and a record's address is its writer's (0013): see there.
 CREATE TABLE runfleet.journal (

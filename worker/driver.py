@@ -67,6 +67,7 @@ class Driver(Decisions):
         probe: ProbeFn | None = None,
         on_settled: AnnounceFn | None = None,
         hint: HintFn | None = None,
+        hint_front: HintFn | None = None,
         lease_ok: Callable[[], bool] | None = None,
         lease_gap: Callable[[], int | None] | None = None,
     ) -> None:
@@ -75,6 +76,8 @@ class Driver(Decisions):
         self.settings = settings
         self._on_settled = on_settled
         self._hint = hint
+        self._hint_front = hint_front
+        """A displaced run's wake, ahead of the backlog (``Decisions._took_slot``)."""
         self.owned: dict[str, Execution] = {}
         self.executing: set[str] = set()
         """Runs whose body may still run here (a task or its thread not yet ended)."""

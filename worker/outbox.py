@@ -56,6 +56,7 @@ class Outbox:
             notifier.publish_settled_many, name="settled"
         )
         self._wakes: Coalesce[RunRow] = Coalesce(self._publish_wakes, name="wakes")
+        self._front_wakes: Coalesce[RunRow] = Coalesce(self._publish_front, name="front-wakes")
 
     def ack(self, delivery: Delivery) -> None:
         """Acknowledge a delivery whose drive has decided."""
@@ -65,13 +66,18 @@ class Outbox:
         """Hint that a run can move now (released, a child admitted, a parent woken)."""
         self._wakes.add(row)
 
+    async def hint_front(self, row: RunRow) -> None:
+        """Hint on the recovery lane, read before the backlog: a fresh run whose delivery a
+        higher-priority run took (docs/queues.md) keeps its place at the head of the line."""
+        self._front_wakes.add(row)
+
     async def settled(self, run_id: str, status: str) -> None:
         """Announce a committed settlement to the producers waiting on it."""
         self._announcements.add((run_id, status))
 
     async def flush(self, timeout: float = 1.0) -> None:
         """Send what is pending (at shutdown: what was decided and settled goes out first)."""
-        for pending in (self._acks, self._announcements, self._wakes):
+        for pending in (self._acks, self._announcements, self._wakes, self._front_wakes):
             try:
                 await asyncio.wait_for(pending.drain(), timeout=timeout)
             except Exception as exc:
@@ -82,6 +88,13 @@ class Outbox:
             await self._streams.ack_many(deliveries)
         except BROKER_ERRORS as exc:
             log.warning("stream.ack_failed", extra={"runs": len(deliveries), "error": repr(exc)})
+
+    async def _publish_front(self, rows: list[RunRow]) -> None:
+        messages = [(row.queue, message_for(row.id, row.flow, "displaced")) for row in rows]
+        try:
+            await self._streams.publish_many(messages, Lane.RECOVERY)
+        except BROKER_ERRORS as exc:
+            log.warning("stream.publish_failed", extra={"runs": len(rows), "error": repr(exc)})
 
     async def _publish_wakes(self, rows: list[RunRow]) -> None:
         try:

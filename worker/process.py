@@ -186,6 +186,7 @@ class Worker:
             probe=self.liveness.probe,
             on_settled=self.outbox.settled,
             hint=self.outbox.hint,
+            hint_front=self.outbox.hint_front,
             lease_ok=gate.open,
             lease_gap=gate.unconfirmed_ms,
         )

@@ -1,0 +1,65 @@
+-- runfleet schema: queues that shape load (docs/queues.md) — run priorities with aging,
+-- a default priority per queue, and deduplication keys.
+--
+-- priority: higher starts first. A worker's claim statement lets a fresh pending run of
+-- the same queue with a strictly higher priority take the slot a delivery offered, unless
+-- the delivered run has out-aged it (store/sql/runs.sql claim_if_fresh). Aging is a fixed
+-- rate: one priority point is worth one minute of waiting, so rank_ms (the admission time
+-- minus a minute per point) orders runs of a queue by effective priority, FIFO within a
+-- priority, and is a plain stored column an index can serve (no clock in the key).
+ALTER TABLE runfleet.runs
+    ADD COLUMN priority integer NOT NULL DEFAULT 0
+        CHECK (priority BETWEEN -1000000 AND 1000000),
+    ADD COLUMN dedup_key text CHECK (length(dedup_key) BETWEEN 1 AND 255),
+    ADD COLUMN rank_ms bigint GENERATED ALWAYS AS (created_at_ms - priority::bigint * 60000) STORED;
+-- No default from now on: an admission that names no priority gets its queue's
+-- (runfleet.queue_default_priority below), rows before this migration keep 0.
+ALTER TABLE runfleet.runs ALTER COLUMN priority DROP DEFAULT;
+
+-- The fresh admissions of a queue by effective priority: the claim's look-ahead reads the
+-- first entry above the delivered run's priority (one index probe; none when all are 0).
+CREATE INDEX runs_ready_priority_idx ON runfleet.runs (queue, priority DESC, rank_ms, id)
+    WHERE status = 'pending' AND waiting_reason IS NULL AND owner_host IS NULL
+      AND claim_host IS NULL;
+
+-- dedup_key: at most one OPEN run (pending, running, suspended) per (queue, key). The
+-- admission's ON CONFLICT DO NOTHING has no target, so this index is an arbiter too: a
+-- second admission with an open key inserts nothing and its caller is answered with the
+-- open run or refused (store/admit.py). A settled run frees its key.
+CREATE UNIQUE INDEX runs_open_dedup_idx ON runfleet.runs (queue, dedup_key)
+    WHERE dedup_key IS NOT NULL AND status IN ('pending', 'running', 'suspended');
+
+-- Per-queue settings, changed live by `runfleet queue set` (store/queues.py), each change
+-- stamped with the authenticated role that made it (session_user).
+CREATE TABLE runfleet.queues (
+    name              text PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 255),
+    default_priority  integer NOT NULL DEFAULT 0
+                          CHECK (default_priority BETWEEN -1000000 AND 1000000),
+    updated_at_ms     bigint NOT NULL,
+    updated_by        text NOT NULL
+);
+-- Every change of a queue's settings, with who made it (append-only, like the journal).
+CREATE TABLE runfleet.queue_changes (
+    seq        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue      text NOT NULL,
+    change     jsonb NOT NULL,
+    note       text,
+    changed_by text NOT NULL,
+    at_ms      bigint NOT NULL
+);
+CREATE INDEX queue_changes_queue_idx ON runfleet.queue_changes (queue, seq);
+
+-- The queue's default priority for an admission that names none. SECURITY DEFINER so a
+-- producer needs no privilege on runfleet.queues; it reads one row by primary key.
+CREATE FUNCTION runfleet.queue_default_priority() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
+$$
+BEGIN
+    NEW.priority := coalesce(
+        (SELECT q.default_priority FROM runfleet.queues q WHERE q.name = NEW.queue), 0);
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER runs_default_priority BEFORE INSERT ON runfleet.runs
+    FOR EACH ROW WHEN (NEW.priority IS NULL)
+    EXECUTE FUNCTION runfleet.queue_default_priority();

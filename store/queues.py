@@ -1,0 +1,85 @@
+"""Per-queue settings (``runfleet.queues``): the default priority, changed live.
+
+A change is one statement that writes the settings and appends the change with the
+authenticated role that made it (``runfleet.queue_changes``): who changed a queue is the
+database's answer, never a caller-supplied name. Admission reads the default priority in
+its own statement (the ``runs_default_priority`` trigger), so a change applies to the
+next admission on every producer at once, with no process to restart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from store import validate
+from store.db import Database
+from store.errors import InvalidInput
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    name: str
+    default_priority: int
+    updated_at_ms: int
+    updated_by: str
+    """The database role that made the latest change."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueChange:
+    queue: str
+    change: dict[str, Any]
+    note: str | None
+    changed_by: str
+    at_ms: int
+
+
+def _settings(row: dict[str, Any]) -> QueueSettings:
+    return QueueSettings(
+        row["name"], int(row["default_priority"]), int(row["updated_at_ms"]), row["updated_by"]
+    )
+
+
+class Queues:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def set(
+        self, name: str, *, default_priority: int | None = None, note: str | None = None
+    ) -> QueueSettings:
+        """Change the settings given (the others stay), journaled with who changed them."""
+        validate.identifier("queue", name)
+        change: dict[str, Any] = {}
+        if default_priority is not None:
+            change["default_priority"] = validate.priority(default_priority, "default_priority")
+        if not change:
+            raise InvalidInput("settings", "name at least one setting to change")
+        row = await self._db.one(
+            "queues.set",
+            {
+                "name": name,
+                "default_priority": default_priority,
+                "change": Jsonb(change),
+                "note": note,
+            },
+        )
+        assert row is not None  # an upsert always returns its row
+        return _settings(row)
+
+    async def get(self, name: str) -> QueueSettings | None:
+        row = await self._db.one("queues.get", {"name": name})
+        return _settings(row) if row else None
+
+    async def all(self) -> list[QueueSettings]:
+        return [_settings(r) for r in await self._db.all("queues.all")]
+
+    async def changes(self, name: str, limit: int = 20) -> list[QueueChange]:
+        """The queue's latest changes, newest first."""
+        rows = await self._db.all("queues.changes", {"name": name, "limit": limit})
+        return [
+            QueueChange(r["queue"], r["change"], r["note"], r["changed_by"], int(r["at_ms"]))
+            for r in rows
+        ]

@@ -266,6 +266,8 @@ def on_duplicate(value: Any) -> OnDuplicate:
         return OnDuplicate(value)
     except ValueError:
         raise InvalidInput("on_duplicate", f"must be 'join' or 'refuse', got {value!r}") from None
+
+
 RQ_UNSUPPORTED = ("ttl", "repeat", "on_stopped", "rate_limit", "webhooks", "pipeline", "unique")
 
 

@@ -266,9 +266,7 @@ class Runs(Admission):
                 **self._serving(),
             },
         )
-        outcomes: dict[str, ActivateOutcome] = {
-            r["named_id"]: Activated(run_row(r)) for r in found
-        }
+        outcomes: dict[str, ActivateOutcome] = {r["named_id"]: Activated(run_row(r)) for r in found}
         lost = [row.id for row in rows if row.id not in outcomes]
         if lost:  # what each loser lost to, in one read
             current = {row.id: row for row in await self.get_many(lost)}

@@ -23,6 +23,8 @@ from store.errors import InvalidInput
 class QueueSettings:
     name: str
     default_priority: int
+    concurrency: int | None
+    """Fleet-wide: at most this many of its runs execute at once (None: no limit)."""
     updated_at_ms: int
     updated_by: str
     """The database role that made the latest change."""
@@ -39,7 +41,11 @@ class QueueChange:
 
 def _settings(row: dict[str, Any]) -> QueueSettings:
     return QueueSettings(
-        row["name"], int(row["default_priority"]), int(row["updated_at_ms"]), row["updated_by"]
+        row["name"],
+        int(row["default_priority"]),
+        row["concurrency"],
+        int(row["updated_at_ms"]),
+        row["updated_by"],
     )
 
 
@@ -48,13 +54,29 @@ class Queues:
         self._db = db
 
     async def set(
-        self, name: str, *, default_priority: int | None = None, note: str | None = None
+        self,
+        name: str,
+        *,
+        default_priority: int | None = None,
+        concurrency: int | None = None,
+        note: str | None = None,
     ) -> QueueSettings:
-        """Change the settings given (the others stay), journaled with who changed them."""
+        """Change the settings given (the others stay), journaled with who changed them.
+
+        ``concurrency``: the fleet-wide limit, applied by the next claim of every worker
+        (it is read in the claim statement); 0 lifts it. Runs already executing beyond a
+        lowered limit finish; no new one starts until the count is under it.
+        """
         validate.identifier("queue", name)
         change: dict[str, Any] = {}
         if default_priority is not None:
             change["default_priority"] = validate.priority(default_priority, "default_priority")
+        if concurrency is not None:
+            if isinstance(concurrency, bool) or not isinstance(concurrency, int):
+                raise InvalidInput("concurrency", "must be an integer")
+            if not 0 <= concurrency <= 1_000_000:
+                raise InvalidInput("concurrency", "must be between 0 (no limit) and 1000000")
+            change["concurrency"] = concurrency or None
         if not change:
             raise InvalidInput("settings", "name at least one setting to change")
         row = await self._db.one(
@@ -62,6 +84,7 @@ class Queues:
             {
                 "name": name,
                 "default_priority": default_priority,
+                "concurrency": concurrency,
                 "change": Jsonb(change),
                 "note": note,
             },
@@ -75,6 +98,12 @@ class Queues:
 
     async def all(self) -> list[QueueSettings]:
         return [_settings(r) for r in await self._db.all("queues.all")]
+
+    async def running(self, names: list[str]) -> dict[str, int]:
+        """How many runs of each of ``names`` execute now (0 for the others)."""
+        rows = await self._db.all("queues.running", {"names": names})
+        found = {r["queue"]: int(r["running"]) for r in rows}
+        return {name: found.get(name, 0) for name in names}
 
     async def changes(self, name: str, limit: int = 20) -> list[QueueChange]:
         """The queue's latest changes, newest first."""

@@ -23,6 +23,7 @@ from store.rows import owner_params, run_row
 from store.types import (
     Activated,
     ActivateOutcome,
+    AtLimit,
     Claimed,
     ClaimOutcome,
     ClaimRecovered,
@@ -138,6 +139,23 @@ class Runs(Admission):
             return NotServed(current)
         return SnapshotChanged(current)
 
+    def _not_activated(
+        self, run_id: str, current: RunRow | None, expected: Snapshot
+    ) -> SnapshotChanged | NotServed | AtLimit | NotFound:
+        """``_lost`` for an activating claim: with nothing the caller's snapshot names moved
+        and the row still runnable, only its queue's concurrency limit refused it."""
+        if (
+            current is not None
+            and self.may_claim(current)
+            and _same(current.snapshot, expected)
+            and current.status in (RunStatus.PENDING, RunStatus.SUSPENDED)
+            and current.claim is None
+            and current.waiting is None
+            and current.cancel_requested_at_ms is None
+        ):
+            return AtLimit(current)
+        return self._lost(run_id, current)
+
     async def claim(self, run_id: str, expected: Snapshot, me: Owner) -> ClaimOutcome:
         async with self._db.transaction():
             row = await self._db.one(
@@ -186,7 +204,7 @@ class Runs(Admission):
             },
         )
         if row is None:
-            return await self._changed_or_missing(run_id)
+            return self._not_activated(run_id, await self.get(run_id), expected)
         return Activated(run_row(row))
 
     async def claim_if_fresh(
@@ -232,7 +250,7 @@ class Runs(Admission):
         ):
             return FreshClaim(None, seen)
         current = await self.get(run_id)  # the race it lost: who won, for the record
-        return FreshClaim(self._lost(run_id, current), seen)
+        return FreshClaim(self._not_activated(run_id, current, seen.snapshot), seen)
 
     async def claim_and_activate_many(
         self, rows: Sequence[RunRow], me: Owner, ahead_flows: Collection[str] | None = None
@@ -270,8 +288,9 @@ class Runs(Admission):
         lost = [row.id for row in rows if row.id not in outcomes]
         if lost:  # what each loser lost to, in one read
             current = {row.id: row for row in await self.get_many(lost)}
+            asked = {row.id: row.snapshot for row in rows}
             for run_id in lost:
-                outcomes[run_id] = self._lost(run_id, current.get(run_id))
+                outcomes[run_id] = self._not_activated(run_id, current.get(run_id), asked[run_id])
         return outcomes
 
     async def steal(

@@ -78,6 +78,7 @@ CREATE TABLE runfleet.queues (
     name              text PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 255),
     default_priority  integer NOT NULL DEFAULT 0
                           CHECK (default_priority BETWEEN -1000000 AND 1000000),
+    concurrency       integer CHECK (concurrency >= 1),  -- fleet-wide; NULL: unlimited
     updated_at_ms     bigint NOT NULL,
     updated_by        text NOT NULL
 );
@@ -91,6 +92,37 @@ CREATE TABLE runfleet.queue_changes (
     at_ms      bigint NOT NULL
 );
 CREATE INDEX queue_changes_queue_idx ON runfleet.queue_changes (queue, seq);
+
+-- How many more runs of the queue may start now (NULL: no limit), deciding for the
+-- calling claim statement under the queue row's lock, held until that statement's
+-- transaction ends: claims on a limited queue serialize on it. The count is taken AFTER
+-- the lock, in this function's own snapshot (a VOLATILE function's statements each see
+-- what committed before them), so a claim that committed while this one waited for the
+-- lock is counted. The running rows ARE the slots: a settled or parked run frees its slot
+-- in the statement that moves it, a takeover keeps it (the row stays running), and a
+-- SIGKILLed owner's run holds it until its takeover, so no slot can leak or double.
+-- Every caller takes this lock before any run row lock (store/sql/runs.sql).
+CREATE FUNCTION runfleet.queue_free_slots(p_queue text) RETURNS integer
+    LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS
+$$
+DECLARE
+    v_limit integer;
+    v_running integer;
+BEGIN
+    SELECT q.concurrency INTO v_limit FROM runfleet.queues q WHERE q.name = p_queue;
+    IF v_limit IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT q.concurrency INTO v_limit FROM runfleet.queues q WHERE q.name = p_queue FOR UPDATE;
+    IF v_limit IS NULL THEN  -- lifted while this claim waited for the lock
+        RETURN NULL;
+    END IF;
+    SELECT count(*) INTO v_running FROM runfleet.runs r
+     WHERE r.queue = p_queue AND r.status = 'running';
+    RETURN greatest(v_limit - v_running, 0);
+END
+$$;
+CREATE INDEX runs_running_queue_idx ON runfleet.runs (queue) WHERE status = 'running';
 
 CREATE FUNCTION runfleet.queue_default_priority() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS

@@ -156,6 +156,8 @@ class RunRow:
     """Higher starts first within its queue, with aging (docs/queues.md)."""
     dedup_key: str | None = None
     """At most one open run of the queue holds it (docs/queues.md)."""
+    limited: bool = False
+    """Its queue has a fleet-wide concurrency limit (as the claim that returned it saw)."""
 
     @property
     def snapshot(self) -> Snapshot:
@@ -355,6 +357,14 @@ class NotServed:
 
 
 @dataclass(frozen=True, slots=True)
+class AtLimit:
+    """The run's queue has as many runs executing as its fleet-wide concurrency allows
+    (docs/queues.md): nothing changed, and the run starts when a slot frees."""
+
+    current: RunRow
+
+
+@dataclass(frozen=True, slots=True)
 class LeaseFresh:
     """A steal was refused by the database clock: the owner renewed recently."""
 
@@ -498,7 +508,7 @@ class Conflict:
 EmitOutcome: TypeAlias = Accepted | Duplicate | Conflict
 CreateOutcome: TypeAlias = Created | Joined
 ClaimOutcome: TypeAlias = Claimed | SnapshotChanged | NotServed | NotFound
-ActivateOutcome: TypeAlias = Activated | SnapshotChanged | NotServed | NotFound
+ActivateOutcome: TypeAlias = Activated | SnapshotChanged | NotServed | AtLimit | NotFound
 StealOutcome: TypeAlias = (
     Stolen | DeadLettered | SnapshotChanged | LeaseFresh | NotServed | NotFound
 )

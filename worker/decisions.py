@@ -28,6 +28,7 @@ from store.runs import fresh_admission
 from store.types import (
     Activated,
     ActivateOutcome,
+    AtLimit,
     NotFound,
     NotServed,
     Owner,
@@ -60,6 +61,7 @@ class Decisions:
     _lease_ok: Callable[[], bool] | None
     _hint: HintFn | None
     _hint_front: HintFn | None
+    _gate: HintFn | None
     _warned_unknown: set[str]
     closed: bool
     _rehinted: dict[str, float]
@@ -246,6 +248,11 @@ class Decisions:
                 return DriveOutcome.CLAIM_LOST, None
             case NotServed(current=current):
                 return await self._not_served(current), None
+            case AtLimit(current=current):
+                # Nothing changed; the wake waits at the queue's gate for a freed slot.
+                if self._gate is not None:
+                    await self._gate(current)
+                return DriveOutcome.AT_LIMIT, None
             case NotFound():
                 return DriveOutcome.NOT_FOUND, None
 

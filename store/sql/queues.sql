@@ -4,12 +4,16 @@
 -- Upsert the settings named (a NULL leaves one as it is) and journal the change with the
 -- authenticated role that made it (session_user, never a caller-chosen name), in one
 -- statement: the settings and their history never disagree.
+-- concurrency: a positive limit, 0 to lift it (stored NULL), NULL to leave it.
 WITH upserted AS (
-    INSERT INTO runfleet.queues AS q (name, default_priority, updated_at_ms, updated_by)
-    VALUES (%(name)s, coalesce(%(default_priority)s::integer, 0), runfleet.now_ms(),
-            session_user::text)
+    INSERT INTO runfleet.queues AS q (name, default_priority, concurrency, updated_at_ms,
+                                      updated_by)
+    VALUES (%(name)s, coalesce(%(default_priority)s::integer, 0),
+            nullif(%(concurrency)s::integer, 0), runfleet.now_ms(), session_user::text)
     ON CONFLICT (name) DO UPDATE SET
         default_priority = coalesce(%(default_priority)s::integer, q.default_priority),
+        concurrency = CASE WHEN %(concurrency)s::integer IS NULL THEN q.concurrency
+                           ELSE nullif(%(concurrency)s::integer, 0) END,
         updated_at_ms = excluded.updated_at_ms, updated_by = excluded.updated_by
     RETURNING q.*
 ), changed AS (
@@ -27,3 +31,8 @@ SELECT q.* FROM runfleet.queues q ORDER BY q.name;
 -- name: changes
 SELECT c.* FROM runfleet.queue_changes c WHERE c.queue = %(name)s ORDER BY c.seq DESC
  LIMIT %(limit)s;
+
+-- name: running
+-- How many runs of each named queue execute now (the slots in use of a limited one).
+SELECT r.queue, count(*) AS running FROM runfleet.runs r
+ WHERE r.status = 'running' AND r.queue = ANY(%(names)s::text[]) GROUP BY r.queue;

@@ -80,7 +80,13 @@ WITH activated AS (
    AND (%(exp_epoch)s::bigint IS NULL OR r.epoch = %(exp_epoch)s)
        AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[])
             OR (r.status = 'pending' AND r.cancel_requested_at_ms IS NOT NULL))
-    RETURNING r.*, runfleet.now_ms() AS now_ms
+       -- the queue's fleet-wide limit (docs/queues.md); a cancel closes without a slot
+       AND (r.cancel_requested_at_ms IS NOT NULL
+            OR coalesce((SELECT runfleet.queue_free_slots(l.queue) FROM runfleet.runs l
+                          WHERE l.id = %(id)s), 1) > 0)
+    RETURNING r.*, runfleet.now_ms() AS now_ms,
+              EXISTS (SELECT FROM runfleet.queues q
+                       WHERE q.name = r.queue AND q.concurrency IS NOT NULL) AS limited
 ), record AS (
     SELECT a.id, jsonb_build_object('owner', %(owner_key)s::text, 'epoch', a.epoch,
                                     'from', %(status)s::text) AS payload, a.now_ms
@@ -115,8 +121,11 @@ SELECT * FROM activated;
 -- waits only for rows it names, in id order, before any look-ahead) there is no cycle.
 WITH seen AS (
     SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r WHERE r.id = %(id)s
+), slots AS MATERIALIZED (
+    -- The queue's fleet-wide limit (docs/queues.md), decided before any run row is locked.
+    SELECT runfleet.queue_free_slots(s.queue) AS free FROM seen s
 ), pick AS (
-    SELECT c.id FROM seen s, LATERAL (
+    SELECT c.id FROM seen s, slots, LATERAL (
         SELECT c.id, c.rank_ms FROM runfleet.runs c
          WHERE %(ahead_flows)s::text[] IS NOT NULL AND c.queue = s.queue
            AND c.status = 'pending' AND c.waiting_reason IS NULL AND c.owner_host IS NULL
@@ -138,12 +147,13 @@ WITH seen AS (
         status = 'running', owner_host = %(host)s, owner_pid = %(pid)s,
         owner_nonce = %(nonce)s, epoch = r.epoch + 1, heartbeat_at_ms = runfleet.now_ms(),
         updated_at_ms = runfleet.now_ms()
-     WHERE r.id = coalesce((SELECT a.id FROM ahead a), %(id)s)
+     WHERE coalesce((SELECT free FROM slots), 1) > 0
+       AND r.id = coalesce((SELECT a.id FROM ahead a), %(id)s)
        AND (r.flow = %(flow)s OR r.id IN (SELECT a.id FROM ahead a)) AND r.status = 'pending'
        AND r.waiting_reason IS NULL AND r.claim_host IS NULL AND r.owner_host IS NULL
        AND r.heartbeat_at_ms IS NULL AND r.cancel_requested_at_ms IS NULL
        AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[]))
-    RETURNING r.*, runfleet.now_ms() AS now_ms
+    RETURNING r.*, runfleet.now_ms() AS now_ms, (SELECT free FROM slots) IS NOT NULL AS limited
 ), journaled AS (
     INSERT INTO runfleet.journal (run_id, kind, source_id, source_seq, payload, digest, at_ms)
     SELECT a.id, %(journal_kind)s, %(source_id)s, %(source_seq)s, p.payload,
@@ -157,7 +167,7 @@ WITH seen AS (
 )
 SELECT true AS activated, a.* FROM activated a
 UNION ALL
-SELECT false AS activated, s.* FROM seen s;
+SELECT false AS activated, s.*, (SELECT free FROM slots) IS NOT NULL AS limited FROM seen s;
 
 -- name: claim_and_activate_many
 -- claim_and_activate for every fresh admission a stream read delivered, in one statement:
@@ -175,6 +185,12 @@ SELECT false AS activated, s.* FROM seen s;
 WITH wanted AS (
     SELECT w.id, w.epoch, w.seq
       FROM unnest(%(ids)s::text[], %(epochs)s::bigint[], %(seqs)s::bigint[]) AS w(id, epoch, seq)
+), limits AS MATERIALIZED (
+    -- Each queue's fleet-wide limit (docs/queues.md), its lock taken before any run row's,
+    -- in queue order (two batches lock the same queues in the same order).
+    SELECT q.queue, runfleet.queue_free_slots(q.queue) AS free
+      FROM (SELECT DISTINCT r.queue FROM runfleet.runs r WHERE r.id = ANY(%(ids)s::text[])
+             ORDER BY r.queue) AS q
 ), locked AS MATERIALIZED (
     SELECT r.id, r.queue, r.priority, r.rank_ms,
            r.status = 'pending' AND r.waiting_reason IS NULL AND r.claim_host IS NULL
@@ -182,7 +198,8 @@ WITH wanted AS (
            AND r.cancel_requested_at_ms IS NULL
            AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[])) AS fresh
       FROM runfleet.runs r
-     WHERE r.id = ANY(%(ids)s::text[]) ORDER BY r.id FOR UPDATE
+     WHERE r.id = ANY(%(ids)s::text[]) AND (SELECT count(*) FROM limits) >= 0  -- after limits
+     ORDER BY r.id FOR UPDATE
 ), named AS MATERIALIZED (
     SELECT l.*, row_number() OVER (PARTITION BY l.queue
                                    ORDER BY l.priority, l.rank_ms DESC, l.id DESC) AS k
@@ -201,13 +218,22 @@ WITH wanted AS (
              AND c.flow = ANY(%(ahead_flows)s::text[]) AND c.id <> ALL(%(ids)s::text[])
            ORDER BY c.priority DESC, c.rank_ms, c.id LIMIT f.slots
              FOR UPDATE SKIP LOCKED) AS c
-), slots AS (
+), paired AS (
     SELECT w.id AS named_id, coalesce(a.id, w.id) AS id,
-           CASE WHEN a.id IS NULL THEN w.epoch END AS epoch, w.seq
+           CASE WHEN a.id IS NULL THEN w.epoch END AS epoch, w.seq, l.queue,
+           coalesce(a.priority, l.priority) AS priority, coalesce(a.rank_ms, l.rank_ms) AS rank_ms
       FROM wanted w JOIN locked l ON l.id = w.id  -- every named row locked first
       LEFT JOIN named n ON n.id = w.id
       LEFT JOIN ahead a ON a.queue = n.queue AND a.k = n.k
                        AND a.priority > n.priority AND a.rank_ms < n.rank_ms
+), slots AS (
+    -- A limited queue's free slots go to its best runs of the batch; the rest wait.
+    SELECT p.*, m.free FROM (
+        SELECT p.*, row_number() OVER (PARTITION BY p.queue
+                                       ORDER BY p.priority DESC, p.rank_ms, p.id) AS place
+          FROM paired p) AS p
+      JOIN limits m ON m.queue = p.queue
+     WHERE m.free IS NULL OR p.place <= m.free
 ), activated AS (
     UPDATE runfleet.runs AS r SET
         status = 'running', owner_host = %(host)s, owner_pid = %(pid)s,
@@ -220,7 +246,8 @@ WITH wanted AS (
        AND (w.epoch IS NOT NULL OR r.cancel_requested_at_ms IS NULL)  -- a look-ahead's
        AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[])
             OR (r.status = 'pending' AND r.cancel_requested_at_ms IS NOT NULL))
-    RETURNING r.*, runfleet.now_ms() AS now_ms, w.seq AS journal_seq, w.named_id
+    RETURNING r.*, runfleet.now_ms() AS now_ms, w.seq AS journal_seq, w.named_id,
+              w.free IS NOT NULL AS limited
 ), journaled AS (
     INSERT INTO runfleet.journal (run_id, kind, source_id, source_seq, payload, digest, at_ms)
     SELECT a.id, %(journal_kind)s, %(source_id)s, a.journal_seq, p.payload,
@@ -260,7 +287,13 @@ UPDATE runfleet.runs AS r SET
    AND r.claimed_at_ms = %(claimed_at_ms)s
    AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[])
         OR (r.status = 'pending' AND r.cancel_requested_at_ms IS NOT NULL))
-RETURNING r.*, runfleet.now_ms() AS now_ms;
+   -- the queue's fleet-wide limit (docs/queues.md); a cancel closes without a slot
+   AND (r.cancel_requested_at_ms IS NOT NULL
+        OR coalesce((SELECT runfleet.queue_free_slots(l.queue) FROM runfleet.runs l
+                      WHERE l.id = %(id)s), 1) > 0)
+RETURNING r.*, runfleet.now_ms() AS now_ms,
+          EXISTS (SELECT FROM runfleet.queues q
+                   WHERE q.name = r.queue AND q.concurrency IS NOT NULL) AS limited;
 
 -- name: recover_claim
 -- A claim whose claimant died between claim and activation; the caller has
@@ -302,7 +335,10 @@ UPDATE runfleet.runs AS r SET
    AND r.heartbeat_at_ms < runfleet.now_ms() - %(stale_after_ms)s
    AND (NOT %(counted)s OR r.recoveries < %(max_recoveries)s)
    AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[]))
-RETURNING r.*, runfleet.now_ms() AS now_ms;
+RETURNING r.*, runfleet.now_ms() AS now_ms,
+          -- a takeover keeps the run's slot of a limited queue (docs/queues.md)
+          EXISTS (SELECT FROM runfleet.queues q
+                   WHERE q.name = r.queue AND q.concurrency IS NOT NULL) AS limited;
 
 -- name: bury
 -- A poison run: a steal's whole precondition holds (running, the same stale lease of the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from worker import flow
@@ -17,3 +18,14 @@ def nap(ms: int) -> int:
 async def urgent(ctx: object) -> str:
     """A flow whose runs default to priority 7 (``@flow(priority=...)``)."""
     return "urgent"
+
+
+def ledger_nap(path: str, tag: str, ms: int) -> str:
+    """Append ``start``/``end`` lines (tag, pid, wall time) around a nap: the serial-queue
+    chaos test reads them to prove no two bodies ever ran at once."""
+    with open(path, "a") as ledger:
+        ledger.write(f"start {tag} {os.getpid()} {time.time():.6f}\n")
+    time.sleep(ms / 1000)
+    with open(path, "a") as ledger:
+        ledger.write(f"end {tag} {os.getpid()} {time.time():.6f}\n")
+    return tag

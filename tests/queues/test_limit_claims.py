@@ -42,9 +42,7 @@ async def test_every_claim_path_stops_at_the_limit(store: Store) -> None:
     batch = await store.runs.claim_and_activate_many(rows[2:], ME, ahead_flows=[FLOW])
     assert all(isinstance(o, AtLimit) for o in batch.values())
     # Settling one frees one slot: a batch then starts exactly one more.
-    settled = await store.lifecycle.transition_owned(
-        "r0", ME, one.row.epoch, RunStatus.COMPLETED
-    )
+    settled = await store.lifecycle.transition_owned("r0", ME, one.row.epoch, RunStatus.COMPLETED)
     assert isinstance(settled, Transitioned)
     batch = await store.runs.claim_and_activate_many(rows[2:], ME, ahead_flows=[FLOW])
     assert sorted(k for k, o in batch.items() if isinstance(o, Activated)) == ["r2"]

@@ -4,6 +4,7 @@ bodies ever overlapped, and the queue never stalls after a kill longer than the 
 
 from __future__ import annotations
 
+import itertools
 import signal
 import tempfile
 import time
@@ -80,7 +81,7 @@ async def test_a_serial_queue_never_runs_two_at_once_through_sigkills(
         end = ends[0] if ends else kills[pid]  # a killed body stopped at its SIGKILL
         intervals.append((at, end, tag, pid))
     intervals.sort()
-    for (s1, e1, t1, p1), (s2, _e2, t2, p2) in zip(intervals, intervals[1:], strict=False):
+    for (_s1, e1, t1, p1), (s2, _e2, t2, p2) in itertools.pairwise(intervals):
         assert s2 >= e1 - 0.005, f"{t1}@{p1} ran until {e1:.3f}, {t2}@{p2} started at {s2:.3f}"
     assert len({tag for _, _, tag, _ in intervals}) == RUNS
     # No stall past the takeover: after each kill the next body starts within the time a

@@ -15,6 +15,7 @@ from ops.cli.common import clock, seconds, who
 from ops.explain.journal_text import probe_words
 from ops.models import NextStep
 from store.config import Settings
+from store.queues import QueueSettings
 from store.types import JournalRecord, RunRow, RunStatus, WaitingReason, WaitingRow
 from store.waits import shown_token
 
@@ -34,6 +35,10 @@ class Facts:
     lag: int | None
     deferred: str | None
     waiting_tree: list[WaitingRow]
+    queue: QueueSettings | None = None
+    """The run's queue's settings (docs/queues.md); None: unlimited, priority 0."""
+    queue_running: int = 0
+    """Runs of the queue executing now (the slots in use of a limited one)."""
 
     @property
     def now(self) -> int:
@@ -192,6 +197,16 @@ def _next_pending(facts: Facts) -> NextStep:
             f"~{seconds(cfg.lost_pending_after_ms + sweep)}).",
             within_ms=cfg.lost_pending_after_ms + sweep,
             needs_person=False,
+        )
+    limit = facts.queue.concurrency if facts.queue is not None else None
+    if limit is not None and facts.queue_running >= limit:
+        tail = f"; but {problem}" if problem else ""
+        return NextStep(
+            summary=f"waiting for a slot of queue {row.queue}: {facts.queue_running} of "
+            f"{limit} in use fleet-wide; it starts when one of them settles or parks "
+            f"(priority {row.priority}, highest first){tail}.",
+            within_ms=None,
+            needs_person=problem is not None,
         )
     if problem:
         return NextStep(summary=problem + ".", within_ms=None, needs_person=True)

@@ -23,6 +23,9 @@ async def test_set_then_show_and_the_next_claim_obeys(store: Store, settings: Se
     first, _ = await store.runs.claim_if_fresh("rep0", FLOW, me)
     second, _ = await store.runs.claim_if_fresh("rep1", FLOW, me)
     assert isinstance(first, Activated) and isinstance(second, AtLimit)
+    explained = await invoke(env, "explain", "rep1")
+    assert explained.code == 0, explained
+    assert "waiting for a slot of queue reports: 1 of 1 in use fleet-wide" in explained.stdout
     shown = await invoke(env, "queue", "show", "reports", "--json")
     assert shown.code == 0, shown
     (info,) = json.loads(shown.stdout)["queues"]

@@ -2,8 +2,9 @@
 
 Postgres decides the limit, in the claim statement (``runfleet.queue_free_slots``); a
 refused claim changes nothing and its delivery is acknowledged, so the run needs a new
-wake when a slot frees. The refusing worker parks the wake here (a Redis list per
-queue); whichever worker ends an execution of that queue moves the oldest parked wake to
+wake when a slot frees. The refusing worker parks the wake here (per queue, a sorted set
+by first refusal: one entry per run); whichever worker ends an execution of that queue
+moves the oldest parked wake to
 the queue's recovery lane, read before the backlog. Only a hint, like every message: a
 lost gate entry delays a run until the lost-wake sweep (DESIGN §7.5), never loses it, and
 a stale one (its run started meanwhile) is decided like any stale wake.
@@ -12,11 +13,14 @@ a stale one (its run started meanwhile) is decided like any stale wake.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
+from typing import Any
 
+from pydantic import ValidationError
 from redis.asyncio import Redis
 
-from broker.codec import MalformedMessage, decode, encode, message_for
+from broker.codec import message_for
 from broker.keys import Keys
 from broker.streams import Lane, Streams
 
@@ -35,16 +39,19 @@ class Gate:
 
     async def park(self, entries: Iterable[tuple[str, str, str]]) -> None:
         """Park the wakes of refused runs, ``(queue, run_id, flow)`` each, in one pipeline."""
-        by_queue: dict[str, list[bytes]] = {}
+        by_queue: dict[str, dict[bytes, float]] = {}
+        now = time.time()
         for queue, run_id, flow in entries:
-            by_queue.setdefault(queue, []).append(encode(message_for(run_id, flow, "slot")))
+            # The member names the run (ids and flows hold no control character); NX keeps
+            # the time it was first refused, so a run refused again is parked once.
+            by_queue.setdefault(queue, {})[f"{run_id}\n{flow}".encode()] = now
         if not by_queue:
             return
         async with self._redis.pipeline(transaction=False) as pipe:
-            for queue, packed in by_queue.items():
+            for queue, members in by_queue.items():
                 key = self._keys.gate(queue)
-                pipe.rpush(key, *packed)
-                pipe.ltrim(key, -GATE_CAP, -1)
+                pipe.zadd(key, members, nx=True)
+                pipe.zremrangebyrank(key, GATE_CAP, -1)  # the newest beyond the cap
             await pipe.execute()
 
     async def open(self, queues: Iterable[str]) -> int:
@@ -55,14 +62,17 @@ class Gate:
             counts[queue] = counts.get(queue, 0) + 1
         moved: list[tuple[str, bytes]] = []
         for queue, n in counts.items():
-            popped = await self._redis.lpop(self._keys.gate(queue), n)
-            moved.extend((queue, raw) for raw in popped or () if isinstance(raw, bytes))
+            popped: list[Any] = list(await self._redis.zpopmin(self._keys.gate(queue), n))
+            for member in popped:  # (member, score) pairs
+                if isinstance(member[0], bytes):
+                    moved.append((queue, member[0]))
         messages = []
         for queue, raw in moved:
+            run_id, _, flow = raw.decode("utf-8", "replace").partition("\n")
             try:
-                messages.append((queue, decode(raw)))
-            except MalformedMessage as exc:  # a Redis writer's bytes: dropped, logged
-                log.warning("gate.malformed", extra={"queue": queue, "error": exc.reason})
+                messages.append((queue, message_for(run_id, flow, "slot")))
+            except ValidationError:  # a Redis writer's bytes: dropped, logged
+                log.warning("gate.malformed", extra={"queue": queue})
         if messages:
             await self._streams.publish_many(messages, Lane.RECOVERY)
         return len(messages)

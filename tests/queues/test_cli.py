@@ -33,6 +33,13 @@ async def test_set_then_show_and_the_next_claim_obeys(store: Store, settings: Se
     (change,) = info["changes"]
     assert change["change"] == {"concurrency": 1} and change["note"] == "db load"
     assert change["changed_by"] == "postgres"  # the authenticated role, never a free text
+    fleet = await invoke(env, "fleet", "--json")
+    assert fleet.code == 0, fleet
+    assert json.loads(fleet.stdout)["queues"] == [
+        {"name": "reports", "concurrency": 1, "running": 1, "default_priority": 0}
+    ]
+    text = await invoke(env, "fleet")
+    assert "queue reports: 1/1 slots in use, default priority 0" in text.stdout
     lifted = await invoke(env, "queue", "set", "reports", "--concurrency", "0")
     assert "unlimited" in lifted.stdout
     again, _ = await store.runs.claim_if_fresh("rep1", FLOW, me)

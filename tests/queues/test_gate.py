@@ -3,6 +3,8 @@ is refused, and each freed slot moves the oldest parked wake to the recovery lan
 
 from __future__ import annotations
 
+from typing import Any
+
 from redis.asyncio import Redis
 
 from broker.codec import decode
@@ -20,7 +22,7 @@ async def test_park_once_then_move_oldest_first(redis_url: str, redis_prefix: st
         await gate.park([("serial", "first", "f")])  # refused again: still one entry, first
         assert await client.zcard(Keys(redis_prefix).gate("serial")) == 2
         assert await gate.open(["serial"]) == 1
-        entries = await client.xrange(streams.stream_key("serial", Lane.RECOVERY))
+        entries: list[Any] = await client.xrange(streams.stream_key("serial", Lane.RECOVERY)) or []
         assert [decode(fields[b"m"]).run for _id, fields in entries] == ["first"]
         assert await gate.open(["serial", "serial"]) == 1  # only one left
         assert await gate.open(["serial"]) == 0

@@ -25,6 +25,8 @@ class QueueSettings:
     default_priority: int
     concurrency: int | None
     """Fleet-wide: at most this many of its runs execute at once (None: no limit)."""
+    rate_per_s: float | None
+    """Fleet-wide: at most this many starts per second (a token bucket of one second's)."""
     updated_at_ms: int
     updated_by: str
     """The database role that made the latest change."""
@@ -44,6 +46,7 @@ def _settings(row: dict[str, Any]) -> QueueSettings:
         row["name"],
         int(row["default_priority"]),
         row["concurrency"],
+        row["rate_per_s"],
         int(row["updated_at_ms"]),
         row["updated_by"],
     )
@@ -59,6 +62,7 @@ class Queues:
         *,
         default_priority: int | None = None,
         concurrency: int | None = None,
+        rate_per_s: float | None = None,
         note: str | None = None,
     ) -> QueueSettings:
         """Change the settings given (the others stay), journaled with who changed them.
@@ -77,6 +81,12 @@ class Queues:
             if not 0 <= concurrency <= 1_000_000:
                 raise InvalidInput("concurrency", "must be between 0 (no limit) and 1000000")
             change["concurrency"] = concurrency or None
+        if rate_per_s is not None:
+            if isinstance(rate_per_s, bool) or not isinstance(rate_per_s, int | float):
+                raise InvalidInput("rate", "must be a number of starts per second")
+            if not 0 <= rate_per_s <= 1_000_000 or rate_per_s != rate_per_s:
+                raise InvalidInput("rate", "must be between 0 (no limit) and 1000000 per second")
+            change["rate_per_s"] = float(rate_per_s) or None
         if not change:
             raise InvalidInput("settings", "name at least one setting to change")
         row = await self._db.one(
@@ -85,6 +95,7 @@ class Queues:
                 "name": name,
                 "default_priority": default_priority,
                 "concurrency": concurrency,
+                "rate_per_s": None if rate_per_s is None else float(rate_per_s),
                 "change": Jsonb(change),
                 "note": note,
             },
@@ -98,6 +109,11 @@ class Queues:
 
     async def all(self) -> list[QueueSettings]:
         return [_settings(r) for r in await self._db.all("queues.all")]
+
+    async def wait_ms(self, name: str) -> int | None:
+        """Milliseconds until the queue's rate allows a start (0: now; None: no rate)."""
+        row = await self._db.one("queues.wait", {"name": name})
+        return None if row is None or row["wait_ms"] is None else int(row["wait_ms"])
 
     async def running(self, names: list[str]) -> dict[str, int]:
         """How many runs of each of ``names`` execute now (0 for the others)."""

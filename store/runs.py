@@ -156,6 +156,18 @@ class Runs(Admission):
             return AtLimit(current)
         return self._lost(run_id, current)
 
+    async def _waited(
+        self, outcome: SnapshotChanged | NotServed | AtLimit | NotFound
+    ) -> SnapshotChanged | NotServed | AtLimit | NotFound:
+        """An AtLimit with when its queue's rate next allows a start (one read, refusals
+        only; the claim itself stays one statement)."""
+        if not isinstance(outcome, AtLimit):
+            return outcome
+        wait = await self._db.one("queues.wait", {"name": outcome.current.queue})
+        if wait is None or wait["wait_ms"] is None:
+            return outcome
+        return AtLimit(outcome.current, int(wait["wait_ms"]))
+
     async def claim(self, run_id: str, expected: Snapshot, me: Owner) -> ClaimOutcome:
         async with self._db.transaction():
             row = await self._db.one(
@@ -204,7 +216,7 @@ class Runs(Admission):
             },
         )
         if row is None:
-            return self._not_activated(run_id, await self.get(run_id), expected)
+            return await self._waited(self._not_activated(run_id, await self.get(run_id), expected))
         return Activated(run_row(row))
 
     async def claim_if_fresh(
@@ -250,7 +262,9 @@ class Runs(Admission):
         ):
             return FreshClaim(None, seen)
         current = await self.get(run_id)  # the race it lost: who won, for the record
-        return FreshClaim(self._not_activated(run_id, current, seen.snapshot), seen)
+        return FreshClaim(
+            await self._waited(self._not_activated(run_id, current, seen.snapshot)), seen
+        )
 
     async def claim_and_activate_many(
         self, rows: Sequence[RunRow], me: Owner, ahead_flows: Collection[str] | None = None
@@ -290,7 +304,9 @@ class Runs(Admission):
             current = {row.id: row for row in await self.get_many(lost)}
             asked = {row.id: row.snapshot for row in rows}
             for run_id in lost:
-                outcomes[run_id] = self._not_activated(run_id, current.get(run_id), asked[run_id])
+                outcomes[run_id] = await self._waited(
+                    self._not_activated(run_id, current.get(run_id), asked[run_id])
+                )
         return outcomes
 
     async def steal(

@@ -358,10 +358,13 @@ class NotServed:
 
 @dataclass(frozen=True, slots=True)
 class AtLimit:
-    """The run's queue has as many runs executing as its fleet-wide concurrency allows
-    (docs/queues.md): nothing changed, and the run starts when a slot frees."""
+    """The run's queue has as many runs executing as its fleet-wide concurrency allows, or
+    its rate has no token (docs/queues.md): nothing changed; the run starts when a slot
+    frees or, for a rate, after ``retry_after_ms``."""
 
     current: RunRow
+    retry_after_ms: int | None = None
+    """When the queue's rate next allows a start (None: the queue has no rate)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ whatever message brought it here.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Container, Sequence
@@ -62,6 +63,7 @@ class Decisions:
     _hint: HintFn | None
     _hint_front: HintFn | None
     _gate: HintFn | None
+    _slot_freed: Callable[[str], None] | None
     _warned_unknown: set[str]
     closed: bool
     _rehinted: dict[str, float]
@@ -248,10 +250,17 @@ class Decisions:
                 return DriveOutcome.CLAIM_LOST, None
             case NotServed(current=current):
                 return await self._not_served(current), None
-            case AtLimit(current=current):
-                # Nothing changed; the wake waits at the queue's gate for a freed slot.
+            case AtLimit(current=current, retry_after_ms=retry_after_ms):
+                # Nothing changed; the wake waits at the queue's gate for a freed slot, or
+                # for the rate's next token: then this process opens the gate itself (every
+                # refused worker may: a wake too many is refused again, never lost).
                 if self._gate is not None:
                     await self._gate(current)
+                if retry_after_ms is not None and self._slot_freed is not None:
+                    opener, queue = self._slot_freed, current.queue
+                    asyncio.get_running_loop().call_later(
+                        max(retry_after_ms, 1) / 1000, lambda: opener(queue)
+                    )
                 return DriveOutcome.AT_LIMIT, None
             case NotFound():
                 return DriveOutcome.NOT_FOUND, None

@@ -38,6 +38,8 @@ class QueueInfo(BaseModel):
     name: str
     concurrency: int | None
     """Fleet-wide limit; None: unlimited."""
+    rate_per_s: float | None
+    """Fleet-wide starts per second; None: no rate."""
     running: int
     """Runs of the queue executing now: the slots in use."""
     default_priority: int
@@ -60,22 +62,51 @@ def set_(
         int | None,
         typer.Option(help="At most this many runs of the queue at once, fleet-wide; 0 lifts it."),
     ] = None,
+    rate: Annotated[
+        str | None,
+        typer.Option(help="At most R starts per period, fleet-wide: R/s, R/m or R/h; 0 lifts it."),
+    ] = None,
     default_priority: Annotated[
         int | None, typer.Option(help="Priority of admissions that name none (higher first).")
     ] = None,
     note: Annotated[str | None, typer.Option(help="Why, kept with the change.")] = None,
 ) -> None:
     """Change a queue's limits live (journaled with the database role that did it)."""
-    c.run(_set(c.settings(), name, concurrency, default_priority, note))
+    per_s = None if rate is None else parse_rate(rate)
+    c.run(_set(c.settings(), name, concurrency, per_s, default_priority, note))
+
+
+PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_rate(text: str) -> float:
+    """``R/s``, ``R/m``, ``R/h`` (or a bare ``R``: per second) as starts per second."""
+    count, _, period = text.strip().partition("/")
+    try:
+        value = float(count)
+    except ValueError:
+        c.fail(f"--rate {text!r}: expected R/s, R/m or R/h (e.g. 5/s)")
+    if period and period not in PERIODS:
+        c.fail(f"--rate {text!r}: the period is s, m or h")
+    return value / PERIODS[period or "s"]
 
 
 async def _set(
-    cfg: Settings, name: str, concurrency: int | None, priority: int | None, note: str | None
+    cfg: Settings,
+    name: str,
+    concurrency: int | None,
+    rate_per_s: float | None,
+    priority: int | None,
+    note: str | None,
 ) -> None:
     async with c.connect(cfg) as conns:
         try:
             q = await conns.store.queues.set(
-                name, concurrency=concurrency, default_priority=priority, note=note
+                name,
+                concurrency=concurrency,
+                rate_per_s=rate_per_s,
+                default_priority=priority,
+                note=note,
             )
         except RunfleetError as exc:
             c.fail(str(exc))
@@ -113,6 +144,7 @@ async def _show(cfg: Settings, name: str | None, as_json: bool) -> None:
                 QueueInfo(
                     name=q.name,
                     concurrency=q.concurrency,
+                    rate_per_s=q.rate_per_s,
                     running=running[q.name],
                     default_priority=q.default_priority,
                     updated_by=q.updated_by,
@@ -132,4 +164,5 @@ def _line(q: QueueSettings, running: int | None) -> str:
     limit = "unlimited" if q.concurrency is None else f"concurrency {q.concurrency}"
     if running is not None:
         limit += f", {running} running" if q.concurrency is None else f", {running} in use"
-    return f"queue {q.name}: {limit}, default priority {q.default_priority}"
+    rate = "" if q.rate_per_s is None else f", rate {q.rate_per_s:g}/s"
+    return f"queue {q.name}: {limit}{rate}, default priority {q.default_priority}"

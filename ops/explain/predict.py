@@ -39,6 +39,8 @@ class Facts:
     """The run's queue's settings (docs/queues.md); None: unlimited, priority 0."""
     queue_running: int = 0
     """Runs of the queue executing now (the slots in use of a limited one)."""
+    rate_wait_ms: int | None = None
+    """Until the queue's rate allows a start (0: now; None: no rate)."""
 
     @property
     def now(self) -> int:
@@ -196,6 +198,15 @@ def _next_pending(facts: Facts) -> NextStep:
             f"worker starts the run (the lost-wake sweep re-schedules it within "
             f"~{seconds(cfg.lost_pending_after_ms + sweep)}).",
             within_ms=cfg.lost_pending_after_ms + sweep,
+            needs_person=False,
+        )
+    if facts.rate_wait_ms:
+        assert facts.queue is not None and facts.queue.rate_per_s is not None
+        return NextStep(
+            summary=f"waiting for the rate limit of queue {row.queue} "
+            f"({facts.queue.rate_per_s:g}/s fleet-wide): next token in "
+            f"{seconds(facts.rate_wait_ms)}.",
+            within_ms=facts.rate_wait_ms,
             needs_person=False,
         )
     limit = facts.queue.concurrency if facts.queue is not None else None

@@ -114,6 +114,7 @@ async def gather(conns: Connections, run_id: str) -> Facts:
         tree,
         queue=await store.queues.get(row.queue),
         queue_running=(await store.queues.running([row.queue]))[row.queue],
+        rate_wait_ms=await store.queues.wait_ms(row.queue),
     )
 
 

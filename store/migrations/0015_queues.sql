@@ -36,36 +36,63 @@ CREATE TABLE runfleet.queues (
     default_priority  integer NOT NULL DEFAULT 0
                           CHECK (default_priority BETWEEN -1000000 AND 1000000),
     concurrency       integer CHECK (concurrency >= 1),  -- fleet-wide; NULL: unlimited
+    rate_per_s        double precision CHECK (rate_per_s > 0),  -- starts/s fleet-wide; NULL: none
+    rate_tokens       double precision,  -- the token bucket (capacity: one second's starts, >= 1)
+    rate_at_ms        bigint,            -- when rate_tokens was last refilled
     updated_at_ms     bigint NOT NULL,
     updated_by        text NOT NULL
 );
--- How many more runs of the queue may start now (NULL: no limit), deciding for the
--- calling claim statement under the queue row's lock, held until that statement's
--- transaction ends: claims on a limited queue serialize on it. The count is taken AFTER
+-- How many of ``p_want`` runs of the queue may start now (NULL: neither a concurrency
+-- limit nor a rate), deciding for the calling claim statement under the queue row's lock,
+-- held until that statement's transaction ends: claims on a limited queue serialize on it. The count is taken AFTER
 -- the lock, in this function's own snapshot (a VOLATILE function's statements each see
 -- what committed before them), so a claim that committed while this one waited for the
 -- lock is counted. The running rows ARE the slots: a settled or parked run frees its slot
 -- in the statement that moves it, a takeover keeps it (the row stays running), and a
 -- SIGKILLed owner's run holds it until its takeover, so no slot can leak or double.
--- Every caller takes this lock before any run row lock (store/sql/runs.sql).
-CREATE FUNCTION runfleet.queue_free_slots(p_queue text) RETURNS integer
-    LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS
+-- Every caller takes this lock before any run row lock (store/sql/runs.sql). A rate's
+-- tokens are taken for the starts granted; a grant whose claim then loses a race wastes
+-- its token, so the bucket errs slow, never fast.
+CREATE FUNCTION runfleet.queue_free_slots(p_queue text, p_want integer DEFAULT 1)
+    RETURNS integer LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS
 $$
 DECLARE
     v_limit integer;
+    v_rate double precision;
+    v_tokens double precision;
+    v_at bigint;
+    v_now bigint;
+    v_free integer := greatest(p_want, 0);
     v_running integer;
 BEGIN
-    SELECT q.concurrency INTO v_limit FROM runfleet.queues q WHERE q.name = p_queue;
-    IF v_limit IS NULL THEN
+    SELECT q.concurrency, q.rate_per_s INTO v_limit, v_rate
+      FROM runfleet.queues q WHERE q.name = p_queue;
+    IF v_limit IS NULL AND v_rate IS NULL THEN
         RETURN NULL;
     END IF;
-    SELECT q.concurrency INTO v_limit FROM runfleet.queues q WHERE q.name = p_queue FOR UPDATE;
-    IF v_limit IS NULL THEN  -- lifted while this claim waited for the lock
+    SELECT q.concurrency, q.rate_per_s, q.rate_tokens, q.rate_at_ms
+      INTO v_limit, v_rate, v_tokens, v_at
+      FROM runfleet.queues q WHERE q.name = p_queue FOR UPDATE;
+    IF v_limit IS NULL AND v_rate IS NULL THEN  -- lifted while this claim waited for the lock
         RETURN NULL;
     END IF;
-    SELECT count(*) INTO v_running FROM runfleet.runs r
-     WHERE r.queue = p_queue AND r.status = 'running';
-    RETURN greatest(v_limit - v_running, 0);
+    IF v_limit IS NOT NULL THEN
+        SELECT count(*) INTO v_running FROM runfleet.runs r
+         WHERE r.queue = p_queue AND r.status = 'running';
+        v_free := least(v_free, greatest(v_limit - v_running, 0));
+    END IF;
+    IF v_rate IS NOT NULL THEN
+        -- The token bucket: refilled at v_rate per second up to one second's starts (at
+        -- least one), and the starts granted here taken from it under the same lock.
+        v_now := runfleet.now_ms();
+        v_tokens := least(greatest(v_rate, 1),
+                          coalesce(v_tokens, greatest(v_rate, 1))
+                          + greatest(v_now - coalesce(v_at, v_now), 0) * v_rate / 1000.0);
+        v_free := least(v_free, floor(v_tokens)::integer);
+        UPDATE runfleet.queues SET rate_tokens = v_tokens - v_free, rate_at_ms = v_now
+         WHERE name = p_queue;
+    END IF;
+    RETURN v_free;
 END
 $$;
 CREATE INDEX runs_running_queue_idx ON runfleet.runs (queue) WHERE status = 'running';

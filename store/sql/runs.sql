@@ -123,7 +123,12 @@ WITH seen AS (
     SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r WHERE r.id = %(id)s
 ), slots AS MATERIALIZED (
     -- The queue's fleet-wide limit (docs/queues.md), decided before any run row is locked.
-    SELECT runfleet.queue_free_slots(s.queue) AS free FROM seen s
+    -- (a token of a rate is asked only for a fresh admission: the only row it can start)
+    SELECT runfleet.queue_free_slots(
+               s.queue, CASE WHEN s.status = 'pending' AND s.owner_host IS NULL
+                              AND s.claim_host IS NULL AND s.waiting_reason IS NULL
+                              AND s.cancel_requested_at_ms IS NULL THEN 1 ELSE 0 END) AS free
+      FROM seen s
 ), pick AS (
     SELECT c.id FROM seen s, slots, LATERAL (
         SELECT c.id, c.rank_ms FROM runfleet.runs c
@@ -188,9 +193,12 @@ WITH wanted AS (
 ), limits AS MATERIALIZED (
     -- Each queue's fleet-wide limit (docs/queues.md), its lock taken before any run row's,
     -- in queue order (two batches lock the same queues in the same order).
-    SELECT q.queue, runfleet.queue_free_slots(q.queue) AS free
-      FROM (SELECT DISTINCT r.queue FROM runfleet.runs r WHERE r.id = ANY(%(ids)s::text[])
-             ORDER BY r.queue) AS q
+    SELECT q.queue, runfleet.queue_free_slots(q.queue, q.want::integer) AS free
+      FROM (SELECT r.queue, count(*) FILTER (
+                        WHERE r.status = 'pending' AND r.owner_host IS NULL
+                          AND r.claim_host IS NULL AND r.waiting_reason IS NULL) AS want
+              FROM runfleet.runs r WHERE r.id = ANY(%(ids)s::text[])
+             GROUP BY r.queue ORDER BY r.queue) AS q
 ), locked AS MATERIALIZED (
     SELECT r.id, r.queue, r.priority, r.rank_ms,
            r.status = 'pending' AND r.waiting_reason IS NULL AND r.claim_host IS NULL

@@ -231,6 +231,7 @@ class QueueLimitView(_Model):
     concurrency: int | None
     running: int
     default_priority: int
+    rate_per_s: float | None = None
 
 
 class FleetView(_Model):

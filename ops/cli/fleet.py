@@ -91,7 +91,8 @@ def fleet(
         limit = (
             "unlimited" if q.concurrency is None else f"{q.running}/{q.concurrency} slots in use"
         )
-        say(f"queue {q.name}: {limit}, default priority {q.default_priority}")
+        rate = "" if q.rate_per_s is None else f", rate {q.rate_per_s:g}/s"
+        say(f"queue {q.name}: {limit}{rate}, default priority {q.default_priority}")
     suspects = sum(w.suspect is not None for w in view.workers)
     also = f", {suspects} suspect" if suspects else ""
     say(styled(f"{len(view.workers)} worker process(es){also}", "dim"))
@@ -129,6 +130,7 @@ async def _limits(store: Store) -> list[QueueLimitView]:
             concurrency=q.concurrency,
             running=running[q.name],
             default_priority=q.default_priority,
+            rate_per_s=q.rate_per_s,
         )
         for q in queues
     ]

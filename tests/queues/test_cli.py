@@ -36,7 +36,13 @@ async def test_set_then_show_and_the_next_claim_obeys(store: Store, settings: Se
     fleet = await invoke(env, "fleet", "--json")
     assert fleet.code == 0, fleet
     assert json.loads(fleet.stdout)["queues"] == [
-        {"name": "reports", "concurrency": 1, "running": 1, "default_priority": 0}
+        {
+            "name": "reports",
+            "concurrency": 1,
+            "running": 1,
+            "default_priority": 0,
+            "rate_per_s": None,
+        }
     ]
     text = await invoke(env, "fleet")
     assert "queue reports: 1/1 slots in use, default priority 0" in text.stdout

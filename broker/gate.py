@@ -20,9 +20,9 @@ from typing import Any
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
-from broker.codec import message_for
-from broker.keys import Keys
-from broker.streams import Lane, Streams
+from runfleet.broker.codec import message_for
+from runfleet.broker.keys import Keys
+from runfleet.broker.streams import Lane, Streams
 
 log = logging.getLogger("runfleet.broker.gate")
 

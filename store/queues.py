@@ -14,9 +14,9 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from store import validate
-from store.db import Database
-from store.errors import InvalidInput
+from runfleet.store import validate
+from runfleet.store.db import Database
+from runfleet.store.errors import InvalidInput
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,11 +13,11 @@ from typing import Annotated
 import typer
 from pydantic import BaseModel
 
-from ops.cli import common as c
-from ops.cli.text import say
-from store.config import Settings
-from store.errors import RunfleetError
-from store.queues import QueueSettings
+from runfleet.ops.cli import common as c
+from runfleet.ops.cli.text import say
+from runfleet.store.config import Settings
+from runfleet.store.errors import RunfleetError
+from runfleet.store.queues import QueueSettings
 
 queue_app = typer.Typer(
     no_args_is_help=True, help="Queues that shape load: fleet-wide concurrency, priorities."

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from worker import flow
+from runfleet.worker import flow
 
 
 def nap(ms: int) -> int:

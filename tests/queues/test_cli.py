@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from store import Store
-from store.config import Settings
-from store.types import Activated, AtLimit, NewRun, Owner
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import Activated, AtLimit, NewRun, Owner
 from tests.ops.conftest import cli_env, invoke
 
 FLOW = "tests.queues.flows:nap"

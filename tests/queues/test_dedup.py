@@ -10,12 +10,12 @@ import psycopg
 import pytest
 
 import tests.queues.flows as qf
-from broker import AsyncQueue, EnqueueSpec
-from store import Store
-from store.config import Settings
-from store.errors import DuplicateRun, InvalidInput
-from store.types import RunStatus
-from worker.process import Worker
+from runfleet.broker import AsyncQueue, EnqueueSpec
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.errors import DuplicateRun, InvalidInput
+from runfleet.store.types import RunStatus
+from runfleet.worker.process import Worker
 
 
 async def test_an_open_key_answers_its_run_or_refuses(queue: AsyncQueue, store: Store) -> None:

@@ -7,10 +7,10 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from broker.codec import decode
-from broker.gate import Gate
-from broker.keys import Keys
-from broker.streams import Lane, Streams
+from runfleet.broker.codec import decode
+from runfleet.broker.gate import Gate
+from runfleet.broker.keys import Keys
+from runfleet.broker.streams import Lane, Streams
 
 
 async def test_park_once_then_move_oldest_first(redis_url: str, redis_prefix: str) -> None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from store import Kind, Store
-from store.config import Settings
-from store.errors import InvalidInput
-from store.types import Activated, NewRun, Owner, RunRow, RunStatus
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.errors import InvalidInput
+from runfleet.store.types import Activated, NewRun, Owner, RunRow, RunStatus
 
 FLOW = "tests.queues.flows:nap"
 ME = Owner("host-a", 4242, "nonce-a")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 import tests.queues.flows as qf
-from broker import AsyncQueue, EnqueueSpec
-from store import Kind, Store
-from store.types import RunStatus
+from runfleet.broker import AsyncQueue, EnqueueSpec
+from runfleet.store import Kind, Store
+from runfleet.store.types import RunStatus
 from tests.fleet.procs import Spawn
 from tests.support.polling import until
 

@@ -11,10 +11,10 @@ import asyncio
 import pytest
 
 import tests.queues.flows as qf
-from broker import AsyncQueue, EnqueueSpec
-from store import Kind, Store
-from store.config import Settings
-from store.types import Activated, AtLimit, NewRun, Owner
+from runfleet.broker import AsyncQueue, EnqueueSpec
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.types import Activated, AtLimit, NewRun, Owner
 from tests.fleet.procs import Spawn
 from tests.ops.conftest import cli_env, invoke
 from tests.support.polling import until

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 import tests.queues.flows as qf
-from broker import AsyncQueue, EnqueueSpec
-from store import Store
-from store.config import Settings
-from store.types import RunStatus
+from runfleet.broker import AsyncQueue, EnqueueSpec
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import RunStatus
 from tests.fleet.procs import Spawn, WorkerProc
 from tests.support.polling import until
 

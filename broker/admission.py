@@ -14,6 +14,7 @@ from runfleet.broker.names import importable_name, load_from_path
 from runfleet.broker.trust import already_loaded
 from runfleet.store import validate
 from runfleet.store.errors import InvalidInput, UnknownFlow
+from runfleet.store.types import OnDuplicate
 
 
 def flow_target(target: Any) -> tuple[str, str | None, Callable[..., Any] | None, bool]:
@@ -250,7 +251,23 @@ RQ_OPTIONS = (
     "description",
     "at_front",
     "depends_on",
+    # runfleet's own, not rq's (docs/queues.md)
+    "priority",
+    "dedup_key",
+    "on_duplicate",
 )
+QUEUE_OPTIONS = ("priority", "dedup_key", "on_duplicate")
+"""Enqueue options that shape the queue (docs/queues.md), taken out before ``rq_options``."""
+
+
+def on_duplicate(value: Any) -> OnDuplicate:
+    """``on_duplicate=``: "join" (answer the open run) or "refuse" (``DuplicateRun``)."""
+    try:
+        return OnDuplicate(value)
+    except ValueError:
+        raise InvalidInput("on_duplicate", f"must be 'join' or 'refuse', got {value!r}") from None
+
+
 RQ_UNSUPPORTED = ("ttl", "repeat", "on_stopped", "rate_limit", "webhooks", "pipeline", "unique")
 
 

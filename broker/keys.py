@@ -55,6 +55,13 @@ class Keys:
             raise InvalidInput("queue", "must be non-empty")
         return f"{self.prefix}:q:{queue}"
 
+    def gate(self, queue: str) -> str:
+        """The runs a limited queue refused for want of a slot (``broker.gate``), in a
+        ``:gate:`` namespace of its own."""
+        if not queue:
+            raise InvalidInput("queue", "must be non-empty")
+        return f"{self.prefix}:gate:{queue}"
+
     def recovery_stream(self, queue: str) -> str:
         """The priority lane of ``queue``: runs that already started (takeovers, releases).
 

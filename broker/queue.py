@@ -27,11 +27,13 @@ from typing import Any, TypeVar
 from redis.asyncio import Redis
 
 from runfleet.broker.admission import (
+    QUEUE_OPTIONS,
     EnqueueSpec,
     check_signature,
     dependency_ids,
     flow_target,
     importable,
+    on_duplicate,
     rq_options,
     split_rq_call,
     unknown,
@@ -180,7 +182,11 @@ class AsyncQueue(RunControl):
         if isinstance(spec.target, str) and not self.late_binding and not importable(name):
             if await self._available(lambda: self.store.flows.get(name)) is None:
                 raise unknown(name)
-        options = {k: v for k, v in spec.options.items() if k not in ("at_front", "depends_on")}
+        options = {
+            k: v
+            for k, v in spec.options.items()
+            if k not in ("at_front", "depends_on", *QUEUE_OPTIONS)
+        }
         extra, job_timeout_ms = rq_options(**options)
         depends_on = dependency_ids(spec.options.get("depends_on"))
         if depends_on:
@@ -202,6 +208,10 @@ class AsyncQueue(RunControl):
             timeout_ms=job_timeout_ms,
             max_rounds=getattr(spec.target, "max_rounds", None),
             extra=extra,
+            # docs/queues.md: the call's priority, else the @flow's, else the queue's
+            priority=spec.options.get("priority", getattr(spec.target, "priority", None)),
+            dedup_key=spec.options.get("dedup_key"),
+            on_duplicate=on_duplicate(spec.options.get("on_duplicate", "join")),
         )
 
     async def _admit(self, news: list[NewRun], lane: Lane) -> list[AsyncRun]:

@@ -224,9 +224,21 @@ class FleetMemberView(_Model):
     """Why the key is not one a live worker writes (no TTL, an absurd time); None if it is."""
 
 
+class QueueLimitView(_Model):
+    """A configured queue's fleet-wide limit and the slots in use (docs/queues.md)."""
+
+    name: str
+    concurrency: int | None
+    running: int
+    default_priority: int
+    rate_per_s: float | None = None
+
+
 class FleetView(_Model):
     now_ms: int
     workers: list[FleetMemberView]
+    queues: list[QueueLimitView] = []
+    """Configured queues (``runfleet queue set``); empty without the database."""
 
 
 StuckKind = Literal[

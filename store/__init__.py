@@ -11,6 +11,7 @@ from runfleet.store.db import Conn, Database, default_source_id, open_pool
 from runfleet.store.inspect import Inspect
 from runfleet.store.journal import Journal, Kind
 from runfleet.store.lifecycle import Lifecycle
+from runfleet.store.queues import Queues
 from runfleet.store.registry import FlowRegistry
 from runfleet.store.runs import Runs
 from runfleet.store.stats import Stats
@@ -43,6 +44,7 @@ class Store:
         self.inspect = Inspect(db)
         self.steps = Steps(db, self.journal, settings)
         self.flows = FlowRegistry(db)
+        self.queues = Queues(db)
 
     @classmethod
     async def open(

@@ -24,7 +24,7 @@ from runfleet.store import validate, values
 from runfleet.store.config import Settings
 from runfleet.store.dag import Dag
 from runfleet.store.db import Database
-from runfleet.store.errors import ExecutionIdentityConflict, InvalidInput
+from runfleet.store.errors import DuplicateRun, ExecutionIdentityConflict, InvalidInput
 from runfleet.store.journal import Journal, Kind, digest
 from runfleet.store.rows import run_row
 from runfleet.store.types import (
@@ -32,6 +32,7 @@ from runfleet.store.types import (
     CreateOutcome,
     Joined,
     NewRun,
+    OnDuplicate,
     OnParentExit,
     RunRow,
     canonical_json,
@@ -68,6 +69,19 @@ def _bounded_by_parent(new: NewRun, parent: RunRow) -> int | None:
     if bound is None or new.deadline_ms is None:
         return new.deadline_ms if bound is None else bound
     return min(new.deadline_ms, bound)
+
+
+def _deduplicated(new: NewRun, holder: RunRow | None) -> Joined:
+    """An admission whose insert the open-dedup index skipped: the open run, or refused.
+
+    ``holder`` None: the run holding the key is hidden from this role (row-level
+    security), or settled between the insert and the read; refused without naming it
+    either way, since joining a run the caller cannot see would leak it.
+    """
+    assert new.dedup_key is not None
+    if holder is None or new.on_duplicate is OnDuplicate.REFUSE:
+        raise DuplicateRun(new.queue, new.dedup_key, holder.id if holder else None)
+    return Joined(holder)
 
 
 def _identity(row: RunRow) -> list[tuple[str, Any]]:
@@ -126,6 +140,10 @@ class Admission:
             raise InvalidInput("round_ordinal", "must be >= 0")
         if new.max_rounds is not None and new.max_rounds < 1:
             raise InvalidInput("max_rounds", "must be >= 1 when given")
+        if new.priority is not None:
+            validate.priority(new.priority)
+        if new.dedup_key is not None:
+            validate.identifier("dedup_key", new.dedup_key)
 
     def _payload(self, new: NewRun) -> str:
         """The payload as its canonical text (``store.values``), so the flow's arguments
@@ -149,6 +167,8 @@ class Admission:
             "inherit_cancel": [inherit for _ in news],
             "delay_until_ms": [n.delay_until_ms for n in news],
             "timeout_ms": [n.timeout_ms for n in news],
+            "priority": [n.priority for n in news],
+            "dedup_key": [n.dedup_key for n in news],
         }
 
     @staticmethod
@@ -258,6 +278,11 @@ class Admission:
             more, found = await self._write(chunk)
             inserted |= more
             rows.update(found)
+        holders = {  # the open run holding each (queue, dedup_key), as the write saw it
+            (row.queue, row.dedup_key): row
+            for row in rows.values()
+            if row.dedup_key is not None and not row.status.terminal
+        }
         outcomes: list[CreateOutcome | Exception] = []
         for i, new in enumerate(news):
             if i in failed:
@@ -270,6 +295,8 @@ class Admission:
                 elif row is not None:
                     self._check_identity(row, new, states[i])
                     outcomes.append(Joined(row))
+                elif new.dedup_key is not None:
+                    outcomes.append(_deduplicated(new, holders.get((new.queue, new.dedup_key))))
                 else:
                     outcomes.append(await self._joined(new, states[i]))
             except Exception as exc:
@@ -297,6 +324,8 @@ class Admission:
                 "previous_round_id": new.previous_round_id,
                 "delay_until_ms": new.delay_until_ms,
                 "timeout_ms": new.timeout_ms,
+                "priority": new.priority,
+                "dedup_key": new.dedup_key,
             }
             for new, state, payload in batch
         ]
@@ -305,7 +334,14 @@ class Admission:
             record = self._created_record(new, False)
             seq = self._db.next_source_seq()
             records.append(
-                {"id": new.id, "source_seq": seq, "record": record, "digest": digest(record)}
+                {
+                    "id": new.id,
+                    "source_seq": seq,
+                    "record": record,
+                    "digest": digest(record),
+                    "queue": new.queue,
+                    "dedup_key": new.dedup_key,
+                }
             )
         created = {
             "records": Jsonb(records),

@@ -47,6 +47,19 @@ class ExecutionIdentityConflict(RunfleetError):
         self.attempted = attempted
 
 
+class DuplicateRun(RunfleetError):
+    """An admission's ``dedup_key`` is held by an open run of its queue, and the caller
+    asked to be refused (``on_duplicate="refuse"``). ``open_run_id`` is that run, or None
+    when row-level security hides it from the caller (then nothing about it is said)."""
+
+    def __init__(self, queue: str, dedup_key: str, open_run_id: str | None) -> None:
+        held = f"by open run {open_run_id!r}" if open_run_id else "by an open run"
+        super().__init__(f"dedup_key {dedup_key!r} of queue {queue!r} is held {held}")
+        self.queue = queue
+        self.dedup_key = dedup_key
+        self.open_run_id = open_run_id
+
+
 class FlowCycleDetected(RunfleetError):
     """Recording a parent edge would close a cycle; the transaction left no trace."""
 

@@ -62,6 +62,9 @@ def run_row(row: Row) -> RunRow:
         waiting=waiting,
         now_ms=int(row.get("now_ms") or 0),
         recoveries=int(row.get("recoveries") or 0),
+        priority=int(row.get("priority") or 0),
+        dedup_key=row.get("dedup_key"),
+        limited=bool(row.get("limited")),
     )
 
 

@@ -23,6 +23,7 @@ from runfleet.store.rows import owner_params, run_row
 from runfleet.store.types import (
     Activated,
     ActivateOutcome,
+    AtLimit,
     Claimed,
     ClaimOutcome,
     ClaimRecovered,
@@ -138,6 +139,35 @@ class Runs(Admission):
             return NotServed(current)
         return SnapshotChanged(current)
 
+    def _not_activated(
+        self, run_id: str, current: RunRow | None, expected: Snapshot
+    ) -> SnapshotChanged | NotServed | AtLimit | NotFound:
+        """``_lost`` for an activating claim: with nothing the caller's snapshot names moved
+        and the row still runnable, only its queue's concurrency limit refused it."""
+        if (
+            current is not None
+            and self.may_claim(current)
+            and _same(current.snapshot, expected)
+            and current.status in (RunStatus.PENDING, RunStatus.SUSPENDED)
+            and current.claim is None
+            and current.waiting is None
+            and current.cancel_requested_at_ms is None
+        ):
+            return AtLimit(current)
+        return self._lost(run_id, current)
+
+    async def _waited(
+        self, outcome: SnapshotChanged | NotServed | AtLimit | NotFound
+    ) -> SnapshotChanged | NotServed | AtLimit | NotFound:
+        """An AtLimit with when its queue's rate next allows a start (one read, refusals
+        only; the claim itself stays one statement)."""
+        if not isinstance(outcome, AtLimit):
+            return outcome
+        wait = await self._db.one("queues.wait", {"name": outcome.current.queue})
+        if wait is None or wait["wait_ms"] is None:
+            return outcome
+        return AtLimit(outcome.current, int(wait["wait_ms"]))
+
     async def claim(self, run_id: str, expected: Snapshot, me: Owner) -> ClaimOutcome:
         async with self._db.transaction():
             row = await self._db.one(
@@ -186,10 +216,12 @@ class Runs(Admission):
             },
         )
         if row is None:
-            return await self._changed_or_missing(run_id)
+            return await self._waited(self._not_activated(run_id, await self.get(run_id), expected))
         return Activated(run_row(row))
 
-    async def claim_if_fresh(self, run_id: str, flow: str, me: Owner) -> FreshClaim:
+    async def claim_if_fresh(
+        self, run_id: str, flow: str, me: Owner, ahead_flows: Collection[str] | None = None
+    ) -> FreshClaim:
         """Read ``run_id`` and, if it is a fresh admission of ``flow`` with no cancel
         asked, claim and activate it, in one statement (``runs.claim_if_fresh``).
 
@@ -197,12 +229,18 @@ class Runs(Admission):
         (Activated, or SnapshotChanged/NotFound when a concurrent claim won after this
         statement's snapshot), and None when the row was not such a row: the caller then
         decides from ``seen``, the row as read (None: no such run).
+
+        ``ahead_flows``: the flows the caller runs. Given, a fresh run of the same queue
+        with a higher priority takes the slot (docs/queues.md): ``outcome`` is then
+        Activated with that run, and the named run stays pending (its wake is the
+        caller's to re-publish). None: only the named run is claimed.
         """
         found = await self._db.all(
             "runs.claim_if_fresh",
             {
                 "id": run_id,
                 "flow": flow,
+                "ahead_flows": None if ahead_flows is None else sorted(ahead_flows),
                 "owner_key": me.key,
                 "journal_kind": Kind.CLAIMED_AND_ACTIVATED,
                 "source_id": self._db.source_id,
@@ -224,10 +262,12 @@ class Runs(Admission):
         ):
             return FreshClaim(None, seen)
         current = await self.get(run_id)  # the race it lost: who won, for the record
-        return FreshClaim(self._lost(run_id, current), seen)
+        return FreshClaim(
+            await self._waited(self._not_activated(run_id, current, seen.snapshot)), seen
+        )
 
     async def claim_and_activate_many(
-        self, rows: Sequence[RunRow], me: Owner
+        self, rows: Sequence[RunRow], me: Owner, ahead_flows: Collection[str] | None = None
     ) -> dict[str, ActivateOutcome]:
         """``claim_and_activate`` for a batch of fresh admissions, in one statement.
 
@@ -236,6 +276,8 @@ class Runs(Admission):
         one by one). Every row keeps its own snapshot check (status and epoch as read) and
         gets its own record. The outcome of each id is what ``claim_and_activate`` would
         have answered: a row that lost its race is read again (SnapshotChanged/NotFound).
+        ``ahead_flows`` as for ``claim_if_fresh``: a delivered run's outcome may be the
+        activation of a higher-priority run of its queue, claimed in its place.
         """
         for row in rows:
             if not fresh_admission(row):
@@ -248,6 +290,7 @@ class Runs(Admission):
                 "ids": [row.id for row in rows],
                 "epochs": [row.epoch for row in rows],
                 "seqs": [self._db.next_source_seq() for _ in rows],
+                "ahead_flows": None if ahead_flows is None else sorted(ahead_flows),
                 "owner_key": me.key,
                 "journal_kind": Kind.CLAIMED_AND_ACTIVATED,
                 "source_id": self._db.source_id,
@@ -255,12 +298,15 @@ class Runs(Admission):
                 **self._serving(),
             },
         )
-        outcomes: dict[str, ActivateOutcome] = {r["id"]: Activated(run_row(r)) for r in found}
+        outcomes: dict[str, ActivateOutcome] = {r["named_id"]: Activated(run_row(r)) for r in found}
         lost = [row.id for row in rows if row.id not in outcomes]
         if lost:  # what each loser lost to, in one read
             current = {row.id: row for row in await self.get_many(lost)}
+            asked = {row.id: row.snapshot for row in rows}
             for run_id in lost:
-                outcomes[run_id] = self._lost(run_id, current.get(run_id))
+                outcomes[run_id] = await self._waited(
+                    self._not_activated(run_id, current.get(run_id), asked[run_id])
+                )
         return outcomes
 
     async def steal(

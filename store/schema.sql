@@ -38,6 +38,12 @@ CREATE TABLE runfleet.runs (
     payload                 json,  -- canonical text of the run's arguments (store/values.py)
     recoveries              integer NOT NULL DEFAULT 0 CHECK (recoveries >= 0),
         -- takeovers in a row after a lost process (migration 0012; parked `dead` past the max)
+    priority                integer NOT NULL CHECK (priority BETWEEN -1000000 AND 1000000),
+        -- higher starts first; an admission naming none gets its queue's (docs/queues.md)
+    dedup_key               text CHECK (length(dedup_key) BETWEEN 1 AND 255),
+        -- at most one open run per (queue, dedup_key): runs_open_dedup_idx
+    rank_ms                 bigint GENERATED ALWAYS AS (created_at_ms - priority::bigint * 60000) STORED,
+        -- effective priority with aging: one priority point is worth a minute of waiting
     CHECK ((owner_host IS NULL) = (owner_nonce IS NULL)),
     CHECK ((claim_host IS NULL) = (claimed_at_ms IS NULL)),
     CHECK (status <> 'running' OR owner_host IS NOT NULL)
@@ -61,6 +67,102 @@ CREATE INDEX runs_owner_idx ON runfleet.runs (owner_host, owner_pid, owner_nonce
 CREATE INDEX runs_status_created_idx ON runfleet.runs (status, created_at_ms);
 CREATE INDEX runs_stranded_claim_idx ON runfleet.runs (claimed_at_ms, id)
     WHERE claim_host IS NOT NULL;
+CREATE INDEX runs_ready_priority_idx ON runfleet.runs (queue, priority DESC, rank_ms, id)
+    WHERE status = 'pending' AND waiting_reason IS NULL AND owner_host IS NULL
+      AND claim_host IS NULL;
+CREATE UNIQUE INDEX runs_open_dedup_idx ON runfleet.runs (queue, dedup_key)
+    WHERE dedup_key IS NOT NULL AND status IN ('pending', 'running', 'suspended');
+
+-- Per-queue settings (docs/queues.md), changed live by `runfleet queue set`.
+CREATE TABLE runfleet.queues (
+    name              text PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 255),
+    default_priority  integer NOT NULL DEFAULT 0
+                          CHECK (default_priority BETWEEN -1000000 AND 1000000),
+    concurrency       integer CHECK (concurrency >= 1),  -- fleet-wide; NULL: unlimited
+    rate_per_s        double precision CHECK (rate_per_s > 0),  -- starts/s fleet-wide; NULL: none
+    rate_tokens       double precision,  -- the token bucket (capacity: one second's starts, >= 1)
+    rate_at_ms        bigint,            -- when rate_tokens was last refilled
+    updated_at_ms     bigint NOT NULL,
+    updated_by        text NOT NULL
+);
+-- Every change of a queue's settings, with who made it (append-only, like the journal).
+CREATE TABLE runfleet.queue_changes (
+    seq        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue      text NOT NULL,
+    change     jsonb NOT NULL,
+    note       text,
+    changed_by text NOT NULL,
+    at_ms      bigint NOT NULL
+);
+CREATE INDEX queue_changes_queue_idx ON runfleet.queue_changes (queue, seq);
+
+-- How many of ``p_want`` runs of the queue may start now (NULL: neither a concurrency
+-- limit nor a rate), deciding for the calling claim statement under the queue row's lock,
+-- held until that statement's transaction ends: claims on a limited queue serialize on it. The count is taken AFTER
+-- the lock, in this function's own snapshot (a VOLATILE function's statements each see
+-- what committed before them), so a claim that committed while this one waited for the
+-- lock is counted. The running rows ARE the slots: a settled or parked run frees its slot
+-- in the statement that moves it, a takeover keeps it (the row stays running), and a
+-- SIGKILLed owner's run holds it until its takeover, so no slot can leak or double.
+-- Every caller takes this lock before any run row lock (store/sql/runs.sql). A rate's
+-- tokens are taken for the starts granted; a grant whose claim then loses a race wastes
+-- its token, so the bucket errs slow, never fast.
+CREATE FUNCTION runfleet.queue_free_slots(p_queue text, p_want integer DEFAULT 1)
+    RETURNS integer LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS
+$$
+DECLARE
+    v_limit integer;
+    v_rate double precision;
+    v_tokens double precision;
+    v_at bigint;
+    v_now bigint;
+    v_free integer := greatest(p_want, 0);
+    v_running integer;
+BEGIN
+    SELECT q.concurrency, q.rate_per_s INTO v_limit, v_rate
+      FROM runfleet.queues q WHERE q.name = p_queue;
+    IF v_limit IS NULL AND v_rate IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT q.concurrency, q.rate_per_s, q.rate_tokens, q.rate_at_ms
+      INTO v_limit, v_rate, v_tokens, v_at
+      FROM runfleet.queues q WHERE q.name = p_queue FOR UPDATE;
+    IF v_limit IS NULL AND v_rate IS NULL THEN  -- lifted while this claim waited for the lock
+        RETURN NULL;
+    END IF;
+    IF v_limit IS NOT NULL THEN
+        SELECT count(*) INTO v_running FROM runfleet.runs r
+         WHERE r.queue = p_queue AND r.status = 'running';
+        v_free := least(v_free, greatest(v_limit - v_running, 0));
+    END IF;
+    IF v_rate IS NOT NULL THEN
+        -- The token bucket: refilled at v_rate per second up to one second's starts (at
+        -- least one), and the starts granted here taken from it under the same lock.
+        v_now := runfleet.now_ms();
+        v_tokens := least(greatest(v_rate, 1),
+                          coalesce(v_tokens, greatest(v_rate, 1))
+                          + greatest(v_now - coalesce(v_at, v_now), 0) * v_rate / 1000.0);
+        v_free := least(v_free, floor(v_tokens)::integer);
+        UPDATE runfleet.queues SET rate_tokens = v_tokens - v_free, rate_at_ms = v_now
+         WHERE name = p_queue;
+    END IF;
+    RETURN v_free;
+END
+$$;
+CREATE INDEX runs_running_queue_idx ON runfleet.runs (queue) WHERE status = 'running';
+
+CREATE FUNCTION runfleet.queue_default_priority() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
+$$
+BEGIN
+    NEW.priority := coalesce(
+        (SELECT q.default_priority FROM runfleet.queues q WHERE q.name = NEW.queue), 0);
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER runs_default_priority BEFORE INSERT ON runfleet.runs
+    FOR EACH ROW WHEN (NEW.priority IS NULL)
+    EXECUTE FUNCTION runfleet.queue_default_priority();
 
 -- seq is always generated and a record's address is its writer's (0013): see there.
 CREATE TABLE runfleet.journal (

@@ -52,6 +52,15 @@ class OnParentExit(enum.StrEnum):
     DETACH = "detach"
 
 
+class OnDuplicate(enum.StrEnum):
+    """What admitting a ``dedup_key`` that an open run of the queue holds answers."""
+
+    JOIN = "join"
+    """The open run (``Joined``), as re-admitting its id would."""
+    REFUSE = "refuse"
+    """``DuplicateRun`` naming the open run."""
+
+
 @dataclass(frozen=True, slots=True)
 class Owner:
     """A worker process: equal only when host, pid and the per-start nonce all match."""
@@ -143,6 +152,12 @@ class RunRow:
     recoveries: int = 0
     """Takeovers in a row that re-activated the run after its process was lost; at
     ``Settings.max_recoveries`` the next one parks it ``dead`` instead (migration 0012)."""
+    priority: int = 0
+    """Higher starts first within its queue, with aging (docs/queues.md)."""
+    dedup_key: str | None = None
+    """At most one open run of the queue holds it (docs/queues.md)."""
+    limited: bool = False
+    """Its queue has a fleet-wide concurrency limit (as the claim that returned it saw)."""
 
     @property
     def snapshot(self) -> Snapshot:
@@ -259,6 +274,12 @@ class NewRun:
     timeout_ms: int | None = None
     """Deadline relative to admission, on the database clock (``@flow(timeout=...)``)."""
     extra: dict[str, JsonValue] = field(default_factory=dict)
+    priority: int | None = None
+    """Higher starts first within the queue (docs/queues.md); None: the queue's default."""
+    dedup_key: str | None = None
+    """While a run of the queue with this key is open, admission answers that run
+    (``on_duplicate``): unlike the run id, the key is free again once the run settles."""
+    on_duplicate: OnDuplicate = field(default_factory=lambda: OnDuplicate.JOIN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,6 +354,17 @@ class NotServed:
     """
 
     current: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class AtLimit:
+    """The run's queue has as many runs executing as its fleet-wide concurrency allows, or
+    its rate has no token (docs/queues.md): nothing changed; the run starts when a slot
+    frees or, for a rate, after ``retry_after_ms``."""
+
+    current: RunRow
+    retry_after_ms: int | None = None
+    """When the queue's rate next allows a start (None: the queue has no rate)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -479,7 +511,7 @@ class Conflict:
 EmitOutcome: TypeAlias = Accepted | Duplicate | Conflict
 CreateOutcome: TypeAlias = Created | Joined
 ClaimOutcome: TypeAlias = Claimed | SnapshotChanged | NotServed | NotFound
-ActivateOutcome: TypeAlias = Activated | SnapshotChanged | NotServed | NotFound
+ActivateOutcome: TypeAlias = Activated | SnapshotChanged | NotServed | AtLimit | NotFound
 StealOutcome: TypeAlias = (
     Stolen | DeadLettered | SnapshotChanged | LeaseFresh | NotServed | NotFound
 )

@@ -22,6 +22,19 @@ _CONTROL = re.compile("[\x00-\x1f\x7f]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+MAX_PRIORITY = 1_000_000
+"""Priorities are within +-MAX_PRIORITY, as the runs.priority CHECK holds (migration 0015)."""
+
+
+def priority(value: object, field: str = "priority") -> int:
+    """A run or queue priority: an int (not a bool) within +-MAX_PRIORITY."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(field, f"must be an integer, got {type(value).__name__}")
+    if not -MAX_PRIORITY <= value <= MAX_PRIORITY:
+        raise InvalidInput(field, f"must be between {-MAX_PRIORITY} and {MAX_PRIORITY}")
+    return value
+
+
 def identifier(field: str, value: object) -> str:
     if not isinstance(value, str):
         raise InvalidInput(field, f"must be a string, got {type(value).__name__}")

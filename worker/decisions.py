@@ -15,6 +15,7 @@ whatever message brought it here.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Container, Sequence
@@ -28,6 +29,7 @@ from runfleet.store.runs import fresh_admission
 from runfleet.store.types import (
     Activated,
     ActivateOutcome,
+    AtLimit,
     NotFound,
     NotServed,
     Owner,
@@ -38,7 +40,7 @@ from runfleet.store.types import (
 )
 from runfleet.worker import metrics
 from runfleet.worker.evidence import journal_evidence
-from runfleet.worker.flows import Flow, resolve
+from runfleet.worker.flows import Flow, resolve, runnable
 from runfleet.worker.outcomes import Decision, DriveOutcome
 from runfleet.worker.takeover import Takeover
 from runfleet.worker.wake_hints import HintFn
@@ -59,6 +61,9 @@ class Decisions:
     takeover: Takeover
     _lease_ok: Callable[[], bool] | None
     _hint: HintFn | None
+    _hint_front: HintFn | None
+    _gate: HintFn | None
+    _slot_freed: Callable[[str], None] | None
     _warned_unknown: set[str]
     closed: bool
     _rehinted: dict[str, float]
@@ -98,7 +103,9 @@ class Decisions:
         )
         if not fresh:
             return decisions
-        outcomes = await self.store.runs.claim_and_activate_many([r for r, _ in fresh], self.owner)
+        outcomes = await self.store.runs.claim_and_activate_many(
+            [r for r, _ in fresh], self.owner, ahead_flows=runnable()
+        )
         for row, flow in fresh:
             decisions[row.id] = await self._claimed(row, flow, outcomes[row.id])
         return decisions
@@ -118,7 +125,9 @@ class Decisions:
             or (self._lease_ok is not None and not self._lease_ok())
         ):
             return None
-        outcome, seen = await self.store.runs.claim_if_fresh(run_id, flow_name, self.owner)
+        outcome, seen = await self.store.runs.claim_if_fresh(
+            run_id, flow_name, self.owner, ahead_flows=runnable()
+        )
         if outcome is None:
             return await self._decide(seen, run_id)
         assert seen is not None
@@ -222,6 +231,8 @@ class Decisions:
         """What a claim-and-activate answered: execute it, or journal the lost race."""
         match outcome:
             case Activated(row=activated):
+                if activated.id != row.id:
+                    flow = await self._took_slot(row, activated)
                 if activated.epoch == 1:
                     metrics.ENQUEUE_TO_START.observe(
                         max(0, activated.now_ms - activated.created_at_ms) / 1000
@@ -239,8 +250,35 @@ class Decisions:
                 return DriveOutcome.CLAIM_LOST, None
             case NotServed(current=current):
                 return await self._not_served(current), None
+            case AtLimit(current=current, retry_after_ms=retry_after_ms):
+                # Nothing changed; the wake waits at the queue's gate for a freed slot, or
+                # for the rate's next token: then this process opens the gate itself (every
+                # refused worker may: a wake too many is refused again, never lost).
+                if self._gate is not None:
+                    await self._gate(current)
+                if retry_after_ms is not None and self._slot_freed is not None:
+                    opener, queue = self._slot_freed, current.queue
+                    asyncio.get_running_loop().call_later(
+                        max(retry_after_ms, 1) / 1000, lambda: opener(queue)
+                    )
+                return DriveOutcome.AT_LIMIT, None
             case NotFound():
                 return DriveOutcome.NOT_FOUND, None
+
+    async def _took_slot(self, named: RunRow, activated: RunRow) -> Flow | None:
+        """A higher-priority run took the slot ``named``'s delivery offered (docs/queues.md):
+        ``named`` is still pending and its wake was used, so it gets a new one on its
+        queue's recovery lane, read before the backlog, so it keeps its place at the head
+        of its priority (a hint; the lost-wake sweep backs it up). The activated run's
+        flow is one this process runs: the claim looked ahead only among those."""
+        log.info(
+            "run.ahead",
+            extra={"run_id": activated.id, "ahead_of": named.id, "priority": activated.priority},
+        )
+        hint = self._hint_front or self._hint
+        if hint is not None:
+            await hint(named)
+        return self._flow(activated)
 
     def _wakeable(self, row: RunRow) -> bool:
         waiting = row.waiting

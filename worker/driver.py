@@ -67,6 +67,9 @@ class Driver(Decisions):
         probe: ProbeFn | None = None,
         on_settled: AnnounceFn | None = None,
         hint: HintFn | None = None,
+        hint_front: HintFn | None = None,
+        gate: HintFn | None = None,
+        slot_freed: Callable[[str], None] | None = None,
         lease_ok: Callable[[], bool] | None = None,
         lease_gap: Callable[[], int | None] | None = None,
     ) -> None:
@@ -75,6 +78,12 @@ class Driver(Decisions):
         self.settings = settings
         self._on_settled = on_settled
         self._hint = hint
+        self._hint_front = hint_front
+        """A displaced run's wake, ahead of the backlog (``Decisions._took_slot``)."""
+        self._gate = gate
+        """Park the wake of a run its queue's limit refused (``broker.gate``)."""
+        self._slot_freed = slot_freed
+        """An execution of a limited queue ended here: a gated wake may move."""
         self.owned: dict[str, Execution] = {}
         self.executing: set[str] = set()
         """Runs whose body may still run here (a task or its thread not yet ended)."""
@@ -198,6 +207,8 @@ class Driver(Decisions):
                 deadline.cancel()
             self.owned.pop(row.id, None)
             metrics.RUNS_IN_FLIGHT.dec()
+            if row.limited and self._slot_freed is not None:
+                self._slot_freed(row.queue)  # settled, parked or released: its slot is free
 
     async def _unstarted(self, row: RunRow, cause: Cause) -> None:
         """Settle by ``cause`` a run interrupted between its activation and its body."""

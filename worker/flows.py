@@ -21,6 +21,7 @@ from typing import Any, overload
 
 from runfleet.broker.admission import check_signature
 from runfleet.broker.names import load_from_path, qualified_name
+from runfleet.store import validate
 from runfleet.store.errors import UnknownFlow
 from runfleet.store.schedules import ScheduleSpec, for_flow
 
@@ -37,6 +38,8 @@ class Flow:
     takes_context: bool = True
     max_rounds: int | None = None
     timeout: float | None = None
+    priority: int | None = None
+    """Its runs' priority when the enqueue names none (docs/queues.md); None: the queue's."""
     schedule: ScheduleSpec | None = None
     """Periodic runs (``@flow(schedule=...)``); workers write it at start (worker/scheduler.py)."""
 
@@ -78,6 +81,7 @@ def flow(
     catch_up: int = 0,
     overlap: str = "allow",
     schedule_kwargs: dict[str, Any] | None = None,
+    priority: int | None = None,
 ) -> Callable[[Callable[..., Any]], Flow]: ...
 
 
@@ -94,6 +98,7 @@ def flow(
     catch_up: int = 0,
     overlap: str = "allow",
     schedule_kwargs: dict[str, Any] | None = None,
+    priority: int | None = None,
 ) -> Flow | Callable[[Callable[..., Any]], Flow]:
     """Register ``fn`` as a flow; usable as ``@flow`` or ``@flow(name=..., queue=...)``.
 
@@ -125,6 +130,7 @@ def flow(
             max_rounds=max_rounds,
             timeout=timeout,
             schedule=spec,
+            priority=None if priority is None else validate.priority(priority),
         )
         existing = _REGISTRY.get(registered.name)
         if existing is not None and existing.fn is not target:
@@ -138,6 +144,18 @@ def flow(
 
 def registered() -> dict[str, Flow]:
     return dict(_REGISTRY)
+
+
+_RESOLVED: set[str] = set()
+"""Plain ``module:function`` names this process has resolved (``runnable``)."""
+RESOLVED_KEPT = 10_000
+
+
+def runnable() -> set[str]:
+    """The flow names this process is known to run: its registered flows and the plain
+    functions it has resolved so far. A claim's priority look-ahead takes a run in another
+    run's place only among these (docs/queues.md), so it never activates one it cannot run."""
+    return {*_REGISTRY, *_RESOLVED}
 
 
 def allow_imports(modules: Iterable[str], prefixes: Iterable[str]) -> None:
@@ -198,6 +216,8 @@ def resolve(name: str, *, allow_import: bool = True) -> Flow:
         )
     if isinstance(target, Flow):
         return target
+    if len(_RESOLVED) < RESOLVED_KEPT:  # bounded memory: beyond it, no look-ahead to new ones
+        _RESOLVED.add(name)
     return Flow(name=name, fn=target, takes_context=False)
 
 

@@ -16,6 +16,7 @@ from redis.exceptions import RedisError
 
 from runfleet.broker.batching import Coalesce
 from runfleet.broker.codec import message_for
+from runfleet.broker.gate import Gate
 from runfleet.broker.notify import Notifier
 from runfleet.broker.streams import Delivery, Lane, Streams, lane_for
 from runfleet.store.types import RunRow
@@ -49,13 +50,17 @@ async def publish_wakes(streams: Streams, rows: list[RunRow], reason: str) -> No
 
 
 class Outbox:
-    def __init__(self, streams: Streams, notifier: Notifier) -> None:
+    def __init__(self, streams: Streams, notifier: Notifier, gate: Gate | None = None) -> None:
         self._streams = streams
+        self._gate = gate
         self._acks: Coalesce[Delivery] = Coalesce(self._ack_many, name="acks")
         self._announcements: Coalesce[tuple[str, str]] = Coalesce(
             notifier.publish_settled_many, name="settled"
         )
         self._wakes: Coalesce[RunRow] = Coalesce(self._publish_wakes, name="wakes")
+        self._front_wakes: Coalesce[RunRow] = Coalesce(self._publish_front, name="front-wakes")
+        self._gated: Coalesce[RunRow] = Coalesce(self._park_gated, name="gated")
+        self._freed: Coalesce[str] = Coalesce(self._open_gates, name="freed-slots")
 
     def ack(self, delivery: Delivery) -> None:
         """Acknowledge a delivery whose drive has decided."""
@@ -65,13 +70,34 @@ class Outbox:
         """Hint that a run can move now (released, a child admitted, a parent woken)."""
         self._wakes.add(row)
 
+    async def hint_front(self, row: RunRow) -> None:
+        """Hint on the recovery lane, read before the backlog: a fresh run whose delivery a
+        higher-priority run took (docs/queues.md) keeps its place at the head of the line."""
+        self._front_wakes.add(row)
+
+    async def gate(self, row: RunRow) -> None:
+        """Park the wake of a run its queue's concurrency limit refused (``broker.gate``)."""
+        self._gated.add(row)
+
+    def slot_freed(self, queue: str) -> None:
+        """An execution of a limited queue ended here: one gated wake of it may move."""
+        self._freed.add(queue)
+
     async def settled(self, run_id: str, status: str) -> None:
         """Announce a committed settlement to the producers waiting on it."""
         self._announcements.add((run_id, status))
 
     async def flush(self, timeout: float = 1.0) -> None:
         """Send what is pending (at shutdown: what was decided and settled goes out first)."""
-        for pending in (self._acks, self._announcements, self._wakes):
+        pendings = (
+            self._acks,
+            self._announcements,
+            self._wakes,
+            self._front_wakes,
+            self._gated,
+            self._freed,
+        )
+        for pending in pendings:
             try:
                 await asyncio.wait_for(pending.drain(), timeout=timeout)
             except Exception as exc:
@@ -82,6 +108,29 @@ class Outbox:
             await self._streams.ack_many(deliveries)
         except BROKER_ERRORS as exc:
             log.warning("stream.ack_failed", extra={"runs": len(deliveries), "error": repr(exc)})
+
+    async def _park_gated(self, rows: list[RunRow]) -> None:
+        if self._gate is None:
+            return  # no gate: the lost-wake sweep schedules them again
+        try:
+            await self._gate.park((row.queue, row.id, row.flow) for row in rows)
+        except BROKER_ERRORS as exc:
+            log.warning("gate.park_failed", extra={"runs": len(rows), "error": repr(exc)})
+
+    async def _open_gates(self, queues: list[str]) -> None:
+        if self._gate is None:
+            return
+        try:
+            await self._gate.open(queues)
+        except BROKER_ERRORS as exc:
+            log.warning("gate.open_failed", extra={"queues": len(queues), "error": repr(exc)})
+
+    async def _publish_front(self, rows: list[RunRow]) -> None:
+        messages = [(row.queue, message_for(row.id, row.flow, "displaced")) for row in rows]
+        try:
+            await self._streams.publish_many(messages, Lane.RECOVERY)
+        except BROKER_ERRORS as exc:
+            log.warning("stream.publish_failed", extra={"runs": len(rows), "error": repr(exc)})
 
     async def _publish_wakes(self, rows: list[RunRow]) -> None:
         try:

@@ -37,6 +37,8 @@ class DriveOutcome(enum.StrEnum):
     left for that queue's workers, with a wake on its own queue's stream."""
     WAITING = "waiting"
     """Parked and not yet due: its wake moves it."""
+    AT_LIMIT = "at_limit"
+    """Its queue runs as many as its fleet-wide concurrency allows: gated until a slot frees."""
     CLAIM_LOST = "claim_lost"
     """Someone else changed the row first (journaled as evidence)."""
     CLAIM_PENDING = "claim_pending"

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from runfleet.broker.client import connect
+from runfleet.broker.gate import Gate
 from runfleet.broker.liveness import Liveness
 from runfleet.broker.notify import Notice, Notifier
 from runfleet.broker.service import Service
@@ -177,7 +178,7 @@ class Worker:
         self.streams = Streams(self._redis, prefix)
         self.notifier = Notifier(self._redis, prefix)
         self.liveness = Liveness.for_settings(self._redis, settings)
-        self.outbox = Outbox(self.streams, self.notifier)
+        self.outbox = Outbox(self.streams, self.notifier, Gate(self._redis, prefix, self.streams))
         gate = self._gate
         self.driver = driver = Driver(
             self.store,
@@ -186,6 +187,9 @@ class Worker:
             probe=self.liveness.probe,
             on_settled=self.outbox.settled,
             hint=self.outbox.hint,
+            hint_front=self.outbox.hint_front,
+            gate=self.outbox.gate,
+            slot_freed=self.outbox.slot_freed,
             lease_ok=gate.open,
             lease_gap=gate.unconfirmed_ms,
         )

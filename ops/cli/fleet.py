@@ -21,6 +21,7 @@ from runfleet.ops.explain.predict import dead_words
 from runfleet.ops.models import (
     FleetMemberView,
     FleetView,
+    QueueLimitView,
     RunSummary,
     StuckItem,
     StuckKind,
@@ -86,6 +87,12 @@ def fleet(
                 f" {w.host} pid {w.pid} (nonce {w.nonce}): "
                 f"{w.suspect}; not a live worker (forged or left over?)",
             )
+    for q in view.queues:
+        limit = (
+            "unlimited" if q.concurrency is None else f"{q.running}/{q.concurrency} slots in use"
+        )
+        rate = "" if q.rate_per_s is None else f", rate {q.rate_per_s:g}/s"
+        say(f"queue {q.name}: {limit}{rate}, default priority {q.default_priority}")
     suspects = sum(w.suspect is not None for w in view.workers)
     also = f", {suspects} suspect" if suspects else ""
     say(styled(f"{len(view.workers)} worker process(es){also}", "dim"))
@@ -94,12 +101,14 @@ def fleet(
 async def _fleet(cfg: Settings, host: str | None, *, with_db: bool) -> FleetView:
     """Redis is required (the keys are the answer); the database only adds counts."""
     owned: dict[Owner, int] | None = None
+    limits: list[QueueLimitView] = []
     now = c.wall_ms()  # without the database (a healthcheck), this host's clock judges
     if with_db:
         try:
             async with c.connect(cfg) as conns:
                 owned = await conns.store.stats.running_by_owner()
                 now = await conns.store.stats.now_ms()
+                limits = await _limits(conns.store)
         except Exception as exc:  # the keys still answer the question; say what is missing
             c.warn(f"no run counts: {exc}")
     redis = c.redis_client(cfg)
@@ -107,7 +116,24 @@ async def _fleet(cfg: Settings, host: str | None, *, with_db: bool) -> FleetView
         members = await Liveness.for_settings(redis, cfg).fleet(now)
     finally:
         await redis.aclose()
-    return fleet_view(members, owned, now, host)
+    view = fleet_view(members, owned, now, host)
+    return view.model_copy(update={"queues": limits})
+
+
+async def _limits(store: Store) -> list[QueueLimitView]:
+    """Every configured queue's limit and its slots in use (two reads)."""
+    queues = await store.queues.all()
+    running = await store.queues.running([q.name for q in queues])
+    return [
+        QueueLimitView(
+            name=q.name,
+            concurrency=q.concurrency,
+            running=running[q.name],
+            default_priority=q.default_priority,
+            rate_per_s=q.rate_per_s,
+        )
+        for q in queues
+    ]
 
 
 def fleet_view(

@@ -15,6 +15,7 @@ from runfleet.ops.cli.common import clock, seconds, who
 from runfleet.ops.explain.journal_text import probe_words
 from runfleet.ops.models import NextStep
 from runfleet.store.config import Settings
+from runfleet.store.queues import QueueSettings
 from runfleet.store.types import JournalRecord, RunRow, RunStatus, WaitingReason, WaitingRow
 from runfleet.store.waits import shown_token
 
@@ -34,6 +35,12 @@ class Facts:
     lag: int | None
     deferred: str | None
     waiting_tree: list[WaitingRow]
+    queue: QueueSettings | None = None
+    """The run's queue's settings (docs/queues.md); None: unlimited, priority 0."""
+    queue_running: int = 0
+    """Runs of the queue executing now (the slots in use of a limited one)."""
+    rate_wait_ms: int | None = None
+    """Until the queue's rate allows a start (0: now; None: no rate)."""
 
     @property
     def now(self) -> int:
@@ -192,6 +199,25 @@ def _next_pending(facts: Facts) -> NextStep:
             f"~{seconds(cfg.lost_pending_after_ms + sweep)}).",
             within_ms=cfg.lost_pending_after_ms + sweep,
             needs_person=False,
+        )
+    if facts.rate_wait_ms:
+        assert facts.queue is not None and facts.queue.rate_per_s is not None
+        return NextStep(
+            summary=f"waiting for the rate limit of queue {row.queue} "
+            f"({facts.queue.rate_per_s:g}/s fleet-wide): next token in "
+            f"{seconds(facts.rate_wait_ms)}.",
+            within_ms=facts.rate_wait_ms,
+            needs_person=False,
+        )
+    limit = facts.queue.concurrency if facts.queue is not None else None
+    if limit is not None and facts.queue_running >= limit:
+        tail = f"; but {problem}" if problem else ""
+        return NextStep(
+            summary=f"waiting for a slot of queue {row.queue}: {facts.queue_running} of "
+            f"{limit} in use fleet-wide; it starts when one of them settles or parks "
+            f"(priority {row.priority}, highest first){tail}.",
+            within_ms=None,
+            needs_person=problem is not None,
         )
     if problem:
         return NextStep(summary=problem + ".", within_ms=None, needs_person=True)

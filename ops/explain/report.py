@@ -112,6 +112,9 @@ async def gather(conns: Connections, run_id: str) -> Facts:
         lag,
         deferred,
         tree,
+        queue=await store.queues.get(row.queue),
+        queue_running=(await store.queues.running([row.queue]))[row.queue],
+        rate_wait_ms=await store.queues.wait_ms(row.queue),
     )
 
 

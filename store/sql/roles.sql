@@ -59,7 +59,7 @@ BEGIN
         ON runfleet.journal TO runfleet_worker;
     GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA runfleet TO runfleet_worker;
 
-    EXECUTE 'GRANT SELECT ON ' || run_tables || ', runfleet.flows, runfleet.grants,'
+    EXECUTE 'GRANT SELECT ON ' || run_tables || ', runfleet.flows, runfleet.grants, runfleet.queues,'
             ' runfleet.limits, runfleet.schema_migrations TO runfleet_producer,'
             ' runfleet_operator';
     -- A producer admits, cancels (with the cascade to attached children) and answers:
@@ -71,7 +71,7 @@ BEGIN
     -- is an identity, so a producer needs none and reads no fleet-wide counter from one.
     GRANT INSERT (id, flow, queue, status, state, payload, lineage_id, round_ordinal,
                   parent_run_id, created_at_ms, updated_at_ms, cancel_requested_at_ms,
-                  waiting_reason, waiting_wake_at_ms)
+                  waiting_reason, waiting_wake_at_ms, priority, dedup_key)
         ON runfleet.runs TO runfleet_producer;
     GRANT INSERT (run_id, kind, source_id, source_seq, payload, digest, at_ms)
         ON runfleet.journal TO runfleet_producer;

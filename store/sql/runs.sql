@@ -35,7 +35,7 @@ SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r
 INSERT INTO runfleet.runs AS r (
     id, flow, queue, status, state, payload, lineage_id, round_ordinal, parent_run_id,
     created_at_ms, updated_at_ms, cancel_requested_at_ms,
-    waiting_reason, waiting_wake_at_ms)
+    waiting_reason, waiting_wake_at_ms, priority, dedup_key)
 SELECT b.id, b.flow, b.queue, 'pending',
     b.state || CASE WHEN b.timeout_ms IS NULL THEN '{}'::jsonb  -- the earlier deadline
                ELSE jsonb_build_object('deadline_ms', LEAST(t.now_ms + b.timeout_ms,
@@ -44,14 +44,17 @@ SELECT b.id, b.flow, b.queue, 'pending',
     b.payload::json,  -- canonical text, kept verbatim (store/values.py)
     b.lineage_id, b.round_ordinal, b.previous_round_id, t.now_ms, t.now_ms,
     CASE WHEN b.inherit_cancel THEN coalesce(%(inherit_at_ms)s::bigint, t.now_ms) END,
-    CASE WHEN b.delay_until_ms IS NOT NULL THEN 'timer' END, b.delay_until_ms
+    CASE WHEN b.delay_until_ms IS NOT NULL THEN 'timer' END, b.delay_until_ms,
+    b.priority, b.dedup_key  -- docs/queues.md: NULL priority = the queue's default
   FROM (SELECT runfleet.now_ms() AS now_ms) AS t,  -- one admission instant per batch
        unnest(%(id)s::text[], %(flow)s::text[], %(queue)s::text[], %(state)s::jsonb[],
               %(payload)s::text[], %(lineage_id)s::text[], %(round_ordinal)s::integer[],
               %(previous_round_id)s::text[], %(inherit_cancel)s::boolean[],
-              %(delay_until_ms)s::bigint[], %(timeout_ms)s::bigint[])
+              %(delay_until_ms)s::bigint[], %(timeout_ms)s::bigint[],
+              %(priority)s::integer[], %(dedup_key)s::text[])
        WITH ORDINALITY AS b(id, flow, queue, state, payload, lineage_id, round_ordinal,
-                            previous_round_id, inherit_cancel, delay_until_ms, timeout_ms, n)
+                            previous_round_id, inherit_cancel, delay_until_ms, timeout_ms,
+                            priority, dedup_key, n)
  ORDER BY b.n
 ON CONFLICT DO NOTHING
 RETURNING r.*, runfleet.now_ms() AS now_ms;
@@ -77,7 +80,13 @@ WITH activated AS (
    AND (%(exp_epoch)s::bigint IS NULL OR r.epoch = %(exp_epoch)s)
        AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[])
             OR (r.status = 'pending' AND r.cancel_requested_at_ms IS NOT NULL))
-    RETURNING r.*, runfleet.now_ms() AS now_ms
+       -- the queue's fleet-wide limit (docs/queues.md); a cancel closes without a slot
+       AND (r.cancel_requested_at_ms IS NOT NULL
+            OR coalesce((SELECT runfleet.queue_free_slots(l.queue) FROM runfleet.runs l
+                          WHERE l.id = %(id)s), 1) > 0)
+    RETURNING r.*, runfleet.now_ms() AS now_ms,
+              EXISTS (SELECT FROM runfleet.queues q
+                       WHERE q.name = r.queue AND q.concurrency IS NOT NULL) AS limited
 ), record AS (
     SELECT a.id, jsonb_build_object('owner', %(owner_key)s::text, 'epoch', a.epoch,
                                     'from', %(status)s::text) AS payload, a.now_ms
@@ -99,29 +108,71 @@ SELECT * FROM activated;
 -- the newest row version, so a concurrent claim that commits first (the UPDATE waits for
 -- its row lock, then re-checks) leaves ``activated`` empty while ``seen`` still shows the
 -- row fresh: the caller's lost race. Both rows come back, told apart by ``activated``.
+--
+-- Priorities (docs/queues.md): the delivery is a slot offered to the queue, not only to
+-- the run it names. ``ahead`` is the queue's best fresh admission of a strictly higher
+-- priority (one probe of runs_ready_priority_idx: nothing when every priority is equal),
+-- among the flows the caller runs (``ahead_flows``; NULL: no look-ahead); it takes the
+-- slot unless the named run has out-aged it (a smaller rank_ms). The named run then stays
+-- pending and the caller re-publishes its wake. The pick reads without a lock and the
+-- winner is then locked SKIP LOCKED (a run another claimant is taking is that claimant's:
+-- the named run is claimed instead), so this statement holds a look-ahead lock only when
+-- it will update that row and never waits while holding one: with the batch claim (which
+-- waits only for rows it names, in id order, before any look-ahead) there is no cycle.
 WITH seen AS (
     SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r WHERE r.id = %(id)s
+), slots AS MATERIALIZED (
+    -- The queue's fleet-wide limit (docs/queues.md), decided before any run row is locked.
+    -- (a token of a rate is asked only for a fresh admission: the only row it can start)
+    SELECT runfleet.queue_free_slots(
+               s.queue, CASE WHEN s.status = 'pending' AND s.owner_host IS NULL
+                              AND s.claim_host IS NULL AND s.waiting_reason IS NULL
+                              AND s.cancel_requested_at_ms IS NULL THEN 1 ELSE 0 END) AS free
+      FROM seen s
+), pick AS (
+    SELECT c.id FROM seen s, slots, LATERAL (
+        SELECT c.id, c.rank_ms FROM runfleet.runs c
+         WHERE %(ahead_flows)s::text[] IS NOT NULL AND c.queue = s.queue
+           AND c.status = 'pending' AND c.waiting_reason IS NULL AND c.owner_host IS NULL
+           AND c.claim_host IS NULL AND c.priority > s.priority
+         ORDER BY c.priority DESC, c.rank_ms, c.id LIMIT 1) AS c
+     WHERE s.status = 'pending' AND s.flow = %(flow)s AND s.waiting_reason IS NULL
+       AND s.claim_host IS NULL AND s.owner_host IS NULL AND s.heartbeat_at_ms IS NULL
+       AND s.cancel_requested_at_ms IS NULL AND c.rank_ms < s.rank_ms
+       AND (%(serves)s::text[] IS NULL OR s.queue = ANY(%(serves)s::text[]))
+), ahead AS MATERIALIZED (
+    SELECT c.id FROM runfleet.runs c
+     WHERE c.id IN (SELECT id FROM pick) AND c.status = 'pending'
+       AND c.waiting_reason IS NULL AND c.owner_host IS NULL AND c.claim_host IS NULL
+       AND c.heartbeat_at_ms IS NULL AND c.cancel_requested_at_ms IS NULL
+       AND c.flow = ANY(%(ahead_flows)s::text[])
+       FOR UPDATE SKIP LOCKED
 ), activated AS (
     UPDATE runfleet.runs AS r SET
         status = 'running', owner_host = %(host)s, owner_pid = %(pid)s,
         owner_nonce = %(nonce)s, epoch = r.epoch + 1, heartbeat_at_ms = runfleet.now_ms(),
         updated_at_ms = runfleet.now_ms()
-     WHERE r.id = %(id)s AND r.flow = %(flow)s AND r.status = 'pending'
+     WHERE coalesce((SELECT free FROM slots), 1) > 0
+       AND r.id = coalesce((SELECT a.id FROM ahead a), %(id)s)
+       AND (r.flow = %(flow)s OR r.id IN (SELECT a.id FROM ahead a)) AND r.status = 'pending'
        AND r.waiting_reason IS NULL AND r.claim_host IS NULL AND r.owner_host IS NULL
        AND r.heartbeat_at_ms IS NULL AND r.cancel_requested_at_ms IS NULL
        AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[]))
-    RETURNING r.*, runfleet.now_ms() AS now_ms
+    RETURNING r.*, runfleet.now_ms() AS now_ms, (SELECT free FROM slots) IS NOT NULL AS limited
 ), journaled AS (
     INSERT INTO runfleet.journal (run_id, kind, source_id, source_seq, payload, digest, at_ms)
     SELECT a.id, %(journal_kind)s, %(source_id)s, %(source_seq)s, p.payload,
            left(encode(sha256(convert_to(p.payload::text, 'UTF8')), 'hex'), 32), a.now_ms
       FROM activated a,
            LATERAL (SELECT jsonb_build_object('owner', %(owner_key)s::text, 'epoch', a.epoch,
-                                              'from', 'pending') AS payload) AS p
+                                              'from', 'pending')
+                           || CASE WHEN a.id <> %(id)s  -- took the slot of a lower priority
+                                   THEN jsonb_build_object('ahead_of', %(id)s::text)
+                                   ELSE '{}'::jsonb END AS payload) AS p
 )
 SELECT true AS activated, a.* FROM activated a
 UNION ALL
-SELECT false AS activated, s.* FROM seen s;
+SELECT false AS activated, s.*, (SELECT free FROM slots) IS NOT NULL AS limited FROM seen s;
 
 -- name: claim_and_activate_many
 -- claim_and_activate for every fresh admission a stream read delivered, in one statement:
@@ -129,31 +180,92 @@ SELECT false AS activated, s.* FROM seen s;
 -- wait) and at the epoch the caller read qualifies, each with its own record. Rows are
 -- locked in id order first, so two workers handed overlapping batches (a redelivery)
 -- cannot deadlock. A row missing from the answer lost its race: the caller reads it.
+--
+-- Priorities (docs/queues.md), as in claim_if_fresh: per queue, the delivered runs in
+-- ascending effective order (lowest priority, newest first) are paired with the queue's
+-- best fresh admissions of a higher priority than the lowest delivered one, best first
+-- (``ahead``: SKIP LOCKED, taken after every named row is locked, so no cycle); a pair
+-- whose candidate has the higher priority and a smaller rank_ms claims the candidate in
+-- the delivered run's place. ``named_id`` says whose slot each activated row took.
 WITH wanted AS (
     SELECT w.id, w.epoch, w.seq
       FROM unnest(%(ids)s::text[], %(epochs)s::bigint[], %(seqs)s::bigint[]) AS w(id, epoch, seq)
+), limits AS MATERIALIZED (
+    -- Each queue's fleet-wide limit (docs/queues.md), its lock taken before any run row's,
+    -- in queue order (two batches lock the same queues in the same order).
+    SELECT q.queue, runfleet.queue_free_slots(q.queue, q.want::integer) AS free
+      FROM (SELECT r.queue, count(*) FILTER (
+                        WHERE r.status = 'pending' AND r.owner_host IS NULL
+                          AND r.claim_host IS NULL AND r.waiting_reason IS NULL) AS want
+              FROM runfleet.runs r WHERE r.id = ANY(%(ids)s::text[])
+             GROUP BY r.queue ORDER BY r.queue) AS q
 ), locked AS MATERIALIZED (
-    SELECT r.id FROM runfleet.runs r
-     WHERE r.id = ANY(%(ids)s::text[]) ORDER BY r.id FOR UPDATE
+    SELECT r.id, r.queue, r.priority, r.rank_ms,
+           r.status = 'pending' AND r.waiting_reason IS NULL AND r.claim_host IS NULL
+           AND r.owner_host IS NULL AND r.heartbeat_at_ms IS NULL
+           AND r.cancel_requested_at_ms IS NULL
+           AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[])) AS fresh
+      FROM runfleet.runs r
+     WHERE r.id = ANY(%(ids)s::text[]) AND (SELECT count(*) FROM limits) >= 0  -- after limits
+     ORDER BY r.id FOR UPDATE
+), named AS MATERIALIZED (
+    SELECT l.*, row_number() OVER (PARTITION BY l.queue
+                                   ORDER BY l.priority, l.rank_ms DESC, l.id DESC) AS k
+      FROM locked l WHERE l.fresh
+), floors AS (
+    SELECT n.queue, min(n.priority) AS priority, count(*) AS slots FROM named n
+     WHERE %(ahead_flows)s::text[] IS NOT NULL GROUP BY n.queue
+), ahead AS MATERIALIZED (
+    SELECT c.id, c.queue, c.priority, c.rank_ms,
+           row_number() OVER (PARTITION BY c.queue ORDER BY c.priority DESC, c.rank_ms, c.id) AS k
+      FROM floors f, LATERAL (
+          SELECT c.id, c.queue, c.priority, c.rank_ms FROM runfleet.runs c
+           WHERE c.queue = f.queue AND c.status = 'pending' AND c.waiting_reason IS NULL
+             AND c.owner_host IS NULL AND c.claim_host IS NULL AND c.priority > f.priority
+             AND c.heartbeat_at_ms IS NULL AND c.cancel_requested_at_ms IS NULL
+             AND c.flow = ANY(%(ahead_flows)s::text[]) AND c.id <> ALL(%(ids)s::text[])
+           ORDER BY c.priority DESC, c.rank_ms, c.id LIMIT f.slots
+             FOR UPDATE SKIP LOCKED) AS c
+), paired AS (
+    SELECT w.id AS named_id, coalesce(a.id, w.id) AS id,
+           CASE WHEN a.id IS NULL THEN w.epoch END AS epoch, w.seq, l.queue,
+           coalesce(a.priority, l.priority) AS priority, coalesce(a.rank_ms, l.rank_ms) AS rank_ms
+      FROM wanted w JOIN locked l ON l.id = w.id  -- every named row locked first
+      LEFT JOIN named n ON n.id = w.id
+      LEFT JOIN ahead a ON a.queue = n.queue AND a.k = n.k
+                       AND a.priority > n.priority AND a.rank_ms < n.rank_ms
+), slots AS (
+    -- A limited queue's free slots go to its best runs of the batch; the rest wait.
+    SELECT p.*, m.free FROM (
+        SELECT p.*, row_number() OVER (PARTITION BY p.queue
+                                       ORDER BY p.priority DESC, p.rank_ms, p.id) AS place
+          FROM paired p) AS p
+      JOIN limits m ON m.queue = p.queue
+     WHERE m.free IS NULL OR p.place <= m.free
 ), activated AS (
     UPDATE runfleet.runs AS r SET
         status = 'running', owner_host = %(host)s, owner_pid = %(pid)s,
         owner_nonce = %(nonce)s, epoch = r.epoch + 1, heartbeat_at_ms = runfleet.now_ms(),
         updated_at_ms = runfleet.now_ms()
-      FROM wanted w JOIN locked l ON l.id = w.id
-     WHERE r.id = w.id AND r.status = 'pending' AND r.epoch = w.epoch
+      FROM slots w
+     WHERE r.id = w.id AND r.status = 'pending' AND (w.epoch IS NULL OR r.epoch = w.epoch)
        AND r.waiting_reason IS NULL AND r.claim_host IS NULL AND r.owner_host IS NULL
        AND r.heartbeat_at_ms IS NULL
+       AND (w.epoch IS NOT NULL OR r.cancel_requested_at_ms IS NULL)  -- a look-ahead's
        AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[])
             OR (r.status = 'pending' AND r.cancel_requested_at_ms IS NOT NULL))
-    RETURNING r.*, runfleet.now_ms() AS now_ms, w.seq AS journal_seq
+    RETURNING r.*, runfleet.now_ms() AS now_ms, w.seq AS journal_seq, w.named_id,
+              w.free IS NOT NULL AS limited
 ), journaled AS (
     INSERT INTO runfleet.journal (run_id, kind, source_id, source_seq, payload, digest, at_ms)
     SELECT a.id, %(journal_kind)s, %(source_id)s, a.journal_seq, p.payload,
            left(encode(sha256(convert_to(p.payload::text, 'UTF8')), 'hex'), 32), a.now_ms
       FROM activated a,
            LATERAL (SELECT jsonb_build_object('owner', %(owner_key)s::text, 'epoch', a.epoch,
-                                              'from', 'pending') AS payload) AS p
+                                              'from', 'pending')
+                           || CASE WHEN a.id <> a.named_id  -- took a lower priority's slot
+                                   THEN jsonb_build_object('ahead_of', a.named_id)
+                                   ELSE '{}'::jsonb END AS payload) AS p
 )
 SELECT * FROM activated;
 
@@ -183,7 +295,13 @@ UPDATE runfleet.runs AS r SET
    AND r.claimed_at_ms = %(claimed_at_ms)s
    AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[])
         OR (r.status = 'pending' AND r.cancel_requested_at_ms IS NOT NULL))
-RETURNING r.*, runfleet.now_ms() AS now_ms;
+   -- the queue's fleet-wide limit (docs/queues.md); a cancel closes without a slot
+   AND (r.cancel_requested_at_ms IS NOT NULL
+        OR coalesce((SELECT runfleet.queue_free_slots(l.queue) FROM runfleet.runs l
+                      WHERE l.id = %(id)s), 1) > 0)
+RETURNING r.*, runfleet.now_ms() AS now_ms,
+          EXISTS (SELECT FROM runfleet.queues q
+                   WHERE q.name = r.queue AND q.concurrency IS NOT NULL) AS limited;
 
 -- name: recover_claim
 -- A claim whose claimant died between claim and activation; the caller has
@@ -225,7 +343,10 @@ UPDATE runfleet.runs AS r SET
    AND r.heartbeat_at_ms < runfleet.now_ms() - %(stale_after_ms)s
    AND (NOT %(counted)s OR r.recoveries < %(max_recoveries)s)
    AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[]))
-RETURNING r.*, runfleet.now_ms() AS now_ms;
+RETURNING r.*, runfleet.now_ms() AS now_ms,
+          -- a takeover keeps the run's slot of a limited queue (docs/queues.md)
+          EXISTS (SELECT FROM runfleet.queues q
+                   WHERE q.name = r.queue AND q.concurrency IS NOT NULL) AS limited;
 
 -- name: bury
 -- A poison run: a steal's whole precondition holds (running, the same stale lease of the

@@ -40,6 +40,7 @@ from broker.batching import GroupCommit
 from broker.client import connect
 from broker.codec import message_for
 from broker.control import RunControl
+from broker.messages import RunMessages
 from broker.notify import Notifier
 from broker.run import AsyncRun
 from broker.streams import Lane, Streams
@@ -72,7 +73,7 @@ def _lane(front: bool) -> Lane:
     return Lane.RECOVERY if front else Lane.NORMAL
 
 
-class AsyncQueue(RunControl):
+class AsyncQueue(RunControl, RunMessages):
     """Admit runs to one queue from asyncio code."""
 
     def __init__(

@@ -25,6 +25,7 @@ from broker.jobs import FailedJobRegistry, Job, JobStatus, NoSuchJobError
 from broker.queue import AsyncQueue, EnqueueSpec
 from broker.run import AsyncRun
 from store.config import Settings
+from store.events import SendOutcome
 from store.types import CancelOutcome, EventAnswer
 
 T = TypeVar("T")
@@ -244,3 +245,13 @@ class Queue:
 
     def interrupt_unsafe(self, run_id: str) -> None:
         self._call(self._async.interrupt_unsafe(run_id))
+
+    # ---- events and messages (broker.messages) -------------------------------
+
+    def get_event(self, run_id: str, key: str, timeout: float = 0.0) -> Any:
+        return self._call(self._async.get_event(run_id, key, timeout))
+
+    def send(
+        self, run_id: str, topic: str, value: Any = None, *, message_id: str | None = None
+    ) -> SendOutcome:
+        return self._call(self._async.send(run_id, topic, value, message_id=message_id))

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from store.config import Settings
 from store.dag import Dag
 from store.db import Conn, Database, default_source_id, open_pool
+from store.events import Events
 from store.inspect import Inspect
 from store.journal import Journal, Kind
 from store.lifecycle import Lifecycle
@@ -43,6 +44,7 @@ class Store:
         self.inspect = Inspect(db)
         self.steps = Steps(db, self.journal, settings)
         self.flows = FlowRegistry(db)
+        self.events = Events(db, self.journal, settings, self.steps, self.waits)
 
     @classmethod
     async def open(

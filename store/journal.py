@@ -60,6 +60,9 @@ class Kind:
     STEP_COMPENSATION_FAILED = "step-compensation-failed"
     APPROVAL_APPROVED = "approval-approved"
     APPROVAL_DENIED = "approval-denied"
+    EVENT_SET = "event-set"
+    MESSAGE_SENT = "message-sent"
+    MESSAGE_RECEIVED = "message-received"
 
 
 def digest(payload: Any) -> str:

@@ -51,6 +51,7 @@ from worker.durable import (
     reference,
 )
 from worker.flows import function as resolve_function
+from worker.messages import Messages
 from worker.outcomes import Cause
 from worker.retry import durable_call, is_transient
 from worker.threads import in_thread
@@ -75,7 +76,7 @@ class Interrupted(BaseException):
 
 
 @dataclass
-class Context(Waits, Children):
+class Context(Waits, Children, Messages):
     run: RunRow
     owner: Owner
     epoch: int

@@ -92,6 +92,12 @@ class SyncContext:
     ) -> Decision:
         return self._call(self._ctx.approval(name, request, timeout, on_token=on_token))
 
+    def set_event(self, key: str, value: Any) -> None:
+        self._call(self._ctx.set_event(key, value))
+
+    def recv(self, topic: str, timeout: float | None = None) -> Any:
+        return self._call(self._ctx.recv(topic, timeout))
+
     def quota(self, wake_at: datetime | int) -> None:
         self._call(self._ctx.quota(wake_at))
 

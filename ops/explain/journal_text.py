@@ -301,6 +301,17 @@ SENTENCES: dict[str, Callable[[Payload, JournalRecord], str]] = {
     ),
     Kind.APPROVAL_APPROVED: lambda p, _r: _decision("approved", p),
     Kind.APPROVAL_DENIED: lambda p, _r: _decision("denied", p),
+    Kind.EVENT_SET: lambda p, _r: (
+        f"set event {p.get('key', '?')!r} (value {p.get('version', '?')}, digest "
+        f"{str(p.get('digest', '?'))[:8]})"
+    ),
+    Kind.MESSAGE_SENT: lambda p, _r: (
+        f"message {p.get('seq', '?')} sent on {p.get('topic', '?')!r}"
+        + (" and it woke the run" if p.get("woke") else "")
+    ),
+    Kind.MESSAGE_RECEIVED: lambda p, _r: (
+        f"message {p.get('seq', '?')} on {p.get('topic', '?')!r} received by {p.get('key', '?')!r}"
+    ),
     Kind.ROUND_INVALID: lambda p, _r: (
         f"failed: its next round {p.get('successor', '?')!r} could not be admitted"
     ),

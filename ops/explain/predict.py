@@ -7,12 +7,13 @@ Kept apart from the gathering so each rule here can be read beside the code it m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import assert_never
 
 from broker.liveness import FleetMember, Probe
 from ops.cli.common import clock, seconds, who
 from ops.explain.journal_text import probe_words
+from ops.explain.lifecycle_text import message_topic
 from ops.models import NextStep
 from store.config import Settings
 from store.types import JournalRecord, RunRow, RunStatus, WaitingReason, WaitingRow
@@ -34,6 +35,8 @@ class Facts:
     lag: int | None
     deferred: str | None
     waiting_tree: list[WaitingRow]
+    lifecycle: list[str] = field(default_factory=list)
+    """Lines about the run's events and messages (``ops.explain.lifecycle_text``)."""
 
     @property
     def now(self) -> int:
@@ -296,6 +299,13 @@ def _next_suspended(facts: Facts) -> NextStep:
                 "it resumes then.",
                 within_ms=None,
                 needs_person=True,
+            )
+        case WaitingReason.EVENT if (topic := message_topic(row)) is not None:
+            return NextStep(
+                summary=f"waiting for a message on {topic!r}: it resumes when one is sent "
+                f"(Queue.send(run_id, {topic!r}, value)).",
+                within_ms=None,
+                needs_person=False,
             )
         case WaitingReason.EVENT:
             name = repr(facts.deferred) if facts.deferred else "its event"

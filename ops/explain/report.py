@@ -15,6 +15,7 @@ from broker.liveness import FleetMember, Probe
 from ops.cli.common import Connections, clock, seconds, who
 from ops.cli.text import literal
 from ops.explain.journal_text import probe_words, sentence
+from ops.explain.lifecycle_text import lifecycle_lines
 from ops.explain.predict import Facts, next_step
 from ops.models import (
     ClaimView,
@@ -112,6 +113,7 @@ async def gather(conns: Connections, run_id: str) -> Facts:
         lag,
         deferred,
         tree,
+        await lifecycle_lines(store, run_id),
     )
 
 
@@ -189,6 +191,7 @@ def lines(facts: Facts, since_ms: int, step: NextStep) -> list[str]:
     elif not row.status.terminal:
         out.append("cancel: not requested.")
     out += _restarts(facts)
+    out += facts.lifecycle
     if facts.redis_error:
         out.append(f"liveness: unknown — Redis did not answer ({facts.redis_error}).")
     out.append(f"last decisions ({min(len(facts.history), JOURNAL_SHOWN)} of the journal):")

@@ -1,0 +1,75 @@
+"""Flows of the lifecycle tests (events, messages), run in-process and in real workers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+from worker import Context, WaitTimeout, flow
+from worker.sync_context import SyncContext
+
+
+async def _mark(path: str, what: str) -> None:
+    """Append one line to a side-effect ledger (O_APPEND: whole lines across processes)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        os.write(fd, f"{os.getpid()} {what}\n".encode())
+    finally:
+        os.close(fd)
+
+
+@flow(name="lifecycle.progress")
+async def progress(ctx: Context) -> str:
+    await ctx.set_event("stage", {"n": 1})
+    go = await ctx.recv("go")
+    await ctx.set_event("stage", {"n": 2, "go": go})
+    await ctx.set_event("stage", {"n": 3})
+    return "done"
+
+
+@flow(name="lifecycle.event_then_slow")
+async def event_then_slow(ctx: Context, ledger: str, ms: int) -> dict[str, Any]:
+    await ctx.set_event("url", "https://pay.example/1")
+
+    async def slow() -> int:
+        await _mark(ledger, "slow-start")
+        await asyncio.sleep(ms / 1000)
+        return os.getpid()
+
+    pid = await ctx.step("slow", slow)
+    await ctx.set_event("url", "https://pay.example/2")
+    return {"pid": pid}
+
+
+@flow(name="lifecycle.consume")
+async def consume(ctx: Context, n: int, ledger: str, ms: int) -> list[Any]:
+    got: list[Any] = []
+    for _ in range(n):
+        item = await ctx.recv("item")
+
+        async def work(value: Any = item) -> Any:
+            await _mark(ledger, f"work {value}")
+            await asyncio.sleep(ms / 1000)
+            return value
+
+        got.append(await ctx.step("work", work))
+    return got
+
+
+@flow(name="lifecycle.recv_timeout")
+async def recv_timeout(ctx: Context, seconds: float) -> str:
+    try:
+        return str(await ctx.recv("never", timeout=seconds))
+    except WaitTimeout:
+        return "timed out"
+
+
+@flow(name="lifecycle.sync_messages")
+def sync_messages(ctx: SyncContext) -> Any:
+    ctx.set_event("ready", True)
+    first = ctx.recv("in")
+    second = ctx.recv("in")
+    ctx.set_event("ready", False)
+    return [first, second, time.time() > 0]

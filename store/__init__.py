@@ -17,6 +17,7 @@ from store.runs import Runs
 from store.stats import Stats
 from store.steps import Steps
 from store.sweeps import SweepKind, Sweeps
+from store.timeouts import StepTimeouts
 from store.waits import Waits
 
 __all__ = ["Kind", "Settings", "Store", "SweepKind"]
@@ -45,6 +46,7 @@ class Store:
         self.steps = Steps(db, self.journal, settings)
         self.flows = FlowRegistry(db)
         self.events = Events(db, self.journal, settings, self.steps, self.waits)
+        self.timeouts = StepTimeouts(db)
 
     @classmethod
     async def open(

@@ -10,6 +10,7 @@ from worker.durable import (
     WaitTimeout,
 )
 from worker.flows import Flow, flow
+from worker.step_timeouts import StepTimeout
 from worker.sync_context import SyncContext
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "Interrupted",
     "NonDeterminism",
     "Retry",
+    "StepTimeout",
     "SyncContext",
     "WaitTimeout",
     "flow",

@@ -54,6 +54,7 @@ from worker.flows import function as resolve_function
 from worker.messages import Messages
 from worker.outcomes import Cause
 from worker.retry import durable_call, is_transient
+from worker.step_timeouts import call_with_timeout, checked_timeout
 from worker.threads import in_thread
 from worker.waits import Waits
 from worker.wake_hints import HintFn
@@ -333,9 +334,14 @@ class Context(Waits, Children, Messages):
         *args: Any,
         retry: Retry | None = None,
         compensate: Callable[..., Any] | None = None,
+        timeout: float | None = None,
         **kwargs: Any,
     ) -> Any:
-        """Run ``fn`` once for this run and record its output; replays return the record."""
+        """Run ``fn`` once for this run and record its output; replays return the record.
+
+        ``timeout`` (seconds) bounds each attempt: ``StepTimeout`` past it, retried under
+        ``retry`` like any failure (``worker.step_timeouts``)."""
+        limit = checked_timeout(timeout) if timeout is not None else None
         position, key, record = await self._next("step", name)
         if record is not None:
             return record.output
@@ -349,7 +355,11 @@ class Context(Waits, Children, Messages):
             if attempt is None:
                 raise self._stop(Cause.LOST_FENCE)
             try:
-                if inspect.iscoroutinefunction(fn):
+                if limit is not None:
+                    output = await call_with_timeout(
+                        fn, args, kwargs, timeout=limit, run_id=self.run.id, key=key
+                    )
+                elif inspect.iscoroutinefunction(fn):
                     output = await fn(*args, **kwargs)
                 else:
                     output = await in_thread(fn, *args, **kwargs)

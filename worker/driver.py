@@ -40,6 +40,7 @@ from worker.outcomes import Cause, Decision, DriveOutcome
 from worker.retry import is_transient, with_retry
 from worker.rq_compat import call_rq_style, wants_rq_call
 from worker.settle import AnnounceFn, Settlement, error_of
+from worker.step_timeouts import ABANDONED
 from worker.sync_context import SyncContext
 from worker.takeover import ProbeFn, Takeover
 from worker.threads import in_thread
@@ -110,8 +111,9 @@ class Driver(Decisions):
         A body waiting on runfleet's own store call is not counted: a psycopg call on a
         silently cut link cannot be cancelled for a while, but whatever it sends is fenced
         by owner and epoch, so it cannot act after a takeover. Reads only atomic snapshots.
+        A sync step thread abandoned at its timeout still runs user code: it counts too.
         """
-        count = 0
+        count = ABANDONED.count()
         for run_id in list(self.executing):
             execution = self.owned.get(run_id)
             if execution is not None and execution.ctx.in_bookkeeping == 0:

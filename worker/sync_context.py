@@ -67,10 +67,13 @@ class SyncContext:
         *args: Any,
         retry: Retry | None = None,
         compensate: Callable[..., Any] | None = None,
+        timeout: float | None = None,
         **kwargs: Any,
     ) -> Any:
         return self._call(
-            self._ctx.step(name, fn, *args, retry=retry, compensate=compensate, **kwargs)
+            self._ctx.step(
+                name, fn, *args, retry=retry, compensate=compensate, timeout=timeout, **kwargs
+            )
         )
 
     def sleep(self, duration: timedelta | float) -> None:

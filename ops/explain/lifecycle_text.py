@@ -13,7 +13,8 @@ _SHOWN = 5
 
 
 async def lifecycle_lines(store: Store, run_id: str) -> list[str]:
-    """One line for the events the run set, one for the messages sent to it (if any)."""
+    """A line each for the events the run set, the messages sent to it and its step
+    attempts that timed out (none when there are none)."""
     out: list[str] = []
     events = await store.events.of_run(run_id)
     if events:
@@ -31,6 +32,15 @@ async def lifecycle_lines(store: Store, run_id: str) -> list[str]:
             f"messages: {len(messages)} sent, {taken} received"
             + (f", not yet received: {pending}" if pending else "")
             + "."
+        )
+    timed_out = await store.timeouts.of_run(run_id)
+    if timed_out:
+        per_step = Counter(t.key for t in timed_out)
+        steps = ", ".join(f"{key!r} {n}x" for key, n in sorted(per_step.items()))
+        last = timed_out[-1]
+        out.append(
+            f"step timeouts: {len(timed_out)} attempt(s) ran past their timeout ({steps}); "
+            f"last: attempt {last.attempt} of {last.key!r} at {clock(last.started_at_ms)}."
         )
     return out
 

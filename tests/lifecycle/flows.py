@@ -7,7 +7,7 @@ import os
 import time
 from typing import Any
 
-from worker import Context, WaitTimeout, flow
+from worker import Context, Retry, StepTimeout, WaitTimeout, flow
 from worker.sync_context import SyncContext
 
 
@@ -73,3 +73,62 @@ def sync_messages(ctx: SyncContext) -> Any:
     second = ctx.recv("in")
     ctx.set_event("ready", False)
     return [first, second, time.time() > 0]
+
+
+# ---- step timeouts ---------------------------------------------------------------
+
+
+def _attempt(ledger: str, what: str) -> int:
+    """Record one attempt in the ledger; its number (1 = the first anywhere)."""
+    fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        os.write(fd, f"{os.getpid()} {what}\n".encode())
+    finally:
+        os.close(fd)
+    with open(ledger) as f:
+        return sum(1 for line in f if line.split()[1:] == [what])
+
+
+@flow(name="lifecycle.async_timeout")
+async def async_timeout(ctx: Context, ledger: str, slow_until: int, attempts: int) -> Any:
+    async def call() -> dict[str, int]:
+        n = _attempt(ledger, "async")
+        if n <= slow_until:
+            await asyncio.sleep(60)
+        return {"attempt": n, "pid": os.getpid()}
+
+    return await ctx.step("call", call, timeout=0.5, retry=Retry(attempts=attempts, backoff=0.01))
+
+
+@flow(name="lifecycle.sync_timeout")
+def sync_timeout(ctx: SyncContext, ledger: str, hang_s: float) -> Any:
+    def call() -> int:
+        n = _attempt(ledger, "sync")
+        if n == 1:
+            time.sleep(hang_s)
+            _attempt(ledger, "sync-first-ended")
+        return n
+
+    return ctx.step("call", call, timeout=0.5, retry=Retry(attempts=3, backoff=0.01))
+
+
+@flow(name="lifecycle.own_timeout_error")
+async def own_timeout_error(ctx: Context) -> Any:
+    async def call() -> None:
+        raise TimeoutError("the step's own")
+
+    try:
+        await ctx.step("call", call, timeout=30)
+    except StepTimeout:
+        return "runfleet's"
+    except TimeoutError as exc:
+        return str(exc)
+
+
+@flow(name="lifecycle.bad_timeout")
+async def bad_timeout(ctx: Context) -> Any:
+    return await ctx.step("call", _noop, timeout=-1)
+
+
+async def _noop() -> None:
+    return None

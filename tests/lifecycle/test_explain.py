@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import tests.lifecycle.flows as flows
 from broker import AsyncQueue
 from ops.models import Explanation
@@ -29,3 +31,12 @@ async def test_explain_says_a_recv_waits_for_a_message_and_what_was_set(
     assert "events: 'stage' (set 3x" in text
     assert "messages: 1 sent, 1 received." in text
     assert "message 1 on 'go' received by 'recv:go#1'" in text
+
+
+async def test_explain_counts_the_attempts_that_timed_out(
+    worker: Worker, queue: AsyncQueue, cli: Cli, tmp_path: Path
+) -> None:
+    run = await queue.enqueue(flows.async_timeout, str(tmp_path / "l"), 2, 3)
+    await run.result(timeout=30)
+    text = (await cli("explain", run.id)).stdout
+    assert "step timeouts: 2 attempt(s) ran past their timeout ('step:call#1' 2x)" in text

@@ -40,6 +40,7 @@ from broker.batching import GroupCommit
 from broker.client import connect
 from broker.codec import message_for
 from broker.control import RunControl
+from broker.history import RunHistory
 from broker.messages import RunMessages
 from broker.notify import Notifier
 from broker.run import AsyncRun
@@ -73,7 +74,7 @@ def _lane(front: bool) -> Lane:
     return Lane.RECOVERY if front else Lane.NORMAL
 
 
-class AsyncQueue(RunControl, RunMessages):
+class AsyncQueue(RunControl, RunMessages, RunHistory):
     """Admit runs to one queue from asyncio code."""
 
     def __init__(

@@ -26,6 +26,7 @@ from broker.queue import AsyncQueue, EnqueueSpec
 from broker.run import AsyncRun
 from store.config import Settings
 from store.events import SendOutcome
+from store.forks import Deleted
 from store.types import CancelOutcome, EventAnswer
 
 T = TypeVar("T")
@@ -255,3 +256,23 @@ class Queue:
         self, run_id: str, topic: str, value: Any = None, *, message_id: str | None = None
     ) -> SendOutcome:
         return self._call(self._async.send(run_id, topic, value, message_id=message_id))
+
+    # ---- a run's history (broker.history) ------------------------------------
+
+    def resume_run(self, run_id: str, *, actor: str | None = None) -> Job:
+        return self._wrap(self._call(self._async.resume_run(run_id, actor=actor)))
+
+    def fork(
+        self,
+        run_id: str,
+        from_step: int,
+        *,
+        new_run_id: str | None = None,
+        actor: str | None = None,
+    ) -> Job:
+        return self._wrap(
+            self._call(self._async.fork(run_id, from_step, new_run_id=new_run_id, actor=actor))
+        )
+
+    def delete(self, run_id: str, *, actor: str | None = None) -> Deleted:
+        return self._call(self._async.delete(run_id, actor=actor))

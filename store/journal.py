@@ -63,6 +63,9 @@ class Kind:
     EVENT_SET = "event-set"
     MESSAGE_SENT = "message-sent"
     MESSAGE_RECEIVED = "message-received"
+    FORKED = "forked"
+    RESUMED_AS = "resumed-as"
+    FORKED_FROM = "history-copied"
 
 
 def digest(payload: Any) -> str:

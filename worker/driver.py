@@ -180,8 +180,9 @@ class Driver(Decisions):
             elif row.cancel_requested_at_ms is not None or flow is None:
                 await self.settlement.cancelled(row, row.epoch)
                 return
-            # A first activation has no predecessor that could have recorded.
-            if row.epoch > 1 and execution.cause is None:
+            # A first activation has no predecessor that could have recorded, unless the
+            # run was admitted with a copied history (store.forks: a resume or a fork).
+            if (row.epoch > 1 or row.state.get("replays")) and execution.cause is None:
                 ctx.records = {r.position: r for r in await self.store.steps.of_run(row.id)}
             if execution.cause is not None or flow is None:
                 # Interrupted between its activation and its body: the body never starts.

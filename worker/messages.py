@@ -56,9 +56,9 @@ class Messages(ContextParts):
         position, call_key, record = await self._next("set_event", key)
         if record is not None:
             return
-        write = StepWrite(
-            self.run.id, self.epoch, call_key, key, "set_event", position, {"key": key}
-        )
+        # The value is in the record too: a fork rebuilds the events set before its point.
+        output = {"key": key, "value": value}
+        write = StepWrite(self.run.id, self.epoch, call_key, key, "set_event", position, output)
         outcome = await self._durable(
             "events.set_event", lambda: self._store.events.set_event(self.owner, write, key, value)
         )

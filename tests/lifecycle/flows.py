@@ -132,3 +132,37 @@ async def bad_timeout(ctx: Context) -> Any:
 
 async def _noop() -> None:
     return None
+
+
+# ---- resume, fork ------------------------------------------------------------------
+
+
+@flow(name="lifecycle.four_steps")
+async def four_steps(ctx: Context, ledger: str, fail_flag: str, slow_ms: int) -> list[Any]:
+    """Four steps; the third fails while ``fail_flag`` exists, the fourth takes slow_ms."""
+    out: list[Any] = []
+    for i in range(4):
+
+        async def work(i: int = i) -> Any:
+            _attempt(ledger, f"step{i}")
+            if i == 2 and os.path.exists(fail_flag):
+                raise RuntimeError("step 2 fails while the flag is there")
+            if i == 3:
+                await asyncio.sleep(slow_ms / 1000)
+            return {"i": i, "pid": os.getpid()}
+
+        out.append(await ctx.step(f"s{i}", work))
+        if i == 0:
+            await ctx.set_event("stage", "after s0")
+    await ctx.set_event("stage", "done")
+    return out
+
+
+@flow(name="lifecycle.step_then_recv")
+async def step_then_recv(ctx: Context, ledger: str) -> Any:
+    async def first() -> str:
+        _attempt(ledger, "first")
+        return "first"
+
+    done = await ctx.step("first", first)
+    return [done, await ctx.recv("go")]

@@ -45,6 +45,7 @@ from broker.messages import RunMessages
 from broker.notify import Notifier
 from broker.run import AsyncRun
 from broker.streams import Lane, Streams
+from broker.trace_context import with_carrier
 from broker.trust import producer_run_id, producer_scopes
 from store import Store, validate
 from store.config import Settings
@@ -191,6 +192,8 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
             for dependency in depends_on:
                 await self.authorized(dependency)  # exists, and this producer may see it
             extra["depends_on"] = depends_on
+        if self.settings.otel:  # the producer's current span becomes the run's parent
+            extra = with_carrier(extra)
         declared = getattr(spec.target, "timeout", None)  # a @flow's timeout, in seconds
         if job_timeout_ms is None and isinstance(declared, int | float):
             job_timeout_ms = validate.timeout_ms(declared)

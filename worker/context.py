@@ -40,6 +40,7 @@ from store.types import (
     Waiting,
     WaitingReason,
 )
+from worker import tracing
 from worker.bookkeeping import Bookkeeping
 from worker.children import Children
 from worker.containment import safe_str
@@ -284,6 +285,7 @@ class Context(Waits, Children, Messages):
         """Stop the body as the park answered (Suspended), or let it go on if satisfied."""
         match outcome:
             case Parked():
+                tracing.parked(waiting.reason, waiting.token, waiting.wake_at_ms)
                 raise self._suspend(waiting.reason)
             case AlreadySatisfied():
                 return
@@ -350,45 +352,49 @@ class Context(Waits, Children, Messages):
         if undo is not None:
             resolve_function(undo)  # UnknownFlow now, not a failed compensation at cancel
         steps = self._store.steps
-        while True:
-            attempt = await self._durable("steps.start_attempt", lambda: self._start_attempt(key))
-            if attempt is None:
-                raise self._stop(Cause.LOST_FENCE)
-            try:
-                if limit is not None:
-                    output = await call_with_timeout(
-                        fn, args, kwargs, timeout=limit, run_id=self.run.id, key=key
-                    )
-                elif inspect.iscoroutinefunction(fn):
-                    output = await fn(*args, **kwargs)
-                else:
-                    output = await in_thread(fn, *args, **kwargs)
-            except BaseException as exc:
-                if not isinstance(exc, Exception) and not self.raised_by_user(exc):
-                    raise  # runfleet's own stop: the attempt is still in flight
-                error = safe_str(exc, use_repr=True)[:2000]
-                finish = partial(steps.finish_attempt, self.run.id, key, attempt, error)
-                await self._durable("steps.finish_attempt", finish)
-                # A BaseException of the step's own is never retried: it fails the run
-                # (the driver's boundary records it), unless the body catches it.
-                if not isinstance(exc, Exception) or not policy.should_retry(exc, attempt):
-                    raise
-                delay = policy.delay(attempt)
-                log.info(
-                    "step.retry",
-                    extra={
-                        "run_id": self.run.id,
-                        "step": key,
-                        "attempt": attempt,
-                        "delay_s": round(delay, 3),
-                    },
+        with tracing.step_span(name, key):
+            while True:
+                attempt = await self._durable(
+                    "steps.start_attempt", lambda: self._start_attempt(key)
                 )
-                await self._backoff(key, attempt, delay)
-                continue
-            await self._record(
-                position, key, name, "step", output, compensate=undo, attempt=attempt
-            )
-            return output
+                if attempt is None:
+                    raise self._stop(Cause.LOST_FENCE)
+                try:
+                    with tracing.attempt_span(key, attempt):
+                        if limit is not None:
+                            output = await call_with_timeout(
+                                fn, args, kwargs, timeout=limit, run_id=self.run.id, key=key
+                            )
+                        elif inspect.iscoroutinefunction(fn):
+                            output = await fn(*args, **kwargs)
+                        else:
+                            output = await in_thread(fn, *args, **kwargs)
+                except BaseException as exc:
+                    if not isinstance(exc, Exception) and not self.raised_by_user(exc):
+                        raise  # runfleet's own stop: the attempt is still in flight
+                    error = safe_str(exc, use_repr=True)[:2000]
+                    finish = partial(steps.finish_attempt, self.run.id, key, attempt, error)
+                    await self._durable("steps.finish_attempt", finish)
+                    # A BaseException of the step's own is never retried: it fails the run
+                    # (the driver's boundary records it), unless the body catches it.
+                    if not isinstance(exc, Exception) or not policy.should_retry(exc, attempt):
+                        raise
+                    delay = policy.delay(attempt)
+                    log.info(
+                        "step.retry",
+                        extra={
+                            "run_id": self.run.id,
+                            "step": key,
+                            "attempt": attempt,
+                            "delay_s": round(delay, 3),
+                        },
+                    )
+                    await self._backoff(key, attempt, delay)
+                    continue
+                await self._record(
+                    position, key, name, "step", output, compensate=undo, attempt=attempt
+                )
+                return output
 
     async def _backoff(self, key: str, attempt: int, delay: float) -> None:
         """Wait before a retry: in-process if short, else park on a durable timer."""

@@ -28,7 +28,7 @@ from store.types import (
     RunRow,
     RunStatus,
 )
-from worker import containment, metrics
+from worker import containment, metrics, tracing
 from worker.bookkeeping import Bookkeeping
 from worker.containment import UserBaseException
 from worker.context import Context, Interrupted
@@ -188,7 +188,9 @@ class Driver(Decisions):
                 # Interrupted between its activation and its body: the body never starts.
                 await self._unstarted(row, execution.cause or Cause.SHUTDOWN)
                 return
-            execution.task = asyncio.create_task(self._call(flow, ctx), name=f"run:{row.id}")
+            execution.task = tracing.start_task(  # an activation span when tracing is on
+                self._call(flow, ctx), row, self.owner, name=f"run:{row.id}"
+            )
             self.executing.add(row.id)
             execution.task.add_done_callback(lambda _task: self.executing.discard(row.id))
             await asyncio.wait({execution.task})

@@ -24,6 +24,7 @@ from store.types import (
     RunStatus,
     WaitingReason,
 )
+from worker import tracing
 from worker.context_parts import ContextParts
 from worker.durable import Suspended, WaitTimeout
 from worker.outcomes import Cause
@@ -112,6 +113,7 @@ class Messages(ContextParts):
                     self.records[position] = done
                     return done
                 case Parked():
+                    tracing.parked(WaitingReason.EVENT, MESSAGE_TOKEN + topic, deadline)
                     raise self._suspend(WaitingReason.EVENT)
                 case AlreadySatisfied():
                     continue

@@ -26,7 +26,7 @@ from broker.streams import Streams
 from store import Store
 from store.config import Settings
 from store.types import Owner
-from worker import metrics
+from worker import metrics, tracing
 from worker.containment import contain_tasks
 from worker.coordinator import Coordinator
 from worker.driver import Driver
@@ -152,6 +152,8 @@ class Worker:
     async def _assemble(self) -> list[Service]:
         """Build every collaborator of this process, once; the services to start."""
         settings, owner = self.settings, self.owner
+        if settings.otel:  # RUNFLEET_OTEL: spans per activation, step, attempt, wait, child
+            tracing.enable()
         # The store claims only runs of the queues this process serves (the row's queue
         # decides, whatever a stream message names: store.runs.Runs).
         self.store = await Store.open(

@@ -14,6 +14,7 @@ from collections.abc import Callable, Coroutine
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from worker import tracing
 from worker.context import Context
 from worker.durable import Decision, Retry
 
@@ -53,7 +54,7 @@ class SyncContext:
         if self._ctx.interrupted is not None:
             coro.close()
             self._ctx.check()
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        future = asyncio.run_coroutine_threadsafe(tracing.bind(coro), self._loop)
         while not concurrent.futures.wait([future], timeout=INTERRUPT_POLL_S).done:
             if self._ctx.interrupted is not None:
                 future.cancel()

@@ -145,7 +145,7 @@ async def four_steps(ctx: Context, ledger: str, fail_flag: str, slow_ms: int) ->
 
         async def work(i: int = i) -> Any:
             _attempt(ledger, f"step{i}")
-            if i == 2 and os.path.exists(fail_flag):
+            if i == 2 and os.path.exists(fail_flag):  # noqa: ASYNC240 - a test's flag file
                 raise RuntimeError("step 2 fails while the flag is there")
             if i == 3:
                 await asyncio.sleep(slow_ms / 1000)

@@ -194,6 +194,9 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
             extra["depends_on"] = depends_on
         if self.settings.otel:  # the producer's current span becomes the run's parent
             extra = with_carrier(extra)
+        version = getattr(spec.target, "version", None)  # a versioned @flow's code
+        if isinstance(version, str):
+            extra["flow_version"] = version
         declared = getattr(spec.target, "timeout", None)  # a @flow's timeout, in seconds
         if job_timeout_ms is None and isinstance(declared, int | float):
             job_timeout_ms = validate.timeout_ms(declared)

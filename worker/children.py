@@ -21,6 +21,7 @@ from worker import tracing
 from worker.context_parts import ContextParts
 from worker.durable import ChildFailed
 from worker.flows import Flow, registered
+from worker.versions import child_version
 
 T = TypeVar("T")
 
@@ -95,7 +96,7 @@ class Children(ContextParts):
             parent_id=self.run.id,
             on_parent_exit=policy,
             timeout_ms=_timeout_ms(flow, name),
-            extra=tracing.child_extra(),  # the child span's trace context, when tracing
+            extra={**tracing.child_extra(), **child_version(flow)},
         )  # a retried create of the same id joins the run its first try admitted
         outcome = await self._durable("runs.create", lambda: self._store.runs.create(new))
         await self._record(position, key, name, kind, {"run_id": child_id})

@@ -57,6 +57,7 @@ from worker.outcomes import Cause
 from worker.retry import durable_call, is_transient
 from worker.step_timeouts import call_with_timeout, checked_timeout
 from worker.threads import in_thread
+from worker.versions import Versions
 from worker.waits import Waits
 from worker.wake_hints import HintFn
 
@@ -78,7 +79,7 @@ class Interrupted(BaseException):
 
 
 @dataclass
-class Context(Waits, Children, Messages):
+class Context(Waits, Children, Messages, Versions):
     run: RunRow
     owner: Owner
     epoch: int

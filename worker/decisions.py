@@ -41,6 +41,7 @@ from worker.evidence import journal_evidence
 from worker.flows import Flow, resolve
 from worker.outcomes import Decision, DriveOutcome
 from worker.takeover import Takeover
+from worker.versions import version_carried
 from worker.wake_hints import HintFn
 
 log = logging.getLogger("runfleet.worker.driver")
@@ -112,6 +113,8 @@ class Decisions:
             flow = resolve(flow_name)
         except UnknownFlow:
             return None
+        if flow.version is not None:
+            return None  # the claim must read the run's version first: the usual path
         if (
             self.closed
             or run_id in self.owned
@@ -176,7 +179,7 @@ class Decisions:
 
     def _flow(self, row: RunRow) -> Flow | None:
         try:
-            return resolve(row.flow)
+            found = resolve(row.flow)
         except UnknownFlow as exc:
             if row.id not in self._warned_unknown:
                 if len(self._warned_unknown) > 10_000:
@@ -187,6 +190,7 @@ class Decisions:
                     extra={"run_id": row.id, "flow": row.flow, "error": str(exc)},
                 )
             return None
+        return found if version_carried(found, row, self._warned_unknown) else None
 
     async def _claim(self, row: RunRow, flow: Flow | None) -> Decision:
         if row.waiting is not None:

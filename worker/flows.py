@@ -21,8 +21,10 @@ from typing import Any, overload
 
 from broker.admission import check_signature
 from broker.names import load_from_path, qualified_name
+from store import validate
 from store.errors import UnknownFlow
 from store.schedules import ScheduleSpec, for_flow
+from worker.versions import declared as declared_version
 
 log = logging.getLogger("runfleet.worker.flows")
 
@@ -39,6 +41,16 @@ class Flow:
     timeout: float | None = None
     schedule: ScheduleSpec | None = None
     """Periodic runs (``@flow(schedule=...)``); workers write it at start (worker/scheduler.py)."""
+    version: str | None = None
+    """The version of this code (``worker.versions``); None: unversioned, takes any run."""
+    compatible: tuple[str, ...] = ()
+    """Earlier versions whose runs this code can replay (with ``ctx.patched``)."""
+
+    def accepts(self, version: str | None) -> bool:
+        """Whether this code may run a run admitted with ``version`` (None: any code)."""
+        if self.version is None or version is None:
+            return True
+        return version == self.version or version in self.compatible
 
     @property
     def runfleet_flow(self) -> tuple[str, str]:
@@ -78,6 +90,8 @@ def flow(
     catch_up: int = 0,
     overlap: str = "allow",
     schedule_kwargs: dict[str, Any] | None = None,
+    version: str | None = None,
+    compatible: Sequence[str] = (),
 ) -> Callable[[Callable[..., Any]], Flow]: ...
 
 
@@ -94,12 +108,16 @@ def flow(
     catch_up: int = 0,
     overlap: str = "allow",
     schedule_kwargs: dict[str, Any] | None = None,
+    version: str | None = None,
+    compatible: Sequence[str] = (),
 ) -> Flow | Callable[[Callable[..., Any]], Flow]:
     """Register ``fn`` as a flow; usable as ``@flow`` or ``@flow(name=..., queue=...)``.
 
     ``schedule`` (a cron expression in ``timezone``) also runs it periodically, called
     with ``schedule_kwargs``; a bad expression, time zone, policy or argument raises
     ``InvalidSchedule`` / ``InvalidInput`` here, at import (README "Schedules").
+    ``version`` (or ``"auto"``: a digest of the code) and ``compatible``: which runs this
+    code may take (``worker.versions``, docs/lifecycle.md).
     """
 
     def register(target: Callable[..., Any]) -> Flow:
@@ -125,6 +143,8 @@ def flow(
             max_rounds=max_rounds,
             timeout=timeout,
             schedule=spec,
+            version=declared_version(target, version),
+            compatible=tuple(validate.identifier("compatible", v) for v in compatible),
         )
         existing = _REGISTRY.get(registered.name)
         if existing is not None and existing.fn is not target:

@@ -96,6 +96,9 @@ class SyncContext:
     ) -> Decision:
         return self._call(self._ctx.approval(name, request, timeout, on_token=on_token))
 
+    def patched(self, patch_id: str) -> bool:
+        return self._call(self._ctx.patched(patch_id))
+
     def set_event(self, key: str, value: Any) -> None:
         self._call(self._ctx.set_event(key, value))
 

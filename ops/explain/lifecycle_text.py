@@ -7,15 +7,16 @@ from collections import Counter
 from ops.cli.common import clock
 from store import Store
 from store.events import MESSAGE_TOKEN
-from store.types import RunRow
+from store.types import RunRow, RunStatus
 
 _SHOWN = 5
 
 
-async def lifecycle_lines(store: Store, run_id: str) -> list[str]:
+async def lifecycle_lines(store: Store, row: RunRow) -> list[str]:
     """A line each for the events the run set, the messages sent to it and its step
     attempts that timed out (none when there are none)."""
-    out: list[str] = []
+    run_id = row.id
+    out: list[str] = _version_lines(row)
     events = await store.events.of_run(run_id)
     if events:
         shown = ", ".join(
@@ -43,6 +44,23 @@ async def lifecycle_lines(store: Store, run_id: str) -> list[str]:
             f"last: attempt {last.attempt} of {last.key!r} at {clock(last.started_at_ms)}."
         )
     return out
+
+
+def _version_lines(row: RunRow) -> list[str]:
+    """What the run's flow version means for who may take it (``worker.versions``)."""
+    version = row.state.get("flow_version")
+    if not isinstance(version, str):
+        return []
+    line = (
+        f"version: admitted with version {version!r} of {row.flow}; only a worker whose "
+        f"@flow carries {version!r} (or lists it as compatible) takes it"
+    )
+    if row.status is RunStatus.PENDING or (
+        row.status is RunStatus.SUSPENDED and row.waiting is not None
+        and row.waiting.reason == "released"
+    ):
+        line += f" — it waits for a worker of version {version!r}"
+    return [line + "."]
 
 
 def message_topic(row: RunRow) -> str | None:

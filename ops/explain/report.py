@@ -113,7 +113,7 @@ async def gather(conns: Connections, run_id: str) -> Facts:
         lag,
         deferred,
         tree,
-        await lifecycle_lines(store, run_id),
+        await lifecycle_lines(store, row),
     )
 
 

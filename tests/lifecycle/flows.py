@@ -166,3 +166,7 @@ async def step_then_recv(ctx: Context, ledger: str) -> Any:
 
     done = await ctx.step("first", first)
     return [done, await ctx.recv("go")]
+
+
+# ---- versions ----------------------------------------------------------------------
+# Two deployments of one flow name: tests.lifecycle.versions_v1 / versions_v2 register it.

@@ -56,7 +56,8 @@ def _version_lines(row: RunRow) -> list[str]:
         f"@flow carries {version!r} (or lists it as compatible) takes it"
     )
     if row.status is RunStatus.PENDING or (
-        row.status is RunStatus.SUSPENDED and row.waiting is not None
+        row.status is RunStatus.SUSPENDED
+        and row.waiting is not None
         and row.waiting.reason == "released"
     ):
         line += f" — it waits for a worker of version {version!r}"

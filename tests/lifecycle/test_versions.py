@@ -13,8 +13,8 @@ from broker import AsyncQueue
 from store import Store
 from store.errors import InvalidInput
 from store.types import RunStatus
-from tests.flows.conftest import parked
 from tests.fleet.procs import Spawn
+from tests.flows.conftest import parked
 from tests.ops.conftest import Cli
 from tests.support.polling import until
 from worker import flow

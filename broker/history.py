@@ -11,13 +11,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from broker.run import AsyncRun
-from broker.streams import Lane
-from store.forks import Deleted, Forks
+from runfleet.broker.run import AsyncRun
+from runfleet.broker.streams import Lane
+from runfleet.store.forks import Deleted, Forks
 
 if TYPE_CHECKING:
-    from store import Store
-    from store.types import RunRow
+    from runfleet.store import Store
+    from runfleet.store.types import RunRow
 
 log = logging.getLogger("runfleet.broker.queue")
 

@@ -12,12 +12,12 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from store.errors import InvalidInput
-from store.events import EventRead, EventRow, MessageSent, SendOutcome
+from runfleet.store.errors import InvalidInput
+from runfleet.store.events import EventRead, EventRow, MessageSent, SendOutcome
 
 if TYPE_CHECKING:
-    from store import Store
-    from store.types import RunRow
+    from runfleet.store import Store
+    from runfleet.store.types import RunRow
 
 POLL_FIRST_S = 0.02
 POLL_MAX_S = 0.25

@@ -18,14 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from store import validate, values
-from store.config import Settings
-from store.db import Database
-from store.errors import InvalidInput
-from store.journal import Journal, Kind
-from store.rows import Row, run_row
-from store.steps import StepRecord, Steps, StepWrite
-from store.types import (
+from runfleet.store import validate, values
+from runfleet.store.config import Settings
+from runfleet.store.db import Database
+from runfleet.store.errors import InvalidInput
+from runfleet.store.journal import Journal, Kind
+from runfleet.store.rows import Row, run_row
+from runfleet.store.steps import StepRecord, Steps, StepWrite
+from runfleet.store.types import (
     AlreadySatisfied,
     GuardFailed,
     NotFound,
@@ -36,7 +36,7 @@ from store.types import (
     Waiting,
     WaitingReason,
 )
-from store.waits import Waits
+from runfleet.store.waits import Waits
 
 MESSAGE_TOKEN = "message:"
 """A recv parks with waiting token ``message:<topic>``: what a send on that topic wakes."""

@@ -27,14 +27,14 @@ import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from store import validate, values
-from store.errors import InvalidInput
-from store.journal import Kind
-from store.steps import StepRecord
-from store.types import Created, Joined, NewRun, RunRow, RunStatus
+from runfleet.store import validate, values
+from runfleet.store.errors import InvalidInput
+from runfleet.store.journal import Kind
+from runfleet.store.steps import StepRecord
+from runfleet.store.types import Created, Joined, NewRun, RunRow, RunStatus
 
 if TYPE_CHECKING:
-    from store import Store
+    from runfleet.store import Store
 
 CARRIED = ("meta", "description", "result_ttl", "failure_ttl")
 """Options a resumed round or a fork keeps from its source."""

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from store import validate
-from store.types import NewRun, OnParentExit, Waiting, WaitingReason
-from worker import tracing
-from worker.context_parts import ContextParts
-from worker.durable import ChildFailed
-from worker.flows import Flow, registered
-from worker.versions import child_version
+from runfleet.store import validate
+from runfleet.store.types import NewRun, OnParentExit, Waiting, WaitingReason
+from runfleet.worker import tracing
+from runfleet.worker.context_parts import ContextParts
+from runfleet.worker.durable import ChildFailed
+from runfleet.worker.flows import Flow, registered
+from runfleet.worker.versions import child_version
 
 T = TypeVar("T")
 
@@ -61,7 +61,7 @@ class Children(ContextParts):
         run_id: str | None,
         policy: OnParentExit,
     ) -> str:
-        from broker.queue import check_signature, flow_target
+        from runfleet.broker.queue import check_signature, flow_target
 
         name, queue, fn, takes_ctx = flow_target(flow)
         position, key, record = await self._next(kind, name)

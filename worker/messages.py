@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from store import validate
-from store.events import MESSAGE_TOKEN, Received
-from store.steps import StepRecord, StepWrite
-from store.types import (
+from runfleet.store import validate
+from runfleet.store.events import MESSAGE_TOKEN, Received
+from runfleet.store.steps import StepRecord, StepWrite
+from runfleet.store.types import (
     AlreadySatisfied,
     GuardFailed,
     NotFound,
@@ -24,14 +24,14 @@ from store.types import (
     RunStatus,
     WaitingReason,
 )
-from worker import tracing
-from worker.context_parts import ContextParts
-from worker.durable import Suspended, WaitTimeout
-from worker.outcomes import Cause
-from worker.waits import _timeout_at
+from runfleet.worker import tracing
+from runfleet.worker.context_parts import ContextParts
+from runfleet.worker.durable import Suspended, WaitTimeout
+from runfleet.worker.outcomes import Cause
+from runfleet.worker.waits import _timeout_at
 
 if TYPE_CHECKING:
-    from worker.context import Interrupted
+    from runfleet.worker.context import Interrupted
 
 
 class Messages(ContextParts):

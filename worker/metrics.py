@@ -59,5 +59,5 @@ SCHEDULE_TICKS = Counter(
 )
 ABANDONED_STEP_THREADS = Gauge(
     "runfleet_abandoned_step_threads",
-    "Sync step threads past their timeout that are still running (worker.step_timeouts).",
+    "Sync step threads past their timeout that are still running (runfleet.worker.step_timeouts).",
 )

@@ -26,13 +26,13 @@ import hashlib
 from collections.abc import Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from broker.trace_context import TRACE_STATE_KEY
+from runfleet.broker.trace_context import TRACE_STATE_KEY
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context as OtelContext
     from opentelemetry.trace import Span, Tracer
 
-    from store.types import Owner, RunRow
+    from runfleet.store.types import Owner, RunRow
 
 T = TypeVar("T")
 

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from store import validate
+from runfleet.store import validate
 
 log = logging.getLogger("runfleet.worker.flows")
 
@@ -50,7 +50,7 @@ def declared(fn: Callable[..., Any], version: str | None) -> str | None:
 
 
 if TYPE_CHECKING:
-    from store.steps import StepRecord
+    from runfleet.store.steps import StepRecord
 
 
 class Versions:

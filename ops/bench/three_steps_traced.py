@@ -10,7 +10,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from ops.bench.three_steps import QUEUE, sleep_once, three_steps
+from runfleet.ops.bench.three_steps import QUEUE, sleep_once, three_steps
 
 
 class Dropped(SpanExporter):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ops.cli.common import clock
-from store import Store
-from store.events import MESSAGE_TOKEN
-from store.types import RunRow, RunStatus
+from runfleet.ops.cli.common import clock
+from runfleet.store import Store
+from runfleet.store.events import MESSAGE_TOKEN
+from runfleet.store.types import RunRow, RunStatus
 
 _SHOWN = 5
 

@@ -7,8 +7,8 @@ import os
 import time
 from typing import Any
 
-from worker import Context, Retry, StepTimeout, WaitTimeout, flow
-from worker.sync_context import SyncContext
+from runfleet.worker import Context, Retry, StepTimeout, WaitTimeout, flow
+from runfleet.worker.sync_context import SyncContext
 
 
 async def _mark(path: str, what: str) -> None:

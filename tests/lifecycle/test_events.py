@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 import tests.lifecycle.flows as flows
-from broker import AsyncQueue, Queue
-from store import Store
-from store.config import Settings
-from store.errors import InvalidInput
-from store.events import MessageRunSettled, MessageSent
+from runfleet.broker import AsyncQueue, Queue
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.errors import InvalidInput
+from runfleet.store.events import MessageRunSettled, MessageSent
+from runfleet.worker.process import Worker
 from tests.fleet.procs import Spawn, records, running_on
 from tests.support.polling import until
-from worker.process import Worker
 
 LIFECYCLE_FLOWS = "tests.lifecycle.flows"
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import tests.lifecycle.flows as flows
-from broker import AsyncQueue
-from ops.models import Explanation
-from store import Store
+from runfleet.broker import AsyncQueue
+from runfleet.ops.models import Explanation
+from runfleet.store import Store
+from runfleet.worker.process import Worker
 from tests.flows.conftest import parked
 from tests.ops.conftest import Cli
-from worker.process import Worker
 
 
 async def test_explain_says_a_recv_waits_for_a_message_and_what_was_set(

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 import tests.lifecycle.flows as flows
-from broker import AsyncQueue
-from store import Store
-from store.errors import InvalidInput
-from store.types import RunStatus
+from runfleet.broker import AsyncQueue
+from runfleet.store import Store
+from runfleet.store.errors import InvalidInput
+from runfleet.store.types import RunStatus
+from runfleet.worker.process import Worker
 from tests.fleet.procs import Spawn, records, running_on
 from tests.flows.conftest import parked
 from tests.support.polling import until
-from worker.process import Worker
 
 LIFECYCLE_FLOWS = "tests.lifecycle.flows"
 

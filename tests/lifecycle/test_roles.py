@@ -8,13 +8,13 @@ import psycopg
 import pytest
 
 import tests.lifecycle.flows as flows
-from broker import AsyncQueue
-from store.errors import RunNotFound, ScopeDenied
-from store.events import MessageSent
-from store.roles import GroupRole
+from runfleet.broker import AsyncQueue
+from runfleet.store.errors import RunNotFound, ScopeDenied
+from runfleet.store.events import MessageSent
+from runfleet.store.roles import GroupRole
+from runfleet.worker.process import Worker
 from tests.flows.conftest import parked
 from tests.security.conftest import MakeLogin
-from worker.process import Worker
 
 
 async def test_a_producer_sends_and_reads_only_what_its_scopes_cover(login: MakeLogin) -> None:

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 import tests.lifecycle.flows as flows
-from broker import AsyncQueue
-from store import Store
-from store.types import RunStatus
+from runfleet.broker import AsyncQueue
+from runfleet.store import Store
+from runfleet.store.types import RunStatus
+from runfleet.worker.process import Worker
+from runfleet.worker.step_timeouts import ABANDONED
 from tests.fleet.procs import Spawn, records, running_on
 from tests.support.polling import until
-from worker.process import Worker
-from worker.step_timeouts import ABANDONED
 
 LIFECYCLE_FLOWS = "tests.lifecycle.flows"
 

@@ -18,13 +18,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import tests.lifecycle.traced_flows as traced
-from broker import AsyncQueue
-from store import Store
-from store.config import Settings
+from runfleet.broker import AsyncQueue
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.worker import tracing
+from runfleet.worker.process import Worker
 from tests.fleet.procs import Spawn, running_on
 from tests.support.polling import until
-from worker import tracing
-from worker.process import Worker
 
 _EXPORTER = InMemorySpanExporter()
 

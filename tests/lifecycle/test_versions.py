@@ -9,16 +9,16 @@ import pytest
 
 import tests.lifecycle.versions_v1 as v1
 import tests.lifecycle.versions_v2 as v2
-from broker import AsyncQueue
-from store import Store
-from store.errors import InvalidInput
-from store.types import RunStatus
+from runfleet.broker import AsyncQueue
+from runfleet.store import Store
+from runfleet.store.errors import InvalidInput
+from runfleet.store.types import RunStatus
+from runfleet.worker import flow
+from runfleet.worker.versions import code_version
 from tests.fleet.procs import Spawn
 from tests.flows.conftest import parked
 from tests.ops.conftest import Cli
 from tests.support.polling import until
-from worker import flow
-from worker.versions import code_version
 
 V1, V2 = "tests.lifecycle.versions_v1", "tests.lifecycle.versions_v2"
 pytestmark = pytest.mark.chaos

@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from worker import Context, Retry, flow
+from runfleet.worker import Context, Retry, flow
 
 
 def _install_file_exporter(path: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from worker import Context, flow
+from runfleet.worker import Context, flow
 
 
 @flow(name="lifecycle.versioned", version="v1")

@@ -42,9 +42,12 @@ from runfleet.broker.batching import GroupCommit
 from runfleet.broker.client import connect
 from runfleet.broker.codec import message_for
 from runfleet.broker.control import RunControl
+from runfleet.broker.history import RunHistory
+from runfleet.broker.messages import RunMessages
 from runfleet.broker.notify import Notifier
 from runfleet.broker.run import AsyncRun
 from runfleet.broker.streams import Lane, Streams
+from runfleet.broker.trace_context import with_carrier
 from runfleet.broker.trust import producer_run_id, producer_scopes
 from runfleet.store import Store, validate
 from runfleet.store.config import Settings
@@ -74,7 +77,7 @@ def _lane(front: bool) -> Lane:
     return Lane.RECOVERY if front else Lane.NORMAL
 
 
-class AsyncQueue(RunControl):
+class AsyncQueue(RunControl, RunMessages, RunHistory):
     """Admit runs to one queue from asyncio code."""
 
     def __init__(
@@ -195,6 +198,11 @@ class AsyncQueue(RunControl):
             for dependency in depends_on:
                 await self.authorized(dependency)  # exists, and this producer may see it
             extra["depends_on"] = depends_on
+        if self.settings.otel:  # the producer's current span becomes the run's parent
+            extra = with_carrier(extra)
+        version = getattr(spec.target, "version", None)  # a versioned @flow's code
+        if isinstance(version, str):
+            extra["flow_version"] = version
         declared = getattr(spec.target, "timeout", None)  # a @flow's timeout, in seconds
         if job_timeout_ms is None and isinstance(declared, int | float):
             job_timeout_ms = validate.timeout_ms(declared)

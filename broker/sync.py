@@ -25,6 +25,8 @@ from runfleet.broker.jobs import FailedJobRegistry, Job, JobStatus, NoSuchJobErr
 from runfleet.broker.queue import AsyncQueue, EnqueueSpec
 from runfleet.broker.run import AsyncRun
 from runfleet.store.config import Settings
+from runfleet.store.events import SendOutcome
+from runfleet.store.forks import Deleted
 from runfleet.store.types import CancelOutcome, EventAnswer
 
 T = TypeVar("T")
@@ -244,3 +246,33 @@ class Queue:
 
     def interrupt_unsafe(self, run_id: str) -> None:
         self._call(self._async.interrupt_unsafe(run_id))
+
+    # ---- events and messages (broker.messages) -------------------------------
+
+    def get_event(self, run_id: str, key: str, timeout: float = 0.0) -> Any:
+        return self._call(self._async.get_event(run_id, key, timeout))
+
+    def send(
+        self, run_id: str, topic: str, value: Any = None, *, message_id: str | None = None
+    ) -> SendOutcome:
+        return self._call(self._async.send(run_id, topic, value, message_id=message_id))
+
+    # ---- a run's history (broker.history) ------------------------------------
+
+    def resume_run(self, run_id: str, *, actor: str | None = None) -> Job:
+        return self._wrap(self._call(self._async.resume_run(run_id, actor=actor)))
+
+    def fork(
+        self,
+        run_id: str,
+        from_step: int,
+        *,
+        new_run_id: str | None = None,
+        actor: str | None = None,
+    ) -> Job:
+        return self._wrap(
+            self._call(self._async.fork(run_id, from_step, new_run_id=new_run_id, actor=actor))
+        )
+
+    def delete(self, run_id: str, *, actor: str | None = None) -> Deleted:
+        return self._call(self._async.delete(run_id, actor=actor))

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from runfleet.store.config import Settings
 from runfleet.store.dag import Dag
 from runfleet.store.db import Conn, Database, default_source_id, open_pool
+from runfleet.store.events import Events
 from runfleet.store.inspect import Inspect
 from runfleet.store.journal import Journal, Kind
 from runfleet.store.lifecycle import Lifecycle
@@ -17,6 +18,7 @@ from runfleet.store.runs import Runs
 from runfleet.store.stats import Stats
 from runfleet.store.steps import Steps
 from runfleet.store.sweeps import SweepKind, Sweeps
+from runfleet.store.timeouts import StepTimeouts
 from runfleet.store.waits import Waits
 
 __all__ = ["Kind", "Settings", "Store", "SweepKind"]
@@ -45,6 +47,8 @@ class Store:
         self.steps = Steps(db, self.journal, settings)
         self.flows = FlowRegistry(db)
         self.queues = Queues(db)
+        self.events = Events(db, self.journal, settings, self.steps, self.waits)
+        self.timeouts = StepTimeouts(db)
 
     @classmethod
     async def open(

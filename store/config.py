@@ -228,6 +228,10 @@ class Settings(BaseSettings):
     ``LimitExceeded`` (not retried): a loop spawning without bound is a bug, not load."""
     max_steps_per_run: int = Field(default=100_000, gt=0)
     """Durable calls (steps, sleeps, waits, approvals, children) one run may record."""
+    otel: bool = False
+    """OpenTelemetry traces of runs (the ``otel`` extra; docs/lifecycle.md): a producer
+    carries its current span into the runs it admits, a worker records a span per
+    activation, step, attempt, wait and child. Off: nothing is imported or recorded."""
     max_answers_per_run: int = Field(default=1_000, gt=0)
     """Answers (``complete``, approve/deny) one run accepts; more are ``LimitExceeded``."""
     max_recoveries: int = Field(default=5, ge=0)

@@ -60,6 +60,12 @@ class Kind:
     STEP_COMPENSATION_FAILED = "step-compensation-failed"
     APPROVAL_APPROVED = "approval-approved"
     APPROVAL_DENIED = "approval-denied"
+    EVENT_SET = "event-set"
+    MESSAGE_SENT = "message-sent"
+    MESSAGE_RECEIVED = "message-received"
+    FORKED = "forked"
+    RESUMED_AS = "resumed-as"
+    FORKED_FROM = "history-copied"
 
 
 def digest(payload: Any) -> str:

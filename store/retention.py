@@ -35,6 +35,7 @@ MIN_KEY = -(2**63)
 
 PRUNED_TABLES = frozenset(
     {"runs", "journal", "steps", "attempts", "deferreds", "clocks", "run_parents"}
+    | {"run_events", "run_messages"}  # migration 0015 (store/events.py)
 )
 """Every table whose rows belong to a run; ``tests/retention`` proves it is all of them."""
 

@@ -96,3 +96,5 @@ def test_flows_bench_runfleet_alone(services: Endpoints) -> None:
     [fsync] = out["fsync"]  # the given server as found; DBOS skipped there too
     assert fsync["server_started_by_bench"] is False and fsync["runfleet"]["flows"] == 20
     assert fsync["dbos"] is None
+    # The RUNFLEET_OTEL row: the same flows with every span recorded, in the same run.
+    assert out["traced"]["flows"] == 20 and out["traced_over_untraced"] > 0

@@ -10,6 +10,7 @@ from runfleet.worker.durable import (
     WaitTimeout,
 )
 from runfleet.worker.flows import Flow, flow
+from runfleet.worker.step_timeouts import StepTimeout
 from runfleet.worker.sync_context import SyncContext
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "Interrupted",
     "NonDeterminism",
     "Retry",
+    "StepTimeout",
     "SyncContext",
     "WaitTimeout",
     "flow",

@@ -17,9 +17,11 @@ from typing import Any, TypeVar
 
 from runfleet.store import validate
 from runfleet.store.types import NewRun, OnParentExit, Waiting, WaitingReason
+from runfleet.worker import tracing
 from runfleet.worker.context_parts import ContextParts
 from runfleet.worker.durable import ChildFailed
 from runfleet.worker.flows import Flow, registered
+from runfleet.worker.versions import child_version
 
 T = TypeVar("T")
 
@@ -67,6 +69,24 @@ class Children(ContextParts):
             return str(record.output["run_id"])
         check_signature(fn, takes_ctx, list(args), kwargs)
         child_id = run_id or f"{self.run.id}/{key}"
+        with tracing.child_span(child_id, name, policy is not OnParentExit.CANCEL):
+            return await self._admit_traced(
+                position, key, kind, name, queue, child_id, args, kwargs, policy, flow
+            )
+
+    async def _admit_traced(
+        self,
+        position: int,
+        key: str,
+        kind: str,
+        name: str,
+        queue: str | None,
+        child_id: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        policy: OnParentExit,
+        flow: Any,
+    ) -> str:
         new = NewRun(
             id=child_id,
             flow=name,
@@ -76,6 +96,7 @@ class Children(ContextParts):
             parent_id=self.run.id,
             on_parent_exit=policy,
             timeout_ms=_timeout_ms(flow, name),
+            extra={**tracing.child_extra(), **child_version(flow)},
         )  # a retried create of the same id joins the run its first try admitted
         outcome = await self._durable("runs.create", lambda: self._store.runs.create(new))
         await self._record(position, key, name, kind, {"run_id": child_id})

@@ -40,6 +40,7 @@ from runfleet.store.types import (
     Waiting,
     WaitingReason,
 )
+from runfleet.worker import tracing
 from runfleet.worker.bookkeeping import Bookkeeping
 from runfleet.worker.children import Children
 from runfleet.worker.containment import safe_str
@@ -51,9 +52,12 @@ from runfleet.worker.durable import (
     reference,
 )
 from runfleet.worker.flows import function as resolve_function
+from runfleet.worker.messages import Messages
 from runfleet.worker.outcomes import Cause
 from runfleet.worker.retry import durable_call, is_transient
+from runfleet.worker.step_timeouts import call_with_timeout, checked_timeout
 from runfleet.worker.threads import in_thread
+from runfleet.worker.versions import Versions
 from runfleet.worker.waits import Waits
 from runfleet.worker.wake_hints import HintFn
 
@@ -75,7 +79,7 @@ class Interrupted(BaseException):
 
 
 @dataclass
-class Context(Waits, Children):
+class Context(Waits, Children, Messages, Versions):
     run: RunRow
     owner: Owner
     epoch: int
@@ -282,6 +286,7 @@ class Context(Waits, Children):
         """Stop the body as the park answered (Suspended), or let it go on if satisfied."""
         match outcome:
             case Parked():
+                tracing.parked(waiting.reason, waiting.token, waiting.wake_at_ms)
                 raise self._suspend(waiting.reason)
             case AlreadySatisfied():
                 return
@@ -332,9 +337,14 @@ class Context(Waits, Children):
         *args: Any,
         retry: Retry | None = None,
         compensate: Callable[..., Any] | None = None,
+        timeout: float | None = None,
         **kwargs: Any,
     ) -> Any:
-        """Run ``fn`` once for this run and record its output; replays return the record."""
+        """Run ``fn`` once for this run and record its output; replays return the record.
+
+        ``timeout`` (seconds) bounds each attempt: ``StepTimeout`` past it, retried under
+        ``retry`` like any failure (``worker.step_timeouts``)."""
+        limit = checked_timeout(timeout) if timeout is not None else None
         position, key, record = await self._next("step", name)
         if record is not None:
             return record.output
@@ -343,41 +353,49 @@ class Context(Waits, Children):
         if undo is not None:
             resolve_function(undo)  # UnknownFlow now, not a failed compensation at cancel
         steps = self._store.steps
-        while True:
-            attempt = await self._durable("steps.start_attempt", lambda: self._start_attempt(key))
-            if attempt is None:
-                raise self._stop(Cause.LOST_FENCE)
-            try:
-                if inspect.iscoroutinefunction(fn):
-                    output = await fn(*args, **kwargs)
-                else:
-                    output = await in_thread(fn, *args, **kwargs)
-            except BaseException as exc:
-                if not isinstance(exc, Exception) and not self.raised_by_user(exc):
-                    raise  # runfleet's own stop: the attempt is still in flight
-                error = safe_str(exc, use_repr=True)[:2000]
-                finish = partial(steps.finish_attempt, self.run.id, key, attempt, error)
-                await self._durable("steps.finish_attempt", finish)
-                # A BaseException of the step's own is never retried: it fails the run
-                # (the driver's boundary records it), unless the body catches it.
-                if not isinstance(exc, Exception) or not policy.should_retry(exc, attempt):
-                    raise
-                delay = policy.delay(attempt)
-                log.info(
-                    "step.retry",
-                    extra={
-                        "run_id": self.run.id,
-                        "step": key,
-                        "attempt": attempt,
-                        "delay_s": round(delay, 3),
-                    },
+        with tracing.step_span(name, key):
+            while True:
+                attempt = await self._durable(
+                    "steps.start_attempt", lambda: self._start_attempt(key)
                 )
-                await self._backoff(key, attempt, delay)
-                continue
-            await self._record(
-                position, key, name, "step", output, compensate=undo, attempt=attempt
-            )
-            return output
+                if attempt is None:
+                    raise self._stop(Cause.LOST_FENCE)
+                try:
+                    with tracing.attempt_span(key, attempt):
+                        if limit is not None:
+                            output = await call_with_timeout(
+                                fn, args, kwargs, timeout=limit, run_id=self.run.id, key=key
+                            )
+                        elif inspect.iscoroutinefunction(fn):
+                            output = await fn(*args, **kwargs)
+                        else:
+                            output = await in_thread(fn, *args, **kwargs)
+                except BaseException as exc:
+                    if not isinstance(exc, Exception) and not self.raised_by_user(exc):
+                        raise  # runfleet's own stop: the attempt is still in flight
+                    error = safe_str(exc, use_repr=True)[:2000]
+                    finish = partial(steps.finish_attempt, self.run.id, key, attempt, error)
+                    await self._durable("steps.finish_attempt", finish)
+                    # A BaseException of the step's own is never retried: it fails the run
+                    # (the driver's boundary records it), unless the body catches it.
+                    if not isinstance(exc, Exception) or not policy.should_retry(exc, attempt):
+                        raise
+                    delay = policy.delay(attempt)
+                    log.info(
+                        "step.retry",
+                        extra={
+                            "run_id": self.run.id,
+                            "step": key,
+                            "attempt": attempt,
+                            "delay_s": round(delay, 3),
+                        },
+                    )
+                    await self._backoff(key, attempt, delay)
+                    continue
+                await self._record(
+                    position, key, name, "step", output, compensate=undo, attempt=attempt
+                )
+                return output
 
     async def _backoff(self, key: str, attempt: int, delay: float) -> None:
         """Wait before a retry: in-process if short, else park on a durable timer."""

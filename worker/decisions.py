@@ -43,6 +43,7 @@ from runfleet.worker.evidence import journal_evidence
 from runfleet.worker.flows import Flow, resolve, runnable
 from runfleet.worker.outcomes import Decision, DriveOutcome
 from runfleet.worker.takeover import Takeover
+from runfleet.worker.versions import version_carried
 from runfleet.worker.wake_hints import HintFn
 
 log = logging.getLogger("runfleet.worker.driver")
@@ -119,6 +120,8 @@ class Decisions:
             flow = resolve(flow_name)
         except UnknownFlow:
             return None
+        if flow.version is not None:
+            return None  # the claim must read the run's version first: the usual path
         if (
             self.closed
             or run_id in self.owned
@@ -185,7 +188,7 @@ class Decisions:
 
     def _flow(self, row: RunRow) -> Flow | None:
         try:
-            return resolve(row.flow)
+            found = resolve(row.flow)
         except UnknownFlow as exc:
             if row.id not in self._warned_unknown:
                 if len(self._warned_unknown) > 10_000:
@@ -196,6 +199,7 @@ class Decisions:
                     extra={"run_id": row.id, "flow": row.flow, "error": str(exc)},
                 )
             return None
+        return found if version_carried(found, row, self._warned_unknown) else None
 
     async def _claim(self, row: RunRow, flow: Flow | None) -> Decision:
         if row.waiting is not None:

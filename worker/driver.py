@@ -28,7 +28,7 @@ from runfleet.store.types import (
     RunRow,
     RunStatus,
 )
-from runfleet.worker import containment, metrics
+from runfleet.worker import containment, metrics, tracing
 from runfleet.worker.bookkeeping import Bookkeeping
 from runfleet.worker.containment import UserBaseException
 from runfleet.worker.context import Context, Interrupted
@@ -40,6 +40,7 @@ from runfleet.worker.outcomes import Cause, Decision, DriveOutcome
 from runfleet.worker.retry import is_transient, with_retry
 from runfleet.worker.rq_compat import call_rq_style, wants_rq_call
 from runfleet.worker.settle import AnnounceFn, Settlement, error_of
+from runfleet.worker.step_timeouts import ABANDONED
 from runfleet.worker.sync_context import SyncContext
 from runfleet.worker.takeover import ProbeFn, Takeover
 from runfleet.worker.threads import in_thread
@@ -119,8 +120,9 @@ class Driver(Decisions):
         A body waiting on runfleet's own store call is not counted: a psycopg call on a
         silently cut link cannot be cancelled for a while, but whatever it sends is fenced
         by owner and epoch, so it cannot act after a takeover. Reads only atomic snapshots.
+        A sync step thread abandoned at its timeout still runs user code: it counts too.
         """
-        count = 0
+        count = ABANDONED.count()
         for run_id in list(self.executing):
             execution = self.owned.get(run_id)
             if execution is not None and execution.ctx.in_bookkeeping == 0:
@@ -187,14 +189,17 @@ class Driver(Decisions):
             elif row.cancel_requested_at_ms is not None or flow is None:
                 await self.settlement.cancelled(row, row.epoch)
                 return
-            # A first activation has no predecessor that could have recorded.
-            if row.epoch > 1 and execution.cause is None:
+            # A first activation has no predecessor that could have recorded, unless the
+            # run was admitted with a copied history (store.forks: a resume or a fork).
+            if (row.epoch > 1 or row.state.get("replays")) and execution.cause is None:
                 ctx.records = {r.position: r for r in await self.store.steps.of_run(row.id)}
             if execution.cause is not None or flow is None:
                 # Interrupted between its activation and its body: the body never starts.
                 await self._unstarted(row, execution.cause or Cause.SHUTDOWN)
                 return
-            execution.task = asyncio.create_task(self._call(flow, ctx), name=f"run:{row.id}")
+            execution.task = tracing.start_task(  # an activation span when tracing is on
+                self._call(flow, ctx), row, self.owner, name=f"run:{row.id}"
+            )
             self.executing.add(row.id)
             execution.task.add_done_callback(lambda _task: self.executing.discard(row.id))
             await asyncio.wait({execution.task})

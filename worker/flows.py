@@ -24,6 +24,7 @@ from runfleet.broker.names import load_from_path, qualified_name
 from runfleet.store import validate
 from runfleet.store.errors import UnknownFlow
 from runfleet.store.schedules import ScheduleSpec, for_flow
+from runfleet.worker.versions import declared as declared_version
 
 log = logging.getLogger("runfleet.worker.flows")
 
@@ -42,6 +43,16 @@ class Flow:
     """Its runs' priority when the enqueue names none (docs/queues.md); None: the queue's."""
     schedule: ScheduleSpec | None = None
     """Periodic runs (``@flow(schedule=...)``); workers write it at start (worker/scheduler.py)."""
+    version: str | None = None
+    """The version of this code (``worker.versions``); None: unversioned, takes any run."""
+    compatible: tuple[str, ...] = ()
+    """Earlier versions whose runs this code can replay (with ``ctx.patched``)."""
+
+    def accepts(self, version: str | None) -> bool:
+        """Whether this code may run a run admitted with ``version`` (None: any code)."""
+        if self.version is None or version is None:
+            return True
+        return version == self.version or version in self.compatible
 
     @property
     def runfleet_flow(self) -> tuple[str, str]:
@@ -82,6 +93,8 @@ def flow(
     overlap: str = "allow",
     schedule_kwargs: dict[str, Any] | None = None,
     priority: int | None = None,
+    version: str | None = None,
+    compatible: Sequence[str] = (),
 ) -> Callable[[Callable[..., Any]], Flow]: ...
 
 
@@ -99,12 +112,16 @@ def flow(
     overlap: str = "allow",
     schedule_kwargs: dict[str, Any] | None = None,
     priority: int | None = None,
+    version: str | None = None,
+    compatible: Sequence[str] = (),
 ) -> Flow | Callable[[Callable[..., Any]], Flow]:
     """Register ``fn`` as a flow; usable as ``@flow`` or ``@flow(name=..., queue=...)``.
 
     ``schedule`` (a cron expression in ``timezone``) also runs it periodically, called
     with ``schedule_kwargs``; a bad expression, time zone, policy or argument raises
     ``InvalidSchedule`` / ``InvalidInput`` here, at import (README "Schedules").
+    ``version`` (or ``"auto"``: a digest of the code) and ``compatible``: which runs this
+    code may take (``worker.versions``, docs/lifecycle.md).
     """
 
     def register(target: Callable[..., Any]) -> Flow:
@@ -131,6 +148,8 @@ def flow(
             timeout=timeout,
             schedule=spec,
             priority=None if priority is None else validate.priority(priority),
+            version=declared_version(target, version),
+            compatible=tuple(validate.identifier("compatible", v) for v in compatible),
         )
         existing = _REGISTRY.get(registered.name)
         if existing is not None and existing.fn is not target:

@@ -57,3 +57,7 @@ SCHEDULE_TICKS = Counter(
     "Schedule ticks this process fired, by outcome (admitted, joined, missed, overlapped).",
     ["outcome"],
 )
+ABANDONED_STEP_THREADS = Gauge(
+    "runfleet_abandoned_step_threads",
+    "Sync step threads past their timeout that are still running (runfleet.worker.step_timeouts).",
+)

@@ -27,7 +27,7 @@ from runfleet.broker.streams import Streams
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import Owner
-from runfleet.worker import metrics
+from runfleet.worker import metrics, tracing
 from runfleet.worker.containment import contain_tasks
 from runfleet.worker.coordinator import Coordinator
 from runfleet.worker.driver import Driver
@@ -153,6 +153,8 @@ class Worker:
     async def _assemble(self) -> list[Service]:
         """Build every collaborator of this process, once; the services to start."""
         settings, owner = self.settings, self.owner
+        if settings.otel:  # RUNFLEET_OTEL: spans per activation, step, attempt, wait, child
+            tracing.enable()
         # The store claims only runs of the queues this process serves (the row's queue
         # decides, whatever a stream message names: store.runs.Runs).
         self.store = await Store.open(

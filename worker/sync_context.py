@@ -14,6 +14,7 @@ from collections.abc import Callable, Coroutine
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from runfleet.worker import tracing
 from runfleet.worker.context import Context
 from runfleet.worker.durable import Decision, Retry
 
@@ -53,7 +54,7 @@ class SyncContext:
         if self._ctx.interrupted is not None:
             coro.close()
             self._ctx.check()
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        future = asyncio.run_coroutine_threadsafe(tracing.bind(coro), self._loop)
         while not concurrent.futures.wait([future], timeout=INTERRUPT_POLL_S).done:
             if self._ctx.interrupted is not None:
                 future.cancel()
@@ -67,10 +68,13 @@ class SyncContext:
         *args: Any,
         retry: Retry | None = None,
         compensate: Callable[..., Any] | None = None,
+        timeout: float | None = None,
         **kwargs: Any,
     ) -> Any:
         return self._call(
-            self._ctx.step(name, fn, *args, retry=retry, compensate=compensate, **kwargs)
+            self._ctx.step(
+                name, fn, *args, retry=retry, compensate=compensate, timeout=timeout, **kwargs
+            )
         )
 
     def sleep(self, duration: timedelta | float) -> None:
@@ -91,6 +95,15 @@ class SyncContext:
         on_token: Callable[[str], Any] | None = None,
     ) -> Decision:
         return self._call(self._ctx.approval(name, request, timeout, on_token=on_token))
+
+    def patched(self, patch_id: str) -> bool:
+        return self._call(self._ctx.patched(patch_id))
+
+    def set_event(self, key: str, value: Any) -> None:
+        self._call(self._ctx.set_event(key, value))
+
+    def recv(self, topic: str, timeout: float | None = None) -> Any:
+        return self._call(self._ctx.recv(topic, timeout))
 
     def quota(self, wake_at: datetime | int) -> None:
         self._call(self._ctx.quota(wake_at))

@@ -298,12 +298,16 @@ def flows(
             "with --database-url: that server as it is, settings never changed).",
         ),
     ] = False,
+    skip_tracing: Annotated[
+        bool,
+        typer.Option("--skip-tracing", help="Skip the RUNFLEET_OTEL row (needs the otel extra)."),
+    ] = False,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
     as_json: AsJson = False,
 ) -> None:
     """runfleet vs DBOS: three-step durable flows/s on one Postgres, and with fsync on and
-    off; 1 s sleep lateness."""
+    off, and with tracing on; 1 s sleep lateness."""
     from runfleet.ops.bench.fleet_procs import servers
 
     dbos_side, flows_bench = _lab("flows", "DBOS", "dbos_side", "flows_bench")
@@ -328,6 +332,7 @@ def flows(
                     sleep_gap=sleep_gap,
                     skip_sleep=skip_sleep,
                     skip_fsync=skip_fsync,
+                    skip_tracing=skip_tracing,
                 )
             )
     except BenchError as exc:

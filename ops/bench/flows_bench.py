@@ -46,6 +46,8 @@ from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate
 
 FLOWS_MODULE = "runfleet.ops.bench.three_steps"
+TRACED_MODULE = "runfleet.ops.bench.three_steps_traced"
+"""The same flows with OpenTelemetry's SDK installed (the tracing row, RUNFLEET_OTEL=1)."""
 SLEEP_KEY = "sleep:sleep#1"
 
 
@@ -101,6 +103,13 @@ class FlowsBenchResult:
     dbos: dict[float, Throughput]
     sleeps: tuple[SleepLateness, ...]
     fsync: tuple[FsyncFlows, ...] = ()
+    traced: Throughput | None = None
+    """runfleet's flows/s with RUNFLEET_OTEL on (every span recorded); None when skipped."""
+
+    @property
+    def tracing_cost(self) -> float | None:
+        """Traced over untraced flows/s, measured in the same run (1.0: free)."""
+        return self.traced.per_s / self.runfleet.per_s if self.traced else None
 
     @property
     def dbos_best(self) -> Throughput | None:
@@ -140,24 +149,41 @@ class FlowsBenchResult:
             "ratio_vs_best_dbos": round(self.ratio, 3) if self.ratio is not None else None,
             "sleeps": [s.as_json() for s in self.sleeps],
             "fsync": [row.as_json() for row in self.fsync],
+            "traced": self.traced.as_json() if self.traced else None,
+            "traced_over_untraced": (
+                round(self.tracing_cost, 3) if self.tracing_cost is not None else None
+            ),
             "targets": {k: {"measured": v[0], "met": v[1]} for k, v in self.targets().items()},
         }
 
 
-def _workers(settings: Settings, count: int, concurrency: int, **env: object) -> list[Proc]:
+def _workers(
+    settings: Settings,
+    count: int,
+    concurrency: int,
+    flows_module: str = FLOWS_MODULE,
+    **env: object,
+) -> list[Proc]:
     return [
-        runfleet_worker(settings, flows=FLOWS_MODULE, queues=QUEUE, concurrency=concurrency, **env)
+        runfleet_worker(settings, flows=flows_module, queues=QUEUE, concurrency=concurrency, **env)
         for _ in range(count)
     ]
 
 
 async def _runfleet_throughput(
-    settings: Settings, store: Store, *, flows: int, workers: int, concurrency: int
+    settings: Settings,
+    store: Store,
+    *,
+    flows: int,
+    workers: int,
+    concurrency: int,
+    flows_module: str = FLOWS_MODULE,
+    **env: object,
 ) -> Throughput:
     async with AsyncQueue(QUEUE, settings=settings) as queue:
         await queue.enqueue_many([EnqueueSpec(three_steps, (i,)) for i in range(flows)])
     began = time.perf_counter()
-    procs = _workers(settings, workers, concurrency)
+    procs = _workers(settings, workers, concurrency, flows_module, **env)
     try:
         await wait_completed(store, three_steps.name, flows, procs, timeout=600)
         wall = time.perf_counter() - began
@@ -187,7 +213,7 @@ async def _sleep_lateness(
 ) -> SleepLateness:
     """``runs`` sleeps ``gap_s`` apart on one idle worker with a slot for each: how long
     after its clock's due time each flow went on (its wall clock; same host as Postgres)."""
-    procs = _workers(settings, 1, runs + 8, **env)
+    procs = _workers(settings, 1, runs + 8, FLOWS_MODULE, **env)
     try:
         await wait_workers_started(settings, procs, timeout=30)
         ids: list[str] = []
@@ -227,6 +253,7 @@ async def run(
     sleep_gap: float = 0.02,
     skip_sleep: bool = False,
     skip_fsync: bool = False,
+    skip_tracing: bool = False,
 ) -> FlowsBenchResult:
     """The whole benchmark; every scratch database is dropped afterwards."""
     if flows < 1 or workers < 1 or concurrency < 1:
@@ -278,7 +305,38 @@ async def run(
         fsync = await _fsync_rows(
             servers, flows=flows, workers=workers, concurrency=concurrency, polling=shortest
         )
-    return FlowsBenchResult(flows, workers, concurrency, ours, theirs, tuple(sleeps), fsync)
+    traced = None
+    if not skip_tracing:
+        traced = await _traced_throughput(
+            servers, flows=flows, workers=workers, concurrency=concurrency
+        )
+    return FlowsBenchResult(flows, workers, concurrency, ours, theirs, tuple(sleeps), fsync, traced)
+
+
+async def _traced_throughput(
+    servers: Servers, *, flows: int, workers: int, concurrency: int
+) -> Throughput:
+    """runfleet's flows/s with RUNFLEET_OTEL on and the SDK recording every span (a
+    span per activation, step and attempt), in a scratch database of its own."""
+    async with scratch_database(servers.database_url, "rf_bench_flows_traced") as url:
+        await migrate(url)
+        settings = Settings(
+            database_url=url, redis_url=servers.redis_url, redis_prefix=bench_prefix("traced")
+        )
+        store = await Store.open(settings, min_size=1, max_size=2)
+        try:
+            return await _runfleet_throughput(
+                settings,
+                store,
+                flows=flows,
+                workers=workers,
+                concurrency=concurrency,
+                flows_module=TRACED_MODULE,
+                otel=True,
+            )
+        finally:
+            await store.close()
+            await drop_keys(servers.redis_url, settings.redis_prefix)
 
 
 async def _fsync_rows(
@@ -347,6 +405,13 @@ def table(result: FlowsBenchResult) -> Table:
                 f"{row.dbos.wall_per_s:,.1f}",
                 f"{row.ratio:.2f}x",
             )
+    if result.traced is not None and result.tracing_cost is not None:
+        t.add_row(
+            "runfleet, RUNFLEET_OTEL on (SDK records every span; off is the first row)",
+            f"{result.traced.per_s:,.1f}",
+            f"{result.traced.wall_per_s:,.1f}",
+            f"{result.tracing_cost:.2f}x of off",
+        )
     for sleep in result.sleeps:
         j = sleep.as_json()
         t.add_row(

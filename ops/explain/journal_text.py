@@ -301,6 +301,29 @@ SENTENCES: dict[str, Callable[[Payload, JournalRecord], str]] = {
     ),
     Kind.APPROVAL_APPROVED: lambda p, _r: _decision("approved", p),
     Kind.APPROVAL_DENIED: lambda p, _r: _decision("denied", p),
+    Kind.EVENT_SET: lambda p, _r: (
+        f"set event {p.get('key', '?')!r} (value {p.get('version', '?')}, digest "
+        f"{str(p.get('digest', '?'))[:8]})"
+    ),
+    Kind.MESSAGE_SENT: lambda p, _r: (
+        f"message {p.get('seq', '?')} sent on {p.get('topic', '?')!r}"
+        + (" and it woke the run" if p.get("woke") else "")
+    ),
+    Kind.MESSAGE_RECEIVED: lambda p, _r: (
+        f"message {p.get('seq', '?')} on {p.get('topic', '?')!r} received by {p.get('key', '?')!r}"
+    ),
+    Kind.FORKED: lambda p, _r: (
+        f"forked into {p.get('to', '?')}, which replays its first {p.get('calls', '?')} "
+        f"recorded call(s)" + (f" (note: {p['note']})" if p.get("note") else "")
+    ),
+    Kind.RESUMED_AS: lambda p, _r: (
+        f"resumed as {p.get('to', '?')}, which replays its first {p.get('calls', '?')} "
+        f"recorded call(s)" + (f" (note: {p['note']})" if p.get("note") else "")
+    ),
+    Kind.FORKED_FROM: lambda p, _r: (
+        f"{'resumes' if p.get('kind') == Kind.RESUMED_AS else 'forks'} {p.get('from', '?')}: "
+        f"its first {p.get('calls', '?')} recorded call(s) are replayed, not run again"
+    ),
     Kind.ROUND_INVALID: lambda p, _r: (
         f"failed: its next round {p.get('successor', '?')!r} could not be admitted"
     ),

@@ -7,12 +7,13 @@ Kept apart from the gathering so each rule here can be read beside the code it m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import assert_never
 
 from runfleet.broker.liveness import FleetMember, Probe
 from runfleet.ops.cli.common import clock, seconds, who
 from runfleet.ops.explain.journal_text import probe_words
+from runfleet.ops.explain.lifecycle_text import message_topic
 from runfleet.ops.models import NextStep
 from runfleet.store.config import Settings
 from runfleet.store.queues import QueueSettings
@@ -41,6 +42,8 @@ class Facts:
     """Runs of the queue executing now (the slots in use of a limited one)."""
     rate_wait_ms: int | None = None
     """Until the queue's rate allows a start (0: now; None: no rate)."""
+    lifecycle: list[str] = field(default_factory=list)
+    """Lines about the run's events and messages (``ops.explain.lifecycle_text``)."""
 
     @property
     def now(self) -> int:
@@ -322,6 +325,13 @@ def _next_suspended(facts: Facts) -> NextStep:
                 "it resumes then.",
                 within_ms=None,
                 needs_person=True,
+            )
+        case WaitingReason.EVENT if (topic := message_topic(row)) is not None:
+            return NextStep(
+                summary=f"waiting for a message on {topic!r}: it resumes when one is sent "
+                f"(Queue.send(run_id, {topic!r}, value)).",
+                within_ms=None,
+                needs_person=False,
             )
         case WaitingReason.EVENT:
             name = repr(facts.deferred) if facts.deferred else "its event"

@@ -15,6 +15,7 @@ from runfleet.broker.liveness import FleetMember, Probe
 from runfleet.ops.cli.common import Connections, clock, seconds, who
 from runfleet.ops.cli.text import literal
 from runfleet.ops.explain.journal_text import probe_words, sentence
+from runfleet.ops.explain.lifecycle_text import lifecycle_lines
 from runfleet.ops.explain.predict import Facts, next_step
 from runfleet.ops.models import (
     ClaimView,
@@ -115,6 +116,7 @@ async def gather(conns: Connections, run_id: str) -> Facts:
         queue=await store.queues.get(row.queue),
         queue_running=(await store.queues.running([row.queue]))[row.queue],
         rate_wait_ms=await store.queues.wait_ms(row.queue),
+        lifecycle=await lifecycle_lines(store, row),
     )
 
 
@@ -192,6 +194,7 @@ def lines(facts: Facts, since_ms: int, step: NextStep) -> list[str]:
     elif not row.status.terminal:
         out.append("cancel: not requested.")
     out += _restarts(facts)
+    out += facts.lifecycle
     if facts.redis_error:
         out.append(f"liveness: unknown — Redis did not answer ({facts.redis_error}).")
     out.append(f"last decisions ({min(len(facts.history), JOURNAL_SHOWN)} of the journal):")

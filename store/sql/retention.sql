@@ -102,6 +102,12 @@ del_deferreds AS (
 del_clocks AS (
     DELETE FROM runfleet.clocks WHERE run_id IN (SELECT id FROM doomed) RETURNING 1
 ),
+del_events AS (
+    DELETE FROM runfleet.run_events WHERE run_id IN (SELECT id FROM doomed) RETURNING 1
+),
+del_messages AS (
+    DELETE FROM runfleet.run_messages WHERE run_id IN (SELECT id FROM doomed) RETURNING 1
+),
 del_edges AS (
     DELETE FROM runfleet.run_parents
      WHERE child_id IN (SELECT id FROM doomed) OR parent_id IN (SELECT id FROM doomed)

@@ -89,6 +89,15 @@ BEGIN
                   claim_host, claim_pid, claim_nonce, claimed_at_ms, recoveries)
         ON runfleet.runs TO runfleet_producer;
     GRANT UPDATE (completed_at_ms) ON runfleet.clocks TO runfleet_producer;
+    -- A run's events and messages (0015) are read like the rest of the run (its policies);
+    -- named here, not in run_tables above, so that the text before ALTER SCHEMA stays
+    -- within pg_stat_activity's 1 KB of query (tests/security/test_apply_live.py reads it).
+    GRANT SELECT ON runfleet.run_events, runfleet.run_messages
+        TO runfleet_producer, runfleet_operator;
+    -- send a message to a run (store/events.py): the message, never its consumption
+    -- (the RESTRICTIVE policy of migration 0015 holds the value to the payload cap).
+    GRANT INSERT (run_id, topic, message_id, value, digest, sent_at_ms)
+        ON runfleet.run_messages TO runfleet_producer;
     -- resume a quarantined run: accept the recorded output, or drop it to re-run the step
     GRANT UPDATE (digest), DELETE ON runfleet.steps TO runfleet_producer;
 

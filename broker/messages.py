@@ -1,0 +1,94 @@
+"""Producer calls for a run's events and messages: ``get_event`` and ``send``.
+
+``RunMessages`` is ``AsyncQueue``'s half for them (``broker.queue.AsyncQueue`` inherits it,
+as it does ``RunControl``). Both read the run through ``authorized`` first (scopes), and
+Postgres decides (store/events.py); the wake a send publishes is only a hint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+from runfleet.store.errors import InvalidInput
+from runfleet.store.events import EventRead, EventRow, MessageSent, SendOutcome
+
+if TYPE_CHECKING:
+    from runfleet.store import Store
+    from runfleet.store.types import RunRow
+
+POLL_FIRST_S = 0.02
+POLL_MAX_S = 0.25
+"""``get_event`` polls the row, from every 20 ms up to every 250 ms (a wait is cheap)."""
+
+
+class RunMessages:
+    """``AsyncQueue``'s calls on a run's events and messages."""
+
+    if TYPE_CHECKING:  # defined by AsyncQueue / RunControl
+
+        @property
+        def store(self) -> Store: ...
+
+        async def authorized(self, run_id: str) -> RunRow: ...
+
+        async def _available(self, call: Any, *, retried: Any = None) -> Any: ...
+
+        async def _hint(self, run_id: str, reason: str, row: RunRow | None = None) -> None: ...
+
+    async def get_event(self, run_id: str, key: str, timeout: float = 0.0) -> Any:
+        """The value the run last set as event ``key`` (``ctx.set_event``), or None.
+
+        Waits up to ``timeout`` seconds for a first value; None if none was set by then,
+        or at once if the run settled without setting one (nothing will set it now).
+        ``get_event_row`` answers the row itself (its version and when it was set).
+        """
+        row = await self.get_event_row(run_id, key, timeout)
+        return row.value if row is not None else None
+
+    async def get_event_row(self, run_id: str, key: str, timeout: float = 0.0) -> EventRow | None:
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not math.isfinite(timeout)
+            or timeout < 0
+        ):
+            raise InvalidInput(
+                "timeout", f"must be a finite number of seconds >= 0, got {timeout!r}"
+            )
+        await self.authorized(run_id)
+        deadline = time.monotonic() + timeout
+        pause = POLL_FIRST_S
+        while True:
+            read: EventRead | None = await self._available(
+                lambda: self.store.events.get(run_id, key)
+            )
+            if read is None:
+                return None  # deleted since authorized
+            if read.event is not None or read.status.terminal:
+                event: EventRow | None = read.event
+                return event
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            await asyncio.sleep(min(pause, left))
+            pause = min(POLL_MAX_S, pause * 2)
+
+    async def send(
+        self, run_id: str, topic: str, value: Any = None, *, message_id: str | None = None
+    ) -> SendOutcome:
+        """Send ``value`` to the run's ``ctx.recv(topic)``: delivered once, in send order.
+
+        ``message_id`` (an idempotency key) makes a retried send a no-op answered as
+        ``MessageSent(duplicate=True)``. A settled run takes nothing: ``MessageRunSettled``.
+        A run not started yet keeps the message until its recv reaches it.
+        """
+        row = await self.authorized(run_id)
+        sent = await self._available(
+            lambda: self.store.events.send(run_id, topic, value, message_id=message_id)
+        )
+        if isinstance(sent, MessageSent) and sent.woke:
+            await self._hint(run_id, "message", row)
+        return sent  # type: ignore[no-any-return]

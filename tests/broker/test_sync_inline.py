@@ -37,7 +37,7 @@ def traced(settings: Settings) -> Iterator[tuple[Queue, Wire]]:
     with Queue("default", settings=one) as queue:
         pool = queue._inline.queue().store.db.blocking_pool  # type: ignore[attr-defined]
         with pool.connection() as conn:
-            wire.attach(conn)  # type: ignore[arg-type]  # the same pgconn trace
+            wire.attach(conn)
         try:
             yield queue, wire
         finally:

@@ -48,8 +48,6 @@ CREATE INDEX runs_stale_running_idx ON runfleet.runs (heartbeat_at_ms, id)
     WHERE status = 'running';
 CREATE INDEX runs_waiting_idx ON runfleet.runs (waiting_reason, waiting_wake_at_ms)
     WHERE waiting_reason IS NOT NULL;
-CREATE INDEX runs_pending_idx ON runfleet.runs (created_at_ms, id)
-    WHERE status = 'pending';
 CREATE INDEX runs_pending_flow_idx ON runfleet.runs (flow, created_at_ms, id)
     WHERE status = 'pending';
 CREATE INDEX runs_cancel_pending_idx ON runfleet.runs (created_at_ms, id)

@@ -78,3 +78,12 @@ BEGIN
     SELECT r.id = ANY (v_inserted), r FROM runfleet.runs r WHERE r.id = ANY (v_ids);
 END
 $$;
+
+-- The index audit of `runs` (docs/producer.md "Indexes on runs"): runs_pending_idx
+-- (created_at_ms, id) WHERE status = 'pending' is an entry in every admission and no read
+-- plans with it any more: the sweeps scan runs_runnable_pending_idx (the same key, only the
+-- runs a sweep may start) and runs_pending_flow_idx (by flow), and every other read of
+-- pending runs (rq's job_ids, `runfleet runs`, the overdue report) is served by
+-- runs_status_created_idx (status, created_at_ms). Dropped: one index entry and its WAL
+-- less per admission and per claim.
+DROP INDEX runfleet.runs_pending_idx;

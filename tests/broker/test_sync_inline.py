@@ -99,18 +99,14 @@ async def test_result_and_return_value_of_a_settled_run_are_one_read_each(
             broken = queue.fetch("broken").return_value(refresh=True) is None
             return result, result_reads, value, value_reads, broken, queue._driver.connected
 
-    result, result_reads, value, value_reads, broken, loop_connected = await asyncio.to_thread(
-        read
-    )
+    result, result_reads, value, value_reads, broken, loop_connected = await asyncio.to_thread(read)
     assert (result, value) == (7, 7)
     assert (result_reads, value_reads) == (1, 1)
     assert broken
     assert not loop_connected
 
 
-async def test_an_open_run_still_waits_on_the_loop_thread(
-    settings: Settings, store: Store
-) -> None:
+async def test_an_open_run_still_waits_on_the_loop_thread(settings: Settings, store: Store) -> None:
     """result() of a run not yet settled subscribes and waits: that is the loop's work."""
     with Queue("default", settings=settings) as queue:
         job = await asyncio.to_thread(queue.enqueue, noop, 5, job_id="later")

@@ -272,15 +272,12 @@ def _rq_round(redis_url: str, runs: int, workers: int, samples: int) -> tuple[Si
         queue.empty()  # type: ignore[no-untyped-call]
         procs = [rq_side._worker(redis_url, name, burst=False) for _ in range(workers)]
         try:
-            warm = [queue.enqueue(noop) for _ in range(10)]
-            for job in warm:
-                if job.latest_result(timeout=120) is None:
-                    raise BenchError(f"rq job {job.id} has no result after 120 s")
+            for job in [queue.enqueue(noop) for _ in range(10)]:
+                _rq_result(job)
             began = time.perf_counter()
             jobs = [queue.enqueue(noop) for _ in range(runs)]
             for job in jobs:
-                if job.latest_result(timeout=120) is None:
-                    raise BenchError(f"rq job {job.id} has no result after 120 s")
+                _rq_result(job)
             loop = rate(runs, time.perf_counter() - began)
             reads = _samples(jobs[:samples], lambda j: j.return_value(refresh=True))
         finally:
@@ -292,6 +289,21 @@ def _rq_round(redis_url: str, runs: int, workers: int, samples: int) -> tuple[Si
         queue.empty()  # type: ignore[no-untyped-call]
         queue.delete(delete_jobs=True)
         conn.close()
+
+
+def _rq_result(job: Any, timeout: float = 120) -> None:
+    """rq's blocking ``latest_result``, in slices: a loaded box has seen a single long
+    XREAD BLOCK end in a socket timeout."""
+    import redis
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if job.latest_result(timeout=2) is not None:
+                return
+        except redis.exceptions.TimeoutError:
+            continue
+    raise BenchError(f"rq job {job.id} has no result after {timeout:.0f} s")
 
 
 def _rq_latency(redis_url: str, workers: int, samples: int, gap_s: float) -> list[float]:

@@ -236,7 +236,7 @@ class Streams:
         published, on its own stream. Entries come back in the streams' priority order.
         """
         try:
-            reply = await self._redis.xreadgroup(
+            reply: Any = await self._redis.xreadgroup(
                 GROUP, consumer, dict.fromkeys(streams, ">"), count=1, block=block_ms
             )
         except ResponseError as exc:
@@ -245,7 +245,8 @@ class Streams:
             return []  # the next read script recreates the group and looks again
         index = {key: i for i, key in enumerate(streams)}
         taken: list[tuple[int, Raw]] = []
-        for key, entries in reply or []:
+        by_stream = reply.items() if isinstance(reply, dict) else reply or []  # RESP3, RESP2
+        for key, entries in by_stream:
             i = index[_text(key)]
             queue, lane = ordered[i]
             for entry_id, fields in entries:

@@ -31,7 +31,7 @@ class Recorded:
 
     def __init__(self, redis: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
         self.names: list[str] = []
-        real = redis.execute_command
+        real: Any = redis.execute_command
 
         async def execute(*args: Any, **options: Any) -> Any:
             self.names.append(str(args[0]).upper())

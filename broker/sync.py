@@ -65,6 +65,9 @@ class _Driver:
         self.thread.start()
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self.loop.is_closed():
+            coro.close()
+            raise RuntimeError("the queue is closed")
         with self.lock:
             if not self.connected:
                 asyncio.run_coroutine_threadsafe(self.queue.connect(), self.loop).result()
@@ -131,6 +134,7 @@ class _Inline:
         return self._queue
 
     def shutdown(self) -> None:
+        self.usable = False  # a closed Queue's calls fail on its closed loop, as before
         queue, self._queue = self._queue, None
         if queue is not None and queue._store is not None:
             inline.close_store(queue._store)

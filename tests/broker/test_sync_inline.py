@@ -150,3 +150,12 @@ def test_drive_refuses_a_coroutine_that_suspends() -> None:
     assert drive(returns()) == 4
     with pytest.raises(Suspended):
         drive(waits())
+
+
+def test_a_closed_queue_does_not_reopen_its_blocking_pool(settings: Settings) -> None:
+    queue = Queue("default", settings=settings)
+    queue.enqueue(noop, 1)
+    queue.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        queue.enqueue(noop, 2)
+    assert queue._inline._queue is None

@@ -14,8 +14,8 @@ from typing import Any, Self
 
 import redis
 
-from broker.client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_SOCKET_TIMEOUT
-from store.config import Settings
+from runfleet.broker.client import DEFAULT_CONNECT_TIMEOUT, DEFAULT_SOCKET_TIMEOUT
+from runfleet.store.config import Settings
 
 
 class _Script:

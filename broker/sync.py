@@ -29,14 +29,14 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from broker.blocking import BlockingRedis
-from broker.client import cluster_url
-from broker.jobs import FailedJobRegistry, Job, JobStatus, NoSuchJobError
-from broker.queue import AsyncQueue, EnqueueSpec
-from broker.run import AsyncRun
-from store import inline
-from store.config import Settings
-from store.types import CancelOutcome, EventAnswer
+from runfleet.broker.blocking import BlockingRedis
+from runfleet.broker.client import cluster_url
+from runfleet.broker.jobs import FailedJobRegistry, Job, JobStatus, NoSuchJobError
+from runfleet.broker.queue import AsyncQueue, EnqueueSpec
+from runfleet.broker.run import AsyncRun
+from runfleet.store import inline
+from runfleet.store.config import Settings
+from runfleet.store.types import CancelOutcome, EventAnswer
 
 T = TypeVar("T")
 

@@ -31,9 +31,9 @@ import psycopg
 from psycopg.rows import DictRow
 from psycopg_pool import ConnectionPool
 
-from store import Store
-from store.config import Settings
-from store.db import (
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.db import (
     CHECK_AFTER_IDLE_S,
     OPTIONS_REFUSED,
     RECONNECT_GIVE_UP_S,
@@ -43,8 +43,8 @@ from store.db import (
     default_source_id,
     refuses_options,
 )
-from store.queries import q
-from store.transient import blocking_caller, end_blocking_caller
+from runfleet.store.queries import q
+from runfleet.store.transient import blocking_caller, end_blocking_caller
 
 log = logging.getLogger("runfleet.store.inline")
 T = TypeVar("T")

@@ -25,9 +25,9 @@ from typing import Any
 
 from rich.table import Table
 
-from broker import EnqueueSpec, Queue
-from ops.bench import dbos_side, rq_side
-from ops.bench.fleet_procs import (
+from runfleet.broker import EnqueueSpec, Queue
+from runfleet.ops.bench import dbos_side, rq_side
+from runfleet.ops.bench.fleet_procs import (
     Proc,
     Servers,
     bench_prefix,
@@ -36,13 +36,13 @@ from ops.bench.fleet_procs import (
     runfleet_worker,
     wait_workers_started,
 )
-from ops.bench.noop import QUEUE, noop, noop_flow
-from ops.bench.scratch import BenchError, scratch_database
-from ops.bench.three_steps import QUEUE as FLOWS_QUEUE
-from ops.bench.three_steps import three_steps
-from store import Kind, Store
-from store.config import Settings
-from store.migrate import migrate
+from runfleet.ops.bench.noop import QUEUE, noop, noop_flow
+from runfleet.ops.bench.scratch import BenchError, scratch_database
+from runfleet.ops.bench.three_steps import QUEUE as FLOWS_QUEUE
+from runfleet.ops.bench.three_steps import three_steps
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.migrate import migrate
 
 TARGETS: dict[str, float] = {
     "single enqueue >= 1x rq": 1.0,
@@ -332,8 +332,8 @@ async def _dbos_loop(admin_url: str, flows: int, workers: int, k: int, polling: 
     """DBOS's user loop: ``DBOSClient.enqueue`` per flow, then ``get_result()`` of each."""
     from dbos import DBOSClient
 
-    from ops.bench.dbos_app import APP, VERSION, WORKFLOW
-    from ops.bench.dbos_app import QUEUE as DBOS_QUEUE
+    from runfleet.ops.bench.dbos_app import APP, VERSION, WORKFLOW
+    from runfleet.ops.bench.dbos_app import QUEUE as DBOS_QUEUE
 
     async with scratch_database(admin_url, "rf_bench_dbos") as url:
         url = url if "://" in url else dbos_side._as_url(url)
@@ -415,9 +415,9 @@ async def run(
                 rq_reads += reads
                 # The loop's workers serve a queue of their own (the same flow).
                 if not procs:
-                    procs = _workers(settings, "ops.bench.noop", "bench-loop", workers, concurrency)
+                    procs = _workers(settings, "runfleet.ops.bench.noop", "bench-loop", workers, concurrency)
                     procs += _workers(
-                        settings, "ops.bench.three_steps", FLOWS_QUEUE, workers, concurrency
+                        settings, "runfleet.ops.bench.three_steps", FLOWS_QUEUE, workers, concurrency
                     )
                     await wait_workers_started(settings, procs, timeout=60)
                 loop, ids = await asyncio.to_thread(
@@ -435,7 +435,7 @@ async def run(
             for proc in procs:  # the idle start: fresh no-op workers on the admitted queue
                 proc.terminate()
                 proc.close()
-            procs = _workers(settings, "ops.bench.noop", QUEUE, workers, concurrency)
+            procs = _workers(settings, "runfleet.ops.bench.noop", QUEUE, workers, concurrency)
             await wait_workers_started(settings, procs, timeout=60)
             starts = await _rf_start_latency(settings, store, samples, gap_s)
         finally:

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from broker.client import connect
-from broker.codec import StreamMessage
-from broker.streams import Lane, Streams
+from runfleet.broker.client import connect
+from runfleet.broker.codec import StreamMessage
+from runfleet.broker.streams import Lane, Streams
 from tests.support.polling import until
 
 

@@ -15,13 +15,13 @@ from contextlib import contextmanager
 import psycopg
 import pytest
 
-from broker import Queue
-from broker.run import RunFailed
-from store import Store
-from store.config import Settings
-from store.inline import Suspended, drive
-from store.journal import Kind
-from store.types import RunStatus, Transitioned
+from runfleet.broker import Queue
+from runfleet.broker.run import RunFailed
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.inline import Suspended, drive
+from runfleet.store.journal import Kind
+from runfleet.store.types import RunStatus, Transitioned
 from tests.broker.test_producer_round_trips import Wire
 from tests.store.helpers import OWNER_A, activate
 

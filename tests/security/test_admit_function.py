@@ -17,9 +17,9 @@ import pytest
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from broker import AsyncQueue, Queue
-from store.queries import q
-from store.roles import GroupRole
+from runfleet.broker import AsyncQueue, Queue
+from runfleet.store.queries import q
+from runfleet.store.roles import GroupRole
 from tests.security.conftest import Login, MakeLogin
 
 

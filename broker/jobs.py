@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from runfleet.broker.run import AsyncRun
+from runfleet.broker.run import AsyncRun, outcome
 from runfleet.store.errors import RunNotFound
 from runfleet.store.jobs import Jobs
 from runfleet.store.types import CancelOutcome, RunRow, RunStatus, WaitingReason
@@ -122,6 +122,18 @@ async def read_job(queue: AsyncQueue, run_id: str) -> tuple[RunRow, int | None, 
     return row, started, deferred
 
 
+async def settled_row(queue: AsyncQueue, run_id: str) -> RunRow | None:
+    """The run's row, scope-checked, if that one read settles what it answers: the run is
+    terminal and no other round answers for it (it did not hand off, nor was it requeued
+    after failing). None otherwise: ``read_job`` then follows the rounds."""
+    row = await queue.authorized(run_id)
+    if not row.status.terminal or row.handed_off_to:
+        return None
+    if row.status is RunStatus.FAILED and row.requeued_as:
+        return None
+    return row
+
+
 class Job:
     """One run, as rq's ``Job``: status predicates, result, meta, timestamps, cancel."""
 
@@ -164,7 +176,7 @@ class Job:
 
     def refresh(self) -> None:
         """Re-read the run (rq's ``refresh()``): status, meta and timestamps."""
-        read = self._queue._call(read_job(self._queue._async, self.id))
+        read = self._queue._now(lambda q: read_job(q, self.id))
         self._row, self._started_ms, self._deferred = read
         self.meta = self._row.meta
 
@@ -218,6 +230,9 @@ class Job:
         Not rq's deprecated ``result`` property: use ``return_value()`` for that meaning.
         Waits on the round that answers for this id (a requeued run's new round).
         """
+        settled = self._queue._now(lambda q: settled_row(q, self.id))
+        if settled is not None:  # one indexed read, in this thread
+            return outcome(settled)
         self.refresh()
         answering = AsyncRun(self._queue._async, self._current.id)
         return self._queue._call(answering.result(timeout))
@@ -228,6 +243,9 @@ class Job:
         rq caches a settled result; so does this: a run not yet completed is re-read.
         """
         if refresh or self._row is None or self._row.status is not RunStatus.COMPLETED:
+            settled = self._queue._now(lambda q: settled_row(q, self.id))
+            if settled is not None:  # one indexed read answers it
+                return settled.result if settled.status is RunStatus.COMPLETED else None
             self.refresh()
         row = self._current
         return row.result if row.status is RunStatus.COMPLETED else None

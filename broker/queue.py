@@ -100,6 +100,7 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
         self.scopes = producer_scopes(scopes)
         self._store: Store | None = None
         self._redis: Redis | None = None
+        self._group_commit = True
         # One batch per stream lane (rq's at_front runs go to the recovery lane).
         self._groups: dict[Lane, GroupCommit[NewRun, AsyncRun]] = {
             lane: GroupCommit(
@@ -121,10 +122,17 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
                 if is_transient(exc):
                     raise Unavailable(service_of(exc), exc) from exc
                 raise
-            self._redis = connect(self.settings)
-            self.streams = Streams(self._redis, self.settings.redis_prefix)
-            self.notifier = Notifier(self._redis, self.settings.redis_prefix)
+            self._attach(store=self._store, redis=connect(self.settings))
         return self
+
+    def _attach(self, *, store: Store, redis: Redis, group_commit: bool = True) -> None:
+        """Use ``store`` and ``redis``. Without ``group_commit`` each enqueue is admitted
+        on its own (``broker.sync``'s blocking face, whose calls never wait for a batch)."""
+        self._store = store
+        self._redis = redis
+        self._group_commit = group_commit
+        self.streams = Streams(redis, self.settings.redis_prefix)
+        self.notifier = Notifier(redis, self.settings.redis_prefix)
 
     async def close(self) -> None:
         for group in self._groups.values():
@@ -295,7 +303,13 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
         args, kwargs, options = split_rq_call(args, kwargs)
         spec = EnqueueSpec(f, args, kwargs, run_id, options)
         new = await self._new_run(spec, delay_until_ms)  # checked before it joins a batch
-        return await self._groups[_lane(bool(options.get("at_front")))].submit(new)
+        lane = _lane(bool(options.get("at_front")))
+        if not self._group_commit:
+            (outcome,) = await self._admit_each([new], lane=lane)
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+        return await self._groups[lane].submit(new)
 
     async def enqueue_call(
         self,

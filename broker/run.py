@@ -72,12 +72,12 @@ class AsyncRun:
         deadline = time.monotonic() + timeout
         row = await self._last_round(await self.fetch())
         if row.status.terminal:  # settled: one indexed read, no subscription
-            return _outcome(row)
+            return outcome(row)
         async with self._queue.notifier.watch_settled(self.id) as watch:
             while True:  # read again once subscribed: a settle in between is not missed
                 row = await self._last_round(await self.fetch())
                 if row.status.terminal:
-                    return _outcome(row)
+                    return outcome(row)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(f"run {self.id!r} is still {row.status.value}")
@@ -94,7 +94,8 @@ class AsyncRun:
         return await self._queue.cancel(self.id, actor=actor)
 
 
-def _outcome(row: RunRow) -> Any:
+def outcome(row: RunRow) -> Any:
+    """What ``result`` answers for a settled row: its result, or the error it settled with."""
     if row.status is RunStatus.COMPLETED:
         return row.result
     if row.status is RunStatus.CANCELLED:

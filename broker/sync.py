@@ -1,8 +1,16 @@
 """``Queue``: the synchronous, rq-shaped face of ``AsyncQueue``; its runs are ``Job``s.
 
-Producers are often synchronous web apps. Rather than a second implementation,
-each ``Queue`` drives an ``AsyncQueue`` on a private event loop in a daemon
-thread; every method is the async one, called and waited for.
+Producers are often synchronous web apps. Rather than a second implementation, every
+method is the ``AsyncQueue`` one, called in one of two ways:
+
+- the calls that are one statement and never wait (an enqueue, the read of a run) are
+  driven in the caller's own thread over a blocking pool and a blocking Redis client
+  (``store.inline.drive``: the same coroutine, which never suspends there), so a call
+  costs its statement and no thread hop;
+- the rest (waiting for a result, batches, the registry reads) run on a private event
+  loop in a daemon thread, called and waited for.
+
+A cluster Redis URL takes the loop for every call (the blocking client is a plain one).
 
 A queue left open is closed for its owner: when it is garbage-collected, or at
 interpreter exit (``weakref.finalize``), its pool and Redis client are closed on
@@ -17,13 +25,16 @@ import asyncio
 import contextlib
 import threading
 import weakref
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from runfleet.broker.blocking import BlockingRedis
+from runfleet.broker.client import cluster_url
 from runfleet.broker.jobs import FailedJobRegistry, Job, JobStatus, NoSuchJobError
 from runfleet.broker.queue import AsyncQueue, EnqueueSpec
 from runfleet.broker.run import AsyncRun
+from runfleet.store import inline
 from runfleet.store.config import Settings
 from runfleet.store.events import SendOutcome
 from runfleet.store.forks import Deleted
@@ -56,6 +67,9 @@ class _Driver:
         self.thread.start()
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self.loop.is_closed():
+            coro.close()
+            raise RuntimeError("the queue is closed")
         with self.lock:
             if not self.connected:
                 asyncio.run_coroutine_threadsafe(self.queue.connect(), self.loop).result()
@@ -94,6 +108,48 @@ class _Driver:
             self.loop.close()
 
 
+class _Inline:
+    """The ``AsyncQueue`` whose calls are driven in the caller's thread, opened at first use.
+
+    Holds no reference to the ``Queue``, so a finalizer can own it.
+    """
+
+    def __init__(self, make: Callable[[], AsyncQueue], settings: Settings) -> None:
+        self._make = make
+        self._settings = settings
+        self._queue: AsyncQueue | None = None
+        self._lock = threading.Lock()
+        self.usable = cluster_url(settings.redis_url) is None
+
+    def queue(self) -> AsyncQueue:
+        if self._queue is None:
+            with self._lock:
+                if self._queue is None:
+                    queue = self._make()
+                    budget = self._settings.producer_retry_for
+                    store = inline.open_store(
+                        queue.settings, checkout_timeout=max(0.5, min(2.0, budget))
+                    )
+                    redis = BlockingRedis.for_settings(queue.settings)
+                    queue._attach(store=store, redis=redis, group_commit=False)  # type: ignore[arg-type]  # the awaitable subset it uses
+                    self._queue = queue
+        return self._queue
+
+    def shutdown(self) -> None:
+        self.usable = False  # a closed Queue's calls fail on its closed loop, as before
+        queue, self._queue = self._queue, None
+        if queue is not None and queue._store is not None:
+            inline.close_store(queue._store)
+            redis = queue._redis
+            if isinstance(redis, BlockingRedis):
+                redis.close()
+
+
+def _shutdown(driver: _Driver, blocking: _Inline) -> None:
+    blocking.shutdown()
+    driver.shutdown()
+
+
 class Queue:
     """Enqueue runs from synchronous code, as with ``rq.Queue``."""
 
@@ -107,6 +163,7 @@ class Queue:
         scopes: Iterable[str] = (),
         late_binding: bool = False,
     ) -> None:
+        scopes = tuple(scopes)  # read twice: by this queue and by its blocking twin
         self._async = AsyncQueue(
             name,
             settings=settings,
@@ -117,10 +174,28 @@ class Queue:
         )
         self.name = name
         self._driver = _Driver(self._async)
-        self._finalizer = weakref.finalize(self, self._driver.shutdown)
+
+        resolved = self._async.settings
+
+        def twin() -> AsyncQueue:  # no reference to self: the finalizer owns _inline
+            return AsyncQueue(name, settings=resolved, scopes=scopes, late_binding=late_binding)
+
+        self._inline = _Inline(twin, resolved)
+        self._finalizer = weakref.finalize(self, _shutdown, self._driver, self._inline)
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """``coro`` (of the loop's queue, ``_async``) on the loop thread, waited for."""
         return self._driver.call(coro)
+
+    def _now(self, call: Callable[[AsyncQueue], Coroutine[Any, Any, T]]) -> T:
+        """A call that is one statement and never waits, driven in this thread.
+
+        ``call`` gets the queue to call: the blocking twin, or the loop's where the twin
+        is unusable (a cluster Redis URL).
+        """
+        if not self._inline.usable:
+            return self._call(call(self._async))
+        return inline.drive(call(self._inline.queue()))
 
     def close(self) -> None:
         self._finalizer()
@@ -140,7 +215,7 @@ class Queue:
     # ---- admission (rq's keyword arguments: see AsyncQueue.enqueue) ---------
 
     def enqueue(self, f: Any, *args: Any, **kwargs: Any) -> Job:
-        return self._wrap(self._call(self._async.enqueue(f, *args, **kwargs)))
+        return self._wrap(self._now(lambda q: q.enqueue(f, *args, **kwargs)))
 
     def enqueue_call(
         self,
@@ -150,13 +225,13 @@ class Queue:
         **options: Any,
     ) -> Job:
         """rq's ``enqueue_call``: arguments as a tuple and a dict, options as keywords."""
-        return self._wrap(self._call(self._async.enqueue_call(func, args, kwargs, **options)))
+        return self._wrap(self._now(lambda q: q.enqueue_call(func, args, kwargs, **options)))
 
     def enqueue_at(self, when: datetime, f: Any, *args: Any, **kwargs: Any) -> Job:
-        return self._wrap(self._call(self._async.enqueue_at(when, f, *args, **kwargs)))
+        return self._wrap(self._now(lambda q: q.enqueue_at(when, f, *args, **kwargs)))
 
     def enqueue_in(self, delay: timedelta, f: Any, *args: Any, **kwargs: Any) -> Job:
-        return self._wrap(self._call(self._async.enqueue_in(delay, f, *args, **kwargs)))
+        return self._wrap(self._now(lambda q: q.enqueue_in(delay, f, *args, **kwargs)))
 
     def enqueue_many(self, specs: Sequence[EnqueueSpec]) -> list[Job]:
         return [self._wrap(r) for r in self._call(self._async.enqueue_many(specs))]

@@ -1,7 +1,7 @@
 """Run admission: create, join, identity conflicts, and the ``created`` record.
 
-A parentless run (the producer's case, one or a batch) is admitted by two statements
-sent in one pipeline (``store/sql/admit.sql``): one round trip and one implicit
+A parentless run (the producer's case, one or a batch) is admitted by one statement
+(``store/sql/admit.sql``, a call of ``runfleet.admit``): one round trip and one implicit
 transaction, where a ``BEGIN``/insert/record/``COMMIT`` sequence took four. A child
 keeps the transaction that locks its parent's row first, so no interleaving with the
 parent's cascade can leave it running unsupervised.
@@ -39,7 +39,7 @@ from runfleet.store.types import (
 )
 
 BATCH_TEXT = 4_000_000
-"""The most payload text one admission pipeline carries; a larger batch goes as several
+"""The most payload text one admission statement carries; a larger batch goes as several
 (a group commit of many callers' megabyte payloads must not become one giant statement)."""
 
 
@@ -222,7 +222,7 @@ class Admission:
     async def create_many(self, news: Sequence[NewRun]) -> list[CreateOutcome]:
         """Admit a batch atomically, all or nothing, with ``create``'s rules.
 
-        Parentless runs (the producer's case) go as one pipeline of two statements; a
+        Parentless runs (the producer's case) go as one statement (``admit.batch``); a
         batch with children takes ``create`` run by run, since each child locks its
         parent's row.
         """
@@ -308,7 +308,7 @@ class Admission:
     async def _write(
         self, batch: Sequence[tuple[NewRun, dict[str, Any], str]]
     ) -> tuple[set[str], dict[str, RunRow]]:
-        """``admit.runs`` then ``admit.created``, pipelined: the ids inserted, and every
+        """``admit.batch`` (one statement: rows and records): the ids inserted, and every
         batch run this role can see as it is after the insert, by id."""
         if not batch:
             return set(), {}
@@ -343,18 +343,17 @@ class Admission:
                     "dedup_key": new.dedup_key,
                 }
             )
-        created = {
+        params = {
+            "runs": Jsonb(runs),
             "records": Jsonb(records),
             "kind": Kind.CREATED,
             "source_id": self._db.source_id,
         }
         try:
-            first, found = await self._db.pipelined(
-                [("admit.runs", {"runs": Jsonb(runs)}), ("admit.created", created)]
-            )
+            found = await self._db.all("admit.batch", params)
         except psycopg.Error as exc:
             raise self._refused(exc) from exc
-        inserted = {row["id"] for row in first}
+        inserted = {row["id"] for row in found if row["inserted"]}
         return inserted, {row["id"]: run_row(row) for row in found}
 
     async def _joined(self, new: NewRun, state: dict[str, Any]) -> Joined:

@@ -12,6 +12,7 @@ turn a give-up into ``Unavailable``).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -126,6 +127,31 @@ def service_of(exc: BaseException) -> str:
     return "network"
 
 
+_blocking = contextvars.ContextVar("runfleet_blocking_caller", default=False)
+"""Whether the coroutine runs in a blocking caller's own thread (``store.inline.drive``),
+where there is no event loop to sleep on."""
+
+
+def blocking_caller() -> contextvars.Token[bool]:
+    """Mark the current context as a blocking caller's: ``pause`` sleeps its thread.
+    Returns the token to ``reset`` it with."""
+    return _blocking.set(True)
+
+
+def end_blocking_caller(token: contextvars.Token[bool]) -> None:
+    _blocking.reset(token)
+
+
+async def pause(seconds: float) -> None:
+    """Wait ``seconds`` between retries: on the event loop, or, for a blocking caller
+    (a sync ``Queue`` call driven in its own thread), in that thread, as any blocking
+    client waits; the same backoff either way."""
+    if _blocking.get():
+        time.sleep(seconds)  # noqa: ASYNC251 - a blocking caller's own thread, no loop
+    else:
+        await asyncio.sleep(seconds)
+
+
 async def retrying(
     fn: Callable[[], Awaitable[T]],
     *,
@@ -170,9 +196,10 @@ async def retrying(
         stop=stop_after_delay(remaining),
         before_sleep=before_sleep,
         reraise=True,
+        sleep=pause,
     )
     # The backoff the plain call earned, as tenacity would have slept it.
-    await asyncio.sleep(min(remaining, retryer.wait(RetryCallState(retryer, None, (), {}))))
+    await pause(min(remaining, retryer.wait(RetryCallState(retryer, None, (), {}))))
     async for attempt in retryer:
         if check is not None:
             check()

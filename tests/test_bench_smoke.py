@@ -98,3 +98,27 @@ def test_flows_bench_runfleet_alone(services: Endpoints) -> None:
     assert fsync["dbos"] is None
     # The RUNFLEET_OTEL row: the same flows with every span recorded, in the same run.
     assert out["traced"]["flows"] == 20 and out["traced_over_untraced"] > 0
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not dbos_side.available(), reason="DBOS (the bench extra) is not installed")
+def test_producer_bench_runs_every_phase(services: Endpoints) -> None:
+    """One invocation: runfleet, rq and DBOS side by side, every target reported."""
+    out = _bench(
+        services, "producer", "--runs", "20", "--flows", "5", "--samples", "5",
+        "--rounds", "1",
+    )  # fmt: skip
+    assert out["runfleet"]["settled_result_samples"] == 5
+    assert out["runfleet"]["idle_start_samples"] == out["rq"]["idle_start_samples"] == 5
+    assert out["flows_loop"]["dbos_per_s"] > 0 and out["flows_loop"]["runfleet_per_s"] > 0
+    assert all(out["ratios"][k] > 0 for k in ("single_enqueue", "enqueue_many"))
+    assert set(out["targets"]) == {
+        "single enqueue >= 1x rq",
+        "single enqueue >= 0.6x rq (the floor)",
+        "enqueue_many >= 1.5x rq",
+        "loop of enqueue then result(), no-op jobs >= 3x rq",
+        "loop of enqueue then result(), three-step flows >= 4x DBOS",
+        "result() of a settled run p50 <= 0.5 ms",
+        "idle enqueue -> start p50 <= 3 ms",
+        "idle enqueue -> start p99 <= 6 ms",
+    }

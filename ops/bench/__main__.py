@@ -340,6 +340,61 @@ def flows(
     _emit(result.as_json(), flows_bench.table(result), as_json)
 
 
+@app.command("producer")
+def producer(
+    runs: Annotated[int, typer.Option("--runs", "-n", min=1, help="Runs per phase.")] = 1000,
+    flows: Annotated[
+        int, typer.Option("--flows", min=1, help="Three-step flows per loop, each side.")
+    ] = 300,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Processes per side.")] = 2,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-k", min=1, help="Slots per runfleet/DBOS process.")
+    ] = 32,
+    samples: Annotated[
+        int, typer.Option("--samples", min=1, help="Settled reads and idle starts timed.")
+    ] = 200,
+    rounds: Annotated[
+        int, typer.Option("--rounds", min=1, help="Alternations of runfleet and its peer.")
+    ] = 3,
+    dbos_polling: Annotated[
+        float, typer.Option("--dbos-polling", min=0.001, help="DBOS queue polling interval, s.")
+    ] = 0.05,
+    skip_dbos: Annotated[
+        bool, typer.Option("--skip-dbos", help="No DBOS side (no flows ratio).")
+    ] = False,
+    database_url: DatabaseUrl = None,
+    redis_url: RedisUrl = None,
+    as_json: AsJson = False,
+) -> None:
+    """The producer's path as users write it, vs rq and DBOS in one invocation: single
+    enqueue, enqueue_many, the loop of enqueue then result() (no-op jobs vs rq, three-step
+    flows vs DBOS), result() of a settled run, idle enqueue -> start; each target met or
+    missed."""
+    from runfleet.ops.bench import dbos_side, producer_bench
+    from runfleet.ops.bench.fleet_procs import servers
+
+    if not skip_dbos and not dbos_side.available():
+        raise _fail(BenchError(dbos_side.DBOS_MISSING))
+    try:
+        with servers(database_url, redis_url) as found:
+            result = asyncio.run(
+                producer_bench.run(
+                    found,
+                    runs=runs,
+                    flows=flows,
+                    workers=workers,
+                    concurrency=concurrency,
+                    samples=samples,
+                    rounds=rounds,
+                    dbos_polling=dbos_polling,
+                    skip_dbos=skip_dbos,
+                )
+            )
+    except BenchError as exc:
+        raise _fail(exc) from exc
+    _emit(result.as_json(), producer_bench.table(result), as_json)
+
+
 @app.command("capacity")
 def capacity(
     runs: Annotated[int, typer.Option("--runs", "-n", min=1, help="Runs per batch.")] = 1000,

@@ -1,4 +1,4 @@
--- runfleet schema v15: the workflow lifecycle — events a flow publishes and messages sent
+-- runfleet schema v16: the workflow lifecycle — events a flow publishes and messages sent
 -- to a run (docs/lifecycle.md).
 
 -- Events a flow publishes (ctx.set_event): one row per (run, key), the latest value wins.

@@ -1,9 +1,10 @@
 """What a producer costs Postgres, counted on the wire (libpq's protocol trace).
 
-One ``enqueue`` is two statements (the run row, then its ``created`` record) sent in
-one pipeline: one round trip, no BEGIN/COMMIT. Concurrent enqueues on one
-``AsyncQueue`` share a round trip (group commit), each caller still getting its own
-run or its own error. ``result()`` on a settled run is one read and no subscription.
+One ``enqueue`` is one statement (``runfleet.admit``: the run row and its ``created``
+record): one round trip, no BEGIN/COMMIT. Concurrent enqueues on one ``AsyncQueue``
+share a round trip (group commit), each caller still getting its own run or its own
+error. ``result()`` on a settled run is one read and no subscription. The sync ``Queue``
+makes the same statements from the caller's own thread: its loop thread never connects.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ async def test_one_enqueue_is_one_round_trip(settings: Settings) -> None:
         await queue.enqueue(noop, 0)  # the first use of the connection may prepare
         wire.reset()
         run = await queue.enqueue(noop, 1)
-        assert (wire.statements, wire.round_trips) == (2, 1), wire.queries()
+        assert (wire.statements, wire.round_trips) == (1, 1), wire.queries()
         assert "BEGIN" not in wire.queries() and "COMMIT" not in wire.queries()
         records = await queue.store.journal.records(run.id)
         assert [r.kind for r in records] == [Kind.CREATED]
@@ -142,8 +143,8 @@ async def test_concurrent_enqueues_share_round_trips_and_keep_their_own_outcomes
             for i in range(100)
         ]
         outcomes = await asyncio.gather(*calls, return_exceptions=True)
-        # Every call reaches the queue in one turn of the loop: one batch, one pipeline.
-        assert (wire.statements, wire.round_trips) == (2, 1), wire.queries()
+        # Every call reaches the queue in one turn of the loop: one batch, one statement.
+        assert (wire.statements, wire.round_trips) == (1, 1), wire.queries()
         for i, outcome in enumerate(outcomes):
             if i == 10:
                 assert isinstance(outcome, ExecutionIdentityConflict)
@@ -197,7 +198,8 @@ async def test_a_batch_refused_as_a_whole_is_admitted_run_by_run(
 async def test_sequential_enqueues_are_not_held_back(settings: Settings) -> None:
     """A lone caller waits for no window: ten enqueues in a row take ten round trips."""
     async with traced(settings) as (queue, wire):
-        await queue.enqueue(noop, 0)
+        for i in range((settings.prepare_threshold or 0) + 1):  # past the one-off prepare
+            await queue.enqueue(noop, -i)
         wire.reset()
         for i in range(10):
             await queue.enqueue(noop, i)

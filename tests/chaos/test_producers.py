@@ -78,3 +78,41 @@ async def test_a_service_back_within_the_budget_is_not_an_error(
         assert run.id == "during-outage"
         assert await run.get_status() is RunStatus.PENDING
         assert await first.get_status() is RunStatus.PENDING
+
+
+def test_sync_calls_in_the_callers_thread_keep_the_budget(
+    pg_settings: Settings, own_postgres: ThrowawayPostgres
+) -> None:
+    """The sync Queue's driven calls (enqueue, reads) retry in the caller's own thread:
+    Unavailable after the budget, and a server back within it is never noticed."""
+    import threading
+
+    budget = 1.5
+    with Queue(
+        "default", settings=pg_settings.model_copy(update={"producer_retry_for": budget})
+    ) as queue:
+        job = queue.enqueue(cf.five_steps, 1)
+        postgres_stop(own_postgres, "immediate")
+        for call in (lambda: queue.enqueue(cf.five_steps, 2), job.get_status, job.return_value):
+            started = time.monotonic()
+            with pytest.raises(Unavailable) as raised:
+                call()
+            assert raised.value.service == "postgres"
+            assert budget <= time.monotonic() - started < budget + 3.0
+        own_postgres.start()
+        assert job.get_status().value == "queued"  # the blocking pool recovers by itself
+        assert not queue._driver.connected  # every call above ran in this thread
+    with Queue(
+        "default", settings=pg_settings.model_copy(update={"producer_retry_for": 20.0})
+    ) as queue:
+        queue.enqueue(cf.five_steps, 3)
+        postgres_stop(own_postgres, "immediate")
+        restart = threading.Timer(2.0, own_postgres.start)
+        restart.start()
+        started = time.monotonic()
+        during = queue.enqueue(cf.five_steps, 4, job_id="sync-during-outage")
+        elapsed = time.monotonic() - started
+        restart.join()
+        assert 1.5 < elapsed < 15, elapsed
+        assert during.id == "sync-during-outage"
+        assert during.get_status().value == "queued"

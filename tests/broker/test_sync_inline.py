@@ -1,0 +1,161 @@
+"""The sync ``Queue``'s one-statement calls run in the caller's thread (``store.inline``).
+
+Counted on the wire of the blocking pool's one connection: an ``enqueue`` is one
+statement and one round trip, ``result()`` and ``return_value()`` of a settled run one
+read each, and the queue's event-loop thread never connects for any of them (no thread
+hop). A transient error is retried in the caller's thread, with no loop to sleep on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+import pytest
+
+from runfleet.broker import Queue
+from runfleet.broker.run import RunFailed
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.inline import Suspended, drive
+from runfleet.store.journal import Kind
+from runfleet.store.types import RunStatus, Transitioned
+from tests.broker.test_producer_round_trips import Wire
+from tests.store.helpers import OWNER_A, activate
+
+
+def noop(n: int) -> int:
+    return n
+
+
+@contextmanager
+def traced(settings: Settings) -> Iterator[tuple[Queue, Wire]]:
+    one = settings.model_copy(update={"pool_min": 1, "pool_max": 1})
+    wire = Wire()
+    with Queue("default", settings=one) as queue:
+        pool = queue._inline.queue().store.db.blocking_pool  # type: ignore[attr-defined]
+        with pool.connection() as conn:
+            wire.attach(conn)
+        try:
+            yield queue, wire
+        finally:
+            with pool.connection() as conn:
+                conn.pgconn.untrace()
+            wire.close()
+
+
+async def _settle(store: Store, run_id: str, status: RunStatus, error: object = None) -> None:
+    row = await activate(store, run_id)
+    patch = {"result": 7} if status is RunStatus.COMPLETED else {"error": error}
+    done = await store.lifecycle.transition_owned(
+        run_id, OWNER_A, row.epoch, status, state_patch=patch
+    )
+    assert isinstance(done, Transitioned), done
+
+
+async def test_a_sync_enqueue_is_one_statement_in_the_callers_thread(
+    settings: Settings, store: Store
+) -> None:
+    def admit() -> tuple[list[str], int, int, bool]:
+        with traced(settings) as (queue, wire):
+            queue.enqueue(noop, 0)  # the connection's first use may prepare
+            wire.reset()
+            job = queue.enqueue(noop, 1, job_id="sync-1")
+            return [job.id], wire.statements, wire.round_trips, queue._driver.connected
+
+    ids, statements, round_trips, loop_connected = await asyncio.to_thread(admit)
+    assert (statements, round_trips) == (1, 1)
+    assert not loop_connected, "the loop thread's queue was never needed"
+    assert ids == ["sync-1"]
+    row = await store.runs.get("sync-1")
+    assert row is not None and row.status is RunStatus.PENDING
+    assert row.payload == {"args": [1], "kwargs": {}}
+    assert [r.kind for r in await store.journal.records("sync-1")] == [Kind.CREATED]
+
+
+async def test_result_and_return_value_of_a_settled_run_are_one_read_each(
+    settings: Settings, store: Store
+) -> None:
+    with Queue("default", settings=settings) as producer:
+        await asyncio.to_thread(producer.enqueue, noop, 3, job_id="done")
+        await asyncio.to_thread(producer.enqueue, noop, 4, job_id="broken")
+    await _settle(store, "done", RunStatus.COMPLETED)
+    await _settle(store, "broken", RunStatus.FAILED, error={"type": "E", "message": "no"})
+
+    def read() -> tuple[object, int, object, int, bool, bool]:
+        with traced(settings) as (queue, wire):
+            job = queue.fetch("done")
+            job.return_value(refresh=True)  # prepare on first use
+            wire.reset()
+            result = job.result(timeout=5)
+            result_reads = wire.statements
+            wire.reset()
+            value = job.return_value(refresh=True)
+            value_reads = wire.statements
+            with pytest.raises(RunFailed):
+                queue.fetch("broken").result(timeout=5)
+            broken = queue.fetch("broken").return_value(refresh=True) is None
+            return result, result_reads, value, value_reads, broken, queue._driver.connected
+
+    result, result_reads, value, value_reads, broken, loop_connected = await asyncio.to_thread(read)
+    assert (result, value) == (7, 7)
+    assert (result_reads, value_reads) == (1, 1)
+    assert broken
+    assert not loop_connected
+
+
+async def test_an_open_run_still_waits_on_the_loop_thread(settings: Settings, store: Store) -> None:
+    """result() of a run not yet settled subscribes and waits: that is the loop's work."""
+    with Queue("default", settings=settings) as queue:
+        job = await asyncio.to_thread(queue.enqueue, noop, 5, job_id="later")
+        waiting = asyncio.create_task(asyncio.to_thread(job.result, 30))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        await _settle(store, "later", RunStatus.COMPLETED)
+        assert await asyncio.wait_for(waiting, 30) == 7
+        assert queue._driver.connected
+
+
+async def test_a_transient_error_is_retried_in_the_callers_thread(
+    settings: Settings, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Queue("default", settings=settings) as queue:
+        runs = queue._inline.queue().store.runs
+        real = runs.admit_each
+        calls: list[int] = []
+
+        async def flaky(news):  # type: ignore[no-untyped-def]
+            calls.append(len(news))
+            if len(calls) == 1:
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+            return await real(news)
+
+        monkeypatch.setattr(runs, "admit_each", flaky)
+        job = await asyncio.to_thread(queue.enqueue, noop, 9, job_id="retried")
+        assert job.id == "retried" and calls == [1, 1]
+        assert not queue._driver.connected
+    row = await store.runs.get("retried")
+    assert row is not None and row.payload == {"args": [9], "kwargs": {}}
+
+
+def test_drive_refuses_a_coroutine_that_suspends() -> None:
+    async def waits() -> None:
+        await asyncio.sleep(0)
+
+    async def returns() -> int:
+        return 4
+
+    assert drive(returns()) == 4
+    with pytest.raises(Suspended):
+        drive(waits())
+
+
+def test_a_closed_queue_does_not_reopen_its_blocking_pool(settings: Settings) -> None:
+    queue = Queue("default", settings=settings)
+    queue.enqueue(noop, 1)
+    queue.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        queue.enqueue(noop, 2)
+    assert queue._inline._queue is None

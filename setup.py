@@ -32,6 +32,7 @@ LAB = {
         "drain",
         "durability",
         "recovery_bench",
+        "producer_bench",  # `bench producer`: runfleet beside rq and DBOS
     },
 }
 

@@ -370,8 +370,9 @@ def producer(
     enqueue, enqueue_many, the loop of enqueue then result() (no-op jobs vs rq, three-step
     flows vs DBOS), result() of a settled run, idle enqueue -> start; each target met or
     missed."""
-    from runfleet.ops.bench import dbos_side, producer_bench
     from runfleet.ops.bench.fleet_procs import servers
+
+    dbos_side, producer_bench = _lab("producer", "rq and DBOS", "dbos_side", "producer_bench")
 
     if not skip_dbos and not dbos_side.available():
         raise _fail(BenchError(dbos_side.DBOS_MISSING))

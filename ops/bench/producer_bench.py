@@ -415,9 +415,15 @@ async def run(
                 rq_reads += reads
                 # The loop's workers serve a queue of their own (the same flow).
                 if not procs:
-                    procs = _workers(settings, "runfleet.ops.bench.noop", "bench-loop", workers, concurrency)
+                    procs = _workers(
+                        settings, "runfleet.ops.bench.noop", "bench-loop", workers, concurrency
+                    )
                     procs += _workers(
-                        settings, "runfleet.ops.bench.three_steps", FLOWS_QUEUE, workers, concurrency
+                        settings,
+                        "runfleet.ops.bench.three_steps",
+                        FLOWS_QUEUE,
+                        workers,
+                        concurrency,
                     )
                     await wait_workers_started(settings, procs, timeout=60)
                 loop, ids = await asyncio.to_thread(

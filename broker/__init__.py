@@ -1,7 +1,17 @@
 """Redis: wake-up streams, liveness keys and notifications, plus the producer API."""
 
 from broker.admission import Callback, Retry
-from broker.jobs import FailedJobRegistry, Job, JobStatus, NoSuchJobError
+from broker.current import get_current_job
+from broker.jobs import Job, JobStatus, NoSuchJobError, Result
+from broker.registries import (
+    CanceledJobRegistry,
+    DeferredJobRegistry,
+    FailedJobRegistry,
+    FinishedJobRegistry,
+    ScheduledJobRegistry,
+    StartedJobRegistry,
+)
+from broker.rq_api import Dependency, InvalidJobOperation, cancel_job, job, requeue_job
 from broker.queue import AsyncQueue, EnqueueSpec
 from broker.run import AsyncRun, RunCancelled, RunFailed
 from broker.sync import Queue, Run
@@ -10,6 +20,18 @@ from store.types import EventAnswer, EventCompleted, EventExisting, EventRunSett
 
 __all__ = [
     "AsyncQueue",
+    "CanceledJobRegistry",
+    "DeferredJobRegistry",
+    "Dependency",
+    "FinishedJobRegistry",
+    "InvalidJobOperation",
+    "Result",
+    "ScheduledJobRegistry",
+    "StartedJobRegistry",
+    "cancel_job",
+    "get_current_job",
+    "job",
+    "requeue_job",
     "AsyncRun",
     "Callback",
     "EnqueueSpec",

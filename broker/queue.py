@@ -29,7 +29,7 @@ from redis.asyncio import Redis
 from broker.admission import (
     EnqueueSpec,
     check_signature,
-    dependency_ids,
+    dependencies,
     flow_target,
     importable,
     rq_options,
@@ -41,6 +41,7 @@ from broker.client import connect
 from broker.codec import message_for
 from broker.control import RunControl
 from broker.notify import Notifier
+from broker.rq_api import rq_job_id
 from broker.run import AsyncRun
 from broker.streams import Lane, Streams
 from broker.trust import producer_run_id, producer_scopes
@@ -48,6 +49,7 @@ from store import Store, validate
 from store.config import Settings
 from store.errors import InvalidInput, Unavailable
 from store.jobs import Jobs
+from store.registries import Registries
 from store.transient import is_transient, retrying, service_of
 from store.types import CreateOutcome, NewRun, RunRow, RunStatus
 
@@ -66,6 +68,13 @@ __all__ = [
 
 ADMIT_GROUP = 500
 """The most concurrent single enqueues one admission round trip carries."""
+
+
+def _chosen_id(run_id: str | None, job_id: object) -> str | None:
+    """``run_id`` (runfleet's rule), else rq's ``job_id`` checked by rq's rule."""
+    if run_id is not None:
+        return run_id
+    return None if job_id is None else rq_job_id(job_id)
 
 
 def _lane(front: bool) -> Lane:
@@ -181,14 +190,25 @@ class AsyncQueue(RunControl):
             if await self._available(lambda: self.store.flows.get(name)) is None:
                 raise unknown(name)
         options = {k: v for k, v in spec.options.items() if k not in ("at_front", "depends_on")}
-        extra, job_timeout_ms = rq_options(**options)
-        depends_on = dependency_ids(spec.options.get("depends_on"))
+        depends_on, allow_failure = dependencies(spec.options.get("depends_on"))
+        extra, job_timeout_ms = rq_options(**options, allow_failure=allow_failure)
+        if spec.options.get("at_front"):
+            extra["at_front"] = True  # rq's job_ids order: at_front runs first
         if depends_on:
             if takes_ctx:
                 raise InvalidInput("depends_on", "is for plain functions (a flow awaits ctx.child)")
             for dependency in depends_on:
                 await self.authorized(dependency)  # exists, and this producer may see it
-            extra["depends_on"] = depends_on
+            extra["dependency_ids"] = depends_on
+            registries = Registries(self.store)
+            met, _broken = await self._available(
+                lambda: registries.dependencies_met(depends_on, allow_failure)
+            )
+            if not met:  # rq enqueues a job whose dependencies are met at once
+                extra["depends_on"] = depends_on
+        ttl = extra.get("ttl")
+        if isinstance(ttl, int):  # rq's ttl: a deadline from admission (README, mapping)
+            job_timeout_ms = min(job_timeout_ms or ttl * 1000, ttl * 1000)
         declared = getattr(spec.target, "timeout", None)  # a @flow's timeout, in seconds
         if job_timeout_ms is None and isinstance(declared, int | float):
             job_timeout_ms = validate.timeout_ms(declared)
@@ -264,7 +284,7 @@ class AsyncQueue(RunControl):
         ``on_success``, ``on_failure``, ``at_front``, ``meta``, ``description``) are
         options, not arguments, as in rq (README "Producers (rq-shaped)").
         """
-        return await self._enqueue(f, args, kwargs, run_id or job_id, None)
+        return await self._enqueue(f, args, kwargs, _chosen_id(run_id, job_id), None)
 
     async def _enqueue(
         self,
@@ -288,7 +308,10 @@ class AsyncQueue(RunControl):
         job_id: str | None = None,
         **options: Any,
     ) -> AsyncRun:
-        """rq's ``enqueue_call``: the function's arguments as a tuple and a dict."""
+        """rq's ``enqueue_call``: the function's arguments as a tuple and a dict
+        (``timeout=`` is rq's older name of ``job_timeout=`` here)."""
+        if "timeout" in options:
+            options.setdefault("job_timeout", options.pop("timeout"))
         return await self.enqueue(
             func, args=tuple(args or ()), kwargs=dict(kwargs or {}), job_id=job_id, **options
         )
@@ -311,7 +334,7 @@ class AsyncQueue(RunControl):
             at_ms = int(when.timestamp() * 1000)
         except (OverflowError, ValueError, OSError) as exc:
             raise InvalidInput("when", f"is not a time runfleet can store: {exc}") from None
-        return await self._enqueue(f, args, kwargs, run_id or job_id, at_ms)
+        return await self._enqueue(f, args, kwargs, _chosen_id(run_id, job_id), at_ms)
 
     async def enqueue_in(
         self,
@@ -328,7 +351,7 @@ class AsyncQueue(RunControl):
             when = datetime.now(UTC) + delay
         except OverflowError:
             raise InvalidInput("delay", f"{delay} is outside the calendar") from None
-        return await self.enqueue_at(when, f, *args, run_id=run_id or job_id, **kwargs)
+        return await self.enqueue_at(when, f, *args, run_id=_chosen_id(run_id, job_id), **kwargs)
 
     async def enqueue_many(self, specs: Sequence[EnqueueSpec]) -> list[AsyncRun]:
         """Admit a batch in one transaction and one pipeline: all or nothing."""
@@ -337,7 +360,7 @@ class AsyncQueue(RunControl):
 
     @staticmethod
     def prepare_data(
-        f: Any,
+        f: Any = None,
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
         *,
@@ -345,9 +368,14 @@ class AsyncQueue(RunControl):
         run_id: str | None = None,
         **options: Any,
     ) -> EnqueueSpec:
-        """rq's ``Queue.prepare_data``; ``options`` are enqueue's rq options."""
+        """rq's ``Queue.prepare_data``; ``options`` are enqueue's rq options (``func=`` is
+        rq's name of ``f``)."""
+        if f is None:
+            f = options.pop("func", None)
+        if f is None:
+            raise InvalidInput("func", "prepare_data needs the function to enqueue")
         _, _, checked = split_rq_call((), dict(options))
-        return EnqueueSpec(f, tuple(args), dict(kwargs or {}), run_id or job_id, checked)
+        return EnqueueSpec(f, tuple(args), dict(kwargs or {}), _chosen_id(run_id, job_id), checked)
 
     # ---- rq's queue and registry reads ----------------------------------------
 

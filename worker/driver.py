@@ -38,7 +38,7 @@ from worker.evidence import RefusalLadder
 from worker.flows import Flow
 from worker.outcomes import Cause, Decision, DriveOutcome
 from worker.retry import is_transient, with_retry
-from worker.rq_compat import call_rq_style, wants_rq_call
+from worker.rq_compat import call_rq_style, running_job, wants_rq_call
 from worker.settle import AnnounceFn, Settlement, error_of
 from worker.sync_context import SyncContext
 from worker.takeover import ProbeFn, Takeover
@@ -273,9 +273,10 @@ class Driver(Decisions):
         args, kwargs = ctx.args, ctx.kwargs
         if flow.is_async:
             return await flow.fn(*([ctx] if flow.takes_context else []), *args, **kwargs)
-        sync_ctx = SyncContext(ctx, asyncio.get_running_loop())
-        call_args = [sync_ctx, *args] if flow.takes_context else args
-        return await in_thread(flow.fn, *call_args, **kwargs)
+        if not flow.takes_context:  # a plain function: rq's get_current_job() answers
+            with running_job(flow, ctx):
+                return await in_thread(flow.fn, *args, **kwargs)
+        return await in_thread(flow.fn, SyncContext(ctx, asyncio.get_running_loop()), *args, **kwargs)
 
     def interrupt(self, run_id: str, cause: Cause) -> bool:
         """Stop executing a run (cancel request, lost fence, lapse, shutdown)."""

@@ -27,6 +27,7 @@ from store import Store
 from store.config import Settings
 from store.types import Owner
 from worker import metrics
+from worker.burst import stop_when_drained
 from worker.containment import contain_tasks
 from worker.coordinator import Coordinator
 from worker.driver import Driver
@@ -74,7 +75,10 @@ class Worker:
         queues: Sequence[str] = ("default",),
         concurrency: int = 16,
         owner: Owner | None = None,
+        burst: bool = False,
     ) -> None:
+        """``burst``: rq's ``work(burst=True)`` / ``runfleet worker --burst``: stop (gracefully)
+        once its queues hold nothing it could run now (worker/burst.py)."""
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
         self.settings = settings
@@ -87,6 +91,7 @@ class Worker:
         self.driver: Driver | None = None
         self._sweeper: Sweeper | None = None
         self._gate = LeaseGate(settings)
+        self.burst = burst
 
     # ---- service surface -----------------------------------------------------
 
@@ -131,6 +136,8 @@ class Worker:
                 for service in services:
                     service.start(tg)  # a service that crashes ends this group
                 reader = tg.create_task(self.intake.read_loop(self._stopping), name="reader")
+                if self.burst:
+                    tg.create_task(stop_when_drained(self), name="burst")
                 self.started.set()
                 log.info(
                     "worker.started",

@@ -206,6 +206,10 @@ class AsyncQueue(RunControl):
             )
             if not met:  # rq enqueues a job whose dependencies are met at once
                 extra["depends_on"] = depends_on
+        if fn is not None and not takes_ctx:
+            # A plain function's job_timeout is rq's: execution time, enforced by the worker
+            # around the call (worker/rq_compat.py), failing it with JobTimeoutException.
+            job_timeout_ms = None
         ttl = extra.get("ttl")
         if isinstance(ttl, int):  # rq's ttl: a deadline from admission (README, mapping)
             job_timeout_ms = min(job_timeout_ms or ttl * 1000, ttl * 1000)

@@ -150,9 +150,10 @@ class FailedJobRegistry(BaseRegistry):
         from broker.jobs import Job
 
         job_id = getattr(job_or_id, "id", job_or_id)
-        if job_id not in self.get_job_ids():
-            raise InvalidJobOperation(f"Job {job_id!r} is not in the failed job registry")
         conn = self.connection
+        if job_id not in self.get_job_ids():
+            Job.fetch(str(job_id), conn)  # NoSuchJobError if absent or not this producer's
+            raise InvalidJobOperation(f"Job {job_id!r} is not failed: not in the failed registry")
         conn._call(conn._async.requeue(str(job_id), actor="failed_job_registry"))
         job = Job(conn, str(job_id))
         job.refresh()

@@ -24,6 +24,11 @@ class InvalidJobOperation(RunfleetError):
     not fail."""
 
 
+class JobTimeoutException(Exception):  # noqa: N818 - rq's name
+    """rq's ``JobTimeoutException``: a job ran past its ``job_timeout``; the job fails with
+    it (in ``exc_info`` and the failed registry), as in rq."""
+
+
 class JobIdTypeError(InvalidInput, TypeError):
     """``job_id`` that is not a string: rq raises TypeError, runfleet's InvalidInput too."""
 

@@ -25,7 +25,9 @@ Callbacks are named ``module:function`` and imported as a plain-function flow is
 from __future__ import annotations
 
 import asyncio
-import contextvars
+import ctypes
+import inspect
+import threading
 import traceback
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -34,6 +36,7 @@ from typing import Any, TypeVar
 
 from broker.current import current_job
 from broker.jobs import JobStatus, job_status
+from broker.rq_api import JobTimeoutException
 from store.registries import Registries
 from worker.context import Context
 from worker.durable import Retry
@@ -152,7 +155,70 @@ def running_job(flow: Flow, ctx: Context) -> Iterator[None]:
 def wants_rq_call(flow: Flow, ctx: Context) -> bool:
     state = ctx.run.state
     options = ("retry", "callbacks", "depends_on")
-    return not flow.takes_context and any(state.get(k) for k in options)
+    return not flow.takes_context and (
+        any(state.get(k) for k in options) or _job_timeout(state) is not None
+    )
+
+
+def _job_timeout(state: dict[str, Any]) -> float | None:
+    """rq's ``job_timeout`` of a plain function in seconds (None: none; rq's -1 too)."""
+    value = state.get("job_timeout")
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        return None
+    return float(value)
+
+
+def timed(fn: Callable[..., Any], seconds: float | None) -> Callable[..., Any]:
+    """``fn`` failing with rq's ``JobTimeoutException`` once it ran ``seconds``.
+
+    A coroutine function is cancelled at the timeout. A sync function runs in a worker
+    thread that cannot be stopped from outside: the exception is raised in that thread
+    (as rq's SIGALRM raises it in its work horse), which Python delivers at the next
+    bytecode the thread executes, so a blocking C call (a long ``time.sleep``, a socket
+    read) ends first and only then fails. The run's slot is held until it does.
+    """
+    if seconds is None:
+        return fn
+    if inspect.iscoroutinefunction(fn):
+
+        async def run_async(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await asyncio.wait_for(fn(*args, **kwargs), seconds)
+            except TimeoutError:
+                raise _timeout_error(seconds) from None
+
+        return run_async
+
+    def run_sync(*args: Any, **kwargs: Any) -> Any:
+        thread_id = threading.get_ident()
+        state = {"done": False}
+        lock = threading.Lock()
+
+        def expire() -> None:
+            with lock:
+                if not state["done"]:
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                        ctypes.c_ulong(thread_id), ctypes.py_object(JobTimeoutException)
+                    )
+
+        timer = threading.Timer(seconds, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            return fn(*args, **kwargs)
+        except JobTimeoutException:
+            raise _timeout_error(seconds) from None
+        finally:
+            with lock:
+                state["done"] = True
+            timer.cancel()
+
+    return run_sync
+
+
+def _timeout_error(seconds: float) -> JobTimeoutException:
+    shown = int(seconds) if seconds.is_integer() else seconds
+    return JobTimeoutException(f"Task exceeded maximum timeout value ({shown} seconds)")
 
 
 DEPENDENCY_POLL_MAX = 5.0
@@ -211,9 +277,8 @@ async def call_rq_style(flow: Flow, ctx: Context) -> Any:
         await await_dependencies(ctx, list(ctx.run.depends_on), bool(state.get("allow_failure")))
     try:
         with running_job(flow, ctx):
-            result = await ctx.step(
-                "call", flow.fn, *ctx.args, retry=rq_retry(state), **ctx.kwargs
-            )
+            call = timed(flow.fn, _job_timeout(state))
+            result = await ctx.step("call", call, *ctx.args, retry=rq_retry(state), **ctx.kwargs)
     except BaseException as exc:
         if not isinstance(exc, Exception) and not ctx.raised_by_user(exc):
             raise  # runfleet's own stop (cancel, shutdown, a park): not a failure

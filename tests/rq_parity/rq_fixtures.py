@@ -100,3 +100,11 @@ class ClassWithAStaticMethod:
     @staticmethod
     def static_method() -> str:
         return "I'm a static method"
+
+
+def spin(seconds: float) -> str:
+    """Busy for ``seconds`` in short sleeps (rq's timeout tests' ``long_running_job``)."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        time.sleep(0.05)
+    return "done"

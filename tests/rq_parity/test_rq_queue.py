@@ -335,3 +335,55 @@ def test_enqueue_at(rqx: Side) -> None:
     registry = rqx.registry.ScheduledJobRegistry(queue=queue)
     assert job in registry
     assert registry.get_expiration_time(job) == scheduled_time.replace(microsecond=0)
+
+
+def test_job_past_its_timeout_fails(rqx: Side) -> None:
+    """rq's tests/test_timeouts.py pattern: a job over ``job_timeout`` fails with
+    JobTimeoutException and is in the failed registry (not cancelled)."""
+    import time
+
+    q = rqx.Queue()
+    job = q.enqueue(fixtures.spin, 10, job_timeout=1)
+    started = time.monotonic()
+    rqx.work(q)
+    assert time.monotonic() - started < 8
+    assert job.get_status() == rqx.JobStatus.FAILED
+    assert job.exc_info is not None and "JobTimeoutException" in job.exc_info
+    assert job in q.failed_job_registry
+    fine = q.enqueue(fixtures.spin, 0.1, job_timeout=5)
+    rqx.work(q)
+    assert fine.return_value() == "done"
+
+
+def test_dotted_string_function(rqx: Side) -> None:
+    """rq's ``q.enqueue('module.func', ...)`` (tests/test_job.py create_job_from_string)."""
+    q = rqx.Queue()
+    job = q.enqueue("tests.rq_parity.rq_fixtures.say_hello", "Ann")
+    rqx.work(q)
+    assert job.return_value() == "Hi there, Ann!"
+
+
+def test_requeued_job_keeps_its_id_in_the_queue(rqx: Side) -> None:
+    q = rqx.Queue()
+    job = q.enqueue(fixtures.div_by_zero, job_id="keeps")
+    rqx.work(q)
+    registry = q.failed_job_registry
+    registry.requeue(job)
+    assert q.job_ids == ["keeps"]
+    rqx.work(q)
+    assert job in registry and registry.get_job_ids() == ["keeps"]
+    assert job.get_status() == rqx.JobStatus.FAILED
+
+
+def test_meta_is_there_without_refresh(rqx: Side) -> None:
+    q = rqx.Queue()
+    job = q.enqueue(fixtures.say_hello, meta={"owner": "ann"})
+    assert job.meta == {"owner": "ann"}
+
+
+def test_at_front_jobs_first(rqx: Side) -> None:
+    q = rqx.Queue()
+    first = q.enqueue(fixtures.say_hello)
+    front = q.enqueue(fixtures.say_hello, at_front=True)
+    front2 = q.enqueue(fixtures.say_hello, at_front=True)
+    assert q.job_ids == [front2.id, front.id, first.id]

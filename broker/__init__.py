@@ -3,6 +3,7 @@
 from broker.admission import Callback, Retry
 from broker.current import get_current_job
 from broker.jobs import Job, JobStatus, NoSuchJobError, Result
+from broker.queue import AsyncQueue, EnqueueSpec
 from broker.registries import (
     CanceledJobRegistry,
     DeferredJobRegistry,
@@ -11,8 +12,15 @@ from broker.registries import (
     ScheduledJobRegistry,
     StartedJobRegistry,
 )
-from broker.rq_api import Dependency, InvalidJobOperation, cancel_job, job, requeue_job
-from broker.queue import AsyncQueue, EnqueueSpec
+from broker.rq_api import (
+    Dependency,
+    DuplicateJobError,
+    InvalidJobOperation,
+    JobTimeoutException,
+    cancel_job,
+    job,
+    requeue_job,
+)
 from broker.run import AsyncRun, RunCancelled, RunFailed
 from broker.sync import Queue, Run
 from store.errors import RunNotFound
@@ -20,20 +28,12 @@ from store.types import EventAnswer, EventCompleted, EventExisting, EventRunSett
 
 __all__ = [
     "AsyncQueue",
+    "AsyncRun",
+    "Callback",
     "CanceledJobRegistry",
     "DeferredJobRegistry",
     "Dependency",
-    "FinishedJobRegistry",
-    "InvalidJobOperation",
-    "Result",
-    "ScheduledJobRegistry",
-    "StartedJobRegistry",
-    "cancel_job",
-    "get_current_job",
-    "job",
-    "requeue_job",
-    "AsyncRun",
-    "Callback",
+    "DuplicateJobError",
     "EnqueueSpec",
     "EventAnswer",
     "EventCompleted",
@@ -41,13 +41,23 @@ __all__ = [
     "EventRunSettled",
     "EventTimedOut",
     "FailedJobRegistry",
+    "FinishedJobRegistry",
+    "InvalidJobOperation",
     "Job",
     "JobStatus",
+    "JobTimeoutException",
     "NoSuchJobError",
     "Queue",
+    "Result",
     "Retry",
     "Run",
     "RunCancelled",
     "RunFailed",
     "RunNotFound",
+    "ScheduledJobRegistry",
+    "StartedJobRegistry",
+    "cancel_job",
+    "get_current_job",
+    "job",
+    "requeue_job",
 ]

@@ -134,7 +134,9 @@ class Retry:
 
     def __repr__(self) -> str:
         shown = self.intervals[0] if len(self.intervals) == 1 else self.intervals
-        return f"Retry(max={self.max}, interval={shown!r}, enqueue_at_front={self.enqueue_at_front})"
+        return (
+            f"Retry(max={self.max}, interval={shown!r}, enqueue_at_front={self.enqueue_at_front})"
+        )
 
 
 class Callback:
@@ -287,7 +289,11 @@ def rq_options(
         state["callbacks"] = callbacks
         timeouts = {
             k: parse_timeout(k, getattr(v, "timeout", None))
-            for k, v in (("on_success", on_success), ("on_failure", on_failure), ("on_stopped", on_stopped))
+            for k, v in (
+                ("on_success", on_success),
+                ("on_failure", on_failure),
+                ("on_stopped", on_stopped),
+            )
             if v is not None and getattr(v, "timeout", None) is not None
         }
         if timeouts:
@@ -296,8 +302,8 @@ def rq_options(
     if timeout_ms is not None and timeout_ms < 0:
         timeout_ms = None  # rq's -1: no timeout
     if job_timeout is not None:
-        seconds = _seconds("job_timeout", job_timeout)
-        state["job_timeout"] = int(seconds) if seconds is not None and seconds == int(seconds) else seconds
+        given = _seconds("job_timeout", job_timeout)
+        state["job_timeout"] = int(given) if given is not None and given == int(given) else given
     return state, timeout_ms
 
 
@@ -314,6 +320,7 @@ RQ_OPTIONS = (
     "depends_on",
     "ttl",
     "on_stopped",
+    "unique",
 )
 RQ_UNSUPPORTED = ("repeat", "rate_limit", "webhooks", "pipeline")
 

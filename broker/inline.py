@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.admission import callback_name
 from broker.current import current_job
-from broker.jobs import Job, JobStatus
+from broker.jobs import Job
 from broker.names import load_from_path
 from broker.trust import already_loaded
 from store.errors import InvalidInput, UnknownFlow
@@ -72,10 +72,14 @@ class InlineJob(Job):
     def save_meta(self) -> None:
         """Kept on this object (an inline job has no row to write)."""
 
-    def cancel(self, *, actor: str | None = None, enqueue_dependents: bool = False, pipeline: Any = None) -> Any:
+    def cancel(
+        self, *, actor: str | None = None, enqueue_dependents: bool = False, pipeline: Any = None
+    ) -> Any:
         raise InvalidInput("job", "an is_async=False job has already run")
 
-    def delete(self, pipeline: Any = None, remove_from_queue: bool = True, delete_dependents: bool = False) -> None:
+    def delete(
+        self, pipeline: Any = None, remove_from_queue: bool = True, delete_dependents: bool = False
+    ) -> None:
         """Nothing stored, nothing to delete."""
 
 
@@ -110,7 +114,9 @@ def run_inline(queue: Queue, new: NewRun) -> InlineJob:
     return job
 
 
-def _row(new: NewRun, status: RunStatus, state: dict[str, Any], created: int, updated: int) -> RunRow:
+def _row(
+    new: NewRun, status: RunStatus, state: dict[str, Any], created: int, updated: int
+) -> RunRow:
     return RunRow(
         id=new.id,
         flow=new.flow,

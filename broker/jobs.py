@@ -9,6 +9,7 @@ recommendation) in code meant to run on both.
 
 from __future__ import annotations
 
+import builtins
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,8 +20,7 @@ from broker.names import load_from_path
 from broker.rq_api import InvalidJobOperation
 from broker.run import AsyncRun
 from broker.trust import already_loaded
-from store.errors import InvalidInput
-from store.errors import RunNotFound
+from store.errors import InvalidInput, RunNotFound
 from store.jobs import Jobs
 from store.registries import Registries
 from store.types import CancelOutcome, RunRow, RunStatus, WaitingReason
@@ -101,7 +101,7 @@ class Result:
     return_value: Any = None
     exc_string: str | None = None
     created_at: datetime | None = None
-    Type: ClassVar[type[ResultType]] = ResultType
+    Type: ClassVar[builtins.type[ResultType]] = ResultType
 
 
 async def read_job(queue: AsyncQueue, run_id: str) -> tuple[RunRow, int | None, bool]:
@@ -135,14 +135,15 @@ async def read_job(queue: AsyncQueue, run_id: str) -> tuple[RunRow, int | None, 
 class Job:
     """One run, as rq's ``Job``: status predicates, result, meta, timestamps, cancel."""
 
-    def __init__(self, queue: Queue | str, run_id: Queue | str | None = None, *, connection: Queue | None = None) -> None:
+    def __init__(
+        self, queue: Queue | str, run_id: str | None = None, *, connection: Queue | None = None
+    ) -> None:
         # runfleet's Job(queue, run_id), or rq's Job(id, connection=queue)
-        if isinstance(queue, str):
-            queue, run_id = (connection or run_id), queue  # type: ignore[assignment]
-        if queue is None or not isinstance(run_id, str):
+        owner, job_id = (connection, queue) if isinstance(queue, str) else (queue, run_id)
+        if owner is None or not isinstance(job_id, str):
             raise TypeError("Job(id, connection=<runfleet Queue>)")
-        self._queue = queue  # type: ignore[assignment]
-        self.id = run_id
+        self._queue: Queue = owner
+        self.id = job_id
         self._row: RunRow | None = None
         self._started_ms: int | None = None
         self._deferred = False
@@ -371,7 +372,9 @@ class Job:
             self._queue._rq.mark("dependents_released", [self._current.id])
         return outcome
 
-    def delete(self, pipeline: Any = None, remove_from_queue: bool = True, delete_dependents: bool = False) -> None:
+    def delete(
+        self, pipeline: Any = None, remove_from_queue: bool = True, delete_dependents: bool = False
+    ) -> None:
         """rq's ``delete``: the job is gone for rq's reads (``Job.fetch`` raises
         NoSuchJobError, ``Job.exists`` is False, no registry or queue lists it); an open
         run is durably cancelled first. The row itself stays until ``runfleet prune``
@@ -547,7 +550,8 @@ class Job:
 
     def requeue(self, at_front: bool = False) -> Job:
         """rq's ``job.requeue()``: the failed-registry requeue."""
-        return self.failed_job_registry.requeue(self, at_front=at_front)
+        again: Job = self.failed_job_registry.requeue(self, at_front=at_front)
+        return again
 
     def results(self) -> list[Result]:
         """rq's ``results()``: the results, newest first (one per settled round here)."""

@@ -41,7 +41,7 @@ from broker.client import connect
 from broker.codec import message_for
 from broker.control import RunControl
 from broker.notify import Notifier
-from broker.rq_api import rq_job_id
+from broker.rq_api import DuplicateJobError, rq_job_id
 from broker.run import AsyncRun
 from broker.streams import Lane, Streams
 from broker.trust import producer_run_id, producer_scopes
@@ -189,7 +189,15 @@ class AsyncQueue(RunControl):
         if isinstance(spec.target, str) and not self.late_binding and not importable(name):
             if await self._available(lambda: self.store.flows.get(name)) is None:
                 raise unknown(name)
-        options = {k: v for k, v in spec.options.items() if k not in ("at_front", "depends_on")}
+        options = {
+            k: v for k, v in spec.options.items() if k not in ("at_front", "depends_on", "unique")
+        }
+        if spec.options.get("unique"):
+            if spec.run_id is None:
+                raise InvalidInput("unique", "needs job_id= (rq's rule)")
+            chosen = spec.run_id
+            if await self._available(lambda: self.store.runs.get(chosen)) is not None:
+                raise DuplicateJobError(f"Job with ID '{chosen}' already exists")
         depends_on, allow_failure = dependencies(spec.options.get("depends_on"))
         extra, job_timeout_ms = rq_options(**options, allow_failure=allow_failure)
         if spec.options.get("at_front"):

@@ -66,7 +66,9 @@ class BaseRegistry:
 
         async def read() -> list[tuple[str, int | None]]:
             registries = Registries(conn._async.store)
-            return await conn._async._available(lambda: registries.ids(self.kind, self.name, scopes))
+            return await conn._async._available(
+                lambda: registries.ids(self.kind, self.name, scopes)
+            )
 
         return conn._call(read())
 

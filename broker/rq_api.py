@@ -24,9 +24,13 @@ class InvalidJobOperation(RunfleetError):
     not fail."""
 
 
-class JobTimeoutException(Exception):  # noqa: N818 - rq's name
+class JobTimeoutException(Exception):
     """rq's ``JobTimeoutException``: a job ran past its ``job_timeout``; the job fails with
     it (in ``exc_info`` and the failed registry), as in rq."""
+
+
+class DuplicateJobError(RunfleetError):
+    """rq's ``DuplicateJobError``: ``enqueue(..., job_id=, unique=True)`` of an id in use."""
 
 
 class JobIdTypeError(InvalidInput, TypeError):
@@ -77,7 +81,7 @@ class Dependency:
         return f"Dependency({self.dependencies!r}, allow_failure={self.allow_failure})"
 
 
-class job:  # noqa: N801 - rq's name
+class job:
     """rq's ``@job(queue, connection=..., **enqueue options)``: ``f.delay(*args)`` enqueues.
 
     ``queue`` is a runfleet ``Queue`` or a queue name (then ``connection`` is a ``Queue``

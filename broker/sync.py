@@ -137,7 +137,7 @@ class Queue:
             settings = settings or base.settings
             scopes = scopes or base.scopes
             late_binding = late_binding or base.late_binding
-        self._async = AsyncQueue(
+        self._async: AsyncQueue = AsyncQueue(
             name,
             settings=settings,
             database_url=database_url,
@@ -145,7 +145,7 @@ class Queue:
             scopes=scopes,
             late_binding=late_binding,
         )
-        self.name = name
+        self.name: str = name
         self.is_async = is_async
         self._driver = _Driver(self._async)
         self._finalizer = weakref.finalize(self, self._driver.shutdown)

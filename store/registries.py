@@ -1,4 +1,5 @@
-"""rq's job registries, queue list and dependency gate, read from run rows (store/sql/registries.sql).
+"""rq's job registries, queue list and dependency gate, read from run rows
+(store/sql/registries.sql).
 
 rq keeps each registry as a Redis sorted set beside the job hashes; here each one is a
 query of ``runfleet.runs`` (the one source of truth), narrowed in Python where the answer

@@ -276,7 +276,9 @@ class Driver(Decisions):
         if not flow.takes_context:  # a plain function: rq's get_current_job() answers
             with running_job(flow, ctx):
                 return await in_thread(flow.fn, *args, **kwargs)
-        return await in_thread(flow.fn, SyncContext(ctx, asyncio.get_running_loop()), *args, **kwargs)
+        return await in_thread(
+            flow.fn, SyncContext(ctx, asyncio.get_running_loop()), *args, **kwargs
+        )
 
     def interrupt(self, run_id: str, cause: Cause) -> bool:
         """Stop executing a run (cancel request, lost fence, lapse, shutdown)."""

@@ -89,8 +89,10 @@ class CallbackJob:
 
     def _run(self, make: Callable[[], Awaitable[T]]) -> T:
         assert self._ctx is not None and self._loop is not None
+
         async def call() -> T:
             return await make()
+
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:

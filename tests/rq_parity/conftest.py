@@ -81,7 +81,8 @@ def thread_worker(settings: Settings) -> Iterator[ThreadWorker]:
 class Side:
     name: str
     connection: Any
-    Queue: Callable[..., Any]
+    Queue: Any
+    """Called, a queue on this side's connection; otherwise the class (``Queue.all``)."""
     Job: Any
     JobStatus: Any
     Retry: Any

@@ -1,4 +1,4 @@
-"""rq's ``tests/fixtures.py`` functions that the ported rq tests enqueue (tests/rq_parity/test_rq_*).
+"""rq's ``tests/fixtures.py`` functions the ported rq tests enqueue (tests/rq_parity/test_rq_*).
 
 Importable by an rq worker and a runfleet worker alike. rq's fixtures write what a callback
 saw into Redis (``connection.set``); these write it to files under ``RQ_PARITY_OUT`` (set
@@ -88,7 +88,9 @@ def save_status_on_success(job: Any, connection: Any, result: Any) -> None:
     _out(f"success_callback_status:{job.id}").write_text(str(job.get_status(refresh=False).value))
 
 
-def save_status_on_failure(job: Any, connection: Any, type: Any, value: Any, traceback: Any) -> None:
+def save_status_on_failure(
+    job: Any, connection: Any, type: Any, value: Any, traceback: Any
+) -> None:
     _out(f"failure_callback_status:{job.id}").write_text(str(job.get_status(refresh=False).value))
 
 

@@ -387,3 +387,24 @@ def test_at_front_jobs_first(rqx: Side) -> None:
     front = q.enqueue(fixtures.say_hello, at_front=True)
     front2 = q.enqueue(fixtures.say_hello, at_front=True)
     assert q.job_ids == [front2.id, front.id, first.id]
+
+
+def test_enqueue_unique_raises_on_duplicate(rqx: Side) -> None:
+    queue = rqx.Queue()
+    assert queue.enqueue(fixtures.say_hello, job_id="unique-job", unique=True) is not None
+    with pytest.raises(rqx.exceptions.DuplicateJobError, match="unique-job"):
+        queue.enqueue(fixtures.say_hello, job_id="unique-job", unique=True)
+
+
+def test_enqueue_without_unique_allows_duplicate_ids(rqx: Side) -> None:
+    queue = rqx.Queue()
+    assert queue.enqueue(fixtures.say_hello, job_id="duplicate-job").id == "duplicate-job"
+    assert queue.enqueue(fixtures.say_hello, job_id="duplicate-job").id == "duplicate-job"
+
+
+def test_enqueue_unique_allows_requeue_after_job_deleted(rqx: Side) -> None:
+    queue = rqx.Queue()
+    job1 = queue.enqueue(fixtures.say_hello, job_id="requeue-job", unique=True)
+    job1.delete()
+    job2 = queue.enqueue(fixtures.say_hello, job_id="requeue-job", unique=True)
+    assert job2.id == "requeue-job"

@@ -1,4 +1,4 @@
-"""rq's tests/test_registry.py, ported: each test runs on real rq and on runfleet (conftest ``rqx``).
+"""rq's tests/test_registry.py, ported: each test runs on real rq and on runfleet (``rqx``).
 
 rq's ``registry.add(job)`` writes a registry by hand; runfleet's registries are reads of the
 run rows (no second source of truth), so these ports put a job in a registry by doing what

@@ -80,6 +80,17 @@ def job_status(row: RunRow, deferred: bool = False) -> JobStatus:
     }[row.status]
 
 
+def _expired(row: RunRow) -> bool:
+    """Past its ``result_ttl`` (completed) or ``failure_ttl`` (failed): rq's key has
+    expired, so rq's reads answer "no such job" at once, though retention deletes the row
+    at its next pass (up to a minute later)."""
+    key = {RunStatus.COMPLETED: "result_ttl", RunStatus.FAILED: "failure_ttl"}.get(row.status)
+    ttl = row.state.get(key) if key else None
+    if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl < 0:
+        return False
+    return row.now_ms >= row.updated_at_ms + ttl * 1000
+
+
 def _when(ms: int | None) -> datetime | None:
     return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
 
@@ -117,8 +128,8 @@ async def read_job(queue: AsyncQueue, run_id: str) -> tuple[RunRow, int | None, 
         if row.status is not RunStatus.FAILED or not following:
             break
         row = await queue.authorized(following)
-    if row.state.get("deleted"):
-        raise RunNotFound(run_id)  # rq's delete(): the job is gone (the row awaits prune)
+    if row.state.get("deleted") or _expired(row):
+        raise RunNotFound(run_id)  # rq's delete() or ttl: the job is gone (the row awaits prune)
     jobs = Jobs(queue.store)
     started, deferred = None, False
     if row.depends_on and not row.status.terminal:

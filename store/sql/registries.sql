@@ -14,6 +14,13 @@ SELECT CASE WHEN r.state ? 'requeued_from' THEN r.lineage_id ELSE r.id END AS rq
   FROM runfleet.runs r
  WHERE r.queue = %(queue)s
    AND NOT (r.state ? 'deleted') AND NOT (r.state ? 'requeued_as')
+   -- past result_ttl / failure_ttl: rq's key expired (retention deletes the row later)
+   AND NOT (r.status = 'completed' AND coalesce((r.state->>'result_ttl')::bigint >= 0
+            AND r.updated_at_ms + (r.state->>'result_ttl')::bigint * 1000 <= runfleet.now_ms(),
+            false))
+   AND NOT (r.status = 'failed' AND coalesce((r.state->>'failure_ttl')::bigint >= 0
+            AND r.updated_at_ms + (r.state->>'failure_ttl')::bigint * 1000 <= runfleet.now_ms(),
+            false))
    AND coalesce(r.state->'scopes', '[]'::jsonb) <@ %(scopes)s::jsonb
    AND CASE %(kind)s
          WHEN 'finished' THEN r.status = 'completed' AND NOT (r.state ? 'handed_off_to')

@@ -75,3 +75,21 @@ def test_results_list(rqx: Side) -> None:
     results = job.results()
     assert len(results) == 1
     assert results[0].return_value == "Hi there, Stranger!"
+
+
+def test_job_return_value_result_ttl_zero(rqx: Side) -> None:
+    """result_ttl=0: the job is gone once it finished (rq deletes its key at once)."""
+    queue = rqx.Queue()
+    job = queue.enqueue(fixtures.say_hello, result_ttl=0)
+    assert job.return_value() is None
+    rqx.work(queue)
+    assert not rqx.Job.exists(job.id, connection=rqx.connection)
+    assert job.id not in queue.finished_job_registry
+
+
+def test_job_return_value_result_ttl_infinity(rqx: Side) -> None:
+    queue = rqx.Queue()
+    job = queue.enqueue(fixtures.say_hello, result_ttl=-1)
+    rqx.work(queue)
+    assert job.return_value() == "Hi there, Stranger!"
+    assert job in queue.finished_job_registry

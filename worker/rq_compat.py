@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import inspect
+import logging
 import threading
 import traceback
 from collections.abc import Awaitable, Callable, Iterator
@@ -39,6 +40,8 @@ from broker.jobs import JobStatus, job_status
 from broker.rq_api import JobTimeoutException
 from store.registries import Registries
 from worker.context import Context
+from worker.outcomes import Cause
+from worker.threads import in_thread
 from worker.durable import Retry
 from worker.flows import Flow, resolve
 
@@ -62,6 +65,7 @@ def rq_retry(state: dict[str, Any]) -> Retry | None:
 
 
 T = TypeVar("T")
+log = logging.getLogger("runfleet.worker.rq")
 
 
 @dataclass
@@ -283,6 +287,8 @@ async def call_rq_style(flow: Flow, ctx: Context) -> Any:
             result = await ctx.step("call", call, *ctx.args, retry=rq_retry(state), **ctx.kwargs)
     except BaseException as exc:
         if not isinstance(exc, Exception) and not ctx.raised_by_user(exc):
+            if ctx.interrupted is Cause.CANCELLED and callbacks.get("on_stopped"):
+                await _stopped(flow, ctx, str(callbacks["on_stopped"]))
             raise  # runfleet's own stop (cancel, shutdown, a park): not a failure
         name = callbacks.get("on_failure")
         if name:
@@ -296,6 +302,16 @@ async def call_rq_style(flow: Flow, ctx: Context) -> Any:
         job = job_of(flow, ctx, JobStatus.FINISHED)
         await ctx.step("rq.on_success", _quiet(resolve_callback(str(name))), job, None, result)
     return result
+
+
+async def _stopped(flow: Flow, ctx: Context, name: str) -> None:
+    """rq's ``on_stopped(job, connection)``: the job was cancelled while it ran. Called
+    once by the worker that stops it, not recorded (the run settles cancelled right
+    after; a worker lost in between does not call it). Its errors are logged, as rq's."""
+    try:
+        await in_thread(resolve_callback(name), job_of(flow, ctx, JobStatus.CANCELED), None)
+    except Exception as exc:
+        log.warning("rq.on_stopped_failed", extra={"run_id": ctx.run.id, "error": repr(exc)})
 
 
 def resolve_callback(name: str) -> Any:

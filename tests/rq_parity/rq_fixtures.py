@@ -110,3 +110,7 @@ def spin(seconds: float) -> str:
     while time.monotonic() < until:
         time.sleep(0.05)
     return "done"
+
+
+def save_stopped(job: Any, connection: Any) -> None:
+    _out(f"stopped_callback:{job.id}").write_text(str(job.get_status(refresh=False).value))

@@ -79,7 +79,7 @@ def test_dependency_list_in_depends_on(rqx: Side) -> None:
 def test_a_chain_of_three(rqx: Side) -> None:
     """rq's documented A <- B <- C chain (docs/jobs: depends_on), run to the end."""
     q = rqx.Queue()
-    a = q.enqueue(fixtures.long_running_job, 0.5)
+    a = q.enqueue(fixtures.long_running_job, 2.5)
     b = q.enqueue(fixtures.say_hello, "B", depends_on=a)
     c = q.enqueue(fixtures.say_hello, "C", depends_on=b)
     assert b.get_status() == rqx.JobStatus.DEFERRED and c.get_status() == rqx.JobStatus.DEFERRED

@@ -40,10 +40,10 @@ from broker.jobs import JobStatus, job_status
 from broker.rq_api import JobTimeoutException
 from store.registries import Registries
 from worker.context import Context
-from worker.outcomes import Cause
-from worker.threads import in_thread
 from worker.durable import Retry
 from worker.flows import Flow, resolve
+from worker.outcomes import Cause
+from worker.threads import in_thread
 
 
 @dataclass(frozen=True)

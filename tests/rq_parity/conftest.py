@@ -147,7 +147,9 @@ def _rq_side(url: str) -> Side:
     import rq.registry
     from redis import Redis
 
-    conn = Redis.from_url(url)
+    # redis-py 8 reads with a 5 s socket timeout by default: rq's blocking
+    # ``latest_result(timeout=)`` (XREAD BLOCK) outlasts it when the worker is slow to start
+    conn = Redis.from_url(url, socket_timeout=120)
     conn.flushdb()  # this session's own throwaway server: each test starts empty, as in rq's suite
 
     def queue(name: str = "default", **kwargs: Any) -> Any:

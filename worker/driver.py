@@ -271,8 +271,11 @@ class Driver(Decisions):
         if wants_rq_call(flow, ctx):  # rq's retry= / on_success= / on_failure=
             return await call_rq_style(flow, ctx)
         args, kwargs = ctx.args, ctx.kwargs
-        if flow.is_async:
-            return await flow.fn(*([ctx] if flow.takes_context else []), *args, **kwargs)
+        if flow.is_async and flow.takes_context:
+            return await flow.fn(ctx, *args, **kwargs)
+        if flow.is_async:  # a plain coroutine function: rq's get_current_job() answers
+            with running_job(flow, ctx):
+                return await flow.fn(*args, **kwargs)
         if not flow.takes_context:  # a plain function: rq's get_current_job() answers
             with running_job(flow, ctx):
                 return await in_thread(flow.fn, *args, **kwargs)

@@ -28,11 +28,7 @@ def flow_target(target: Any) -> tuple[str, str | None, Callable[..., Any] | None
         name, queue = declared
         return name, queue, getattr(target, "fn", None), True
     if isinstance(target, str):
-        name = validate.identifier("flow", target)
-        if ":" not in name and "." in name:  # rq's 'module.func' spelling
-            module, _, func = name.rpartition(".")
-            name = f"{module}:{func}"
-        return name, None, None, False
+        return validate.identifier("flow", target), None, None, False
     if callable(target) and hasattr(target, "__module__") and hasattr(target, "__qualname__"):
         name = importable_name(target)
         if name is None:
@@ -88,6 +84,17 @@ class EnqueueSpec:
     run_id: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     """rq's enqueue options (``job_timeout``, ``meta``, ``retry``, ...): see ``rq_options``."""
+
+
+def rq_dotted(name: str) -> str | None:
+    """rq's ``'module.func'`` spelling as ``module:func``; None unless it is that form.
+
+    A registered flow's name may contain dots too (``@flow(name="billing.charge")``):
+    the caller tries the name as given first."""
+    if ":" in name or "." not in name:
+        return None
+    module, _, func = name.rpartition(".")
+    return f"{module}:{func}"
 
 
 def importable(name: str) -> bool:

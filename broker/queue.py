@@ -32,6 +32,7 @@ from broker.admission import (
     dependencies,
     flow_target,
     importable,
+    rq_dotted,
     rq_options,
     split_rq_call,
     unknown,
@@ -186,9 +187,15 @@ class AsyncQueue(RunControl):
         name, _declared_queue, fn, takes_ctx = flow_target(spec.target)
         args, kwargs = list(spec.args), dict(spec.kwargs)
         check_signature(fn, takes_ctx, args, kwargs)
-        if isinstance(spec.target, str) and not self.late_binding and not importable(name):
-            if await self._available(lambda: self.store.flows.get(name)) is None:
-                raise unknown(name)
+        if isinstance(spec.target, str) and not importable(name):
+            dotted = rq_dotted(name)  # rq's 'module.func' spelling, when no flow has the name
+            if not self.late_binding or dotted is not None:
+                given = name
+                if await self._available(lambda: self.store.flows.get(given)) is None:
+                    if dotted is not None and (self.late_binding or importable(dotted)):
+                        name = dotted
+                    elif not self.late_binding:
+                        raise unknown(name)
         options = {
             k: v for k, v in spec.options.items() if k not in ("at_front", "depends_on", "unique")
         }

@@ -1,10 +1,10 @@
 """Redis: wake-up streams, liveness keys and notifications, plus the producer API."""
 
-from broker.admission import Callback, Retry
-from broker.current import get_current_job
-from broker.jobs import Job, JobStatus, NoSuchJobError, Result
-from broker.queue import AsyncQueue, EnqueueSpec
-from broker.registries import (
+from runfleet.broker.admission import Callback, Retry
+from runfleet.broker.current import get_current_job
+from runfleet.broker.jobs import Job, JobStatus, NoSuchJobError, Result
+from runfleet.broker.queue import AsyncQueue, EnqueueSpec
+from runfleet.broker.registries import (
     CanceledJobRegistry,
     DeferredJobRegistry,
     FailedJobRegistry,
@@ -12,7 +12,7 @@ from broker.registries import (
     ScheduledJobRegistry,
     StartedJobRegistry,
 )
-from broker.rq_api import (
+from runfleet.broker.rq_api import (
     Dependency,
     DuplicateJobError,
     InvalidJobOperation,
@@ -21,10 +21,16 @@ from broker.rq_api import (
     job,
     requeue_job,
 )
-from broker.run import AsyncRun, RunCancelled, RunFailed
-from broker.sync import Queue, Run
-from store.errors import RunNotFound
-from store.types import EventAnswer, EventCompleted, EventExisting, EventRunSettled, EventTimedOut
+from runfleet.broker.run import AsyncRun, RunCancelled, RunFailed
+from runfleet.broker.sync import Queue, Run
+from runfleet.store.errors import RunNotFound
+from runfleet.store.types import (
+    EventAnswer,
+    EventCompleted,
+    EventExisting,
+    EventRunSettled,
+    EventTimedOut,
+)
 
 __all__ = [
     "AsyncQueue",

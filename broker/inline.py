@@ -18,16 +18,16 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from broker.admission import callback_name
-from broker.current import current_job
-from broker.jobs import Job
-from broker.names import load_from_path
-from broker.trust import already_loaded
-from store.errors import InvalidInput, UnknownFlow
-from store.types import NewRun, RunRow, RunStatus
+from runfleet.broker.admission import callback_name
+from runfleet.broker.current import current_job
+from runfleet.broker.jobs import Job
+from runfleet.broker.names import load_from_path
+from runfleet.broker.trust import already_loaded
+from runfleet.store.errors import InvalidInput, UnknownFlow
+from runfleet.store.types import NewRun, RunRow, RunStatus
 
 if TYPE_CHECKING:
-    from broker.sync import Queue
+    from runfleet.broker.sync import Queue
 
 
 def _function(name: str) -> Any:

@@ -16,18 +16,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from broker.names import load_from_path
-from broker.rq_api import InvalidJobOperation
-from broker.run import AsyncRun
-from broker.trust import already_loaded
-from store.errors import InvalidInput, RunNotFound
-from store.jobs import Jobs
-from store.registries import Registries
-from store.types import CancelOutcome, RunRow, RunStatus, WaitingReason
+from runfleet.broker.names import load_from_path
+from runfleet.broker.rq_api import InvalidJobOperation
+from runfleet.broker.run import AsyncRun
+from runfleet.broker.trust import already_loaded
+from runfleet.store.errors import InvalidInput, RunNotFound
+from runfleet.store.jobs import Jobs
+from runfleet.store.registries import Registries
+from runfleet.store.types import CancelOutcome, RunRow, RunStatus, WaitingReason
 
 if TYPE_CHECKING:
-    from broker.queue import AsyncQueue
-    from broker.sync import Queue
+    from runfleet.broker.queue import AsyncQueue
+    from runfleet.broker.sync import Queue
 
 NoSuchJobError = RunNotFound
 """rq's name for "no job with this id" (``Job.fetch``)."""
@@ -527,7 +527,7 @@ class Job:
 
     @property
     def failed_job_registry(self) -> Any:
-        from broker.registries import FailedJobRegistry
+        from runfleet.broker.registries import FailedJobRegistry
 
         return FailedJobRegistry(self.origin, connection=self._queue)
 
@@ -537,7 +537,7 @@ class Job:
             origin = self.origin
         except NoSuchJobError:
             return None
-        from broker.sync import Queue
+        from runfleet.broker.sync import Queue
 
         return Queue(origin, connection=self._queue).get_job_position(self.id)
 
@@ -555,7 +555,7 @@ class Job:
     def perform(self) -> Any:
         """rq's ``perform``: run the job's function here, now, and return its value
         (nothing is recorded: the durable run is the worker's)."""
-        from broker.inline import call_function
+        from runfleet.broker.inline import call_function
 
         return call_function(self)
 
@@ -580,6 +580,6 @@ def resolve_loaded(name: str) -> Any:
     return load_from_path(name, already_loaded)
 
 
-from broker.registries import FailedJobRegistry  # noqa: E402 - rq's names from one module
+from runfleet.broker.registries import FailedJobRegistry  # noqa: E402 - rq's names from one module
 
 __all__ = ["FailedJobRegistry", "Job", "JobStatus", "NoSuchJobError", "Result", "ResultType"]

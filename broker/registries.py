@@ -13,12 +13,12 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from broker.rq_api import InvalidJobOperation
-from store.registries import Registries
+from runfleet.broker.rq_api import InvalidJobOperation
+from runfleet.store.registries import Registries
 
 if TYPE_CHECKING:
-    from broker.jobs import Job
-    from broker.sync import Queue
+    from runfleet.broker.jobs import Job
+    from runfleet.broker.sync import Queue
 
 
 class BaseRegistry:
@@ -56,7 +56,7 @@ class BaseRegistry:
         return hash((type(self), self.name))
 
     def get_queue(self) -> Queue:
-        from broker.sync import Queue
+        from runfleet.broker.sync import Queue
 
         return self._queue or Queue(self.name, connection=self.connection)
 
@@ -80,7 +80,7 @@ class BaseRegistry:
         return ids[start:] if end < 0 else ids[start : end + 1]
 
     def get_jobs(self, start: int = 0, end: int = -1) -> list[Job]:
-        from broker.jobs import Job
+        from runfleet.broker.jobs import Job
 
         found = Job.fetch_many(self.get_job_ids(start, end), connection=self.connection)
         return [j for j in found if j is not None]
@@ -130,7 +130,7 @@ class ScheduledJobRegistry(BaseRegistry):
 
     def get_scheduled_time(self, job_or_id: Job | str) -> datetime:
         """When the job is due (UTC, whole seconds as rq's); NoSuchJobError if not here."""
-        from broker.jobs import NoSuchJobError
+        from runfleet.broker.jobs import NoSuchJobError
 
         job_id = getattr(job_or_id, "id", job_or_id)
         for found, wake_at_ms in self._entries():
@@ -149,7 +149,7 @@ class FailedJobRegistry(BaseRegistry):
     def requeue(self, job_or_id: Job | str, at_front: bool = False) -> Job:
         """Run a failed job again: a new round of its run, read through the same id.
         InvalidJobOperation (rq's) if the job is not in this registry."""
-        from broker.jobs import Job
+        from runfleet.broker.jobs import Job
 
         job_id = getattr(job_or_id, "id", job_or_id)
         conn = self.connection

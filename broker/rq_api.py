@@ -12,11 +12,11 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from store.errors import InvalidInput, RunfleetError
+from runfleet.store.errors import InvalidInput, RunfleetError
 
 if TYPE_CHECKING:
-    from broker.jobs import Job
-    from broker.sync import Queue
+    from runfleet.broker.jobs import Job
+    from runfleet.broker.sync import Queue
 
 
 class InvalidJobOperation(RunfleetError):
@@ -96,7 +96,7 @@ class job:
     def __call__(self, f: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(f)
         def delay(*args: Any, **kwargs: Any) -> Job:
-            from broker.sync import Queue
+            from runfleet.broker.sync import Queue
 
             queue = self.queue
             if isinstance(queue, str):
@@ -111,13 +111,13 @@ class job:
 
 def cancel_job(job_id: str, connection: Queue, enqueue_dependents: bool = False) -> None:
     """rq's ``cancel_job``."""
-    from broker.jobs import Job
+    from runfleet.broker.jobs import Job
 
     Job.fetch(job_id, connection=connection).cancel(enqueue_dependents=enqueue_dependents)
 
 
 def requeue_job(job_id: str, connection: Queue) -> Job:
     """rq's ``requeue_job``."""
-    from broker.jobs import Job
+    from runfleet.broker.jobs import Job
 
     return Job.fetch(job_id, connection=connection).requeue()

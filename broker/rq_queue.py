@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from store.registries import Registries
+from runfleet.store.registries import Registries
 
 if TYPE_CHECKING:
-    from broker.inline import InlineJob
-    from broker.queue import EnqueueSpec
-    from broker.sync import Queue
+    from runfleet.broker.inline import InlineJob
+    from runfleet.broker.queue import EnqueueSpec
+    from runfleet.broker.sync import Queue
 
 
 class RqReads:
@@ -51,7 +51,7 @@ class RqReads:
         return bool(self._run(lambda r: r.dependencies_met(list(ids), allow_failure))[0])
 
     def run_inline(self, spec: EnqueueSpec) -> InlineJob:
-        from broker.inline import run_inline
+        from runfleet.broker.inline import run_inline
 
         new = self._queue._call(self._queue._async._new_run(spec))
         return run_inline(self._queue, new)

@@ -21,10 +21,10 @@ from collections.abc import Coroutine, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from broker.admission import split_rq_call
-from broker.jobs import Job, JobStatus, NoSuchJobError
-from broker.queue import AsyncQueue, EnqueueSpec, _chosen_id
-from broker.registries import (
+from runfleet.broker.admission import split_rq_call
+from runfleet.broker.jobs import Job, JobStatus, NoSuchJobError
+from runfleet.broker.queue import AsyncQueue, EnqueueSpec, _chosen_id
+from runfleet.broker.registries import (
     CanceledJobRegistry,
     DeferredJobRegistry,
     FailedJobRegistry,
@@ -32,11 +32,11 @@ from broker.registries import (
     ScheduledJobRegistry,
     StartedJobRegistry,
 )
-from broker.rq_queue import RqReads
-from broker.run import AsyncRun
-from store.config import Settings
-from store.errors import InvalidInput
-from store.types import CancelOutcome, EventAnswer
+from runfleet.broker.rq_queue import RqReads
+from runfleet.broker.run import AsyncRun
+from runfleet.store.config import Settings
+from runfleet.store.errors import InvalidInput
+from runfleet.store.types import CancelOutcome, EventAnswer
 
 T = TypeVar("T")
 
@@ -127,7 +127,7 @@ class Queue:
         if job_class is not None or serializer is not None:
             raise InvalidInput(
                 "serializer" if serializer is not None else "job_class",
-                "runfleet stores JSON and answers broker.Job: rq's job_class=/serializer= "
+                "runfleet stores JSON and answers runfleet.broker.Job: rq's job_class=/serializer= "
                 "have no runfleet meaning (README)",
             )
         if connection is not None:

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
 
-from store.types import RunRow, RunStatus
+from runfleet.store.types import RunRow, RunStatus
 
 if TYPE_CHECKING:
-    from store import Store
+    from runfleet.store import Store
 
 KINDS = ("started", "finished", "failed", "deferred", "scheduled", "canceled")
 MARKERS = ("deleted", "dependents_released")

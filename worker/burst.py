@@ -13,11 +13,11 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from store.registries import Registries
-from worker.retry import INFRA_ERRORS
+from runfleet.store.registries import Registries
+from runfleet.worker.retry import INFRA_ERRORS
 
 if TYPE_CHECKING:
-    from worker.process import Worker
+    from runfleet.worker.process import Worker
 
 log = logging.getLogger("runfleet.worker.burst")
 

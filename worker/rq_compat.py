@@ -35,15 +35,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from broker.current import current_job
-from broker.jobs import JobStatus, job_status
-from broker.rq_api import JobTimeoutException
-from store.registries import Registries
-from worker.context import Context
-from worker.durable import Retry
-from worker.flows import Flow, resolve
-from worker.outcomes import Cause
-from worker.threads import in_thread
+from runfleet.broker.current import current_job
+from runfleet.broker.jobs import JobStatus, job_status
+from runfleet.broker.rq_api import JobTimeoutException
+from runfleet.store.registries import Registries
+from runfleet.worker.context import Context
+from runfleet.worker.durable import Retry
+from runfleet.worker.flows import Flow, resolve
+from runfleet.worker.outcomes import Cause
+from runfleet.worker.threads import in_thread
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ class CallbackJob:
     def save_meta(self) -> None:
         store = self._ctx.store if self._ctx is not None else None
         assert store is not None
-        from store.jobs import Jobs
+        from runfleet.store.jobs import Jobs
 
         self._run(lambda: Jobs(store).save_meta(self.id, self.meta))
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from store.config import Settings
-from worker.process import Worker
+from runfleet.store.config import Settings
+from runfleet.worker.process import Worker
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -130,7 +130,7 @@ class _Process:
 def rq_redis() -> Iterator[str]:
     """A redis-server of this session for the rq control: rq's keys (``rq:queue:default``,
     ``rq:queues``) are global, so it cannot share the shared server with other tests."""
-    from ops.servers.redis import ThrowawayRedis
+    from runfleet.ops.servers.redis import ThrowawayRedis
 
     server = ThrowawayRedis().start()
     try:
@@ -193,17 +193,17 @@ def _rq_side(url: str) -> Side:
 
 
 def _runfleet_side(settings: Settings, opened: list[Any]) -> Side:
-    import broker
-    import broker.registries
-    from worker.process import Worker
+    import runfleet.broker
+    import runfleet.broker.registries
+    from runfleet.worker.process import Worker
 
     def queue(name: str = "default", **kwargs: Any) -> Any:
         kwargs.setdefault("connection", conn)
-        q = broker.Queue(name, **kwargs)
+        q = runfleet.broker.Queue(name, **kwargs)
         opened.append(q)
         return q
 
-    conn = broker.Queue("default", settings=settings)
+    conn = runfleet.broker.Queue("default", settings=settings)
     opened.append(conn)
 
     def work_in_background(*queues: Any) -> threading.Thread:
@@ -221,18 +221,18 @@ def _runfleet_side(settings: Settings, opened: list[Any]) -> Side:
     return Side(
         name="runfleet",
         connection=conn,
-        Queue=_QueueClass(broker.Queue, queue),
-        Job=broker.Job,
-        JobStatus=broker.JobStatus,
-        Retry=broker.Retry,
-        Callback=broker.Callback,
-        Dependency=broker.Dependency,
-        registry=broker.registries,
-        exceptions=broker,
-        get_current_job=broker.get_current_job,
-        job=broker.job,
-        cancel_job=broker.cancel_job,
-        requeue_job=broker.requeue_job,
+        Queue=_QueueClass(runfleet.broker.Queue, queue),
+        Job=runfleet.broker.Job,
+        JobStatus=runfleet.broker.JobStatus,
+        Retry=runfleet.broker.Retry,
+        Callback=runfleet.broker.Callback,
+        Dependency=runfleet.broker.Dependency,
+        registry=runfleet.broker.registries,
+        exceptions=runfleet.broker,
+        get_current_job=runfleet.broker.get_current_job,
+        job=runfleet.broker.job,
+        cancel_job=runfleet.broker.cancel_job,
+        requeue_job=runfleet.broker.requeue_job,
         work=work,
         work_in_background=work_in_background,
     )

@@ -15,7 +15,7 @@ from typing import Any
 
 import rq
 
-import broker
+from runfleet import broker
 
 
 def _out(name: str) -> Path:

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from datetime import timedelta
 
-from broker import Job, Queue
-from store.config import Settings
+from runfleet.broker import Job, Queue
+from runfleet.store.config import Settings
 from tests.fleet.procs import ROOT, settings_env
 from tests.rq_parity import rq_fixtures as fixtures
 
@@ -21,7 +21,7 @@ def test_a_burst_worker_process_drains_then_exits(settings: Settings) -> None:
         blocked = q.enqueue(fixtures.say_hello, depends_on=failed)
         later = q.enqueue_in(timedelta(hours=1), fixtures.say_hello)
         proc = subprocess.run(
-            [sys.executable, "-m", "ops", "worker", "--burst", "--queues", "default",
+            [sys.executable, "-m", "runfleet.ops", "worker", "--burst", "--queues", "default",
              "--allow-import", "tests", "--log-level", "INFO"],
             env=settings_env(settings), cwd=ROOT, capture_output=True, timeout=120,
         )  # fmt: skip

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from store.config import Settings
+from runfleet.store.config import Settings
 from tests.rq_parity import rq_fixtures as fixtures
 from tests.rq_parity.conftest import Side, _runfleet_side
 from tests.support.polling import until_sync

@@ -1,8 +1,26 @@
 """Redis: wake-up streams, liveness keys and notifications, plus the producer API."""
 
 from runfleet.broker.admission import Callback, Retry
-from runfleet.broker.jobs import FailedJobRegistry, Job, JobStatus, NoSuchJobError
+from runfleet.broker.current import get_current_job
+from runfleet.broker.jobs import Job, JobStatus, NoSuchJobError, Result
 from runfleet.broker.queue import AsyncQueue, EnqueueSpec
+from runfleet.broker.registries import (
+    CanceledJobRegistry,
+    DeferredJobRegistry,
+    FailedJobRegistry,
+    FinishedJobRegistry,
+    ScheduledJobRegistry,
+    StartedJobRegistry,
+)
+from runfleet.broker.rq_api import (
+    Dependency,
+    DuplicateJobError,
+    InvalidJobOperation,
+    JobTimeoutException,
+    cancel_job,
+    job,
+    requeue_job,
+)
 from runfleet.broker.run import AsyncRun, RunCancelled, RunFailed
 from runfleet.broker.sync import Queue, Run
 from runfleet.store.errors import RunNotFound
@@ -18,6 +36,10 @@ __all__ = [
     "AsyncQueue",
     "AsyncRun",
     "Callback",
+    "CanceledJobRegistry",
+    "DeferredJobRegistry",
+    "Dependency",
+    "DuplicateJobError",
     "EnqueueSpec",
     "EventAnswer",
     "EventCompleted",
@@ -25,13 +47,23 @@ __all__ = [
     "EventRunSettled",
     "EventTimedOut",
     "FailedJobRegistry",
+    "FinishedJobRegistry",
+    "InvalidJobOperation",
     "Job",
     "JobStatus",
+    "JobTimeoutException",
     "NoSuchJobError",
     "Queue",
+    "Result",
     "Retry",
     "Run",
     "RunCancelled",
     "RunFailed",
     "RunNotFound",
+    "ScheduledJobRegistry",
+    "StartedJobRegistry",
+    "cancel_job",
+    "get_current_job",
+    "job",
+    "requeue_job",
 ]

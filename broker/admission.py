@@ -87,6 +87,17 @@ class EnqueueSpec:
     """rq's enqueue options (``job_timeout``, ``meta``, ``retry``, ...): see ``rq_options``."""
 
 
+def rq_dotted(name: str) -> str | None:
+    """rq's ``'module.func'`` spelling as ``module:func``; None unless it is that form.
+
+    A registered flow's name may contain dots too (``@flow(name="billing.charge")``):
+    the caller tries the name as given first."""
+    if ":" in name or "." not in name:
+        return None
+    module, _, func = name.rpartition(".")
+    return f"{module}:{func}"
+
+
 def importable(name: str) -> bool:
     """Whether ``module:function`` names a function of a module this process already loaded.
 
@@ -111,7 +122,12 @@ class Retry:
     entry repeats (rq's rule). An ``rq.Retry`` is accepted too (same attributes).
     """
 
-    def __init__(self, max: int, interval: int | float | Sequence[int | float] = 0) -> None:
+    def __init__(
+        self,
+        max: int,
+        interval: int | float | Sequence[int | float] = 0,
+        enqueue_at_front: bool = False,
+    ) -> None:
         if max < 1:
             raise InvalidInput("retry", "max: please enter a value greater than 0")
         intervals = [interval] if isinstance(interval, int | float) else list(interval)
@@ -119,9 +135,16 @@ class Retry:
             raise InvalidInput("retry", "interval: negative numbers are not allowed")
         self.max = max
         self.intervals = intervals
+        self.enqueue_at_front = bool(enqueue_at_front)
+        """rq's: a retried job goes to the front of its queue. runfleet retries a plain
+        function inside the worker that ran it (the run keeps its slot), so every retry
+        is already "at the front": accepted, recorded, and true by construction."""
 
     def __repr__(self) -> str:
-        return f"Retry(max={self.max}, interval={self.intervals!r})"
+        shown = self.intervals[0] if len(self.intervals) == 1 else self.intervals
+        return (
+            f"Retry(max={self.max}, interval={shown!r}, enqueue_at_front={self.enqueue_at_front})"
+        )
 
 
 class Callback:
@@ -192,15 +215,37 @@ def callback_name(field: str, fn: Any) -> str | None:
         return None
     fn = getattr(fn, "func", fn)  # rq.Callback(func, timeout) wraps the function
     if isinstance(fn, str):
-        return fn if ":" in fn else fn.rpartition(".")[0] + ":" + fn.rpartition(".")[2]
+        if fn in BUILTIN_CALLBACKS:
+            return f"builtins:{fn}"
+        if ":" in fn:
+            return fn
+        module, _, name = fn.rpartition(".")
+        if not module:
+            raise InvalidInput(field, f"{fn!r} is not 'module.function' nor a builtin rq takes")
+        return f"{module}:{name}"
+    builtin = getattr(fn, "__name__", None)
+    if getattr(fn, "__module__", None) == "builtins" and builtin in BUILTIN_CALLBACKS:
+        return f"builtins:{builtin}"
+    if not inspect.isfunction(fn) and getattr(fn, "runfleet_flow", None) is None:
+        # rq: "Callback `func` must be a function or builtin" (a bound method is neither)
+        raise InvalidInput(field, f"{reprlib.repr(fn)} is not a function")
     name, _queue, _fn, _ctx = flow_target(fn)
     if getattr(fn, "runfleet_flow", None) is not None:
         raise InvalidInput(field, "a callback is a plain function, not a flow")
     return name
 
 
+BUILTIN_CALLBACKS = frozenset({"print"})
+"""Builtins a callback may name (rq takes any function or builtin; ``print`` is the one
+its documentation uses). Others are refused: a name is resolved in the worker."""
+
+
 def rq_options(
     *,
+    ttl: Any = None,
+    on_stopped: Any = None,
+    allow_failure: bool = False,
+    timeout: Any = None,
     job_timeout: Any = None,
     result_ttl: Any = None,
     failure_ttl: Any = None,
@@ -212,6 +257,18 @@ def rq_options(
 ) -> tuple[dict[str, Any], int | None]:
     """The run-state keys rq's ``enqueue`` options become, and the timeout in milliseconds."""
     state: dict[str, Any] = {}
+    if timeout is not None and job_timeout is None:  # enqueue_call's rq 1.x spelling
+        job_timeout = timeout
+    if job_timeout is not None and not isinstance(job_timeout, bool):
+        if isinstance(job_timeout, int | float) and job_timeout == 0:
+            raise InvalidInput("job_timeout", "0 is not allowed (rq's rule); -1 means none")
+    if ttl is not None:
+        seconds = parse_timeout("ttl", ttl)
+        if seconds is not None and seconds <= 0:
+            raise InvalidInput("ttl", "must be a positive number of seconds (rq's rule)")
+        state["ttl"] = seconds
+    if allow_failure:
+        state["allow_failure"] = True
     if meta is not None:
         if not isinstance(meta, dict):
             raise InvalidInput("meta", "must be a dict")
@@ -232,12 +289,30 @@ def rq_options(
         for k, v in (
             ("on_success", callback_name("on_success", on_success)),
             ("on_failure", callback_name("on_failure", on_failure)),
+            ("on_stopped", callback_name("on_stopped", on_stopped)),
         )
         if v
     }
     if callbacks:
         state["callbacks"] = callbacks
-    return state, parse_timeout_ms("job_timeout", job_timeout)
+        timeouts = {
+            k: parse_timeout(k, getattr(v, "timeout", None))
+            for k, v in (
+                ("on_success", on_success),
+                ("on_failure", on_failure),
+                ("on_stopped", on_stopped),
+            )
+            if v is not None and getattr(v, "timeout", None) is not None
+        }
+        if timeouts:
+            state["callback_timeouts"] = timeouts
+    timeout_ms = parse_timeout_ms("job_timeout", job_timeout)
+    if timeout_ms is not None and timeout_ms < 0:
+        timeout_ms = None  # rq's -1: no timeout
+    if job_timeout is not None:
+        given = _seconds("job_timeout", job_timeout)
+        state["job_timeout"] = int(given) if given is not None and given == int(given) else given
+    return state, timeout_ms
 
 
 RQ_OPTIONS = (
@@ -251,6 +326,9 @@ RQ_OPTIONS = (
     "description",
     "at_front",
     "depends_on",
+    "ttl",
+    "on_stopped",
+    "unique",
     # runfleet's own, not rq's (docs/queues.md)
     "priority",
     "dedup_key",
@@ -268,7 +346,7 @@ def on_duplicate(value: Any) -> OnDuplicate:
         raise InvalidInput("on_duplicate", f"must be 'join' or 'refuse', got {value!r}") from None
 
 
-RQ_UNSUPPORTED = ("ttl", "repeat", "on_stopped", "rate_limit", "webhooks", "pipeline", "unique")
+RQ_UNSUPPORTED = ("repeat", "rate_limit", "webhooks", "pipeline")
 
 
 def split_rq_call(
@@ -294,17 +372,30 @@ def split_rq_call(
 
 
 def dependency_ids(depends_on: Any) -> list[str]:
-    """rq's ``depends_on``: a job, an id, an ``rq.Dependency`` or a list of them, as ids."""
+    """rq's ``depends_on``: a job, an id, a ``Dependency`` (runfleet's or rq's) or a list
+    of any of them, mixed, as ids."""
+    return dependencies(depends_on)[0]
+
+
+def dependencies(depends_on: Any) -> tuple[list[str], bool]:
+    """(ids, allow_failure): allow_failure if any ``Dependency`` given says so (rq reads
+    it from the one ``Dependency``; a list of them, as rq's, takes it from any)."""
     if depends_on is None:
-        return []
-    items = getattr(depends_on, "dependencies", depends_on)  # rq.Dependency(jobs=[...])
-    if isinstance(items, str) or not isinstance(items, list | tuple):
-        items = [items]
+        return [], False
+    top = depends_on if isinstance(depends_on, list | tuple) else [depends_on]
     ids: list[str] = []
-    for item in items:
-        job_id = item if isinstance(item, str) else getattr(item, "id", None)
-        if not isinstance(job_id, str) or not job_id:
-            raise InvalidInput("depends_on", f"{item!r} is not a job or a job id")
-        if job_id not in ids:
-            ids.append(job_id)
-    return ids
+    allow = False
+    for entry in top:
+        inner = getattr(entry, "dependencies", None)  # a Dependency(jobs=[...])
+        if inner is not None:
+            allow = allow or bool(getattr(entry, "allow_failure", False))
+            items = inner if isinstance(inner, list | tuple) else [inner]
+        else:
+            items = [entry]
+        for item in items:
+            job_id = item if isinstance(item, str) else getattr(item, "id", None)
+            if not isinstance(job_id, str) or not job_id:
+                raise InvalidInput("depends_on", f"{item!r} is not a job or a job id")
+            if job_id not in ids:
+                ids.append(job_id)
+    return ids, allow

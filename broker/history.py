@@ -67,7 +67,7 @@ class RunHistory:
         await self._publish_ready([new], lane=Lane.NORMAL)
         return AsyncRun(self, new.id)  # type: ignore[arg-type]
 
-    async def delete(self, run_id: str, *, actor: str | None = None) -> Deleted:
+    async def delete_run(self, run_id: str, *, actor: str | None = None) -> Deleted:
         """Delete a settled run — every round of its lineage — and all that is theirs."""
         await self.authorized(run_id)
         forks = Forks(self.store)

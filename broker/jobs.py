@@ -9,15 +9,20 @@ recommendation) in code meant to run on both.
 
 from __future__ import annotations
 
+import builtins
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from runfleet.broker.names import load_from_path
+from runfleet.broker.rq_api import InvalidJobOperation
 from runfleet.broker.run import AsyncRun, outcome
-from runfleet.store.errors import RunNotFound
+from runfleet.broker.trust import already_loaded
+from runfleet.store.errors import InvalidInput, RunNotFound
 from runfleet.store.jobs import Jobs
+from runfleet.store.registries import Registries
 from runfleet.store.types import CancelOutcome, RunRow, RunStatus, WaitingReason
 
 if TYPE_CHECKING:
@@ -75,6 +80,17 @@ def job_status(row: RunRow, deferred: bool = False) -> JobStatus:
     }[row.status]
 
 
+def _expired(row: RunRow) -> bool:
+    """Past its ``result_ttl`` (completed) or ``failure_ttl`` (failed): rq's key has
+    expired, so rq's reads answer "no such job" at once, though retention deletes the row
+    at its next pass (up to a minute later)."""
+    key = {RunStatus.COMPLETED: "result_ttl", RunStatus.FAILED: "failure_ttl"}.get(row.status)
+    ttl = row.state.get(key) if key else None
+    if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl < 0:
+        return False
+    return row.now_ms >= row.updated_at_ms + ttl * 1000
+
+
 def _when(ms: int | None) -> datetime | None:
     return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
 
@@ -96,6 +112,7 @@ class Result:
     return_value: Any = None
     exc_string: str | None = None
     created_at: datetime | None = None
+    Type: ClassVar[builtins.type[ResultType]] = ResultType
 
 
 async def read_job(queue: AsyncQueue, run_id: str) -> tuple[RunRow, int | None, bool]:
@@ -111,12 +128,16 @@ async def read_job(queue: AsyncQueue, run_id: str) -> tuple[RunRow, int | None, 
         if row.status is not RunStatus.FAILED or not following:
             break
         row = await queue.authorized(following)
+    if row.state.get("deleted") or _expired(row):
+        raise RunNotFound(run_id)  # rq's delete() or ttl: the job is gone (the row awaits prune)
     jobs = Jobs(queue.store)
     started, deferred = None, False
     if row.depends_on and not row.status.terminal:
         ids = list(row.depends_on)
-        done, _broken = await queue._available(lambda: jobs.dependencies_done(ids))
-        deferred = not done
+        registries = Registries(queue.store)
+        allow = bool(row.state.get("allow_failure"))
+        met, _broken = await queue._available(lambda: registries.dependencies_met(ids, allow))
+        deferred = not met
     if row.status is not RunStatus.PENDING and not deferred:
         started = await queue._available(lambda: jobs.started_at_ms(row.id))
     return row, started, deferred
@@ -137,13 +158,31 @@ async def settled_row(queue: AsyncQueue, run_id: str) -> RunRow | None:
 class Job:
     """One run, as rq's ``Job``: status predicates, result, meta, timestamps, cancel."""
 
-    def __init__(self, queue: Queue, run_id: str) -> None:
-        self._queue = queue
-        self.id = run_id
+    def __init__(
+        self, queue: Queue | str, run_id: str | None = None, *, connection: Queue | None = None
+    ) -> None:
+        # runfleet's Job(queue, run_id), or rq's Job(id, connection=queue)
+        owner, job_id = (connection, queue) if isinstance(queue, str) else (queue, run_id)
+        if owner is None or not isinstance(job_id, str):
+            raise TypeError("Job(id, connection=<runfleet Queue>)")
+        self._queue: Queue = owner
+        self.id = job_id
         self._row: RunRow | None = None
         self._started_ms: int | None = None
         self._deferred = False
-        self.meta: dict[str, Any] = {}
+        self._meta: dict[str, Any] | None = None
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """rq's ``job.meta``: read with the job (at the first access), kept until refresh."""
+        if self._meta is None:
+            self.refresh()
+        assert self._meta is not None
+        return self._meta
+
+    @meta.setter
+    def meta(self, value: dict[str, Any]) -> None:
+        self._meta = value
 
     def __repr__(self) -> str:
         return f"Job({self.id!r})"
@@ -178,7 +217,7 @@ class Job:
         """Re-read the run (rq's ``refresh()``): status, meta and timestamps."""
         read = self._queue._now(lambda q: read_job(q, self.id))
         self._row, self._started_ms, self._deferred = read
-        self.meta = self._row.meta
+        self._meta = self._row.meta
 
     @property
     def _current(self) -> RunRow:
@@ -345,45 +384,220 @@ class Job:
 
     # ---- changes -----------------------------------------------------------
 
-    def cancel(self, *, actor: str | None = None) -> CancelOutcome:
-        """Durably cancel the run (rq's ``cancel``; a running body is interrupted too)."""
-        return self._queue.cancel(self.id, actor=actor)
+    def cancel(
+        self, *, actor: str | None = None, enqueue_dependents: bool = False, pipeline: Any = None
+    ) -> CancelOutcome:
+        """Durably cancel the run (rq's ``cancel``; a running body is interrupted too).
 
-    def delete(self) -> None:
-        """rq's ``delete``: cancel the run if still open. The row itself stays until
-        ``runfleet prune`` removes it with the run's journal (durable runs are never
-        deleted behind their audit trail)."""
-        if not self._current.status.terminal:
-            self.cancel(actor="delete")
+        InvalidJobOperation (rq's) if it is canceled already. ``enqueue_dependents``: its
+        dependents no longer wait for it (rq enqueues them: they run as if it completed).
+        """
+        if pipeline is not None:
+            raise InvalidInput("pipeline", "rq's pipeline= is not supported (README)")
+        if self.get_status() is JobStatus.CANCELED:
+            raise InvalidJobOperation(f"Cannot cancel already canceled job: {self.id}")
+        outcome = self._queue.cancel(self._current.id, actor=actor)
+        if enqueue_dependents:
+            self._queue._rq.mark("dependents_released", [self._current.id])
+        return outcome
 
+    def delete(
+        self, pipeline: Any = None, remove_from_queue: bool = True, delete_dependents: bool = False
+    ) -> None:
+        """rq's ``delete``: the job is gone for rq's reads (``Job.fetch`` raises
+        NoSuchJobError, ``Job.exists`` is False, no registry or queue lists it); an open
+        run is durably cancelled first. The row itself stays until ``runfleet prune``
+        removes it with its journal (durable runs are never deleted behind their audit
+        trail). ``delete_dependents`` deletes the jobs that depend on it too."""
+        if pipeline is not None:
+            raise InvalidInput("pipeline", "rq's pipeline= is not supported (README)")
+        row = self._current
+        if not row.status.terminal and row.cancel_requested_at_ms is None:
+            self._queue.cancel(row.id, actor="delete")
+        ids = [row.id]
+        if delete_dependents:
+            ids += self.dependent_ids
+        self._queue._rq.mark("deleted", ids)
+        self._row = None
 
-class FailedJobRegistry:
-    """rq's ``queue.failed_job_registry``: the queue's failed runs not yet requeued."""
+    # ---- rq's remaining Job surface (broker/rq_job.py holds the logic) -------
 
-    def __init__(self, queue: Queue) -> None:
-        self._queue = queue
-        self.name = queue.name
-
-    def get_job_ids(self, start: int = 0, end: int = -1) -> list[str]:
-        """Ids, oldest failure first; ``start``/``end`` are inclusive, as rq's."""
-        ids = self._queue._call(self._queue._async.failed_ids())
-        return ids[start:] if end < 0 else ids[start : end + 1]
+    @classmethod
+    def exists(cls, job_id: str, connection: Queue) -> bool:
+        """rq's ``Job.exists``: a run with this id that rq's delete has not removed."""
+        try:
+            cls.fetch(job_id, connection)
+        except NoSuchJobError:
+            return False
+        return True
 
     @property
-    def count(self) -> int:
-        return len(self.get_job_ids())
+    def timeout(self) -> int | float | None:
+        """rq's ``job.timeout`` in seconds as given (``job_timeout=``), else None."""
+        value = self._current.state.get("job_timeout")
+        return value if isinstance(value, int | float) else None
 
-    def __len__(self) -> int:
-        return self.count
+    @property
+    def result_ttl(self) -> int | None:
+        value = self._current.state.get("result_ttl")
+        return value if isinstance(value, int) else None
 
-    def __contains__(self, item: object) -> bool:
-        job_id = item.id if isinstance(item, Job) else item
-        return job_id in self.get_job_ids()
+    @property
+    def failure_ttl(self) -> int | None:
+        value = self._current.state.get("failure_ttl")
+        return value if isinstance(value, int) else None
 
-    def requeue(self, job_or_id: Job | str, at_front: bool = False) -> Job:
-        """Run a failed job again: a new round of its run, read through the same id."""
-        job_id = job_or_id.id if isinstance(job_or_id, Job) else job_or_id
-        self._queue._call(self._queue._async.requeue(job_id, actor="failed_job_registry"))
-        job = Job(self._queue, job_id)
-        job.refresh()
-        return job
+    @property
+    def ttl(self) -> int | None:
+        """rq's ``ttl``: how long the job may wait (here: a deadline from admission)."""
+        value = self._current.state.get("ttl")
+        return value if isinstance(value, int) else None
+
+    def get_ttl(self, default_ttl: int | None = None) -> int | None:
+        return self.ttl if self.ttl is not None else default_ttl
+
+    def get_result_ttl(self, default_ttl: int | None = None) -> int | None:
+        return self.result_ttl if self.result_ttl is not None else default_ttl
+
+    @property
+    def retries_left(self) -> int | None:
+        """rq's ``retries_left``: ``Retry.max`` until the job failed for good (then 0)."""
+        retry = self._current.state.get("retry")
+        if not isinstance(retry, dict):
+            return None
+        return 0 if self._current.status is RunStatus.FAILED else int(retry.get("max") or 0)
+
+    @property
+    def retry_intervals(self) -> list[int | float] | None:
+        retry = self._current.state.get("retry")
+        if not isinstance(retry, dict):
+            return None
+        return [int(i) if float(i).is_integer() else float(i) for i in retry.get("intervals") or []]
+
+    @property
+    def dependency_ids(self) -> list[str]:
+        ids = self._current.state.get("dependency_ids") or self._current.state.get("depends_on")
+        return [str(i) for i in ids] if isinstance(ids, list) else []
+
+    @property
+    def _dependency_ids(self) -> list[str]:
+        return self.dependency_ids
+
+    @property
+    def _dependency_id(self) -> str | None:
+        ids = self.dependency_ids
+        return ids[0] if ids else None
+
+    @property
+    def dependency(self) -> Job | None:
+        """rq's ``job.dependency``: the first dependency, fetched."""
+        first = self._dependency_id
+        return None if first is None else Job.fetch(first, self._queue)
+
+    def fetch_dependencies(self) -> list[Job]:
+        return [j for j in Job.fetch_many(self.dependency_ids, self._queue) if j is not None]
+
+    @property
+    def allow_dependency_failures(self) -> bool:
+        return bool(self._current.state.get("allow_failure"))
+
+    @property
+    def dependent_ids(self) -> list[str]:
+        """Ids of the jobs that depend on this one (rq's ``dependent_ids``)."""
+        return self._queue._rq.dependents(self._current.id)
+
+    def dependencies_are_met(self, parent_job: Job | None = None) -> bool:
+        """rq's ``dependencies_are_met``: every dependency finished (or failed, with
+        ``allow_failure``), or deleted."""
+        return self._queue._rq.dependencies_met(self.dependency_ids, self.allow_dependency_failures)
+
+    def _callback(self, kind: str) -> Any:
+        callbacks = self._current.state.get("callbacks")
+        name = callbacks.get(kind) if isinstance(callbacks, dict) else None
+        return None if name is None else resolve_loaded(str(name))
+
+    @property
+    def success_callback(self) -> Any:
+        """rq's ``success_callback``: the function, resolved among the modules this
+        process has loaded (a producer imports nothing a string names)."""
+        return self._callback("on_success")
+
+    @property
+    def failure_callback(self) -> Any:
+        return self._callback("on_failure")
+
+    @property
+    def stopped_callback(self) -> Any:
+        return self._callback("on_stopped")
+
+    def _callback_timeout(self, kind: str) -> int | None:
+        timeouts = self._current.state.get("callback_timeouts")
+        value = timeouts.get(kind) if isinstance(timeouts, dict) else None
+        return value if isinstance(value, int) else None
+
+    @property
+    def success_callback_timeout(self) -> int | None:
+        return self._callback_timeout("on_success")
+
+    @property
+    def failure_callback_timeout(self) -> int | None:
+        return self._callback_timeout("on_failure")
+
+    @property
+    def failed_job_registry(self) -> Any:
+        from runfleet.broker.registries import FailedJobRegistry
+
+        return FailedJobRegistry(self.origin, connection=self._queue)
+
+    def get_position(self) -> int | None:
+        """rq's ``get_position``: the job's index in its queue, None if not queued."""
+        try:
+            origin = self.origin
+        except NoSuchJobError:
+            return None
+        from runfleet.broker.sync import Queue
+
+        return Queue(origin, connection=self._queue).get_job_position(self.id)
+
+    def get_call_string(self) -> str:
+        return self.description
+
+    def save(self, pipeline: Any = None, include_meta: bool = True) -> None:
+        """rq's ``save``: what a producer may change on an enqueued job is its ``meta``
+        (arguments and options are the durable admission and never rewritten)."""
+        if pipeline is not None:
+            raise InvalidInput("pipeline", "rq's pipeline= is not supported (README)")
+        if include_meta:
+            self.save_meta()
+
+    def perform(self) -> Any:
+        """rq's ``perform``: run the job's function here, now, and return its value
+        (nothing is recorded: the durable run is the worker's)."""
+        from runfleet.broker.inline import call_function
+
+        return call_function(self)
+
+    def requeue(self, at_front: bool = False) -> Job:
+        """rq's ``job.requeue()``: the failed-registry requeue."""
+        again: Job = self.failed_job_registry.requeue(self, at_front=at_front)
+        return again
+
+    def results(self) -> list[Result]:
+        """rq's ``results()``: the results, newest first (one per settled round here)."""
+        latest = self.latest_result()
+        return [] if latest is None else [latest]
+
+
+def resolve_loaded(name: str) -> Any:
+    """A callback's function from its stored name, among modules already loaded."""
+    module, _, attr = name.partition(":")
+    if module == "builtins":
+        import builtins
+
+        return getattr(builtins, attr, None)
+    return load_from_path(name, already_loaded)
+
+
+from runfleet.broker.registries import FailedJobRegistry  # noqa: E402 - rq's names from one module
+
+__all__ = ["FailedJobRegistry", "Job", "JobStatus", "NoSuchJobError", "Result", "ResultType"]

@@ -30,10 +30,11 @@ from runfleet.broker.admission import (
     QUEUE_OPTIONS,
     EnqueueSpec,
     check_signature,
-    dependency_ids,
+    dependencies,
     flow_target,
     importable,
     on_duplicate,
+    rq_dotted,
     rq_options,
     split_rq_call,
     unknown,
@@ -45,6 +46,7 @@ from runfleet.broker.control import RunControl
 from runfleet.broker.history import RunHistory
 from runfleet.broker.messages import RunMessages
 from runfleet.broker.notify import Notifier
+from runfleet.broker.rq_api import DuplicateJobError, rq_job_id
 from runfleet.broker.run import AsyncRun
 from runfleet.broker.streams import Lane, Streams
 from runfleet.broker.trace_context import with_carrier
@@ -53,6 +55,7 @@ from runfleet.store import Store, validate
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput, Unavailable
 from runfleet.store.jobs import Jobs
+from runfleet.store.registries import Registries
 from runfleet.store.transient import is_transient, retrying, service_of
 from runfleet.store.types import CreateOutcome, NewRun, RunRow, RunStatus
 
@@ -71,6 +74,13 @@ __all__ = [
 
 ADMIT_GROUP = 500
 """The most concurrent single enqueues one admission round trip carries."""
+
+
+def _chosen_id(run_id: str | None, job_id: object) -> str | None:
+    """``run_id`` (runfleet's rule), else rq's ``job_id`` checked by rq's rule."""
+    if run_id is not None:
+        return run_id
+    return None if job_id is None else rq_job_id(job_id)
 
 
 def _lane(front: bool) -> Lane:
@@ -190,22 +200,49 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
         name, _declared_queue, fn, takes_ctx = flow_target(spec.target)
         args, kwargs = list(spec.args), dict(spec.kwargs)
         check_signature(fn, takes_ctx, args, kwargs)
-        if isinstance(spec.target, str) and not self.late_binding and not importable(name):
-            if await self._available(lambda: self.store.flows.get(name)) is None:
-                raise unknown(name)
+        if isinstance(spec.target, str) and not importable(name):
+            dotted = rq_dotted(name)  # rq's 'module.func' spelling, when no flow has the name
+            if not self.late_binding or dotted is not None:
+                given = name
+                if await self._available(lambda: self.store.flows.get(given)) is None:
+                    if dotted is not None and (self.late_binding or importable(dotted)):
+                        name = dotted
+                    elif not self.late_binding:
+                        raise unknown(name)
         options = {
             k: v
             for k, v in spec.options.items()
-            if k not in ("at_front", "depends_on", *QUEUE_OPTIONS)
+            if k not in ("at_front", "depends_on", "unique", *QUEUE_OPTIONS)
         }
-        extra, job_timeout_ms = rq_options(**options)
-        depends_on = dependency_ids(spec.options.get("depends_on"))
+        if spec.options.get("unique"):
+            if spec.run_id is None:
+                raise InvalidInput("unique", "needs job_id= (rq's rule)")
+            chosen = spec.run_id
+            if await self._available(lambda: self.store.runs.get(chosen)) is not None:
+                raise DuplicateJobError(f"Job with ID '{chosen}' already exists")
+        depends_on, allow_failure = dependencies(spec.options.get("depends_on"))
+        extra, job_timeout_ms = rq_options(**options, allow_failure=allow_failure)
+        if spec.options.get("at_front"):
+            extra["at_front"] = True  # rq's job_ids order: at_front runs first
         if depends_on:
             if takes_ctx:
                 raise InvalidInput("depends_on", "is for plain functions (a flow awaits ctx.child)")
             for dependency in depends_on:
                 await self.authorized(dependency)  # exists, and this producer may see it
-            extra["depends_on"] = depends_on
+            extra["dependency_ids"] = depends_on
+            registries = Registries(self.store)
+            met, _broken = await self._available(
+                lambda: registries.dependencies_met(depends_on, allow_failure)
+            )
+            if not met:  # rq enqueues a job whose dependencies are met at once
+                extra["depends_on"] = depends_on
+        if fn is not None and not takes_ctx:
+            # A plain function's job_timeout is rq's: execution time, enforced by the worker
+            # around the call (worker/rq_compat.py), failing it with JobTimeoutException.
+            job_timeout_ms = None
+        ttl = extra.get("ttl")
+        if isinstance(ttl, int):  # rq's ttl: a deadline from admission (README, mapping)
+            job_timeout_ms = min(job_timeout_ms or ttl * 1000, ttl * 1000)
         if self.settings.otel:  # the producer's current span becomes the run's parent
             extra = with_carrier(extra)
         version = getattr(spec.target, "version", None)  # a versioned @flow's code
@@ -290,7 +327,7 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
         ``on_success``, ``on_failure``, ``at_front``, ``meta``, ``description``) are
         options, not arguments, as in rq (README "Producers (rq-shaped)").
         """
-        return await self._enqueue(f, args, kwargs, run_id or job_id, None)
+        return await self._enqueue(f, args, kwargs, _chosen_id(run_id, job_id), None)
 
     async def _enqueue(
         self,
@@ -320,7 +357,10 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
         job_id: str | None = None,
         **options: Any,
     ) -> AsyncRun:
-        """rq's ``enqueue_call``: the function's arguments as a tuple and a dict."""
+        """rq's ``enqueue_call``: the function's arguments as a tuple and a dict
+        (``timeout=`` is rq's older name of ``job_timeout=`` here)."""
+        if "timeout" in options:
+            options.setdefault("job_timeout", options.pop("timeout"))
         return await self.enqueue(
             func, args=tuple(args or ()), kwargs=dict(kwargs or {}), job_id=job_id, **options
         )
@@ -343,7 +383,7 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
             at_ms = int(when.timestamp() * 1000)
         except (OverflowError, ValueError, OSError) as exc:
             raise InvalidInput("when", f"is not a time runfleet can store: {exc}") from None
-        return await self._enqueue(f, args, kwargs, run_id or job_id, at_ms)
+        return await self._enqueue(f, args, kwargs, _chosen_id(run_id, job_id), at_ms)
 
     async def enqueue_in(
         self,
@@ -360,7 +400,7 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
             when = datetime.now(UTC) + delay
         except OverflowError:
             raise InvalidInput("delay", f"{delay} is outside the calendar") from None
-        return await self.enqueue_at(when, f, *args, run_id=run_id or job_id, **kwargs)
+        return await self.enqueue_at(when, f, *args, run_id=_chosen_id(run_id, job_id), **kwargs)
 
     async def enqueue_many(self, specs: Sequence[EnqueueSpec]) -> list[AsyncRun]:
         """Admit a batch in one transaction and one pipeline: all or nothing."""
@@ -369,7 +409,7 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
 
     @staticmethod
     def prepare_data(
-        f: Any,
+        f: Any = None,
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
         *,
@@ -377,9 +417,14 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
         run_id: str | None = None,
         **options: Any,
     ) -> EnqueueSpec:
-        """rq's ``Queue.prepare_data``; ``options`` are enqueue's rq options."""
+        """rq's ``Queue.prepare_data``; ``options`` are enqueue's rq options (``func=`` is
+        rq's name of ``f``)."""
+        if f is None:
+            f = options.pop("func", None)
+        if f is None:
+            raise InvalidInput("func", "prepare_data needs the function to enqueue")
         _, _, checked = split_rq_call((), dict(options))
-        return EnqueueSpec(f, tuple(args), dict(kwargs or {}), run_id or job_id, checked)
+        return EnqueueSpec(f, tuple(args), dict(kwargs or {}), _chosen_id(run_id, job_id), checked)
 
     # ---- rq's queue and registry reads ----------------------------------------
 

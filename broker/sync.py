@@ -29,13 +29,24 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from runfleet.broker.admission import split_rq_call
 from runfleet.broker.blocking import BlockingRedis
 from runfleet.broker.client import cluster_url
-from runfleet.broker.jobs import FailedJobRegistry, Job, JobStatus, NoSuchJobError
-from runfleet.broker.queue import AsyncQueue, EnqueueSpec
+from runfleet.broker.jobs import Job, JobStatus, NoSuchJobError
+from runfleet.broker.queue import AsyncQueue, EnqueueSpec, _chosen_id
+from runfleet.broker.registries import (
+    CanceledJobRegistry,
+    DeferredJobRegistry,
+    FailedJobRegistry,
+    FinishedJobRegistry,
+    ScheduledJobRegistry,
+    StartedJobRegistry,
+)
+from runfleet.broker.rq_queue import RqReads
 from runfleet.broker.run import AsyncRun
 from runfleet.store import inline
 from runfleet.store.config import Settings
+from runfleet.store.errors import InvalidInput
 from runfleet.store.events import SendOutcome
 from runfleet.store.forks import Deleted
 from runfleet.store.types import CancelOutcome, EventAnswer
@@ -162,9 +173,30 @@ class Queue:
         redis_url: str | None = None,
         scopes: Iterable[str] = (),
         late_binding: bool = False,
+        connection: Queue | None = None,
+        is_async: bool = True,
+        job_class: Any = None,
+        serializer: Any = None,
     ) -> None:
+        """``connection``: another runfleet ``Queue`` whose settings, URLs, scopes and
+        late binding this one takes (rq's ``connection=Redis(...)``). ``is_async=False``:
+        ``enqueue`` runs the function here, not durably (broker/inline.py).
+        ``job_class`` and ``serializer`` are rq's; only their defaults are taken."""
+        if job_class is not None or serializer is not None:
+            raise InvalidInput(
+                "serializer" if serializer is not None else "job_class",
+                "runfleet stores JSON and answers runfleet.broker.Job: rq's job_class=/serializer= "
+                "have no runfleet meaning (README)",
+            )
+        if connection is not None:
+            if not isinstance(connection, Queue):
+                raise InvalidInput("connection", "a runfleet Queue (rq's was a Redis client)")
+            base = connection._async
+            settings = settings or base.settings
+            scopes = scopes or base.scopes
+            late_binding = late_binding or base.late_binding
         scopes = tuple(scopes)  # read twice: by this queue and by its blocking twin
-        self._async = AsyncQueue(
+        self._async: AsyncQueue = AsyncQueue(
             name,
             settings=settings,
             database_url=database_url,
@@ -172,7 +204,8 @@ class Queue:
             scopes=scopes,
             late_binding=late_binding,
         )
-        self.name = name
+        self.name: str = name
+        self.is_async = is_async
         self._driver = _Driver(self._async)
 
         resolved = self._async.settings
@@ -182,6 +215,7 @@ class Queue:
 
         self._inline = _Inline(twin, resolved)
         self._finalizer = weakref.finalize(self, _shutdown, self._driver, self._inline)
+        self._rq = RqReads(self)
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         """``coro`` (of the loop's queue, ``_async``) on the loop thread, waited for."""
@@ -209,12 +243,44 @@ class Queue:
     def __repr__(self) -> str:
         return f"Queue({self.name!r})"
 
+    def __str__(self) -> str:
+        return f"<Queue {self.name}>"
+
+    @property
+    def settings_key(self) -> tuple[str, str, str]:
+        """What makes two queues the same store (rq compares queues by name and Redis)."""
+        s = self._async.settings
+        return (s.database_url, s.redis_url, s.redis_prefix)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Queue):
+            raise TypeError("Cannot compare queues to other objects")
+        return self.name == other.name and self.settings_key == other.settings_key
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, Queue):
+            raise TypeError("Cannot compare queues to other objects")
+        return self.name < other.name
+
+    def __gt__(self, other: object) -> bool:
+        if not isinstance(other, Queue):
+            raise TypeError("Cannot compare queues to other objects")
+        return self.name > other.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
     def _wrap(self, run: AsyncRun) -> Job:
         return Job(self, run.id)
 
     # ---- admission (rq's keyword arguments: see AsyncQueue.enqueue) ---------
 
     def enqueue(self, f: Any, *args: Any, **kwargs: Any) -> Job:
+        if not self.is_async:
+            run_id, job_id = kwargs.pop("run_id", None), kwargs.pop("job_id", None)
+            args, kwargs, options = split_rq_call(args, kwargs)
+            spec = EnqueueSpec(f, args, kwargs, _chosen_id(run_id, job_id), options)
+            return self._rq.run_inline(spec)
         return self._wrap(self._now(lambda q: q.enqueue(f, *args, **kwargs)))
 
     def enqueue_call(
@@ -245,20 +311,82 @@ class Queue:
         return Job(self, run_id)
 
     def fetch_job(self, job_id: str) -> Job | None:
-        """rq's ``fetch_job``: the job, or None when no such run exists."""
+        """rq's ``fetch_job``: the job if it is one of this queue's, else None."""
         try:
-            return Job.fetch(job_id, connection=self)
+            job = Job.fetch(job_id, connection=self)
         except NoSuchJobError:
             return None
+        return job if job.origin == self.name else None
 
     @property
     def job_ids(self) -> list[str]:
-        """Ids of the runs waiting in this queue to be started, oldest first (rq's list)."""
+        """Ids of the runs waiting in this queue to be started (rq's list): ``at_front``
+        ones first (newest first among them, as rq pushes each to the front), then the
+        rest oldest first."""
         return self.get_job_ids()
 
     def get_job_ids(self, offset: int = 0, length: int = -1) -> list[str]:
-        ids = self._call(self._async.queued_ids())
+        ids = self._rq.queued()
         return ids[offset:] if length < 0 else ids[offset : offset + length]
+
+    def get_jobs(self, offset: int = 0, length: int = -1) -> list[Job]:
+        """rq's ``get_jobs``: the queued jobs, fetched."""
+        found = Job.fetch_many(self.get_job_ids(offset, length), connection=self)
+        return [j for j in found if j is not None]
+
+    def get_job_position(self, job_or_id: Job | str) -> int | None:
+        """rq's ``get_job_position``: the index in ``job_ids``, None if not queued."""
+        job_id = job_or_id.id if isinstance(job_or_id, Job) else job_or_id
+        ids = self.job_ids
+        return ids.index(job_id) if job_id in ids else None
+
+    def remove(self, job_or_id: Job | str, pipeline: Any = None) -> int:
+        """rq's ``remove``: take the job out of the queue, so it never runs (durably
+        cancelled; rq leaves the job's hash behind, here the run reads ``canceled``)."""
+        if pipeline is not None:
+            raise InvalidInput("pipeline", "rq's pipeline= is not supported (README)")
+        job_id = job_or_id.id if isinstance(job_or_id, Job) else job_or_id
+        if job_id not in self.job_ids:
+            return 0
+        self.cancel(Job.fetch(job_id, connection=self)._current.id, actor="queue.remove")
+        return 1
+
+    def delete(self, delete_jobs: bool = True) -> None:
+        """rq's ``Queue.delete``: the queued jobs leave it (durably cancelled; with
+        ``delete_jobs`` also deleted for rq's reads) and ``Queue.all`` stops listing it
+        until a run is enqueued on it again."""
+        ids = [Job.fetch(i, connection=self)._current.id for i in self.job_ids]
+        for run_id in ids:
+            self.cancel(run_id, actor="queue.delete")
+        if delete_jobs:
+            self._rq.mark("deleted", ids)
+        self._rq.mark_queue_deleted()
+
+    @classmethod
+    def all(cls, connection: Queue, job_class: Any = None, serializer: Any = None) -> list[Queue]:
+        """rq's ``Queue.all``: every queue a job was enqueued on (in ``connection``'s
+        database, among the queues its scopes cover), by name."""
+        return [cls(name, connection=connection) for name in connection._rq.queues()]
+
+    @property
+    def started_job_registry(self) -> StartedJobRegistry:
+        return StartedJobRegistry(queue=self)
+
+    @property
+    def finished_job_registry(self) -> FinishedJobRegistry:
+        return FinishedJobRegistry(queue=self)
+
+    @property
+    def deferred_job_registry(self) -> DeferredJobRegistry:
+        return DeferredJobRegistry(queue=self)
+
+    @property
+    def scheduled_job_registry(self) -> ScheduledJobRegistry:
+        return ScheduledJobRegistry(queue=self)
+
+    @property
+    def canceled_job_registry(self) -> CanceledJobRegistry:
+        return CanceledJobRegistry(queue=self)
 
     @property
     def jobs(self) -> list[Job]:
@@ -275,15 +403,17 @@ class Queue:
         return self.count == 0
 
     def empty(self) -> int:
-        """rq's ``empty``: drop every queued run (each is durably cancelled); how many."""
-        ids = self.job_ids
-        for job_id in ids:
-            self.cancel(job_id, actor="queue.empty")
+        """rq's ``empty``: delete every queued job (each run is durably cancelled, then
+        gone for rq's reads, as rq deletes them); how many."""
+        ids = [Job.fetch(i, connection=self)._current.id for i in self.job_ids]
+        for run_id in ids:
+            self.cancel(run_id, actor="queue.empty")
+        self._rq.mark("deleted", ids)
         return len(ids)
 
     @property
     def failed_job_registry(self) -> FailedJobRegistry:
-        return FailedJobRegistry(self)
+        return FailedJobRegistry(queue=self)
 
     # ---- other producer calls ------------------------------------------------
 
@@ -349,5 +479,5 @@ class Queue:
             self._call(self._async.fork(run_id, from_step, new_run_id=new_run_id, actor=actor))
         )
 
-    def delete(self, run_id: str, *, actor: str | None = None) -> Deleted:
-        return self._call(self._async.delete(run_id, actor=actor))
+    def delete_run(self, run_id: str, *, actor: str | None = None) -> Deleted:
+        return self._call(self._async.delete_run(run_id, actor=actor))

@@ -38,7 +38,7 @@ from runfleet.worker.evidence import RefusalLadder
 from runfleet.worker.flows import Flow
 from runfleet.worker.outcomes import Cause, Decision, DriveOutcome
 from runfleet.worker.retry import is_transient, with_retry
-from runfleet.worker.rq_compat import call_rq_style, wants_rq_call
+from runfleet.worker.rq_compat import call_rq_style, running_job, wants_rq_call
 from runfleet.worker.settle import AnnounceFn, Settlement, error_of
 from runfleet.worker.step_timeouts import ABANDONED
 from runfleet.worker.sync_context import SyncContext
@@ -287,11 +287,17 @@ class Driver(Decisions):
         if wants_rq_call(flow, ctx):  # rq's retry= / on_success= / on_failure=
             return await call_rq_style(flow, ctx)
         args, kwargs = ctx.args, ctx.kwargs
-        if flow.is_async:
-            return await flow.fn(*([ctx] if flow.takes_context else []), *args, **kwargs)
-        sync_ctx = SyncContext(ctx, asyncio.get_running_loop())
-        call_args = [sync_ctx, *args] if flow.takes_context else args
-        return await in_thread(flow.fn, *call_args, **kwargs)
+        if flow.is_async and flow.takes_context:
+            return await flow.fn(ctx, *args, **kwargs)
+        if flow.is_async:  # a plain coroutine function: rq's get_current_job() answers
+            with running_job(flow, ctx):
+                return await flow.fn(*args, **kwargs)
+        if not flow.takes_context:  # a plain function: rq's get_current_job() answers
+            with running_job(flow, ctx):
+                return await in_thread(flow.fn, *args, **kwargs)
+        return await in_thread(
+            flow.fn, SyncContext(ctx, asyncio.get_running_loop()), *args, **kwargs
+        )
 
     def interrupt(self, run_id: str, cause: Cause) -> bool:
         """Stop executing a run (cancel request, lost fence, lapse, shutdown)."""

@@ -28,6 +28,7 @@ from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import Owner
 from runfleet.worker import metrics, tracing
+from runfleet.worker.burst import stop_when_drained
 from runfleet.worker.containment import contain_tasks
 from runfleet.worker.coordinator import Coordinator
 from runfleet.worker.driver import Driver
@@ -75,7 +76,10 @@ class Worker:
         queues: Sequence[str] = ("default",),
         concurrency: int = 16,
         owner: Owner | None = None,
+        burst: bool = False,
     ) -> None:
+        """``burst``: rq's ``work(burst=True)`` / ``runfleet worker --burst``: stop (gracefully)
+        once its queues hold nothing it could run now (worker/burst.py)."""
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
         self.settings = settings
@@ -88,6 +92,7 @@ class Worker:
         self.driver: Driver | None = None
         self._sweeper: Sweeper | None = None
         self._gate = LeaseGate(settings)
+        self.burst = burst
 
     # ---- service surface -----------------------------------------------------
 
@@ -132,6 +137,8 @@ class Worker:
                 for service in services:
                     service.start(tg)  # a service that crashes ends this group
                 reader = tg.create_task(self.intake.read_loop(self._stopping), name="reader")
+                if self.burst:
+                    tg.create_task(stop_when_drained(self), name="burst")
                 self.started.set()
                 log.info(
                     "worker.started",

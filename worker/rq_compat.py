@@ -2,9 +2,15 @@
 ``on_success`` / ``on_failure`` callbacks and ``depends_on``, as a producer gave them
 at enqueue (broker/admission.py).
 
-A run with ``depends_on`` first waits, durably, until every dependency completed
-(``await_dependencies``); a failed or cancelled dependency leaves it waiting, as rq
-leaves a job deferred.
+A run with ``depends_on`` first waits, durably, until its dependencies are met
+(``await_dependencies``, rq's ``dependencies_are_met``: completed, or failed under
+``Dependency(allow_failure=True)``); otherwise a failed or cancelled dependency leaves it
+waiting, as rq leaves a job deferred. The wait is its durable sleeps: a replay consumes the
+recorded ones before it looks again, so a run that waited and then woke to met
+dependencies replays the same calls (the A <- B <- C chain once failed its last job with
+NonDeterminism when the live look at replay skipped the recorded sleeps).
+
+Every plain function runs with rq's ``get_current_job()`` answering (``CurrentJob``).
 
 A plain function enqueued with any of them runs as one recorded step (``call``)
 whose retry policy is rq's: ``max`` further tries, waiting ``interval[i]`` seconds
@@ -18,14 +24,26 @@ Callbacks are named ``module:function`` and imported as a plain-function flow is
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
+import inspect
+import logging
+import threading
 import traceback
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from runfleet.store.jobs import Jobs
+from runfleet.broker.current import current_job
+from runfleet.broker.jobs import JobStatus, job_status
+from runfleet.broker.rq_api import JobTimeoutException
+from runfleet.store.registries import Registries
 from runfleet.worker.context import Context
 from runfleet.worker.durable import Retry
 from runfleet.worker.flows import Flow, resolve
+from runfleet.worker.outcomes import Cause
+from runfleet.worker.threads import in_thread
 
 
 @dataclass(frozen=True)
@@ -46,9 +64,19 @@ def rq_retry(state: dict[str, Any]) -> Retry | None:
     return IntervalRetry(attempts=int(spec.get("max", 0)) + 1, intervals=intervals, jitter=0.0)
 
 
-@dataclass(frozen=True)
+T = TypeVar("T")
+log = logging.getLogger("runfleet.worker.rq")
+
+
+@dataclass
 class CallbackJob:
-    """What an rq callback reads from its ``job`` argument, as of the end of the call."""
+    """What an rq callback (and ``get_current_job()``) reads of its job.
+
+    ``get_status`` answers as rq's does inside a callback: ``finished`` in ``on_success``,
+    ``failed`` in ``on_failure`` (rq sets the status first, #1631), ``started`` in the
+    function. ``refresh()``, ``save_meta()``, ``dependencies_are_met()`` reach the
+    database through the worker's loop, from the function's thread.
+    """
 
     id: str
     func_name: str
@@ -57,12 +85,146 @@ class CallbackJob:
     kwargs: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     description: str | None = None
+    status: JobStatus = JobStatus.STARTED
+    dependency_ids: list[str] = field(default_factory=list)
+    allow_dependency_failures: bool = False
+    _ctx: Context | None = field(default=None, repr=False)
+    _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
+
+    def _run(self, make: Callable[[], Awaitable[T]]) -> T:
+        assert self._ctx is not None and self._loop is not None
+
+        async def call() -> T:
+            return await make()
+
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            raise RuntimeError("a job's database reads are for sync functions (its thread)")
+        return asyncio.run_coroutine_threadsafe(call(), self._loop).result()
+
+    def get_status(self, refresh: bool = True) -> JobStatus:
+        if not refresh or self._ctx is None or self.status is not JobStatus.STARTED:
+            return self.status
+        store = self._ctx.store
+        assert store is not None
+        row = self._run(lambda: store.runs.get(self.id))
+        return job_status(row) if row is not None else self.status
+
+    def save_meta(self) -> None:
+        store = self._ctx.store if self._ctx is not None else None
+        assert store is not None
+        from runfleet.store.jobs import Jobs
+
+        self._run(lambda: Jobs(store).save_meta(self.id, self.meta))
+
+    def dependencies_are_met(self) -> bool:
+        store = self._ctx.store if self._ctx is not None else None
+        assert store is not None
+        registries = Registries(store)
+        ids, allow = self.dependency_ids, self.allow_dependency_failures
+        return self._run(lambda: registries.dependencies_met(ids, allow))[0]
+
+
+def job_of(flow: Flow, ctx: Context, status: JobStatus = JobStatus.STARTED) -> CallbackJob:
+    state = ctx.run.state
+    ids = state.get("dependency_ids") or state.get("depends_on") or []
+    loop = asyncio.get_running_loop()
+    return CallbackJob(
+        id=ctx.run.lineage_id if state.get("requeued_from") else ctx.run.id,
+        func_name=flow.name.replace(":", "."),
+        origin=ctx.run.queue,
+        args=ctx.args,
+        kwargs=ctx.kwargs,
+        meta=ctx.run.meta,
+        description=ctx.run.description,
+        status=status,
+        dependency_ids=[str(i) for i in ids] if isinstance(ids, list) else [],
+        allow_dependency_failures=bool(state.get("allow_failure")),
+        _ctx=ctx,
+        _loop=loop,
+    )
+
+
+@contextmanager
+def running_job(flow: Flow, ctx: Context) -> Iterator[None]:
+    """``get_current_job()`` answers with this run while its plain function runs."""
+    token = current_job.set(job_of(flow, ctx))
+    try:
+        yield
+    finally:
+        current_job.reset(token)
 
 
 def wants_rq_call(flow: Flow, ctx: Context) -> bool:
     state = ctx.run.state
     options = ("retry", "callbacks", "depends_on")
-    return not flow.takes_context and any(state.get(k) for k in options)
+    return not flow.takes_context and (
+        any(state.get(k) for k in options) or _job_timeout(state) is not None
+    )
+
+
+def _job_timeout(state: dict[str, Any]) -> float | None:
+    """rq's ``job_timeout`` of a plain function in seconds (None: none; rq's -1 too)."""
+    value = state.get("job_timeout")
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        return None
+    return float(value)
+
+
+def timed(fn: Callable[..., Any], seconds: float | None) -> Callable[..., Any]:
+    """``fn`` failing with rq's ``JobTimeoutException`` once it ran ``seconds``.
+
+    A coroutine function is cancelled at the timeout. A sync function runs in a worker
+    thread that cannot be stopped from outside: the exception is raised in that thread
+    (as rq's SIGALRM raises it in its work horse), which Python delivers at the next
+    bytecode the thread executes, so a blocking C call (a long ``time.sleep``, a socket
+    read) ends first and only then fails. The run's slot is held until it does.
+    """
+    if seconds is None:
+        return fn
+    if inspect.iscoroutinefunction(fn):
+
+        async def run_async(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await asyncio.wait_for(fn(*args, **kwargs), seconds)
+            except TimeoutError:
+                raise _timeout_error(seconds) from None
+
+        return run_async
+
+    def run_sync(*args: Any, **kwargs: Any) -> Any:
+        thread_id = threading.get_ident()
+        state = {"done": False}
+        lock = threading.Lock()
+
+        def expire() -> None:
+            with lock:
+                if not state["done"]:
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                        ctypes.c_ulong(thread_id), ctypes.py_object(JobTimeoutException)
+                    )
+
+        timer = threading.Timer(seconds, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            return fn(*args, **kwargs)
+        except JobTimeoutException:
+            raise _timeout_error(seconds) from None
+        finally:
+            with lock:
+                state["done"] = True
+            timer.cancel()
+
+    return run_sync
+
+
+def _timeout_error(seconds: float) -> JobTimeoutException:
+    shown = int(seconds) if seconds.is_integer() else seconds
+    return JobTimeoutException(f"Task exceeded maximum timeout value ({shown} seconds)")
 
 
 DEPENDENCY_POLL_MAX = 5.0
@@ -72,24 +234,36 @@ DEPENDENCY_POLL_BROKEN = 60.0
 deferred; a requeued dependency that then completes releases it)."""
 
 
-async def await_dependencies(ctx: Context, run_ids: list[str]) -> None:
-    """rq's ``depends_on``: return once every dependency completed.
+async def await_dependencies(ctx: Context, run_ids: list[str], allow_failure: bool) -> None:
+    """rq's ``depends_on``: return once the dependencies are met.
 
     Polled with durable sleeps (0.1 s doubling to 5 s; 60 s while one failed),
-    so a takeover resumes the wait instead of starting the function early. A
-    completed run never changes again, so the gate, once passed, stays passed.
+    so a takeover resumes the wait instead of starting the function early. A replay
+    first consumes the sleeps already recorded (the run waited through them) and only
+    then looks live: the looks are not recorded, the sleeps are, so what a replay
+    executes is what was recorded whatever the dependencies answer now. Met
+    dependencies stay met (completed is final; a failure under allow_failure too).
     """
-    jobs = Jobs(ctx.store) if ctx.store is not None else None
-    assert jobs is not None, "dependencies need a worker's store"
+    store = ctx.store
+    assert store is not None, "dependencies need a worker's store"
+    registries = Registries(store)
     delay = 0.1
+    while _recorded_sleep_next(ctx):
+        await ctx.sleep(delay)  # replayed: returns at once with the recorded due time
+        delay = min(delay * 2, DEPENDENCY_POLL_MAX)
     while True:
-        done, broken = await ctx._durable(
-            "rq.dependencies", lambda: jobs.dependencies_done(run_ids)
+        met, broken = await ctx._durable(
+            "rq.dependencies", lambda: registries.dependencies_met(run_ids, allow_failure)
         )
-        if done:
+        if met:
             return
         await ctx.sleep(DEPENDENCY_POLL_BROKEN if broken else delay)
         delay = min(delay * 2, DEPENDENCY_POLL_MAX)
+
+
+def _recorded_sleep_next(ctx: Context) -> bool:
+    record = ctx.records.get(ctx._position)
+    return record is not None and record.key.startswith("sleep:sleep#")
 
 
 def _quiet(fn: Any) -> Any:
@@ -105,29 +279,46 @@ async def call_rq_style(flow: Flow, ctx: Context) -> Any:
     state = ctx.run.state
     callbacks = state.get("callbacks") or {}
     assert isinstance(callbacks, dict)
-    job = CallbackJob(
-        id=ctx.run.id,
-        func_name=flow.name.replace(":", "."),
-        origin=ctx.run.queue,
-        args=ctx.args,
-        kwargs=ctx.kwargs,
-        meta=ctx.run.meta,
-        description=ctx.run.description,
-    )
     if ctx.run.depends_on:
-        await await_dependencies(ctx, list(ctx.run.depends_on))
+        await await_dependencies(ctx, list(ctx.run.depends_on), bool(state.get("allow_failure")))
     try:
-        result = await ctx.step("call", flow.fn, *ctx.args, retry=rq_retry(state), **ctx.kwargs)
+        with running_job(flow, ctx):
+            call = timed(flow.fn, _job_timeout(state))
+            result = await ctx.step("call", call, *ctx.args, retry=rq_retry(state), **ctx.kwargs)
     except BaseException as exc:
         if not isinstance(exc, Exception) and not ctx.raised_by_user(exc):
+            if ctx.interrupted is Cause.CANCELLED and callbacks.get("on_stopped"):
+                await _stopped(flow, ctx, str(callbacks["on_stopped"]))
             raise  # runfleet's own stop (cancel, shutdown, a park): not a failure
         name = callbacks.get("on_failure")
         if name:
             tb = "".join(traceback.format_exception(exc))
-            on_failure = _quiet(resolve(str(name)).fn)
+            on_failure = _quiet(resolve_callback(str(name)))
+            job = job_of(flow, ctx, JobStatus.FAILED)
             await ctx.step("rq.on_failure", on_failure, job, None, type(exc), exc, tb)
         raise
     name = callbacks.get("on_success")
     if name:
-        await ctx.step("rq.on_success", _quiet(resolve(str(name)).fn), job, None, result)
+        job = job_of(flow, ctx, JobStatus.FINISHED)
+        await ctx.step("rq.on_success", _quiet(resolve_callback(str(name))), job, None, result)
     return result
+
+
+async def _stopped(flow: Flow, ctx: Context, name: str) -> None:
+    """rq's ``on_stopped(job, connection)``: the job was cancelled while it ran. Called
+    once by the worker that stops it, not recorded (the run settles cancelled right
+    after; a worker lost in between does not call it). Its errors are logged, as rq's."""
+    try:
+        await in_thread(resolve_callback(name), job_of(flow, ctx, JobStatus.CANCELED), None)
+    except Exception as exc:
+        log.warning("rq.on_stopped_failed", extra={"run_id": ctx.run.id, "error": repr(exc)})
+
+
+def resolve_callback(name: str) -> Any:
+    """A callback's function: an allowed ``module:function``, or a builtin (rq takes
+    ``print``)."""
+    if name.startswith("builtins:"):
+        import builtins
+
+        return getattr(builtins, name.partition(":")[2])
+    return resolve(name).fn

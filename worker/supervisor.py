@@ -34,6 +34,8 @@ class WorkerOptions:
     allow_import: tuple[str, ...] = ()
     """Module prefixes whose plain functions may run (besides the ``--flows`` modules);
     empty: ``RUNFLEET_ALLOW_IMPORT``."""
+    burst: bool = False
+    """Exit once the queues hold nothing to run now (rq's ``--burst``)."""
 
 
 def run_foreground(settings: Settings, options: WorkerOptions) -> None:
@@ -49,7 +51,9 @@ def run_foreground(settings: Settings, options: WorkerOptions) -> None:
         serve(health, options.metrics_port)  # /metrics, /healthz, /readyz
 
     async def main() -> None:
-        worker = Worker(settings, queues=options.queues, concurrency=options.concurrency)
+        worker = Worker(
+            settings, queues=options.queues, concurrency=options.concurrency, burst=options.burst
+        )
         loop = asyncio.get_running_loop()
         # Ready once started with a confirmed, unlapsed lease (LeaseGate.open: I/O-free).
         health.ready_when(lambda: worker.started.is_set() and worker.lease.gate.open())

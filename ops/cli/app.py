@@ -89,6 +89,12 @@ def worker(
             "the --flows modules (default: RUNFLEET_ALLOW_IMPORT; nothing else is imported)"
         ),
     ] = "",
+    burst: Annotated[
+        bool,
+        typer.Option(
+            "--burst", "-b", help="exit once the queues hold nothing to run now (rq's --burst)"
+        ),
+    ] = False,
 ) -> None:
     """Run worker processes until SIGTERM/SIGINT (twice: release runs immediately)."""
     from runfleet.worker.supervisor import WorkerOptions, parse_csv, run_foreground, supervise
@@ -107,6 +113,7 @@ def worker(
         log_level=log_level,
         log_json=log_json,
         allow_import=parse_csv(allow_import),
+        burst=burst,
     )
     cfg = settings()
     if processes == 1:

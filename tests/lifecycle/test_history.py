@@ -98,10 +98,10 @@ async def test_delete_removes_a_settled_run_and_refuses_an_open_one(
     run = await queue.enqueue(flows.progress)
     assert await queue.get_event(run.id, "stage", timeout=20) == {"n": 1}
     with pytest.raises(InvalidInput, match="not settled"):
-        await queue.delete(run.id)
+        await queue.delete_run(run.id)
     await queue.send(run.id, "go", 1)
     await run.result(timeout=20)
-    done = await queue.delete(run.id, actor="ops")
+    done = await queue.delete_run(run.id, actor="ops")
     assert done.run_ids == (run.id,) and done.journal > 0 and done.steps == 4
     assert await store.runs.get(run.id) is None
     assert await store.events.of_run(run.id) == []

@@ -4,13 +4,21 @@ can run in the test's thread while the worker executes the runs."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from runfleet.store.config import Settings
 from runfleet.worker.process import Worker
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class ThreadWorker:
@@ -55,3 +63,192 @@ def thread_worker(settings: Settings) -> Iterator[ThreadWorker]:
         yield tw
     finally:
         tw.stop()
+
+
+# ---- rq's own tests, ported (tests/rq_parity/test_rq_*.py) -------------------------------
+#
+# Each ported test takes ``rqx``: the same test body runs once against real rq (a throwaway
+# redis-server of this session, an rq ``SimpleWorker`` bursting in the test's process, as
+# rq's own suite runs it) and once against runfleet (this test's database, a runfleet
+# worker bursting in the test's process). What differs is only what rq's suite would
+# change to move: the import (``rqx.Queue``, ``rqx.Job``, ...), the connection
+# (``rqx.connection``: a Redis client, or a runfleet ``Queue`` whose settings it carries)
+# and the worker (``rqx.work(q, ...)``: ``SimpleWorker(...).work(burst=True)``, or
+# ``runfleet worker --burst``'s ``Worker(burst=True)``).
+
+
+@dataclass
+class Side:
+    name: str
+    connection: Any
+    Queue: Any
+    """Called, a queue on this side's connection; otherwise the class (``Queue.all``)."""
+    Job: Any
+    JobStatus: Any
+    Retry: Any
+    Callback: Any
+    Dependency: Any
+    registry: Any
+    """The module holding the registries (rq.registry / broker.registries)."""
+    exceptions: Any
+    """The module holding InvalidJobOperation and NoSuchJobError."""
+    get_current_job: Callable[[], Any]
+    job: Callable[..., Any]
+    """The ``@job`` decorator."""
+    cancel_job: Callable[..., Any]
+    requeue_job: Callable[..., Any]
+    work: Callable[..., None]
+    """Burst-work the queues in this thread until they are drained."""
+    work_in_background: Callable[..., Any]
+    """Burst-work the queues in the background; ``.join()`` the answer."""
+
+
+class _QueueClass:
+    """``rqx.Queue``: called, a queue on this side's connection; otherwise the class
+    (``Queue.all``, ``Queue.prepare_data``)."""
+
+    def __init__(self, cls: Any, make: Callable[..., Any]) -> None:
+        self._cls = cls
+        self._make = make
+
+    def __call__(self, name: str = "default", **kwargs: Any) -> Any:
+        return self._make(name, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cls, name)
+
+
+class _Process:
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self._proc = proc
+
+    def join(self, timeout: float | None = None) -> None:
+        self._proc.wait(timeout)
+
+
+@pytest.fixture(scope="session")
+def rq_redis() -> Iterator[str]:
+    """A redis-server of this session for the rq control: rq's keys (``rq:queue:default``,
+    ``rq:queues``) are global, so it cannot share the shared server with other tests."""
+    from runfleet.ops.servers.redis import ThrowawayRedis
+
+    server = ThrowawayRedis().start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def _rq_side(url: str) -> Side:
+    import rq
+    import rq.decorators
+    import rq.exceptions
+    import rq.job
+    import rq.registry
+    from redis import Redis
+
+    # redis-py 8 reads with a 5 s socket timeout by default: rq's blocking
+    # ``latest_result(timeout=)`` (XREAD BLOCK) outlasts it when the worker is slow to start
+    conn = Redis.from_url(url, socket_timeout=120)
+    conn.flushdb()  # this session's own throwaway server: each test starts empty, as in rq's suite
+
+    def queue(name: str = "default", **kwargs: Any) -> Any:
+        kwargs.setdefault("connection", conn)
+        return rq.Queue(name, **kwargs)
+
+    def work(*queues: Any) -> None:
+        rq.SimpleWorker(list(queues), connection=conn).work(burst=True)
+
+    def work_in_background(*queues: Any) -> _Process:
+        # rq's worker installs signal handlers: off the main thread it is a process
+        rq_bin = Path(sys.executable).with_name("rq")
+        command = [str(rq_bin), "worker", "--burst", "-u", url, "-w", "rq.SimpleWorker"]
+        return _Process(
+            subprocess.Popen(
+                [*command, "-P", str(ROOT), *[q.name for q in queues]],
+                cwd=ROOT,
+                env={**os.environ},
+                stdout=subprocess.DEVNULL,
+            )
+        )
+
+    return Side(
+        name="rq",
+        connection=conn,
+        Queue=_QueueClass(rq.Queue, queue),
+        Job=rq.job.Job,
+        JobStatus=rq.job.JobStatus,
+        Retry=rq.Retry,
+        Callback=rq.Callback,
+        Dependency=rq.job.Dependency,
+        registry=rq.registry,
+        exceptions=rq.exceptions,
+        get_current_job=rq.get_current_job,
+        job=rq.decorators.job,
+        cancel_job=rq.cancel_job,
+        requeue_job=rq.requeue_job,
+        work=work,
+        work_in_background=work_in_background,
+    )
+
+
+def _runfleet_side(settings: Settings, opened: list[Any]) -> Side:
+    import runfleet.broker
+    import runfleet.broker.registries
+    from runfleet.worker.process import Worker
+
+    def queue(name: str = "default", **kwargs: Any) -> Any:
+        kwargs.setdefault("connection", conn)
+        q = runfleet.broker.Queue(name, **kwargs)
+        opened.append(q)
+        return q
+
+    conn = runfleet.broker.Queue("default", settings=settings)
+    opened.append(conn)
+
+    def work_in_background(*queues: Any) -> threading.Thread:
+        names = [getattr(q, "name", q) for q in queues]
+        worker = Worker(settings, queues=names, concurrency=4, burst=True)
+        runner = threading.Thread(target=asyncio.run, args=(worker.run(),), daemon=True)
+        runner.start()
+        return runner
+
+    def work(*queues: Any) -> None:
+        runner = work_in_background(*queues)
+        runner.join(120)
+        assert not runner.is_alive(), "burst worker did not exit"
+
+    return Side(
+        name="runfleet",
+        connection=conn,
+        Queue=_QueueClass(runfleet.broker.Queue, queue),
+        Job=runfleet.broker.Job,
+        JobStatus=runfleet.broker.JobStatus,
+        Retry=runfleet.broker.Retry,
+        Callback=runfleet.broker.Callback,
+        Dependency=runfleet.broker.Dependency,
+        registry=runfleet.broker.registries,
+        exceptions=runfleet.broker,
+        get_current_job=runfleet.broker.get_current_job,
+        job=runfleet.broker.job,
+        cancel_job=runfleet.broker.cancel_job,
+        requeue_job=runfleet.broker.requeue_job,
+        work=work,
+        work_in_background=work_in_background,
+    )
+
+
+@pytest.fixture(params=["rq", "runfleet"])
+def rqx(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Side]:
+    monkeypatch.setenv("RQ_PARITY_OUT", str(tmp_path))
+    if request.param == "rq":
+        yield _rq_side(request.getfixturevalue("rq_redis"))
+        return
+    opened: list[Any] = []
+    try:
+        yield _runfleet_side(request.getfixturevalue("settings"), opened)
+    finally:
+        for q in reversed(opened):
+            q.close()

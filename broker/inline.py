@@ -1,0 +1,142 @@
+"""rq's ``Queue(is_async=False)`` and ``job.perform()``: a job's function run in the caller.
+
+``is_async=False`` is what rq users' own unit tests rely on: ``enqueue`` runs the function
+at once and answers with the finished (or failed) job. Here that job is NOT durable: it is
+checked exactly as an enqueue is (arguments, options, ``job_id``) but nothing is written to
+Postgres or Redis, no worker sees it, and ``Job.fetch`` of its id raises NoSuchJobError.
+The answer is an ``InlineJob`` holding the outcome in memory; its reads (status, result,
+``exc_info``, ``latest_result``, timestamps, meta) are the ``Job`` reads over that
+outcome. Callbacks run in the caller as rq runs them, with the same arguments a worker
+passes (the traceback as formatted text).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+import traceback
+from typing import TYPE_CHECKING, Any
+
+from runfleet.broker.admission import callback_name
+from runfleet.broker.current import current_job
+from runfleet.broker.jobs import Job
+from runfleet.broker.names import load_from_path
+from runfleet.broker.trust import already_loaded
+from runfleet.store.errors import InvalidInput, UnknownFlow
+from runfleet.store.types import NewRun, RunRow, RunStatus
+
+if TYPE_CHECKING:
+    from runfleet.broker.sync import Queue
+
+
+def _function(name: str) -> Any:
+    if name.startswith("builtins:"):
+        import builtins
+
+        return getattr(builtins, name.partition(":")[2])
+    fn = load_from_path(name, already_loaded)
+    if fn is None:
+        raise UnknownFlow(name, "not a function of a module this process has loaded")
+    return getattr(fn, "fn", fn)  # a @flow object: its function
+
+
+def _call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if inspect.iscoroutinefunction(fn):
+        return asyncio.run(fn(*args, **kwargs))
+    return fn(*args, **kwargs)
+
+
+def call_function(job: Job) -> Any:
+    """``job``'s function on its arguments, here, with ``get_current_job()`` answering."""
+    fn = _function(job._current.flow)
+    token = current_job.set(job)
+    try:
+        return _call(fn, job.args, job.kwargs)
+    finally:
+        current_job.reset(token)
+
+
+class InlineJob(Job):
+    """The answer of an ``is_async=False`` enqueue: an outcome in memory, never stored."""
+
+    def __init__(self, queue: Queue, row: RunRow, started_ms: int) -> None:
+        super().__init__(queue, row.id)
+        self._row = row
+        self._started_ms = started_ms
+        self._meta = row.meta
+
+    def refresh(self) -> None:
+        """Nothing to re-read: the outcome is this object."""
+
+    def save_meta(self) -> None:
+        """Kept on this object (an inline job has no row to write)."""
+
+    def cancel(
+        self, *, actor: str | None = None, enqueue_dependents: bool = False, pipeline: Any = None
+    ) -> Any:
+        raise InvalidInput("job", "an is_async=False job has already run")
+
+    def delete(
+        self, pipeline: Any = None, remove_from_queue: bool = True, delete_dependents: bool = False
+    ) -> None:
+        """Nothing stored, nothing to delete."""
+
+
+def run_inline(queue: Queue, new: NewRun) -> InlineJob:
+    """Run an admission's function now, in this thread; the outcome as an ``InlineJob``."""
+    now = int(time.time() * 1000)
+    state: dict[str, Any] = dict(new.extra or {})
+    state["payload"] = new.payload
+    row = _row(new, RunStatus.RUNNING, state, now, now)
+    job = InlineJob(queue, row, now)
+    payload = new.payload if isinstance(new.payload, dict) else {}
+    args, kwargs = tuple(payload.get("args") or ()), dict(payload.get("kwargs") or {})
+    callbacks = state.get("callbacks") or {}
+    try:
+        fn = _function(new.flow)
+        token = current_job.set(job)
+        try:
+            result = _call(fn, args, kwargs)
+        finally:
+            current_job.reset(token)
+    except Exception as exc:
+        text = "".join(traceback.format_exception(exc))
+        state["error"] = {"type": type(exc).__name__, "message": str(exc), "traceback": text}
+        job._row = _row(new, RunStatus.FAILED, state, now, int(time.time() * 1000))
+        if callbacks.get("on_failure"):
+            _function(callbacks["on_failure"])(job, None, type(exc), exc, text)
+        return job
+    state["result"] = result
+    job._row = _row(new, RunStatus.COMPLETED, state, now, int(time.time() * 1000))
+    if callbacks.get("on_success"):
+        _function(callbacks["on_success"])(job, None, result)
+    return job
+
+
+def _row(
+    new: NewRun, status: RunStatus, state: dict[str, Any], created: int, updated: int
+) -> RunRow:
+    return RunRow(
+        id=new.id,
+        flow=new.flow,
+        queue=new.queue,
+        status=status,
+        state=dict(state),
+        owner=None,
+        epoch=0,
+        heartbeat_at_ms=None,
+        claim=None,
+        claimed_at_ms=None,
+        cancel_requested_at_ms=None,
+        lineage_id=new.id,
+        round_ordinal=0,
+        parent_run_id=None,
+        created_at_ms=created,
+        updated_at_ms=updated,
+        waiting=None,
+        now_ms=updated,
+    )
+
+
+__all__ = ["InlineJob", "call_function", "callback_name", "run_inline"]

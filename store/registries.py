@@ -1,0 +1,121 @@
+"""rq's job registries, queue list and dependency gate, read from run rows
+(store/sql/registries.sql).
+
+rq keeps each registry as a Redis sorted set beside the job hashes; here each one is a
+query of ``runfleet.runs`` (the one source of truth), narrowed in Python where the answer
+depends on other runs' statuses (a dependent is deferred until its dependencies are met).
+``broker.registries`` is the rq-shaped face; workers use ``dependencies_met`` for the gate
+and ``work_left`` for ``runfleet worker --burst``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from psycopg.types.json import Jsonb
+
+from runfleet.store.types import RunRow, RunStatus
+
+if TYPE_CHECKING:
+    from runfleet.store import Store
+
+KINDS = ("started", "finished", "failed", "deferred", "scheduled", "canceled")
+MARKERS = ("deleted", "dependents_released")
+
+
+class Registries:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._db = store.db
+
+    async def ids(
+        self, kind: str, queue: str, scopes: Sequence[str], limit: int = 100_000
+    ) -> list[tuple[str, int | None]]:
+        """(rq id, the timer's due time in ms) of the queue's runs in registry ``kind``."""
+        if kind not in KINDS:
+            raise ValueError(f"no registry {kind!r}")
+        params = {"kind": kind, "queue": queue, "scopes": Jsonb(sorted(scopes)), "limit": limit}
+        rows = await self._db.all("registries.by_status", params)
+        if kind not in ("started", "deferred"):
+            return [(r["rq_id"], r["wake_at_ms"]) for r in rows]
+        found = []
+        for r in rows:
+            ids = r["depends_on"] if isinstance(r["depends_on"], list) else []
+            met = not ids or (await self.dependencies_met(ids, r["allow_failure"]))[0]
+            if met == (kind == "started"):
+                found.append((r["rq_id"], r["wake_at_ms"]))
+        return found
+
+    async def queued(self, queue: str, scopes: Sequence[str], limit: int = 100_000) -> list[str]:
+        params = {"queue": queue, "scopes": Jsonb(sorted(scopes)), "limit": limit}
+        return [r["rq_id"] for r in await self._db.all("registries.queued", params)]
+
+    async def queues(self, scopes: Sequence[str]) -> list[str]:
+        rows = await self._db.all("registries.queues", {"scopes": Jsonb(sorted(scopes))})
+        return [r["queue"] for r in rows]
+
+    async def mark(self, key: str, run_ids: Sequence[str]) -> int:
+        if key not in MARKERS:
+            raise ValueError(f"no marker {key!r}")
+        return len(await self._db.all("registries.mark", {"key": key, "ids": list(run_ids)}))
+
+    async def mark_queue_deleted(self, queue: str, scopes: Sequence[str]) -> int:
+        params = {"queue": queue, "scopes": Jsonb(sorted(scopes))}
+        return await self._db.execute("registries.mark_queue_deleted", params)
+
+    async def dependents(self, run_id: str) -> list[str]:
+        return [r["id"] for r in await self._db.all("registries.dependents", {"id": run_id})]
+
+    async def answering(self, run_id: str) -> RunRow | None:
+        """The row that answers for an rq id: a requeued failure's replacing round, a
+        handed-off round's successor; None if there is none or rq's delete removed it."""
+        row = await self._store.runs.get(run_id)
+        while row is not None:
+            following = row.requeued_as
+            if row.status is RunStatus.COMPLETED:
+                following = row.handed_off_to
+            elif row.status is not RunStatus.FAILED:
+                following = None
+            if not following:
+                break
+            row = await self._store.runs.get(following)
+        if row is not None and row.state.get("deleted"):
+            return None
+        return row
+
+    async def dependencies_met(
+        self, run_ids: Sequence[Any], allow_failure: bool = False
+    ) -> tuple[bool, bool]:
+        """(rq's ``dependencies_are_met``, some dependency can no longer meet it).
+
+        Met when every dependency completed, or failed with ``allow_failure``, or was
+        deleted (rq: a missing dependency is met), or was cancelled with
+        ``cancel(enqueue_dependents=True)``. A cancelled one otherwise, or a failed one
+        without ``allow_failure``, is not met (rq leaves the dependent deferred) and
+        "broken": only a requeue of it can change that.
+        """
+        met, broken = True, False
+        for run_id in run_ids:
+            row = await self.answering(str(run_id))
+            if row is None:
+                continue
+            status = row.status
+            if status is RunStatus.COMPLETED:
+                continue
+            if status is RunStatus.FAILED and allow_failure:
+                continue
+            if status is RunStatus.CANCELLED and row.state.get("dependents_released"):
+                continue
+            met = False
+            broken = broken or status in (RunStatus.FAILED, RunStatus.CANCELLED)
+        return met, broken
+
+    async def work_left(self, queues: Sequence[str], horizon_ms: int) -> bool:
+        """Whether a burst worker of ``queues`` has anything left to run."""
+        params = {"queues": list(queues), "horizon_ms": horizon_ms}
+        for r in await self._db.all("registries.work_left", params):
+            ids = r["depends_on"] if isinstance(r["depends_on"], list) else []
+            if not ids or (await self.dependencies_met(ids, r["allow_failure"]))[0]:
+                return True
+        return False

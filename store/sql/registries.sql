@@ -1,0 +1,102 @@
+-- rq's job registries and queue-level reads over run rows (store/registries.py). Every
+-- registry is a read of runfleet.runs: there is no second list to keep in step. ``rq_id``
+-- is the id an rq user reads: a failed-registry requeue's round (``<id>@<n>``) answers
+-- with its lineage's id, as rq keeps one id across a requeue. A run that rq's
+-- ``delete()`` removed (state ``deleted``) is in no registry and no queue.
+
+-- name: by_status
+-- Runs of the queue whose rq status the caller narrows in Python (deferred/started need
+-- the dependencies' statuses): the candidate rows of one registry, oldest first.
+SELECT CASE WHEN r.state ? 'requeued_from' THEN r.lineage_id ELSE r.id END AS rq_id,
+       r.id, r.status, r.state->'depends_on' AS depends_on,
+       coalesce((r.state->>'allow_failure')::boolean, false) AS allow_failure,
+       r.waiting_wake_at_ms AS wake_at_ms
+  FROM runfleet.runs r
+ WHERE r.queue = %(queue)s
+   AND NOT (r.state ? 'deleted') AND NOT (r.state ? 'requeued_as')
+   -- past result_ttl / failure_ttl: rq's key expired (retention deletes the row later)
+   AND NOT (r.status = 'completed' AND coalesce((r.state->>'result_ttl')::bigint >= 0
+            AND r.updated_at_ms + (r.state->>'result_ttl')::bigint * 1000 <= runfleet.now_ms(),
+            false))
+   AND NOT (r.status = 'failed' AND coalesce((r.state->>'failure_ttl')::bigint >= 0
+            AND r.updated_at_ms + (r.state->>'failure_ttl')::bigint * 1000 <= runfleet.now_ms(),
+            false))
+   AND coalesce(r.state->'scopes', '[]'::jsonb) <@ %(scopes)s::jsonb
+   AND CASE %(kind)s
+         WHEN 'finished' THEN r.status = 'completed' AND NOT (r.state ? 'handed_off_to')
+         WHEN 'failed' THEN r.status = 'failed'
+         WHEN 'canceled' THEN r.status = 'cancelled'
+              OR (r.status IN ('pending', 'running', 'suspended')
+                  AND r.cancel_requested_at_ms IS NOT NULL)
+         WHEN 'scheduled' THEN r.status = 'pending' AND r.cancel_requested_at_ms IS NULL
+              AND r.waiting_reason = 'timer' AND r.waiting_wake_at_ms > runfleet.now_ms()
+              AND NOT (r.state ? 'depends_on')
+         WHEN 'started' THEN r.status IN ('running', 'suspended')
+              AND r.cancel_requested_at_ms IS NULL
+         WHEN 'deferred' THEN r.status IN ('pending', 'running', 'suspended')
+              AND r.cancel_requested_at_ms IS NULL AND r.state ? 'depends_on'
+         ELSE false
+       END
+ ORDER BY r.updated_at_ms, r.created_at_ms, r.id
+ LIMIT %(limit)s;
+
+-- name: queued
+-- rq's queue contents: pending runs nobody started, not waiting on a future timer or on
+-- dependencies, oldest first; their rq ids. (jobs.queued_ids without deleted runs and
+-- with a requeued round's lineage id.)
+SELECT CASE WHEN r.state ? 'requeued_from' THEN r.lineage_id ELSE r.id END AS rq_id
+  FROM runfleet.runs r
+ WHERE r.queue = %(queue)s AND r.status = 'pending'
+   AND r.cancel_requested_at_ms IS NULL
+   AND (r.waiting_reason IS NULL
+        OR (r.waiting_reason = 'timer' AND r.waiting_wake_at_ms <= runfleet.now_ms()))
+   AND NOT (r.state ? 'depends_on') AND NOT (r.state ? 'deleted')
+   -- past its deadline (rq's ttl): the deadline sweep cancels it; rq's expired job is gone
+   AND coalesce((r.state->>'deadline_ms')::bigint > runfleet.now_ms(), true)
+   AND coalesce(r.state->'scopes', '[]'::jsonb) <@ %(scopes)s::jsonb
+ ORDER BY (r.state ? 'at_front') DESC,
+          CASE WHEN r.state ? 'at_front' THEN -r.created_at_ms ELSE r.created_at_ms END,
+          r.id
+ LIMIT %(limit)s;
+
+-- name: queues
+-- rq's Queue.all(): every queue a run was ever enqueued on, but those rq's
+-- ``Queue.delete()`` removed (until a new run is enqueued there).
+SELECT DISTINCT r.queue FROM runfleet.runs r
+ WHERE NOT (r.state ? 'queue_deleted')
+   AND coalesce(r.state->'scopes', '[]'::jsonb) <@ %(scopes)s::jsonb
+ ORDER BY r.queue;
+
+-- name: mark
+-- rq's delete (``deleted``), Queue.delete (``queue_deleted``) and cancel's
+-- enqueue_dependents (``dependents_released``): one marker key in the run's state.
+-- updated_at_ms is left alone: it is a settled run's settlement time (job.ended_at).
+UPDATE runfleet.runs SET state = state || jsonb_build_object(%(key)s::text, true)
+ WHERE id = ANY(%(ids)s)
+RETURNING id;
+
+-- name: mark_queue_deleted
+UPDATE runfleet.runs SET state = state || '{"queue_deleted": true}'::jsonb
+ WHERE queue = %(queue)s AND NOT (state ? 'queue_deleted')
+   AND coalesce(state->'scopes', '[]'::jsonb) <@ %(scopes)s::jsonb;
+
+-- name: dependents
+-- Runs that name ``id`` in depends_on (rq's job.dependent_ids), oldest first.
+SELECT r.id FROM runfleet.runs r
+ WHERE r.state->'depends_on' ? %(id)s AND NOT (r.state ? 'deleted')
+ ORDER BY r.created_at_ms, r.id;
+
+-- name: work_left
+-- What a burst worker still has to do in its queues: runs that may start (or wake)
+-- now or within the horizon, and every open dependent (the caller checks whether its
+-- dependencies are met: a dependent of an unfinished job does not keep a burst alive).
+SELECT r.id, r.state->'depends_on' AS depends_on,
+       coalesce((r.state->>'allow_failure')::boolean, false) AS allow_failure
+  FROM runfleet.runs r
+ WHERE r.queue = ANY(%(queues)s) AND r.status IN ('pending', 'running', 'suspended')
+   AND (r.status = 'running'
+        OR r.state ? 'depends_on'
+        OR r.waiting_reason IS NULL
+        OR (r.waiting_reason = 'timer'
+            AND r.waiting_wake_at_ms <= runfleet.now_ms() + %(horizon_ms)s))
+ LIMIT 200;

@@ -16,7 +16,7 @@ from runfleet.store.config import Settings
 
 SCRIPT = """
 import gc, sys
-import broker
+import runfleet.broker
 from tests.rq_parity import jobs
 q = runfleet.broker.Queue("default", database_url=sys.argv[1], redis_url=sys.argv[2])
 job = q.enqueue(jobs.add, 1, 2)

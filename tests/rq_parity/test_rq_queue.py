@@ -110,6 +110,10 @@ def test_jobs(rqx: Side) -> None:
     assert q.job_ids == []
 
 
+@pytest.mark.rq_difference(
+    "runfleet checks arguments at enqueue: say_hello takes no foo= (InvalidInput); rq fails the job"
+    " when it runs (docs/moving-from-rq.md)"
+)
 def test_enqueue(rqx: Side) -> None:
     q = rqx.Queue()
     assert q.is_empty() is True
@@ -118,6 +122,10 @@ def test_enqueue(rqx: Side) -> None:
     assert q.count == 1 and q.job_ids == [job.id]
 
 
+@pytest.mark.rq_difference(
+    "runfleet checks arguments at enqueue: say_hello takes no foo= (InvalidInput); rq fails the job"
+    " when it runs (docs/moving-from-rq.md)"
+)
 def test_enqueue_sets_metadata(rqx: Side) -> None:
     q = rqx.Queue()
     job = q.enqueue(fixtures.say_hello, "Nick", foo="bar")
@@ -402,6 +410,10 @@ def test_enqueue_without_unique_allows_duplicate_ids(rqx: Side) -> None:
     assert queue.enqueue(fixtures.say_hello, job_id="duplicate-job").id == "duplicate-job"
 
 
+@pytest.mark.rq_difference(
+    "a run id is an idempotency key: a deleted job's id stays taken until runfleet prune"
+    " (docs/moving-from-rq.md)"
+)
 def test_enqueue_unique_allows_requeue_after_job_deleted(rqx: Side) -> None:
     queue = rqx.Queue()
     job1 = queue.enqueue(fixtures.say_hello, job_id="requeue-job", unique=True)

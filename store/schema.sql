@@ -639,3 +639,11 @@ END
 $$;
 REVOKE ALL ON FUNCTION runfleet.answer(text, text, text, boolean, json, text, text, integer,
                                        text, bigint) FROM PUBLIC;
+
+-- Wake marks (0015): per queue, the Postgres time before which every admission's wake
+-- has been delivered or destroyed; the lost-pending sweep reads it (docs/backlog.md).
+CREATE TABLE runfleet.wake_marks (
+    queue                text PRIMARY KEY,
+    delivered_through_ms bigint NOT NULL,
+    updated_at_ms        bigint NOT NULL
+);

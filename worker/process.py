@@ -38,6 +38,7 @@ from worker.retention import RetentionLoop
 from worker.retry import INFRA_ERRORS
 from worker.scheduler import Scheduler, register_schedules
 from worker.sweeper import Sweeper
+from worker.wake_marks import WakeMarks
 from worker.watchdog import Watchdog
 
 log = logging.getLogger("runfleet.worker.process")
@@ -216,7 +217,12 @@ class Worker:
             confirm=settings.failstop_confirm,
         )
         self._started_ms = int(time.time() * 1000)
-        self._sweeper = Sweeper(self.store, settings, self.intake.dispatch)
+        self._sweeper = Sweeper(
+            self.store,
+            settings,
+            self.intake.dispatch,
+            marks=WakeMarks(self.store, self.streams, self.queues, settings),
+        )
         if self._stopping.is_set():  # stopped while assembling
             self._claim_nothing()
         return [

@@ -39,9 +39,10 @@ from typing import TypeVar
 from broker.service import Service, Signal
 from store import Store, SweepKind
 from store.config import Settings, jittered
-from store.sweeps import START, Keyed, SweepCursor, SweepKey
+from store.sweeps import MIN_KEY, START, Keyed, SweepCursor, SweepKey
 from store.types import ClockRow, PendingCursor, RunRow
 from worker import metrics
+from worker.wake_marks import WakeMarks
 
 log = logging.getLogger("runfleet.worker.sweeper")
 
@@ -107,6 +108,7 @@ class Sweeper(Service):
         dispatch: DispatchFn,
         *,
         signals: SweeperSignals | None = None,
+        marks: WakeMarks | None = None,
     ) -> None:
         super().__init__()
         self._store = store
@@ -114,6 +116,9 @@ class Sweeper(Service):
         self._dispatch = dispatch
         self._batch = settings.sweep_batch
         self._signals = signals
+        self._marks = marks
+        """This worker's view of its queues' streams (None: it reads none, and the
+        lost-pending sweep goes by the marks other workers wrote)."""
 
     async def _serve(self) -> None:
         interval = self._settings.sweep_interval
@@ -122,6 +127,8 @@ class Sweeper(Service):
             await self._pause(jittered(interval))
 
     async def tick(self) -> None:
+        if self._marks is not None:
+            await self._marks.sample()
         for kind, sweep in (
             (SweepKind.STALE_RUNNING, self._stale_running),
             (SweepKind.PARKED, self._released),
@@ -316,23 +323,28 @@ class Sweeper(Service):
         )
 
     async def _lost_pending(self) -> Finds:
-        """Pending runs nobody drove for a while: their wake was lost (Redis restart, crash).
+        """Never-started pending runs whose wake no reader will deliver (``worker.wake_marks``):
+        admitted before their queue's wake mark and still pending and unclaimed.
 
-        The scan walks a finite cycle (up to the tail read at its start) and starts a
-        new cycle at most once per ``2 × stale_after`` of database time, so each run
-        is dispatched once per cycle however long the backlog: a backlog that merely
-        waits for free slots does not collect a duplicate wake every tick.
+        A deep backlog that merely waits for free slots is admitted after every mark its
+        readers reached, so it is never re-woken. The scan walks a finite cycle (up to the
+        tail read at its start) and starts a new cycle at most once per
+        ``lost_pending_after_ms`` of database time, so a run a reader was handed and left
+        (a flow this fleet does not know yet, a limit) is woken once per cycle, not every
+        tick; a cycle dispatches ``lost_pending_batch`` runs a tick.
         """
         sweeps = self._store.sweeps
-        older = self._settings.lost_pending_after_ms
         read = cursor = await sweeps.cursor(SweepKind.LOST_PENDING)
+        fallback = (
+            self._marks.fallback_before_ms(cursor.now_ms) if self._marks is not None else MIN_KEY
+        )
         if cursor.through is None:
             if (
                 cursor.cycle_started_ms is not None
-                and cursor.now_ms - cursor.cycle_started_ms < older
+                and cursor.now_ms - cursor.cycle_started_ms < self._settings.lost_pending_after_ms
             ):
                 return Finds(read=read, base=read, rows=[], done=read)
-            tail = await sweeps.pending_tail(older_than_ms=older)
+            tail = await sweeps.lost_pending_tail(fallback_before_ms=fallback)
             cursor = SweepCursor(
                 after=START,
                 through=_pending_key(tail) if tail else None,
@@ -342,13 +354,14 @@ class Sweeper(Service):
             if tail is None:  # nothing to scan: the cycle is over as soon as it began
                 return Finds(read=read, base=cursor, rows=[], done=cursor)
         assert cursor.through is not None
-        found = await sweeps.pending_runs(
-            older_than_ms=older,
+        batch = self._settings.lost_pending_batch
+        found = await sweeps.lost_pending(
             after=PendingCursor(cursor.after.id, cursor.after.ms),
             through=PendingCursor(cursor.through.id, cursor.through.ms),
-            limit=self._batch,
+            fallback_before_ms=fallback,
+            limit=batch,
         )
-        if len(found) < self._batch:
+        if len(found) < batch:
             done = SweepCursor(cycle_started_ms=cursor.cycle_started_ms, now_ms=cursor.now_ms)
         else:
             done = cursor.at(_pending_key(found[-1]))

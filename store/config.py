@@ -120,6 +120,20 @@ class Settings(BaseSettings):
         return self.stale_after_ms
 
     @property
+    def lost_wake_within_ms(self) -> int:
+        """How soon a never-started run whose wake was lost is dispatched again, counted from
+        when its readers reached it (at once for an idle queue, a flushed or deleted stream,
+        a refused publish on a caught-up queue): the publish grace, then a sample, its
+        witness one claim grace later, the next sample (two of the longest ticks) and the
+        next lost-pending cycle (docs/backlog.md)."""
+        return (
+            self.wake_publish_grace_ms
+            + self.wake_claim_grace_ms
+            + 2 * self.sweep_tick_max_ms
+            + self.lost_pending_after_ms
+        )
+
+    @property
     def lost_pending_batch(self) -> int:
         """Runs the lost-pending sweep dispatches per tick: 16 sweep batches, so the wakes
         a Redis flush destroyed come back at about a drain's pace, not 64 a second."""

@@ -274,6 +274,10 @@ class Sweeps:
         before = max([*(await self.wake_marks()).values(), fallback_before_ms])
         return None if before <= MIN_KEY else before
 
+    async def redispatched(self, run_ids: list[str]) -> None:
+        """Record that the lost-pending sweep woke these never-started runs just now."""
+        await self._db.execute("sweeps.lost_pending_redispatched", {"ids": run_ids})
+
     async def advance_wake_mark(self, queue: str, through_ms: int) -> None:
         """Move ``queue``'s wake mark to ``through_ms`` (database time) if that is later."""
         await self._db.execute(

@@ -72,6 +72,8 @@ class Finds:
     rows: list[Find]
     done: SweepCursor
     """Where the cursor goes once every row was dispatched."""
+    after_dispatch: Callable[[list[str]], Awaitable[None]] | None = None
+    """What the kind records about the runs it dispatched (lost-pending: their new wake)."""
 
     @property
     def run_ids(self) -> list[str]:
@@ -166,6 +168,12 @@ class Sweeper(Service):
                 dispatched = await self._dispatch(run_ids, f"sweep:{kind.label}")
             except Exception as exc:
                 log.warning("sweep.dispatch_failed", extra={"kind": kind.name, "error": repr(exc)})
+        if dispatched and finds.after_dispatch is not None:
+            try:
+                await finds.after_dispatch(sorted(dispatched))
+            except Exception as exc:  # a later cycle may then wake them early: duplicates only
+                metrics.INFRA_ERRORS.labels(f"sweep:{kind.label}").inc()
+                log.warning("sweep.record_failed", extra={"kind": kind.name, "error": repr(exc)})
         await self._advance(kind, finds, finds.advanced(dispatched))
 
     async def _advance(self, kind: SweepKind, finds: Finds, cursor: SweepCursor) -> None:
@@ -327,7 +335,9 @@ class Sweeper(Service):
         admitted before their queue's wake mark and still pending and unclaimed.
 
         A deep backlog that merely waits for free slots is admitted after every mark its
-        readers reached, so it is never re-woken. The scan walks a finite cycle (up to the
+        readers reached, so it is never re-woken. A run it wakes is recorded as written
+        then (``redispatched``), so it counts as lost again only once the mark passes that
+        new wake too, however deep the stream it waits in. The scan walks a finite cycle (up to the
         tail read at its start) and starts a new cycle at most once per
         ``lost_pending_after_ms`` of database time, so a run a reader was handed and left
         (a flow this fleet does not know yet, a limit) is woken once per cycle, not every
@@ -366,7 +376,9 @@ class Sweeper(Service):
         else:
             done = cursor.at(_pending_key(found[-1]))
         rows = [Find(_pending_key(p), p.run_id) for p in found]
-        return Finds(read=read, base=cursor, rows=rows, done=done)
+        return Finds(
+            read=read, base=cursor, rows=rows, done=done, after_dispatch=sweeps.redispatched
+        )
 
 
 def _key(row: Keyed) -> SweepKey:

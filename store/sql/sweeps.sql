@@ -154,3 +154,12 @@ ON CONFLICT (queue) DO UPDATE SET
 
 -- name: wake_marks
 SELECT queue, delivered_through_ms, updated_at_ms FROM runfleet.wake_marks ORDER BY queue;
+
+-- name: lost_pending_redispatched
+-- The lost-pending sweep's dispatch is the row's latest wake: a later cycle counts the run
+-- lost again only once the queue's mark passes this write (its new message is delivered or
+-- destroyed too), not while that message still waits in a deep stream. Only rows still
+-- never started: a reader that already claimed one has written it itself.
+UPDATE runfleet.runs SET updated_at_ms = runfleet.now_ms()
+ WHERE id = ANY(%(ids)s::text[]) AND status = 'pending' AND claim_host IS NULL
+   AND owner_host IS NULL AND waiting_reason IS NULL;

@@ -40,9 +40,7 @@ async def redis(settings: Settings) -> AsyncIterator[Redis]:
 async def _unsettled(url: str) -> int:
     async with await psycopg.AsyncConnection.connect(url) as conn:
         row = await (
-            await conn.execute(
-                "SELECT count(*) FROM runfleet.runs WHERE status <> 'completed'"
-            )
+            await conn.execute("SELECT count(*) FROM runfleet.runs WHERE status <> 'completed'")
         ).fetchone()
     assert row is not None
     return int(row[0])
@@ -121,7 +119,8 @@ async def test_a_refused_publish_is_found_within_the_bound(
     for run in runs:
         row = await store.runs.get(run.id)
         assert row is not None
-        activated = [r for r in await store.journal.records(run.id) if r.kind == "claimed-and-activated"]
+        journal = await store.journal.records(run.id)
+        activated = [r for r in journal if r.kind == "claimed-and-activated"]
         assert len(activated) == 1
         waited_ms = activated[0].at_ms - row.created_at_ms
         # The bound, plus what a loaded box adds to one dispatch, read and claim.

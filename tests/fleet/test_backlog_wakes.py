@@ -59,7 +59,9 @@ async def _messages(redis: Redis, streams: Streams) -> list[str]:
     reasons = []
     for lane in Lane:
         for _, fields in await redis.xrange(streams.stream_key("default", lane)) or []:
-            reasons.append(decode(fields[FIELD]).reason)
+            packed = fields.get(FIELD) if fields else None
+            assert isinstance(packed, bytes), fields
+            reasons.append(decode(packed).reason)
     return reasons
 
 

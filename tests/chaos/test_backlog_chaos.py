@@ -70,8 +70,8 @@ async def test_flushall_and_stream_deletion_mid_drain_lose_nothing(
     ours = chaos_settings(settings, redis_url=own_redis.url)
     url = ours.database_url
     async with AsyncQueue("default", settings=ours) as queue:
-        for start in range(0, RUNS, ADMIT_BATCH):
-            await queue.enqueue_many([EnqueueSpec(sleepy, (0,)) for _ in range(ADMIT_BATCH)])
+        for _ in range(RUNS // ADMIT_BATCH):
+            await queue.enqueue_many([EnqueueSpec(sleepy, (0,))] * ADMIT_BATCH)
     client = aioredis.Redis.from_url(own_redis.url)
     streams = Streams(client, ours.redis_prefix)
     workers = [WorkerProc(ours, concurrency=16) for _ in range(2)]

@@ -335,13 +335,13 @@ class Sweeper(Service):
         admitted before their queue's wake mark and still pending and unclaimed.
 
         A deep backlog that merely waits for free slots is admitted after every mark its
-        readers reached, so it is never re-woken. A run it wakes is recorded as written
-        then (``redispatched``), so it counts as lost again only once the mark passes that
-        new wake too, however deep the stream it waits in. The scan walks a finite cycle (up to the
-        tail read at its start) and starts a new cycle at most once per
-        ``lost_pending_after_ms`` of database time, so a run a reader was handed and left
-        (a flow this fleet does not know yet, a limit) is woken once per cycle, not every
-        tick; a cycle dispatches ``lost_pending_batch`` runs a tick.
+        readers reached, so it is never re-woken. A run this sweep wakes is recorded as
+        written then (``redispatched``), so it counts as lost again only once the mark
+        passes that new wake too, however deep the stream it waits in. The scan walks a
+        finite cycle (up to the tail read at its start), ``lost_pending_batch`` runs a
+        tick, and starts a new cycle at most once per ``lost_pending_after_ms`` of
+        database time, so a run a reader was handed and left (a flow this fleet does not
+        know yet, a limit) is woken at most once per cycle.
         """
         sweeps = self._store.sweeps
         read = cursor = await sweeps.cursor(SweepKind.LOST_PENDING)

@@ -45,7 +45,6 @@ from store import Store
 from store.config import Settings
 from store.sweeps import MIN_KEY
 from worker import metrics
-from worker.outbox import BROKER_ERRORS
 
 log = logging.getLogger("runfleet.worker.wake_marks")
 
@@ -158,7 +157,7 @@ class WakeMarks:
         try:
             for queue in self._queues:
                 readings.append((queue, Sample(at_ms, await self._streams.positions(queue))))
-        except BROKER_ERRORS as exc:
+        except Exception as exc:  # BROKER_ERRORS, or replies a hostile writer shaped
             if not self.redis_unreachable:
                 log.warning("wake_marks.redis_unreachable", extra={"error": repr(exc)})
             self.redis_unreachable = True

@@ -355,13 +355,18 @@ SELECT * FROM moved;
 -- name: attached_descendants_many
 -- attached_descendants for several settling runs at once: (root, descendant) pairs,
 -- each walk excluding its own root's lineage. Usually empty: a run without children
--- costs one probe of run_parents by parent per round of its lineage.
+-- costs one probe of run_parents by parent per round of its lineage. The lookups by
+-- lineage and by id are LATERAL subqueries with an ORDER BY (never flattened into a
+-- join), so they stay index probes whatever the statistics say: with a 100,000-run
+-- backlog just admitted (statistics stale), the joins were planned as scans of all of
+-- runfleet.runs (docs/backlog.md).
 WITH RECURSIVE seeds AS (
     SELECT l.id AS root, l.lineage_id AS root_lineage FROM runfleet.runs l
      WHERE l.id = ANY(%(ids)s::text[])
 ), tree(root, root_lineage, id) AS (
     SELECT s.root, s.root_lineage, r.id FROM seeds s
-      JOIN runfleet.runs r ON r.lineage_id = s.root_lineage
+     CROSS JOIN LATERAL (SELECT x.id FROM runfleet.runs x WHERE x.lineage_id = s.root_lineage
+                          ORDER BY x.round_ordinal) r
     UNION
     SELECT t.root, t.root_lineage, m.id FROM tree t
       JOIN runfleet.run_parents e ON e.parent_id = t.id
@@ -369,9 +374,10 @@ WITH RECURSIVE seeds AS (
       JOIN runfleet.runs m ON m.lineage_id = c.lineage_id
      WHERE coalesce(c.state->>'on_parent_exit', 'cancel') = 'cancel'
 )
-SELECT DISTINCT tree.root, r.id FROM tree JOIN runfleet.runs r ON r.id = tree.id
- WHERE r.status NOT IN ('completed', 'failed', 'cancelled')
-   AND r.lineage_id <> tree.root_lineage
+SELECT DISTINCT tree.root, r.id FROM tree
+ CROSS JOIN LATERAL (SELECT y.id FROM runfleet.runs y
+                      WHERE y.id = tree.id AND y.status NOT IN ('completed', 'failed', 'cancelled')
+                        AND y.lineage_id <> tree.root_lineage ORDER BY y.id) r
  ORDER BY tree.root, r.id;
 
 -- name: heartbeat

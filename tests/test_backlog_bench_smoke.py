@@ -12,9 +12,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from ops.bench.__main__ import app
-from ops.bench.backlog import steady_rate
-from ops.servers.resolve import Endpoints
+from runfleet.ops.bench.__main__ import app
+from runfleet.ops.bench.backlog import steady_rate
+from runfleet.ops.servers.resolve import Endpoints
 
 
 def test_the_steady_rate_counts_from_the_tenth_percentile_to_the_last() -> None:

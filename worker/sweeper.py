@@ -36,13 +36,13 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TypeVar
 
-from broker.service import Service, Signal
-from store import Store, SweepKind
-from store.config import Settings, jittered
-from store.sweeps import MIN_KEY, START, Keyed, SweepCursor, SweepKey
-from store.types import ClockRow, PendingCursor, RunRow
-from worker import metrics
-from worker.wake_marks import WakeMarks
+from runfleet.broker.service import Service, Signal
+from runfleet.store import Store, SweepKind
+from runfleet.store.config import Settings, jittered
+from runfleet.store.sweeps import MIN_KEY, START, Keyed, SweepCursor, SweepKey
+from runfleet.store.types import ClockRow, PendingCursor, RunRow
+from runfleet.worker import metrics
+from runfleet.worker.wake_marks import WakeMarks
 
 log = logging.getLogger("runfleet.worker.sweeper")
 

@@ -40,11 +40,11 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from broker.streams import ZERO_ID, Lane, LanePosition, Streams
-from store import Store
-from store.config import Settings
-from store.sweeps import MIN_KEY
-from worker import metrics
+from runfleet.broker.streams import ZERO_ID, Lane, LanePosition, Streams
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.sweeps import MIN_KEY
+from runfleet.worker import metrics
 
 log = logging.getLogger("runfleet.worker.wake_marks")
 

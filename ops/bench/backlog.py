@@ -29,17 +29,17 @@ import psycopg
 from psycopg.rows import dict_row
 from rich.table import Table
 
-from broker.client import connect
-from broker.streams import Lane, Streams
-from ops.bench.drain import admit, drop_keys, journal_tail
-from ops.bench.fleet_procs import Proc, Servers, bench_prefix, python_env, runfleet_worker
-from ops.bench.noop import QUEUE, noop
-from ops.bench.scratch import BenchError, scratch_database
-from store.config import Settings
-from store.migrate import migrate
-from store.queries import q
+from runfleet.broker.client import connect
+from runfleet.broker.streams import Lane, Streams
+from runfleet.ops.bench.drain import admit, drop_keys, journal_tail
+from runfleet.ops.bench.fleet_procs import Proc, Servers, bench_prefix, python_env, runfleet_worker
+from runfleet.ops.bench.noop import QUEUE, noop
+from runfleet.ops.bench.scratch import BenchError, scratch_database
+from runfleet.store.config import Settings
+from runfleet.store.migrate import migrate
+from runfleet.store.queries import q
 
-FLOWS_MODULE = "ops.bench.noop"
+FLOWS_MODULE = "runfleet.ops.bench.noop"
 DEFAULT_DEPTHS = (1000, 10_000, 100_000)
 SYSTEMS = ("runfleet", "rq", "celery")
 
@@ -307,7 +307,7 @@ def celery_drain(redis_url: str, depth: int, workers: int, timeout: float) -> Dr
     ``workers`` children (late acks) drains them; completion times from the results."""
     import redis
 
-    from ops.bench.celery_app import TASK, make_app
+    from runfleet.ops.bench.celery_app import TASK, make_app
 
     token = secrets.token_hex(4)
     env = {
@@ -325,7 +325,7 @@ def celery_drain(redis_url: str, depth: int, workers: int, timeout: float) -> Dr
                 ids.append(app.send_task(TASK, producer=producer).id)
         admitted = time.perf_counter()
         argv = [
-            sys.executable, "-m", "celery", "-A", "ops.bench.celery_app", "worker",
+            sys.executable, "-m", "celery", "-A", "runfleet.ops.bench.celery_app", "worker",
             "--pool", "prefork", "--concurrency", str(workers), "--loglevel", "WARNING",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
             "--queues", env["RF_CELERY_QUEUE"],

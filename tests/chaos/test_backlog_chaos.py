@@ -16,11 +16,11 @@ import psycopg
 import pytest
 import redis.asyncio as aioredis
 
-from broker import AsyncQueue, EnqueueSpec
-from broker.streams import Lane, Streams
-from ops.servers.redis import ThrowawayRedis
-from store import Store
-from store.config import Settings
+from runfleet.broker import AsyncQueue, EnqueueSpec
+from runfleet.broker.streams import Lane, Streams
+from runfleet.ops.servers.redis import ThrowawayRedis
+from runfleet.store import Store
+from runfleet.store.config import Settings
 from tests.chaos.conftest import chaos_settings
 from tests.fleet.flows import sleepy
 from tests.fleet.procs import WorkerProc

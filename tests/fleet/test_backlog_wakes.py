@@ -14,12 +14,12 @@ import psycopg
 import pytest
 from redis.asyncio import Redis
 
-from broker import AsyncQueue, EnqueueSpec
-from broker.client import connect
-from broker.codec import FIELD, decode
-from broker.streams import Lane, Streams
-from store import Store
-from store.config import Settings
+from runfleet.broker import AsyncQueue, EnqueueSpec
+from runfleet.broker.client import connect
+from runfleet.broker.codec import FIELD, decode
+from runfleet.broker.streams import Lane, Streams
+from runfleet.store import Store
+from runfleet.store.config import Settings
 from tests.fleet.flows import sleepy
 from tests.fleet.procs import WorkerProc
 from tests.support.polling import until

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import psycopg
 
-from store.config import Settings
-from store.db import connection_kwargs
+from runfleet.store.config import Settings
+from runfleet.store.db import connection_kwargs
 
 
 async def test_store_connections_run_without_jit(settings: Settings) -> None:

@@ -8,10 +8,10 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from store import Kind, Store
-from store.errors import InvalidInput
-from store.journal import digest
-from store.types import (
+from runfleet.store import Kind, Store
+from runfleet.store.errors import InvalidInput
+from runfleet.store.journal import digest
+from runfleet.store.types import (
     AlreadyRequested,
     CancelRequested,
     GuardFailed,
@@ -24,7 +24,7 @@ from store.types import (
     Waiting,
     WaitingReason,
 )
-from store.values import UnstorableValue
+from runfleet.store.values import UnstorableValue
 from tests.store.helpers import OWNER_A, OWNER_B, create, make_running, must_get
 
 

@@ -13,9 +13,9 @@ from dataclasses import replace
 import pytest
 from prometheus_client import REGISTRY
 
-from store import Kind, Store
-from store.config import Settings
-from store.types import (
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.types import (
     Activated,
     ActivateOutcome,
     Claimed,
@@ -26,6 +26,8 @@ from store.types import (
     Waiting,
     WaitingReason,
 )
+from runfleet.worker.driver import Driver, Execution
+from runfleet.worker.outcomes import DriveOutcome
 from tests.seed_rules import flows as sr
 from tests.store.helpers import (
     OWNER_B,
@@ -36,8 +38,6 @@ from tests.store.helpers import (
     must_get,
 )
 from tests.support.polling import until
-from worker.driver import Driver, Execution
-from worker.outcomes import DriveOutcome
 
 ME = Owner("host-me", 8101, "nonce-me")
 THEM = Owner("host-them", 8102, "nonce-them")

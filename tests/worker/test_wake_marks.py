@@ -7,8 +7,8 @@ Samples are built by hand here (the rule is arithmetic over positions); the flee
 
 from __future__ import annotations
 
-from broker.streams import ZERO_ID, EntryId, Lane, LanePosition
-from worker.wake_marks import MAX_SAMPLES, MarkBook, Sample, covers
+from runfleet.broker.streams import ZERO_ID, EntryId, Lane, LanePosition
+from runfleet.worker.wake_marks import MAX_SAMPLES, MarkBook, Sample, covers
 
 GRACE = 1000
 

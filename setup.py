@@ -33,6 +33,8 @@ LAB = {
         "durability",
         "recovery_bench",
         "producer_bench",  # `bench producer`: runfleet beside rq and DBOS
+        "backlog",  # `bench fleet --backlog-depths`: runfleet beside rq and Celery
+        "celery_app",  # the Celery peer adapter
     },
 }
 

@@ -81,6 +81,45 @@ class QueueDepth:
         return self.undelivered + self.pending
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class EntryId:
+    """A stream entry id ``ms-seq`` as a comparable pair (``0-0``: nothing yet).
+
+    Ids only ever compare with ids of the same stream: they carry Redis's clock, which
+    nothing else in runfleet is measured on.
+    """
+
+    ms: int = 0
+    seq: int = 0
+
+    @classmethod
+    def parse(cls, value: bytes | str | None) -> EntryId:
+        if value is None:
+            return ZERO_ID
+        ms, _, seq = _text(value).partition("-")
+        return cls(int(ms), int(seq or 0))
+
+    def __str__(self) -> str:
+        return f"{self.ms}-{self.seq}"
+
+
+ZERO_ID = EntryId()
+
+
+@dataclass(frozen=True, slots=True)
+class LanePosition:
+    """How far one lane's stream was written and delivered, read in that order.
+
+    ``written``: the stream's last generated id (``0-0`` if the stream does not exist).
+    ``delivered``: the ``workers`` group's last delivered id, None without the group.
+    Since ``written`` is read first, ``delivered >= written`` of the same reading means
+    everything the stream held when it was read had been delivered.
+    """
+
+    written: EntryId
+    delivered: EntryId | None
+
+
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -387,6 +426,34 @@ class Streams:
                 return QueueDepth(undelivered, int(group["pending"]))
         return QueueDepth(int(await self._redis.xlen(key)), 0)
 
+    async def positions(self, queue: str) -> dict[Lane, LanePosition]:
+        """Each lane's written and delivered positions, in one round trip (lost-wake marks).
+
+        Every lane's last generated id is read before any group's last delivered id
+        (a pipeline runs in order), so a delivered id at or past a written id means the
+        group had delivered everything written up to there.
+        """
+        keys = [self.stream_key(queue, lane) for lane in Lane]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.xinfo_stream(key)
+            for key in keys:
+                pipe.xinfo_groups(key)
+            replies = await pipe.execute(raise_on_error=False)
+        out: dict[Lane, LanePosition] = {}
+        for i, lane in enumerate(Lane):
+            info, groups = replies[i], replies[len(keys) + i]
+            written = _written(info)
+            delivered = None
+            if not isinstance(groups, Exception):
+                for group in groups:
+                    if _text(group["name"]) == GROUP:
+                        delivered = EntryId.parse(group["last-delivered-id"])
+            elif not _no_such_key(groups):
+                raise groups
+            out[lane] = LanePosition(written, delivered)
+        return out
+
     async def lag(self, queue: str) -> int:
         """Entries waiting for a worker in both lanes: undelivered plus delivered-but-unacked."""
         return sum([(await self.depth(queue, lane)).total for lane in Lane])
@@ -419,6 +486,19 @@ def _fields(fields: Any) -> dict[bytes, bytes] | None:
     if not isinstance(fields, dict) or not fields:
         return None
     return {bytes(k): bytes(v) for k, v in fields.items()}
+
+
+def _no_such_key(exc: BaseException) -> bool:
+    return isinstance(exc, ResponseError) and "no such key" in str(exc)
+
+
+def _written(info: Any) -> EntryId:
+    """A stream's last generated id from an XINFO STREAM reply (``0-0``: no stream)."""
+    if isinstance(info, Exception):
+        if _no_such_key(info):
+            return ZERO_ID
+        raise info
+    return EntryId.parse(info["last-generated-id"])
 
 
 def _pairs(flat: Any) -> dict[bytes, bytes] | None:

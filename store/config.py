@@ -101,9 +101,43 @@ class Settings(BaseSettings):
 
     @property
     def lost_pending_after_ms(self) -> int:
-        """Age at which a never-started pending run's wake counts as lost, and the least
-        time between two lost-pending scan cycles (a backlog is not re-woken every tick)."""
+        """The least time between two lost-pending scan cycles (a run left pending after
+        its wake was delivered is woken once per cycle, not every tick), and the age at
+        which a pending run counts as lost while a worker cannot read Redis at all."""
         return 2 * self.stale_after_ms
+
+    @property
+    def wake_publish_grace_ms(self) -> int:
+        """How long after its commit an admission's stream message may take to reach Redis
+        before the wake marks stop waiting for it (``worker.wake_marks``): stale_after, the
+        time after which the fleet treats any silent process as gone."""
+        return self.stale_after_ms
+
+    @property
+    def wake_claim_grace_ms(self) -> int:
+        """How long a reader may take from a delivery to its claim before a run that
+        delivery covered counts as lost (``worker.wake_marks``): stale_after."""
+        return self.stale_after_ms
+
+    @property
+    def lost_wake_within_ms(self) -> int:
+        """How soon a never-started run whose wake was lost is dispatched again, counted from
+        when its readers reached it (at once for an idle queue, a flushed or deleted stream,
+        a refused publish on a caught-up queue): the publish grace, then a sample, its
+        witness one claim grace later, the next sample (two of the longest ticks) and the
+        next lost-pending cycle (docs/backlog.md)."""
+        return (
+            self.wake_publish_grace_ms
+            + self.wake_claim_grace_ms
+            + 2 * self.sweep_tick_max_ms
+            + self.lost_pending_after_ms
+        )
+
+    @property
+    def lost_pending_batch(self) -> int:
+        """Runs the lost-pending sweep dispatches per tick: 16 sweep batches, so the wakes
+        a Redis flush destroyed come back at about a drain's pace, not 64 a second."""
+        return 16 * self.sweep_batch
 
     @property
     def sweep_tick_max_ms(self) -> int:

@@ -276,14 +276,21 @@ def connection_kwargs(
         else int(settings.statement_timeout * 1000)
     )
     idle_ms = int(settings.idle_in_transaction_timeout * 1000)
-    options = " ".join(
-        f"-c {name}={value}"
+    pairs = [
+        (name, str(value))
         for name, value in (
             ("statement_timeout", statement_ms),
             ("idle_in_transaction_session_timeout", idle_ms),
         )
         if value > 0
-    )
+    ]
+    if pairs:  # ``options`` is sent only with timeouts in it (PgBouncer, above)
+        # JIT off: runfleet's statements are short index lookups whose estimated cost
+        # grows with the table (a 100,000-run backlog, statistics stale after a bulk
+        # admission) past jit_above_cost, and then every settle paid a multi-second
+        # compile for a 70 ms statement (docs/backlog.md).
+        pairs.append(("jit", "off"))
+    options = " ".join(f"-c {name}={value}" for name, value in pairs)
     kwargs: dict[str, Any] = {
         "autocommit": True,
         "row_factory": dict_row,

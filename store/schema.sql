@@ -866,3 +866,10 @@ BEGIN
                  WHERE b.dedup_key IS NOT NULL));
 END
 $$;
+-- Wake marks (0018): per queue, the Postgres time before which every admission's wake
+-- has been delivered or destroyed; the lost-pending sweep reads it (docs/backlog.md).
+CREATE TABLE runfleet.wake_marks (
+    queue                text PRIMARY KEY,
+    delivered_through_ms bigint NOT NULL,
+    updated_at_ms        bigint NOT NULL
+);

@@ -228,6 +228,67 @@ class Sweeps:
         )
         return PendingCursor(row["id"], int(row["created_at_ms"])) if row else None
 
+    async def lost_pending(
+        self,
+        *,
+        after: PendingCursor | None = None,
+        through: PendingCursor | None = None,
+        fallback_before_ms: int = MIN_KEY,
+        limit: int = 64,
+    ) -> list[PendingCursor]:
+        """Never-started pending runs whose wake is lost, oldest first, after ``after``.
+
+        Lost: admitted (and last written) before the queue's wake mark, or before
+        ``fallback_before_ms`` (an age bound for a worker that cannot reach Redis).
+        """
+        before = await self._lost_before(fallback_before_ms)
+        if before is None:
+            return []
+        rows = await self._db.all(
+            "sweeps.lost_pending",
+            {
+                "before_ms": before,
+                "fallback_before_ms": fallback_before_ms,
+                "after_ms": after.created_at_ms if after else MIN_KEY,
+                "after_id": after.run_id if after else "",
+                "through_ms": through.created_at_ms if through else MAX_KEY,
+                "through_id": through.run_id if through else "",
+                "limit": limit,
+            },
+        )
+        return [PendingCursor(r["id"], int(r["created_at_ms"])) for r in rows]
+
+    async def lost_pending_tail(self, *, fallback_before_ms: int = MIN_KEY) -> PendingCursor | None:
+        """The newest run ``lost_pending`` answers now: bounds one finite scan cycle."""
+        before = await self._lost_before(fallback_before_ms)
+        if before is None:
+            return None
+        row = await self._db.one(
+            "sweeps.lost_pending_tail",
+            {"before_ms": before, "fallback_before_ms": fallback_before_ms},
+        )
+        return PendingCursor(row["id"], int(row["created_at_ms"])) if row else None
+
+    async def _lost_before(self, fallback_before_ms: int) -> int | None:
+        """The end of the lost-pending index range: the largest mark or the fallback."""
+        before = max([*(await self.wake_marks()).values(), fallback_before_ms])
+        return None if before <= MIN_KEY else before
+
+    async def redispatched(self, run_ids: list[str]) -> None:
+        """Record that the lost-pending sweep woke these never-started runs just now."""
+        await self._db.execute("sweeps.lost_pending_redispatched", {"ids": run_ids})
+
+    async def advance_wake_mark(self, queue: str, through_ms: int) -> None:
+        """Move ``queue``'s wake mark to ``through_ms`` (database time) if that is later."""
+        await self._db.execute(
+            "sweeps.wake_mark_advance", {"queue": queue, "through_ms": through_ms}
+        )
+
+    async def wake_marks(self) -> dict[str, int]:
+        """Every queue's wake mark (database time), by queue."""
+        rows = await self._db.all("sweeps.wake_marks", {})
+        return {r["queue"]: int(r["delivered_through_ms"]) for r in rows}
+
     async def pending_cancellations(
         self, *, after: PendingCursor | None = None, limit: int = 64
     ) -> list[PendingCursor]:

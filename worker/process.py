@@ -40,6 +40,7 @@ from runfleet.worker.retention import RetentionLoop
 from runfleet.worker.retry import INFRA_ERRORS
 from runfleet.worker.scheduler import Scheduler, register_schedules
 from runfleet.worker.sweeper import Sweeper
+from runfleet.worker.wake_marks import WakeMarks
 from runfleet.worker.watchdog import Watchdog
 
 log = logging.getLogger("runfleet.worker.process")
@@ -229,7 +230,12 @@ class Worker:
             confirm=settings.failstop_confirm,
         )
         self._started_ms = int(time.time() * 1000)
-        self._sweeper = Sweeper(self.store, settings, self.intake.dispatch)
+        self._sweeper = Sweeper(
+            self.store,
+            settings,
+            self.intake.dispatch,
+            marks=WakeMarks(self.store, self.streams, self.queues, settings),
+        )
         if self._stopping.is_set():  # stopped while assembling
             self._claim_nothing()
         return [

@@ -39,9 +39,10 @@ from typing import TypeVar
 from runfleet.broker.service import Service, Signal
 from runfleet.store import Store, SweepKind
 from runfleet.store.config import Settings, jittered
-from runfleet.store.sweeps import START, Keyed, SweepCursor, SweepKey
+from runfleet.store.sweeps import MIN_KEY, START, Keyed, SweepCursor, SweepKey
 from runfleet.store.types import ClockRow, PendingCursor, RunRow
 from runfleet.worker import metrics
+from runfleet.worker.wake_marks import WakeMarks
 
 log = logging.getLogger("runfleet.worker.sweeper")
 
@@ -71,6 +72,8 @@ class Finds:
     rows: list[Find]
     done: SweepCursor
     """Where the cursor goes once every row was dispatched."""
+    after_dispatch: Callable[[list[str]], Awaitable[None]] | None = None
+    """What the kind records about the runs it dispatched (lost-pending: their new wake)."""
 
     @property
     def run_ids(self) -> list[str]:
@@ -107,6 +110,7 @@ class Sweeper(Service):
         dispatch: DispatchFn,
         *,
         signals: SweeperSignals | None = None,
+        marks: WakeMarks | None = None,
     ) -> None:
         super().__init__()
         self._store = store
@@ -114,6 +118,9 @@ class Sweeper(Service):
         self._dispatch = dispatch
         self._batch = settings.sweep_batch
         self._signals = signals
+        self._marks = marks
+        """This worker's view of its queues' streams (None: it reads none, and the
+        lost-pending sweep goes by the marks other workers wrote)."""
 
     async def _serve(self) -> None:
         interval = self._settings.sweep_interval
@@ -122,6 +129,8 @@ class Sweeper(Service):
             await self._pause(jittered(interval))
 
     async def tick(self) -> None:
+        if self._marks is not None:
+            await self._marks.sample()
         for kind, sweep in (
             (SweepKind.STALE_RUNNING, self._stale_running),
             (SweepKind.PARKED, self._released),
@@ -159,6 +168,12 @@ class Sweeper(Service):
                 dispatched = await self._dispatch(run_ids, f"sweep:{kind.label}")
             except Exception as exc:
                 log.warning("sweep.dispatch_failed", extra={"kind": kind.name, "error": repr(exc)})
+        if dispatched and finds.after_dispatch is not None:
+            try:
+                await finds.after_dispatch(sorted(dispatched))
+            except Exception as exc:  # a later cycle may then wake them early: duplicates only
+                metrics.INFRA_ERRORS.labels(f"sweep:{kind.label}").inc()
+                log.warning("sweep.record_failed", extra={"kind": kind.name, "error": repr(exc)})
         await self._advance(kind, finds, finds.advanced(dispatched))
 
     async def _advance(self, kind: SweepKind, finds: Finds, cursor: SweepCursor) -> None:
@@ -316,23 +331,30 @@ class Sweeper(Service):
         )
 
     async def _lost_pending(self) -> Finds:
-        """Pending runs nobody drove for a while: their wake was lost (Redis restart, crash).
+        """Never-started pending runs whose wake no reader will deliver (``worker.wake_marks``):
+        admitted before their queue's wake mark and still pending and unclaimed.
 
-        The scan walks a finite cycle (up to the tail read at its start) and starts a
-        new cycle at most once per ``2 × stale_after`` of database time, so each run
-        is dispatched once per cycle however long the backlog: a backlog that merely
-        waits for free slots does not collect a duplicate wake every tick.
+        A deep backlog that merely waits for free slots is admitted after every mark its
+        readers reached, so it is never re-woken. A run this sweep wakes is recorded as
+        written then (``redispatched``), so it counts as lost again only once the mark
+        passes that new wake too, however deep the stream it waits in. The scan walks a
+        finite cycle (up to the tail read at its start), ``lost_pending_batch`` runs a
+        tick, and starts a new cycle at most once per ``lost_pending_after_ms`` of
+        database time, so a run a reader was handed and left (a flow this fleet does not
+        know yet, a limit) is woken at most once per cycle.
         """
         sweeps = self._store.sweeps
-        older = self._settings.lost_pending_after_ms
         read = cursor = await sweeps.cursor(SweepKind.LOST_PENDING)
+        fallback = (
+            self._marks.fallback_before_ms(cursor.now_ms) if self._marks is not None else MIN_KEY
+        )
         if cursor.through is None:
             if (
                 cursor.cycle_started_ms is not None
-                and cursor.now_ms - cursor.cycle_started_ms < older
+                and cursor.now_ms - cursor.cycle_started_ms < self._settings.lost_pending_after_ms
             ):
                 return Finds(read=read, base=read, rows=[], done=read)
-            tail = await sweeps.pending_tail(older_than_ms=older)
+            tail = await sweeps.lost_pending_tail(fallback_before_ms=fallback)
             cursor = SweepCursor(
                 after=START,
                 through=_pending_key(tail) if tail else None,
@@ -342,18 +364,21 @@ class Sweeper(Service):
             if tail is None:  # nothing to scan: the cycle is over as soon as it began
                 return Finds(read=read, base=cursor, rows=[], done=cursor)
         assert cursor.through is not None
-        found = await sweeps.pending_runs(
-            older_than_ms=older,
+        batch = self._settings.lost_pending_batch
+        found = await sweeps.lost_pending(
             after=PendingCursor(cursor.after.id, cursor.after.ms),
             through=PendingCursor(cursor.through.id, cursor.through.ms),
-            limit=self._batch,
+            fallback_before_ms=fallback,
+            limit=batch,
         )
-        if len(found) < self._batch:
+        if len(found) < batch:
             done = SweepCursor(cycle_started_ms=cursor.cycle_started_ms, now_ms=cursor.now_ms)
         else:
             done = cursor.at(_pending_key(found[-1]))
         rows = [Find(_pending_key(p), p.run_id) for p in found]
-        return Finds(read=read, base=cursor, rows=rows, done=done)
+        return Finds(
+            read=read, base=cursor, rows=rows, done=done, after_dispatch=sweeps.redispatched
+        )
 
 
 def _key(row: Keyed) -> SweepKey:

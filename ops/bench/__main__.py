@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -17,6 +17,9 @@ from rich.table import Table
 
 from runfleet.ops.bench import store_bench
 from runfleet.ops.bench.scratch import BenchError, server_url
+
+if TYPE_CHECKING:
+    from runfleet.ops.bench.backlog import BacklogResult
 
 app = typer.Typer(help="runfleet benchmarks (each in a scratch database it drops).")
 
@@ -215,14 +218,38 @@ def fleet(
             "10,000 (issue 10: 100000). 0, the default, skips it.",
         ),
     ] = 0,
+    backlog_depths: Annotated[
+        str,
+        typer.Option(
+            "--backlog-depths",
+            help="Instead of the phases above: drain a standing backlog of each depth "
+            "(comma-separated, e.g. 1000,10000,100000) with runfleet, rq and Celery side by "
+            "side; runs/s from 10%% to 100%% done (docs/backlog.md).",
+        ),
+    ] = "",
+    backlog_systems: Annotated[
+        str,
+        typer.Option(
+            "--backlog-systems", help="With --backlog-depths: which of runfleet,rq,celery."
+        ),
+    ] = "runfleet,rq,celery",
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
     as_json: AsJson = False,
 ) -> None:
     """runfleet vs rq SimpleWorker: enqueue, drain (1/2/4 processes, fsync on/off, with
     1,000,000 settled runs), result(), idle start latency; SIGKILL recovery (empty queue,
-    and behind a backlog with busy survivors), RSS (and, opt-in, RSS over a long soak)."""
+    and behind a backlog with busy survivors), RSS (and, opt-in, RSS over a long soak).
+    With --backlog-depths: the backlog drain by depth beside rq and Celery, alone."""
     from runfleet.ops.bench.fleet_procs import servers
+
+    if backlog_depths:
+        (backlog_bench,) = _lab("fleet --backlog-depths", "rq and Celery", "backlog")
+        drained = _backlog(
+            backlog_depths, backlog_systems, workers, concurrency, database_url, redis_url
+        )
+        _emit(drained.as_json(), backlog_bench.table(drained), as_json)
+        return
 
     (fleet_bench,) = _lab("fleet", "rq", "fleet_bench")
 
@@ -260,6 +287,33 @@ def fleet(
     except BenchError as exc:
         raise _fail(exc) from exc
     _emit(result.as_json(), fleet_bench.table(result), as_json)
+
+
+def _backlog(
+    depths: str,
+    systems: str,
+    workers: int,
+    concurrency: int,
+    database_url: str | None,
+    redis_url: str | None,
+) -> BacklogResult:
+    from runfleet.ops.bench import backlog
+    from runfleet.ops.bench.fleet_procs import servers
+
+    try:
+        counts = tuple(int(n) for n in depths.split(",") if n.strip())
+    except ValueError as exc:
+        raise typer.BadParameter(f"--backlog-depths: {exc}") from exc
+    chosen = tuple(s.strip() for s in systems.split(",") if s.strip())
+    try:
+        with servers(database_url, redis_url) as found:
+            return asyncio.run(
+                backlog.run(
+                    found, depths=counts, workers=workers, concurrency=concurrency, systems=chosen
+                )
+            )
+    except BenchError as exc:
+        raise _fail(exc) from exc
 
 
 @app.command("flows")

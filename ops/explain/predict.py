@@ -199,8 +199,8 @@ def _next_pending(facts: Facts) -> NextStep:
         return NextStep(
             summary=f"the claim of {who(row.claim)} is stranded; the next drive clears it and a "
             f"worker starts the run (the lost-wake sweep re-schedules it within "
-            f"~{seconds(cfg.lost_pending_after_ms + sweep)}).",
-            within_ms=cfg.lost_pending_after_ms + sweep,
+            f"~{seconds(cfg.lost_wake_within_ms)}).",
+            within_ms=cfg.lost_wake_within_ms,
             needs_person=False,
         )
     if facts.rate_wait_ms:
@@ -234,7 +234,8 @@ def _next_pending(facts: Facts) -> NextStep:
         )
     return NextStep(
         summary=f"pending for {seconds(age)}: the workers on queue {row.queue} may all be busy"
-        f"{lag}; the lost-wake sweep re-schedules it every cycle. If it stays pending, check "
+        f"{lag}; once they reach it, a lost wake is re-scheduled within "
+        f"~{seconds(cfg.lost_wake_within_ms)}. If it stays pending, check "
         f"that they know flow {row.flow} (their log says run.unknown_flow otherwise).",
         within_ms=None,
         needs_person=facts.lag == 0,

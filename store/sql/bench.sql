@@ -80,3 +80,25 @@ SELECT 'hist-' || lpad(g::text, 8, '0'), k.kind, 'bench-history', 3 * g + k.n, k
 -- name: history_analyze
 -- Statistics as autovacuum would leave them after such a fill.
 ANALYZE runfleet.runs, runfleet.journal;
+
+-- name: backlog_unsettled
+-- Runs a backlog drain still waits for (pending or running), by the (status, created)
+-- index: the drain's progress without reading its settled history.
+SELECT count(*) AS unsettled FROM runfleet.runs WHERE status IN ('pending', 'running');
+
+-- name: backlog_rate
+-- A backlog drain's settlement times after %(after_seq)s: the 10th percentile and the last,
+-- and how many claims lost their race (two readers handed the same run).
+SELECT percentile_disc(0.1) WITHIN GROUP (ORDER BY at_ms)
+           FILTER (WHERE kind = 'transitioned') AS p10_ms,
+       max(at_ms) FILTER (WHERE kind = 'transitioned') AS last_ms,
+       count(*) FILTER (WHERE kind = 'transitioned') AS settled,
+       count(*) FILTER (WHERE kind = 'claim-lost') AS claim_lost
+  FROM runfleet.journal
+ WHERE seq > %(after_seq)s;
+
+-- name: runs_churn
+-- Row churn on runfleet.runs (cumulative): updates, how many were HOT, dead tuples now,
+-- and autovacuum runs so far. A backlog drain's cost is the difference across it.
+SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd, n_dead_tup, n_live_tup, autovacuum_count
+  FROM pg_stat_user_tables WHERE schemaname = 'runfleet' AND relname = 'runs';

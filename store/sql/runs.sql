@@ -187,6 +187,12 @@ SELECT false AS activated, s.*, (SELECT free FROM slots) IS NOT NULL AS limited 
 -- (``ahead``: SKIP LOCKED, taken after every named row is locked, so no cycle); a pair
 -- whose candidate has the higher priority and a smaller rank_ms claims the candidate in
 -- the delivered run's place. ``named_id`` says whose slot each activated row took.
+--
+-- The UPDATE states "pending, no wait, no claim" as IS NOT DISTINCT FROM, which the
+-- planner cannot read as the predicate of the pending partial indexes: with statistics
+-- from before a bulk admission it took those for empty and scanned all of one (92,000
+-- entries, ~480 ms a claim at a 100,000-run backlog) instead of probing the primary key
+-- for the batch's ids (docs/backlog.md).
 WITH wanted AS (
     SELECT w.id, w.epoch, w.seq
       FROM unnest(%(ids)s::text[], %(epochs)s::bigint[], %(seqs)s::bigint[]) AS w(id, epoch, seq)
@@ -248,8 +254,10 @@ WITH wanted AS (
         owner_nonce = %(nonce)s, epoch = r.epoch + 1, heartbeat_at_ms = runfleet.now_ms(),
         updated_at_ms = runfleet.now_ms()
       FROM slots w
-     WHERE r.id = w.id AND r.status = 'pending' AND (w.epoch IS NULL OR r.epoch = w.epoch)
-       AND r.waiting_reason IS NULL AND r.claim_host IS NULL AND r.owner_host IS NULL
+     WHERE r.id = w.id AND r.status IS NOT DISTINCT FROM 'pending'
+       AND (w.epoch IS NULL OR r.epoch = w.epoch)
+       AND r.waiting_reason IS NOT DISTINCT FROM NULL
+       AND r.claim_host IS NOT DISTINCT FROM NULL AND r.owner_host IS NULL
        AND r.heartbeat_at_ms IS NULL
        AND (w.epoch IS NOT NULL OR r.cancel_requested_at_ms IS NULL)  -- a look-ahead's
        AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[])
@@ -476,13 +484,18 @@ SELECT * FROM moved;
 -- name: attached_descendants_many
 -- attached_descendants for several settling runs at once: (root, descendant) pairs,
 -- each walk excluding its own root's lineage. Usually empty: a run without children
--- costs one probe of run_parents by parent per round of its lineage.
+-- costs one probe of run_parents by parent per round of its lineage. The lookups by
+-- lineage and by id are LATERAL subqueries with an ORDER BY (never flattened into a
+-- join), so they stay index probes whatever the statistics say: with a 100,000-run
+-- backlog just admitted (statistics stale), the joins were planned as scans of all of
+-- runfleet.runs (docs/backlog.md).
 WITH RECURSIVE seeds AS (
     SELECT l.id AS root, l.lineage_id AS root_lineage FROM runfleet.runs l
      WHERE l.id = ANY(%(ids)s::text[])
 ), tree(root, root_lineage, id) AS (
     SELECT s.root, s.root_lineage, r.id FROM seeds s
-      JOIN runfleet.runs r ON r.lineage_id = s.root_lineage
+     CROSS JOIN LATERAL (SELECT x.id FROM runfleet.runs x WHERE x.lineage_id = s.root_lineage
+                          ORDER BY x.round_ordinal) r
     UNION
     SELECT t.root, t.root_lineage, m.id FROM tree t
       JOIN runfleet.run_parents e ON e.parent_id = t.id
@@ -490,9 +503,10 @@ WITH RECURSIVE seeds AS (
       JOIN runfleet.runs m ON m.lineage_id = c.lineage_id
      WHERE coalesce(c.state->>'on_parent_exit', 'cancel') = 'cancel'
 )
-SELECT DISTINCT tree.root, r.id FROM tree JOIN runfleet.runs r ON r.id = tree.id
- WHERE r.status NOT IN ('completed', 'failed', 'cancelled')
-   AND r.lineage_id <> tree.root_lineage
+SELECT DISTINCT tree.root, r.id FROM tree
+ CROSS JOIN LATERAL (SELECT y.id FROM runfleet.runs y
+                      WHERE y.id = tree.id AND y.status NOT IN ('completed', 'failed', 'cancelled')
+                        AND y.lineage_id <> tree.root_lineage ORDER BY y.id) r
  ORDER BY tree.root, r.id;
 
 -- name: heartbeat

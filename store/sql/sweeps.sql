@@ -110,3 +110,56 @@ ON CONFLICT (kind) DO UPDATE SET
     after_name = EXCLUDED.after_name, through_ms = EXCLUDED.through_ms,
     through_id = EXCLUDED.through_id, cycle_started_ms = EXCLUDED.cycle_started_ms,
     updated_at_ms = EXCLUDED.updated_at_ms;
+
+-- name: lost_pending
+-- Never-started pending runs whose wake no reader will still deliver (docs/backlog.md):
+-- admitted (and last written) before their queue's wake mark (the Postgres time before
+-- which every admission's message has been delivered or destroyed, runfleet.wake_marks),
+-- or before `fallback_before_ms` (an age bound, used only while this worker cannot reach
+-- Redis; the minimum bigint otherwise). A queue without a mark (nobody serving it samples
+-- its stream) has only the fallback. The index range ends at `before_ms`, the largest mark
+-- or fallback (a value, not a subquery, so the planner sizes the range from statistics and
+-- walks it in index order under the LIMIT): a deep healthy backlog, admitted after every
+-- mark, costs the scan nothing. The per-queue mark is a subplan per row of that range.
+SELECT r.id, r.created_at_ms FROM runfleet.runs r
+ WHERE r.status = 'pending' AND r.waiting_reason IS NULL AND r.claim_host IS NULL
+   AND r.created_at_ms < %(before_ms)s
+   AND r.created_at_ms >= %(after_ms)s
+   AND (r.created_at_ms, r.id) > (%(after_ms)s, %(after_id)s)
+   AND (r.created_at_ms, r.id) <= (%(through_ms)s, %(through_id)s)
+   -- The row's last write (a requeue, a released claim) published its own wake after it.
+   AND GREATEST(r.created_at_ms, r.updated_at_ms) < GREATEST(
+       (SELECT m.delivered_through_ms FROM runfleet.wake_marks m WHERE m.queue = r.queue),
+       %(fallback_before_ms)s)
+ ORDER BY r.created_at_ms, r.id LIMIT %(limit)s;
+
+-- name: lost_pending_tail
+-- The newest run `lost_pending` would answer now: bounds one finite cycle.
+SELECT r.id, r.created_at_ms FROM runfleet.runs r
+ WHERE r.status = 'pending' AND r.waiting_reason IS NULL AND r.claim_host IS NULL
+   AND r.created_at_ms < %(before_ms)s
+   AND GREATEST(r.created_at_ms, r.updated_at_ms) < GREATEST(
+       (SELECT m.delivered_through_ms FROM runfleet.wake_marks m WHERE m.queue = r.queue),
+       %(fallback_before_ms)s)
+ ORDER BY r.created_at_ms DESC, r.id DESC LIMIT 1;
+
+-- name: wake_mark_advance
+-- A queue's mark only moves forward (two workers sampling the same stream may disagree
+-- about how far; each is sound, so the larger is).
+INSERT INTO runfleet.wake_marks (queue, delivered_through_ms, updated_at_ms)
+VALUES (%(queue)s, %(through_ms)s, runfleet.now_ms())
+ON CONFLICT (queue) DO UPDATE SET
+    delivered_through_ms = EXCLUDED.delivered_through_ms, updated_at_ms = EXCLUDED.updated_at_ms
+ WHERE runfleet.wake_marks.delivered_through_ms < EXCLUDED.delivered_through_ms;
+
+-- name: wake_marks
+SELECT queue, delivered_through_ms, updated_at_ms FROM runfleet.wake_marks ORDER BY queue;
+
+-- name: lost_pending_redispatched
+-- The lost-pending sweep's dispatch is the row's latest wake: a later cycle counts the run
+-- lost again only once the queue's mark passes this write (its new message is delivered or
+-- destroyed too), not while that message still waits in a deep stream. Only rows still
+-- never started: a reader that already claimed one has written it itself.
+UPDATE runfleet.runs SET updated_at_ms = runfleet.now_ms()
+ WHERE id = ANY(%(ids)s::text[]) AND status = 'pending' AND claim_host IS NULL
+   AND owner_host IS NULL AND waiting_reason IS NULL;

@@ -1,0 +1,43 @@
+"""``runfleet bench fleet --backlog-depths`` runs end to end on tiny backlogs.
+
+Figures are not judged here (a benchmark on a loaded box says nothing a test should
+assert); this proves the three sides drain, count and report, so a broken benchmark is
+found by CI rather than by the next person to run it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from runfleet.ops.bench.__main__ import app
+from runfleet.ops.bench.backlog import steady_rate
+from runfleet.ops.servers.resolve import Endpoints
+
+
+def test_the_steady_rate_counts_from_the_tenth_percentile_to_the_last() -> None:
+    # Ten completions, one a second after a slow start: 10 % done at t=100 s.
+    times = [100_000.0 + 1000 * i for i in range(10)]
+    assert steady_rate(times) == pytest.approx(1.0)
+    # Eleven: the 10th percentile is the second completion; nine come after it.
+    assert steady_rate([*times, 200_000.0]) == pytest.approx(9 / 99)
+
+
+@pytest.mark.timeout(600)
+def test_backlog_bench_drains_every_depth_on_every_side(services: Endpoints) -> None:
+    urls = ["--database-url", services.database_url, "--redis-url", services.redis_url]
+    args = ["fleet", "--backlog-depths", "20,40", "--concurrency", "8", *urls, "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout[result.stdout.index("{") :])
+    drains = {(d["system"], d["depth"]): d for d in out["drains"]}
+    assert set(drains) == {(s, n) for s in ("runfleet", "rq", "celery") for n in (20, 40)}
+    for (system, _depth), drain in drains.items():
+        assert drain["steady_runs_per_s"] > 0, (system, drain)
+    for depth in (20, 40):
+        runfleet = drains[("runfleet", depth)]
+        assert runfleet["messages_per_run"] == 1.0, runfleet
+        assert runfleet["claim_lost"] == 0, runfleet
+    assert ">= 2x Celery at 40" in out["targets"]

@@ -1,0 +1,176 @@
+"""Wake marks: how the fleet knows a pending run's wake is lost, not merely queued.
+
+A never-started pending run is *lost* only when no message a reader will still deliver
+names it. Admission writes nothing per run for this (no stream id on the row): the row
+already carries its admission time on the Postgres clock, and this module turns what a
+worker reads of its queues' streams into a per-queue Postgres time, the **wake mark**,
+before which every admission's message has been delivered or destroyed.
+
+The argument (docs/backlog.md gives it with the bound):
+
+1. A sample is (P, W_lane): P = ``runfleet.now_ms()`` read first, then each lane's last
+   generated stream id W. An admission committed at Postgres time c publishes its message
+   after its commit; if the publish reached Redis within ``wake_publish_grace_ms`` and
+   c <= P - grace, the entry was in the stream when the sample read it: its id <= W.
+2. A later reading (the *witness*) covers the sample, lane by lane, when its group's last
+   delivered id >= W (everything up to W was handed to a reader: XREADGROUP ``>`` never
+   skips an entry that exists, and trimmed ones are skipped past), or the stream's last
+   generated id is now below W or the stream is gone (it was deleted or flushed since:
+   the entries are destroyed), or W was 0-0 (the stream held nothing).
+3. A reader claims what it was handed within ``wake_claim_grace_ms``, so a witness is
+   used only once it is that old: a run it covers that is still pending and unclaimed
+   was handed out and left (a flow this fleet does not know, a limit) or never reached
+   Redis (a refused publish, a producer that died between commit and publish).
+
+So mark = P - publish grace of the newest sample a settled witness covers. Clocks:
+Postgres times are compared only with Postgres times (P with created/updated_at_ms),
+stream ids only with ids of the same stream read by the same worker; nothing compares
+Redis's clock with Postgres's. A producer slower than the grace, or a reader slower than
+the claim grace, only costs a second message (the claim is a CAS). A healthy deep backlog
+gets none: its runs were admitted after every sample its readers have caught up with.
+
+If this worker cannot read its streams at all (Redis down), a message could not be
+delivered anyway: the sweep falls back to the age rule (``lost_pending_after_ms``) for
+as long as that lasts, and its dispatch drives the runs locally.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from runfleet.broker.streams import ZERO_ID, Lane, LanePosition, Streams
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.sweeps import MIN_KEY
+from runfleet.worker import metrics
+
+log = logging.getLogger("runfleet.worker.wake_marks")
+
+MAX_SAMPLES = 4096
+"""Samples kept per queue while its readers catch up; beyond, every other is dropped
+(a coarser history only makes the mark later, never wrong)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One reading of a queue's lanes: the database time read before them, and each lane."""
+
+    at_ms: int
+    lanes: dict[Lane, LanePosition]
+
+
+def covers(witness: Sample, sample: Sample) -> bool:
+    """Whether every entry the sample's lanes held is delivered or destroyed by ``witness``."""
+    for lane, then in sample.lanes.items():
+        now = witness.lanes.get(lane)
+        if then.written == ZERO_ID:
+            continue  # the lane held nothing
+        if now is None:
+            return False
+        if now.written < then.written:
+            continue  # ids never go back within a stream's life: it was recreated since
+        if now.delivered is None or now.delivered < then.written:
+            return False
+    return True
+
+
+@dataclass
+class MarkBook:
+    """One queue's samples since its last mark, and the mark they give."""
+
+    publish_grace_ms: int
+    claim_grace_ms: int
+    samples: list[Sample] = field(default_factory=list)
+    mark_ms: int | None = None
+
+    def observe(self, sample: Sample) -> int | None:
+        """Add a sample; the queue's mark if it moved (database time), else None."""
+        self.samples.append(sample)
+        settled = sample.at_ms - self.claim_grace_ms
+        witness_at = _newest_at_or_before(self.samples, settled)
+        if witness_at is None:
+            self._thin()
+            return None
+        witness = self.samples[witness_at]
+        for i in range(witness_at, -1, -1):
+            if covers(witness, self.samples[i]):
+                mark = self.samples[i].at_ms - self.publish_grace_ms
+                del self.samples[:i]  # older samples can only give older marks
+                if self.mark_ms is None or mark > self.mark_ms:
+                    self.mark_ms = mark
+                    return mark
+                return None
+        self._thin()
+        return None
+
+    def _thin(self) -> None:
+        if len(self.samples) > MAX_SAMPLES:
+            self.samples = self.samples[:-1:2] + self.samples[-1:]
+
+
+def _newest_at_or_before(samples: Sequence[Sample], at_ms: int) -> int | None:
+    for i in range(len(samples) - 1, -1, -1):
+        if samples[i].at_ms <= at_ms:
+            return i
+    return None
+
+
+class WakeMarks:
+    """Samples this worker's queues every sweep tick and advances their wake marks."""
+
+    def __init__(
+        self, store: Store, streams: Streams, queues: Sequence[str], settings: Settings
+    ) -> None:
+        self._store = store
+        self._streams = streams
+        self._queues = list(dict.fromkeys(queues))
+        self._settings = settings
+        self._books = {
+            q: MarkBook(settings.wake_publish_grace_ms, settings.wake_claim_grace_ms)
+            for q in self._queues
+        }
+        self.redis_unreachable = False
+        """The last sample could not read the streams: the sweep uses the age rule."""
+
+    def fallback_before_ms(self, now_ms: int) -> int:
+        """The age bound the lost-pending sweep adds to the marks: none while Redis answers."""
+        if self.redis_unreachable:
+            return now_ms - self._settings.lost_pending_after_ms
+        return MIN_KEY
+
+    async def sample(self) -> None:
+        """Read every queue's lanes once (after one database time) and advance the marks.
+
+        Never raises: a failure is logged and counted, and the next tick samples again.
+        """
+        if not self._queues:
+            return
+        try:
+            at_ms = await self._store.stats.now_ms()
+        except Exception as exc:
+            log.warning("wake_marks.failed", extra={"error": repr(exc)})
+            metrics.INFRA_ERRORS.labels("wake_marks").inc()
+            return
+        readings: list[tuple[str, Sample]] = []
+        try:
+            for queue in self._queues:
+                readings.append((queue, Sample(at_ms, await self._streams.positions(queue))))
+        except Exception as exc:  # BROKER_ERRORS, or replies a hostile writer shaped
+            if not self.redis_unreachable:
+                log.warning("wake_marks.redis_unreachable", extra={"error": repr(exc)})
+            self.redis_unreachable = True
+            metrics.INFRA_ERRORS.labels("wake_marks").inc()
+            return
+        self.redis_unreachable = False
+        for queue, sample in readings:
+            mark = self._books[queue].observe(sample)
+            if mark is None:
+                continue
+            try:
+                await self._store.sweeps.advance_wake_mark(queue, mark)
+            except Exception as exc:  # the book keeps the mark: the next advance carries it
+                self._books[queue].mark_ms = None
+                log.warning("wake_marks.failed", extra={"queue": queue, "error": repr(exc)})
+                metrics.INFRA_ERRORS.labels("wake_marks").inc()

@@ -27,7 +27,8 @@ RLS: LiteralString = """
     SELECT c.relname, c.relrowsecurity, c.relforcerowsecurity FROM pg_class c
       JOIN pg_namespace n ON n.oid = c.relnamespace
      WHERE n.nspname = 'runfleet' AND c.relkind = 'r' ORDER BY 1"""
-FLEET_TABLES = {"flows", "sweep_cursors", "schema_migrations", "limits", "queues", "queue_changes"}
+FLEET_TABLES = {"flows", "sweep_cursors", "schema_migrations", "limits", "queues", "queue_changes",
+                "wake_marks"}
 """Tables that hold no run's data: fleet bookkeeping, readable without scopes."""
 
 

@@ -469,6 +469,11 @@ async def test_a_run_of_a_queue_not_served_is_dropped_logged_and_rehinted_once_p
 
         silent = Driver(served, ME, settings)  # no hint function: dropped all the same
         assert await silent._decide(row, "elsewhere") == (DriveOutcome.NOT_SERVED, None)
+
+        await create(store, "z-served", flow="sr.waiter", queue="a-queue")
+        batch = await silent.decide_many(["elsewhere", "z-served"])
+        assert batch["elsewhere"] == (DriveOutcome.NOT_SERVED, None)
+        assert batch["z-served"][0] is DriveOutcome.ACTIVATED, "the rest of the batch goes on"
     finally:
         await served.close()
 

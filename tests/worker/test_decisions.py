@@ -31,6 +31,7 @@ from store.types import (
 from tests.seed_rules import flows as sr
 from tests.store.helpers import (
     OWNER_B,
+    activate,
     create,
     db_now,
     make_parked,
@@ -519,3 +520,24 @@ async def test_a_stop_that_begins_while_the_drive_wakes_the_run_claims_nothing(
     after = await must_get(store, "r")
     assert after.claim is None and after.owner is None and after.waiting is None
     assert hints.ids == ["r"], "its wake goes back to the fleet"
+
+
+async def test_a_claim_refused_as_not_served_is_dropped_as_not_served(
+    store: Store, settings: Settings
+) -> None:
+    """A pending run with a cancel asked may be claimed by any worker (closing it executes
+    nothing); if its own pool closes it first, the claim finds a settled run of a queue this
+    process does not serve, and says so."""
+    served = await Store.open(settings, serves=["a-queue"], min_size=1, max_size=2)
+    try:
+        mine = Driver(served, ME, settings, hint=Hints())
+        await create(store, "r", flow="sr.waiter")  # queue "default"
+        await store.lifecycle.request_cancel("r")
+        seen = await must_get(store, "r")
+        assert served.runs.may_claim(seen), "a pending run with a cancel asked"
+        theirs = await activate(store, "r", OWNER_B)
+        await store.lifecycle.acknowledge_cancel("r", OWNER_B, theirs.epoch)
+        assert await mine._decide(seen, "r") == (DriveOutcome.NOT_SERVED, None)
+        assert (await must_get(store, "r")).status is RunStatus.CANCELLED, "closed by its pool"
+    finally:
+        await served.close()

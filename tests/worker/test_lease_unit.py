@@ -149,10 +149,15 @@ async def test_a_renewal_confirms_what_it_renewed_and_interrupts_what_it_did_not
     assert rig.lease.last_confirmed_ms == beat.now_ms
     assert rig.cause("kept") is None
     assert rig.cause("gone") is Cause.LOST_FENCE
+    assert rig.cause("cancelled") is Cause.CANCELLED, "the body is told why it stops"
     (lost,) = [r for r in caplog.records if r.getMessage() == "run.fence_lost"]
     assert (lost.__dict__["run_id"], lost.__dict__["via"]) == ("gone", "heartbeat")
     await asyncio.wait_for(rig.drives["cancelled"], 10)
     assert (await must_get(rig.store, "cancelled")).status is RunStatus.CANCELLED
+    (closed,) = [
+        r for r in await rig.store.journal.records("cancelled") if r.kind == Kind.INTERRUPTED
+    ]
+    assert "found_at_release" not in closed.payload, "cancelled as such, not found at a release"
     await asyncio.wait_for(rig.drives["gone"], 10)
     assert "gone" in sr.STOPPED and "gone" not in rig.driver.owned
     assert rig.lease.gate.open() and not rig.lease.lapsed

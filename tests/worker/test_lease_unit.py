@@ -247,16 +247,19 @@ def test_the_unconfirmed_gap_grows_while_lapsed_and_is_kept_once_reconfirmed(
     clock.now += 1.0
     assert gate.unconfirmed_ms() is None, "never lapsed: no gap to tell"
     assert gate.gap_ms(clock.now) == 1000
+    gate.confirm(clock.now)
+    assert gate.unconfirmed_ms() is None, "a confirmation outside a lapse ends no lapse"
     gate.lapsed = True
     clock.now += 2.25
-    assert gate.unconfirmed_ms() == 3250, "while it lasts: so far, by the monotonic clock"
+    assert gate.unconfirmed_ms() == 2250, "while it lasts: so far, by the monotonic clock"
     clock.now += 0.5
-    assert gate.unconfirmed_ms() == 3750
+    assert gate.unconfirmed_ms() == 2750
     gate.confirm(clock.now)  # the renewal that ends the lapse
     gate.lapsed = False
     clock.now += 9.0
-    assert gate.last_gap_ms == 3750
-    assert gate.unconfirmed_ms() == 3750, "once over: up to the renewal that ended it"
+    gate.confirm(clock.now)
+    assert gate.last_gap_ms == 2750, "later confirmations leave the lapse's gap alone"
+    assert gate.unconfirmed_ms() == 2750, "once over: up to the renewal that ended it"
 
 
 async def test_a_lapse_interrupts_every_run_once_and_closes_the_gate(

@@ -10,7 +10,7 @@ import asyncio
 import psycopg
 import pytest
 
-from store import Kind, Store
+from store import Kind, Store, values
 from store.config import Settings
 from store.errors import InvalidInput
 from store.journal import digest
@@ -306,3 +306,45 @@ async def test_a_round_admitted_while_the_cancel_waited_is_asked_in_the_same_req
     (found,) = await payloads(store, "L@1", Kind.CANCEL_REQUESTED)
     assert first == {"actor": "postgres", "note": "ops", "reason": None, "status": "pending"}
     assert found == {**first, "via": "L"}
+
+
+async def test_a_result_is_its_own_column_and_an_unstorable_one_is_named_by_its_path(
+    store: Store,
+) -> None:
+    row = await make_running(store, "r")
+    with pytest.raises(UnstorableValue) as caught:
+        await store.lifecycle.transition_owned(
+            "r", OWNER_A, row.epoch, RunStatus.COMPLETED, state_patch={"result": ["a", "\x00"]}
+        )
+    assert caught.value.field == "state" and caught.value.problem.startswith('$["result"][1]')
+    assert (await must_get(store, "r")).status is RunStatus.RUNNING, "nothing written"
+    done = await store.lifecycle.transition_owned(
+        "r", OWNER_A, row.epoch, RunStatus.COMPLETED, state_patch={"result": [1e16, 2], "n": 1}
+    )
+    assert isinstance(done, Transitioned)
+    settled = await must_get(store, "r")
+    assert settled.result == [1e16, 2] and isinstance(settled.result[0], float)
+    assert settled.state["n"] == 1
+
+
+async def test_data_postgres_refuses_at_a_settlement_is_unstorable_state_and_writes_nothing(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What slips past the check (here: the check itself switched off) and Postgres refuses
+    (a NUL in jsonb, SQLSTATE 22P05) is UnstorableValue of ``state``, not a retry."""
+    row = await make_running(store, "r")
+    monkeypatch.setattr(values, "encode_canonical", lambda *_args: None)
+    bad = {"note": "nul\x00"}
+    item = Settle("r", row.epoch, RunStatus.COMPLETED, bad, Kind.TRANSITIONED, None)
+    for settle in (
+        lambda: store.lifecycle.transition_owned(
+            "r", OWNER_A, row.epoch, RunStatus.COMPLETED, state_patch=bad
+        ),
+        lambda: store.lifecycle.settle_many(OWNER_A, [item]),
+    ):
+        with pytest.raises(UnstorableValue) as caught:
+            await settle()
+        assert caught.value.field == "state"
+        assert caught.value.problem.startswith("Postgres refused it: ")
+        assert isinstance(caught.value.__cause__, psycopg.DataError)
+    assert (await must_get(store, "r")).status is RunStatus.RUNNING

@@ -31,6 +31,7 @@ from store.types import (
 from tests.seed_rules import flows as sr
 from tests.store.helpers import OWNER_A, OWNER_B, create, make_parked, make_running, must_get
 from worker import Context, flow
+from worker.containment import UserBaseException
 from worker.durable import Handoff
 from worker.settle import Settlement, _storable, error_of
 
@@ -512,3 +513,76 @@ async def test_an_unstorable_settlement_in_a_group_commit_fails_alone(
     failed = await must_get(store, "bad")
     assert failed.status is RunStatus.FAILED and isinstance(failed.error, dict)
     assert failed.error["type"] == "UnstorableValue"
+
+
+# ---- the run's own BaseExceptions, and a hard stop during a compensation ---------------
+
+
+def test_a_base_exception_of_the_runs_code_is_recorded_as_itself_and_marked() -> None:
+    try:
+        raise SystemExit("bye")
+    except SystemExit as exc:
+        original = exc
+    error = error_of(UserBaseException(original))
+    assert error["type"] == "SystemExit"
+    assert error["message"] == "SystemExit raised by the run's own code: bye"
+    assert error["base_exception"] is True
+    assert error["traceback"] == "".join(traceback.format_exception(original))
+    silent = error_of(UserBaseException(KeyboardInterrupt()))
+    assert silent["message"] == "KeyboardInterrupt raised by the run's own code", "no ': '"
+    assert silent["type"] == "KeyboardInterrupt" and silent["base_exception"] is True
+    assert "base_exception" not in error_of(ValueError("plain")), "only for BaseExceptions"
+
+
+def test_a_traceback_whose_formatting_raises_is_said_to_be_unformattable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def hostile(_exc: BaseException) -> list[str]:
+        raise SystemExit("a __str__ that exits, met while formatting")
+
+    monkeypatch.setattr(settle_module, "traceback", SimpleNamespace(format_exception=hostile))
+    error = error_of(KeyError("k"))
+    assert error["traceback"] == "<traceback of KeyError could not be formatted>"
+
+
+COMPENSATING = asyncio.Event()
+
+
+async def undo_that_cancels_itself(output: Any) -> None:
+    """The run's own code raising CancelledError that nobody asked for."""
+    raise asyncio.CancelledError(f"my own {output}")
+
+
+async def undo_that_blocks(output: Any) -> None:
+    COMPENSATING.set()
+    await asyncio.Event().wait()  # until the settling task is cancelled
+
+
+async def test_a_compensations_own_cancelled_error_fails_that_compensation_only(
+    store: Store,
+) -> None:
+    sr.UNDONE.clear()
+    row = await _with_steps(
+        store, "r", [("one", UNDO), ("own", "tests.worker.test_settle:undo_that_cancels_itself")]
+    )
+    await settlement(store).cancelled(row, row.epoch)
+    (failed,) = await journal(store, "r", Kind.STEP_COMPENSATION_FAILED)
+    assert failed["key"] == "own"
+    assert sr.UNDONE == ["r-one"], "the rest still run"
+    assert (await must_get(store, "r")).status is RunStatus.CANCELLED
+
+
+async def test_a_hard_stop_during_a_compensation_stops_the_settlement(store: Store) -> None:
+    COMPENSATING.clear()
+    sr.UNDONE.clear()
+    row = await _with_steps(
+        store, "r", [("one", UNDO), ("blocks", "tests.worker.test_settle:undo_that_blocks")]
+    )
+    settling = asyncio.ensure_future(settlement(store).cancelled(row, row.epoch))
+    await asyncio.wait_for(COMPENSATING.wait(), 10)
+    settling.cancel()  # the drive itself is cancelled (a hard stop), not the run's code
+    with pytest.raises(asyncio.CancelledError):
+        await settling
+    assert await journal(store, "r", Kind.STEP_COMPENSATION_FAILED) == []
+    assert sr.UNDONE == [], "nothing more runs"
+    assert (await must_get(store, "r")).status is RunStatus.RUNNING, "left to a recovery"

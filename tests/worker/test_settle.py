@@ -586,3 +586,17 @@ async def test_a_hard_stop_during_a_compensation_stops_the_settlement(store: Sto
     assert await journal(store, "r", Kind.STEP_COMPENSATION_FAILED) == []
     assert sr.UNDONE == [], "nothing more runs"
     assert (await must_get(store, "r")).status is RunStatus.RUNNING, "left to a recovery"
+
+
+async def test_a_cancel_found_at_a_release_says_which_interrupt_found_it(store: Store) -> None:
+    found = await make_running(store, "found", OWNER_A, flow="sr.waiter")
+    plain = await make_running(store, "plain", OWNER_A, flow="sr.waiter")
+    await settlement(store).cancelled(found, found.epoch, found_at="shutdown")
+    await settlement(store).cancelled(plain, plain.epoch)
+    (record,) = await journal(store, "found", Kind.INTERRUPTED)
+    assert record["cancelled"] is True and record["found_at_release"] == "shutdown"
+    cancellation = (await must_get(store, "found")).state["cancellation"]
+    assert cancellation["found_at_release"] == "shutdown"
+    (ordinary,) = await journal(store, "plain", Kind.INTERRUPTED)
+    assert ordinary["cancelled"] is True and "found_at_release" not in ordinary
+    assert "found_at_release" not in (await must_get(store, "plain")).state["cancellation"]

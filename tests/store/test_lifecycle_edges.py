@@ -317,6 +317,11 @@ async def test_a_result_is_its_own_column_and_an_unstorable_one_is_named_by_its_
             "r", OWNER_A, row.epoch, RunStatus.COMPLETED, state_patch={"result": ["a", "\x00"]}
         )
     assert caught.value.field == "state" and caught.value.problem.startswith('$["result"][1]')
+    with pytest.raises(UnstorableValue) as other:
+        await store.lifecycle.transition_owned(
+            "r", OWNER_A, row.epoch, RunStatus.COMPLETED, state_patch={"note": "nul\x00"}
+        )
+    assert other.value.field == "state" and other.value.problem.startswith('$["note"]')
     assert (await must_get(store, "r")).status is RunStatus.RUNNING, "nothing written"
     done = await store.lifecycle.transition_owned(
         "r", OWNER_A, row.epoch, RunStatus.COMPLETED, state_patch={"result": [1e16, 2], "n": 1}

@@ -545,7 +545,8 @@ def test_a_traceback_whose_formatting_raises_is_said_to_be_unformattable(
     assert error["traceback"] == "<traceback of KeyError could not be formatted>"
 
 
-COMPENSATING = asyncio.Event()
+COMPENSATING: list[asyncio.Event] = []
+"""Set by ``undo_that_blocks`` once it runs (made by the test, in its own event loop)."""
 
 
 async def undo_that_cancels_itself(output: Any) -> None:
@@ -554,7 +555,7 @@ async def undo_that_cancels_itself(output: Any) -> None:
 
 
 async def undo_that_blocks(output: Any) -> None:
-    COMPENSATING.set()
+    COMPENSATING[-1].set()
     await asyncio.Event().wait()  # until the settling task is cancelled
 
 
@@ -573,13 +574,13 @@ async def test_a_compensations_own_cancelled_error_fails_that_compensation_only(
 
 
 async def test_a_hard_stop_during_a_compensation_stops_the_settlement(store: Store) -> None:
-    COMPENSATING.clear()
+    COMPENSATING.append(asyncio.Event())
     sr.UNDONE.clear()
     row = await _with_steps(
         store, "r", [("one", UNDO), ("blocks", "tests.worker.test_settle:undo_that_blocks")]
     )
     settling = asyncio.ensure_future(settlement(store).cancelled(row, row.epoch))
-    await asyncio.wait_for(COMPENSATING.wait(), 10)
+    await asyncio.wait_for(COMPENSATING[-1].wait(), 10)
     settling.cancel()  # the drive itself is cancelled (a hard stop), not the run's code
     with pytest.raises(asyncio.CancelledError):
         await settling

@@ -28,7 +28,7 @@ browser:
 # Services: RUNFLEET_DATABASE_URL / RUNFLEET_REDIS_URL if set, else Docker, else throwaway
 # local servers (ops/servers/resolve.py resolves them, as for the tests).
 demo: $(STAMP)
-	$(BIN)/python -m ops.demo
+	$(BIN)/python -m runfleet.ops.demo
 
 # Mutation testing of ONE module against the tests tests/mutation/targets.toml maps it to
 # (`make mutate MODULE=worker/lease.py`; `make mutate` lists the targets; ARGS=--retest

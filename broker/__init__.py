@@ -1,12 +1,18 @@
 """Redis: wake-up streams, liveness keys and notifications, plus the producer API."""
 
-from broker.admission import Callback, Retry
-from broker.jobs import FailedJobRegistry, Job, JobStatus, NoSuchJobError
-from broker.queue import AsyncQueue, EnqueueSpec
-from broker.run import AsyncRun, RunCancelled, RunFailed
-from broker.sync import Queue, Run
-from store.errors import RunNotFound
-from store.types import EventAnswer, EventCompleted, EventExisting, EventRunSettled, EventTimedOut
+from runfleet.broker.admission import Callback, Retry
+from runfleet.broker.jobs import FailedJobRegistry, Job, JobStatus, NoSuchJobError
+from runfleet.broker.queue import AsyncQueue, EnqueueSpec
+from runfleet.broker.run import AsyncRun, RunCancelled, RunFailed
+from runfleet.broker.sync import Queue, Run
+from runfleet.store.errors import RunNotFound
+from runfleet.store.types import (
+    EventAnswer,
+    EventCompleted,
+    EventExisting,
+    EventRunSettled,
+    EventTimedOut,
+)
 
 __all__ = [
     "AsyncQueue",

@@ -10,10 +10,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.names import importable_name, load_from_path
-from broker.trust import already_loaded
-from store import validate
-from store.errors import InvalidInput, UnknownFlow
+from runfleet.broker.names import importable_name, load_from_path
+from runfleet.broker.trust import already_loaded
+from runfleet.store import validate
+from runfleet.store.errors import InvalidInput, UnknownFlow
 
 
 def flow_target(target: Any) -> tuple[str, str | None, Callable[..., Any] | None, bool]:

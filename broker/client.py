@@ -12,9 +12,9 @@ from typing import Any, cast
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, ClusterPubSub, RedisCluster
 
-from broker.keys import hash_tag
-from store.config import Settings
-from store.errors import InvalidInput
+from runfleet.broker.keys import hash_tag
+from runfleet.store.config import Settings
+from runfleet.store.errors import InvalidInput
 
 DEFAULT_SOCKET_TIMEOUT = 10.0
 """Above any block the broker asks for (it blocks in slices of at most 1 s)."""

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from store.errors import RunfleetError
+from runfleet.store.errors import RunfleetError
 
 FIELD = b"m"
 """Stream entries carry the packed message under this single field."""

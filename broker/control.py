@@ -17,14 +17,20 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
-from broker.codec import message_for
-from broker.notify import Notifier
-from broker.streams import Streams, lane_for
-from store import validate
-from store.errors import CancelRequestFailed, InvalidInput, RunNotFound, ScopeDenied, Unavailable
-from store.journal import Kind
-from store.transient import is_transient
-from store.types import (
+from runfleet.broker.codec import message_for
+from runfleet.broker.notify import Notifier
+from runfleet.broker.streams import Streams, lane_for
+from runfleet.store import validate
+from runfleet.store.errors import (
+    CancelRequestFailed,
+    InvalidInput,
+    RunNotFound,
+    ScopeDenied,
+    Unavailable,
+)
+from runfleet.store.journal import Kind
+from runfleet.store.transient import is_transient
+from runfleet.store.types import (
     CancelOutcome,
     CancelRequested,
     EventAnswer,
@@ -32,10 +38,10 @@ from store.types import (
     RunRow,
     WaitingReason,
 )
-from store.waits import token_hash
+from runfleet.store.waits import token_hash
 
 if TYPE_CHECKING:
-    from store import Store
+    from runfleet.store import Store
 
 # The producer's logger, shared with broker.queue: one name for every producer log event.
 log = logging.getLogger("runfleet.broker.queue")

@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from broker.run import AsyncRun
-from store.errors import RunNotFound
-from store.jobs import Jobs
-from store.types import CancelOutcome, RunRow, RunStatus, WaitingReason
+from runfleet.broker.run import AsyncRun
+from runfleet.store.errors import RunNotFound
+from runfleet.store.jobs import Jobs
+from runfleet.store.types import CancelOutcome, RunRow, RunStatus, WaitingReason
 
 if TYPE_CHECKING:
-    from broker.queue import AsyncQueue
-    from broker.sync import Queue
+    from runfleet.broker.queue import AsyncQueue
+    from runfleet.broker.sync import Queue
 
 NoSuchJobError = RunNotFound
 """rq's name for "no job with this id" (``Job.fetch``)."""

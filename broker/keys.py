@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from store.errors import InvalidInput
-from store.types import Owner
+from runfleet.store.errors import InvalidInput
+from runfleet.store.types import Owner
 
 DEFAULT_PREFIX = "runfleet"
 GROUP = "workers"

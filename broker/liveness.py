@@ -26,10 +26,10 @@ from typing import Literal, TypeAlias
 
 from redis.asyncio import Redis
 
-from broker import hostile
-from broker.client import require_binary
-from broker.keys import Keys
-from broker.liveness_keys import (
+from runfleet.broker import hostile
+from runfleet.broker.client import require_binary
+from runfleet.broker.keys import Keys
+from runfleet.broker.liveness_keys import (
     Beat,
     InfoValue,
     KeyRead,
@@ -40,8 +40,8 @@ from broker.liveness_keys import (
     read_key,
     read_keys,
 )
-from store.config import Settings
-from store.types import Owner
+from runfleet.store.config import Settings
+from runfleet.store.types import Owner
 
 log = logging.getLogger("runfleet.broker.liveness")
 

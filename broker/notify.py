@@ -30,10 +30,10 @@ from typing import Any, Literal, TypeAlias
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
-from broker import hostile
-from broker.client import require_binary
-from broker.keys import DEFAULT_PREFIX, Keys
-from broker.service import Service, Signal, within
+from runfleet.broker import hostile
+from runfleet.broker.client import require_binary
+from runfleet.broker.keys import DEFAULT_PREFIX, Keys
+from runfleet.broker.service import Service, Signal, within
 
 log = logging.getLogger("runfleet.broker.notify")
 

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 
-from broker.admission import (
+from runfleet.broker.admission import (
     EnqueueSpec,
     check_signature,
     dependency_ids,
@@ -36,20 +36,20 @@ from broker.admission import (
     split_rq_call,
     unknown,
 )
-from broker.batching import GroupCommit
-from broker.client import connect
-from broker.codec import message_for
-from broker.control import RunControl
-from broker.notify import Notifier
-from broker.run import AsyncRun
-from broker.streams import Lane, Streams
-from broker.trust import producer_run_id, producer_scopes
-from store import Store, validate
-from store.config import Settings
-from store.errors import InvalidInput, Unavailable
-from store.jobs import Jobs
-from store.transient import is_transient, retrying, service_of
-from store.types import CreateOutcome, NewRun, RunRow, RunStatus
+from runfleet.broker.batching import GroupCommit
+from runfleet.broker.client import connect
+from runfleet.broker.codec import message_for
+from runfleet.broker.control import RunControl
+from runfleet.broker.notify import Notifier
+from runfleet.broker.run import AsyncRun
+from runfleet.broker.streams import Lane, Streams
+from runfleet.broker.trust import producer_run_id, producer_scopes
+from runfleet.store import Store, validate
+from runfleet.store.config import Settings
+from runfleet.store.errors import InvalidInput, Unavailable
+from runfleet.store.jobs import Jobs
+from runfleet.store.transient import is_transient, retrying, service_of
+from runfleet.store.types import CreateOutcome, NewRun, RunRow, RunStatus
 
 log = logging.getLogger("runfleet.broker.queue")
 T = TypeVar("T")

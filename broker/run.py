@@ -12,11 +12,11 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from store.errors import InvalidInput, RunfleetError
-from store.types import CancelOutcome, RunRow, RunStatus
+from runfleet.store.errors import InvalidInput, RunfleetError
+from runfleet.store.types import CancelOutcome, RunRow, RunStatus
 
 if TYPE_CHECKING:
-    from broker.queue import AsyncQueue  # broker.queue imports this module
+    from runfleet.broker.queue import AsyncQueue  # broker.queue imports this module
 
 
 class RunFailed(RunfleetError):

@@ -23,11 +23,11 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from broker import hostile
-from broker.client import require_binary, socket_timeout_of
-from broker.codec import FIELD, MalformedMessage, StreamMessage, decode, encode
-from broker.keys import DEFAULT_PREFIX, GROUP, Keys
-from broker.stream_scripts import PUBLISH_SCRIPT, READ_SCRIPT
+from runfleet.broker import hostile
+from runfleet.broker.client import require_binary, socket_timeout_of
+from runfleet.broker.codec import FIELD, MalformedMessage, StreamMessage, decode, encode
+from runfleet.broker.keys import DEFAULT_PREFIX, GROUP, Keys
+from runfleet.broker.stream_scripts import PUBLISH_SCRIPT, READ_SCRIPT
 
 log = logging.getLogger("runfleet.broker.streams")
 

@@ -21,11 +21,11 @@ from collections.abc import Coroutine, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from broker.jobs import FailedJobRegistry, Job, JobStatus, NoSuchJobError
-from broker.queue import AsyncQueue, EnqueueSpec
-from broker.run import AsyncRun
-from store.config import Settings
-from store.types import CancelOutcome, EventAnswer
+from runfleet.broker.jobs import FailedJobRegistry, Job, JobStatus, NoSuchJobError
+from runfleet.broker.queue import AsyncQueue, EnqueueSpec
+from runfleet.broker.run import AsyncRun
+from runfleet.store.config import Settings
+from runfleet.store.types import CancelOutcome, EventAnswer
 
 T = TypeVar("T")
 

@@ -13,8 +13,8 @@ import sys
 from collections.abc import Iterable
 from types import ModuleType
 
-from store import validate
-from store.errors import InvalidInput, ReservedRunId
+from runfleet.store import validate
+from runfleet.store.errors import InvalidInput, ReservedRunId
 
 _ROUND = re.compile(r"@\d+\Z")
 _DERIVED = ("/child:", "/spawn:")

@@ -1,3 +1,3 @@
-from ops.cli.app import app
+from runfleet.ops.cli.app import app
 
 app()

@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from store.types import Owner, RunRow, RunStatus, WaitingRow
-from store.waits import shown_waiting_token
+from runfleet.store.types import Owner, RunRow, RunStatus, WaitingRow
+from runfleet.store.waits import shown_waiting_token
 
 
 class _Model(BaseModel):

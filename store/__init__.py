@@ -5,18 +5,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 
-from store.config import Settings
-from store.dag import Dag
-from store.db import Conn, Database, default_source_id, open_pool
-from store.inspect import Inspect
-from store.journal import Journal, Kind
-from store.lifecycle import Lifecycle
-from store.registry import FlowRegistry
-from store.runs import Runs
-from store.stats import Stats
-from store.steps import Steps
-from store.sweeps import SweepKind, Sweeps
-from store.waits import Waits
+from runfleet.store.config import Settings
+from runfleet.store.dag import Dag
+from runfleet.store.db import Conn, Database, default_source_id, open_pool
+from runfleet.store.inspect import Inspect
+from runfleet.store.journal import Journal, Kind
+from runfleet.store.lifecycle import Lifecycle
+from runfleet.store.registry import FlowRegistry
+from runfleet.store.runs import Runs
+from runfleet.store.stats import Stats
+from runfleet.store.steps import Steps
+from runfleet.store.sweeps import SweepKind, Sweeps
+from runfleet.store.waits import Waits
 
 __all__ = ["Kind", "Settings", "Store", "SweepKind"]
 

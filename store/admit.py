@@ -20,14 +20,14 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from store import validate, values
-from store.config import Settings
-from store.dag import Dag
-from store.db import Database
-from store.errors import ExecutionIdentityConflict, InvalidInput
-from store.journal import Journal, Kind, digest
-from store.rows import run_row
-from store.types import (
+from runfleet.store import validate, values
+from runfleet.store.config import Settings
+from runfleet.store.dag import Dag
+from runfleet.store.db import Database
+from runfleet.store.errors import ExecutionIdentityConflict, InvalidInput
+from runfleet.store.journal import Journal, Kind, digest
+from runfleet.store.rows import run_row
+from runfleet.store.types import (
     Created,
     CreateOutcome,
     Joined,

@@ -31,7 +31,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 # names used here are wrapped in typed methods below.
 from croniter import CroniterError, croniter  # type: ignore[import-untyped]
 
-from store.errors import InvalidInput
+from runfleet.store.errors import InvalidInput
 
 _WINDOW = timedelta(hours=3)
 """Offsets are sampled this far either side of an instant: wider than any real DST shift."""

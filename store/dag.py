@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from store import validate
-from store.db import Database
-from store.errors import FlowCycleDetected
-from store.journal import Journal, Kind
-from store.rows import edge, run_row
-from store.types import EdgeExisting, EdgeRecorded, ParentEdge, RunRow
+from runfleet.store import validate
+from runfleet.store.db import Database
+from runfleet.store.errors import FlowCycleDetected
+from runfleet.store.journal import Journal, Kind
+from runfleet.store.rows import edge, run_row
+from runfleet.store.types import EdgeExisting, EdgeRecorded, ParentEdge, RunRow
 
 
 def child_outcome(child: RunRow) -> str:

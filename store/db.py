@@ -25,8 +25,8 @@ from psycopg import AsyncConnection
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from store.config import Settings
-from store.queries import q
+from runfleet.store.config import Settings
+from runfleet.store.queries import q
 
 Conn = AsyncConnection[DictRow]
 

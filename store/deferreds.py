@@ -16,13 +16,13 @@ from typing import Any, assert_never
 import psycopg
 from psycopg.types.json import Jsonb
 
-from store import validate, values
-from store.config import Settings
-from store.db import Database
-from store.errors import InvalidInput, LimitExceeded, NotAnswerable
-from store.journal import Journal, Kind
-from store.rows import deferred_row, run_row
-from store.types import (
+from runfleet.store import validate, values
+from runfleet.store.config import Settings
+from runfleet.store.db import Database
+from runfleet.store.errors import InvalidInput, LimitExceeded, NotAnswerable
+from runfleet.store.journal import Journal, Kind
+from runfleet.store.rows import deferred_row, run_row
+from runfleet.store.types import (
     TIMED_OUT,
     AlreadyTerminal,
     DeferredCompleted,

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from store.db import Database
-from store.rows import run_row
-from store.types import RunRow, RunStatus, WaitingReason
+from runfleet.store.db import Database
+from runfleet.store.rows import run_row
+from runfleet.store.types import RunRow, RunStatus, WaitingReason
 
 DEFAULT_REACTIVATED_OVER = 3
 """Restarts from an interruption after which ``stuck`` and ``explain`` call a run looping."""

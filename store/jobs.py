@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from store import validate
-from store.errors import InvalidInput
-from store.types import NewRun, RunRow, RunStatus
+from runfleet.store import validate
+from runfleet.store.errors import InvalidInput
+from runfleet.store.types import NewRun, RunRow, RunStatus
 
 if TYPE_CHECKING:
-    from store import Store
+    from runfleet.store import Store
 
 CARRIED = (
     "meta",

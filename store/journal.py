@@ -9,9 +9,9 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from store.db import Database
-from store.rows import journal_record, owner_params
-from store.types import (
+from runfleet.store.db import Database
+from runfleet.store.rows import journal_record, owner_params
+from runfleet.store.types import (
     Accepted,
     Conflict,
     Duplicate,

@@ -13,15 +13,15 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from store import validate, values
-from store.admit import Admission
-from store.config import Settings
-from store.dag import Dag
-from store.db import Database
-from store.errors import InvalidInput
-from store.journal import Journal, Kind, digest
-from store.rows import owner_params, run_row
-from store.types import (
+from runfleet.store import validate, values
+from runfleet.store.admit import Admission
+from runfleet.store.config import Settings
+from runfleet.store.dag import Dag
+from runfleet.store.db import Database
+from runfleet.store.errors import InvalidInput
+from runfleet.store.journal import Journal, Kind, digest
+from runfleet.store.rows import owner_params, run_row
+from runfleet.store.types import (
     AlreadyRequested,
     AlreadyTerminal,
     CancelOutcome,

@@ -26,7 +26,7 @@ class Migration:
 def migrations() -> list[Migration]:
     """Every migration shipped with the package, in version order."""
     found: list[Migration] = []
-    for entry in resources.files("store.migrations").iterdir():
+    for entry in resources.files("runfleet.store.migrations").iterdir():
         match = _NAME.match(entry.name)
         if match:
             found.append(Migration(int(match[1]), match[2], entry.read_text()))
@@ -38,7 +38,7 @@ def migrations() -> list[Migration]:
 
 
 def canonical_schema() -> str:
-    return resources.files("store").joinpath("schema.sql").read_text()
+    return resources.files("runfleet.store").joinpath("schema.sql").read_text()
 
 
 async def migrate(conninfo: str) -> list[int]:

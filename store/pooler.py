@@ -23,9 +23,9 @@ from enum import StrEnum
 
 from psycopg.rows import DictRow
 
-from store.config import Settings
-from store.db import Conn, connect, connection_kwargs
-from store.queries import q
+from runfleet.store.config import Settings
+from runfleet.store.db import Conn, connect, connection_kwargs
+from runfleet.store.queries import q
 
 
 class Path(StrEnum):

@@ -26,7 +26,7 @@ def _parse(text: str) -> dict[str, str]:
 @cache
 def _all() -> dict[str, str]:
     queries: dict[str, str] = {}
-    for entry in resources.files("store.sql").iterdir():
+    for entry in resources.files("runfleet.store.sql").iterdir():
         if entry.name.endswith(".sql"):
             prefix = entry.name.removesuffix(".sql")
             for name, body in _parse(entry.read_text()).items():

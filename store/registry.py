@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from store.db import Database
+from runfleet.store.db import Database
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,8 +28,8 @@ from dataclasses import dataclass, fields
 from enum import StrEnum
 from functools import partial
 
-from store.db import Conn, Database
-from store.queries import q
+from runfleet.store.db import Conn, Database
+from runfleet.store.queries import q
 
 MIN_KEY = -(2**63)
 

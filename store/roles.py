@@ -17,11 +17,11 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import DictRow, dict_row
 
-from store import validate
-from store.config import Settings
-from store.errors import InvalidInput, RunfleetError
-from store.queries import q
-from store.transient import retrying
+from runfleet.store import validate
+from runfleet.store.config import Settings
+from runfleet.store.errors import InvalidInput, RunfleetError
+from runfleet.store.queries import q
+from runfleet.store.transient import retrying
 
 
 class GroupRole(StrEnum):

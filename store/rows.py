@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from store.types import (
+from runfleet.store.types import (
     ClockRow,
     DeferredRow,
     JournalRecord,

@@ -12,15 +12,15 @@ from typing import Any, NamedTuple
 
 from psycopg.types.json import Jsonb
 
-from store import validate
-from store.admit import Admission
-from store.config import Settings
-from store.dag import Dag
-from store.db import Database
-from store.errors import InvalidInput
-from store.journal import Journal, Kind
-from store.rows import owner_params, run_row
-from store.types import (
+from runfleet.store import validate
+from runfleet.store.admit import Admission
+from runfleet.store.config import Settings
+from runfleet.store.dag import Dag
+from runfleet.store.db import Database
+from runfleet.store.errors import InvalidInput
+from runfleet.store.journal import Journal, Kind
+from runfleet.store.rows import owner_params, run_row
+from runfleet.store.types import (
     Activated,
     ActivateOutcome,
     Claimed,

@@ -24,17 +24,17 @@ from typing import TYPE_CHECKING, Any, assert_never
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
-from store import validate, values
-from store.config import Settings
-from store.cron import Cron, InvalidSchedule, iso
-from store.db import Database
-from store.errors import ExecutionIdentityConflict
-from store.runs import Runs
-from store.stats import Stats
-from store.types import Created, CreateOutcome, Joined, JsonValue, NewRun, RunRow
+from runfleet.store import validate, values
+from runfleet.store.config import Settings
+from runfleet.store.cron import Cron, InvalidSchedule, iso
+from runfleet.store.db import Database
+from runfleet.store.errors import ExecutionIdentityConflict
+from runfleet.store.runs import Runs
+from runfleet.store.stats import Stats
+from runfleet.store.types import Created, CreateOutcome, Joined, JsonValue, NewRun, RunRow
 
 if TYPE_CHECKING:
-    from store import Store
+    from runfleet.store import Store
 
 __all__ = ["Cron", "InvalidSchedule", "Overlap", "Schedule", "ScheduleSpec", "Schedules"]
 

@@ -6,9 +6,9 @@ benchmarks and schedules all count and tell time here.
 
 from __future__ import annotations
 
-from store.db import Database
-from store.rows import journal_record
-from store.types import JournalRecord, Owner, RunStatus
+from runfleet.store.db import Database
+from runfleet.store.rows import journal_record
+from runfleet.store.types import JournalRecord, Owner, RunStatus
 
 
 class Stats:

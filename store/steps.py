@@ -9,13 +9,13 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from store import validate, values
-from store.config import Settings
-from store.db import Database
-from store.errors import InvalidInput
-from store.journal import Journal, Kind, digest
-from store.rows import Row, owner_params
-from store.types import JsonValue, Owner
+from runfleet.store import validate, values
+from runfleet.store.config import Settings
+from runfleet.store.db import Database
+from runfleet.store.errors import InvalidInput
+from runfleet.store.journal import Journal, Kind, digest
+from runfleet.store.rows import Row, owner_params
+from runfleet.store.types import JsonValue, Owner
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,9 +14,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
-from store.db import Database
-from store.rows import clock_row, run_row
-from store.types import ClockRow, Owner, PendingCursor, RunRow
+from runfleet.store.db import Database
+from runfleet.store.rows import clock_row, run_row
+from runfleet.store.types import ClockRow, Owner, PendingCursor, RunRow
 
 MIN_KEY = -(2**63)
 """The smallest bigint: every keyset starts strictly after it."""

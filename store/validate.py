@@ -10,9 +10,9 @@ from typing import Any
 
 import psycopg
 
-from store.errors import InvalidInput
-from store.types import RunStatus
-from store.values import jsonb_text_size
+from runfleet.store.errors import InvalidInput
+from runfleet.store.types import RunStatus
+from runfleet.store.values import jsonb_text_size
 
 MAX_ID_LENGTH = 255
 # A JSON "\u0000" escape: preceded by an even number of backslashes (zero included), so

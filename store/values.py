@@ -25,7 +25,7 @@ from typing import Any
 
 import psycopg
 
-from store.errors import InvalidInput
+from runfleet.store.errors import InvalidInput
 
 MAX_DEPTH = 512
 """Deepest nesting accepted: decoding stays well inside Python's recursion limit."""

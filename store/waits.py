@@ -12,14 +12,14 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from store import validate
-from store.config import Settings
-from store.db import Database
-from store.deferreds import Deferreds
-from store.errors import InvalidInput
-from store.journal import Journal, Kind
-from store.rows import clock_row, owner_params, run_row, waiting_row
-from store.types import (
+from runfleet.store import validate
+from runfleet.store.config import Settings
+from runfleet.store.db import Database
+from runfleet.store.deferreds import Deferreds
+from runfleet.store.errors import InvalidInput
+from runfleet.store.journal import Journal, Kind
+from runfleet.store.rows import clock_row, owner_params, run_row, waiting_row
+from runfleet.store.types import (
     AlreadySatisfied,
     ClockAlreadyCompleted,
     ClockCompleted,

@@ -19,15 +19,15 @@ import pytest
 import redis
 from psycopg import sql
 
-from ops.servers.resolve import Endpoints, database_url_for, resolve
-from store.config import Settings
-from store.migrate import migrate
+from runfleet.ops.servers.resolve import Endpoints, database_url_for, resolve
+from runfleet.store.config import Settings
+from runfleet.store.migrate import migrate
 
 if TYPE_CHECKING:
-    from broker import AsyncQueue
-    from store import Store
+    from runfleet.broker import AsyncQueue
+    from runfleet.store import Store
+    from runfleet.worker.process import Worker
     from tests.fleet.procs import Spawn
-    from worker.process import Worker
 
 NewDatabase = Callable[[], Awaitable[str]]
 
@@ -137,7 +137,7 @@ def settings(database_url: str, redis_url: str, redis_prefix: str) -> Settings:
 @pytest.fixture
 async def store(settings: Settings) -> AsyncIterator[Store]:
     # Imported here so that the rest of the harness loads even if ``Store`` is broken.
-    from store import Store
+    from runfleet.store import Store
 
     opened = await Store.open(settings)
     try:
@@ -169,7 +169,7 @@ async def spawn(settings: Settings) -> AsyncIterator[Spawn]:
 @pytest.fixture
 async def worker(settings: Settings) -> AsyncIterator[Worker]:
     """A worker running in the test's own event loop (its flows are whatever is imported)."""
-    from worker.process import Worker
+    from runfleet.worker.process import Worker
 
     w = Worker(settings, queues=["default"], concurrency=8)
     task = asyncio.create_task(w.run())
@@ -183,7 +183,7 @@ async def worker(settings: Settings) -> AsyncIterator[Worker]:
 
 @pytest.fixture
 async def queue(settings: Settings) -> AsyncIterator[AsyncQueue]:
-    from broker import AsyncQueue
+    from runfleet.broker import AsyncQueue
 
     async with AsyncQueue("default", settings=settings) as q:
         yield q

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from ops.bench import dbos_side, scaling
-from ops.bench.__main__ import app
-from ops.bench.fleet_procs import Servers
-from ops.servers.resolve import Endpoints
+from runfleet.ops.bench import dbos_side, scaling
+from runfleet.ops.bench.__main__ import app
+from runfleet.ops.bench.fleet_procs import Servers
+from runfleet.ops.servers.resolve import Endpoints
 
 
 def _bench(services: Endpoints, *args: str) -> dict[str, Any]:

@@ -19,8 +19,8 @@ import typer.core
 import typer.main
 import yaml
 
-from ops.cli.app import app
-from store.config import Settings
+from runfleet.ops.cli.app import app
+from runfleet.store.config import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose" / "compose.yaml"
@@ -150,7 +150,7 @@ def test_runfleet_variables_are_settings(services: dict[str, dict[str, Any]]) ->
         assert isinstance(env, dict), "environment must be a map (checked key by key)"
         used.update({k: str(v) for k, v in env.items() if k.startswith("RUNFLEET_")})
     unknown = set(used) - fields
-    assert not unknown, f"not fields of store.config.Settings: {sorted(unknown)}"
+    assert not unknown, f"not fields of runfleet.store.config.Settings: {sorted(unknown)}"
     # The values must also be valid settings, not just known names.
     Settings.model_validate({k.removeprefix("RUNFLEET_").lower(): v for k, v in used.items()})
     interpolated = set(re.findall(r"\$\{(RUNFLEET_\w+)", COMPOSE.read_text()))
@@ -212,7 +212,7 @@ def test_the_producer_enqueues_a_flow_the_workers_serve(
 ) -> None:
     import importlib
 
-    from worker.flows import registered
+    from runfleet.worker.flows import registered
 
     worker = _parse(_runfleet_argvs(services)["worker"][0])
     producer = _parse(_runfleet_argvs(services)["producer"][0])

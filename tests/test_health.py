@@ -22,14 +22,14 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 import tests.fleet.flows as flows
-from broker import AsyncQueue
-from store import Store
-from store.config import LOOP_STALL_FLOOR, Settings
+from runfleet.broker import AsyncQueue
+from runfleet.store import Store
+from runfleet.store.config import LOOP_STALL_FLOOR, Settings
+from runfleet.worker.health import LIVENESS_PATH, READINESS_PATH, Health
 from tests.fleet.procs import WorkerProc, running_on
 from tests.fleet.tcpproxy import FreezableProxy
 from tests.ops.metrics import free_port
 from tests.support.polling import until
-from worker.health import LIVENESS_PATH, READINESS_PATH, Health
 
 # ---- unit: the verdicts ------------------------------------------------------------
 

@@ -25,11 +25,11 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from broker.keys import GROUP, Keys
-from store.config import Settings
+from runfleet.broker.keys import GROUP, Keys
+from runfleet.store.config import Settings
+from runfleet.worker import metrics
+from runfleet.worker.health import LIVENESS_PATH, READINESS_PATH
 from tests.test_compose import PINNED, CommandLineError, _parse, _shell_commands
-from worker import metrics
-from worker.health import LIVENESS_PATH, READINESS_PATH
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "kubernetes"
@@ -227,7 +227,7 @@ def test_every_runfleet_command_line_parses() -> None:
 
 
 def test_the_worker_serves_flows_on_the_queues_it_reads() -> None:
-    from worker.flows import registered
+    from runfleet.worker.flows import registered
 
     worker = _parse(_worker_argv())
     for module in str(worker["flows"]).split(","):
@@ -258,7 +258,7 @@ def test_runfleet_variables_are_settings() -> None:
                     assert secret_ref["name"] == secret["metadata"]["name"]
                     assert secret_ref["key"] in secret_keys, var
     unknown = used - fields
-    assert not unknown, f"not fields of store.config.Settings: {sorted(unknown)}"
+    assert not unknown, f"not fields of runfleet.store.config.Settings: {sorted(unknown)}"
     Settings.model_validate({k.removeprefix("RUNFLEET_").lower(): v for k, v in config.items()})
     # Credentials only from the Secret; the host id per pod from its name.
     assert not {"RUNFLEET_DATABASE_URL", "RUNFLEET_REDIS_URL"} & set(config)

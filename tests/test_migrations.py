@@ -8,7 +8,13 @@ from typing import Any, LiteralString
 
 import psycopg
 
-from store.migrate import MIGRATION_LOCK_KEY, canonical_schema, migrate, migrations, schema_version
+from runfleet.store.migrate import (
+    MIGRATION_LOCK_KEY,
+    canonical_schema,
+    migrate,
+    migrations,
+    schema_version,
+)
 from tests.support.polling import until
 
 NewDatabase = Callable[[], Awaitable[str]]  # the new_empty_database fixture

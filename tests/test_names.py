@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from broker.names import importable_name, load_from_path, qualified_name
-from store.types import Owner
+from runfleet.broker.names import importable_name, load_from_path, qualified_name
+from runfleet.store.types import Owner
 
 
 def module_level() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.evidence import RefusalLadder
+from runfleet.worker.evidence import RefusalLadder
 
 
 class Clock:

@@ -6,8 +6,8 @@ import psycopg
 import pytest
 import redis
 
-from ops.servers.postgres import ThrowawayPostgres
-from ops.servers.redis import ThrowawayRedis
+from runfleet.ops.servers.postgres import ThrowawayPostgres
+from runfleet.ops.servers.redis import ThrowawayRedis
 
 pytestmark = pytest.mark.chaos
 

@@ -1,7 +1,7 @@
 """Executing runs: the driver, leases, sweeps, the flow API and the worker process."""
 
-from worker.context import Context, Interrupted
-from worker.durable import (
+from runfleet.worker.context import Context, Interrupted
+from runfleet.worker.durable import (
     ChildFailed,
     Decision,
     Handoff,
@@ -9,8 +9,8 @@ from worker.durable import (
     Retry,
     WaitTimeout,
 )
-from worker.flows import Flow, flow
-from worker.sync_context import SyncContext
+from runfleet.worker.flows import Flow, flow
+from runfleet.worker.sync_context import SyncContext
 
 __all__ = [
     "ChildFailed",

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from broker.batching import GroupCommit
-from store import Store
-from store.steps import StepRecord, StepWrite
-from store.types import Owner
-from store.values import UnstorableValue
+from runfleet.broker.batching import GroupCommit
+from runfleet.store import Store
+from runfleet.store.steps import StepRecord, StepWrite
+from runfleet.store.types import Owner
+from runfleet.store.values import UnstorableValue
 
 
 class Bookkeeping:

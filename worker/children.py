@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from store import validate
-from store.types import NewRun, OnParentExit, Waiting, WaitingReason
-from worker.context_parts import ContextParts
-from worker.durable import ChildFailed
-from worker.flows import Flow, registered
+from runfleet.store import validate
+from runfleet.store.types import NewRun, OnParentExit, Waiting, WaitingReason
+from runfleet.worker.context_parts import ContextParts
+from runfleet.worker.durable import ChildFailed
+from runfleet.worker.flows import Flow, registered
 
 T = TypeVar("T")
 
@@ -59,7 +59,7 @@ class Children(ContextParts):
         run_id: str | None,
         policy: OnParentExit,
     ) -> str:
-        from broker.queue import check_signature, flow_target
+        from runfleet.broker.queue import check_signature, flow_target
 
         name, queue, fn, takes_ctx = flow_target(flow)
         position, key, record = await self._next(kind, name)

@@ -24,7 +24,7 @@ import contextvars
 from collections.abc import Coroutine, Generator
 from typing import Any
 
-from store.errors import RunfleetError
+from runfleet.store.errors import RunfleetError
 
 _IN_RUN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "runfleet_in_run", default=None

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
-from store import Store
-from store.config import Settings
-from store.errors import LimitExceeded
-from store.steps import StepRecord, StepWrite
-from store.types import (
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.errors import LimitExceeded
+from runfleet.store.steps import StepRecord, StepWrite
+from runfleet.store.types import (
     AlreadySatisfied,
     ClockExisting,
     ClockScheduled,
@@ -40,22 +40,22 @@ from store.types import (
     Waiting,
     WaitingReason,
 )
-from worker.bookkeeping import Bookkeeping
-from worker.children import Children
-from worker.containment import safe_str
-from worker.durable import (
+from runfleet.worker.bookkeeping import Bookkeeping
+from runfleet.worker.children import Children
+from runfleet.worker.containment import safe_str
+from runfleet.worker.durable import (
     NO_RETRY,
     NonDeterminism,
     Retry,
     Suspended,
     reference,
 )
-from worker.flows import function as resolve_function
-from worker.outcomes import Cause
-from worker.retry import durable_call, is_transient
-from worker.threads import in_thread
-from worker.waits import Waits
-from worker.wake_hints import HintFn
+from runfleet.worker.flows import function as resolve_function
+from runfleet.worker.outcomes import Cause
+from runfleet.worker.retry import durable_call, is_transient
+from runfleet.worker.threads import in_thread
+from runfleet.worker.waits import Waits
+from runfleet.worker.wake_hints import HintFn
 
 log = logging.getLogger("runfleet.flow")
 T = TypeVar("T")

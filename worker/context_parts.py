@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from store import Store
-from store.config import Settings
-from store.steps import StepRecord
-from store.types import RunRow, Waiting
-from worker.wake_hints import HintFn
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.steps import StepRecord
+from runfleet.store.types import RunRow, Waiting
+from runfleet.worker.wake_hints import HintFn
 
 T = TypeVar("T")
 

@@ -6,8 +6,8 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
-from worker.driver import Driver
-from worker.outcomes import Decision
+from runfleet.worker.driver import Driver
+from runfleet.worker.outcomes import Decision
 
 log = logging.getLogger("runfleet.worker.coordinator")
 

@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable, Container, Sequence
 from typing import assert_never
 
-from broker import hostile
-from store import Kind, Store
-from store.config import Settings
-from store.errors import UnknownFlow
-from store.runs import fresh_admission
-from store.types import (
+from runfleet.broker import hostile
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.errors import UnknownFlow
+from runfleet.store.runs import fresh_admission
+from runfleet.store.types import (
     Activated,
     ActivateOutcome,
     NotFound,
@@ -36,12 +36,12 @@ from store.types import (
     SnapshotChanged,
     WaitingReason,
 )
-from worker import metrics
-from worker.evidence import journal_evidence
-from worker.flows import Flow, resolve
-from worker.outcomes import Decision, DriveOutcome
-from worker.takeover import Takeover
-from worker.wake_hints import HintFn
+from runfleet.worker import metrics
+from runfleet.worker.evidence import journal_evidence
+from runfleet.worker.flows import Flow, resolve
+from runfleet.worker.outcomes import Decision, DriveOutcome
+from runfleet.worker.takeover import Takeover
+from runfleet.worker.wake_hints import HintFn
 
 log = logging.getLogger("runfleet.worker.driver")
 

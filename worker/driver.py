@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
-from store import Store
-from store.config import Settings
-from store.types import (
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import (
     GuardFailed,
     Owner,
     Parked,
@@ -28,22 +28,22 @@ from store.types import (
     RunRow,
     RunStatus,
 )
-from worker import containment, metrics
-from worker.bookkeeping import Bookkeeping
-from worker.containment import UserBaseException
-from worker.context import Context, Interrupted
-from worker.decisions import Decisions
-from worker.durable import Suspended
-from worker.evidence import RefusalLadder
-from worker.flows import Flow
-from worker.outcomes import Cause, Decision, DriveOutcome
-from worker.retry import is_transient, with_retry
-from worker.rq_compat import call_rq_style, wants_rq_call
-from worker.settle import AnnounceFn, Settlement, error_of
-from worker.sync_context import SyncContext
-from worker.takeover import ProbeFn, Takeover
-from worker.threads import in_thread
-from worker.wake_hints import HintFn, WakeHints
+from runfleet.worker import containment, metrics
+from runfleet.worker.bookkeeping import Bookkeeping
+from runfleet.worker.containment import UserBaseException
+from runfleet.worker.context import Context, Interrupted
+from runfleet.worker.decisions import Decisions
+from runfleet.worker.durable import Suspended
+from runfleet.worker.evidence import RefusalLadder
+from runfleet.worker.flows import Flow
+from runfleet.worker.outcomes import Cause, Decision, DriveOutcome
+from runfleet.worker.retry import is_transient, with_retry
+from runfleet.worker.rq_compat import call_rq_style, wants_rq_call
+from runfleet.worker.settle import AnnounceFn, Settlement, error_of
+from runfleet.worker.sync_context import SyncContext
+from runfleet.worker.takeover import ProbeFn, Takeover
+from runfleet.worker.threads import in_thread
+from runfleet.worker.wake_hints import HintFn, WakeHints
 
 log = logging.getLogger("runfleet.worker.driver")
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from tenacity import RetryCallState, retry_if_exception_type, wait_exponential
 
-from broker.names import importable_name
-from store.errors import InvalidInput, RunfleetError
+from runfleet.broker.names import importable_name
+from runfleet.store.errors import InvalidInput, RunfleetError
 
 
 class NonDeterminism(RunfleetError):

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from store import Store
-from store.config import Settings
-from store.journal import evidence_address
-from store.types import Conflict, Owner
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.journal import evidence_address
+from runfleet.store.types import Conflict, Owner
 
 log = logging.getLogger("runfleet.worker.evidence")
 

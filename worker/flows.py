@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, overload
 
-from broker.admission import check_signature
-from broker.names import load_from_path, qualified_name
-from store.errors import UnknownFlow
-from store.schedules import ScheduleSpec, for_flow
+from runfleet.broker.admission import check_signature
+from runfleet.broker.names import load_from_path, qualified_name
+from runfleet.store.errors import UnknownFlow
+from runfleet.store.schedules import ScheduleSpec, for_flow
 
 log = logging.getLogger("runfleet.worker.flows")
 

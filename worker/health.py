@@ -31,7 +31,7 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
-from store.config import Settings
+from runfleet.store.config import Settings
 
 LIVENESS_PATH = "/healthz"
 READINESS_PATH = "/readyz"

@@ -13,13 +13,13 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from broker.streams import Delivery, Lane, Streams
-from store import Store
-from store.config import Settings
-from store.types import Owner, RunStatus
-from worker import metrics
-from worker.coordinator import Coordinator
-from worker.outbox import BROKER_ERRORS, Outbox, lane_of, publish_wakes
+from runfleet.broker.streams import Delivery, Lane, Streams
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import Owner, RunStatus
+from runfleet.worker import metrics
+from runfleet.worker.coordinator import Coordinator
+from runfleet.worker.outbox import BROKER_ERRORS, Outbox, lane_of, publish_wakes
 
 log = logging.getLogger("runfleet.worker.intake")
 

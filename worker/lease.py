@@ -23,13 +23,13 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from broker.service import Service, Signal
-from store import Store
-from store.config import Settings
-from store.types import Heartbeat, Owner, Reconfirmation
-from worker import metrics
-from worker.driver import Driver
-from worker.outcomes import Cause
+from runfleet.broker.service import Service, Signal
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import Heartbeat, Owner, Reconfirmation
+from runfleet.worker import metrics
+from runfleet.worker.driver import Driver
+from runfleet.worker.outcomes import Cause
 
 log = logging.getLogger("runfleet.worker.lease")
 

@@ -14,12 +14,12 @@ import logging
 
 from redis.exceptions import RedisError
 
-from broker.batching import Coalesce
-from broker.codec import message_for
-from broker.notify import Notifier
-from broker.streams import Delivery, Lane, Streams, lane_for
-from store.types import RunRow
-from worker.retry import INFRA_ERRORS
+from runfleet.broker.batching import Coalesce
+from runfleet.broker.codec import message_for
+from runfleet.broker.notify import Notifier
+from runfleet.broker.streams import Delivery, Lane, Streams, lane_for
+from runfleet.store.types import RunRow
+from runfleet.worker.retry import INFRA_ERRORS
 
 log = logging.getLogger("runfleet.worker.outbox")
 

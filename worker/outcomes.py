@@ -10,8 +10,8 @@ import enum
 from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:
-    from store.types import RunRow
-    from worker.flows import Flow
+    from runfleet.store.types import RunRow
+    from runfleet.worker.flows import Flow
 
 
 class DriveOutcome(enum.StrEnum):

@@ -18,27 +18,27 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from broker.client import connect
-from broker.liveness import Liveness
-from broker.notify import Notice, Notifier
-from broker.service import Service
-from broker.streams import Streams
-from store import Store
-from store.config import Settings
-from store.types import Owner
-from worker import metrics
-from worker.containment import contain_tasks
-from worker.coordinator import Coordinator
-from worker.driver import Driver
-from worker.intake import Intake
-from worker.lease import Lease, LeaseGate
-from worker.outbox import Outbox
-from worker.outcomes import Cause
-from worker.retention import RetentionLoop
-from worker.retry import INFRA_ERRORS
-from worker.scheduler import Scheduler, register_schedules
-from worker.sweeper import Sweeper
-from worker.watchdog import Watchdog
+from runfleet.broker.client import connect
+from runfleet.broker.liveness import Liveness
+from runfleet.broker.notify import Notice, Notifier
+from runfleet.broker.service import Service
+from runfleet.broker.streams import Streams
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import Owner
+from runfleet.worker import metrics
+from runfleet.worker.containment import contain_tasks
+from runfleet.worker.coordinator import Coordinator
+from runfleet.worker.driver import Driver
+from runfleet.worker.intake import Intake
+from runfleet.worker.lease import Lease, LeaseGate
+from runfleet.worker.outbox import Outbox
+from runfleet.worker.outcomes import Cause
+from runfleet.worker.retention import RetentionLoop
+from runfleet.worker.retry import INFRA_ERRORS
+from runfleet.worker.scheduler import Scheduler, register_schedules
+from runfleet.worker.sweeper import Sweeper
+from runfleet.worker.watchdog import Watchdog
 
 log = logging.getLogger("runfleet.worker.process")
 LAG_INTERVAL_S = 5.0
@@ -232,7 +232,7 @@ class Worker:
         """Tell producers which flow names exist (they refuse unknown names at enqueue)."""
         import inspect
 
-        from worker.flows import registered
+        from runfleet.worker.flows import registered
 
         for flow in registered().values():
             try:

@@ -22,11 +22,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from broker.service import Service, Signal
-from broker.streams import Streams
-from store import Store
-from store.config import Settings, jittered
-from store.retention import (
+from runfleet.broker.service import Service, Signal
+from runfleet.broker.streams import Streams
+from runfleet.store import Store
+from runfleet.store.config import Settings, jittered
+from runfleet.store.retention import (
     DEFAULT_BATCH,
     NO_CUTOFF,
     START,
@@ -36,7 +36,7 @@ from store.retention import (
     Retention,
     Scan,
 )
-from worker import metrics
+from runfleet.worker import metrics
 
 log = logging.getLogger("runfleet.worker.retention")
 

@@ -22,10 +22,10 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from store.jobs import Jobs
-from worker.context import Context
-from worker.durable import Retry
-from worker.flows import Flow, resolve
+from runfleet.store.jobs import Jobs
+from runfleet.worker.context import Context
+from runfleet.worker.durable import Retry
+from runfleet.worker.flows import Flow, resolve
 
 
 @dataclass(frozen=True)

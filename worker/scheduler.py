@@ -21,15 +21,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import assert_never
 
-from broker.codec import message_for
-from broker.service import Service, Signal
-from broker.streams import Streams
-from store import Store
-from store.config import Settings, jittered
-from store.schedules import Fired, NotDue, Schedules
-from worker import metrics
-from worker.flows import Flow
-from worker.retry import INFRA_ERRORS
+from runfleet.broker.codec import message_for
+from runfleet.broker.service import Service, Signal
+from runfleet.broker.streams import Streams
+from runfleet.store import Store
+from runfleet.store.config import Settings, jittered
+from runfleet.store.schedules import Fired, NotDue, Schedules
+from runfleet.worker import metrics
+from runfleet.worker.flows import Flow
+from runfleet.worker.retry import INFRA_ERRORS
 
 log = logging.getLogger("runfleet.worker.scheduler")
 

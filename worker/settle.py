@@ -15,11 +15,11 @@ import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from broker.batching import GroupCommit
-from broker.queue import check_signature, flow_target
-from store import Kind, Store, validate
-from store.errors import RunfleetError, UnknownFlow
-from store.types import (
+from runfleet.broker.batching import GroupCommit
+from runfleet.broker.queue import check_signature, flow_target
+from runfleet.store import Kind, Store, validate
+from runfleet.store.errors import RunfleetError, UnknownFlow
+from runfleet.store.types import (
     GuardFailed,
     NewRun,
     NotFound,
@@ -31,14 +31,14 @@ from store.types import (
     Transitioned,
     TransitionOutcome,
 )
-from store.values import UnstorableValue
-from worker import metrics
-from worker.containment import UserBaseException, safe_str
-from worker.durable import Handoff, HandoffCall, checked_handoff
-from worker.flows import function as compensation
-from worker.flows import resolve
-from worker.retry import with_retry
-from worker.wake_hints import HintFn
+from runfleet.store.values import UnstorableValue
+from runfleet.worker import metrics
+from runfleet.worker.containment import UserBaseException, safe_str
+from runfleet.worker.durable import Handoff, HandoffCall, checked_handoff
+from runfleet.worker.flows import function as compensation
+from runfleet.worker.flows import resolve
+from runfleet.worker.retry import with_retry
+from runfleet.worker.wake_hints import HintFn
 
 log = logging.getLogger("runfleet.worker.settle")
 AnnounceFn = Callable[[str, str], Awaitable[None]]

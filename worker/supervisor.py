@@ -17,8 +17,8 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from store.config import Settings
-from worker.health import Health, serve
+from runfleet.store.config import Settings
+from runfleet.worker.health import Health, serve
 
 log = logging.getLogger("runfleet.worker.supervisor")
 
@@ -38,9 +38,9 @@ class WorkerOptions:
 
 def run_foreground(settings: Settings, options: WorkerOptions) -> None:
     """Run one worker in this process until signalled."""
-    from worker.flows import load_flows
-    from worker.logs import configure
-    from worker.process import Worker
+    from runfleet.worker.flows import load_flows
+    from runfleet.worker.logs import configure
+    from runfleet.worker.process import Worker
 
     configure(options.log_level, json_lines=options.log_json)
     load_flows(options.flows, options.allow_import or settings.allow_import_prefixes)

@@ -36,12 +36,12 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TypeVar
 
-from broker.service import Service, Signal
-from store import Store, SweepKind
-from store.config import Settings, jittered
-from store.sweeps import START, Keyed, SweepCursor, SweepKey
-from store.types import ClockRow, PendingCursor, RunRow
-from worker import metrics
+from runfleet.broker.service import Service, Signal
+from runfleet.store import Store, SweepKind
+from runfleet.store.config import Settings, jittered
+from runfleet.store.sweeps import START, Keyed, SweepCursor, SweepKey
+from runfleet.store.types import ClockRow, PendingCursor, RunRow
+from runfleet.worker import metrics
 
 log = logging.getLogger("runfleet.worker.sweeper")
 

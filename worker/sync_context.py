@@ -14,8 +14,8 @@ from collections.abc import Callable, Coroutine
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from worker.context import Context
-from worker.durable import Decision, Retry
+from runfleet.worker.context import Context
+from runfleet.worker.durable import Decision, Retry
 
 T = TypeVar("T")
 INTERRUPT_POLL_S = 0.05

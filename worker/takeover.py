@@ -9,10 +9,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from broker.liveness import Probe
-from store import Kind, Store
-from store.config import Settings
-from store.types import (
+from runfleet.broker.liveness import Probe
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.types import (
     ClaimRecovered,
     DeadLettered,
     LeaseFresh,
@@ -23,10 +23,10 @@ from store.types import (
     SnapshotChanged,
     Stolen,
 )
-from worker import metrics
-from worker.evidence import RefusalLadder, journal_evidence
-from worker.flows import Flow
-from worker.outcomes import Decision, DriveOutcome
+from runfleet.worker import metrics
+from runfleet.worker.evidence import RefusalLadder, journal_evidence
+from runfleet.worker.flows import Flow
+from runfleet.worker.outcomes import Decision, DriveOutcome
 
 log = logging.getLogger("runfleet.worker.takeover")
 

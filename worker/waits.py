@@ -18,13 +18,13 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from store import validate
-from store.errors import InvalidInput
-from store.types import DeferredRow, Waiting, WaitingReason
-from store.waits import token_hash
-from worker.context_parts import ContextParts
-from worker.durable import Decision, WaitTimeout
-from worker.threads import in_thread
+from runfleet.store import validate
+from runfleet.store.errors import InvalidInput
+from runfleet.store.types import DeferredRow, Waiting, WaitingReason
+from runfleet.store.waits import token_hash
+from runfleet.worker.context_parts import ContextParts
+from runfleet.worker.durable import Decision, WaitTimeout
+from runfleet.worker.threads import in_thread
 
 T = TypeVar("T")
 

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from store.types import RunRow
+from runfleet.store.types import RunRow
 
 log = logging.getLogger("runfleet.worker.wake_hints")
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from broker.service import Signal
+from runfleet.broker.service import Signal
 
 log = logging.getLogger("runfleet.worker.watchdog")
 

@@ -14,8 +14,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ops.bench import store_bench
-from ops.bench.scratch import BenchError, server_url
+from runfleet.ops.bench import store_bench
+from runfleet.ops.bench.scratch import BenchError, server_url
 
 app = typer.Typer(help="runfleet benchmarks (each in a scratch database it drops).")
 
@@ -24,7 +24,7 @@ DatabaseUrl = Annotated[
     typer.Option(
         "--database-url",
         help="Server to benchmark (CREATEDB rights); default RUNFLEET_DATABASE_URL, "
-        "else the services ops.servers.resolve starts for the app.",
+        "else the services runfleet.ops.servers.resolve starts for the app.",
     ),
 ]
 Concurrency = Annotated[int, typer.Option("--concurrency", "-k", min=1, help="Concurrent tasks.")]
@@ -110,7 +110,7 @@ RedisUrl = Annotated[
     typer.Option(
         "--redis-url",
         help="Redis to benchmark; default RUNFLEET_REDIS_URL, else the services "
-        "ops.servers.resolve starts for the app.",
+        "runfleet.ops.servers.resolve starts for the app.",
     ),
 ]
 
@@ -201,8 +201,8 @@ def fleet(
     """runfleet vs rq SimpleWorker: enqueue, drain (1/2/4 processes, fsync on/off, with
     1,000,000 settled runs), result(), idle start latency; SIGKILL recovery (empty queue,
     and behind a backlog with busy survivors), RSS (and, opt-in, RSS over a long soak)."""
-    from ops.bench import fleet_bench
-    from ops.bench.fleet_procs import servers
+    from runfleet.ops.bench import fleet_bench
+    from runfleet.ops.bench.fleet_procs import servers
 
     try:
         counts = tuple(int(n) for n in scale.split(",") if n.strip())
@@ -282,8 +282,8 @@ def flows(
 ) -> None:
     """runfleet vs DBOS: three-step durable flows/s on one Postgres, and with fsync on and
     off; 1 s sleep lateness."""
-    from ops.bench import dbos_side, flows_bench
-    from ops.bench.fleet_procs import servers
+    from runfleet.ops.bench import dbos_side, flows_bench
+    from runfleet.ops.bench.fleet_procs import servers
 
     if not skip_dbos and not dbos_side.available():
         raise _fail(BenchError(dbos_side.DBOS_MISSING))
@@ -325,8 +325,8 @@ def capacity(
 ) -> None:
     """Per-run and per-step statements, write transactions, WAL and Redis commands;
     connections per process; an idle worker's background (own throwaway servers)."""
-    from ops.bench import capacity as cap
-    from store.config import Settings
+    from runfleet.ops.bench import capacity as cap
+    from runfleet.store.config import Settings
 
     try:
         result = asyncio.run(cap.run(Settings(), runs=runs, concurrency=concurrency, idle_s=idle))

@@ -38,19 +38,19 @@ import psycopg
 import redis
 from rich.table import Table
 
-from broker import AsyncQueue, EnqueueSpec
-from ops.bench.fleet_procs import runfleet_worker, wait_workers_started
-from ops.bench.scratch import BenchError
-from ops.bench.three_steps import QUEUE, three_steps
-from ops.servers.postgres import ThrowawayPostgres
-from ops.servers.redis import ThrowawayRedis
-from store.config import Settings
-from store.migrate import migrate
-from store.queries import q
-from store.types import RunStatus
-from worker import Context, flow
+from runfleet.broker import AsyncQueue, EnqueueSpec
+from runfleet.ops.bench.fleet_procs import runfleet_worker, wait_workers_started
+from runfleet.ops.bench.scratch import BenchError
+from runfleet.ops.bench.three_steps import QUEUE, three_steps
+from runfleet.ops.servers.postgres import ThrowawayPostgres
+from runfleet.ops.servers.redis import ThrowawayRedis
+from runfleet.store.config import Settings
+from runfleet.store.migrate import migrate
+from runfleet.store.queries import q
+from runfleet.store.types import RunStatus
+from runfleet.worker import Context, flow
 
-FLOWS_MODULE = "ops.bench.capacity"
+FLOWS_MODULE = "runfleet.ops.bench.capacity"
 BATCH = 500
 
 

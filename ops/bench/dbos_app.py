@@ -19,7 +19,7 @@ from typing import Any
 
 from dbos import DBOS, DBOSConfig
 
-from ops.bench import three_steps as work
+from runfleet.ops.bench import three_steps as work
 
 APP = "rf-bench"
 VERSION = "rf-bench-1"

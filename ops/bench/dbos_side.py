@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ops.bench.fleet_procs import Proc, python_env, rate
-from ops.bench.scratch import BenchError, scratch_database
+from runfleet.ops.bench.fleet_procs import Proc, python_env, rate
+from runfleet.ops.bench.scratch import BenchError, scratch_database
 
 DBOS_MISSING = (
     "DBOS is not installed: the flows benchmark runs it side by side with runfleet. "
@@ -66,7 +66,7 @@ def _executor(url: str, concurrency: int, polling: float) -> Proc:
             "RF_BENCH_DBOS_POLLING": str(polling),
         }
     )
-    return Proc([sys.executable, "-m", "ops.bench.dbos_app"], env)
+    return Proc([sys.executable, "-m", "runfleet.ops.bench.dbos_app"], env)
 
 
 async def _ready(procs: list[Proc], timeout: float = 60) -> None:
@@ -81,7 +81,7 @@ async def _ready(procs: list[Proc], timeout: float = 60) -> None:
 
 
 def _enqueue(client: Any, flows: int) -> None:
-    from ops.bench.dbos_app import QUEUE, VERSION, WORKFLOW
+    from runfleet.ops.bench.dbos_app import QUEUE, VERSION, WORKFLOW
 
     options: Any = {"queue_name": QUEUE, "workflow_name": WORKFLOW, "app_version": VERSION}
     for i in range(flows):
@@ -89,7 +89,7 @@ def _enqueue(client: Any, flows: int) -> None:
 
 
 def _statuses(client: Any) -> list[Any]:
-    from ops.bench.dbos_app import QUEUE
+    from runfleet.ops.bench.dbos_app import QUEUE
 
     return list(client.list_workflows(queue_name=QUEUE, load_input=False, load_output=False))
 
@@ -102,7 +102,7 @@ async def run(
         raise BenchError(DBOS_MISSING)
     from dbos import DBOSClient
 
-    from ops.bench.dbos_app import APP
+    from runfleet.ops.bench.dbos_app import APP
 
     async with scratch_database(admin_url, "rf_bench_dbos") as url:
         url = url if "://" in url else _as_url(url)

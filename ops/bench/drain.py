@@ -17,15 +17,15 @@ from collections.abc import Sequence
 import psycopg
 from psycopg.rows import dict_row
 
-from broker import AsyncQueue, EnqueueSpec
-from ops.bench.fleet_procs import Proc, runfleet_worker
-from ops.bench.noop import QUEUE, noop_flow
-from ops.bench.rq_side import Drain
-from ops.bench.scratch import BenchError
-from store.config import Settings
-from store.queries import q
+from runfleet.broker import AsyncQueue, EnqueueSpec
+from runfleet.ops.bench.fleet_procs import Proc, runfleet_worker
+from runfleet.ops.bench.noop import QUEUE, noop_flow
+from runfleet.ops.bench.rq_side import Drain
+from runfleet.ops.bench.scratch import BenchError
+from runfleet.store.config import Settings
+from runfleet.store.queries import q
 
-FLOWS_MODULE = "ops.bench.noop"
+FLOWS_MODULE = "runfleet.ops.bench.noop"
 ADMIT_BATCH = 1000
 
 
@@ -110,7 +110,7 @@ async def durability(url: str) -> tuple[str, str, str]:
 
 async def drop_keys(redis_url: str, prefix: str) -> None:
     """Every Redis key a benchmark's prefix left behind."""
-    from broker.client import connect
+    from runfleet.broker.client import connect
 
     redis = connect(redis_url)
     try:

@@ -18,8 +18,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ops.bench.drain import durability
-from ops.bench.fleet_procs import Servers
+from runfleet.ops.bench.drain import durability
+from runfleet.ops.bench.fleet_procs import Servers
 
 DURABLE = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
 NOT_DURABLE = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
@@ -57,8 +57,8 @@ async def targets(servers: Servers) -> AsyncIterator[list[Target]]:
         found = await durability(servers.database_url)
         yield [Target(servers.database_url, *found, owned=False)]
         return
-    from ops.servers.postgres import ThrowawayPostgres
-    from ops.servers.throwaway import ServicesUnavailable
+    from runfleet.ops.servers.postgres import ThrowawayPostgres
+    from runfleet.ops.servers.throwaway import ServicesUnavailable
 
     started: list[ThrowawayPostgres] = []
     try:

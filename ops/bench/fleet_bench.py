@@ -22,18 +22,18 @@ from typing import Any
 
 from rich.table import Table
 
-from ops.bench import result_soak, rq_side, runfleet_side, scaling
-from ops.bench.drain import drop_keys
-from ops.bench.fleet_procs import (
+from runfleet.ops.bench import result_soak, rq_side, runfleet_side, scaling
+from runfleet.ops.bench.drain import drop_keys
+from runfleet.ops.bench.fleet_procs import (
     Servers,
     bench_prefix,
     percentile,
 )
-from ops.bench.recovery_bench import Recovery, empty_queue, with_backlog
-from ops.bench.scratch import BenchError, scratch_database
-from store import Store
-from store.config import Settings
-from store.migrate import migrate
+from runfleet.ops.bench.recovery_bench import Recovery, empty_queue, with_backlog
+from runfleet.ops.bench.scratch import BenchError, scratch_database
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.migrate import migrate
 
 FLOWS = runfleet_side.FLOWS_MODULE
 

@@ -21,10 +21,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.client import connect
-from broker.liveness import Liveness
-from ops.bench.scratch import BenchError
-from store.config import Settings
+from runfleet.broker.client import connect
+from runfleet.broker.liveness import Liveness
+from runfleet.ops.bench.scratch import BenchError
+from runfleet.store.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,7 +50,7 @@ def servers(database_url: str | None, redis_url: str | None) -> Iterator[Servers
     if db and rd:
         yield Servers(db, rd, database_given=True)
         return
-    from ops.servers.resolve import ServicesUnavailable, resolve
+    from runfleet.ops.servers.resolve import ServicesUnavailable, resolve
 
     try:
         endpoints = resolve("app")
@@ -129,7 +129,7 @@ def runfleet_worker(
 ) -> Proc:
     """One ``python -m ops worker`` process (its own owner identity)."""
     argv = [
-        sys.executable, "-m", "ops", "worker", "--flows", flows, "--queues", queues,
+        sys.executable, "-m", "runfleet.ops", "worker", "--flows", flows, "--queues", queues,
         "--concurrency", str(concurrency), "--log-level", "WARNING",
     ]  # fmt: skip
     return Proc(argv, settings_env(settings, **overrides))

@@ -25,12 +25,12 @@ from typing import Any
 
 from rich.table import Table
 
-from broker import AsyncQueue, EnqueueSpec
-from ops.bench import dbos_side
-from ops.bench.dbos_side import Throughput
-from ops.bench.drain import drop_keys
-from ops.bench.durability import Target, targets
-from ops.bench.fleet_procs import (
+from runfleet.broker import AsyncQueue, EnqueueSpec
+from runfleet.ops.bench import dbos_side
+from runfleet.ops.bench.dbos_side import Throughput
+from runfleet.ops.bench.drain import drop_keys
+from runfleet.ops.bench.durability import Target, targets
+from runfleet.ops.bench.fleet_procs import (
     Proc,
     Servers,
     bench_prefix,
@@ -38,14 +38,14 @@ from ops.bench.fleet_procs import (
     runfleet_worker,
     wait_workers_started,
 )
-from ops.bench.runfleet_side import wait_completed
-from ops.bench.scratch import BenchError, scratch_database
-from ops.bench.three_steps import QUEUE, sleep_once, three_steps
-from store import Kind, Store
-from store.config import Settings
-from store.migrate import migrate
+from runfleet.ops.bench.runfleet_side import wait_completed
+from runfleet.ops.bench.scratch import BenchError, scratch_database
+from runfleet.ops.bench.three_steps import QUEUE, sleep_once, three_steps
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.migrate import migrate
 
-FLOWS_MODULE = "ops.bench.three_steps"
+FLOWS_MODULE = "runfleet.ops.bench.three_steps"
 SLEEP_KEY = "sleep:sleep#1"
 
 

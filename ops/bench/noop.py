@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from worker import Context, flow
+from runfleet.worker import Context, flow
 
 QUEUE = "bench"
 

@@ -17,14 +17,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from broker import AsyncQueue, EnqueueSpec
-from ops.bench import runfleet_side
-from ops.bench.fleet_procs import Proc, percentile, runfleet_worker, wait_workers_started
-from ops.bench.noop import QUEUE, nap
-from ops.bench.scratch import BenchError
-from store import Kind, Store
-from store.config import Settings
-from store.types import JournalRecord, Owner, RunStatus
+from runfleet.broker import AsyncQueue, EnqueueSpec
+from runfleet.ops.bench import runfleet_side
+from runfleet.ops.bench.fleet_procs import Proc, percentile, runfleet_worker, wait_workers_started
+from runfleet.ops.bench.noop import QUEUE, nap
+from runfleet.ops.bench.scratch import BenchError
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.types import JournalRecord, Owner, RunStatus
 
 FLOWS = runfleet_side.FLOWS_MODULE
 BACKLOG_QUEUE = f"{QUEUE}-backlog"

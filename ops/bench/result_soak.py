@@ -26,20 +26,20 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from broker import AsyncQueue, EnqueueSpec, Queue
-from ops.bench import rq_side
-from ops.bench.drain import FLOWS_MODULE, admit, journal_tail, wait_settled
-from ops.bench.fleet_procs import (
+from runfleet.broker import AsyncQueue, EnqueueSpec, Queue
+from runfleet.ops.bench import rq_side
+from runfleet.ops.bench.drain import FLOWS_MODULE, admit, journal_tail, wait_settled
+from runfleet.ops.bench.fleet_procs import (
     percentile,
     rate,
     rss_mb,
     runfleet_worker,
     wait_workers_started,
 )
-from ops.bench.noop import QUEUE, nap, noop_flow
-from ops.bench.scratch import BenchError
-from store import Store
-from store.config import Settings
+from runfleet.ops.bench.noop import QUEUE, nap, noop_flow
+from runfleet.ops.bench.scratch import BenchError
+from runfleet.store import Store
+from runfleet.store.config import Settings
 
 SOAK_SAMPLE_EVERY = 10_000
 SOAK_GROWTH_MB = 20.0

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from ops.bench.fleet_procs import Proc, percentile, python_env, rate
-from ops.bench.noop import noop
-from ops.bench.scratch import BenchError
+from runfleet.ops.bench.fleet_procs import Proc, percentile, python_env, rate
+from runfleet.ops.bench.noop import noop
+from runfleet.ops.bench.scratch import BenchError
 
 
 @dataclass(frozen=True, slots=True)

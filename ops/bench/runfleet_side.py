@@ -12,16 +12,16 @@ import asyncio
 import time
 from collections.abc import Sequence
 
-from broker import EnqueueSpec, Queue
-from ops.bench.fleet_procs import Proc, rate, runfleet_worker, wait_workers_started
-from ops.bench.noop import QUEUE, noop_flow
-from ops.bench.rq_side import Drain, SideResult
-from ops.bench.scratch import BenchError
-from store import Kind, Store
-from store.config import Settings
-from store.types import RunStatus
+from runfleet.broker import EnqueueSpec, Queue
+from runfleet.ops.bench.fleet_procs import Proc, rate, runfleet_worker, wait_workers_started
+from runfleet.ops.bench.noop import QUEUE, noop_flow
+from runfleet.ops.bench.rq_side import Drain, SideResult
+from runfleet.ops.bench.scratch import BenchError
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.types import RunStatus
 
-FLOWS_MODULE = "ops.bench.noop"
+FLOWS_MODULE = "runfleet.ops.bench.noop"
 
 
 def _enqueue_phases(settings: Settings, runs: int) -> tuple[float, float, list[str]]:

@@ -24,16 +24,16 @@ from typing import Any
 import psycopg
 from rich.table import Table
 
-from ops.bench import rq_side
-from ops.bench.drain import drop_keys, runfleet_drain
-from ops.bench.durability import Target, targets
-from ops.bench.fleet_procs import Servers, bench_prefix
-from ops.bench.noop import QUEUE, noop_flow
-from ops.bench.rq_side import Drain
-from ops.bench.scratch import scratch_database
-from store.config import Settings
-from store.migrate import migrate
-from store.queries import q
+from runfleet.ops.bench import rq_side
+from runfleet.ops.bench.drain import drop_keys, runfleet_drain
+from runfleet.ops.bench.durability import Target, targets
+from runfleet.ops.bench.fleet_procs import Servers, bench_prefix
+from runfleet.ops.bench.noop import QUEUE, noop_flow
+from runfleet.ops.bench.rq_side import Drain
+from runfleet.ops.bench.scratch import scratch_database
+from runfleet.store.config import Settings
+from runfleet.store.migrate import migrate
+from runfleet.store.queries import q
 
 HISTORY_WITHIN = 0.9
 """The history case's target: drain with the history >= 0.9x the fresh database's."""

@@ -29,11 +29,11 @@ def server_url(explicit: str | None) -> Iterator[str]:
         yield url
         return
     try:
-        from ops.servers.resolve import resolve
+        from runfleet.ops.servers.resolve import resolve
     except ImportError as exc:
         raise BenchError(
             "no database: pass --database-url or set RUNFLEET_DATABASE_URL "
-            f"(ops.servers.resolve, which could start one, is unavailable: {exc})"
+            f"(runfleet.ops.servers.resolve, which could start one, is unavailable: {exc})"
         ) from exc
     endpoints = resolve("app")
     try:

@@ -24,11 +24,11 @@ from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from ops.bench.scratch import BenchError, scratch_database
-from store import Settings, Store
-from store.migrate import migrate
-from store.queries import q
-from store.types import Activated, Created, NewRun, Owner, RunStatus, Transitioned
+from runfleet.ops.bench.scratch import BenchError, scratch_database
+from runfleet.store import Settings, Store
+from runfleet.store.migrate import migrate
+from runfleet.store.queries import q
+from runfleet.store.types import Activated, Created, NewRun, Owner, RunStatus, Transitioned
 
 TRANSACTIONS_PER_LIFECYCLE = 3
 

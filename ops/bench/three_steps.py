@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from worker import Context, flow
+from runfleet.worker import Context, flow
 
 QUEUE = "bench-flows"
 

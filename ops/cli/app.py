@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
-from ops.cli import doctor, fleet, flows, produce, roles, runs
-from ops.cli.common import fail, settings
-from ops.cli.options import CONCURRENCY_MAX, PORT_MAX, PROCESSES_MAX
-from ops.cli.text import say
+from runfleet.ops.cli import doctor, fleet, flows, produce, roles, runs
+from runfleet.ops.cli.common import fail, settings
+from runfleet.ops.cli.options import CONCURRENCY_MAX, PORT_MAX, PROCESSES_MAX
+from runfleet.ops.cli.text import say
 
 __all__ = ["app", "fail", "main"]
 
@@ -30,7 +30,7 @@ def migrate(
     """Apply the schema migrations (idempotent; safe to run from many hosts at once)."""
     import psycopg
 
-    from store.migrate import migrate as run_migrations
+    from runfleet.store.migrate import migrate as run_migrations
 
     url = database_url or settings().database_url
     try:
@@ -71,7 +71,7 @@ def worker(
     ] = "",
 ) -> None:
     """Run worker processes until SIGTERM/SIGINT (twice: release runs immediately)."""
-    from worker.supervisor import WorkerOptions, parse_csv, run_foreground, supervise
+    from runfleet.worker.supervisor import WorkerOptions, parse_csv, run_foreground, supervise
 
     if metrics_port is not None and metrics_port + processes - 1 > PORT_MAX:
         raise typer.BadParameter(
@@ -92,7 +92,7 @@ def worker(
     if processes == 1:
         run_foreground(cfg, options)
         return
-    from worker.logs import configure
+    from runfleet.worker.logs import configure
 
     configure(log_level, json_lines=log_json)
     raise typer.Exit(supervise(cfg, options, processes))
@@ -100,8 +100,8 @@ def worker(
 
 def _mount() -> None:
     """Command groups live in their own modules; this file only assembles them."""
-    from ops.bench.__main__ import app as bench_app
-    from ops.cli import dashboard, prune, retry, schedule
+    from runfleet.ops.bench.__main__ import app as bench_app
+    from runfleet.ops.cli import dashboard, prune, retry, schedule
 
     runs.register(app)
     produce.register(app)

@@ -26,20 +26,20 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from broker.client import connect as connect_redis
-from broker.liveness import Liveness
-from broker.streams import Streams
-from ops.cli.options import UserError as UserError
-from ops.cli.text import Part, err, json_text, say, styled
-from store import Store
-from store.config import Settings
-from store.errors import RunfleetError, RunNotFound
-from store.types import Owner, RunRow
+from runfleet.broker.client import connect as connect_redis
+from runfleet.broker.liveness import Liveness
+from runfleet.broker.streams import Streams
+from runfleet.ops.cli.options import UserError as UserError
+from runfleet.ops.cli.text import Part, err, json_text, say, styled
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.errors import RunfleetError, RunNotFound
+from runfleet.store.types import Owner, RunRow
 
 T = TypeVar("T")
 
 AsJson = Annotated[
-    bool, typer.Option("--json", help="Print JSON (validates against the ops.models model).")
+    bool, typer.Option("--json", help="Print JSON (validates against the runfleet.ops.models model).")
 ]
 CONNECT_TIMEOUT_S = 5
 _NO_SCHEMA = (

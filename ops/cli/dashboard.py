@@ -12,9 +12,9 @@ from typing import Annotated
 
 import typer
 
-from ops.cli import common as c
-from ops.cli.options import PORT_MAX
-from ops.cli.text import say
+from runfleet.ops.cli import common as c
+from runfleet.ops.cli.options import PORT_MAX
+from runfleet.ops.cli.text import say
 
 _ANY = {"0.0.0.0", "::", ""}
 
@@ -48,7 +48,7 @@ def dashboard(
     try:
         import uvicorn
 
-        from ops.dashboard.app import create_app
+        from runfleet.ops.dashboard.app import create_app
     except ImportError as exc:
         c.fail(
             f"the dashboard needs its extra ({exc.name} is missing): "

@@ -15,14 +15,14 @@ from typing import Annotated, Literal, assert_never
 import typer
 from rich.table import Table
 
-from broker.liveness import FleetMember, Liveness
-from broker.streams import Streams
-from ops.cli import common as c
-from ops.cli.text import add_row, show, styled
-from ops.models import Check, DoctorView
-from store.config import Settings
-from store.migrate import migrations, schema_version
-from store.pooler import Path, probe
+from runfleet.broker.liveness import FleetMember, Liveness
+from runfleet.broker.streams import Streams
+from runfleet.ops.cli import common as c
+from runfleet.ops.cli.text import add_row, show, styled
+from runfleet.ops.models import Check, DoctorView
+from runfleet.store.config import Settings
+from runfleet.store.migrate import migrations, schema_version
+from runfleet.store.pooler import Path, probe
 
 SKEW_WARN_MS = 1000
 """Leases use database time, but ``enqueue_in``/``enqueue_at`` compute due times here."""

@@ -13,12 +13,12 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from broker.liveness import FleetMember, Liveness, Probe
-from ops.cli import common as c
-from ops.cli.options import LIST_MAX, RESTARTS_MAX, duration_option
-from ops.cli.text import add_row, say, show, styled
-from ops.explain.predict import dead_words
-from ops.models import (
+from runfleet.broker.liveness import FleetMember, Liveness, Probe
+from runfleet.ops.cli import common as c
+from runfleet.ops.cli.options import LIST_MAX, RESTARTS_MAX, duration_option
+from runfleet.ops.cli.text import add_row, say, show, styled
+from runfleet.ops.explain.predict import dead_words
+from runfleet.ops.models import (
     FleetMemberView,
     FleetView,
     RunSummary,
@@ -26,10 +26,10 @@ from ops.models import (
     StuckKind,
     StuckView,
 )
-from store import Store
-from store.config import Settings
-from store.inspect import DEFAULT_REACTIVATED_OVER
-from store.types import Owner, RunRow, WaitingReason
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.inspect import DEFAULT_REACTIVATED_OVER
+from runfleet.store.types import Owner, RunRow, WaitingReason
 
 
 def register(app: typer.Typer) -> None:

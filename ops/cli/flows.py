@@ -13,11 +13,17 @@ from typing import Annotated, Any, assert_never
 
 import typer
 
-from broker import AsyncQueue, EventCompleted, EventExisting, EventRunSettled, EventTimedOut
-from ops.cli import common as c
-from ops.cli.produce import Scopes, actor
-from ops.cli.text import say
-from ops.models import AnswerResult
+from runfleet.broker import (
+    AsyncQueue,
+    EventCompleted,
+    EventExisting,
+    EventRunSettled,
+    EventTimedOut,
+)
+from runfleet.ops.cli import common as c
+from runfleet.ops.cli.produce import Scopes, actor
+from runfleet.ops.cli.text import say
+from runfleet.ops.models import AnswerResult
 
 Token = Annotated[
     str, typer.Option("--token", help="The token the flow sent its approver (on_token).")

@@ -16,9 +16,9 @@ from datetime import UTC, datetime
 
 import typer
 
-from store.config import MAX_DURATION_DAYS, DurationTooLong
-from store.config import parse_duration_ms as _duration_ms
-from store.errors import RunfleetError
+from runfleet.store.config import MAX_DURATION_DAYS, DurationTooLong
+from runfleet.store.config import parse_duration_ms as _duration_ms
+from runfleet.store.errors import RunfleetError
 
 LIST_MAX = 10_000
 """Rows one listing reads (``runs --limit``, ``stuck --limit``)."""

@@ -15,13 +15,13 @@ from typing import Annotated, Any, assert_never
 
 import typer
 
-from broker import AsyncQueue, EnqueueSpec
-from ops.cli import common as c
-from ops.cli.text import say
-from ops.models import CancelResult, EnqueueResult
-from store.config import Settings
-from store.errors import RunNotFound
-from store.types import (
+from runfleet.broker import AsyncQueue, EnqueueSpec
+from runfleet.ops.cli import common as c
+from runfleet.ops.cli.text import say
+from runfleet.ops.models import CancelResult, EnqueueResult
+from runfleet.store.config import Settings
+from runfleet.store.errors import RunNotFound
+from runfleet.store.types import (
     AlreadyRequested,
     AlreadyTerminal,
     CancelRequested,

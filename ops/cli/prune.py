@@ -11,13 +11,13 @@ from typing import Annotated
 
 import typer
 
-from ops.cli import common as c
-from ops.cli.options import BATCH_MAX, Since, duration_option, since_option
-from ops.cli.text import say
-from ops.models import PruneResult
-from store.config import Settings
-from store.retention import DEFAULT_BATCH, Retention
-from worker.retention import DEAD_CONSUMER_IDLE_MS
+from runfleet.ops.cli import common as c
+from runfleet.ops.cli.options import BATCH_MAX, Since, duration_option, since_option
+from runfleet.ops.cli.text import say
+from runfleet.ops.models import PruneResult
+from runfleet.store.config import Settings
+from runfleet.store.retention import DEFAULT_BATCH, Retention
+from runfleet.worker.retention import DEAD_CONSUMER_IDLE_MS
 
 
 def register(app: typer.Typer) -> None:

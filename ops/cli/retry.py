@@ -14,12 +14,12 @@ from typing import Annotated
 import typer
 from pydantic import BaseModel, ConfigDict
 
-from broker import AsyncQueue
-from ops.cli import common as c
-from ops.cli.produce import Scopes, actor
-from ops.cli.text import say
-from store.config import Settings
-from store.types import RunStatus, WaitingReason
+from runfleet.broker import AsyncQueue
+from runfleet.ops.cli import common as c
+from runfleet.ops.cli.produce import Scopes, actor
+from runfleet.ops.cli.text import say
+from runfleet.store.config import Settings
+from runfleet.store.types import RunStatus, WaitingReason
 
 
 class RetryResult(BaseModel):

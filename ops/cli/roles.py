@@ -12,9 +12,9 @@ from typing import Annotated
 
 import typer
 
-from ops.cli import common as c
-from ops.cli.text import block, say
-from store import roles as r
+from runfleet.ops.cli import common as c
+from runfleet.ops.cli.text import block, say
+from runfleet.store import roles as r
 
 
 def register(app: typer.Typer) -> None:

@@ -15,11 +15,11 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from ops.cli import common as c
-from ops.cli import text as t
-from ops.cli.options import LIST_MAX, Since, since_option
-from ops.explain.report import entry, explain, gather
-from ops.models import (
+from runfleet.ops.cli import common as c
+from runfleet.ops.cli import text as t
+from runfleet.ops.cli.options import LIST_MAX, Since, since_option
+from runfleet.ops.explain.report import entry, explain, gather
+from runfleet.ops.models import (
     ClockView,
     DeferredView,
     Explanation,
@@ -33,8 +33,8 @@ from ops.models import (
     TreeView,
     WaitingTreeRow,
 )
-from store.config import Settings
-from store.types import OnParentExit, RunRow, RunStatus
+from runfleet.store.config import Settings
+from runfleet.store.types import OnParentExit, RunRow, RunStatus
 
 RunId = Annotated[str, typer.Argument(help="The run's id.", show_default=False)]
 MAX_TREE_DEPTH = 16

@@ -13,15 +13,15 @@ from typing import Annotated, TypeVar
 import typer
 from pydantic import BaseModel
 
-from broker.admission import importable, unknown
-from ops.cli import common as c
-from ops.cli.options import CATCH_UP_MAX
-from ops.cli.produce import Scopes, parse_payload
-from ops.cli.text import say
-from store.config import Settings
-from store.cron import Cron, iso
-from store.errors import RunfleetError
-from store.schedules import Overlap, Schedule, Schedules, ScheduleSpec, overlap_of
+from runfleet.broker.admission import importable, unknown
+from runfleet.ops.cli import common as c
+from runfleet.ops.cli.options import CATCH_UP_MAX
+from runfleet.ops.cli.produce import Scopes, parse_payload
+from runfleet.ops.cli.text import say
+from runfleet.store.config import Settings
+from runfleet.store.cron import Cron, iso
+from runfleet.store.errors import RunfleetError
+from runfleet.store.schedules import Overlap, Schedule, Schedules, ScheduleSpec, overlap_of
 
 schedule_app = typer.Typer(
     no_args_is_help=True, help="Periodic runs: cron expressions in a time zone, DST-safe."

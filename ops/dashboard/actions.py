@@ -15,11 +15,11 @@ import socket
 from enum import StrEnum
 from typing import Any, Literal
 
-from broker import AsyncQueue
-from ops.cli import common as c
-from ops.cli.produce import cancel_on
-from ops.models import AnswerResult, CancelResult
-from store.types import WaitingReason
+from runfleet.broker import AsyncQueue
+from runfleet.ops.cli import common as c
+from runfleet.ops.cli.produce import cancel_on
+from runfleet.ops.models import AnswerResult, CancelResult
+from runfleet.store.types import WaitingReason
 
 
 class Action(StrEnum):

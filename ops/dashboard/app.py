@@ -26,24 +26,24 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from broker import AsyncQueue
-from ops.cli import common as c
-from ops.cli.options import LIST_MAX, since
-from ops.cli.runs import detail_view, list_view, tree_view
-from ops.cli.text import literal
-from ops.dashboard import data, security, svg
-from ops.dashboard.actions import Action, perform
-from ops.dashboard.urls import action_id, api_id, page_id, run_url
-from ops.explain.report import explain, gather
-from store.config import Settings
-from store.errors import InvalidInput, RunfleetError, RunNotFound, ScopeDenied, Unavailable
-from store.types import RunStatus
+from runfleet.broker import AsyncQueue
+from runfleet.ops.cli import common as c
+from runfleet.ops.cli.options import LIST_MAX, since
+from runfleet.ops.cli.runs import detail_view, list_view, tree_view
+from runfleet.ops.cli.text import literal
+from runfleet.ops.dashboard import data, security, svg
+from runfleet.ops.dashboard.actions import Action, perform
+from runfleet.ops.dashboard.urls import action_id, api_id, page_id, run_url
+from runfleet.ops.explain.report import explain, gather
+from runfleet.store.config import Settings
+from runfleet.store.errors import InvalidInput, RunfleetError, RunNotFound, ScopeDenied, Unavailable
+from runfleet.store.types import RunStatus
 
 POLL_MS = 1000
 RUNS_LIMIT = 100
 
 _env = Environment(
-    loader=PackageLoader("ops.dashboard", "templates"),
+    loader=PackageLoader("runfleet.ops.dashboard", "templates"),
     autoescape=select_autoescape(["html"]),
     trim_blocks=True,
     lstrip_blocks=True,

@@ -12,9 +12,9 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
-from ops.cli import common as c
-from ops.cli.fleet import fleet_view
-from ops.dashboard.models import (
+from runfleet.ops.cli import common as c
+from runfleet.ops.cli.fleet import fleet_view
+from runfleet.ops.dashboard.models import (
     AttemptView,
     Chart,
     OverviewView,
@@ -24,10 +24,10 @@ from ops.dashboard.models import (
     StepsView,
     StepView,
 )
-from ops.explain.report import entry
-from ops.models import FleetView, JournalView, RunSummary
-from store.journal import Kind
-from store.types import JournalRecord, RunStatus, WaitingReason
+from runfleet.ops.explain.report import entry
+from runfleet.ops.models import FleetView, JournalView, RunSummary
+from runfleet.store.journal import Kind
+from runfleet.store.types import JournalRecord, RunStatus, WaitingReason
 
 WINDOW_MS = 10 * 60_000
 BUCKET_MS = 10_000

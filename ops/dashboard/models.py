@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from ops.models import FleetView, JournalEntry, RunSummary
+from runfleet.ops.models import FleetView, JournalEntry, RunSummary
 
 
 class _Model(BaseModel):

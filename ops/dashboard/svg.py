@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from markupsafe import Markup, escape
 
-from ops.cli.common import clock
-from ops.dashboard.models import Chart
-from ops.models import JournalEntry
-from store.journal import Kind
+from runfleet.ops.cli.common import clock
+from runfleet.ops.dashboard.models import Chart
+from runfleet.ops.models import JournalEntry
+from runfleet.store.journal import Kind
 
 W, H = 640, 140
 _PAD_L, _PAD_B, _PAD_T = 34, 18, 16

@@ -22,7 +22,7 @@ from urllib.parse import quote, unquote
 
 from starlette.requests import Request
 
-from ops.cli.options import UserError
+from runfleet.ops.cli.options import UserError
 
 PARTS = ("explain", "journal", "tree", "steps")
 """The run's JSON pieces under ``/api/runs/<id>/<part>``."""

@@ -27,13 +27,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from broker import AsyncQueue, EnqueueSpec
-from ops.demo.flows import work
-from ops.servers.resolve import Endpoints, database_url_for, resolve
-from store import Store
-from store.config import Settings
-from store.migrate import migrate
-from store.types import RunStatus
+from runfleet.broker import AsyncQueue, EnqueueSpec
+from runfleet.ops.demo.flows import work
+from runfleet.ops.servers.resolve import Endpoints, database_url_for, resolve
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.migrate import migrate
+from runfleet.store.types import RunStatus
 
 console = Console()
 
@@ -68,10 +68,10 @@ def _start_workers(
             [
                 sys.executable,
                 "-m",
-                "ops",
+                "runfleet.ops",
                 "worker",
                 "--flows",
-                "ops.demo.flows",
+                "runfleet.ops.demo.flows",
                 "--queues",
                 "demo",
                 "--concurrency",
@@ -135,7 +135,7 @@ async def run_demo(runs: int = 300, workers: int = 3, concurrency: int = 8) -> D
 
 
 async def _wait_for_fleet(queue: AsyncQueue, count: int) -> None:
-    from broker.liveness import Liveness
+    from runfleet.broker.liveness import Liveness
 
     assert queue._redis is not None
     liveness = Liveness(queue._redis, queue.settings.redis_prefix, queue.settings.host_id)

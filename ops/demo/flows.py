@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from worker import Context, flow
+from runfleet.worker import Context, flow
 
 
 @flow(name="demo.work", queue="demo")

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ops.cli.common import clock, seconds, who
-from store.journal import Kind
-from store.types import JournalRecord, Owner
-from store.waits import shown_token
+from runfleet.ops.cli.common import clock, seconds, who
+from runfleet.store.journal import Kind
+from runfleet.store.types import JournalRecord, Owner
+from runfleet.store.waits import shown_token
 
 Payload = dict[str, Any]
 

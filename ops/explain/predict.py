@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import assert_never
 
-from broker.liveness import FleetMember, Probe
-from ops.cli.common import clock, seconds, who
-from ops.explain.journal_text import probe_words
-from ops.models import NextStep
-from store.config import Settings
-from store.types import JournalRecord, RunRow, RunStatus, WaitingReason, WaitingRow
-from store.waits import shown_token
+from runfleet.broker.liveness import FleetMember, Probe
+from runfleet.ops.cli.common import clock, seconds, who
+from runfleet.ops.explain.journal_text import probe_words
+from runfleet.ops.models import NextStep
+from runfleet.store.config import Settings
+from runfleet.store.types import JournalRecord, RunRow, RunStatus, WaitingReason, WaitingRow
+from runfleet.store.waits import shown_token
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 
-from broker.liveness import FleetMember, Probe
-from ops.cli.common import Connections, clock, seconds, who
-from ops.cli.text import literal
-from ops.explain.journal_text import probe_words, sentence
-from ops.explain.predict import Facts, next_step
-from ops.models import (
+from runfleet.broker.liveness import FleetMember, Probe
+from runfleet.ops.cli.common import Connections, clock, seconds, who
+from runfleet.ops.cli.text import literal
+from runfleet.ops.explain.journal_text import probe_words, sentence
+from runfleet.ops.explain.predict import Facts, next_step
+from runfleet.ops.models import (
     ClaimView,
     Explanation,
     JournalEntry,
@@ -26,10 +26,10 @@ from ops.models import (
     ProbeView,
     RunSummary,
 )
-from store.inspect import DEFAULT_REACTIVATED_OVER
-from store.journal import Kind
-from store.types import JournalRecord, Owner, RunRow, RunStatus, WaitingReason
-from store.waits import masked_payload, shown_waiting_token
+from runfleet.store.inspect import DEFAULT_REACTIVATED_OVER
+from runfleet.store.journal import Kind
+from runfleet.store.types import JournalRecord, Owner, RunRow, RunStatus, WaitingReason
+from runfleet.store.waits import masked_payload, shown_waiting_token
 
 JOURNAL_SHOWN = 12
 _HISTORY = 200

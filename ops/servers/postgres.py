@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psycopg
 
-from ops.servers.throwaway import (
+from runfleet.ops.servers.throwaway import (
     STOP_TIMEOUT,
     ServicesUnavailable,
     Throwaway,

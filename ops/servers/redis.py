@@ -10,7 +10,7 @@ from typing import Self
 
 import redis
 
-from ops.servers.throwaway import START_TIMEOUT, ServicesUnavailable, Throwaway, wait_until
+from runfleet.ops.servers.throwaway import START_TIMEOUT, ServicesUnavailable, Throwaway, wait_until
 
 
 class ThrowawayRedis(Throwaway):

@@ -21,9 +21,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 from psycopg.conninfo import make_conninfo
 
-from ops.servers.postgres import MIN_POSTGRES, ThrowawayPostgres, postgres_answers, postgres_bindir
-from ops.servers.redis import ThrowawayRedis, redis_answers
-from ops.servers.throwaway import ServicesUnavailable, wait_until
+from runfleet.ops.servers.postgres import (
+    MIN_POSTGRES,
+    ThrowawayPostgres,
+    postgres_answers,
+    postgres_bindir,
+)
+from runfleet.ops.servers.redis import ThrowawayRedis, redis_answers
+from runfleet.ops.servers.throwaway import ServicesUnavailable, wait_until
 
 __all__ = ["Endpoints", "Purpose", "ServicesUnavailable", "database_url_for", "resolve"]
 

@@ -8,9 +8,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ops.servers.postgres import ThrowawayPostgres
-from ops.servers.redis import ThrowawayRedis
-from ops.servers.throwaway import nobody
+from runfleet.ops.servers.postgres import ThrowawayPostgres
+from runfleet.ops.servers.redis import ThrowawayRedis
+from runfleet.ops.servers.throwaway import nobody
 
 
 @dataclass(frozen=True, slots=True)

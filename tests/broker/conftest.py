@@ -14,11 +14,11 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from broker import hostile
-from broker.client import connect
-from broker.liveness import Liveness
-from broker.notify import Notifier
-from broker.streams import Streams
+from runfleet.broker import hostile
+from runfleet.broker.client import connect
+from runfleet.broker.liveness import Liveness
+from runfleet.broker.notify import Notifier
+from runfleet.broker.streams import Streams
 
 
 def closed_port() -> int:

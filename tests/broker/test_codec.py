@@ -8,10 +8,10 @@ import msgpack
 import pytest
 from pydantic import ValidationError
 
-from broker.codec import MalformedMessage, StreamMessage, decode, encode
-from broker.keys import Keys, glob_escape
-from store.errors import RunfleetError
-from store.types import Owner
+from runfleet.broker.codec import MalformedMessage, StreamMessage, decode, encode
+from runfleet.broker.keys import Keys, glob_escape
+from runfleet.store.errors import RunfleetError
+from runfleet.store.types import Owner
 
 
 def good(**overrides: Any) -> dict[str, Any]:

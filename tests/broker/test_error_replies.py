@@ -18,11 +18,11 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import OutOfMemoryError, ReadOnlyError, RedisError
 
-from broker.client import connect
-from broker.liveness import Liveness
-from broker.notify import Notifier, SubscriptionSignals
-from ops.servers.redis import ThrowawayRedis
-from store.types import Owner
+from runfleet.broker.client import connect
+from runfleet.broker.liveness import Liveness
+from runfleet.broker.notify import Notifier, SubscriptionSignals
+from runfleet.ops.servers.redis import ThrowawayRedis
+from runfleet.store.types import Owner
 from tests.broker.conftest import closed_port
 from tests.support.polling import until
 

@@ -20,11 +20,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from broker import hostile
-from broker.client import connect
-from broker.codec import MalformedMessage, decode
-from broker.liveness_keys import KeyRead, judge, unpack
-from broker.notify import MalformedNotice, Notice, Notifier, SubscriptionSignals, _decode
+from runfleet.broker import hostile
+from runfleet.broker.client import connect
+from runfleet.broker.codec import MalformedMessage, decode
+from runfleet.broker.liveness_keys import KeyRead, judge, unpack
+from runfleet.broker.notify import MalformedNotice, Notice, Notifier, SubscriptionSignals, _decode
 from tests.broker.helpers import acl
 from tests.support.polling import until
 

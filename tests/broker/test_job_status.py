@@ -3,9 +3,9 @@ once, whatever instant of its closing a reader catches (rq's ``cancel`` answers 
 
 from __future__ import annotations
 
-from broker.jobs import JobStatus, job_status
-from store import Store
-from store.types import RunStatus, Waiting, WaitingReason
+from runfleet.broker.jobs import JobStatus, job_status
+from runfleet.store import Store
+from runfleet.store.types import RunStatus, Waiting, WaitingReason
 from tests.store.helpers import OWNER_A, activate, create, make_parked
 
 

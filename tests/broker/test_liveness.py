@@ -12,8 +12,8 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
-from broker.liveness import Liveness
-from store.types import Owner
+from runfleet.broker.liveness import Liveness
+from runfleet.store.types import Owner
 from tests.support.polling import until
 
 

@@ -18,10 +18,10 @@ import msgpack
 import pytest
 from redis.asyncio import Redis
 
-from broker import hostile
-from broker.liveness import Liveness
-from broker.liveness_keys import MAX_VALUE_BYTES
-from store.types import Owner
+from runfleet.broker import hostile
+from runfleet.broker.liveness import Liveness
+from runfleet.broker.liveness_keys import MAX_VALUE_BYTES
+from runfleet.store.types import Owner
 from tests.broker.helpers import acl
 
 HB = 1_764_000_000_000
@@ -150,7 +150,7 @@ async def test_probe_is_bounded_by_its_timeout_against_a_silent_redis(
     redis_prefix: str, host_id: str
 ) -> None:
     """A server that accepts connections and answers nothing (a silently dropped link)."""
-    from broker.client import connect
+    from runfleet.broker.client import connect
 
     async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while await reader.read(65536):
@@ -189,7 +189,7 @@ async def test_error_reply_on_the_probe_is_unknown_not_raised(
     user = f"rft-{uuid.uuid4().hex[:8]}"
     await acl(redis, "SETUSER", user, "on", "nopass", "~*", "&*", "+@all", "-strlen")
     try:
-        from broker.client import connect
+        from runfleet.broker.client import connect
 
         base = redis_url.rsplit("/", 1)[0].replace("redis://", f"redis://{user}:x@")
         restricted = connect(f"{base}/0")

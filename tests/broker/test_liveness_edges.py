@@ -21,13 +21,13 @@ import pytest
 from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 
-import broker.liveness as liveness_module
-from broker.client import connect
-from broker.keys import Keys
-from broker.liveness import Liveness, _pid_state
-from broker.liveness_keys import Beat, KeyRead
-from store.config import Settings
-from store.types import Owner
+import runfleet.broker.liveness as liveness_module
+from runfleet.broker.client import connect
+from runfleet.broker.keys import Keys
+from runfleet.broker.liveness import Liveness, _pid_state
+from runfleet.broker.liveness_keys import Beat, KeyRead
+from runfleet.store.config import Settings
+from runfleet.store.types import Owner
 
 HB = 1_764_000_000_000
 
@@ -287,7 +287,7 @@ async def test_a_malformed_key_is_dropped_counted_and_logged_by_probe_and_fleet(
     before = sample("runfleet_hostile_input_total", channel="liveness")
     assert (await liveness.probe(owner, HB)).detail["key"] == "malformed"
     assert sample("runfleet_hostile_input_total", channel="liveness") == before + 1
-    from broker import hostile
+    from runfleet.broker import hostile
 
     hostile.rate_limited.reset()
     assert await liveness.fleet() == []

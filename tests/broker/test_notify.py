@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from broker.client import connect
-from broker.notify import Notice, Notifier, SubscriptionSignals
+from runfleet.broker.client import connect
+from runfleet.broker.notify import Notice, Notifier, SubscriptionSignals
 from tests.support.polling import until
 
 

@@ -19,13 +19,13 @@ import psycopg
 import pytest
 from psycopg import pq
 
-from broker import AsyncQueue
-from broker.notify import SettledWatch
-from broker.run import AsyncRun
-from store.config import Settings
-from store.errors import ExecutionIdentityConflict, InvalidInput
-from store.journal import Kind
-from store.types import CreateOutcome, NewRun, RunStatus, Transitioned
+from runfleet.broker import AsyncQueue
+from runfleet.broker.notify import SettledWatch
+from runfleet.broker.run import AsyncRun
+from runfleet.store.config import Settings
+from runfleet.store.errors import ExecutionIdentityConflict, InvalidInput
+from runfleet.store.journal import Kind
+from runfleet.store.types import CreateOutcome, NewRun, RunStatus, Transitioned
 from tests.store.helpers import OWNER_A, activate
 
 

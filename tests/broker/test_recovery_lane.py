@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from broker import AsyncQueue
-from broker.codec import StreamMessage
-from broker.streams import Delivery, Lane, QueueDepth, Streams
-from store import Store
-from store.types import Waiting, WaitingReason
+from runfleet.broker import AsyncQueue
+from runfleet.broker.codec import StreamMessage
+from runfleet.broker.streams import Delivery, Lane, QueueDepth, Streams
+from runfleet.store import Store
+from runfleet.store.types import Waiting, WaitingReason
 from tests.store.helpers import make_parked
 from tests.support.polling import until
 

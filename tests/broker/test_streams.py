@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-import broker.streams
-from broker import hostile
-from broker.codec import FIELD, StreamMessage, decode
-from broker.keys import GROUP
-from broker.streams import Delivery, Lane, QueueDepth, Streams
+import runfleet.broker.streams
+from runfleet.broker import hostile
+from runfleet.broker.codec import FIELD, StreamMessage, decode
+from runfleet.broker.keys import GROUP
+from runfleet.broker.streams import Delivery, Lane, QueueDepth, Streams
 from tests.support.polling import until
 
 
@@ -230,7 +230,7 @@ async def test_a_large_batch_is_published_by_script_in_input_order(
     """Interleaved queues and lanes, more messages than one script call carries: every
     entry lands once on its own stream, in input order there, and each caller position
     gets its own entry's id."""
-    monkeypatch.setattr(broker.streams, "PUBLISH_CHUNK", 7)
+    monkeypatch.setattr(runfleet.broker.streams, "PUBLISH_CHUNK", 7)
     calls: list[int] = []
     script = streams._publish_script
 

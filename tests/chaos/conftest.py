@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator, Iterator
 import psycopg
 import pytest
 
-from ops.servers.postgres import ThrowawayPostgres
-from ops.servers.redis import ThrowawayRedis
-from store.config import Settings
-from store.migrate import migrate
+from runfleet.ops.servers.postgres import ThrowawayPostgres
+from runfleet.ops.servers.redis import ThrowawayRedis
+from runfleet.store.config import Settings
+from runfleet.store.migrate import migrate
 
 
 @pytest.fixture

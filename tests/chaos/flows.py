@@ -13,8 +13,8 @@ import threading
 
 from psycopg_pool import ConnectionPool
 
-from worker import Context, flow
-from worker.sync_context import SyncContext
+from runfleet.worker import Context, flow
+from runfleet.worker.sync_context import SyncContext
 
 STEPS = 5
 _pool: ConnectionPool | None = None

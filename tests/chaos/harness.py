@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import psycopg
 
 import tests.chaos.flows as cf
-from broker import AsyncQueue, EnqueueSpec
-from store.config import Settings
+from runfleet.broker import AsyncQueue, EnqueueSpec
+from runfleet.store.config import Settings
 from tests.fleet.procs import WorkerProc
 from tests.support.polling import until
 

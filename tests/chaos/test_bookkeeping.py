@@ -12,14 +12,14 @@ from collections.abc import Sequence
 import psycopg.errors as pg
 import pytest
 
+import runfleet.worker.retry as worker_retry
 import tests.chaos.flows as cf
-import worker.retry as worker_retry
-from broker import AsyncQueue
-from store import Store
-from store.steps import StepWrite
-from store.types import RunStatus
+from runfleet.broker import AsyncQueue
+from runfleet.store import Store
+from runfleet.store.steps import StepWrite
+from runfleet.store.types import RunStatus
+from runfleet.worker.process import Worker
 from tests.support.polling import until
-from worker.process import Worker
 
 
 async def test_bookkeeping_that_gives_up_releases_the_run_instead_of_failing_it(

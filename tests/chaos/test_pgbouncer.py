@@ -13,10 +13,10 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from ops.servers.postgres import ThrowawayPgBouncer, ThrowawayPostgres
-from store.config import Settings
-from store.db import connection_kwargs
-from store.migrate import migrate
+from runfleet.ops.servers.postgres import ThrowawayPgBouncer, ThrowawayPostgres
+from runfleet.store.config import Settings
+from runfleet.store.db import connection_kwargs
+from runfleet.store.migrate import migrate
 from tests.chaos.conftest import chaos_settings
 from tests.chaos.harness import assert_clean, run_scenario
 from tests.chaos.test_postgres_chaos import terminate_backends

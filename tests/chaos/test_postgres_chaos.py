@@ -14,8 +14,8 @@ import psycopg
 import pytest
 
 import tests.chaos.flows as cf
-from ops.servers.postgres import ThrowawayPostgres, postgres_stop
-from store.config import Settings
+from runfleet.ops.servers.postgres import ThrowawayPostgres, postgres_stop
+from runfleet.store.config import Settings
 from tests.chaos.harness import assert_clean, run_scenario
 
 pytestmark = pytest.mark.chaos

@@ -9,11 +9,11 @@ import time
 import pytest
 
 import tests.chaos.flows as cf
-from broker import AsyncQueue, Queue
-from ops.servers.postgres import ThrowawayPostgres, postgres_stop
-from store.config import Settings
-from store.errors import Unavailable
-from store.types import RunStatus
+from runfleet.broker import AsyncQueue, Queue
+from runfleet.ops.servers.postgres import ThrowawayPostgres, postgres_stop
+from runfleet.store.config import Settings
+from runfleet.store.errors import Unavailable
+from runfleet.store.types import RunStatus
 
 pytestmark = pytest.mark.chaos
 

@@ -12,8 +12,8 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from ops.servers.redis import ThrowawayRedis
-from store.config import Settings
+from runfleet.ops.servers.redis import ThrowawayRedis
+from runfleet.store.config import Settings
 from tests.chaos.conftest import chaos_settings
 from tests.chaos.harness import assert_clean, run_scenario
 

@@ -11,9 +11,9 @@ import psycopg_pool
 import pytest
 import redis.exceptions as rx
 
-from store.errors import InvalidInput, Unavailable
-from store.transient import TRANSIENT_TYPES, is_transient, service_of
-from worker.retry import INFRA_ERRORS, with_retry
+from runfleet.store.errors import InvalidInput, Unavailable
+from runfleet.store.transient import TRANSIENT_TYPES, is_transient, service_of
+from runfleet.worker.retry import INFRA_ERRORS, with_retry
 
 
 @pytest.mark.parametrize(

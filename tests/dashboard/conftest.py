@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 import tests.flows.flows as f
-from ops.dashboard.app import create_app
-from store.config import Settings
-from store.types import RunRow
+from runfleet.ops.dashboard.app import create_app
+from runfleet.store.config import Settings
+from runfleet.store.types import RunRow
 
 BASE = "http://testserver"
 Dash = Callable[..., Awaitable[httpx.AsyncClient]]

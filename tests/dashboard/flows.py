@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from worker import Context, flow
+from runfleet.worker import Context, flow
 
 
 @flow(name="d.busy")

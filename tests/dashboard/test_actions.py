@@ -8,15 +8,15 @@ import psycopg
 
 import tests.dashboard.flows as d
 import tests.flows.flows as f
-from broker import AsyncQueue
-from ops.models import CancelResult
-from store import Kind, Store
-from store.config import Settings
-from store.types import RunStatus
+from runfleet.broker import AsyncQueue
+from runfleet.ops.models import CancelResult
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.types import RunStatus
+from runfleet.worker.process import Worker
 from tests.dashboard.conftest import BASE, Dash, approval_token, mentions_dashboard, post
 from tests.flows.conftest import parked
 from tests.support.polling import until
-from worker.process import Worker
 
 
 async def _status(store: Store, run_id: str, status: RunStatus) -> None:

@@ -25,15 +25,15 @@ import uvicorn
 
 import tests.dashboard.flows as d
 import tests.flows.flows as f
-from broker import AsyncQueue
-from ops.dashboard.app import create_app
-from store import Store
-from store.config import Settings
-from store.types import RunStatus
+from runfleet.broker import AsyncQueue
+from runfleet.ops.dashboard.app import create_app
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import RunStatus
+from runfleet.worker.process import Worker
 from tests.dashboard.conftest import approval_token
 from tests.flows.conftest import parked
 from tests.support.polling import until
-from worker.process import Worker
 
 INSTALL = "apt-get install -y chromium chromium-driver"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "dashboard"

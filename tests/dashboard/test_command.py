@@ -9,9 +9,9 @@ import sys
 import httpx
 
 import tests.dashboard.flows as d
-from broker import AsyncQueue
-from ops.models import RunList
-from store.config import Settings
+from runfleet.broker import AsyncQueue
+from runfleet.ops.models import RunList
+from runfleet.store.config import Settings
 from tests.fleet.procs import ROOT, settings_env
 from tests.ops.metrics import free_port
 from tests.support.polling import until
@@ -25,7 +25,7 @@ async def test_the_command_serves_the_pages_and_stops_on_sigterm(
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "ops",
+        "runfleet.ops",
         "dashboard",
         "--port",
         str(port),

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ops.dashboard.models import OverviewView
-from store import Kind, Store
-from store.config import Settings
-from store.types import DeadLettered, RunStatus
+from runfleet.ops.dashboard.models import OverviewView
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.types import DeadLettered, RunStatus
 from tests.dashboard.conftest import Dash, post
 from tests.store.helpers import OWNER_A, OWNER_B, extra_stores, make_running, wait_db_time_past
 

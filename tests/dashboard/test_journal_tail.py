@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import tests.dashboard.flows as d
-from broker import AsyncQueue
-from ops.cli import common as c
-from ops.dashboard.data import JournalTail
-from store import Kind, Store
-from store.config import Settings
-from worker.process import Worker
+from runfleet.broker import AsyncQueue
+from runfleet.ops.cli import common as c
+from runfleet.ops.dashboard.data import JournalTail
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.worker.process import Worker
 
 
 def _completed(tail: JournalTail, now_ms: int) -> int:

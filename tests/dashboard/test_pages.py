@@ -7,16 +7,16 @@ import uuid
 
 import tests.dashboard.flows as d
 import tests.flows.flows as f
-from broker import AsyncQueue
-from ops.dashboard.models import OverviewView, StepsView
-from ops.dashboard.urls import run_url
-from ops.models import Explanation, FleetView, JournalView, RunDetail, RunList, TreeView
-from store import Store
-from store.types import RunStatus
+from runfleet.broker import AsyncQueue
+from runfleet.ops.dashboard.models import OverviewView, StepsView
+from runfleet.ops.dashboard.urls import run_url
+from runfleet.ops.models import Explanation, FleetView, JournalView, RunDetail, RunList, TreeView
+from runfleet.store import Store
+from runfleet.store.types import RunStatus
+from runfleet.worker.process import Worker
 from tests.dashboard.conftest import Dash
 from tests.flows.conftest import parked
 from tests.support.polling import until
-from worker.process import Worker
 
 
 async def test_every_page_and_api_renders_what_the_fleet_did(

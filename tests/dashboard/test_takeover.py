@@ -7,10 +7,10 @@ import signal
 import pytest
 
 import tests.fleet.flows as flows
-from broker import AsyncQueue
-from ops.dashboard.models import OverviewView
-from store import Store
-from store.config import Settings
+from runfleet.broker import AsyncQueue
+from runfleet.ops.dashboard.models import OverviewView
+from runfleet.store import Store
+from runfleet.store.config import Settings
 from tests.dashboard.conftest import Dash
 from tests.fleet.procs import Spawn, running_on
 from tests.support.polling import until

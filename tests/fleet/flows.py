@@ -7,7 +7,7 @@ import os
 import time
 from typing import Any
 
-from worker import Context, flow
+from runfleet.worker import Context, flow
 
 
 def add(a: int, b: int) -> int:

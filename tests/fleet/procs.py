@@ -10,9 +10,9 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from store import Store
-from store.config import Settings
-from store.types import JournalRecord, RunRow
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import JournalRecord, RunRow
 from tests.support.polling import until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +48,7 @@ class WorkerProc:
             [
                 sys.executable,
                 "-m",
-                "ops",
+                "runfleet.ops",
                 "worker",
                 "--flows",
                 flows,

@@ -6,7 +6,7 @@ import asyncio
 import os
 from typing import Any
 
-from worker import Context, flow
+from runfleet.worker import Context, flow
 
 
 @flow(name="rec.nap")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from runfleet.worker import Context, flow
 from tests.fleet.recovery_flows import nap, waiter
-from worker import Context, flow
 
 __all__ = ["nap", "retired_forever", "retired_waiter", "waiter"]
 

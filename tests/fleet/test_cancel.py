@@ -16,10 +16,10 @@ from functools import partial
 import pytest
 
 import tests.fleet.flows as flows
-from broker import AsyncQueue
-from store import Kind, Store
-from store.config import Settings
-from store.types import (
+from runfleet.broker import AsyncQueue
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.types import (
     Activated,
     AlreadyTerminal,
     CancelRequested,

@@ -16,15 +16,15 @@ import pytest
 
 import tests.fleet.flows as flows
 import tests.flows.flows as f
-from broker import AsyncQueue
-from store import Store
-from store.config import Settings
-from store.types import RunStatus
+from runfleet.broker import AsyncQueue
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import RunStatus
+from runfleet.worker.process import Worker
 from tests.fleet.procs import Spawn, records, running_on
 from tests.fleet.tcpproxy import FreezableProxy
 from tests.fleet.test_lease_lapse import via
 from tests.support.polling import until
-from worker.process import Worker
 
 
 async def _settled(store: Store, run_id: str) -> RunStatus | None:

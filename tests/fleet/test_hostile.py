@@ -21,13 +21,13 @@ import pytest
 from redis.asyncio import Redis
 
 import tests.fleet.flows as flows
-from broker import AsyncQueue, RunCancelled
-from broker.client import connect
-from broker.liveness import Liveness
-from store import Kind, Store
-from store.config import Settings
-from store.transient import REDIS_TYPES
-from store.types import Activated, NewRun, Owner, RunRow, RunStatus
+from runfleet.broker import AsyncQueue, RunCancelled
+from runfleet.broker.client import connect
+from runfleet.broker.liveness import Liveness
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.transient import REDIS_TYPES
+from runfleet.store.types import Activated, NewRun, Owner, RunRow, RunStatus
 from tests.fleet.procs import Spawn, records
 from tests.support.polling import until
 

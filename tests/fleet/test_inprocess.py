@@ -7,10 +7,10 @@ import asyncio
 import pytest
 
 import tests.fleet.flows as flows
-from broker import AsyncQueue, RunCancelled, RunFailed
-from store import Store
-from store.types import RunStatus
-from worker.process import Worker
+from runfleet.broker import AsyncQueue, RunCancelled, RunFailed
+from runfleet.store import Store
+from runfleet.store.types import RunStatus
+from runfleet.worker.process import Worker
 
 
 async def test_round_trip_plain_function(worker: Worker, queue: AsyncQueue) -> None:
@@ -54,7 +54,7 @@ async def test_concurrency_limit(worker: Worker, queue: AsyncQueue, store: Store
 
 
 async def test_interrupt_unsafe_is_refused(queue: AsyncQueue, store: Store) -> None:
-    from store.errors import CancelRequestFailed
+    from runfleet.store.errors import CancelRequestFailed
 
     run = await queue.enqueue(flows.add, 1, 2)
     with pytest.raises(CancelRequestFailed) as info:
@@ -68,7 +68,7 @@ async def test_a_run_this_process_owns_but_no_longer_drives_is_taken_back(
     worker: Worker, queue: AsyncQueue, store: Store
 ) -> None:
     """E.g. its settlement gave up during a long outage: nobody would ever renew it."""
-    from store.types import Activated, NewRun
+    from runfleet.store.types import Activated, NewRun
 
     created = await store.runs.create(
         NewRun(id="orphan", flow="tests.fleet.flows:add", payload={"args": [2, 3]})

@@ -9,9 +9,9 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 import tests.fleet.flows as flows
-from broker import AsyncQueue
-from store import Store
-from store.config import Settings
+from runfleet.broker import AsyncQueue
+from runfleet.store import Store
+from runfleet.store.config import Settings
 from tests.fleet.procs import WorkerProc, records, running_on, writes_after_steal
 from tests.fleet.tcpproxy import FreezableProxy
 from tests.support.polling import until

@@ -14,13 +14,13 @@ import pytest
 from redis.asyncio import Redis
 
 import tests.fleet.flows as flows
-from broker import AsyncQueue
-from broker.client import connect
-from broker.codec import FIELD
-from broker.keys import GROUP
-from store import Kind, Store
-from store.config import Settings
-from store.types import RunStatus
+from runfleet.broker import AsyncQueue
+from runfleet.broker.client import connect
+from runfleet.broker.codec import FIELD
+from runfleet.broker.keys import GROUP
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.types import RunStatus
 from tests.fleet.procs import WorkerProc, records
 from tests.support.polling import until
 

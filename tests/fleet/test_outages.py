@@ -18,14 +18,14 @@ import pytest
 from redis.asyncio import Redis
 
 import tests.fleet.flows as flows
-from broker import AsyncQueue, AsyncRun
-from broker.client import connect
-from ops.servers.postgres import ThrowawayPostgres
-from ops.servers.redis import ThrowawayRedis
-from store import Kind, Store
-from store.config import Settings
-from store.migrate import migrate
-from store.types import RunRow, RunStatus
+from runfleet.broker import AsyncQueue, AsyncRun
+from runfleet.broker.client import connect
+from runfleet.ops.servers.postgres import ThrowawayPostgres
+from runfleet.ops.servers.redis import ThrowawayRedis
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.migrate import migrate
+from runfleet.store.types import RunRow, RunStatus
 from tests.fleet.procs import WorkerProc
 from tests.support.polling import until
 

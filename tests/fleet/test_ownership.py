@@ -22,14 +22,14 @@ import psycopg
 import pytest
 
 import tests.fleet.flows as flows
-from broker import AsyncQueue
-from store import Store
-from store.config import Settings
-from store.types import Owner, RunStatus
+from runfleet.broker import AsyncQueue
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import Owner, RunStatus
+from runfleet.worker.watchdog import FAILSTOP_EXIT
 from tests.fleet.procs import WorkerProc, records
 from tests.fleet.tcpproxy import FreezableProxy
 from tests.support.polling import until
-from worker.watchdog import FAILSTOP_EXIT
 
 pytestmark = pytest.mark.chaos
 

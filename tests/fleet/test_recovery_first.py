@@ -7,10 +7,10 @@ import signal
 import pytest
 
 import tests.fleet.recovery_flows as rec
-from broker import AsyncQueue, EnqueueSpec
-from store import Kind, Store
-from store.config import Settings
-from store.types import JournalRecord, RunStatus
+from runfleet.broker import AsyncQueue, EnqueueSpec
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.types import JournalRecord, RunStatus
 from tests.fleet.procs import Spawn
 from tests.support.polling import until
 

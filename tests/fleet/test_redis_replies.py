@@ -8,10 +8,10 @@ import pytest
 import redis.asyncio as aioredis
 
 import tests.fleet.flows as flows
-from broker import AsyncQueue
-from broker.keys import Keys
-from store import Store
-from store.config import Settings
+from runfleet.broker import AsyncQueue
+from runfleet.broker.keys import Keys
+from runfleet.store import Store
+from runfleet.store.config import Settings
 from tests.fleet.procs import WorkerProc
 from tests.support.polling import until
 

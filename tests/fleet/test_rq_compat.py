@@ -17,10 +17,10 @@ import redis
 from rq import Queue as RqQueue
 from rq import SimpleWorker
 
-import broker
-from store.config import Settings
+from runfleet import broker
+from runfleet.store.config import Settings
+from runfleet.worker.process import Worker
 from tests.fleet.flows import add
-from worker.process import Worker
 
 
 def produce(q: Any, tag: str) -> tuple[Any, list[Any]]:
@@ -67,7 +67,7 @@ async def test_producer_snippet_on_runfleet(settings: Settings) -> None:
 
 
 def test_conflicting_reuse_of_an_id_is_refused(settings: Settings) -> None:
-    from store.errors import ExecutionIdentityConflict
+    from runfleet.store.errors import ExecutionIdentityConflict
 
     with broker.Queue("default", settings=settings) as q:
         q.enqueue(add, 1, 1, job_id="same")

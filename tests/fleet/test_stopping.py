@@ -8,17 +8,17 @@ from functools import partial
 from typing import Any
 
 import tests.fleet.flows as flows
-from broker import AsyncQueue
-from broker.client import connect
-from broker.streams import Lane, Streams
-from store import Store
-from store.config import Settings
-from store.types import JournalRecord, NewRun, Owner, RunStatus
+from runfleet.broker import AsyncQueue
+from runfleet.broker.client import connect
+from runfleet.broker.streams import Lane, Streams
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import JournalRecord, NewRun, Owner, RunStatus
+from runfleet.worker.driver import Driver
+from runfleet.worker.outbox import publish_wakes
+from runfleet.worker.process import Worker
 from tests.fleet.procs import Spawn, WorkerProc, records, running_on
 from tests.support.polling import until
-from worker.driver import Driver
-from worker.outbox import publish_wakes
-from worker.process import Worker
 
 
 async def test_a_hard_stop_does_not_claim_again_the_run_it_released(

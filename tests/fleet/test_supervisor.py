@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from broker.client import connect
-from broker.liveness import Liveness
-from store.config import Settings
+from runfleet.broker.client import connect
+from runfleet.broker.liveness import Liveness
+from runfleet.store.config import Settings
 from tests.fleet.procs import ROOT, settings_env
 from tests.support.polling import until
 
@@ -81,7 +81,7 @@ def _supervise(settings: Settings) -> subprocess.Popen[bytes]:
         [
             sys.executable,
             "-m",
-            "ops",
+            "runfleet.ops",
             "worker",
             "--flows",
             "tests.fleet.flows",

@@ -17,12 +17,12 @@ import pytest
 
 import tests.fleet.recovery_flows as rec
 import tests.fleet.retired_flows as retired
-from broker import AsyncQueue
-from broker.client import connect
-from broker.streams import Lane, Streams
-from store import Store
-from store.config import Settings
-from store.types import RunRow, RunStatus
+from runfleet.broker import AsyncQueue
+from runfleet.broker.client import connect
+from runfleet.broker.streams import Lane, Streams
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import RunRow, RunStatus
 from tests.fleet.procs import Spawn, records
 from tests.support.polling import until
 

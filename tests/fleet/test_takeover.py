@@ -7,10 +7,10 @@ import signal
 import pytest
 
 import tests.fleet.flows as flows
-from broker import AsyncQueue
-from store import Store
-from store.config import Settings
-from store.types import Owner
+from runfleet.broker import AsyncQueue
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import Owner
 from tests.fleet.procs import Spawn, records, running_on, writes_after_steal
 from tests.support.polling import until
 

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 import tests.fleet.flows as flows
-from broker import AsyncQueue
-from store.config import Settings
+from runfleet.broker import AsyncQueue
+from runfleet.store.config import Settings
 from tests.fleet.procs import Spawn
 
 pytestmark = pytest.mark.chaos

@@ -12,13 +12,13 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from broker import AsyncQueue
-from broker.client import connect
-from broker.codec import FIELD, decode
-from broker.keys import GROUP
-from store import Kind, Store
-from store.config import Settings
-from store.types import CancelRequested, RunStatus
+from runfleet.broker import AsyncQueue
+from runfleet.broker.client import connect
+from runfleet.broker.codec import FIELD, decode
+from runfleet.broker.keys import GROUP
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.types import CancelRequested, RunStatus
 from tests.fleet.procs import WorkerProc
 from tests.support.polling import until
 

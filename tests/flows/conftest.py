@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import tests.flows.flows  # noqa: F401 - registers the test flows
-from store import Store
-from store.types import RunRow
+from runfleet.store import Store
+from runfleet.store.types import RunRow
 from tests.support.polling import until
 
 

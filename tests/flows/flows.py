@@ -9,8 +9,8 @@ from typing import Any
 
 import psycopg
 
-from worker import Context, Handoff, Retry, flow
-from worker.durable import ChildFailed
+from runfleet.worker import Context, Handoff, Retry, flow
+from runfleet.worker.durable import ChildFailed
 
 CALLS: dict[str, int] = {}
 """In-process call counts (in-process workers only): proves recorded steps never re-run."""

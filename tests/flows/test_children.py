@@ -8,13 +8,13 @@ from functools import partial
 import pytest
 
 import tests.flows.flows as f
-from broker import AsyncQueue, RunCancelled, RunFailed
-from store import Store
-from store.config import Settings
-from store.types import NewRun, OnParentExit, RunStatus, WaitingReason
+from runfleet.broker import AsyncQueue, RunCancelled, RunFailed
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import NewRun, OnParentExit, RunStatus, WaitingReason
+from runfleet.worker.process import Worker
 from tests.flows.conftest import parked
 from tests.support.polling import until
-from worker.process import Worker
 
 
 async def _children(store: Store, run_id: str) -> dict[str, OnParentExit]:
@@ -171,7 +171,7 @@ async def test_child_admitted_around_a_parent_cancel_inherits_it(
 
 
 async def test_a_child_of_a_finished_parent_is_born_cancelled(store: Store) -> None:
-    from store.types import Owner
+    from runfleet.store.types import Owner
 
     me = Owner("h", 1, "n")
     created = await store.runs.create(NewRun(id="done-parent", flow="t.leaf"))
@@ -185,7 +185,7 @@ async def test_a_child_of_a_finished_parent_is_born_cancelled(store: Store) -> N
 
 async def test_a_settled_child_wakes_every_waiting_parent(store: Store) -> None:
     """Diamond: one child, two parents parked on it; its settlement wakes both."""
-    from store.types import Owner, Waiting
+    from runfleet.store.types import Owner, Waiting
 
     me = Owner("h", 1, "n")
     for p in ("left", "right"):
@@ -211,7 +211,7 @@ async def test_a_settled_child_wakes_every_waiting_parent(store: Store) -> None:
 async def test_scopes_are_inherited_and_enforced(
     worker: Worker, settings: Settings, store: Store
 ) -> None:
-    from store.errors import ScopeDenied
+    from runfleet.store.errors import ScopeDenied
 
     async with (
         AsyncQueue("default", settings=settings, scopes=["tenant-a"]) as tenant,

@@ -16,9 +16,9 @@ import psycopg
 import pytest
 
 import tests.flows.flows as f
-from broker import AsyncQueue, EnqueueSpec
-from store import Store
-from store.config import Settings
+from runfleet.broker import AsyncQueue, EnqueueSpec
+from runfleet.store import Store
+from runfleet.store.config import Settings
 from tests.fleet.procs import WorkerProc
 
 pytestmark = pytest.mark.chaos

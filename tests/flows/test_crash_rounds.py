@@ -10,9 +10,9 @@ import signal
 import pytest
 
 import tests.flows.flows as f
-from broker import AsyncQueue, RunFailed
-from store import Store
-from store.types import NewRun, Owner, RunStatus
+from runfleet.broker import AsyncQueue, RunFailed
+from runfleet.store import Store
+from runfleet.store.types import NewRun, Owner, RunStatus
 from tests.fleet.procs import Spawn, records, running_on
 from tests.support.polling import until
 

@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 
 import tests.flows.values_flows as vf
-from broker import AsyncQueue
-from store import Store
-from store.errors import ExecutionIdentityConflict
-from store.types import RunStatus
+from runfleet.broker import AsyncQueue
+from runfleet.store import Store
+from runfleet.store.errors import ExecutionIdentityConflict
+from runfleet.store.types import RunStatus
+from runfleet.worker.process import Worker
 from tests.fleet.procs import Spawn, records, running_on
 from tests.flows.conftest import parked
 from tests.store.test_values import identical
 from tests.support.polling import until
-from worker.process import Worker
 
 
 def _kinds(journal: list[Any]) -> list[str]:

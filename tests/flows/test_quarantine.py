@@ -13,12 +13,12 @@ import psycopg
 import pytest
 
 import tests.flows.flows as f
-from broker import AsyncQueue
-from store import Store
-from store.config import Settings
-from store.errors import InvalidInput
+from runfleet.broker import AsyncQueue
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.errors import InvalidInput
+from runfleet.worker.process import Worker
 from tests.flows.conftest import parked
-from worker.process import Worker
 
 
 async def _corrupt(settings: Settings, run_id: str, key: str) -> None:

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 import tests.flows.flows as f
-from broker import AsyncQueue, RunCancelled, RunFailed
-from store import Store
-from store.errors import InvalidInput, UnknownFlow
+from runfleet.broker import AsyncQueue, RunCancelled, RunFailed
+from runfleet.store import Store
+from runfleet.store.errors import InvalidInput, UnknownFlow
+from runfleet.worker.process import Worker
 from tests.flows.conftest import parked
 from tests.support.polling import until
-from worker.process import Worker
 
 
 def tag() -> str:
@@ -86,7 +86,7 @@ async def test_shutdown_release_runs_no_compensation(
 ) -> None:
     import asyncio
 
-    from store.config import Settings
+    from runfleet.store.config import Settings
 
     assert isinstance(settings, Settings)
     w = Worker(settings.model_copy(update={"grace_period": 0.1}), concurrency=2)

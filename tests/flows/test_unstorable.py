@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 import tests.flows.values_flows as vf
-from broker import AsyncQueue, AsyncRun, RunFailed
-from store import Store
-from store.types import RunStatus
+from runfleet.broker import AsyncQueue, AsyncRun, RunFailed
+from runfleet.store import Store
+from runfleet.store.types import RunStatus
+from runfleet.worker.process import Worker
 from tests.fleet.procs import Spawn, WorkerProc
-from worker.process import Worker
 
 KINDS = ["big", "nul", "surrogate", "deep", "nan", "object"]
 LIMIT = 2000

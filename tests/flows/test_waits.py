@@ -8,13 +8,13 @@ import uuid
 import pytest
 
 import tests.flows.flows as f
-from broker import AsyncQueue, EventCompleted, EventTimedOut, RunCancelled
-from store import Store
-from store.errors import InvalidInput
-from store.waits import token_hash
+from runfleet.broker import AsyncQueue, EventCompleted, EventTimedOut, RunCancelled
+from runfleet.store import Store
+from runfleet.store.errors import InvalidInput
+from runfleet.store.waits import token_hash
+from runfleet.worker.process import Worker
 from tests.flows.conftest import parked
 from tests.support.polling import until
-from worker.process import Worker
 
 
 async def test_long_sleep_parks_on_a_durable_clock(

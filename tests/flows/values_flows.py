@@ -12,8 +12,8 @@ import os
 from datetime import date
 from typing import Any
 
-from store.values import UnstorableValue
-from worker import Context, Handoff, flow
+from runfleet.store.values import UnstorableValue
+from runfleet.worker import Context, Handoff, flow
 
 SPECIALS: list[Any] = [
     1e16,

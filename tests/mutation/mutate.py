@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from ops.servers.resolve import Endpoints, resolve
+from runfleet.ops.servers.resolve import Endpoints, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGETS = ROOT / "tests" / "mutation" / "targets.toml"

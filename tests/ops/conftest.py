@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import pytest
 from typer.testing import CliRunner
 
-from ops.cli.app import app
-from store.config import Settings
+from runfleet.ops.cli.app import app
+from runfleet.store.config import Settings
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,13 @@ import uuid
 import psycopg
 
 import tests.flows.flows as f
-from broker import AsyncQueue
-from ops.models import AnswerResult
-from store import Store
-from store.config import Settings
+from runfleet.broker import AsyncQueue
+from runfleet.ops.models import AnswerResult
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.worker.process import Worker
 from tests.flows.conftest import parked
 from tests.ops.conftest import Cli
-from worker.process import Worker
 
 
 async def test_complete_and_approve_from_the_cli(

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from broker import hostile
-from worker import metrics
+from runfleet.broker import hostile
+from runfleet.worker import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 _LEVELS = {"debug", "info", "warning", "error", "exception"}

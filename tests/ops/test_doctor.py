@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 import tests.fleet.flows as flows
-from broker import AsyncQueue
-from ops.models import DoctorView
-from store.config import Settings
-from store.migrate import migrations
+from runfleet.broker import AsyncQueue
+from runfleet.ops.models import DoctorView
+from runfleet.store.config import Settings
+from runfleet.store.migrate import migrations
 from tests.broker.conftest import closed_port
 from tests.conftest import NewDatabase
 from tests.fleet.procs import Spawn

@@ -7,10 +7,10 @@ import signal
 import pytest
 
 import tests.fleet.flows as flows
-from broker import AsyncQueue
-from ops.models import Explanation
-from store import Kind, Store
-from store.config import Settings
+from runfleet.broker import AsyncQueue
+from runfleet.ops.models import Explanation
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
 from tests.fleet.procs import Spawn, running_on
 from tests.ops.conftest import Cli
 from tests.ops.metrics import free_port, scrape, scrape_when_up, value

@@ -9,9 +9,9 @@ import signal
 import pytest
 
 import tests.fleet.flows as flows
-from broker import AsyncQueue
-from ops.models import CancelResult, FleetView, JournalEntry
-from store import Store
+from runfleet.broker import AsyncQueue
+from runfleet.ops.models import CancelResult, FleetView, JournalEntry
+from runfleet.store import Store
 from tests.fleet.procs import Spawn, running_on
 from tests.ops.conftest import Cli
 from tests.ops.metrics import free_port, scrape, scrape_when_up, value

@@ -12,11 +12,11 @@ import uuid
 import msgpack
 import pytest
 
-from broker.client import connect
-from broker.liveness import Liveness
-from ops.models import FleetView
-from store.config import Settings
-from store.types import Owner
+from runfleet.broker.client import connect
+from runfleet.broker.liveness import Liveness
+from runfleet.ops.models import FleetView
+from runfleet.store.config import Settings
+from runfleet.store.types import Owner
 from tests.ops.conftest import Cli
 
 

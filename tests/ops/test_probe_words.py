@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ops.explain.journal_text import probe_words
+from runfleet.ops.explain.journal_text import probe_words
 
 HB = 1_764_000_000_000
 

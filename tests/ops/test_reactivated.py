@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from ops.models import Explanation, StuckView
-from store import Store
-from store.types import Activated, NewRun, Owner, RunRow, Stolen
+from runfleet.ops.models import Explanation, StuckView
+from runfleet.store import Store
+from runfleet.store.types import Activated, NewRun, Owner, RunRow, Stolen
 from tests.ops.conftest import Cli
 
 OWNERS = [Owner("host-a", 4_100_001, "aaaa00000001"), Owner("host-b", 4_100_002, "bbbb00000002")]

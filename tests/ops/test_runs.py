@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 
-from ops.models import (
+from runfleet.ops.models import (
     CancelResult,
     EnqueueResult,
     JournalView,
@@ -15,8 +15,8 @@ from ops.models import (
     RunList,
     TreeView,
 )
-from store import Store
-from store.types import (
+from runfleet.store import Store
+from runfleet.store.types import (
     Activated,
     NewRun,
     OnParentExit,

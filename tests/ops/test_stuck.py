@@ -16,13 +16,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from broker.client import connect
-from broker.liveness import Liveness
-from ops.models import Explanation, StuckView
-from store import Store
-from store.config import Settings
-from store.transient import REDIS_TYPES
-from store.types import Activated, NewRun, Owner, Parked, RunRow, Waiting, WaitingReason
+from runfleet.broker.client import connect
+from runfleet.broker.liveness import Liveness
+from runfleet.ops.models import Explanation, StuckView
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.transient import REDIS_TYPES
+from runfleet.store.types import Activated, NewRun, Owner, Parked, RunRow, Waiting, WaitingReason
 from tests.ops.conftest import Cli
 from tests.support.polling import until
 

@@ -10,9 +10,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from store import Store
-from store.config import Settings
-from store.types import JournalRecord, RunStatus
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import JournalRecord, RunStatus
 from tests.partition.hosts import HostWorkers
 from tests.partition.net import Topology
 

@@ -18,11 +18,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from ops.servers.resolve import database_url_for
-from ops.servers.throwaway import ServicesUnavailable
-from store import Store
-from store.config import Settings
-from store.migrate import migrate
+from runfleet.ops.servers.resolve import database_url_for
+from runfleet.ops.servers.throwaway import ServicesUnavailable
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.migrate import migrate
 from tests.partition.cluster import Cluster, timing
 from tests.partition.net import Topology, TopologyUnavailable, topology, unavailable_reason
 from tests.partition.servers import BridgePostgres, BridgeRedis

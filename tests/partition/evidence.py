@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from store.types import JournalRecord
+from runfleet.store.types import JournalRecord
 from tests.partition.hosts import owner_host_pid
 
 EPSILON_MS = 50.0

@@ -25,7 +25,7 @@ import os
 import time
 from typing import Any
 
-from worker import Context, flow
+from runfleet.worker import Context, flow
 
 
 def note(ledger: str, **fields: Any) -> float:

@@ -20,8 +20,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from store.config import Settings
-from store.types import Owner
+from runfleet.store.config import Settings
+from runfleet.store.types import Owner
 from tests.fleet.procs import ROOT, settings_env
 from tests.partition.net import Host
 from tests.support.polling import until
@@ -62,7 +62,7 @@ class HostWorkers:
         self.log_path = Path(tempfile.mkstemp(prefix=f"rf-part-{host.name}-", suffix=".log")[1])
         self._log = self.log_path.open("wb")
         command = [
-            *host.exec_prefix(), sys.executable, "-m", "ops", "worker",
+            *host.exec_prefix(), sys.executable, "-m", "runfleet.ops", "worker",
             "--flows", flows, "--queues", "default", "--concurrency", str(concurrency),
             "--processes", str(processes), "--log-json", "--log-level", "INFO",
         ]  # fmt: skip

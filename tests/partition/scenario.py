@@ -17,8 +17,8 @@ from enum import StrEnum
 from functools import partial
 
 import tests.partition.flows as flows
-from broker import AsyncQueue
-from store.types import JournalRecord, RunStatus
+from runfleet.broker import AsyncQueue
+from runfleet.store.types import JournalRecord, RunStatus
 from tests.partition.cluster import A_SLOTS, VICTIM, Cluster, now_ms
 from tests.partition.evidence import (
     EPSILON_MS,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ops.servers.postgres import ThrowawayPostgres, postgres_answers
-from ops.servers.redis import ThrowawayRedis, redis_answers
+from runfleet.ops.servers.postgres import ThrowawayPostgres, postgres_answers
+from runfleet.ops.servers.redis import ThrowawayRedis, redis_answers
 
 SUITE_NET = "10.213.0.0/16"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker import Context, Handoff, flow
+from runfleet.worker import Context, Handoff, flow
 
 
 def double(x: int) -> int:

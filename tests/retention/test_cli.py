@@ -5,15 +5,15 @@ from __future__ import annotations
 from redis.asyncio import Redis
 
 import tests.retention.flows as flows
-from broker import AsyncQueue
-from broker.keys import GROUP
-from broker.streams import Streams
-from ops.models import PruneResult
-from store import Store
-from store.config import Settings
+from runfleet.broker import AsyncQueue
+from runfleet.broker.keys import GROUP
+from runfleet.broker.streams import Streams
+from runfleet.ops.models import PruneResult
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.worker.process import Worker
 from tests.ops.conftest import Cli
 from tests.retention.test_prune import runs_by_status, wait_for
-from worker.process import Worker
 
 
 async def test_prune_dry_run_then_real(

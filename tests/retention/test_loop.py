@@ -9,14 +9,14 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 
 import tests.retention.flows as flows
-from broker import AsyncQueue
-from broker.keys import GROUP
-from store import Store
-from store.config import Settings
-from store.retention import Retention
+from runfleet.broker import AsyncQueue
+from runfleet.broker.keys import GROUP
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.retention import Retention
+from runfleet.worker.process import Worker
+from runfleet.worker.retention import RetentionLoop
 from tests.retention.test_prune import runs_by_status
-from worker.process import Worker
-from worker.retention import RetentionLoop
 
 
 def test_retention_setting_reads_durations(monkeypatch: pytest.MonkeyPatch) -> None:

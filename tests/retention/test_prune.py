@@ -8,11 +8,11 @@ from typing import Any
 from psycopg import sql
 
 import tests.retention.flows as flows
-from broker import AsyncQueue
-from store import Store
-from store.retention import PRUNED_TABLES, Retention
+from runfleet.broker import AsyncQueue
+from runfleet.store import Store
+from runfleet.store.retention import PRUNED_TABLES, Retention
+from runfleet.worker.process import Worker
 from tests.support.polling import until
-from worker.process import Worker
 
 OPEN = ("pending", "running", "suspended")
 ID_COLUMNS = ("run_id", "child_id", "parent_id")

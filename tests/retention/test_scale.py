@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from psycopg import AsyncConnection
 
 import tests.retention.flows as flows
-from broker import AsyncQueue
-from store import Store
-from store.config import Settings
-from store.retention import Retention
+from runfleet.broker import AsyncQueue
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.retention import Retention
+from runfleet.worker.process import Worker
 from tests.retention.test_prune import runs_by_status
-from worker.process import Worker
 
 SETTLED = 100_000
 BATCH = 500

@@ -10,16 +10,16 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 import tests.retention.flows as flows
-from broker import AsyncQueue, Job, NoSuchJobError, Queue
-from store import Store
-from store.config import Settings
-from store.queries import q
-from store.retention import MIN_KEY, Pass
-from store.types import NewRun
+from runfleet.broker import AsyncQueue, Job, NoSuchJobError, Queue
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.queries import q
+from runfleet.store.retention import MIN_KEY, Pass
+from runfleet.store.types import NewRun
+from runfleet.worker.process import Worker
+from runfleet.worker.retention import RetentionLoop
 from tests.retention.test_prune import runs_by_status
 from tests.support.polling import until
-from worker.process import Worker
-from worker.retention import RetentionLoop
 
 
 async def expiry_pass(loop: RetentionLoop) -> Pass:

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from store.config import Settings
-from worker.process import Worker
+from runfleet.store.config import Settings
+from runfleet.worker.process import Worker
 
 
 class ThreadWorker:

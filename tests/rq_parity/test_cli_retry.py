@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from broker import AsyncQueue
-from store.config import Settings
-from store.types import RunStatus
+from runfleet.broker import AsyncQueue
+from runfleet.store.config import Settings
+from runfleet.store.types import RunStatus
+from runfleet.worker.process import Worker
 from tests.ops.conftest import cli_env, invoke
 from tests.rq_parity import jobs
 from tests.support.polling import until
-from worker.process import Worker
 
 
 async def test_retry_a_failed_run_from_the_cli(

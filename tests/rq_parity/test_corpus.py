@@ -18,8 +18,8 @@ import pytest
 import redis
 import rq
 
-import broker
-from store.config import Settings
+from runfleet import broker
+from runfleet.store.config import Settings
 from tests.rq_parity.conftest import ThreadWorker
 from tests.rq_parity.snippets import SNIPPETS, Api
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from broker import Job, JobStatus, Queue
-from store.config import Settings
+from runfleet.broker import Job, JobStatus, Queue
+from runfleet.store.config import Settings
 from tests.rq_parity import jobs
 from tests.rq_parity.conftest import ThreadWorker
 from tests.support.polling import until_sync

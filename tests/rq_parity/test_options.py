@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from broker import Queue, Retry
-from store.config import Settings
+from runfleet.broker import Queue, Retry
+from runfleet.store.config import Settings
 from tests.rq_parity import jobs
 from tests.rq_parity.conftest import ThreadWorker
 from tests.support.polling import until_sync

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from store.config import Settings
+from runfleet.store.config import Settings
 
 SCRIPT = """
 import gc, sys
 import broker
 from tests.rq_parity import jobs
-q = broker.Queue("default", database_url=sys.argv[1], redis_url=sys.argv[2])
+q = runfleet.broker.Queue("default", database_url=sys.argv[1], redis_url=sys.argv[2])
 job = q.enqueue(jobs.add, 1, 2)
 assert job.is_queued
 if sys.argv[3] == "collect":

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from broker import Job, Queue, RunNotFound
-from store.roles import GroupRole
+from runfleet.broker import Job, Queue, RunNotFound
+from runfleet.store.roles import GroupRole
+from runfleet.worker.process import Worker
 from tests.rq_parity import jobs
 from tests.security.conftest import MakeLogin, login, role_worker  # noqa: F401 - fixtures
 from tests.support.polling import until_sync
-from worker.process import Worker
 
 
 async def test_a_scoped_producer_role_meta_registry_requeue(

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from ops.servers.postgres import ThrowawayPostgres
+from runfleet.ops.servers.postgres import ThrowawayPostgres
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from tests.fleet.procs import ROOT
 async def test_capacity_counts_at_most_two_writes_per_run_and_per_step() -> None:
     done = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "ops.bench", "capacity", "-n", "60", "-k", "8", "--idle", "2",
+        [sys.executable, "-m", "runfleet.ops.bench", "capacity", "-n", "60", "-k", "8", "--idle", "2",
          "--json"],
         cwd=ROOT, capture_output=True, text=True, timeout=180,
     )  # fmt: skip

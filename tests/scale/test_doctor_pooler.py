@@ -10,11 +10,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from ops.cli.doctor import Doctor
-from ops.servers.postgres import ThrowawayPgBouncer, ThrowawayPostgres
-from store.config import Settings
-from store.migrate import migrate
-from store.pooler import Path, probe
+from runfleet.ops.cli.doctor import Doctor
+from runfleet.ops.servers.postgres import ThrowawayPgBouncer, ThrowawayPostgres
+from runfleet.store.config import Settings
+from runfleet.store.migrate import migrate
+from runfleet.store.pooler import Path, probe
 from tests.fleet.procs import ROOT, settings_env
 
 
@@ -80,7 +80,7 @@ async def test_the_cli_reports_the_pooler(
     env = settings_env(settings, database_url=transaction_bouncer.url, prepare_threshold="none")
     done = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "ops", "doctor", "--json"],
+        [sys.executable, "-m", "runfleet.ops", "doctor", "--json"],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     view = json.loads(done.stdout)

@@ -36,8 +36,8 @@ import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from ops.servers.resolve import Endpoints, database_url_for
-from store.queries import q
+from runfleet.ops.servers.resolve import Endpoints, database_url_for
+from runfleet.store.queries import q
 from tests.store.test_sweep_plans import BATCH, CLOCKS, KINDS, QUERIES, START, N, _insert
 
 HISTORY_ROWS = int(os.environ.get("RUNFLEET_TEST_HISTORY_ROWS", "300000"))

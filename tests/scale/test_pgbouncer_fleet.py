@@ -20,10 +20,10 @@ import psycopg
 import pytest
 
 import tests.chaos.flows as cf
-from broker import AsyncQueue, EnqueueSpec
-from ops.servers.postgres import ThrowawayPgBouncer, ThrowawayPostgres
-from store.config import Settings
-from store.migrate import migrate
+from runfleet.broker import AsyncQueue, EnqueueSpec
+from runfleet.ops.servers.postgres import ThrowawayPgBouncer, ThrowawayPostgres
+from runfleet.store.config import Settings
+from runfleet.store.migrate import migrate
 from tests.chaos.harness import _outcome, _poll, assert_clean, wait_for_ledger
 from tests.fleet.procs import WorkerProc
 

@@ -17,11 +17,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker import AsyncQueue
-from ops.servers.postgres import ThrowawayPgBouncer, ThrowawayPostgres
-from store import Store
-from store.config import Settings
-from store.migrate import migrate
+from runfleet.broker import AsyncQueue
+from runfleet.ops.servers.postgres import ThrowawayPgBouncer, ThrowawayPostgres
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.migrate import migrate
 from tests.fleet.procs import WorkerProc
 
 REFUSED = "postgres.startup_options_refused"

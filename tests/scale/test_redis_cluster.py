@@ -19,14 +19,14 @@ import redis
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
-from broker.client import connect
-from broker.keys import Keys
-from broker.notify import Notifier
-from ops.cli.doctor import Doctor
-from ops.servers.redis import ThrowawayRedisCluster
-from store.config import Settings
-from store.errors import InvalidInput
-from store.types import Owner
+from runfleet.broker.client import connect
+from runfleet.broker.keys import Keys
+from runfleet.broker.notify import Notifier
+from runfleet.ops.cli.doctor import Doctor
+from runfleet.ops.servers.redis import ThrowawayRedisCluster
+from runfleet.store.config import Settings
+from runfleet.store.errors import InvalidInput
+from runfleet.store.types import Owner
 from tests.chaos.conftest import chaos_settings
 from tests.chaos.harness import assert_clean, run_scenario
 from tests.fleet.procs import WorkerProc

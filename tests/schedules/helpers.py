@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import psycopg
 
-from store.cron import Cron
-from store.schedules import Overlap, ScheduleSpec
+from runfleet.store.cron import Cron
+from runfleet.store.schedules import Overlap, ScheduleSpec
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from worker import Context, flow
+from runfleet.worker import Context, flow
 
 
 @flow(name="sched.every_second", schedule="* * * * * *", timezone="Europe/Paris")

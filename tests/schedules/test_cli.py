@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 
-from broker.client import connect
-from broker.streams import Streams
-from store import Store
-from store.config import Settings
-from store.schedules import Schedules
+from runfleet.broker.client import connect
+from runfleet.broker.streams import Streams
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.schedules import Schedules
+from runfleet.worker.scheduler import Scheduler
 from tests.ops.conftest import Cli
 from tests.schedules.helpers import tick_runs
-from worker.scheduler import Scheduler
 
 
 async def test_add_list_pause_resume_remove(cli: Cli, store: Store, settings: Settings) -> None:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from store.cron import Cron, InvalidSchedule, iso
+from runfleet.store.cron import Cron, InvalidSchedule, iso
 
 PARIS = ZoneInfo("Europe/Paris")
 

@@ -11,10 +11,11 @@ import time
 
 import pytest
 
-from store import Store
-from store.config import Settings
-from store.schedules import Overlap, Schedules
-from store.types import RunStatus
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.schedules import Overlap, Schedules
+from runfleet.store.types import RunStatus
+from runfleet.worker import process
 from tests.fleet.procs import Spawn
 from tests.schedules.helpers import (
     TickRun,
@@ -24,7 +25,6 @@ from tests.schedules.helpers import (
     tick_runs,
 )
 from tests.support.polling import until
-from worker import process
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +33,7 @@ def _scheduler_wired() -> None:
     source = inspect.getsource(process)
     if "Scheduler(" not in source or "register_schedules(" not in source:
         pytest.fail(
-            "worker/process.py does not run worker.scheduler: add Scheduler(...).run(stop) "
+            "worker/process.py does not run runfleet.worker.scheduler: add Scheduler(...).run(stop) "
             "beside the sweeper and register_schedules(...) after the flow registry"
         )
 

@@ -7,9 +7,9 @@ import asyncio
 
 import psycopg
 
-from store import Store
-from store.roles import WILDCARD, GroupRole
-from store.schedules import Fired, Schedules, ScheduleSpec
+from runfleet.store import Store
+from runfleet.store.roles import WILDCARD, GroupRole
+from runfleet.store.schedules import Fired, Schedules, ScheduleSpec
 from tests.schedules.helpers import every_second, tick_runs
 from tests.security.conftest import MakeLogin
 

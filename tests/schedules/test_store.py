@@ -8,9 +8,9 @@ from functools import partial
 
 import psycopg
 
-from store import Store
-from store.config import Settings
-from store.schedules import Fired, NotDue, Overlap, Schedules
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.schedules import Fired, NotDue, Overlap, Schedules
 from tests.schedules.helpers import assert_one_run_per_tick, every_second, gap, tick_runs
 from tests.support.polling import until
 

@@ -18,10 +18,10 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 import tests.security.flows  # noqa: F401 - registers the flows in-process workers run
-from store import roles
-from store.config import Settings
-from store.roles import GroupRole
-from worker.process import Worker
+from runfleet.store import roles
+from runfleet.store.config import Settings
+from runfleet.store.roles import GroupRole
+from runfleet.worker.process import Worker
 
 
 @dataclass(frozen=True)

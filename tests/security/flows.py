@@ -6,7 +6,7 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
-from worker import Context, flow
+from runfleet.worker import Context, flow
 
 
 @flow(name="sec.leaf")

@@ -12,12 +12,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from broker import AsyncQueue, EventCompleted
-from store.deferreds import INTERNAL_PREFIXES
-from store.errors import InvalidInput, NotAnswerable
-from store.migrate import migrations
-from store.roles import GroupRole
-from store.values import text_digest
+from runfleet.broker import AsyncQueue, EventCompleted
+from runfleet.store.deferreds import INTERNAL_PREFIXES
+from runfleet.store.errors import InvalidInput, NotAnswerable
+from runfleet.store.migrate import migrations
+from runfleet.store.roles import GroupRole
+from runfleet.store.values import text_digest
 from tests.security import flows
 from tests.security.conftest import Login, MakeLogin
 from tests.security.test_roles import waiting_for_event

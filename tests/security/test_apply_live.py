@@ -8,7 +8,7 @@ import asyncio
 
 import psycopg
 
-from store import roles
+from runfleet.store import roles
 from tests.support.polling import until
 
 

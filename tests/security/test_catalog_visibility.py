@@ -16,11 +16,11 @@ from typing import LiteralString
 import psycopg
 import pytest
 
-from broker import AsyncQueue
-from store import roles
-from store.config import Settings
-from store.migrate import migrate
-from store.roles import GroupRole
+from runfleet.broker import AsyncQueue
+from runfleet.store import roles
+from runfleet.store.config import Settings
+from runfleet.store.migrate import migrate
+from runfleet.store.roles import GroupRole
 from tests.ops.conftest import cli_env, invoke
 from tests.security.conftest import Login, MakeLogin
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from store.roles import GroupRole
+from runfleet.store.roles import GroupRole
 from tests.ops.conftest import Cli, CliResult, cli_env, invoke
 from tests.security.conftest import MakeLogin
 

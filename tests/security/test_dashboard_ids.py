@@ -19,11 +19,11 @@ from html import unescape
 import httpx
 import pytest
 
-from broker import AsyncQueue
-from ops.dashboard.app import create_app
-from ops.models import RunDetail
-from store.config import Settings
-from store.roles import GroupRole
+from runfleet.broker import AsyncQueue
+from runfleet.ops.dashboard.app import create_app
+from runfleet.ops.models import RunDetail
+from runfleet.store.config import Settings
+from runfleet.store.roles import GroupRole
 from tests.dashboard.conftest import browser_path
 from tests.security.conftest import MakeLogin
 from tests.security.test_roles import waiting_for_event

@@ -14,10 +14,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from broker import AsyncQueue, RunNotFound
-from store.errors import RunfleetError
-from store.roles import GroupRole
-from store.types import EventCompleted, RunStatus
+from runfleet.broker import AsyncQueue, RunNotFound
+from runfleet.store.errors import RunfleetError
+from runfleet.store.roles import GroupRole
+from runfleet.store.types import EventCompleted, RunStatus
 from tests.ops.conftest import CliResult, cli_env, invoke
 from tests.security.conftest import Login, MakeLogin
 from tests.security.test_roles import waiting_for_event

@@ -15,9 +15,9 @@ from typing import Any, LiteralString
 import psycopg
 import pytest
 
-from broker import AsyncQueue
-from store import Store
-from store.roles import GroupRole
+from runfleet.broker import AsyncQueue
+from runfleet.store import Store
+from runfleet.store.roles import GroupRole
 from tests.security.conftest import Login, MakeLogin
 from tests.security.test_roles import waiting_for_event
 

@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 
 import tests.security.user_code_flows as uc
-from broker import AsyncQueue
-from broker.run import AsyncRun
-from store import Kind, Store
-from store.config import Settings
-from store.types import Owner, RunRow, RunStatus, WaitingReason
+from runfleet.broker import AsyncQueue
+from runfleet.broker.run import AsyncRun
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.types import Owner, RunRow, RunStatus, WaitingReason
 from tests.fleet.procs import Spawn, records
 from tests.ops.conftest import cli_env, invoke
 from tests.support.polling import until

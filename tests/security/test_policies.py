@@ -10,11 +10,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from broker import AsyncQueue, RunNotFound
-from store import roles
-from store.config import Settings
-from store.migrate import canonical_schema, migrate
-from store.roles import GroupRole
+from runfleet.broker import AsyncQueue, RunNotFound
+from runfleet.store import roles
+from runfleet.store.config import Settings
+from runfleet.store.migrate import canonical_schema, migrate
+from runfleet.store.roles import GroupRole
 from tests.ops.conftest import cli_env, invoke
 from tests.security.conftest import MakeLogin
 

@@ -17,14 +17,14 @@ from functools import partial
 import pytest
 from redis.asyncio import Redis
 
-from broker import AsyncQueue
-from broker.client import connect
-from broker.codec import FIELD, encode, message_for
-from broker.keys import GROUP
-from store import Kind, Store
-from store.config import Settings
-from store.roles import GroupRole
-from store.types import (
+from runfleet.broker import AsyncQueue
+from runfleet.broker.client import connect
+from runfleet.broker.codec import FIELD, encode, message_for
+from runfleet.broker.keys import GROUP
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.roles import GroupRole
+from runfleet.store.types import (
     Activated,
     CancelRequested,
     Claimed,

@@ -14,9 +14,9 @@ from typing import LiteralString
 import psycopg
 import pytest
 
-from broker import AsyncQueue, EventCompleted
-from store.roles import GroupRole
-from store.types import RunStatus
+from runfleet.broker import AsyncQueue, EventCompleted
+from runfleet.store.roles import GroupRole
+from runfleet.store.types import RunStatus
 from tests.security.conftest import Login, MakeLogin
 from tests.support.polling import until
 

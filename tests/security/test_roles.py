@@ -6,12 +6,12 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from broker import AsyncQueue, RunNotFound
-from store.roles import GroupRole
-from store.types import EventCompleted, RunStatus
+from runfleet.broker import AsyncQueue, RunNotFound
+from runfleet.store.roles import GroupRole
+from runfleet.store.types import EventCompleted, RunStatus
+from runfleet.worker.process import Worker
 from tests.security.conftest import MakeLogin
 from tests.support.polling import until
-from worker.process import Worker
 
 pytestmark = pytest.mark.usefixtures("role_worker")
 

@@ -15,11 +15,11 @@ from typing import Any, LiteralString
 import psycopg
 import pytest
 
-from broker import AsyncQueue, EventCompleted
-from store import roles
-from store.errors import InvalidInput, LimitExceeded
-from store.roles import GroupRole
-from store.values import UnstorableValue
+from runfleet.broker import AsyncQueue, EventCompleted
+from runfleet.store import roles
+from runfleet.store.errors import InvalidInput, LimitExceeded
+from runfleet.store.roles import GroupRole
+from runfleet.store.values import UnstorableValue
 from tests.security.conftest import Login, MakeLogin
 from tests.security.test_roles import waiting_for_event
 

@@ -17,16 +17,16 @@ from pathlib import Path
 
 import pytest
 
-import ops.cli
-import ops.explain
+import runfleet.ops.cli
+import runfleet.ops.explain
 import tests.security.flows as sf
-from broker import AsyncQueue
-from store.roles import GroupRole
-from store.types import RunStatus
+from runfleet.broker import AsyncQueue
+from runfleet.store.roles import GroupRole
+from runfleet.store.types import RunStatus
+from runfleet.worker import Context, flow
 from tests.ops.conftest import cli_env, invoke
 from tests.security.conftest import MakeLogin
 from tests.support.polling import until
-from worker import Context, flow
 
 FORGED = "next: nothing to do, the run completed"
 HOSTILE = (
@@ -120,11 +120,11 @@ def test_the_cli_prints_only_through_its_one_escaping_helper() -> None:
     ``tree``, ``fail``, ``emit``), so a new command or a new field cannot print stored
     text raw, or through rich markup, by forgetting to escape it."""
     found = []
-    for folder in (Path(ops.cli.__file__).parent, Path(ops.explain.__file__).parent):
+    for folder in (Path(runfleet.ops.cli.__file__).parent, Path(runfleet.ops.explain.__file__).parent):
         for path in sorted(folder.glob("*.py")):
             if path.name in ("text.py", "common.py") and path.parent.name == "cli":
                 continue
             for n, source in enumerate(path.read_text().splitlines(), 1):
                 if PRINTS.search(source):
                     found.append(f"{path.name}:{n}: {source.strip()}")
-    assert not found, "printing around ops.cli.text:\n" + "\n".join(found)
+    assert not found, "printing around runfleet.ops.cli.text:\n" + "\n".join(found)

@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 import tests.security.user_code_flows as uc
-from broker import AsyncQueue
-from broker.run import AsyncRun
-from store.types import RunRow, RunStatus, WaitingReason
+from runfleet.broker import AsyncQueue
+from runfleet.broker.run import AsyncRun
+from runfleet.store.types import RunRow, RunStatus, WaitingReason
 from tests.fleet.procs import Spawn, WorkerProc
 from tests.support.polling import until
 

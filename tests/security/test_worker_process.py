@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import signal
 
-from broker import AsyncQueue
-from store.roles import GroupRole
-from store.types import RunStatus
+from runfleet.broker import AsyncQueue
+from runfleet.store.roles import GroupRole
+from runfleet.store.types import RunStatus
 from tests.fleet.procs import Spawn
 from tests.security.conftest import MakeLogin
 from tests.support.polling import until

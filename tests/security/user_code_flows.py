@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from worker import Context, flow
-from worker.context import Interrupted
-from worker.durable import Suspended
-from worker.outcomes import Cause
+from runfleet.worker import Context, flow
+from runfleet.worker.context import Interrupted
+from runfleet.worker.durable import Suspended
+from runfleet.worker.outcomes import Cause
 
 
 class Hostile(BaseException):

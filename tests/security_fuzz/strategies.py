@@ -7,7 +7,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from store.errors import RunfleetError
+from runfleet.store.errors import RunfleetError
 
 DEEP: Any = []
 for _ in range(5000):

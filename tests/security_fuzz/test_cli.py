@@ -8,7 +8,7 @@ import uuid
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ops.cli.text import json_text, literal
+from runfleet.ops.cli.text import json_text, literal
 from tests.ops.conftest import Cli, CliResult
 from tests.security_fuzz.strategies import HUGE_DAYS, counts, durations, odd_text
 

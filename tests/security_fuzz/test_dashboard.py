@@ -19,11 +19,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from pydantic import BaseModel
 
-from ops.dashboard.models import StepsView
-from ops.dashboard.urls import PARTS, run_url
-from ops.models import Explanation, JournalView, RunDetail, TreeView
-from store import Store, validate
-from store.types import NewRun
+from runfleet.ops.dashboard.models import StepsView
+from runfleet.ops.dashboard.urls import PARTS, run_url
+from runfleet.ops.models import Explanation, JournalView, RunDetail, TreeView
+from runfleet.store import Store, validate
+from runfleet.store.types import NewRun
 from tests.dashboard.conftest import BASE, Dash, browser_path
 from tests.security_fuzz.strategies import valid_run_ids
 

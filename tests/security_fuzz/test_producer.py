@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import tests.trust.flows as tf
-from broker import AsyncQueue
-from store.config import Settings
-from store.errors import InvalidInput, RunfleetError
+from runfleet.broker import AsyncQueue
+from runfleet.store.config import Settings
+from runfleet.store.errors import InvalidInput, RunfleetError
 from tests.security_fuzz.strategies import (
     DEEP,
     LONE_SURROGATE,

@@ -13,11 +13,11 @@ import asyncio
 import pytest
 
 import tests.trust.flows as tf
-from broker import AsyncQueue
-from broker.codec import message_for
-from store import Store
+from runfleet.broker import AsyncQueue
+from runfleet.broker.codec import message_for
+from runfleet.store import Store
+from runfleet.worker.process import Worker
 from tests.flows.conftest import parked
-from worker.process import Worker
 
 
 async def test_forged_notices_and_messages_decide_nothing(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from worker import Context, Handoff, flow
+from runfleet.worker import Context, Handoff, flow
 
 UNDONE: list[str] = []
 """Compensations that ran, in order (in-process workers only)."""

@@ -8,10 +8,10 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from broker import AsyncQueue
-from store import Store
-from store.errors import CancelRequestFailed, FlowCycleDetected
-from store.types import (
+from runfleet.broker import AsyncQueue
+from runfleet.store import Store
+from runfleet.store.errors import CancelRequestFailed, FlowCycleDetected
+from runfleet.store.types import (
     AlreadySatisfied,
     AlreadyTerminal,
     CancelRequested,
@@ -24,6 +24,7 @@ from store.types import (
     Waiting,
     WaitingReason,
 )
+from runfleet.worker.durable import Handoff
 from tests.seed_rules import flows as sr
 from tests.seed_rules.test_lineage import handed_off
 from tests.store.helpers import (
@@ -36,7 +37,6 @@ from tests.store.helpers import (
     make_running,
     must_get,
 )
-from worker.durable import Handoff
 
 
 async def test_the_cascade_has_no_arbitrary_depth_cap(store: Store) -> None:

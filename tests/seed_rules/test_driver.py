@@ -13,10 +13,14 @@ from dataclasses import replace
 import psycopg
 import pytest
 
-from broker.liveness import Probe
-from store import Kind, Store
-from store.config import Settings
-from store.types import Claimed, Owner, RunStatus, Waiting, WaitingReason
+from runfleet.broker.liveness import Probe
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.types import Claimed, Owner, RunStatus, Waiting, WaitingReason
+from runfleet.worker.coordinator import Coordinator
+from runfleet.worker.driver import Driver
+from runfleet.worker.lease import Lease, LeaseGate, LeaseSignals
+from runfleet.worker.outcomes import Cause
 from tests.seed_rules import flows as sr
 from tests.seed_rules.test_lineage import in_lock_order
 from tests.store.helpers import (
@@ -31,10 +35,6 @@ from tests.store.helpers import (
     row_lock_gate,
 )
 from tests.support.polling import until
-from worker.coordinator import Coordinator
-from worker.driver import Driver
-from worker.lease import Lease, LeaseGate, LeaseSignals
-from worker.outcomes import Cause
 
 ME = Owner("host-me", 4242, "nonce-me")
 OTHER = Owner("host-other", 4343, "nonce-other")

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import pytest
 
-from broker.liveness import Probe
-from store import Kind, Store
-from store.config import Settings
-from store.errors import ExecutionIdentityConflict
-from store.types import Created, Joined, NewRun, Owner
+from runfleet.broker.liveness import Probe
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.errors import ExecutionIdentityConflict
+from runfleet.store.types import Created, Joined, NewRun, Owner
+from runfleet.worker.driver import Driver
+from runfleet.worker.takeover import Takeover
 from tests.seed_rules import flows as sr
 from tests.store.helpers import make_running, must_get, wait_db_time_past
-from worker.driver import Driver
-from worker.takeover import Takeover
 
 OWNER = Owner("host-owner", 611, "nonce-owner")
 WATCHER = Owner("host-watcher", 612, "nonce-watcher")

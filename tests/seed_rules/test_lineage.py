@@ -12,15 +12,17 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from store import Store
-from store.config import Settings
-from store.types import (
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import (
     AlreadyRequested,
     CancelRequested,
     RunRow,
     RunStatus,
     Transitioned,
 )
+from runfleet.worker.durable import Handoff
+from runfleet.worker.settle import Settlement
 from tests.seed_rules import flows as sr
 from tests.store.helpers import (
     OWNER_A,
@@ -34,8 +36,6 @@ from tests.store.helpers import (
     row_lock_gate,
 )
 from tests.support.polling import until
-from worker.durable import Handoff
-from worker.settle import Settlement
 
 
 def settlement(store: Store) -> Settlement:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from broker import AsyncQueue, RunCancelled
-from store import Store
-from store.types import CancelRequested, EventRunSettled, RunStatus
+from runfleet.broker import AsyncQueue, RunCancelled
+from runfleet.store import Store
+from runfleet.store.types import CancelRequested, EventRunSettled, RunStatus
+from runfleet.worker.process import Worker
 from tests.flows.conftest import parked
 from tests.seed_rules import flows as sr
-from worker.process import Worker
 
 
 async def test_cascaded_children_close_through_their_own_cancel_path(

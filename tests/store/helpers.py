@@ -15,9 +15,9 @@ from typing import Any, TypeVar, cast
 import psycopg
 from psycopg import sql
 
-from store import Store
-from store.config import Settings
-from store.types import (
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import (
     Activated,
     Created,
     JsonValue,

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from store import Store
-from store.config import Settings
-from store.errors import ExecutionIdentityConflict, InvalidInput
-from store.types import (
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.errors import ExecutionIdentityConflict, InvalidInput
+from runfleet.store.types import (
     CancelRequested,
     Created,
     Joined,
@@ -396,7 +396,7 @@ async def test_admit_each_gives_every_run_its_own_outcome(store: Store, database
 async def test_a_batch_past_the_text_cap_goes_as_several_pipelines(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from store import admit
+    from runfleet.store import admit
 
     monkeypatch.setattr(admit, "BATCH_TEXT", 50)
     news = [NewRun(id=f"r{i}", flow="f", payload={"text": "y" * 40}) for i in range(5)]

@@ -9,10 +9,10 @@ from typing import Any, cast
 
 import pytest
 
-from store import Store
-from store.config import Settings
-from store.errors import InvalidInput
-from store.types import Created, NewRun, RunStatus, Waiting, WaitingReason
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.errors import InvalidInput
+from runfleet.store.types import Created, NewRun, RunStatus, Waiting, WaitingReason
 from tests.store.helpers import OWNER_A, counts, create, make_running, must_get
 
 GOOD = NewRun(id="r-new", flow="tests.flow", queue="default", payload={"ok": True})

@@ -13,11 +13,11 @@ import random
 
 import pytest
 
-from store import Store
-from store.config import Settings
-from store.errors import InvalidInput
-from store.steps import StepWrite
-from store.types import (
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.errors import InvalidInput
+from runfleet.store.steps import StepWrite
+from runfleet.store.types import (
     Activated,
     GuardFailed,
     NotFound,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from functools import partial
 
-from store import Store
-from store.config import Settings
-from store.types import (
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import (
     AlreadyRequested,
     AlreadyTerminal,
     CancelRequested,

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 from functools import partial
 
-from store import Store
-from store.config import Settings
-from store.types import (
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import (
     Activated,
     AlreadySatisfied,
     Joined,

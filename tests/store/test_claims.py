@@ -8,10 +8,10 @@ from functools import partial
 
 import pytest
 
-from store import Store
-from store.config import Settings
-from store.errors import InvalidInput
-from store.types import (
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.errors import InvalidInput
+from runfleet.store.types import (
     Activated,
     Claimed,
     ClaimRecovered,
@@ -398,7 +398,7 @@ async def test_a_snapshot_from_an_earlier_tenure_loses_even_if_the_row_looks_ali
     store: Store,
 ) -> None:
     """A suspended row reads the same across tenures; the epoch in the snapshot tells them apart."""
-    from store.types import Activated, NewRun, SnapshotChanged, Waiting
+    from runfleet.store.types import Activated, NewRun, SnapshotChanged, Waiting
 
     a, b, c = Owner("h", 1, "a"), Owner("h", 2, "b"), Owner("h", 3, "c")
     created = await store.runs.create(NewRun(id="aba", flow="f"))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from store import Store
-from store.deferreds import Completion
-from store.errors import InvalidInput
-from store.types import (
+from runfleet.store import Store
+from runfleet.store.deferreds import Completion
+from runfleet.store.errors import InvalidInput
+from runfleet.store.types import (
     ClockAlreadyCompleted,
     ClockCompleted,
     ClockExisting,
@@ -24,7 +24,7 @@ from store.types import (
     Waiting,
     WaitingReason,
 )
-from store.values import text_digest
+from runfleet.store.values import text_digest
 from tests.store.helpers import (
     OWNER_A,
     OWNER_B,

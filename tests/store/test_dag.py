@@ -7,10 +7,10 @@ from functools import partial
 
 import pytest
 
-from store import Store
-from store.config import Settings
-from store.errors import FlowCycleDetected
-from store.types import EdgeExisting, EdgeRecorded
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.errors import FlowCycleDetected
+from runfleet.store.types import EdgeExisting, EdgeRecorded
 from tests.store.helpers import count, extra_stores, journal_kinds, race
 
 ITERATIONS = 50

@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from store import Store
-from store.journal import evidence_address
-from store.types import Accepted, Conflict, Duplicate, RunStatus
+from runfleet.store import Store
+from runfleet.store.journal import evidence_address
+from runfleet.store.types import Accepted, Conflict, Duplicate, RunStatus
 from tests.store.helpers import (
     OWNER_A,
     OWNER_B,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from store import Store
-from store.errors import InvalidInput
-from store.types import (
+from runfleet.store import Store
+from runfleet.store.errors import InvalidInput
+from runfleet.store.types import (
     Activated,
     ClockScheduled,
     GuardFailed,

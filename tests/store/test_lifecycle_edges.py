@@ -10,11 +10,11 @@ import asyncio
 import psycopg
 import pytest
 
-from store import Kind, Store, values
-from store.config import Settings
-from store.errors import InvalidInput
-from store.journal import digest
-from store.types import (
+from runfleet.store import Kind, Store, values
+from runfleet.store.config import Settings
+from runfleet.store.errors import InvalidInput
+from runfleet.store.journal import digest
+from runfleet.store.types import (
     AlreadyRequested,
     CancelRequested,
     GuardFailed,
@@ -27,7 +27,7 @@ from store.types import (
     Waiting,
     WaitingReason,
 )
-from store.values import UnstorableValue
+from runfleet.store.values import UnstorableValue
 from tests.store.helpers import (
     OWNER_A,
     OWNER_B,

@@ -7,7 +7,7 @@ import time
 import psycopg
 import pytest
 
-from store.transient import retrying
+from runfleet.store.transient import retrying
 
 
 class Flaky:

@@ -8,11 +8,11 @@ in each process would have the second one start over at the first row.
 
 from __future__ import annotations
 
-from store import Store
-from store.config import Settings
-from store.types import Waiting, WaitingReason
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import Waiting, WaitingReason
+from runfleet.worker.sweeper import Sweeper
 from tests.store.helpers import extra_stores, make_parked
-from worker.sweeper import Sweeper
 
 
 async def test_sweepers_of_two_processes_share_one_cursor_and_wrap(

@@ -14,8 +14,8 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from store.queries import q
-from store.sweeps import MAX_KEY, MIN_KEY
+from runfleet.store.queries import q
+from runfleet.store.sweeps import MAX_KEY, MIN_KEY
 
 N = 2000
 BATCH = 8

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from store import Store, SweepKind
-from store.config import Settings
-from store.types import Activated, Claimed, PendingCursor, RunStatus, Waiting, WaitingReason
+from runfleet.store import Store, SweepKind
+from runfleet.store.config import Settings
+from runfleet.store.types import (
+    Activated,
+    Claimed,
+    PendingCursor,
+    RunStatus,
+    Waiting,
+    WaitingReason,
+)
 from tests.store.helpers import (
     OWNER_A,
     OWNER_B,

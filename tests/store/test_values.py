@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from store import Store, values
-from store.errors import ExecutionIdentityConflict
-from store.types import Created, Joined, NewRun, RunStatus, Transitioned
-from store.values import UnstorableValue, encode_canonical
+from runfleet.store import Store, values
+from runfleet.store.errors import ExecutionIdentityConflict
+from runfleet.store.types import Created, Joined, NewRun, RunStatus, Transitioned
+from runfleet.store.values import UnstorableValue, encode_canonical
 from tests.store.helpers import OWNER_A, make_running, must_get
 
 SPECIALS: list[Any] = [

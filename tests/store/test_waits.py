@@ -6,11 +6,11 @@ from functools import partial
 
 import pytest
 
-from store import Store
-from store.config import Settings
-from store.deferreds import Completion
-from store.errors import InvalidInput
-from store.types import (
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.deferreds import Completion
+from runfleet.store.errors import InvalidInput
+from runfleet.store.types import (
     AlreadySatisfied,
     DeferredCompleted,
     GuardFailed,
@@ -26,8 +26,8 @@ from store.types import (
     WaitingRow,
     Woken,
 )
-from store.values import text_digest
-from store.waits import token_hash
+from runfleet.store.values import text_digest
+from runfleet.store.waits import token_hash
 from tests.store.helpers import (
     OWNER_A,
     OWNER_B,

@@ -16,9 +16,9 @@ from typing import Literal
 from hypothesis import event, note
 from hypothesis import strategies as st
 
-from store import Store
-from store.errors import InvalidInput
-from store.types import (
+from runfleet.store import Store
+from runfleet.store.errors import InvalidInput
+from runfleet.store.types import (
     Activated,
     Heartbeat,
     NewRun,

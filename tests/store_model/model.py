@@ -13,9 +13,9 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import Literal, TypeAlias
 
-from store.config import Settings
-from store.journal import Kind
-from store.types import RunStatus
+from runfleet.store.config import Settings
+from runfleet.store.journal import Kind
+from runfleet.store.types import RunStatus
 
 MAX_RECOVERIES: int = Settings.model_fields["max_recoveries"].default
 """The store's limit on takeovers in a row (the model's store uses the default settings)."""

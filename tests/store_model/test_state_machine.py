@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from store import Store
+from runfleet.store import Store
 from tests.store_model.driver import INTENTS, Driver, Intent
 
 # Lengths drawn uniformly-ish (st.lists alone mostly yields a handful of steps, too few to

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker import Context, flow
+from runfleet.worker import Context, flow
 
 
 def square(x: int) -> int:

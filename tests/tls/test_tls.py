@@ -14,15 +14,15 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 import tests.tls.flows as flows
-from broker import AsyncQueue
-from broker.client import connect
-from ops.models import DoctorView
-from ops.servers.tls import TlsPostgres, TlsRedis
-from store import Store
-from store.config import Settings
+from runfleet.broker import AsyncQueue
+from runfleet.broker.client import connect
+from runfleet.ops.models import DoctorView
+from runfleet.ops.servers.tls import TlsPostgres, TlsRedis
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.worker.process import Worker
 from tests.ops.conftest import invoke
 from tests.tls.conftest import Pki
-from worker.process import Worker
 
 
 def _settings(database_url: str, redis_url: str) -> Settings:

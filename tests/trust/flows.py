@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker import flow
-from worker.context import Context
+from runfleet.worker import flow
+from runfleet.worker.context import Context
 
 TOKENS: dict[str, str] = {}
 """Approval tokens as ``on_token`` delivered them, by run id: the tests are the approver."""

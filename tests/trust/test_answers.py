@@ -10,16 +10,16 @@ from __future__ import annotations
 import pytest
 
 import tests.trust.flows as tf
-from broker import AsyncQueue, EventCompleted, EventExisting, EventRunSettled
-from store import Store
-from store.config import Settings
-from store.errors import InvalidInput, LimitExceeded, NotAnswerable
-from store.types import RunStatus
-from store.values import text_digest
-from store.waits import token_hash
+from runfleet.broker import AsyncQueue, EventCompleted, EventExisting, EventRunSettled
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.errors import InvalidInput, LimitExceeded, NotAnswerable
+from runfleet.store.types import RunStatus
+from runfleet.store.values import text_digest
+from runfleet.store.waits import token_hash
+from runfleet.worker.process import Worker
 from tests.flows.conftest import parked
 from tests.ops.conftest import Cli
-from worker.process import Worker
 
 
 async def _trace(store: Store, run_id: str) -> tuple[int, list[str]]:

@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator
 import pytest
 
 import tests.trust.flows as tf
-from broker import AsyncQueue, RunFailed
-from store import Store
-from store.config import Settings
-from store.errors import ExecutionIdentityConflict, InvalidInput, ReservedRunId
+from runfleet.broker import AsyncQueue, RunFailed
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.errors import ExecutionIdentityConflict, InvalidInput, ReservedRunId
+from runfleet.worker.process import Worker
 from tests.ops.conftest import Cli
-from worker.process import Worker
 
 
 @pytest.fixture

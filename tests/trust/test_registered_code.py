@@ -13,15 +13,15 @@ import psycopg
 import pytest
 
 import tests.trust.flows as tf
-from broker import AsyncQueue, RunCancelled
-from store import Store
-from store.config import Settings
-from store.errors import UnknownFlow
+from runfleet.broker import AsyncQueue, RunCancelled
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.errors import UnknownFlow
+from runfleet.worker.flows import import_allowed, resolve
+from runfleet.worker.process import Worker
 from tests.flows.conftest import parked
 from tests.ops.conftest import Cli
 from tests.support.polling import until
-from worker.flows import import_allowed, resolve
-from worker.process import Worker
 
 
 @pytest.mark.parametrize(
@@ -35,7 +35,7 @@ from worker.process import Worker
         "tests.trust.evil:os.system",  # a walk through another module
         "tests.trust.flows:__builtins__",
         "tests.trust.flows:Context",  # a class, not a function
-        "ops.demo.flows:nothing",  # outside every allowed prefix
+        "runfleet.ops.demo.flows:nothing",  # outside every allowed prefix
     ],
 )
 def test_a_worker_resolves_nothing_unregistered(name: str) -> None:

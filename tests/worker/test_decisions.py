@@ -13,11 +13,11 @@ from dataclasses import replace
 import pytest
 from prometheus_client import REGISTRY
 
-import worker.decisions as decisions_module
-from broker import hostile
-from store import Kind, Store
-from store.config import Settings
-from store.types import (
+import runfleet.worker.decisions as decisions_module
+from runfleet.broker import hostile
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.types import (
     Activated,
     ActivateOutcome,
     Claimed,
@@ -28,6 +28,9 @@ from store.types import (
     Waiting,
     WaitingReason,
 )
+from runfleet.worker.decisions import REHINTS_KEPT
+from runfleet.worker.driver import Driver, Execution
+from runfleet.worker.outcomes import DriveOutcome
 from tests.seed_rules import flows as sr
 from tests.store.helpers import (
     OWNER_B,
@@ -39,9 +42,6 @@ from tests.store.helpers import (
     must_get,
 )
 from tests.support.polling import until
-from worker.decisions import REHINTS_KEPT
-from worker.driver import Driver, Execution
-from worker.outcomes import DriveOutcome
 
 ME = Owner("host-me", 8101, "nonce-me")
 THEM = Owner("host-them", 8102, "nonce-them")

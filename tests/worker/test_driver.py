@@ -13,17 +13,17 @@ from collections.abc import Callable
 
 import pytest
 
-from broker.liveness import Probe
-from store import Store
-from store.config import Settings
-from store.types import Owner, RunStatus
+from runfleet.broker.liveness import Probe
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import Owner, RunStatus
+from runfleet.worker import Context, flow
+from runfleet.worker.coordinator import Coordinator
+from runfleet.worker.driver import Driver
+from runfleet.worker.outcomes import DriveOutcome
 from tests.seed_rules import flows as sr
 from tests.store.helpers import OWNER_B, create, make_running, must_get
 from tests.support.polling import until
-from worker import Context, flow
-from worker.coordinator import Coordinator
-from worker.driver import Driver
-from worker.outcomes import DriveOutcome
 
 ME = Owner("host-me", 5151, "nonce-me")
 THEM = Owner("host-them", 5252, "nonce-them")

@@ -11,12 +11,12 @@ import logging
 import pytest
 
 import tests.fleet.flows  # noqa: F401  (registers tests.sleepy for the driver)
-from broker.liveness import Probe
-from store import Kind, Store
-from store.config import Settings
-from store.types import Owner
+from runfleet.broker.liveness import Probe
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.types import Owner
+from runfleet.worker.driver import Driver
 from tests.store.helpers import OWNER_A, make_running, wait_db_time_past
-from worker.driver import Driver
 
 ALIVE = Probe("alive", "cross-host-key-fresh", {"key": "present"})
 

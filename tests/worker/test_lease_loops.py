@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-from store import Store
-from store.config import Settings
-from store.types import Owner
-from worker.driver import Driver
-from worker.lease import Lease, LeaseGate, LeaseSignals
-from worker.watchdog import Watchdog, WatchdogSignals
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import Owner
+from runfleet.worker.driver import Driver
+from runfleet.worker.lease import Lease, LeaseGate, LeaseSignals
+from runfleet.worker.watchdog import Watchdog, WatchdogSignals
 
 
 async def test_hung_liveness_write_never_delays_renewals(settings: Settings, store: Store) -> None:

@@ -17,16 +17,16 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from store import Store
-from store.config import Settings
-from store.types import NewRun, Owner, RunRow
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import NewRun, Owner, RunRow
+from runfleet.worker import flow
+from runfleet.worker.driver import Driver
+from runfleet.worker.lease import Lease, LeaseGate, LeaseSignals
 from tests.fleet.tcpproxy import FreezableProxy
 from tests.fleet.test_lease_lapse import via
 from tests.store.helpers import db_now
 from tests.support.polling import until
-from worker import flow
-from worker.driver import Driver
-from worker.lease import Lease, LeaseGate, LeaseSignals
 
 HELD = threading.Event()
 

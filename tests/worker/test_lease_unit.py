@@ -16,16 +16,16 @@ import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
-import worker.lease as lease_module
-from store import Kind, Store
-from store.config import Settings
-from store.types import Owner, Parked, RunStatus
+import runfleet.worker.lease as lease_module
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.types import Owner, Parked, RunStatus
+from runfleet.worker.driver import Driver
+from runfleet.worker.lease import Lease, LeaseGate, LeaseSignals, _wait
+from runfleet.worker.outcomes import Cause
 from tests.seed_rules import flows as sr
 from tests.store.helpers import create, must_get
 from tests.support.polling import until
-from worker.driver import Driver
-from worker.lease import Lease, LeaseGate, LeaseSignals, _wait
-from worker.outcomes import Cause
 
 ME = Owner("host-lease", 5151, "nonce-lease")
 

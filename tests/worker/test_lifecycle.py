@@ -16,19 +16,19 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from redis.asyncio import Redis
 
-from broker.client import connect
-from broker.notify import Notifier
-from broker.service import Lifecycle, Service, Signal
-from broker.streams import Streams
-from store import Store
-from store.config import Settings
-from store.types import Owner
-from worker.driver import Driver
-from worker.lease import Lease
-from worker.retention import RetentionLoop, RetentionSignals
-from worker.scheduler import Scheduler, SchedulerSignals
-from worker.sweeper import Sweeper, SweeperSignals
-from worker.watchdog import Watchdog
+from runfleet.broker.client import connect
+from runfleet.broker.notify import Notifier
+from runfleet.broker.service import Lifecycle, Service, Signal
+from runfleet.broker.streams import Streams
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import Owner
+from runfleet.worker.driver import Driver
+from runfleet.worker.lease import Lease
+from runfleet.worker.retention import RetentionLoop, RetentionSignals
+from runfleet.worker.scheduler import Scheduler, SchedulerSignals
+from runfleet.worker.sweeper import Sweeper, SweeperSignals
+from runfleet.worker.watchdog import Watchdog
 
 Factory = Callable[[Store, Settings, Redis], Lifecycle]
 

@@ -16,10 +16,10 @@ import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
-import worker.settle as settle_module
-from store import Kind, Store
-from store.config import Settings
-from store.types import (
+import runfleet.worker.settle as settle_module
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.types import (
     Activated,
     OnParentExit,
     Owner,
@@ -28,12 +28,12 @@ from store.types import (
     Waiting,
     WaitingReason,
 )
+from runfleet.worker import Context, flow
+from runfleet.worker.containment import UserBaseException
+from runfleet.worker.durable import Handoff
+from runfleet.worker.settle import Settlement, _storable, error_of
 from tests.seed_rules import flows as sr
 from tests.store.helpers import OWNER_A, OWNER_B, create, make_parked, make_running, must_get
-from worker import Context, flow
-from worker.containment import UserBaseException
-from worker.durable import Handoff
-from worker.settle import Settlement, _storable, error_of
 
 UNDO = "tests.seed_rules.flows:undo"
 

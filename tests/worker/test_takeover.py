@@ -11,15 +11,15 @@ from dataclasses import replace
 import pytest
 from prometheus_client import REGISTRY
 
-from broker.liveness import Probe
-from store import Kind, Store
-from store.config import Settings
-from store.types import Claimed, Owner, RunRow
+from runfleet.broker.liveness import Probe
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.types import Claimed, Owner, RunRow
+from runfleet.worker.outcomes import DriveOutcome
+from runfleet.worker.takeover import UNKNOWN_PROBE, Takeover
 from tests.seed_rules import flows as sr
 from tests.store.helpers import create, db_now, make_running, must_get
 from tests.support.polling import until
-from worker.outcomes import DriveOutcome
-from worker.takeover import UNKNOWN_PROBE, Takeover
 
 ME = Owner("host-me", 7001, "nonce-me")
 THEM = Owner("host-them", 7002, "nonce-them")

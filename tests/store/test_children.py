@@ -72,7 +72,8 @@ async def test_settled_child_wakes_the_parent_parked_on_it(store: Store) -> None
     await make_running(store, "kid", OWNER_B, parent_id="parent")
     parked = await store.waits.park("parent", OWNER_A, 1, child_wait("kid"), deferred="child:kid")
     assert isinstance(parked, Parked)
-    await store.lifecycle.transition_owned("kid", OWNER_B, 1, RunStatus.FAILED)
+    settled = await store.lifecycle.transition_owned("kid", OWNER_B, 1, RunStatus.FAILED)
+    assert isinstance(settled, Transitioned) and [r.id for r in settled.woke] == ["parent"]
     parent = await must_get(store, "parent")
     assert parent.status is RunStatus.SUSPENDED and parent.waiting is None
     deferred = await store.waits.deferred("parent", "child:kid")

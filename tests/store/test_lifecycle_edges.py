@@ -5,10 +5,13 @@ settled child hands its parents. Written against surviving ``make mutate`` mutan
 
 from __future__ import annotations
 
+import asyncio
+
 import psycopg
 import pytest
 
-from runfleet.store import Kind, Store
+from runfleet.store import Kind, Store, values
+from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput
 from runfleet.store.journal import digest
 from runfleet.store.types import (
@@ -25,7 +28,16 @@ from runfleet.store.types import (
     WaitingReason,
 )
 from runfleet.store.values import UnstorableValue
-from tests.store.helpers import OWNER_A, OWNER_B, create, make_running, must_get
+from tests.store.helpers import (
+    OWNER_A,
+    OWNER_B,
+    create,
+    extra_stores,
+    make_running,
+    must_get,
+    row_lock_gate,
+)
+from tests.support.polling import until
 
 
 async def payloads(store: Store, run_id: str, kind: str) -> list[dict[str, object]]:
@@ -268,3 +280,76 @@ async def test_a_batch_settlement_cascades_with_its_own_status_as_the_cause(
     assert asked == {"actor": "postgres", "cause": "parent-failed", "by": "p"}
     (policy,) = await payloads(store, "p", Kind.CHILD_POLICY_APPLIED)
     assert policy == {"cause": "parent-failed", "cascaded_to": ["kid"]}
+
+
+async def test_a_round_admitted_while_the_cancel_waited_is_asked_in_the_same_request(
+    settings: Settings, store: Store
+) -> None:
+    """The cancel's UPDATE waits on the live round's lock; a round admitted into the lineage
+    meanwhile is invisible to it. The fresh read finds that round and the same request asks
+    it too: both rounds are answered and journaled, and the newest round is the target."""
+    await create(store, "L")
+    async with extra_stores(settings, 1) as (producer,):
+        async with row_lock_gate(settings.database_url, "L") as gate:
+            asking = asyncio.ensure_future(producer.lifecycle.request_cancel("L", note="ops"))
+            await until(
+                gate.waiters, 10.0, "the cancel to queue", accept=lambda n: n >= 1, every=0.002
+            )
+            await create(store, "L@1", lineage_id="L", round_ordinal=1)
+        outcome = await asking
+    assert isinstance(outcome, CancelRequested), outcome
+    assert outcome.rounds == ("L", "L@1"), "the round it waited on, then the one it found"
+    assert outcome.row.id == "L@1", "the target is the newest round asked"
+    for round_id in ("L", "L@1"):
+        assert (await must_get(store, round_id)).cancel_requested_at_ms is not None
+    (first,) = await payloads(store, "L", Kind.CANCEL_REQUESTED)
+    (found,) = await payloads(store, "L@1", Kind.CANCEL_REQUESTED)
+    assert first == {"actor": "postgres", "note": "ops", "reason": None, "status": "pending"}
+    assert found == {**first, "via": "L"}
+
+
+async def test_a_result_is_its_own_column_and_an_unstorable_one_is_named_by_its_path(
+    store: Store,
+) -> None:
+    row = await make_running(store, "r")
+    with pytest.raises(UnstorableValue) as caught:
+        await store.lifecycle.transition_owned(
+            "r", OWNER_A, row.epoch, RunStatus.COMPLETED, state_patch={"result": ["a", "\x00"]}
+        )
+    assert caught.value.field == "state" and caught.value.problem.startswith('$["result"][1]')
+    with pytest.raises(UnstorableValue) as other:
+        await store.lifecycle.transition_owned(
+            "r", OWNER_A, row.epoch, RunStatus.COMPLETED, state_patch={"note": "nul\x00"}
+        )
+    assert other.value.field == "state" and other.value.problem.startswith('$["note"]')
+    assert (await must_get(store, "r")).status is RunStatus.RUNNING, "nothing written"
+    done = await store.lifecycle.transition_owned(
+        "r", OWNER_A, row.epoch, RunStatus.COMPLETED, state_patch={"result": [1e16, 2], "n": 1}
+    )
+    assert isinstance(done, Transitioned)
+    settled = await must_get(store, "r")
+    assert settled.result == [1e16, 2] and isinstance(settled.result[0], float)
+    assert settled.state["n"] == 1
+
+
+async def test_data_postgres_refuses_at_a_settlement_is_unstorable_state_and_writes_nothing(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What slips past the check (here: the check itself switched off) and Postgres refuses
+    (a NUL in jsonb, SQLSTATE 22P05) is UnstorableValue of ``state``, not a retry."""
+    row = await make_running(store, "r")
+    monkeypatch.setattr(values, "encode_canonical", lambda *_args: None)
+    bad = {"note": "nul\x00"}
+    item = Settle("r", row.epoch, RunStatus.COMPLETED, bad, Kind.TRANSITIONED, None)
+    for settle in (
+        lambda: store.lifecycle.transition_owned(
+            "r", OWNER_A, row.epoch, RunStatus.COMPLETED, state_patch=bad
+        ),
+        lambda: store.lifecycle.settle_many(OWNER_A, [item]),
+    ):
+        with pytest.raises(UnstorableValue) as caught:
+            await settle()
+        assert caught.value.field == "state"
+        assert caught.value.problem.startswith("Postgres refused it: ")
+        assert isinstance(caught.value.__cause__, psycopg.DataError)
+    assert (await must_get(store, "r")).status is RunStatus.RUNNING

@@ -13,6 +13,8 @@ from dataclasses import replace
 import pytest
 from prometheus_client import REGISTRY
 
+import runfleet.worker.decisions as decisions_module
+from runfleet.broker import hostile
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.types import (
@@ -26,11 +28,13 @@ from runfleet.store.types import (
     Waiting,
     WaitingReason,
 )
+from runfleet.worker.decisions import REHINTS_KEPT
 from runfleet.worker.driver import Driver, Execution
 from runfleet.worker.outcomes import DriveOutcome
 from tests.seed_rules import flows as sr
 from tests.store.helpers import (
     OWNER_B,
+    activate,
     create,
     db_now,
     make_parked,
@@ -392,3 +396,148 @@ async def test_a_recovered_claim_taken_again_meanwhile_is_left_to_its_new_claima
     else:
         assert left.status is RunStatus.COMPLETED
     assert Kind.CLAIM_LOST not in await kinds(store, "c"), "no claim was even tried"
+
+
+# ---- runs this process may not claim: another queue's, or any while stopping ----------
+
+
+class Clock:
+    """``time`` as ``worker.decisions`` sees it: a monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class Hints:
+    """The driver's ``hint``: records the id of every run it was asked to wake."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+
+    async def __call__(self, row: RunRow) -> None:
+        self.ids.append(row.id)
+
+
+async def test_a_run_of_a_queue_not_served_is_dropped_logged_and_rehinted_once_per_stale_after(
+    store: Store,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="runfleet.worker.driver")
+    hostile.rate_limited.reset()
+    clock = Clock()
+    monkeypatch.setattr(decisions_module, "time", clock)
+    served = await Store.open(settings, serves=["b-queue", "a-queue"], min_size=1, max_size=2)
+    try:
+        hints = Hints()
+        mine = Driver(served, ME, settings, hint=hints)
+        await create(store, "elsewhere", flow="sr.waiter")  # queue "default"
+        row = await must_get(store, "elsewhere")
+        assert await mine._decide(row, "elsewhere") == (DriveOutcome.NOT_SERVED, None)
+        assert hints.ids == ["elsewhere"], "one wake on its own queue's stream"
+        (line,) = [r for r in caplog.records if r.getMessage() == "run.not_served"]
+        assert line.levelno == logging.WARNING
+        assert (line.__dict__["run_id"], line.__dict__["queue"]) == ("elsewhere", "default")
+        assert line.__dict__["serves"] == ["a-queue", "b-queue"]
+        assert (await must_get(store, "elsewhere")).claim is None, "never claimed"
+
+        clock.now += settings.stale_after - 0.001
+        assert (await mine.decide_many(["elsewhere"]))["elsewhere"][0] is DriveOutcome.NOT_SERVED
+        assert hints.ids == ["elsewhere"], "at most once per run per stale_after"
+        clock.now = 100.0 + settings.stale_after
+        assert await mine._decide(row, "elsewhere") == (DriveOutcome.NOT_SERVED, None)
+        assert hints.ids == ["elsewhere"] * 2, "a stale_after later: woken again"
+
+        await make_running(store, "running-elsewhere", THEM, flow="sr.waiter")
+        running = await must_get(store, "running-elsewhere")
+        assert await mine._decide(running, running.id) == (DriveOutcome.NOT_SERVED, None)
+        assert hints.ids == ["elsewhere"] * 2, "a running run is not waiting for a worker"
+        assert (await must_get(store, running.id)).owner == THEM, "nor stolen"
+
+        mine._rehinted.clear()
+        mine._rehinted.update((f"other-{i}", clock.now) for i in range(REHINTS_KEPT - 1))
+        await create(store, "second", flow="sr.waiter")
+        await mine._decide(await must_get(store, "second"), "second")
+        assert len(mine._rehinted) == REHINTS_KEPT, "at the bound nothing is forgotten yet"
+        await create(store, "third", flow="sr.waiter")
+        await mine._decide(await must_get(store, "third"), "third")
+        assert list(mine._rehinted) == ["third"], "past the bound the memory starts again"
+        assert hints.ids[-2:] == ["second", "third"]
+
+        silent = Driver(served, ME, settings)  # no hint function: dropped all the same
+        assert await silent._decide(row, "elsewhere") == (DriveOutcome.NOT_SERVED, None)
+
+        await create(store, "z-served", flow="sr.waiter", queue="a-queue")
+        batch = await silent.decide_many(["elsewhere", "z-served"])
+        assert batch["elsewhere"] == (DriveOutcome.NOT_SERVED, None)
+        assert batch["z-served"][0] is DriveOutcome.ACTIVATED, "the rest of the batch goes on"
+    finally:
+        await served.close()
+
+
+async def test_a_stopping_worker_claims_nothing_and_hands_the_wake_back(
+    store: Store, settings: Settings
+) -> None:
+    hints = Hints()
+    mine = Driver(store, ME, settings, hint=hints)
+    await create(store, "fresh", flow="sr.waiter")
+    await make_parked(store, "released", Waiting(WaitingReason.RELEASED), OWNER_B, flow="sr.waiter")
+    await make_parked(store, "on-event", Waiting(WaitingReason.EVENT), OWNER_B, flow="sr.waiter")
+    mine.close()
+    assert await mine.decide_many(["fresh"]) == {}, "a batch claims nothing either"
+    assert await mine._decide_delivered("fresh", "sr.waiter") is None
+    for run_id in ("fresh", "released", "on-event"):
+        row = await must_get(store, run_id)
+        assert await mine._decide(row, run_id) == (DriveOutcome.STOPPING, None), run_id
+        assert (await must_get(store, run_id)).claim is None, run_id
+    assert hints.ids == ["fresh", "released"], "a wait not due is not woken"
+    silent = Driver(store, ME, settings)  # no hint function: claims nothing all the same
+    silent.close()
+    fresh = await must_get(store, "fresh")
+    assert await silent._decide(fresh, "fresh") == (DriveOutcome.STOPPING, None)
+    assert (await must_get(store, "fresh")).status is RunStatus.PENDING
+
+
+async def test_a_stop_that_begins_while_the_drive_wakes_the_run_claims_nothing(
+    store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hints = Hints()
+    mine = Driver(store, ME, settings, hint=hints)
+    await make_parked(store, "r", Waiting(WaitingReason.RELEASED), OWNER_B, flow="sr.waiter")
+    wake = store.waits.wake
+
+    async def stop_meanwhile(run_id: str, **kwargs: str) -> object:
+        mine.close()  # the worker's stop begins while this drive's wake is in flight
+        return await wake(run_id, **kwargs)
+
+    monkeypatch.setattr(store.waits, "wake", stop_meanwhile)
+    row = await must_get(store, "r")
+    assert await mine._decide(row, "r") == (DriveOutcome.STOPPING, None)
+    after = await must_get(store, "r")
+    assert after.claim is None and after.owner is None and after.waiting is None
+    assert hints.ids == ["r"], "its wake goes back to the fleet"
+
+
+async def test_a_claim_refused_as_not_served_is_dropped_as_not_served(
+    store: Store, settings: Settings
+) -> None:
+    """A pending run with a cancel asked may be claimed by any worker (closing it executes
+    nothing); if its own pool closes it first, the claim finds a settled run of a queue this
+    process does not serve, and says so."""
+    served = await Store.open(settings, serves=["a-queue"], min_size=1, max_size=2)
+    try:
+        mine = Driver(served, ME, settings, hint=Hints())
+        await create(store, "r", flow="sr.waiter")  # queue "default"
+        await store.lifecycle.request_cancel("r")
+        seen = await must_get(store, "r")
+        assert served.runs.may_claim(seen), "a pending run with a cancel asked"
+        theirs = await activate(store, "r", OWNER_B)
+        await store.lifecycle.acknowledge_cancel("r", OWNER_B, theirs.epoch)
+        assert await mine._decide(seen, "r") == (DriveOutcome.NOT_SERVED, None)
+        assert (await must_get(store, "r")).status is RunStatus.CANCELLED, "closed by its pool"
+    finally:
+        await served.close()

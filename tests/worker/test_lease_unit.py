@@ -149,10 +149,15 @@ async def test_a_renewal_confirms_what_it_renewed_and_interrupts_what_it_did_not
     assert rig.lease.last_confirmed_ms == beat.now_ms
     assert rig.cause("kept") is None
     assert rig.cause("gone") is Cause.LOST_FENCE
+    assert rig.cause("cancelled") is Cause.CANCELLED, "the body is told why it stops"
     (lost,) = [r for r in caplog.records if r.getMessage() == "run.fence_lost"]
     assert (lost.__dict__["run_id"], lost.__dict__["via"]) == ("gone", "heartbeat")
     await asyncio.wait_for(rig.drives["cancelled"], 10)
     assert (await must_get(rig.store, "cancelled")).status is RunStatus.CANCELLED
+    (closed,) = [
+        r for r in await rig.store.journal.records("cancelled") if r.kind == Kind.INTERRUPTED
+    ]
+    assert "found_at_release" not in closed.payload, "cancelled as such, not found at a release"
     await asyncio.wait_for(rig.drives["gone"], 10)
     assert "gone" in sr.STOPPED and "gone" not in rig.driver.owned
     assert rig.lease.gate.open() and not rig.lease.lapsed
@@ -231,6 +236,30 @@ async def test_a_hanging_renewal_is_unconfirmed_after_one_interval_and_never_dou
         "TimeoutError('renewal not confirmed within one interval')",
         "TimeoutError('previous renewal still in flight')",
     ]
+
+
+def test_the_unconfirmed_gap_grows_while_lapsed_and_is_kept_once_reconfirmed(
+    settings: Settings, clock: Clock
+) -> None:
+    gate = LeaseGate(settings)
+    assert gate.unconfirmed_ms() is None and gate.gap_ms(clock.now) is None, "never confirmed"
+    gate.confirm(clock.now)
+    clock.now += 1.0
+    assert gate.unconfirmed_ms() is None, "never lapsed: no gap to tell"
+    assert gate.gap_ms(clock.now) == 1000
+    gate.confirm(clock.now)
+    assert gate.unconfirmed_ms() is None, "a confirmation outside a lapse ends no lapse"
+    gate.lapsed = True
+    clock.now += 2.25
+    assert gate.unconfirmed_ms() == 2250, "while it lasts: so far, by the monotonic clock"
+    clock.now += 0.5
+    assert gate.unconfirmed_ms() == 2750
+    gate.confirm(clock.now)  # the renewal that ends the lapse
+    gate.lapsed = False
+    clock.now += 9.0
+    gate.confirm(clock.now)
+    assert gate.last_gap_ms == 2750, "later confirmations leave the lapse's gap alone"
+    assert gate.unconfirmed_ms() == 2750, "once over: up to the renewal that ended it"
 
 
 async def test_a_lapse_interrupts_every_run_once_and_closes_the_gate(
@@ -387,12 +416,13 @@ async def test_the_running_lease_renews_every_interval_and_stops_when_asked(
 
 
 async def test_every_run_still_held_after_a_lapse_gets_its_own_reconfirmed_record(
-    rig: Rig, caplog: pytest.LogCaptureFixture
+    rig: Rig, clock: Clock, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="runfleet.worker.lease")
     for run_id in ("a", "b"):
         await rig.hold(run_id)
     rig.lease.gate.lapsed = True
+    clock.now += 2.5  # the renewal ending the lapse is sent 2.5 s after the last confirmed
     beat = await rig.lease.tick()
     assert beat is not None and rig.lease.lapsed is False
     for run_id in ("a", "b"):
@@ -403,8 +433,11 @@ async def test_every_run_still_held_after_a_lapse_gets_its_own_reconfirmed_recor
         row = await rig.store.runs.get(run_id)
         assert row is not None  # the lease confirmed is the heartbeat this renewal wrote
         assert records[0].payload["confirmed_ms"] == row.heartbeat_at_ms
+        assert records[0].payload["unconfirmed_ms"] == 2500
     (line,) = [r for r in caplog.records if r.getMessage() == "lease.reconfirmed"]
     assert line.__dict__["owner"] == ME.key
+    assert line.__dict__["unconfirmed_ms"] == 2500, "the gap the lapse left"
+    assert line.__dict__["runs"] == 2, "the runs it journaled reconfirmed"
 
 
 async def test_the_lapse_loop_lapses_on_its_own_timer_and_ends_when_stopped(

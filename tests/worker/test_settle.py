@@ -29,6 +29,7 @@ from runfleet.store.types import (
     WaitingReason,
 )
 from runfleet.worker import Context, flow
+from runfleet.worker.containment import UserBaseException
 from runfleet.worker.durable import Handoff
 from runfleet.worker.settle import Settlement, _storable, error_of
 from tests.seed_rules import flows as sr
@@ -512,3 +513,91 @@ async def test_an_unstorable_settlement_in_a_group_commit_fails_alone(
     failed = await must_get(store, "bad")
     assert failed.status is RunStatus.FAILED and isinstance(failed.error, dict)
     assert failed.error["type"] == "UnstorableValue"
+
+
+# ---- the run's own BaseExceptions, and a hard stop during a compensation ---------------
+
+
+def test_a_base_exception_of_the_runs_code_is_recorded_as_itself_and_marked() -> None:
+    try:
+        raise SystemExit("bye")
+    except SystemExit as exc:
+        original = exc
+    error = error_of(UserBaseException(original))
+    assert error["type"] == "SystemExit"
+    assert error["message"] == "SystemExit raised by the run's own code: bye"
+    assert error["base_exception"] is True
+    assert error["traceback"] == "".join(traceback.format_exception(original))
+    silent = error_of(UserBaseException(KeyboardInterrupt()))
+    assert silent["message"] == "KeyboardInterrupt raised by the run's own code", "no ': '"
+    assert silent["type"] == "KeyboardInterrupt" and silent["base_exception"] is True
+    assert "base_exception" not in error_of(ValueError("plain")), "only for BaseExceptions"
+
+
+def test_a_traceback_whose_formatting_raises_is_said_to_be_unformattable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def hostile(_exc: BaseException) -> list[str]:
+        raise SystemExit("a __str__ that exits, met while formatting")
+
+    monkeypatch.setattr(settle_module, "traceback", SimpleNamespace(format_exception=hostile))
+    error = error_of(KeyError("k"))
+    assert error["traceback"] == "<traceback of KeyError could not be formatted>"
+
+
+COMPENSATING: list[asyncio.Event] = []
+"""Set by ``undo_that_blocks`` once it runs (made by the test, in its own event loop)."""
+
+
+async def undo_that_cancels_itself(output: Any) -> None:
+    """The run's own code raising CancelledError that nobody asked for."""
+    raise asyncio.CancelledError(f"my own {output}")
+
+
+async def undo_that_blocks(output: Any) -> None:
+    COMPENSATING[-1].set()
+    await asyncio.Event().wait()  # until the settling task is cancelled
+
+
+async def test_a_compensations_own_cancelled_error_fails_that_compensation_only(
+    store: Store,
+) -> None:
+    sr.UNDONE.clear()
+    row = await _with_steps(
+        store, "r", [("one", UNDO), ("own", "tests.worker.test_settle:undo_that_cancels_itself")]
+    )
+    await settlement(store).cancelled(row, row.epoch)
+    (failed,) = await journal(store, "r", Kind.STEP_COMPENSATION_FAILED)
+    assert failed["key"] == "own"
+    assert sr.UNDONE == ["r-one"], "the rest still run"
+    assert (await must_get(store, "r")).status is RunStatus.CANCELLED
+
+
+async def test_a_hard_stop_during_a_compensation_stops_the_settlement(store: Store) -> None:
+    COMPENSATING.append(asyncio.Event())
+    sr.UNDONE.clear()
+    row = await _with_steps(
+        store, "r", [("one", UNDO), ("blocks", "tests.worker.test_settle:undo_that_blocks")]
+    )
+    settling = asyncio.ensure_future(settlement(store).cancelled(row, row.epoch))
+    await asyncio.wait_for(COMPENSATING[-1].wait(), 10)
+    settling.cancel()  # the drive itself is cancelled (a hard stop), not the run's code
+    with pytest.raises(asyncio.CancelledError):
+        await settling
+    assert await journal(store, "r", Kind.STEP_COMPENSATION_FAILED) == []
+    assert sr.UNDONE == [], "nothing more runs"
+    assert (await must_get(store, "r")).status is RunStatus.RUNNING, "left to a recovery"
+
+
+async def test_a_cancel_found_at_a_release_says_which_interrupt_found_it(store: Store) -> None:
+    found = await make_running(store, "found", OWNER_A, flow="sr.waiter")
+    plain = await make_running(store, "plain", OWNER_A, flow="sr.waiter")
+    await settlement(store).cancelled(found, found.epoch, found_at="shutdown")
+    await settlement(store).cancelled(plain, plain.epoch)
+    (record,) = await journal(store, "found", Kind.INTERRUPTED)
+    assert record["cancelled"] is True and record["found_at_release"] == "shutdown"
+    cancellation = (await must_get(store, "found")).state["cancellation"]
+    assert cancellation["found_at_release"] == "shutdown"
+    (ordinary,) = await journal(store, "plain", Kind.INTERRUPTED)
+    assert ordinary["cancelled"] is True and "found_at_release" not in ordinary
+    assert "found_at_release" not in (await must_get(store, "plain")).state["cancellation"]

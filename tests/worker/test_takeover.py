@@ -118,6 +118,7 @@ async def test_a_stale_lease_is_stolen_with_the_probes_evidence_counted_and_logg
     assert outcome == DriveOutcome.STOLEN
     assert activated is not None and activated[0].owner == ME and activated[1] is None
     assert activated[0].epoch == row.epoch + 1
+    assert activated[0].recoveries == row.recoveries + 1, "a lost process: one recovery more"
     assert probes.asked == [(THEM, row.heartbeat_at_ms)]
     (steal,) = await records(store, "r", Kind.STOLEN_AND_ACTIVATED)
     assert steal["probe"] == "cross-host-unreachable-stale"
@@ -142,6 +143,7 @@ async def test_an_own_orphaned_run_is_taken_back_without_asking_the_probe(
     probes = Probes(ALIVE)  # would vouch for us: it must not be asked
     outcome, activated = await Takeover(store, ME, settings, probes).steal(row, None)
     assert outcome == DriveOutcome.STOLEN and activated is not None
+    assert activated[0].recoveries == row.recoveries, "taking back our own is no recovery"
     assert probes.asked == []
     (steal,) = await records(store, "r", Kind.STOLEN_AND_ACTIVATED)
     assert steal["probe"] == "self-orphaned"
@@ -260,3 +262,30 @@ async def test_a_steal_the_database_finds_fresh_journals_the_lease_it_found(
         "heartbeat_at_ms": current.heartbeat_at_ms,
     }
     assert refusals[0].source_id.startswith(f"evidence:r:{THEM.key}:{current.heartbeat_at_ms}:")
+
+
+async def test_a_stale_run_at_its_recovery_limit_is_dead_lettered_counted_and_logged(
+    store: Store, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="runfleet.worker.takeover")
+    strict = settings.model_copy(update={"max_recoveries": 0})
+    limited = await Store.open(strict, min_size=1, max_size=2)
+    try:
+        await make_running(store, "poison", THEM, flow="sr.waiter")
+        row = await stale(store, settings, "poison")
+        takeover = Takeover(limited, ME, strict, Probes(DEAD))
+        earlier = (row.heartbeat_at_ms or 0) - 1
+        takeover.ladder.refused("poison", earlier)
+        before = sample("runfleet_dead_lettered_total")
+        assert await takeover.steal(row, None) == (DriveOutcome.DEAD_LETTERED, None)
+        assert sample("runfleet_dead_lettered_total") == before + 1
+        assert takeover.ladder.due("poison", earlier), "its rung is forgotten once parked"
+        parked = await must_get(store, "poison")
+        assert parked.owner is None and parked.waiting is not None
+        assert parked.waiting.reason.value == "dead"
+        (line,) = [r for r in caplog.records if r.getMessage() == "run.dead_lettered"]
+        assert line.__dict__["run_id"] == "poison" and line.__dict__["previous"] == THEM.key
+        assert line.__dict__["recoveries"] == 0
+        assert line.__dict__["lost_owners"] == [THEM.key]
+    finally:
+        await limited.close()

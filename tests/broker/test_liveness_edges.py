@@ -102,9 +102,15 @@ async def test_for_settings_carries_every_setting(
 # ---- pids on this host ---------------------------------------------------------------
 
 
-def test_pid_states() -> None:
+def test_pid_states(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _pid_state(os.getpid()) == "running"
+    # pid 1 is a process (init), not a group. Asked through a stand-in for os.kill: a
+    # mutant that sends a real signal must never reach the machine's init process.
+    asked: list[tuple[int, int]] = []
+    monkeypatch.setattr(liveness_module.os, "kill", lambda pid, sig: asked.append((pid, sig)))
     assert _pid_state(1) == "running", "pid 1 is a process (init), not a group"
+    assert asked == [(1, 0)], "the probe asks with signal 0, delivering nothing"
+    monkeypatch.undo()
     for pid in (0, -1, -os.getpid(), 2**40):  # groups, and a pid the kernel cannot hold
         assert _pid_state(pid) == "gone"
 

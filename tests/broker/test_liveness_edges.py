@@ -107,7 +107,7 @@ def test_pid_states(monkeypatch: pytest.MonkeyPatch) -> None:
     # pid 1 is a process (init), not a group. Asked through a stand-in for os.kill: a
     # mutant that sends a real signal must never reach the machine's init process.
     asked: list[tuple[int, int]] = []
-    monkeypatch.setattr(liveness_module.os, "kill", lambda pid, sig: asked.append((pid, sig)))
+    monkeypatch.setattr(os, "kill", lambda pid, sig: asked.append((pid, sig)))
     assert _pid_state(1) == "running", "pid 1 is a process (init), not a group"
     assert asked == [(1, 0)], "the probe asks with signal 0, delivering nothing"
     monkeypatch.undo()

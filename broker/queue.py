@@ -205,7 +205,9 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
             if not self.late_binding or dotted is not None:
                 given = name
                 if await self._available(lambda: self.store.flows.get(given)) is None:
-                    if dotted is not None and (self.late_binding or importable(dotted)):
+                    # late binding keeps a dotted name as a flow name (flow names hold dots):
+                    # it is rq's module.func only where the producer can import that
+                    if dotted is not None and importable(dotted):
                         name = dotted
                     elif not self.late_binding:
                         raise unknown(name)

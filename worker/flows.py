@@ -173,8 +173,10 @@ RESOLVED_KEPT = 10_000
 def runnable() -> set[str]:
     """The flow names this process is known to run: its registered flows and the plain
     functions it has resolved so far. A claim's priority look-ahead takes a run in another
-    run's place only among these (docs/queues.md), so it never activates one it cannot run."""
-    return {*_REGISTRY, *_RESOLVED}
+    run's place only among these (docs/queues.md), so it never activates one it cannot run.
+    A versioned flow is left out: whether this process may run one of its runs depends on
+    the run's version, which only the usual read-then-decide path checks (docs/lifecycle.md)."""
+    return {name for name, f in _REGISTRY.items() if f.version is None} | set(_RESOLVED)
 
 
 def allow_imports(modules: Iterable[str], prefixes: Iterable[str]) -> None:

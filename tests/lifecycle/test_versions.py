@@ -93,3 +93,19 @@ async def _recorded(store: Store, run_id: str) -> list[str]:
 
 async def _logged(log: str, event: str) -> bool:
     return event in log
+
+
+def test_a_versioned_flow_is_never_a_priority_look_ahead() -> None:
+    """A claim's look-ahead (docs/queues.md) may take a fresh run of any flow runnable()
+    names in a lower-priority run's place, before its version is read; so a versioned
+    flow is left out, and its runs are decided by the path that checks the version."""
+    from runfleet.worker.flows import runnable
+
+    assert v1.versioned.version == "v1"
+    assert "lifecycle.versioned" not in runnable()
+    assert "lifecycle.strict" not in runnable()
+
+    @flow(name="lifecycle.unversioned_lookahead")
+    async def plain(ctx: object) -> None: ...
+
+    assert "lifecycle.unversioned_lookahead" in runnable()

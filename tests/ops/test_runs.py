@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 
+import tests.fleet.flows  # noqa: F401  (this producer has loaded the module ADD names)
 from runfleet.ops.models import (
     CancelResult,
     EnqueueResult,

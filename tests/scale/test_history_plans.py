@@ -38,7 +38,7 @@ from psycopg.rows import dict_row
 
 from runfleet.ops.servers.resolve import Endpoints, database_url_for
 from runfleet.store.queries import q
-from tests.store.test_sweep_plans import BATCH, CLOCKS, KINDS, QUERIES, START, N, _insert
+from tests.store.test_sweep_plans import BATCH, CLOCKS, KINDS, NOW, QUERIES, START, N, _insert
 
 HISTORY_ROWS = int(os.environ.get("RUNFLEET_TEST_HISTORY_ROWS", "300000"))
 WATCHED = {"runs", "journal"}
@@ -120,6 +120,7 @@ def test_no_sweep_scans_the_history_sequentially(history: tuple[str, int], case:
     name, params = CASES[case]
     if name.startswith("retention."):
         params = {**params, "before_ms": now_ms, "now_ms": now_ms}
+    params = {k: now_ms if v == NOW else v for k, v in params.items()}  # the fill's time
     plan, text = _explain(url, name, params)
     print(f"--- {case} ({HISTORY_ROWS:,} settled runs of history)\n{text}")
     nodes = list(_nodes(plan))

@@ -252,46 +252,13 @@ class Streams:
             if raw:
                 continue  # only malformed entries (now dropped): look again at once
             block = min(remaining_ms, self._block_slice_ms)
-            if count >= len(streams):
-                # Idle with a free slot per stream: wait and take in one round trip (the
-                # wake carries the entry), at most one entry per stream, so never more
-                # than the free slots; taken in priority order (recovery lanes first).
-                deliveries = await self._accept(
-                    await self._wait_and_take(consumer, ordered, streams, block)
-                )
-                if deliveries:
-                    return deliveries
-                continue
             # A doorbell: wait for any entry newer than the tails, without consuming it.
+            # Not a blocking XREADGROUP, which would save a round trip: Redis assigns the
+            # entry to a blocked consumer when it arrives, so a reader frozen at that moment
+            # (SIGSTOP, a GC pause, a partition) would hold the wake in its pending list
+            # until the reclaim (3 x stale_after) while other workers sit idle
+            # (tests/broker/test_idle_read.py; docs/producer.md).
             await self._redis.xread(dict(zip(streams, tails, strict=True)), count=1, block=block)
-
-    async def _wait_and_take(
-        self, consumer: str, ordered: list[tuple[str, Lane]], streams: list[str], block_ms: int
-    ) -> list[Raw]:
-        """Block until a new entry is in any of ``streams``; take at most one per stream.
-
-        The streams were empty for this group when the read script last looked: an entry
-        published since is returned at once; otherwise Redis answers with the first one
-        published, on its own stream. Entries come back in the streams' priority order.
-        """
-        try:
-            reply: Any = await self._redis.xreadgroup(
-                GROUP, consumer, dict.fromkeys(streams, ">"), count=1, block=block_ms
-            )
-        except ResponseError as exc:
-            if not _is_nogroup(exc):
-                raise
-            return []  # the next read script recreates the group and looks again
-        index = {key: i for i, key in enumerate(streams)}
-        taken: list[tuple[int, Raw]] = []
-        by_stream = reply.items() if isinstance(reply, dict) else reply or []  # RESP3, RESP2
-        for key, entries in by_stream:
-            i = index[_text(key)]
-            queue, lane = ordered[i]
-            for entry_id, fields in entries:
-                taken.append((i, (queue, lane, _text(entry_id), _fields(fields))))
-        taken.sort(key=lambda item: item[0])
-        return [entry for _, entry in taken]
 
     async def _read_once(
         self, consumer: str, ordered: list[tuple[str, Lane]], streams: list[str], count: int
@@ -479,13 +446,6 @@ class Streams:
                     await self._redis.xgroup_delconsumer(key, GROUP, c["name"])
                     removed += 1
         return removed
-
-
-def _fields(fields: Any) -> dict[bytes, bytes] | None:
-    """An XREADGROUP entry's fields as redis-py parsed them (``None`` if deleted)."""
-    if not isinstance(fields, dict) or not fields:
-        return None
-    return {bytes(k): bytes(v) for k, v in fields.items()}
 
 
 def _no_such_key(exc: BaseException) -> bool:

@@ -1,9 +1,12 @@
-"""An idle reader takes the first entry with its wake: one Redis round trip after publish.
+"""An idle reader waits on a doorbell that consumes nothing, so a frozen reader never holds a wake.
 
-With a free slot per stream, ``Streams.read`` blocks in ``XREADGROUP`` itself (one entry
-per stream at most, so never more than the free slots) instead of a non-consuming
-``XREAD`` doorbell followed by the read script. Recovery lanes stay first; with fewer
-free slots than streams the doorbell is kept, so ``count`` still bounds every read.
+``Streams.read`` waits for new entries with a non-consuming ``XREAD``, then takes them
+with the read script. A blocking ``XREADGROUP`` would save that second round trip, but
+Redis assigns the entry to the blocked consumer the moment it arrives: a worker frozen
+then (SIGSTOP, a GC pause, a partition) would hold the run's wake in its pending list
+until the reclaim (3 x stale_after), while other idle workers never see it.
+tests/fleet/test_ownership.py::test_full_partition_lapses_before_takeover failed that way
+three times in four while the reader blocked in XREADGROUP.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from redis.asyncio import Redis
 
 from runfleet.broker.client import connect
 from runfleet.broker.codec import StreamMessage
-from runfleet.broker.streams import Lane, Streams
+from runfleet.broker.streams import Streams
 from tests.support.polling import until
 
 
@@ -26,34 +29,53 @@ def msg(run: str) -> StreamMessage:
     )
 
 
-class Recorded:
-    """Every command the reader's client sent, by name (scripts as EVALSHA)."""
+async def test_a_reader_frozen_after_its_wake_leaves_the_entry_to_another(
+    redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    frozen_client = connect(redis_url)
+    other_client = connect(redis_url)
+    frozen = asyncio.Event()
+    never = asyncio.Event()
+    a = Streams(frozen_client, redis_prefix)
+    real: Any = a._redis.execute_command  # the client the reader sends its commands with
 
-    def __init__(self, redis: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.names: list[str] = []
-        real: Any = redis.execute_command
+    async def execute(*args: Any, **options: Any) -> Any:
+        reply = await real(*args, **options)
+        words = [a.decode() if isinstance(a, bytes) else str(a) for a in args]
+        if "BLOCK" in (w.upper() for w in words):
+            frozen.set()
+            await never.wait()  # the process stops right after its blocking read answers
+        return reply
 
-        async def execute(*args: Any, **options: Any) -> Any:
-            self.names.append(str(args[0]).upper())
-            return await real(*args, **options)
+    monkeypatch.setattr(a._redis, "execute_command", execute)
+    try:
+        await a.ensure_groups(["default"])
+        reading = asyncio.create_task(a.read("c-frozen", ["default"], count=8, block_ms=5000))
+        await asyncio.sleep(0.2)  # a is blocked in its wait
+        await Streams(other_client, redis_prefix).publish("default", msg("r1"))
+        await until(lambda: _is_set(frozen), timeout=5)
+        got = await Streams(other_client, redis_prefix).read(
+            "c-other", ["default"], count=8, block_ms=2000
+        )
+        assert [d.message.run for d in got] == ["r1"], "the frozen reader took the wake"
+        reading.cancel()
+    finally:
+        never.set()
+        await frozen_client.aclose()
+        await other_client.aclose()
 
-        monkeypatch.setattr(redis, "execute_command", execute)
+
+async def _is_set(event: asyncio.Event) -> bool:
+    return event.is_set()
 
 
-async def test_an_idle_read_is_woken_with_the_entry(
-    redis: Redis, redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+async def test_an_idle_read_returns_the_entry_published_while_it_waits(
+    redis: Redis, redis_url: str, redis_prefix: str
 ) -> None:
     reader = Streams(redis, redis_prefix)
     await reader.ensure_groups(["default"])
-    sent = Recorded(redis, monkeypatch)
     reading = asyncio.create_task(reader.read("c1", ["default"], count=8, block_ms=5000))
-
-    async def blocked() -> bool:
-        return "XREADGROUP" in sent.names
-
-    await until(blocked, timeout=5)
-    assert "XREAD" not in sent.names  # no doorbell
-    before = len(sent.names)
+    await asyncio.sleep(0.2)
     producer = connect(redis_url)
     try:
         await Streams(producer, redis_prefix).publish("default", msg("r1"))
@@ -61,35 +83,3 @@ async def test_an_idle_read_is_woken_with_the_entry(
     finally:
         await producer.aclose()
     assert [d.message.run for d in got] == ["r1"]
-    assert sent.names[before:] == [], "the wake itself delivered the entry"
-
-
-async def test_the_wake_takes_recovery_first_and_at_most_one_per_stream(
-    streams: Streams,
-) -> None:
-    await streams.ensure_groups(["a", "b"])
-    await streams.publish("b", msg("b-normal-1"))
-    await streams.publish("b", msg("b-normal-2"))
-    await streams.publish("a", msg("a-normal"))
-    await streams.publish("b", msg("b-recovery"), Lane.RECOVERY)
-    ordered = [(q, lane) for lane in Lane for q in ("a", "b")]
-    keys = [streams.stream_key(q, lane) for q, lane in ordered]
-    taken = await streams._wait_and_take("c1", ordered, keys, 100)
-    assert [(q, lane) for q, lane, _id, _f in taken] == [
-        ("b", Lane.RECOVERY),
-        ("a", Lane.NORMAL),
-        ("b", Lane.NORMAL),
-    ]
-    rest = await streams.read("c1", ["a", "b"], count=8, block_ms=0)
-    assert [d.message.run for d in rest] == ["b-normal-2"]
-
-
-async def test_fewer_free_slots_than_streams_keep_the_doorbell(
-    redis: Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    reader = Streams(redis, redis_prefix)
-    await reader.ensure_groups(["a", "b"])  # four streams, one free slot
-    sent = Recorded(redis, monkeypatch)
-    got = await reader.read("c1", ["a", "b"], count=1, block_ms=50)
-    assert got == []
-    assert "XREAD" in sent.names and "XREADGROUP" not in sent.names

@@ -27,6 +27,7 @@ def flow_target(target: Any) -> tuple[str, str | None, Callable[..., Any] | None
     declared = getattr(target, "runfleet_flow", None)
     if declared is not None:
         name, queue = declared
+        admission_state(target)  # a class-level flow of a FlowInstance class is refused
         return name, queue, getattr(target, "fn", None), True
     if isinstance(target, str):
         return validate.identifier("flow", target), None, None, False
@@ -38,6 +39,24 @@ def flow_target(target: Any) -> tuple[str, str | None, Callable[..., Any] | None
     raise InvalidInput(
         "flow", f"cannot enqueue {reprlib.repr(target)}: pass a flow, a function or 'mod:fn'"
     )
+
+
+INSTANCE_STATE_KEY = "flow_instance"
+"""Where a run's state keeps the instance a class-bound flow was admitted for
+(``worker.instances``)."""
+
+
+def admission_state(target: Any) -> dict[str, str]:
+    """The run-state key a class-bound ``@flow`` admits a run with: the instance's name
+    for a bound one (``instance.method``); a class-level one names no instance: refused."""
+    if getattr(target, "runfleet_needs_instance", False):
+        raise InvalidInput(
+            "flow",
+            f"{getattr(target, 'name', target)!r} is a method of a FlowInstance class: "
+            "enqueue it from an instance (instance.method)",
+        )
+    name = getattr(target, "instance", None)
+    return {INSTANCE_STATE_KEY: name} if isinstance(name, str) else {}
 
 
 def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:

@@ -29,6 +29,7 @@ from redis.asyncio import Redis
 from runfleet.broker.admission import (
     QUEUE_OPTIONS,
     EnqueueSpec,
+    admission_state,
     check_signature,
     dependencies,
     flow_target,
@@ -250,6 +251,7 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
         version = getattr(spec.target, "version", None)  # a versioned @flow's code
         if isinstance(version, str):
             extra["flow_version"] = version
+        extra.update(admission_state(spec.target))  # a class-bound @flow's instance
         declared = getattr(spec.target, "timeout", None)  # a @flow's timeout, in seconds
         if job_timeout_ms is None and isinstance(declared, int | float):
             job_timeout_ms = validate.timeout_ms(declared)

@@ -36,8 +36,9 @@ from runfleet.store.types import Created, Joined, NewRun, RunRow, RunStatus
 if TYPE_CHECKING:
     from runfleet.store import Store
 
-CARRIED = ("meta", "description", "result_ttl", "failure_ttl")
-"""Options a resumed round or a fork keeps from its source."""
+CARRIED = ("meta", "description", "result_ttl", "failure_ttl", "flow_version", "flow_instance")
+"""Options a resumed round or a fork keeps from its source (the version its history was
+recorded by, and a class-bound flow's instance, so the same workers take it)."""
 
 
 @dataclass(frozen=True, slots=True)

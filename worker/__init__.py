@@ -10,6 +10,7 @@ from runfleet.worker.durable import (
     WaitTimeout,
 )
 from runfleet.worker.flows import Flow, flow
+from runfleet.worker.instances import FlowInstance
 from runfleet.worker.step_timeouts import StepTimeout
 from runfleet.worker.sync_context import SyncContext
 
@@ -18,6 +19,7 @@ __all__ = [
     "Context",
     "Decision",
     "Flow",
+    "FlowInstance",
     "Handoff",
     "Interrupted",
     "NonDeterminism",

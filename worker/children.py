@@ -21,6 +21,7 @@ from runfleet.worker import tracing
 from runfleet.worker.context_parts import ContextParts
 from runfleet.worker.durable import ChildFailed
 from runfleet.worker.flows import Flow, registered
+from runfleet.worker.instances import child_instance
 from runfleet.worker.versions import child_version
 
 T = TypeVar("T")
@@ -96,7 +97,7 @@ class Children(ContextParts):
             parent_id=self.run.id,
             on_parent_exit=policy,
             timeout_ms=_timeout_ms(flow, name),
-            extra={**tracing.child_extra(), **child_version(flow)},
+            extra={**tracing.child_extra(), **child_version(flow), **child_instance(flow)},
         )  # a retried create of the same id joins the run its first try admitted
         outcome = await self._durable("runs.create", lambda: self._store.runs.create(new))
         await self._record(position, key, name, kind, {"run_id": child_id})

@@ -41,6 +41,7 @@ from runfleet.store.types import (
 from runfleet.worker import metrics
 from runfleet.worker.evidence import journal_evidence
 from runfleet.worker.flows import Flow, resolve, runnable
+from runfleet.worker.instances import for_run
 from runfleet.worker.outcomes import Decision, DriveOutcome
 from runfleet.worker.takeover import Takeover
 from runfleet.worker.versions import version_carried
@@ -120,8 +121,8 @@ class Decisions:
             flow = resolve(flow_name)
         except UnknownFlow:
             return None
-        if flow.version is not None:
-            return None  # the claim must read the run's version first: the usual path
+        if flow.version is not None or flow.owner is not None:
+            return None  # the claim must read the run's version (instance) first: the usual path
         if (
             self.closed
             or run_id in self.owned
@@ -199,7 +200,9 @@ class Decisions:
                     extra={"run_id": row.id, "flow": row.flow, "error": str(exc)},
                 )
             return None
-        return found if version_carried(found, row, self._warned_unknown) else None
+        if not version_carried(found, row, self._warned_unknown):
+            return None
+        return for_run(found, row, self._warned_unknown)
 
     async def _claim(self, row: RunRow, flow: Flow | None) -> Decision:
         if row.waiting is not None:

@@ -15,15 +15,16 @@ import inspect
 import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from types import ModuleType
+from dataclasses import dataclass, replace
+from types import MethodType, ModuleType
 from typing import Any, overload
 
 from runfleet.broker.admission import check_signature
 from runfleet.broker.names import load_from_path, qualified_name
 from runfleet.store import validate
-from runfleet.store.errors import UnknownFlow
+from runfleet.store.errors import InvalidInput, UnknownFlow
 from runfleet.store.schedules import ScheduleSpec, for_flow
+from runfleet.worker import instances
 from runfleet.worker.versions import declared as declared_version
 
 log = logging.getLogger("runfleet.worker.flows")
@@ -47,6 +48,38 @@ class Flow:
     """The version of this code (``worker.versions``); None: unversioned, takes any run."""
     compatible: tuple[str, ...] = ()
     """Earlier versions whose runs this code can replay (with ``ctx.patched``)."""
+    owner: type | None = None
+    """The ``FlowInstance`` class whose method this is (``worker.instances``); None: none."""
+    instance: str | None = None
+    """The instance this flow object is bound to (``instance.method``); None: unbound."""
+
+    def __set_name__(self, owner: type, attribute: str) -> None:
+        """A ``@flow`` in a ``FlowInstance`` class's body becomes a class-bound flow."""
+        if not instances.binds(owner):
+            return
+        if self.schedule is not None:
+            raise InvalidInput(
+                "schedule", f"{self.name!r} is class-bound: a schedule names no instance"
+            )
+        bound = replace(self, owner=owner)
+        if _REGISTRY.get(self.name) is self:
+            _REGISTRY[self.name] = bound
+        setattr(owner, attribute, bound)
+
+    def __get__(self, obj: object, objtype: type | None = None) -> Flow:
+        """``instance.method``: this flow bound to that instance (the class: unbound)."""
+        if obj is None or self.owner is None or not isinstance(obj, instances.FlowInstance):
+            return self
+        return self.bound_to(obj)
+
+    def bound_to(self, obj: instances.FlowInstance) -> Flow:
+        """This class-bound flow calling ``fn`` on ``obj``, admitted for its name."""
+        return replace(self, fn=MethodType(self.fn, obj), instance=obj.instance_name)
+
+    @property
+    def runfleet_needs_instance(self) -> bool:
+        """A class-level flow of a ``FlowInstance`` class: no instance to run it on."""
+        return self.owner is not None and self.instance is None
 
     def accepts(self, version: str | None) -> bool:
         """Whether this code may run a run admitted with ``version`` (None: any code)."""
@@ -175,8 +208,11 @@ def runnable() -> set[str]:
     functions it has resolved so far. A claim's priority look-ahead takes a run in another
     run's place only among these (docs/queues.md), so it never activates one it cannot run.
     A versioned flow is left out: whether this process may run one of its runs depends on
-    the run's version, which only the usual read-then-decide path checks (docs/lifecycle.md)."""
-    return {name for name, f in _REGISTRY.items() if f.version is None} | set(_RESOLVED)
+    the run's version, which only the usual read-then-decide path checks (docs/lifecycle.md).
+    A class-bound flow is left out for the same reason (its run's instance is read first)."""
+    return {name for name, f in _REGISTRY.items() if f.version is None and f.owner is None} | set(
+        _RESOLVED
+    )
 
 
 def allow_imports(modules: Iterable[str], prefixes: Iterable[str]) -> None:

@@ -29,6 +29,7 @@ from runfleet.store.config import Settings
 from runfleet.store.types import Owner
 from runfleet.worker import metrics, tracing
 from runfleet.worker.burst import stop_when_drained
+from runfleet.worker.carried import advertised
 from runfleet.worker.containment import contain_tasks
 from runfleet.worker.coordinator import Coordinator
 from runfleet.worker.driver import Driver
@@ -230,6 +231,7 @@ class Worker:
             confirm=settings.failstop_confirm,
         )
         self._started_ms = int(time.time() * 1000)
+        self._advertised = advertised()  # the versions and instances it carries
         self._sweeper = Sweeper(
             self.store,
             settings,
@@ -298,7 +300,12 @@ class Worker:
             confirmed_ms,
             lapsed,
             ttl_s=self.settings.liveness_ttl,
-            info={"started_ms": self._started_ms, "queues": ",".join(self.queues), "runs": runs},
+            info={
+                "started_ms": self._started_ms,
+                "queues": ",".join(self.queues),
+                "runs": runs,
+                **self._advertised,
+            },
         )
 
     async def _on_cancel(self, notice: Notice) -> None:

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 from collections import Counter
 
+from runfleet.broker.liveness import FleetMember
 from runfleet.ops.cli.common import clock
+from runfleet.ops.explain.carriers_text import instance_lines, version_lines
 from runfleet.store import Store
 from runfleet.store.events import MESSAGE_TOKEN
-from runfleet.store.types import RunRow, RunStatus
+from runfleet.store.types import RunRow
 
 _SHOWN = 5
 
 
-async def lifecycle_lines(store: Store, row: RunRow) -> list[str]:
-    """A line each for the events the run set, the messages sent to it and its step
-    attempts that timed out (none when there are none)."""
+async def lifecycle_lines(
+    store: Store, row: RunRow, fleet: list[FleetMember] | None = None
+) -> list[str]:
+    """A line each for the run's version or instance (and the live workers carrying it),
+    the events the run set, the messages sent to it and its step attempts that timed out
+    (none when there are none)."""
     run_id = row.id
-    out: list[str] = _version_lines(row)
+    out: list[str] = version_lines(row, fleet) + instance_lines(row, fleet)
     events = await store.events.of_run(run_id)
     if events:
         shown = ", ".join(
@@ -44,24 +49,6 @@ async def lifecycle_lines(store: Store, row: RunRow) -> list[str]:
             f"last: attempt {last.attempt} of {last.key!r} at {clock(last.started_at_ms)}."
         )
     return out
-
-
-def _version_lines(row: RunRow) -> list[str]:
-    """What the run's flow version means for who may take it (``worker.versions``)."""
-    version = row.state.get("flow_version")
-    if not isinstance(version, str):
-        return []
-    line = (
-        f"version: admitted with version {version!r} of {row.flow}; only a worker whose "
-        f"@flow carries {version!r} (or lists it as compatible) takes it"
-    )
-    if row.status is RunStatus.PENDING or (
-        row.status is RunStatus.SUSPENDED
-        and row.waiting is not None
-        and row.waiting.reason == "released"
-    ):
-        line += f" — it waits for a worker of version {version!r}"
-    return [line + "."]
 
 
 def message_topic(row: RunRow) -> str | None:

@@ -116,7 +116,7 @@ async def gather(conns: Connections, run_id: str) -> Facts:
         queue=await store.queues.get(row.queue),
         queue_running=(await store.queues.running([row.queue]))[row.queue],
         rate_wait_ms=await store.queues.wait_ms(row.queue),
-        lifecycle=await lifecycle_lines(store, row),
+        lifecycle=await lifecycle_lines(store, row, fleet),
     )
 
 

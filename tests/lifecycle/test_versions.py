@@ -36,6 +36,9 @@ async def test_a_run_waits_for_a_worker_of_its_version(
     assert row is not None and row.status is RunStatus.PENDING and row.epoch == 0
     text = (await cli("explain", run.id)).stdout
     assert "it waits for a worker of version 'v1'" in text
+    # It names the live workers and the versions they carry: B carries only v2.
+    assert "workers: no live worker of queue 'default' carries 'v1' (live: " in text
+    assert f"pid {b.pid} carries 'v2')" in text
     a = spawn(flows=V1)
     await a.wait_started()
     assert await run.result(timeout=60) == a.pid

@@ -1,0 +1,116 @@
+"""Class-bound flows: flows and steps that are methods of a configured instance.
+
+DBOS's ``@DBOS.dbos_class`` with ``instance_name``: one flow definition serves several
+configured tenants or connections. A class derives from ``FlowInstance``; its ``@flow``
+methods are flows like any other (one name each, registered once), and each instance is
+named when it is made::
+
+    class Billing(FlowInstance):
+        def __init__(self, tenant: str, dsn: str) -> None:
+            super().__init__(instance_name=tenant)
+            self.dsn = dsn
+
+        @flow(name="billing.charge")
+        async def charge(self, ctx: Context, amount: int) -> str:
+            return await ctx.step("charge", self.post_charge, amount)
+
+    acme = Billing("acme", "postgres://acme/...")
+    q.enqueue(acme.charge, 10)  # admitted for instance 'acme'
+
+- ``acme.charge`` is the flow bound to that instance: a producer enqueuing it (or a flow
+  starting it as a child) admits the run with the instance's name (``state.flow_instance``).
+  The class-level ``Billing.charge`` names no instance and is refused (``InvalidInput``).
+- A worker resolves the instance by that name among the instances its ``--flows`` modules
+  made (at import, as DBOS requires them made before launch), on every activation: the
+  first, a resume after a wait, and a takeover after a SIGKILL. A worker without that
+  instance never claims, steals or wakes the run (``run.instance_unknown``, once per run);
+  a worker that has it does.
+- Steps are the instance's methods passed to ``ctx.step`` (``self.post_charge``): they see
+  the instance's configuration in whichever process runs the step.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from runfleet.broker.admission import INSTANCE_STATE_KEY, admission_state
+from runfleet.store import validate
+
+__all__ = ["INSTANCE_STATE_KEY", "FlowInstance", "for_run", "instance"]
+
+if TYPE_CHECKING:
+    from runfleet.worker.flows import Flow
+
+log = logging.getLogger("runfleet.worker.flows")
+
+_INSTANCES: dict[tuple[type, str], FlowInstance] = {}
+"""(class, instance name) -> the instance; every FlowInstance class in its MRO is a key."""
+
+
+class FlowInstance:
+    """A configured instance whose ``@flow`` methods are class-bound flows."""
+
+    def __init__(self, instance_name: str) -> None:
+        self.instance_name = validate.identifier("instance_name", instance_name)
+        for cls in type(self).__mro__:
+            if cls is FlowInstance or not issubclass(cls, FlowInstance):
+                continue
+            existing = _INSTANCES.get((cls, self.instance_name))
+            if existing is not None and existing is not self:
+                log.warning(
+                    "flow.instance_reregistered",
+                    extra={"class": cls.__qualname__, "instance": self.instance_name},
+                )
+            _INSTANCES[(cls, self.instance_name)] = self
+
+
+def instance(owner: type, name: str) -> FlowInstance | None:
+    """The instance of ``owner`` (or of a subclass) called ``name`` in this process."""
+    return _INSTANCES.get((owner, name))
+
+
+def instances(owner: type) -> list[str]:
+    """The names of ``owner``'s instances in this process, sorted."""
+    return sorted(name for cls, name in _INSTANCES if cls is owner)
+
+
+def binds(owner: type) -> bool:
+    """Whether a ``@flow`` assigned in ``owner``'s body is a class-bound flow."""
+    return isinstance(owner, type) and issubclass(owner, FlowInstance)
+
+
+def admitted_instance(row: Any) -> str | None:
+    value = row.state.get(INSTANCE_STATE_KEY)
+    return value if isinstance(value, str) else None
+
+
+def for_run(flow: Flow, row: Any, warned: set[str]) -> Flow | None:
+    """``flow`` as it runs ``row``: itself for a flow of no class, else bound to the
+    instance the run was admitted for; None (logged ``run.instance_unknown`` once per
+    run) when this process has no such instance, or the run names none."""
+    if flow.owner is None:
+        return flow
+    name = admitted_instance(row)
+    found = instance(flow.owner, name) if name is not None else None
+    if found is not None:
+        return flow.bound_to(found)
+    if row.id not in warned:
+        if len(warned) > 10_000:
+            warned.clear()
+        warned.add(row.id)
+        log.warning(
+            "run.instance_unknown",
+            extra={
+                "run_id": row.id,
+                "flow": row.flow,
+                "instance": name,
+                "instances": instances(flow.owner),
+            },
+        )
+    return None
+
+
+def child_instance(flow: Any) -> dict[str, str]:
+    """A child's extra state: the instance of the bound ``@flow`` it was started with."""
+    return admission_state(flow)

@@ -315,6 +315,23 @@ class AnswerResult(_Model):
     status: RunStatus
 
 
+class HistoryResult(_Model):
+    """What ``fork``, ``resume`` (of a failed or cancelled run) and ``delete`` did.
+
+    ``forked`` / ``resumed-as``: ``new_run_id`` replays the first ``calls`` recorded calls
+    of ``run_id`` and is ``status``; ``deleted``: the lineage's rounds and how many journal
+    records and recorded calls went with them."""
+
+    run_id: str
+    action: Literal["forked", "resumed-as", "deleted"]
+    new_run_id: str | None = None
+    calls: int | None = None
+    status: RunStatus | None = None
+    deleted_run_ids: list[str] = []
+    journal: int | None = None
+    steps: int | None = None
+
+
 class PruneResult(_Model):
     """What ``runfleet prune`` deleted (or, with ``dry_run``, would delete), per table."""
 

@@ -242,9 +242,17 @@ class Forks:
             )
 
     async def _journal_both(
-        self, source: str, target: str, upto: int, actor: str | None, kind: str
+        self, source: str, target: str, upto: int, note: str | None, kind: str
     ) -> None:
-        await self._store.journal.record(source, kind, {"to": target, "calls": upto, "note": actor})
+        """Both runs' records, naming the authenticated role that asked (``session_user``,
+        never a caller-chosen name) as ``actor`` and the caller's words as ``note``."""
+        found = await self._db.one("forks.session_role", {})
+        role = str(found["role"]) if found else None
         await self._store.journal.record(
-            target, Kind.FORKED_FROM, {"from": source, "calls": upto, "kind": kind, "note": actor}
+            source, kind, {"to": target, "calls": upto, "actor": role, "note": note}
+        )
+        await self._store.journal.record(
+            target,
+            Kind.FORKED_FROM,
+            {"from": source, "calls": upto, "kind": kind, "actor": role, "note": note},
         )

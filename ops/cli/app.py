@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from runfleet.ops.cli import doctor, fleet, flows, produce, roles, runs
+from runfleet.ops.cli import doctor, fleet, flows, history, produce, roles, runs
 from runfleet.ops.cli.common import fail, settings
 from runfleet.ops.cli.options import CONCURRENCY_MAX, PORT_MAX, PROCESSES_MAX
 from runfleet.ops.cli.text import say
@@ -133,6 +133,7 @@ def _mount() -> None:
     runs.register(app)
     produce.register(app)
     flows.register(app)
+    history.register(app)
     fleet.register(app)
     roles.register(app)
     doctor.register(app)

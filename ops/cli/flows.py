@@ -1,4 +1,5 @@
-"""Answering durable flows from a shell: ``complete``, ``approve``, ``deny``, ``resume``.
+"""Answering durable flows from a shell: ``complete``, ``approve``, ``deny``, ``resume``
+(``ops.cli.history`` for a failed or cancelled run).
 
 Each goes through ``broker.AsyncQueue`` as a producer's code would, so scope
 checks, the journal record (who answered, when, why) and the wake hint are the
@@ -21,6 +22,7 @@ from runfleet.broker import (
     EventTimedOut,
 )
 from runfleet.ops.cli import common as c
+from runfleet.ops.cli import history
 from runfleet.ops.cli.produce import Scopes, actor
 from runfleet.ops.cli.text import say
 from runfleet.ops.models import AnswerResult
@@ -139,7 +141,7 @@ deny = _decide(False)
 
 
 def resume(
-    run_id: Annotated[str, typer.Argument(help="The quarantined or dead run's id.")],
+    run_id: Annotated[str, typer.Argument(help="The run's id.")],
     accept_recorded: Annotated[
         bool, typer.Option("--accept-recorded", help="Trust the recorded outputs as they are.")
     ] = False,
@@ -150,18 +152,22 @@ def resume(
     scope: Scopes = None,
     as_json: c.AsJson = False,
 ) -> None:
-    """Move a quarantined or dead run on (journaled with who decided).
+    """Resume a failed or cancelled run from its recorded calls, or move a quarantined or
+    dead run on (journaled with who decided).
 
-    A quarantined run needs exactly one of --accept-recorded or --rerun-step KEY; a run
-    parked dead (its executions kept ending in a lost process) takes neither: its
-    recoveries in a row start again and its body re-runs from its last recorded step.
+    A failed or cancelled run takes no option: the next round of its lineage replays its
+    recorded calls and runs on from there (DBOS resume_workflow). A quarantined run needs
+    exactly one of --accept-recorded or --rerun-step KEY; a run parked dead (its
+    executions kept ending in a lost process) takes neither: its recoveries in a row
+    start again and its body re-runs from its last recorded step.
     """
     if accept_recorded and rerun_step is not None:
         c.fail("choose at most one of --accept-recorded or --rerun-step KEY")
-
-    async def call(q: AsyncQueue) -> None:
-        await q.resume(
-            run_id, accept_recorded=accept_recorded, rerun_step=rerun_step, actor=who or actor()
-        )
-
-    _act(run_id, scope, "resumed", call, as_json)
+    history.resume(
+        run_id,
+        accept_recorded=accept_recorded,
+        rerun_step=rerun_step,
+        note=who or actor(),
+        scopes=scope or [],
+        as_json=as_json,
+    )

@@ -314,15 +314,15 @@ SENTENCES: dict[str, Callable[[Payload, JournalRecord], str]] = {
     ),
     Kind.FORKED: lambda p, _r: (
         f"forked into {p.get('to', '?')}, which replays its first {p.get('calls', '?')} "
-        f"recorded call(s)" + (f" (note: {p['note']})" if p.get("note") else "")
+        f"recorded call(s)" + _by(p)
     ),
     Kind.RESUMED_AS: lambda p, _r: (
         f"resumed as {p.get('to', '?')}, which replays its first {p.get('calls', '?')} "
-        f"recorded call(s)" + (f" (note: {p['note']})" if p.get("note") else "")
+        f"recorded call(s)" + _by(p)
     ),
     Kind.FORKED_FROM: lambda p, _r: (
         f"{'resumes' if p.get('kind') == Kind.RESUMED_AS else 'forks'} {p.get('from', '?')}: "
-        f"its first {p.get('calls', '?')} recorded call(s) are replayed, not run again"
+        f"its first {p.get('calls', '?')} recorded call(s) are replayed, not run again" + _by(p)
     ),
     Kind.ROUND_INVALID: lambda p, _r: (
         f"failed: its next round {p.get('successor', '?')!r} could not be admitted"

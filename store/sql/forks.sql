@@ -54,3 +54,7 @@ p AS (DELETE FROM runfleet.run_parents
 r AS (DELETE FROM runfleet.runs WHERE id IN (SELECT id FROM doomed) RETURNING 1)
 SELECT (SELECT count(*) FROM r) AS runs, (SELECT count(*) FROM j) AS journal,
        (SELECT count(*) FROM s) AS steps;
+
+-- name: session_role
+-- Who asks for a resume or fork, for the journal: the authenticated role.
+SELECT session_user::text AS role;

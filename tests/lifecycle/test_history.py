@@ -49,7 +49,7 @@ async def test_a_failed_run_resumes_from_its_recorded_steps(
     assert await _executed(ledger) == ["step0", "step1", "step2", "step2", "step3"]
     assert (await store.runs.get(run.id)).status is RunStatus.FAILED  # type: ignore[union-attr]
     (mark,) = await records(store, run.id, "resumed-as")
-    assert mark.payload == {"to": resumed.id, "calls": 3, "note": "ops"}
+    assert mark.payload == {"to": resumed.id, "calls": 3, "actor": "postgres", "note": "ops"}
     (copied,) = await records(store, resumed.id, "history-copied")
     assert copied.payload["from"] == run.id
     with pytest.raises(InvalidInput, match="only a failed or cancelled run"):

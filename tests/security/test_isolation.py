@@ -128,7 +128,14 @@ async def test_cli_commands_run_under_the_callers_policies(login: MakeLogin) -> 
         seen, ghost = await invoke(env, command, victim), await invoke(env, command, GHOST)
         _same_as_ghost(victim, seen, ghost)
         assert SECRET not in seen.stdout + seen.stderr
-    for command, *rest in (("cancel",), ("complete", "go"), ("resume", "--accept-recorded")):
+    for command, *rest in (
+        ("cancel",),
+        ("complete", "go"),
+        ("resume", "--accept-recorded"),
+        ("resume",),
+        ("fork", "--from-step", "0"),
+        ("delete",),
+    ):
         seen = await invoke(env, command, victim, *rest, "--scope", "s1")
         ghost = await invoke(env, command, GHOST, *rest, "--scope", "s1")
         _same_as_ghost(victim, seen, ghost)
@@ -151,8 +158,49 @@ async def test_cli_commands_run_under_the_callers_policies(login: MakeLogin) -> 
     refused = await invoke(env, "cancel", victim, "--scope", "s1")
     assert refused.clean and refused.code != 0, refused
     assert "may not do this: permission denied for table runs" in refused.stderr
+    # Fork and delete write recorded steps and delete a run's rows: the operator (and the
+    # run's own producer) may read the run and still do neither; Postgres refuses them.
+    async with AsyncQueue("default", settings=owner.settings, scopes=["s1"]) as q:
+        settled = await q.enqueue("sec.full", "x", run_id="settled")
+        await waiting_for_event(q, settled.id)
+        await q.complete(settled.id, "go", "done")
+        await settled.result(timeout=20)
+    for who in (operator, owner):
+        for run_id, command, *rest in (
+            (victim, "fork", "--from-step", "0"),
+            (settled.id, "delete"),
+        ):
+            refused = await invoke(cli_env(who.settings), command, run_id, *rest, "--scope", "s1")
+            assert refused.clean and refused.code == 1, (who.name, command, refused)
+            assert "may not do this: permission denied for table" in refused.stderr, refused
     async with AsyncQueue("default", settings=owner.settings, scopes=["s1"]) as q:
         assert (await q.run(victim).fetch()).cancel_requested_at_ms is None
+        assert (await q.run(settled.id).fetch()).status is RunStatus.COMPLETED
+    # The fleet's role may: the fork is journaled with that role as the actor.
+    fleet = await login(GroupRole.WORKER)
+    forked = await invoke(
+        cli_env(fleet.settings),
+        "fork",
+        victim,
+        "--from-step",
+        "0",
+        "--id",
+        "v-fork",
+        "--scope",
+        "s1",
+    )
+    assert forked.clean and forked.code == 0, forked
+    async with await psycopg.AsyncConnection.connect(fleet.url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "SELECT payload->>'actor' FROM runfleet.journal WHERE run_id = %s AND kind = 'forked'",
+            (victim,),
+        )
+        assert await cur.fetchall() == [(fleet.name,)]
+    deleted = await invoke(cli_env(fleet.settings), "delete", settled.id, "--scope", "s1")
+    assert deleted.clean and deleted.code == 0, deleted
+    async with AsyncQueue("default", settings=owner.settings, scopes=["s1"]) as q:
+        with pytest.raises(RunNotFound):
+            await q.run(settled.id).fetch()
 
 
 WRITES: dict[str, LiteralString] = {

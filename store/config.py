@@ -265,7 +265,9 @@ class Settings(BaseSettings):
     otel: bool = False
     """OpenTelemetry traces of runs (the ``otel`` extra; docs/lifecycle.md): a producer
     carries its current span into the runs it admits, a worker records a span per
-    activation, step, attempt, wait and child. Off: nothing is imported or recorded."""
+    activation, step, attempt, wait and child, and exports its metrics through the
+    application's meter provider (``worker.otel_metrics``). Off: nothing is imported or
+    recorded."""
     max_answers_per_run: int = Field(default=1_000, gt=0)
     """Answers (``complete``, approve/deny) one run accepts; more are ``LimitExceeded``."""
     max_recoveries: int = Field(default=5, ge=0)

@@ -27,7 +27,7 @@ from runfleet.broker.streams import Streams
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import Owner
-from runfleet.worker import metrics, tracing
+from runfleet.worker import metrics, otel_metrics, tracing
 from runfleet.worker.burst import stop_when_drained
 from runfleet.worker.carried import advertised
 from runfleet.worker.containment import contain_tasks
@@ -164,6 +164,7 @@ class Worker:
         settings, owner = self.settings, self.owner
         if settings.otel:  # RUNFLEET_OTEL: spans per activation, step, attempt, wait, child
             tracing.enable()
+            otel_metrics.enable()  # and the metrics, through the application's meter provider
         # The store claims only runs of the queues this process serves (the row's queue
         # decides, whatever a stream message names: store.runs.Runs).
         self.store = await Store.open(

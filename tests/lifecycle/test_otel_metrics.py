@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from opentelemetry import metrics as otel
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader, Sum
 
 import tests.lifecycle.traced_flows as traced
 from runfleet.broker import AsyncQueue
@@ -96,7 +96,8 @@ def test_each_kind_of_metric_reads_as_prometheus_has_it(
         for m in s.metrics
         if m.name == "runfleet_settlements"
     ]
-    assert counter.data.is_monotonic  # a Sum: cumulative and monotonic, as the counter is
+    # a Sum: cumulative and monotonic, as the Prometheus counter is
+    assert isinstance(counter.data, Sum) and counter.data.is_monotonic
     otel_metrics.disable()
     assert "runfleet_settlements" not in _points(reader)  # off: its callbacks say nothing
 

@@ -33,6 +33,7 @@ from runfleet.ops.cli.runs import detail_view, list_view, tree_view
 from runfleet.ops.cli.text import literal
 from runfleet.ops.dashboard import data, security, svg
 from runfleet.ops.dashboard.actions import Action, perform
+from runfleet.ops.dashboard.lifecycle import lifecycle
 from runfleet.ops.dashboard.urls import action_id, api_id, page_id, run_url
 from runfleet.ops.explain.report import explain, gather
 from runfleet.store.config import Settings
@@ -173,6 +174,7 @@ async def run(request: Request) -> Response:
     journal = await data.journal(conns, run_id)
     tree = await tree_view(conns, run_id)
     steps = await data.steps(conns, run_id)
+    story = await lifecycle(conns, run_id)
     timeline = svg.timeline(journal.entries, explanation.now_ms, detail.run.status.terminal)
     done = request.query_params.get("done")
     return _page(
@@ -183,6 +185,7 @@ async def run(request: Request) -> Response:
         journal=journal,
         tree=tree,
         steps=steps,
+        story=story,
         timeline=timeline,
         done=done if done in _DONE_WORDS else None,
         done_words=_DONE_WORDS,
@@ -227,6 +230,8 @@ async def api_run(request: Request) -> Response:
             return _json(await tree_view(conns, run_id))
         case "steps":
             return _json(await data.steps(conns, run_id))
+        case "lifecycle":
+            return _json(await lifecycle(conns, run_id))
     return JSONResponse({"error": "no such part"}, status_code=404)
 
 

@@ -90,3 +90,42 @@ class StepView(_Model):
 class StepsView(_Model):
     run_id: str
     steps: list[StepView]
+
+
+class EventView(_Model):
+    """One event a run set (``ctx.set_event``): its latest value, as a short preview."""
+
+    key: str
+    version: int
+    set_at_ms: int
+    value: str
+
+
+class ForkView(_Model):
+    """A run forked or resumed from this one (``runfleet fork`` / ``resume``)."""
+
+    run_id: str
+    kind: str
+    """``fork`` or ``resumed-as``."""
+    calls: int | None
+    """How many of this run's recorded calls it replays."""
+    actor: str | None
+    note: str | None
+    at_ms: int
+
+
+class LifecycleView(_Model):
+    """``/api/runs/<id>/lifecycle``: version, instance, events, messages, forks."""
+
+    run_id: str
+    version: str | None
+    instance: str | None
+    forked_from: str | None
+    resumed_from: str | None
+    resumed_as: str | None
+    replays: int | None
+    """Recorded calls this run copied from the run it was forked or resumed from."""
+    events: list[EventView]
+    messages_sent: int
+    messages_received: int
+    forks: list[ForkView]

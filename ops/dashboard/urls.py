@@ -24,7 +24,7 @@ from starlette.requests import Request
 
 from runfleet.ops.cli.options import UserError
 
-PARTS = ("explain", "journal", "tree", "steps")
+PARTS = ("explain", "journal", "tree", "steps", "lifecycle")
 """The run's JSON pieces under ``/api/runs/<id>/<part>``."""
 _SAFE = "@:"
 _DOT_SEGMENTS = (".", "..")

@@ -30,7 +30,8 @@ KeyState: TypeAlias = Literal[
     "unverified",
 ]
 MAX_VALUE_BYTES = 16 * 1024
-"""Far above any key a worker writes (two fields plus started_ms, queues, runs)."""
+"""Far above any key a worker writes (two fields plus started_ms, queues, runs, and the
+``versions`` / ``instances`` it carries, at most ``worker.carried.LIMIT`` characters each)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,14 @@ _INSTANCES: dict[tuple[type, str], FlowInstance] = {}
 
 
 class FlowInstance:
-    """A configured instance whose ``@flow`` methods are class-bound flows."""
+    """A configured instance whose ``@flow`` methods are class-bound flows.
+
+    Derive from it and call ``super().__init__(instance_name=...)``; make the instances at
+    import of the worker's ``--flows`` modules. ``instance.method`` is the flow bound to
+    that instance (enqueue it, or start it as a child); a worker runs the run on the
+    instance of that name it made, on every activation, a takeover included; one that
+    did not make it leaves the run alone (docs/lifecycle.md "Class-bound flows").
+    """
 
     def __init__(self, instance_name: str) -> None:
         self.instance_name = validate.identifier("instance_name", instance_name)

@@ -258,7 +258,10 @@ class Worker:
 
         for flow in registered().values():
             try:
-                signature = str(inspect.signature(flow.fn))
+                found = inspect.signature(flow.fn)
+                if flow.owner is not None:  # a class-bound flow: called on its instance
+                    found = found.replace(parameters=list(found.parameters.values())[1:])
+                signature = str(found)
             except (TypeError, ValueError):
                 signature = None
             try:

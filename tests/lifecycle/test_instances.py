@@ -110,3 +110,11 @@ async def test_a_worker_resolves_the_instance_after_a_takeover(
     # acme's greet ran once (on A: B replayed its record); its slow step twice (A was
     # killed in it); globex's steps ran once, on B.
     assert sorted(done) == ["greet acme", "greet globex", "slow acme", "slow acme", "slow globex"]
+
+
+async def test_the_registry_shows_the_signature_a_caller_passes(
+    worker: Worker, store: Store
+) -> None:
+    found = await store.flows.get("lifecycle.tenant.welcome")
+    assert found is not None and found.signature is not None
+    assert found.signature.startswith("(ctx: ")  # no self: the worker supplies the instance

@@ -36,6 +36,7 @@ from runfleet.worker.intake import Intake
 from runfleet.worker.lease import Lease, LeaseGate
 from runfleet.worker.outbox import Outbox
 from runfleet.worker.outcomes import Cause
+from runfleet.worker.queue_gauges import QueueGauges
 from runfleet.worker.rate_pump import RatePump
 from runfleet.worker.retention import RetentionLoop
 from runfleet.worker.retry import INFRA_ERRORS
@@ -249,6 +250,7 @@ class Worker:
             RetentionLoop(self.store, settings, self.streams, self.queues),
             self.notifier.subscription("cancel", self._on_cancel),
             StreamLag(self.streams, self.queues),
+            QueueGauges(self.store, self.queues),
         ]
 
     async def _register_flows(self) -> None:

@@ -859,6 +859,15 @@ CREATE TABLE runfleet.queue_keys (
 );
 CREATE INDEX queue_keys_order_idx ON runfleet.queue_keys (queue, last_start_ms, key);
 
+-- A key is a value of its runs' payload or scope (a tenant's name): only a fleet-wide
+-- role ('*') reads the keys; workers read them all (their claims decide by them).
+ALTER TABLE runfleet.queue_keys ENABLE ROW LEVEL SECURITY;
+CREATE POLICY queue_keys_fleet ON runfleet.queue_keys TO runfleet_worker
+    USING (true) WITH CHECK (true);
+CREATE POLICY queue_keys_scoped ON runfleet.queue_keys FOR SELECT
+    TO runfleet_producer, runfleet_operator
+    USING ((SELECT runfleet.granted_scopes()) ? '*');
+
 -- A key's executing runs (its slots) and its fresh admissions in FIFO order.
 CREATE INDEX runs_running_key_idx ON runfleet.runs (queue, concurrency_key)
     WHERE status = 'running' AND concurrency_key IS NOT NULL;

@@ -5,8 +5,12 @@ per-key rates; the limits are journaled with who set them and explained."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from runfleet.ops.cli.common import connect
+from runfleet.ops.dashboard.data import JournalTail, overview
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput
@@ -108,8 +112,7 @@ async def test_a_key_rate_and_explain(store: Store, settings: Settings) -> None:
     ), explained
     shown = await invoke(cli_env(settings), "queue", "show", "shared")
     assert (
-        f"keys by {FLOW} by kwargs.t" in shown.stdout
-        and "acme: 1 running, 1 waiting" in shown.stdout
+        f"keys: {FLOW} by kwargs.t" in shown.stdout and "acme: 1 running, 1 waiting" in shown.stdout
     ), shown
 
 
@@ -133,3 +136,26 @@ async def test_explain_names_the_key_slot_a_run_waits_for(store: Store, settings
     assert "waiting for a slot of key acme of queue shared: 1 of 1 in use" in explained.stdout, (
         explained
     )
+
+
+async def test_fleet_and_the_dashboard_show_a_keyed_queue(store: Store, settings: Settings) -> None:
+    await store.queues.set(
+        "shared", key_flow=(FLOW, "kwargs.t"), concurrency=4, key_concurrency=1, note="fair"
+    )
+    await admit(store, "a0", "acme")
+    await admit(store, "a1", "acme")
+    assert isinstance(await claim(store, "a0"), Activated)
+    env = cli_env(settings)
+    text = await invoke(env, "fleet")
+    assert "queue shared: 1/4 slots in use, keyed (round-robin, 1 per key)" in text.stdout, text
+    assert "key acme: 1 running, 1 waiting" in text.stdout, text
+    shown = await invoke(env, "fleet", "--json")
+    (queue,) = json.loads(shown.stdout)["queues"]
+    assert queue["keys"] == [{"key": "acme", "running": 1, "waiting": 1, "next_token_ms": None}]
+    (change, *_) = await store.queues.changes("shared")
+    assert change.note == "fair" and change.changed_by  # journaled with who did it
+    async with connect(settings, redis="optional") as conns:
+        view = await overview(conns, JournalTail())
+    (limits,) = view.limits
+    assert (limits.name, limits.running, limits.concurrency) == ("shared", 1, 4)
+    assert [(k.key, k.running, k.waiting) for k in limits.keys] == [("acme", 1, 1)]

@@ -97,6 +97,10 @@ async def test_three_workers_hold_the_rate_within_five_percent(
     starts = await started()
     in_window = [t for t in starts if first <= t < first + WINDOW_S * 1000]
     expected = RATE * WINDOW_S + max(RATE, 1)  # the rate, plus the full bucket at the start
+    print(
+        f"rate: {len(in_window)} starts in {WINDOW_S:g} s at {RATE:g}/s, of {expected:g} "
+        f"allowed ({len(in_window) / expected:.1%})"
+    )
     assert len(starts) < total, "the backlog outlasted the window"
     assert len(in_window) <= expected, (len(in_window), expected)  # Postgres decides: exact
     assert len(in_window) >= 0.95 * expected, (len(in_window), expected)

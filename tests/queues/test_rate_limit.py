@@ -69,9 +69,10 @@ async def test_three_workers_hold_the_rate_within_five_percent(
 
     The fleet has room to spare (24 slots for ~4 bodies of 1 s at once), so what is
     measured is the rate, not the workers' capacity; the backlog outlasts the window, so
-    there is always a run to start. Before the token pump (worker.rate_pump) a refused
-    claim's timer moved one gated wake, and a timer that fired late moved one wake for
-    several tokens: 92 % of the rate was measured under a full `make test`."""
+    there is always a run to start. The test it replaces (30 s, 5 s bodies: 20 of 24 slots
+    busy at the rate) measured 92 % once under a full `make test`; a refused claim's timer
+    then moved one gated wake however late it fired (worker.rate_pump now moves every
+    accrued token's, tests/queues/test_rate_pump.py)."""
     await store.queues.set("metered", rate_per_s=RATE)
     procs = [spawn(flows="tests.queues.flows", queues="metered", concurrency=8) for _ in range(3)]
     for proc in procs:

@@ -232,6 +232,25 @@ class QueueLimitView(_Model):
     running: int
     default_priority: int
     rate_per_s: float | None = None
+    keyed: bool = False
+    """Its slots are shared round-robin across concurrency keys."""
+    key_concurrency: int | None = None
+    key_rate_per_s: float | None = None
+    keys: list[KeyLimitView] = []
+    """Its keys' next turns (at most ``KEYS_SHOWN``), the next first."""
+
+
+class KeyLimitView(_Model):
+    """One concurrency key of a keyed queue: its slots in use and its runs waiting."""
+
+    key: str
+    running: int
+    waiting: int
+    next_token_ms: int | None = None
+    """Until the key's rate allows a start (None: no key rate)."""
+
+
+QueueLimitView.model_rebuild()
 
 
 class FleetView(_Model):

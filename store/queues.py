@@ -9,6 +9,7 @@ next admission on every producer at once, with no process to restart.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,30 @@ class QueueSettings:
     updated_at_ms: int
     updated_by: str
     """The database role that made the latest change."""
+    keyed: bool = False
+    """Its slots are shared round-robin across concurrency keys (docs/queues.md)."""
+    key_concurrency: int | None = None
+    """At most this many runs of one key execute at once (None: no per-key limit)."""
+    key_rate_per_s: float | None = None
+    """At most this many starts per second per key (None: no per-key rate)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyState:
+    """One concurrency key of a keyed queue, as ``Queues.keys`` reads it."""
+
+    key: str
+    last_start_ms: int
+    running: int
+    """Its runs executing now: the key's slots in use."""
+    waiting: int
+    """Its fresh admissions not started yet."""
+    wait_ms: int | None
+    """Until the key's rate allows a start (0: now; None: no key rate)."""
+
+
+FLOW_KEY_EXPRESSION = re.compile(r"scope|kwargs\.[A-Za-z_][A-Za-z0-9_]{0,99}|args\.[0-9]{1,3}")
+"""A flow's key expression (the CHECK of runfleet.flow_keys, migration 0019)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +74,9 @@ def _settings(row: dict[str, Any]) -> QueueSettings:
         row["rate_per_s"],
         int(row["updated_at_ms"]),
         row["updated_by"],
+        bool(row.get("keyed")),
+        row.get("key_concurrency"),
+        row.get("key_rate_per_s"),
     )
 
 
@@ -63,6 +91,9 @@ class Queues:
         default_priority: int | None = None,
         concurrency: int | None = None,
         rate_per_s: float | None = None,
+        key_concurrency: int | None = None,
+        key_rate_per_s: float | None = None,
+        key_flow: tuple[str, str] | None = None,
         note: str | None = None,
     ) -> QueueSettings:
         """Change the settings given (the others stay), journaled with who changed them.
@@ -70,23 +101,32 @@ class Queues:
         ``concurrency``: the fleet-wide limit, applied by the next claim of every worker
         (it is read in the claim statement); 0 lifts it. Runs already executing beyond a
         lowered limit finish; no new one starts until the count is under it.
+
+        ``key_flow``: ``(flow, expression)``, the flow's concurrency key from now on
+        (``scope``, ``kwargs.NAME`` or ``args.N``; computed by the database at admission),
+        and the queue becomes keyed: its slots are shared round-robin across keys.
+        ``key_concurrency`` / ``key_rate_per_s``: the same limits per key (0 lifts).
         """
         validate.identifier("queue", name)
         change: dict[str, Any] = {}
         if default_priority is not None:
             change["default_priority"] = validate.priority(default_priority, "default_priority")
         if concurrency is not None:
-            if isinstance(concurrency, bool) or not isinstance(concurrency, int):
-                raise InvalidInput("concurrency", "must be an integer")
-            if not 0 <= concurrency <= 1_000_000:
-                raise InvalidInput("concurrency", "must be between 0 (no limit) and 1000000")
-            change["concurrency"] = concurrency or None
+            change["concurrency"] = _limit("concurrency", concurrency) or None
         if rate_per_s is not None:
-            if isinstance(rate_per_s, bool) or not isinstance(rate_per_s, int | float):
-                raise InvalidInput("rate", "must be a number of starts per second")
-            if not 0 <= rate_per_s <= 1_000_000 or rate_per_s != rate_per_s:
-                raise InvalidInput("rate", "must be between 0 (no limit) and 1000000 per second")
-            change["rate_per_s"] = float(rate_per_s) or None
+            change["rate_per_s"] = _rate("rate", rate_per_s) or None
+        if key_concurrency is not None:
+            change["key_concurrency"] = _limit("key_concurrency", key_concurrency) or None
+        if key_rate_per_s is not None:
+            change["key_rate_per_s"] = _rate("key_rate", key_rate_per_s) or None
+        if key_flow is not None:
+            flow, expression = key_flow
+            validate.identifier("flow", flow)
+            if not FLOW_KEY_EXPRESSION.fullmatch(expression):
+                raise InvalidInput(
+                    "key", "the key expression is scope, kwargs.NAME or args.N (e.g. kwargs.tenant)"
+                )
+            change["key"] = {"flow": flow, "expression": expression}
         if not change:
             raise InvalidInput("settings", "name at least one setting to change")
         row = await self._db.one(
@@ -96,6 +136,10 @@ class Queues:
                 "default_priority": default_priority,
                 "concurrency": concurrency,
                 "rate_per_s": None if rate_per_s is None else float(rate_per_s),
+                "key_concurrency": key_concurrency,
+                "key_rate_per_s": None if key_rate_per_s is None else float(key_rate_per_s),
+                "key_flow": None if key_flow is None else key_flow[0],
+                "key_expression": None if key_flow is None else key_flow[1],
                 "change": Jsonb(change),
                 "note": note,
             },
@@ -115,6 +159,31 @@ class Queues:
         row = await self._db.one("queues.wait", {"name": name})
         return None if row is None or row["wait_ms"] is None else int(row["wait_ms"])
 
+    async def bucket(self, name: str) -> tuple[int, float] | None:
+        """Whole tokens in the queue's rate bucket now, and its rate (None: no rate)."""
+        row = await self._db.one("queues.bucket", {"name": name})
+        if row is None or row["tokens"] is None:
+            return None
+        return int(row["tokens"]), float(row["rate_per_s"])
+
+    async def keys(self, name: str, key: str | None = None, limit: int = 20) -> list[KeyState]:
+        """The queue's concurrency keys in round-robin order (the next turn first)."""
+        rows = await self._db.all("queues.keys", {"name": name, "key": key, "limit": limit})
+        return [
+            KeyState(
+                r["key"],
+                int(r["last_start_ms"]),
+                int(r["running"]),
+                int(r["waiting"]),
+                None if r["wait_ms"] is None else int(r["wait_ms"]),
+            )
+            for r in rows
+        ]
+
+    async def flow_keys(self) -> dict[str, str]:
+        """Each keyed flow's key expression."""
+        return {r["flow"]: r["expression"] for r in await self._db.all("queues.flow_keys")}
+
     async def running(self, names: list[str]) -> dict[str, int]:
         """How many runs of each of ``names`` execute now (0 for the others)."""
         rows = await self._db.all("queues.running", {"names": names})
@@ -128,3 +197,19 @@ class Queues:
             QueueChange(r["queue"], r["change"], r["note"], r["changed_by"], int(r["at_ms"]))
             for r in rows
         ]
+
+
+def _limit(field: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(field, "must be an integer")
+    if not 0 <= value <= 1_000_000:
+        raise InvalidInput(field, "must be between 0 (no limit) and 1000000")
+    return value
+
+
+def _rate(field: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(field, "must be a number of starts per second")
+    if not 0 <= value <= 1_000_000 or value != value:
+        raise InvalidInput(field, "must be between 0 (no limit) and 1000000 per second")
+    return float(value)

@@ -64,6 +64,7 @@ def run_row(row: Row) -> RunRow:
         recoveries=int(row.get("recoveries") or 0),
         priority=int(row.get("priority") or 0),
         dedup_key=row.get("dedup_key"),
+        concurrency_key=row.get("concurrency_key"),
         limited=bool(row.get("limited")),
     )
 

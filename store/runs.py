@@ -163,10 +163,16 @@ class Runs(Admission):
         only; the claim itself stays one statement)."""
         if not isinstance(outcome, AtLimit):
             return outcome
-        wait = await self._db.one("queues.wait", {"name": outcome.current.queue})
-        if wait is None or wait["wait_ms"] is None:
-            return outcome
-        return AtLimit(outcome.current, int(wait["wait_ms"]))
+        row = outcome.current
+        wait = await self._db.one("queues.wait", {"name": row.queue})
+        waits = [] if wait is None or wait["wait_ms"] is None else [int(wait["wait_ms"])]
+        if row.concurrency_key is not None:  # its key's rate (docs/queues.md), a keyed run only
+            key = await self._db.one(
+                "queues.keys", {"name": row.queue, "key": row.concurrency_key, "limit": 1}
+            )
+            if key is not None and key["wait_ms"] is not None:
+                waits.append(int(key["wait_ms"]))
+        return AtLimit(row, max(waits)) if waits else outcome
 
     async def claim(self, run_id: str, expected: Snapshot, me: Owner) -> ClaimOutcome:
         async with self._db.transaction():

@@ -156,6 +156,8 @@ class RunRow:
     """Higher starts first within its queue, with aging (docs/queues.md)."""
     dedup_key: str | None = None
     """At most one open run of the queue holds it (docs/queues.md)."""
+    concurrency_key: str | None = None
+    """Its fairness key, from its flow's key expression at admission (docs/queues.md)."""
     limited: bool = False
     """Its queue has a fleet-wide concurrency limit (as the claim that returned it saw)."""
 

@@ -15,7 +15,6 @@ whatever message brought it here.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Container, Sequence
@@ -66,6 +65,7 @@ class Decisions:
     _hint_front: HintFn | None
     _gate: HintFn | None
     _slot_freed: Callable[[str], None] | None
+    _rate_due: Callable[[str, int], None] | None
     _warned_unknown: set[str]
     closed: bool
     _rehinted: dict[str, float]
@@ -95,6 +95,11 @@ class Decisions:
                 or row.cancel_requested_at_ms is not None
                 or (self._lease_ok is not None and not self._lease_ok())
             ):
+                continue
+            if row.concurrency_key is not None:  # its key's turn: claimed alone (queues.md)
+                keyed = await self._decide_delivered(row.id, row.flow)
+                if keyed is not None:
+                    decisions[row.id] = keyed
                 continue
             flow = self._flow(row)
             if flow is not None:
@@ -263,11 +268,8 @@ class Decisions:
                 # refused worker may: a wake too many is refused again, never lost).
                 if self._gate is not None:
                     await self._gate(current)
-                if retry_after_ms is not None and self._slot_freed is not None:
-                    opener, queue = self._slot_freed, current.queue
-                    asyncio.get_running_loop().call_later(
-                        max(retry_after_ms, 1) / 1000, lambda: opener(queue)
-                    )
+                if retry_after_ms is not None and self._rate_due is not None:
+                    self._rate_due(current.queue, retry_after_ms)  # worker.rate_pump
                 return DriveOutcome.AT_LIMIT, None
             case NotFound():
                 return DriveOutcome.NOT_FOUND, None

@@ -71,6 +71,7 @@ class Driver(Decisions):
         hint_front: HintFn | None = None,
         gate: HintFn | None = None,
         slot_freed: Callable[[str], None] | None = None,
+        rate_due: Callable[[str, int], None] | None = None,
         lease_ok: Callable[[], bool] | None = None,
         lease_gap: Callable[[], int | None] | None = None,
     ) -> None:
@@ -85,6 +86,8 @@ class Driver(Decisions):
         """Park the wake of a run its queue's limit refused (``broker.gate``)."""
         self._slot_freed = slot_freed
         """An execution of a limited queue ended here: a gated wake may move."""
+        self._rate_due = rate_due
+        """A rate refused a claim: pump the queue's gate at its tokens (``worker.rate_pump``)."""
         self.owned: dict[str, Execution] = {}
         self.executing: set[str] = set()
         """Runs whose body may still run here (a task or its thread not yet ended)."""

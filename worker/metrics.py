@@ -61,3 +61,25 @@ ABANDONED_STEP_THREADS = Gauge(
     "runfleet_abandoned_step_threads",
     "Sync step threads past their timeout that are still running (runfleet.worker.step_timeouts).",
 )
+
+# Queues that shape load (docs/queues.md), read by worker.queue_gauges every 5 s.
+QUEUE_LIMIT = Gauge(
+    "runfleet_queue_limit",
+    "A served queue's configured limit (concurrency, rate_per_s, key_concurrency, "
+    "key_rate_per_s); 0: none.",
+    ["queue", "limit"],
+)
+QUEUE_SLOTS_IN_USE = Gauge(
+    "runfleet_queue_slots_in_use", "Runs of a served queue executing now, fleet-wide.", ["queue"]
+)
+QUEUE_KEYS = Gauge(
+    "runfleet_queue_keys",
+    "Concurrency keys of a keyed served queue with runs executing (running) or waiting "
+    "to start (waiting), among its next 100 turns.",
+    ["queue", "state"],
+)
+QUEUE_RATE_WAIT = Gauge(
+    "runfleet_queue_rate_wait_seconds",
+    "Until a served queue's rate allows its next start (0: a token is there or no rate).",
+    ["queue"],
+)

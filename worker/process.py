@@ -37,6 +37,8 @@ from runfleet.worker.intake import Intake
 from runfleet.worker.lease import Lease, LeaseGate
 from runfleet.worker.outbox import Outbox
 from runfleet.worker.outcomes import Cause
+from runfleet.worker.queue_gauges import QueueGauges
+from runfleet.worker.rate_pump import RatePump
 from runfleet.worker.retention import RetentionLoop
 from runfleet.worker.retry import INFRA_ERRORS
 from runfleet.worker.scheduler import Scheduler, register_schedules
@@ -190,7 +192,9 @@ class Worker:
         self.streams = Streams(self._redis, prefix)
         self.notifier = Notifier(self._redis, prefix)
         self.liveness = Liveness.for_settings(self._redis, settings)
-        self.outbox = Outbox(self.streams, self.notifier, Gate(self._redis, prefix, self.streams))
+        queue_gate = Gate(self._redis, prefix, self.streams)
+        self.outbox = Outbox(self.streams, self.notifier, queue_gate)
+        self.rate_pump = RatePump(self.store, queue_gate)
         gate = self._gate
         self.driver = driver = Driver(
             self.store,
@@ -202,6 +206,7 @@ class Worker:
             hint_front=self.outbox.hint_front,
             gate=self.outbox.gate,
             slot_freed=self.outbox.slot_freed,
+            rate_due=self.rate_pump.due,
             lease_ok=gate.open,
             lease_gap=gate.unconfirmed_ms,
         )
@@ -248,6 +253,7 @@ class Worker:
             RetentionLoop(self.store, settings, self.streams, self.queues),
             self.notifier.subscription("cancel", self._on_cancel),
             StreamLag(self.streams, self.queues),
+            QueueGauges(self.store, self.queues),
         ]
 
     async def _register_flows(self) -> None:
@@ -285,6 +291,7 @@ class Worker:
             await join
 
     async def _close(self) -> None:
+        await self.rate_pump.close()
         await self.outbox.flush()  # what was decided and settled goes out first
         try:
             await asyncio.wait_for(self.liveness.clear(self.owner), timeout=1.0)

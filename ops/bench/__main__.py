@@ -473,5 +473,30 @@ def capacity(
     _emit(result.as_json(), cap.table(result), as_json)
 
 
+@app.command("limits")
+def limits(
+    runs: Annotated[int, typer.Option("--runs", "-n", min=1, help="Runs per setting.")] = 500,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", "-k", min=1, help="Slots of the one worker.")
+    ] = 32,
+    rate: Annotated[
+        float, typer.Option("--rate", min=1, help="The binding rate, starts per second.")
+    ] = 200.0,
+    as_json: AsJson = False,
+) -> None:
+    """What a queue's limits cost the claim path: claim statements and the reads beside
+    them per run, unlimited vs limits that do not bind vs a binding rate vs keyed."""
+    from runfleet.ops.bench import limits as lim
+    from runfleet.store.config import Settings
+
+    try:
+        result = asyncio.run(
+            lim.run(Settings(), runs=runs, concurrency=concurrency, rate_per_s=rate)
+        )
+    except BenchError as exc:
+        raise _fail(exc) from exc
+    _emit(result.as_json(), lim.table(result), as_json)
+
+
 if __name__ == "__main__":
     app()

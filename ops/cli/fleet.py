@@ -21,6 +21,7 @@ from runfleet.ops.explain.predict import dead_words
 from runfleet.ops.models import (
     FleetMemberView,
     FleetView,
+    KeyLimitView,
     QueueLimitView,
     RunSummary,
     StuckItem,
@@ -92,7 +93,15 @@ def fleet(
             "unlimited" if q.concurrency is None else f"{q.running}/{q.concurrency} slots in use"
         )
         rate = "" if q.rate_per_s is None else f", rate {q.rate_per_s:g}/s"
-        say(f"queue {q.name}: {limit}{rate}, default priority {q.default_priority}")
+        keyed = ""
+        if q.keyed:
+            per = "" if q.key_concurrency is None else f", {q.key_concurrency} per key"
+            per += "" if q.key_rate_per_s is None else f", {q.key_rate_per_s:g}/s per key"
+            keyed = f", keyed (round-robin{per})"
+        say(f"queue {q.name}: {limit}{rate}{keyed}, default priority {q.default_priority}")
+        for k in q.keys:
+            token = "" if not k.next_token_ms else f", next token in {k.next_token_ms} ms"
+            say(f"  key {k.key}: {k.running} running, {k.waiting} waiting{token}")
     suspects = sum(w.suspect is not None for w in view.workers)
     also = f", {suspects} suspect" if suspects else ""
     say(styled(f"{len(view.workers)} worker process(es){also}", "dim"))
@@ -108,7 +117,7 @@ async def _fleet(cfg: Settings, host: str | None, *, with_db: bool) -> FleetView
             async with c.connect(cfg) as conns:
                 owned = await conns.store.stats.running_by_owner()
                 now = await conns.store.stats.now_ms()
-                limits = await _limits(conns.store)
+                limits = await queue_limits(conns.store)
         except Exception as exc:  # the keys still answer the question; say what is missing
             c.warn(f"no run counts: {exc}")
     redis = c.redis_client(cfg)
@@ -120,20 +129,36 @@ async def _fleet(cfg: Settings, host: str | None, *, with_db: bool) -> FleetView
     return view.model_copy(update={"queues": limits})
 
 
-async def _limits(store: Store) -> list[QueueLimitView]:
+async def queue_limits(store: Store) -> list[QueueLimitView]:
     """Every configured queue's limit and its slots in use (two reads)."""
     queues = await store.queues.all()
     running = await store.queues.running([q.name for q in queues])
-    return [
-        QueueLimitView(
-            name=q.name,
-            concurrency=q.concurrency,
-            running=running[q.name],
-            default_priority=q.default_priority,
-            rate_per_s=q.rate_per_s,
+    views = []
+    for q in queues:
+        keys = await store.queues.keys(q.name, limit=KEYS_SHOWN) if q.keyed else []
+        views.append(
+            QueueLimitView(
+                name=q.name,
+                concurrency=q.concurrency,
+                running=running[q.name],
+                default_priority=q.default_priority,
+                rate_per_s=q.rate_per_s,
+                keyed=q.keyed,
+                key_concurrency=q.key_concurrency,
+                key_rate_per_s=q.key_rate_per_s,
+                keys=[
+                    KeyLimitView(
+                        key=k.key, running=k.running, waiting=k.waiting, next_token_ms=k.wait_ms
+                    )
+                    for k in keys
+                ],
+            )
         )
-        for q in queues
-    ]
+    return views
+
+
+KEYS_SHOWN = 5
+"""Keys of a keyed queue ``runfleet fleet`` lists (its next turns)."""
 
 
 def fleet_view(

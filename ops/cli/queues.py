@@ -8,6 +8,7 @@ process restarts. Each change is journaled with the database role that made it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 import typer
@@ -32,6 +33,16 @@ class QueueChangeInfo(BaseModel):
     at: str
 
 
+class KeyInfo(BaseModel):
+    key: str
+    running: int
+    """The key's slots in use."""
+    waiting: int
+    """Its fresh admissions not started yet."""
+    next_token_ms: int | None
+    """Until the key's rate allows a start (None: no key rate)."""
+
+
 class QueueInfo(BaseModel):
     """One queue as ``runfleet queue show --json`` prints it (fields are only added)."""
 
@@ -42,6 +53,13 @@ class QueueInfo(BaseModel):
     """Fleet-wide starts per second; None: no rate."""
     running: int
     """Runs of the queue executing now: the slots in use."""
+    keyed: bool = False
+    key_concurrency: int | None = None
+    key_rate_per_s: float | None = None
+    key_flows: dict[str, str] = {}
+    """The flows keyed on this queue's runs and their expressions."""
+    keys: list[KeyInfo] = []
+    """Its keys in round-robin order (the next turn first; at most 20)."""
     default_priority: int
     updated_by: str
     changes: list[QueueChangeInfo]
@@ -69,11 +87,39 @@ def set_(
     default_priority: Annotated[
         int | None, typer.Option(help="Priority of admissions that name none (higher first).")
     ] = None,
+    key: Annotated[
+        str | None,
+        typer.Option(
+            help="FLOW=EXPR: the flow's concurrency key (scope, kwargs.NAME or args.N); the "
+            "queue's slots are then shared round-robin across keys."
+        ),
+    ] = None,
+    key_concurrency: Annotated[
+        int | None, typer.Option(help="At most this many runs of one key at once; 0 lifts it.")
+    ] = None,
+    key_rate: Annotated[
+        str | None, typer.Option(help="At most R starts per period per key (R/s, R/m, R/h).")
+    ] = None,
     note: Annotated[str | None, typer.Option(help="Why, kept with the change.")] = None,
 ) -> None:
     """Change a queue's limits live (journaled with the database role that did it)."""
     per_s = None if rate is None else parse_rate(rate)
-    c.run(_set(c.settings(), name, concurrency, per_s, default_priority, note))
+    key_per_s = None if key_rate is None else parse_rate(key_rate)
+    key_flow = None
+    if key is not None:
+        flow, sep, expression = key.rpartition("=")
+        if not sep or not flow:
+            c.fail(f"--key {key!r}: expected FLOW=EXPR (e.g. billing.invoice=kwargs.tenant)")
+        key_flow = (flow, expression)
+    limits = KeyLimits(key_flow, key_concurrency, key_per_s)
+    c.run(_set(c.settings(), name, concurrency, per_s, default_priority, note, limits))
+
+
+@dataclass(frozen=True, slots=True)
+class KeyLimits:
+    flow: tuple[str, str] | None
+    concurrency: int | None
+    rate_per_s: float | None
 
 
 PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
@@ -98,6 +144,7 @@ async def _set(
     rate_per_s: float | None,
     priority: int | None,
     note: str | None,
+    keys: KeyLimits,
 ) -> None:
     async with c.connect(cfg) as conns:
         try:
@@ -106,6 +153,9 @@ async def _set(
                 concurrency=concurrency,
                 rate_per_s=rate_per_s,
                 default_priority=priority,
+                key_flow=keys.flow,
+                key_concurrency=keys.concurrency,
+                key_rate_per_s=keys.rate_per_s,
                 note=note,
             )
         except RunfleetError as exc:
@@ -132,8 +182,13 @@ async def _show(cfg: Settings, name: str | None, as_json: bool) -> None:
         if name and not listed:
             c.fail(f"queue {name!r} has no settings (it runs unlimited, priority 0)")
         running = await queues.running([q.name for q in listed])
+        flow_keys = await queues.flow_keys()
         infos = []
         for q in listed:
+            keys = [
+                KeyInfo(key=k.key, running=k.running, waiting=k.waiting, next_token_ms=k.wait_ms)
+                for k in (await queues.keys(q.name) if q.keyed else [])
+            ]
             changes = [
                 QueueChangeInfo(
                     change=ch.change, note=ch.note, changed_by=ch.changed_by, at=c.stamp(ch.at_ms)
@@ -146,6 +201,11 @@ async def _show(cfg: Settings, name: str | None, as_json: bool) -> None:
                     concurrency=q.concurrency,
                     rate_per_s=q.rate_per_s,
                     running=running[q.name],
+                    keyed=q.keyed,
+                    key_concurrency=q.key_concurrency,
+                    key_rate_per_s=q.key_rate_per_s,
+                    key_flows=flow_keys if q.keyed else {},
+                    keys=keys,
                     default_priority=q.default_priority,
                     updated_by=q.updated_by,
                     changes=changes,
@@ -156,6 +216,12 @@ async def _show(cfg: Settings, name: str | None, as_json: bool) -> None:
         return
     for info, q in zip(infos, listed, strict=True):
         say(_line(q, info.running))
+        if info.keyed:
+            by = ", ".join(f"{flow} by {expr}" for flow, expr in sorted(info.key_flows.items()))
+            say(f"  keys: {by or '(no flow keyed yet)'}; round-robin, next turn first:")
+            for k in info.keys:
+                token = "" if k.next_token_ms is None else f", next token in {k.next_token_ms} ms"
+                say(f"    {k.key}: {k.running} running, {k.waiting} waiting{token}")
         for ch in info.changes:
             say(f"  {ch.at}  {ch.changed_by}: {ch.change}" + (f" ({ch.note})" if ch.note else ""))
 
@@ -165,4 +231,14 @@ def _line(q: QueueSettings, running: int | None) -> str:
     if running is not None:
         limit += f", {running} running" if q.concurrency is None else f", {running} in use"
     rate = "" if q.rate_per_s is None else f", rate {q.rate_per_s:g}/s"
-    return f"queue {q.name}: {limit}{rate}, default priority {q.default_priority}"
+    return f"queue {q.name}: {limit}{rate}{key_words(q)}, default priority {q.default_priority}"
+
+
+def key_words(q: QueueSettings) -> str:
+    """The key limits of a queue, as its one-line summaries say them."""
+    if not q.keyed:
+        return ""
+    per = [f"{q.key_concurrency} per key"] if q.key_concurrency is not None else []
+    if q.key_rate_per_s is not None:
+        per.append(f"{q.key_rate_per_s:g}/s per key")
+    return ", keyed (round-robin" + "".join(f", {p}" for p in per) + ")"

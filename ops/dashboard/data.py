@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from runfleet.ops.cli import common as c
-from runfleet.ops.cli.fleet import fleet_view
+from runfleet.ops.cli.fleet import fleet_view, queue_limits
 from runfleet.ops.dashboard.models import (
     AttemptView,
     Chart,
@@ -225,6 +225,7 @@ async def overview(conns: c.Connections, tail: JournalTail) -> OverviewView:
             RunSummary.of(row)
             for row in await conns.store.inspect.waiting_for(WaitingReason.DEAD, limit=DEAD_SHOWN)
         ],
+        limits=await queue_limits(conns.store),
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from runfleet.ops.models import FleetView, JournalEntry, RunSummary
+from runfleet.ops.models import FleetView, JournalEntry, QueueLimitView, RunSummary
 
 
 class _Model(BaseModel):
@@ -65,6 +65,8 @@ class OverviewView(_Model):
     dead: list[RunSummary] = []
     """Runs parked ``dead`` (their executions kept ending in a lost process), oldest
     first: each needs a person (``runfleet explain``, then ``runfleet resume``)."""
+    limits: list[QueueLimitView] = []
+    """Configured queues' limits, slots in use and keys (docs/queues.md)."""
 
 
 class AttemptView(_Model):

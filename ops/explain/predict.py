@@ -13,10 +13,11 @@ from typing import assert_never
 from runfleet.broker.liveness import FleetMember, Probe
 from runfleet.ops.cli.common import clock, seconds, who
 from runfleet.ops.explain.journal_text import probe_words
+from runfleet.ops.explain.keys import key_wait
 from runfleet.ops.explain.lifecycle_text import message_topic
 from runfleet.ops.models import NextStep
 from runfleet.store.config import Settings
-from runfleet.store.queues import QueueSettings
+from runfleet.store.queues import KeyState, QueueSettings
 from runfleet.store.types import JournalRecord, RunRow, RunStatus, WaitingReason, WaitingRow
 from runfleet.store.waits import shown_token
 
@@ -42,6 +43,8 @@ class Facts:
     """Runs of the queue executing now (the slots in use of a limited one)."""
     rate_wait_ms: int | None = None
     """Until the queue's rate allows a start (0: now; None: no rate)."""
+    key: KeyState | None = None
+    """The run's concurrency key on its keyed queue (``ops.explain.keys``)."""
     lifecycle: list[str] = field(default_factory=list)
     """Lines about the run's events and messages (``ops.explain.lifecycle_text``)."""
 
@@ -211,6 +214,11 @@ def _next_pending(facts: Facts) -> NextStep:
             f"{seconds(facts.rate_wait_ms)}.",
             within_ms=facts.rate_wait_ms,
             needs_person=False,
+        )
+    keyed = key_wait(row, facts.queue, facts.key)
+    if keyed is not None:
+        return NextStep(
+            summary=keyed, within_ms=facts.key.wait_ms if facts.key else None, needs_person=False
         )
     limit = facts.queue.concurrency if facts.queue is not None else None
     if limit is not None and facts.queue_running >= limit:

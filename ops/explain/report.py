@@ -27,8 +27,10 @@ from runfleet.ops.models import (
     ProbeView,
     RunSummary,
 )
+from runfleet.store import Store
 from runfleet.store.inspect import DEFAULT_REACTIVATED_OVER
 from runfleet.store.journal import Kind
+from runfleet.store.queues import KeyState
 from runfleet.store.types import JournalRecord, Owner, RunRow, RunStatus, WaitingReason
 from runfleet.store.waits import masked_payload, shown_waiting_token
 
@@ -116,6 +118,7 @@ async def gather(conns: Connections, run_id: str) -> Facts:
         queue=await store.queues.get(row.queue),
         queue_running=(await store.queues.running([row.queue]))[row.queue],
         rate_wait_ms=await store.queues.wait_ms(row.queue),
+        key=await _key(store, row),
         lifecycle=await lifecycle_lines(store, row, fleet),
     )
 
@@ -289,3 +292,11 @@ def _waiting_words(facts: Facts) -> str:
     if w.request is not None:
         text += f", request {_preview(w.request, 120)}"
     return text
+
+
+async def _key(store: Store, row: RunRow) -> KeyState | None:
+    """The run's key on its queue (None: no key, or a queue that is not keyed)."""
+    if row.concurrency_key is None:
+        return None
+    found = await store.queues.keys(row.queue, row.concurrency_key, limit=1)
+    return found[0] if found else None

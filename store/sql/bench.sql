@@ -102,3 +102,17 @@ SELECT percentile_disc(0.1) WITHIN GROUP (ORDER BY at_ms)
 -- and autovacuum runs so far. A backlog drain's cost is the difference across it.
 SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd, n_dead_tup, n_live_tup, autovacuum_count
   FROM pg_stat_user_tables WHERE schemaname = 'runfleet' AND relname = 'runs';
+
+-- name: limits_counters
+-- What `runfleet bench limits` counts (pg_stat_statements, this database): the claim
+-- statements (every one decides a queue's limits: queue_free_slots or start_grant) and
+-- the reads the limits add beside them (a refused claim's wait, the token pump's bucket,
+-- a key's state), told apart by the doc comments their text starts with.
+SELECT coalesce(sum(s.calls) FILTER (WHERE s.query ~ 'queue_free_slots|start_grant'), 0)
+           AS claims,
+       coalesce(sum(s.calls) FILTER (
+           WHERE s.query ~ '^-- (How long until the queue|How many whole tokens|The keys of a queue)'),
+           0) AS limit_reads,
+       coalesce(sum(s.calls), 0) AS statements
+  FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+ WHERE d.datname = current_database();

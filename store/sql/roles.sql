@@ -94,6 +94,8 @@ BEGIN
     -- within pg_stat_activity's 1 KB of query (tests/security/test_apply_live.py reads it).
     GRANT SELECT ON runfleet.run_events, runfleet.run_messages
         TO runfleet_producer, runfleet_operator;
+    -- Concurrency keys (0019): fleet bookkeeping like runfleet.queues (explain, queue show).
+    GRANT SELECT ON runfleet.queue_keys, runfleet.flow_keys TO runfleet_producer, runfleet_operator;
     -- send a message to a run (store/events.py): the message, never its consumption
     -- (the RESTRICTIVE policy of migration 0015 holds the value to the payload cap).
     GRANT INSERT (run_id, topic, message_id, value, digest, sent_at_ms)

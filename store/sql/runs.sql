@@ -80,13 +80,13 @@ WITH activated AS (
    AND (%(exp_epoch)s::bigint IS NULL OR r.epoch = %(exp_epoch)s)
        AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[])
             OR (r.status = 'pending' AND r.cancel_requested_at_ms IS NOT NULL))
-       -- the queue's fleet-wide limit (docs/queues.md); a cancel closes without a slot
-       AND (r.cancel_requested_at_ms IS NOT NULL
-            OR coalesce((SELECT runfleet.queue_free_slots(l.queue) FROM runfleet.runs l
-                          WHERE l.id = %(id)s), 1) > 0)
+       -- the queue's fleet-wide limit and its key's (docs/queues.md); a cancel closes
+       -- without a slot
+       AND (r.cancel_requested_at_ms IS NOT NULL OR runfleet.start_grant(%(id)s))
     RETURNING r.*, runfleet.now_ms() AS now_ms,
               EXISTS (SELECT FROM runfleet.queues q
-                       WHERE q.name = r.queue AND q.concurrency IS NOT NULL) AS limited
+                       WHERE q.name = r.queue
+                         AND (q.concurrency IS NOT NULL OR q.keyed)) AS limited
 ), record AS (
     SELECT a.id, jsonb_build_object('owner', %(owner_key)s::text, 'epoch', a.epoch,
                                     'from', %(status)s::text) AS payload, a.now_ms
@@ -129,6 +129,18 @@ WITH seen AS (
                               AND s.claim_host IS NULL AND s.waiting_reason IS NULL
                               AND s.cancel_requested_at_ms IS NULL THEN 1 ELSE 0 END) AS free
       FROM seen s
+), keyed AS MATERIALIZED (
+    -- A keyed queue's turn (docs/queues.md "Concurrency keys"): the run its round-robin
+    -- across keys starts in the slot granted (the named one, another key's, or none).
+    SELECT CASE WHEN s.concurrency_key IS NULL THEN s.id
+                WHEN coalesce(slots.free, 1) > 0 AND s.status = 'pending'
+                     AND s.owner_host IS NULL AND s.claim_host IS NULL
+                     AND s.waiting_reason IS NULL AND s.cancel_requested_at_ms IS NULL
+                     AND s.flow = %(flow)s
+                THEN runfleet.key_pick(s.id, coalesce(%(ahead_flows)s::text[],
+                                                     ARRAY[%(flow)s::text]))
+           END AS id
+      FROM seen s, slots
 ), pick AS (
     SELECT c.id FROM seen s, slots, LATERAL (
         SELECT c.id, c.rank_ms FROM runfleet.runs c
@@ -140,12 +152,13 @@ WITH seen AS (
        AND s.claim_host IS NULL AND s.owner_host IS NULL AND s.heartbeat_at_ms IS NULL
        AND s.cancel_requested_at_ms IS NULL AND c.rank_ms < s.rank_ms
        AND (%(serves)s::text[] IS NULL OR s.queue = ANY(%(serves)s::text[]))
+       AND s.concurrency_key IS NULL  -- a keyed run's slot is its keys' turn, not a priority's
 ), ahead AS MATERIALIZED (
     SELECT c.id FROM runfleet.runs c
      WHERE c.id IN (SELECT id FROM pick) AND c.status = 'pending'
        AND c.waiting_reason IS NULL AND c.owner_host IS NULL AND c.claim_host IS NULL
        AND c.heartbeat_at_ms IS NULL AND c.cancel_requested_at_ms IS NULL
-       AND c.flow = ANY(%(ahead_flows)s::text[])
+       AND c.flow = ANY(%(ahead_flows)s::text[]) AND c.concurrency_key IS NULL
        FOR UPDATE SKIP LOCKED
 ), activated AS (
     UPDATE runfleet.runs AS r SET
@@ -153,8 +166,10 @@ WITH seen AS (
         owner_nonce = %(nonce)s, epoch = r.epoch + 1, heartbeat_at_ms = runfleet.now_ms(),
         updated_at_ms = runfleet.now_ms()
      WHERE coalesce((SELECT free FROM slots), 1) > 0
-       AND r.id = coalesce((SELECT a.id FROM ahead a), %(id)s)
-       AND (r.flow = %(flow)s OR r.id IN (SELECT a.id FROM ahead a)) AND r.status = 'pending'
+       AND r.id = coalesce((SELECT a.id FROM ahead a), (SELECT k.id FROM keyed k))
+       AND (r.flow = %(flow)s OR r.id IN (SELECT a.id FROM ahead a)
+            OR r.id <> %(id)s)  -- another key's turn: key_pick chose among the caller's flows
+       AND r.status = 'pending'
        AND r.waiting_reason IS NULL AND r.claim_host IS NULL AND r.owner_host IS NULL
        AND r.heartbeat_at_ms IS NULL AND r.cancel_requested_at_ms IS NULL
        AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[]))
@@ -210,7 +225,8 @@ WITH wanted AS (
            r.status = 'pending' AND r.waiting_reason IS NULL AND r.claim_host IS NULL
            AND r.owner_host IS NULL AND r.heartbeat_at_ms IS NULL
            AND r.cancel_requested_at_ms IS NULL
-           AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[])) AS fresh
+           AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[]))
+           AND r.concurrency_key IS NULL AS fresh  -- a keyed run looks ahead by its key
       FROM runfleet.runs r
      WHERE r.id = ANY(%(ids)s::text[]) AND (SELECT count(*) FROM limits) >= 0  -- after limits
      ORDER BY r.id FOR UPDATE
@@ -262,6 +278,9 @@ WITH wanted AS (
        AND (w.epoch IS NOT NULL OR r.cancel_requested_at_ms IS NULL)  -- a look-ahead's
        AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[])
             OR (r.status = 'pending' AND r.cancel_requested_at_ms IS NOT NULL))
+       -- a keyed queue's keyed runs are claimed one by one (claim_if_fresh: their turn)
+       AND (r.concurrency_key IS NULL
+            OR NOT EXISTS (SELECT FROM runfleet.queues q WHERE q.name = r.queue AND q.keyed))
     RETURNING r.*, runfleet.now_ms() AS now_ms, w.seq AS journal_seq, w.named_id,
               w.free IS NOT NULL AS limited
 ), journaled AS (
@@ -303,13 +322,12 @@ UPDATE runfleet.runs AS r SET
    AND r.claimed_at_ms = %(claimed_at_ms)s
    AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[])
         OR (r.status = 'pending' AND r.cancel_requested_at_ms IS NOT NULL))
-   -- the queue's fleet-wide limit (docs/queues.md); a cancel closes without a slot
-   AND (r.cancel_requested_at_ms IS NOT NULL
-        OR coalesce((SELECT runfleet.queue_free_slots(l.queue) FROM runfleet.runs l
-                      WHERE l.id = %(id)s), 1) > 0)
+   -- the queue's fleet-wide limit and its key's (docs/queues.md); a cancel closes
+   -- without a slot
+   AND (r.cancel_requested_at_ms IS NOT NULL OR runfleet.start_grant(%(id)s))
 RETURNING r.*, runfleet.now_ms() AS now_ms,
           EXISTS (SELECT FROM runfleet.queues q
-                   WHERE q.name = r.queue AND q.concurrency IS NOT NULL) AS limited;
+                   WHERE q.name = r.queue AND (q.concurrency IS NOT NULL OR q.keyed)) AS limited;
 
 -- name: recover_claim
 -- A claim whose claimant died between claim and activation; the caller has

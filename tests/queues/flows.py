@@ -29,3 +29,9 @@ def ledger_nap(path: str, tag: str, ms: int) -> str:
     with open(path, "a") as ledger:
         ledger.write(f"end {tag} {os.getpid()} {time.time():.6f}\n")
     return tag
+
+
+def tenant_nap(t: str, ms: int) -> str:
+    """A nap keyed by its tenant ``t`` (the fairness test keys the flow by ``kwargs.t``)."""
+    time.sleep(ms / 1000)
+    return t

@@ -42,6 +42,10 @@ async def test_set_then_show_and_the_next_claim_obeys(store: Store, settings: Se
             "running": 1,
             "default_priority": 0,
             "rate_per_s": None,
+            "keyed": False,
+            "key_concurrency": None,
+            "key_rate_per_s": None,
+            "keys": [],
         }
     ]
     text = await invoke(env, "fleet")

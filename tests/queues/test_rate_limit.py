@@ -6,8 +6,6 @@ queue start R runs a second within 5 % over the measured window."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 import tests.queues.flows as qf
@@ -59,20 +57,29 @@ async def test_the_bucket_holds_one_seconds_starts(store: Store, settings: Setti
 
 
 RATE = 4.0
-WINDOW_S = 30.0
+WINDOW_S = 60.0
+NAP_MS = 1000
 
 
 @pytest.mark.chaos
 async def test_three_workers_hold_the_rate_within_five_percent(
     spawn: Spawn, store: Store, settings: Settings
 ) -> None:
+    """The issue's bound: R/s within 5 % over a minute across three worker processes.
+
+    The fleet has room to spare (24 slots for ~4 bodies of 1 s at once), so what is
+    measured is the rate, not the workers' capacity; the backlog outlasts the window, so
+    there is always a run to start. The test it replaces (30 s, 5 s bodies: 20 of 24 slots
+    busy at the rate) measured 92 % once under a full `make test`; a refused claim's timer
+    then moved one gated wake however late it fired (worker.rate_pump now moves every
+    accrued token's, tests/queues/test_rate_pump.py)."""
     await store.queues.set("metered", rate_per_s=RATE)
     procs = [spawn(flows="tests.queues.flows", queues="metered", concurrency=8) for _ in range(3)]
     for proc in procs:
         await proc.wait_started()
-    total = int(RATE * (WINDOW_S + 20))
+    total = int(RATE * (WINDOW_S + 30))
     async with AsyncQueue("metered", settings=settings) as q:
-        await q.enqueue_many([EnqueueSpec(qf.nap, (5,)) for _ in range(total)])
+        await q.enqueue_many([EnqueueSpec(qf.nap, (NAP_MS,)) for _ in range(total)])
 
     async def started() -> list[int]:
         return [
@@ -83,17 +90,21 @@ async def test_three_workers_hold_the_rate_within_five_percent(
 
     await until(lambda: _at_least(started, 5), 60, "the first starts")
     first = min(await started())
-    await asyncio.sleep(WINDOW_S + 2)  # the window to measure, by the database's clock below
+
+    async def window_closed() -> bool:  # by the database's clock, which stamps the records
+        return await store.stats.now_ms() >= first + WINDOW_S * 1000 + 1000
+
+    await until(window_closed, WINDOW_S + 60, "the end of the window")
     starts = await started()
     in_window = [t for t in starts if first <= t < first + WINDOW_S * 1000]
     expected = RATE * WINDOW_S + max(RATE, 1)  # the rate, plus the full bucket at the start
-    assert len(in_window) <= expected, (len(in_window), expected)
-    # Never more than the rate allows (above); and not far under it. The issue's target is
-    # 5 %; a full `make test` measured 114 of 124 (92 %) once, passing alone at 95-100 %:
-    # a refused claim's wake waits at the gate until the refusing worker reopens it when the
-    # next token is due, and a late timer on a busy machine loses that token's start. Kept
-    # at 85 % until the gate reopens on the token itself (issue 24, open).
-    assert len(in_window) >= 0.85 * expected, (len(in_window), expected)
+    print(
+        f"rate: {len(in_window)} starts in {WINDOW_S:g} s at {RATE:g}/s, of {expected:g} "
+        f"allowed ({len(in_window) / expected:.1%})"
+    )
+    assert len(starts) < total, "the backlog outlasted the window"
+    assert len(in_window) <= expected, (len(in_window), expected)  # Postgres decides: exact
+    assert len(in_window) >= 0.95 * expected, (len(in_window), expected)
     workers = {
         r.payload["owner"]
         for r in await store.stats.records_of_kind(Kind.CLAIMED_AND_ACTIVATED)

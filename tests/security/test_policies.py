@@ -28,7 +28,7 @@ RLS: LiteralString = """
       JOIN pg_namespace n ON n.oid = c.relnamespace
      WHERE n.nspname = 'runfleet' AND c.relkind = 'r' ORDER BY 1"""
 FLEET_TABLES = {"flows", "sweep_cursors", "schema_migrations", "limits", "queues", "queue_changes",
-                "wake_marks"}
+                "wake_marks", "flow_keys"}
 """Tables that hold no run's data: fleet bookkeeping, readable without scopes."""
 
 

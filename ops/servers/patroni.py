@@ -248,6 +248,15 @@ class PatroniNode(Throwaway):
         wait_until(lambda: not _group_alive(group), "killed postgres processes")
         return killed_at
 
+    def pause_walsenders(self) -> list[int]:
+        """SIGSTOP this primary's WAL senders: its standbys stop receiving (a slow link
+        or a busy standby), while the primary goes on committing; their pids."""
+        with psycopg.connect(self.url, connect_timeout=2, autocommit=True) as conn:
+            pids = [int(p) for (p,) in conn.execute("SELECT pid FROM pg_stat_replication")]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        return pids
+
     def kill_node(self) -> float:
         """SIGKILL Patroni and its Postgres together, as a lost machine; the time of it.
 

@@ -19,6 +19,7 @@ kill. What it reports, measured against the ledger outside the cluster:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -35,9 +36,12 @@ from runfleet.store.migrate import migrate
 from tests.fleet.procs import WorkerProc
 
 FLOWS = "tests.ha.flows"
-BACKLOG = 200
+WARM = 100
+BACKLOG = 150
 PRODUCERS = 2
-PER_PRODUCER = 75
+PACE = 0.05
+"""A producer's pause between two admissions; producers admit until 2 s after the
+failover, so some admissions land just before the kill, some during it."""
 BUDGET = 40.0
 """Producers' ``RUNFLEET_PRODUCER_RETRY_FOR``: longer than a failover (about TTL s)."""
 
@@ -78,10 +82,16 @@ async def _count(url: str, sql: str) -> int:
 
 
 async def _producer(
-    settings: Settings, name: str, acked: dict[str, float], unavailable: list[float]
+    settings: Settings,
+    name: str,
+    acked: dict[str, float],
+    unavailable: list[float],
+    stop: asyncio.Event,
 ) -> None:
     async with AsyncQueue("default", settings=settings) as queue:
-        for i in range(PER_PRODUCER):
+        for i in itertools.count():
+            if stop.is_set():
+                return
             run_id = f"{name}-{i}"
             started = time.monotonic()
             try:
@@ -90,10 +100,10 @@ async def _producer(
                 unavailable.append(time.monotonic() - started)
                 continue
             acked[run_id] = time.time()
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(PACE)
 
 
-async def _measure_enqueue(settings: Settings, count: int = 150) -> float:
+async def _measure_enqueue(settings: Settings, count: int = WARM) -> float:
     async with AsyncQueue("default", settings=settings) as queue:
         started = time.monotonic()
         for i in range(count):
@@ -123,7 +133,7 @@ async def run_failover(
         }
     )
     enqueue_per_s = await _measure_enqueue(ours)
-    acked: dict[str, float] = {f"warm-{i}": time.time() for i in range(150)}
+    acked: dict[str, float] = {f"warm-{i}": time.time() for i in range(WARM)}
     workers = [
         WorkerProc(ours, flows=FLOWS, concurrency=25, ha_ledger_url=ledger_url) for _ in range(2)
     ]
@@ -136,14 +146,14 @@ async def run_failover(
                 [EnqueueSpec(hf.five_steps, (i,), run_id=f"b-{i}") for i in range(BACKLOG)]
             )
         acked.update({h.id: time.time() for h in backlog})
+        stop = asyncio.Event()
         producers = [
-            asyncio.create_task(_producer(ours, f"p{k}", acked, unavailable))
+            asyncio.create_task(_producer(ours, f"p{k}", acked, unavailable, stop))
             for k in range(PRODUCERS)
         ]
-        total = len(acked) + PRODUCERS * PER_PRODUCER
         ledger_steps = "SELECT count(*) FROM ha_ledger WHERE what = 'exec'"
         deadline = time.monotonic() + 60
-        while await _count(ledger_url, ledger_steps) < total * hf.STEPS // 4:
+        while await _count(ledger_url, ledger_steps) < (WARM + BACKLOG) * hf.STEPS // 3:
             assert time.monotonic() < deadline, "the fleet never got a quarter through"
             await asyncio.sleep(0.05)
         in_flight = await _count(
@@ -151,6 +161,8 @@ async def run_failover(
             "('completed', 'failed', 'cancelled')",
         )  # fmt: skip
         killed_at, promoted = await asyncio.to_thread(kill, cluster)
+        await asyncio.sleep(2)
+        stop.set()
         await asyncio.gather(*producers)
         deadline = time.monotonic() + timeout
         while True:

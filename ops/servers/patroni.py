@@ -56,7 +56,7 @@ def ha_binaries() -> tuple[str, str] | None:
 
 def _http_status(url: str, timeout: float = 1.0) -> int | None:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as reply:  # noqa: S310 loopback
+        with urllib.request.urlopen(url, timeout=timeout) as reply:  # loopback only
             return int(reply.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)

@@ -64,9 +64,12 @@ class Failover:
     failures: list[str] = field(default_factory=list)
 
 
-async def _rows(url: str, sql: str, params: object = None) -> list[tuple[object, ...]]:
+async def _rows(
+    url: str, sql: str, params: tuple[object, ...] | None = None
+) -> list[tuple[object, ...]]:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        return await (await conn.execute(sql, params)).fetchall()  # type: ignore[arg-type]  # tests' ad hoc SQL
+        rows: list[tuple[object, ...]] = await (await conn.execute(sql, params)).fetchall()
+        return rows
 
 
 async def _poll(url: str, sql: str) -> list[tuple[object, ...]] | None:
@@ -170,9 +173,11 @@ async def run_failover(
                 url, "SELECT count(*) FROM runfleet.runs WHERE status NOT IN "
                 "('completed', 'failed', 'cancelled')",
             )  # fmt: skip
-            if left is not None and left[0][0] == 0 and await _count(
-                url, "SELECT count(*) FROM runfleet.runs"
-            ) > 0:
+            if (
+                left is not None
+                and left[0][0] == 0
+                and await _count(url, "SELECT count(*) FROM runfleet.runs") > 0
+            ):
                 break
             if time.monotonic() > deadline:
                 logs = "\n".join(f"--- worker {w.pid}:\n{w.log()[-4000:]}" for w in workers)

@@ -15,6 +15,8 @@ from collections import Counter
 
 import pytest
 
+from runfleet.ops.cli.doctor import Doctor
+from runfleet.ops.models import Check
 from runfleet.ops.servers.patroni import PatroniCluster
 from runfleet.store.config import Settings
 from tests.ha.harness import Failover, run_failover
@@ -42,6 +44,11 @@ def kill_postgres(cluster: PatroniCluster) -> tuple[float, str]:
     return killed_at, cluster.wait_primary(60).member
 
 
+async def doctor(settings: Settings, url: str) -> dict[str, Check]:
+    view = await Doctor(settings.model_copy(update={"database_url": url}), ["default"]).run()
+    return {check.name: check for check in view.checks}
+
+
 def assert_clean(outcome: Failover) -> None:
     print(f"failover outcome: {outcome}")
     assert outcome.lost == []
@@ -60,9 +67,16 @@ async def test_sync_standby_promoted_when_the_primary_node_dies(
     """The standby lags LAG s when the node dies: with synchronous replication no commit
     was acknowledged in that time, so nothing is lost."""
     before = sync_cluster.primary().member
+    seen = (await doctor(settings, sync_cluster.url()))["topology"]
+    assert seen.status == "ok", seen
+    assert "n1 sync streaming" in seen.detail and "waits for a synchronous standby" in seen.detail
     outcome = await run_failover(settings, sync_cluster, ha_ledger_url, lose_lagging_node)
     assert outcome.promoted != before
     assert_clean(outcome)
+    after = await doctor(settings, sync_cluster.url())
+    assert after["topology"].detail.startswith("primary, no standby"), after["topology"]
+    assert "timeline 2" in after["topology"].detail
+    assert after["lost admissions"].status == "ok", after["lost admissions"]
 
 
 async def test_sync_primary_postgres_sigkilled(
@@ -78,6 +92,9 @@ async def test_async_failover_loses_what_the_standby_never_received(
     """Measured, not promised: the counts are printed; what must still hold is that
     nothing the survivor has is failed, stuck or settled twice."""
     before = async_cluster.primary().member
+    seen = (await doctor(settings, async_cluster.url()))["topology"]
+    assert seen.status == "warn" and "n1 async streaming" in seen.detail, seen
+    assert "synchronous_standby_names" in seen.detail
     outcome = await run_failover(settings, async_cluster, ha_ledger_url, lose_lagging_node)
     print(
         f"async failover: {len(outcome.lost)} of {outcome.admitted} acknowledged admissions "
@@ -89,3 +106,6 @@ async def test_async_failover_loses_what_the_standby_never_received(
     assert set(outcome.statuses) == {"completed"}, outcome.failures
     assert outcome.settled_twice == {}
     assert outcome.unavailable_after == []
+    lost = (await doctor(settings, async_cluster.url()))["lost admissions"]
+    assert lost.status == "warn", lost
+    assert lost.detail.startswith(f"{len(outcome.lost)} run(s) named by wakes"), lost

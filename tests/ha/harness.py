@@ -19,7 +19,6 @@ kill. What it reports, measured against the ledger outside the cluster:
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -40,8 +39,10 @@ WARM = 100
 BACKLOG = 150
 PRODUCERS = 2
 PACE = 0.05
-"""A producer's pause between two admissions; producers admit until 2 s after the
-failover, so some admissions land just before the kill, some during it."""
+"""A producer's pause between two admissions. Producers start once a third of the
+backlog's steps ran, the kill lands after each has admitted a few, and they go on until
+2 s after the failover (or PER_PRODUCER): admissions just before the kill, and during."""
+PER_PRODUCER = 100
 BUDGET = 40.0
 """Producers' ``RUNFLEET_PRODUCER_RETRY_FOR``: longer than a failover (about TTL s)."""
 
@@ -92,7 +93,7 @@ async def _producer(
     stop: asyncio.Event,
 ) -> None:
     async with AsyncQueue("default", settings=settings) as queue:
-        for i in itertools.count():
+        for i in range(PER_PRODUCER):
             if stop.is_set():
                 return
             run_id = f"{name}-{i}"
@@ -149,16 +150,19 @@ async def run_failover(
                 [EnqueueSpec(hf.five_steps, (i,), run_id=f"b-{i}") for i in range(BACKLOG)]
             )
         acked.update({h.id: time.time() for h in backlog})
+        ledger_steps = "SELECT count(*) FROM ha_ledger WHERE what = 'exec'"
+        deadline = time.monotonic() + 90
+        while await _count(ledger_url, ledger_steps) < (WARM + BACKLOG) * hf.STEPS // 3:
+            assert time.monotonic() < deadline, "the fleet never got a third through"
+            await asyncio.sleep(0.05)
         stop = asyncio.Event()
         producers = [
             asyncio.create_task(_producer(ours, f"p{k}", acked, unavailable, stop))
             for k in range(PRODUCERS)
         ]
-        ledger_steps = "SELECT count(*) FROM ha_ledger WHERE what = 'exec'"
-        deadline = time.monotonic() + 60
-        while await _count(ledger_url, ledger_steps) < (WARM + BACKLOG) * hf.STEPS // 3:
-            assert time.monotonic() < deadline, "the fleet never got a quarter through"
-            await asyncio.sleep(0.05)
+        while sum(1 for r in acked if r.startswith("p")) < 5 * PRODUCERS:
+            assert time.monotonic() < deadline, "the producers admitted nothing"
+            await asyncio.sleep(0.01)
         in_flight = await _count(
             url, "SELECT count(*) FROM runfleet.runs WHERE status NOT IN "
             "('completed', 'failed', 'cancelled')",

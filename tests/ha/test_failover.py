@@ -21,7 +21,7 @@ from runfleet.ops.servers.patroni import PatroniCluster
 from runfleet.store.config import Settings
 from tests.ha.harness import Failover, run_failover
 
-pytestmark = pytest.mark.chaos
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(300)]  # a cluster per test, a failover each
 
 
 LAG = 1.0

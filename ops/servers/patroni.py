@@ -352,6 +352,25 @@ class PatroniCluster:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def maintenance(self, on: bool) -> None:
+        """Patroni's pause mode: it stops managing Postgres (a paused WAL replay stays
+        paused instead of being resumed at its next loop)."""
+        body = json.dumps({"pause": on}).encode()
+        request = urllib.request.Request(
+            f"{self.primary().api}/config", data=body, method="PATCH",
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=5) as reply:  # loopback only
+            assert reply.status == 200, reply.status
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                with urllib.request.urlopen(f"{self.primary().api}/patroni", timeout=2) as r:
+                    if bool(json.loads(r.read()).get("pause", False)) == on:
+                        return
+            time.sleep(0.2)
+        raise TimeoutError(f"patroni pause={on} not in effect")
+
     def url(self, dbname: str = "postgres", nodes: Sequence[PatroniNode] | None = None) -> str:
         """The libpq multi-host URL a fleet uses: the first node that accepts writes."""
         hosts = ",".join(f"127.0.0.1:{n.pg_port}" for n in nodes or self.nodes)

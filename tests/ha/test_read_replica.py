@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 
+import httpx
 import psycopg
 import pytest
 
 import tests.chaos.flows as cf
 from runfleet.broker import AsyncQueue
+from runfleet.ops.dashboard.app import create_app
 from runfleet.ops.servers.patroni import PatroniCluster
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate
@@ -78,6 +80,23 @@ async def test_reads_come_from_the_replica_with_its_lag(
     assert shown.code == 0 and "replay lag" in shown.stderr
     missing = await invoke(read, "show", "after-pause")
     assert missing.code != 0  # the replica has not replayed it yet
+
+    # The dashboard's pages read the replica too, and say how old they may be.
+    app = create_app(
+        ours.model_copy(update={"read_database_url": standby.url}),
+        allowed_hosts=("testserver",),
+    )
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://testserver"
+        ) as client,
+    ):
+        overview = (await client.get("/api/overview")).json()
+        assert overview["replica_lag_s"] is not None
+        assert sum(overview["totals"].values()) == 1  # "after-pause" is not replayed yet
+        page = (await client.get("/")).text
+        assert "read from a replica: replay lag" in page
 
     # Decisions never read the replica: doctor (and every worker) uses database_url.
     doctor = await invoke(read, "doctor", "--json")

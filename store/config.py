@@ -24,7 +24,8 @@ class Settings(BaseSettings):
     database_url: str = "postgresql://postgres@127.0.0.1:5432/runfleet"
     read_database_url: str | None = None
     """A replica for operators' reads (``runs``, ``show``, ``journal``, ``tree``,
-    ``explain``, ``fleet``): never for a decision. Unset: they read ``database_url``."""
+    ``explain``, ``fleet``, the dashboard's pages): never for a decision. Unset: they
+    read ``database_url``."""
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_prefix: str = "runfleet"
     host_id: str = Field(default_factory=socket.gethostname)

@@ -55,6 +55,9 @@ class Failover:
     settled_twice: dict[str, int]
     forgotten: list[tuple[str, int]]
     unavailable_after: list[float]
+    short_budget_after: float | None
+    """A producer with a budget shorter than the outage, calling during it: seconds
+    until it raised ``Unavailable`` (None: not probed; -1: it did not raise)."""
     in_flight_at_kill: int
     promoted: str
     first_claim_s: float | None
@@ -107,6 +110,18 @@ async def _producer(
             await asyncio.sleep(PACE)
 
 
+async def _short_budget_call(queue: AsyncQueue) -> float:
+    """Seconds until an admission during the outage raised ``Unavailable``; -1 if it
+    succeeded. The queue is connected before the kill: a queue's first connect waits
+    for its pool (up to 30 s) whatever the budget."""
+    started = time.monotonic()
+    try:
+        await queue.enqueue(hf.five_steps, 0, run_id="short-budget")
+    except Unavailable:
+        return round(time.monotonic() - started, 2)
+    return -1.0
+
+
 async def _measure_enqueue(settings: Settings, count: int = WARM) -> float:
     async with AsyncQueue("default", settings=settings) as queue:
         started = time.monotonic()
@@ -122,8 +137,13 @@ async def run_failover(
     kill: Callable[[PatroniCluster], tuple[float, str]],
     *,
     timeout: float = 120,
+    short_budget: tuple[float, float] | None = None,
 ) -> Failover:
-    """``kill`` breaks the primary: the time it did, and the member primary after."""
+    """``kill`` breaks the primary: the time it did, and the member primary after.
+
+    ``short_budget`` ``(delay, budget)``: ``delay`` s after the kill starts, one more
+    producer with ``RUNFLEET_PRODUCER_RETRY_FOR=budget`` admits a run.
+    """
     started = time.monotonic()
     url = cluster.url()
     await migrate(url)
@@ -167,7 +187,18 @@ async def run_failover(
             url, "SELECT count(*) FROM runfleet.runs WHERE status NOT IN "
             "('completed', 'failed', 'cancelled')",
         )  # fmt: skip
-        killed_at, promoted = await asyncio.to_thread(kill, cluster)
+        short_after = None
+        async with AsyncQueue(
+            "default",
+            settings=ours.model_copy(
+                update={"producer_retry_for": short_budget[1] if short_budget else BUDGET}
+            ),
+        ) as short_queue:
+            killing = asyncio.create_task(asyncio.to_thread(kill, cluster))
+            if short_budget is not None:
+                await asyncio.sleep(short_budget[0])
+                short_after = await _short_budget_call(short_queue)
+            killed_at, promoted = await killing
         await asyncio.sleep(2)
         stop.set()
         await asyncio.gather(*producers)
@@ -209,6 +240,7 @@ async def run_failover(
         settled_twice=settled_twice,
         forgotten=await _forgotten(ledger_url),
         unavailable_after=[round(s, 1) for s in unavailable],
+        short_budget_after=short_after,
         in_flight_at_kill=in_flight,
         promoted=promoted,
         first_claim_s=first_claim,

@@ -70,9 +70,14 @@ async def test_sync_standby_promoted_when_the_primary_node_dies(
     seen = (await doctor(settings, sync_cluster.url()))["topology"]
     assert seen.status == "ok", seen
     assert "n1 sync streaming" in seen.detail and "waits for a synchronous standby" in seen.detail
-    outcome = await run_failover(settings, sync_cluster, ha_ledger_url, lose_lagging_node)
+    outcome = await run_failover(
+        settings, sync_cluster, ha_ledger_url, lose_lagging_node, short_budget=(LAG + 1, 2.0)
+    )
     assert outcome.promoted != before
     assert_clean(outcome)
+    # A producer whose budget the failover outlasts raises Unavailable, and only past it.
+    assert outcome.short_budget_after is not None
+    assert 2.0 <= outcome.short_budget_after < 2.0 + 3.0, outcome.short_budget_after
     after = await doctor(settings, sync_cluster.url())
     assert after["topology"].detail.startswith("primary, no standby"), after["topology"]
     assert "timeline 2" in after["topology"].detail

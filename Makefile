@@ -7,9 +7,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.runfleet-installed
 
-.PHONY: test lint docs demo clean browser mutate
+.PHONY: test lint docs demo clean browser ha mutate
 
-test: lint docs browser
+test: lint docs browser ha
 	$(BIN)/pytest -q
 
 # The docs site (mkdocs.yml, docs/): --strict fails on a broken link, a missing page or
@@ -28,6 +28,19 @@ browser:
 	  apt-get install -y $(BROWSER_PKGS) || { apt-get update && apt-get install -y $(BROWSER_PKGS); } \
 	  || echo "browser: could not install $(BROWSER_PKGS); the browser test will skip"; \
 	else echo "browser: no chromium; the browser test will skip (apt-get install -y $(BROWSER_PKGS))"; fi
+
+# The failover suite (tests/ha) runs a throwaway Patroni cluster on etcd, both Debian
+# packages. As root with apt, install them when missing, as for the browser; otherwise
+# only say so: the suite then skips naming the command. Never fails `make test`.
+HA_PKGS := patroni etcd-server
+ha:
+	@if command -v patroni >/dev/null 2>&1 && command -v etcd >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y --no-install-recommends $(HA_PKGS) \
+	  || { apt-get update && apt-get install -y --no-install-recommends $(HA_PKGS); } \
+	  || echo "ha: could not install $(HA_PKGS); the failover suite will skip"; \
+	else echo "ha: no patroni/etcd; the failover suite will skip (apt-get install -y $(HA_PKGS))"; fi
 
 # The main job: a live fleet of three workers survives one of them being SIGKILLed.
 # Services: RUNFLEET_DATABASE_URL / RUNFLEET_REDIS_URL if set, else Docker, else throwaway

@@ -22,6 +22,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RUNFLEET_", extra="ignore")
 
     database_url: str = "postgresql://postgres@127.0.0.1:5432/runfleet"
+    read_database_url: str | None = None
+    """A replica for operators' reads (``runs``, ``show``, ``journal``, ``tree``,
+    ``explain``, ``fleet``, the dashboard's pages): never for a decision. Unset: they
+    read ``database_url``."""
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_prefix: str = "runfleet"
     host_id: str = Field(default_factory=socket.gethostname)
@@ -228,6 +232,14 @@ class Settings(BaseSettings):
     tcp_user_timeout: float = Field(default=10.0, ge=0)
     """Seconds unacknowledged data may wait before the kernel drops the connection
     (0 = the OS default, often minutes): a silently cut network fails fast."""
+
+    @field_validator("read_database_url", mode="before")
+    @classmethod
+    def _no_read_url(cls, value: object) -> object:
+        """Empty/``none`` = unset: reads go to ``database_url``."""
+        if isinstance(value, str) and value.strip().lower() in ("", "none", "off", "null"):
+            return None
+        return value
 
     @field_validator("prepare_threshold", mode="before")
     @classmethod

@@ -37,7 +37,9 @@ ENTRY_POINTS = {
     "default": K8S,
     "keda": K8S / "overlays" / "keda",
     "hpa-stream-lag": K8S / "overlays" / "hpa-stream-lag",
+    "cloudnativepg": K8S / "overlays" / "cloudnativepg",
 }
+AUTOSCALED = {"keda", "hpa-stream-lag"}
 OPTIONAL = {K8S / "secret.example.yaml", K8S / "servicemonitor.yaml"}
 """Manifests deliberately outside every kustomization: applied by hand, if at all."""
 VERSIONS = ("1.29", kubernetes_validate.latest_version())
@@ -46,6 +48,7 @@ CRD_KINDS = {
     ("keda.sh/v1alpha1", "ScaledObject"),
     ("keda.sh/v1alpha1", "TriggerAuthentication"),
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("postgresql.cnpg.io/v1", "Cluster"),
 }
 VERSION = runfleet.__version__
 
@@ -177,7 +180,7 @@ def test_kustomize_builds_each_entry_point(entry: str) -> None:
     images = {c["image"] for c in deployment["spec"]["template"]["spec"]["containers"]}
     assert images == {f"runfleet:{VERSION}"}
     autoscalers = {d["kind"] for d in docs} & {"ScaledObject", "HorizontalPodAutoscaler"}
-    if entry == "default":
+    if entry not in AUTOSCALED:
         assert not autoscalers and deployment["spec"]["replicas"] >= 2
     else:
         # The autoscaler owns the replica count; a re-apply must not reset it.
@@ -467,3 +470,57 @@ def test_the_documented_kubectl_commands_name_real_paths() -> None:
         assert name == _one("Secret")["metadata"]["name"]
     keys = set(re.findall(r"--from-literal=([\w-]+)=", text))
     assert keys == set(_one("Secret")["stringData"])
+
+
+# ---- CloudNativePG --------------------------------------------------------------------
+# The operator's CRD schema is not in kubernetes-validate: the Cluster gets structural
+# checks of what runfleet relies on, and the overlay's patches are checked as rendered.
+
+
+def _cnpg_cluster() -> Doc:
+    (doc,) = _docs(K8S / "components" / "cloudnativepg" / "cluster.yaml")
+    assert (doc["apiVersion"], doc["kind"]) == ("postgresql.cnpg.io/v1", "Cluster")
+    return doc
+
+
+def test_the_cloudnativepg_cluster_replicates_synchronously() -> None:
+    spec = _cnpg_cluster()["spec"]
+    assert spec["instances"] >= 2
+    sync = spec["postgresql"]["synchronous"]
+    assert sync["method"] in ("any", "first") and 1 <= sync["number"] < spec["instances"]
+    assert sync.get("dataDurability", "required") == "required"
+    assert spec["postgresql"]["parameters"].get("synchronous_commit", "on") in (
+        "on", "remote_write", "remote_apply",
+    )  # fmt: skip
+    assert spec["bootstrap"]["initdb"]["database"] and spec["bootstrap"]["initdb"]["owner"]
+    assert "@" not in str(spec) and "password" not in str(spec).lower()
+    image = spec["imageName"]
+    assert re.fullmatch(r"[^:]+:\d+\.\d+", image), f"unpinned Postgres image {image}"
+
+
+def _url_source(container: Doc) -> Doc:
+    (env,) = [e for e in container["env"] if e["name"] == "RUNFLEET_DATABASE_URL"]
+    assert set(env) == {"name", "valueFrom"}, env
+    ref: Doc = env["valueFrom"]["secretKeyRef"]
+    return ref
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (built-in kustomize) absent")
+def test_cloudnativepg_workers_connect_to_the_read_write_service() -> None:
+    """The operator's ``<cluster>-app`` Secret's ``uri`` names ``<cluster>-rw``: the
+    Service that follows the primary through a failover."""
+    rendered = subprocess.run(
+        ["kubectl", "kustomize", str(ENTRY_POINTS["cloudnativepg"])],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert rendered.returncode == 0, rendered.stderr
+    docs = [d for d in yaml.safe_load_all(rendered.stdout) if d]
+    (cluster,) = [d for d in docs if d["kind"] == "Cluster"]
+    app_secret = {"name": f"{cluster['metadata']['name']}-app", "key": "uri"}
+    pods = [d["spec"]["template"]["spec"] for d in docs if d["kind"] in ("Deployment", "Job")]
+    assert len(pods) == 2
+    for pod in pods:
+        (container,) = pod["containers"]
+        assert _url_source(container) == app_secret, container["name"]
+        redis = [e for e in container["env"] if e["name"] == "RUNFLEET_REDIS_URL"]
+        assert all(e["valueFrom"]["secretKeyRef"]["name"] == "runfleet-connections" for e in redis)

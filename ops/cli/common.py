@@ -34,6 +34,7 @@ from runfleet.ops.cli.text import Part, err, json_text, say, styled
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.errors import RunfleetError, RunNotFound
+from runfleet.store.topology import Role, Topology, read_topology
 from runfleet.store.types import Owner, RunRow
 
 T = TypeVar("T")
@@ -112,6 +113,8 @@ class Connections:
     redis: Redis | None
     redis_error: str | None = None
     """Why Redis is missing when the command could do without it (``redis="optional"``)."""
+    replica: Topology | None = None
+    """The replica this command reads from (``read=True`` and RUNFLEET_READ_DATABASE_URL)."""
 
     @property
     def liveness(self) -> Liveness:
@@ -142,11 +145,21 @@ def redis_client(cfg: Settings) -> Redis:
 
 @asynccontextmanager
 async def connect(
-    cfg: Settings, *, redis: Literal["no", "yes", "optional"] = "no"
+    cfg: Settings, *, redis: Literal["no", "yes", "optional"] = "no", read: bool = False
 ) -> AsyncIterator[Connections]:
-    """Postgres always; Redis when asked (``optional``: carry on without it, saying why)."""
+    """Postgres always; Redis when asked (``optional``: carry on without it, saying why).
+
+    ``read``: a read-only command, which reads RUNFLEET_READ_DATABASE_URL when set and
+    says on stderr how far that replica's replay lags (its answer may be that old).
+    """
+    replica: Topology | None = None
+    if read and cfg.read_database_url:
+        cfg = cfg.model_copy(update={"database_url": cfg.read_database_url})
     await check_database(cfg.database_url)
     store = await Store.open(cfg, min_size=1, max_size=4)
+    if read and cfg.read_database_url:
+        replica = await read_topology(store.db)
+        typer.echo(replica_note(replica), err=True)
     client = redis_client(cfg) if redis != "no" else None
     problem: str | None = None
     try:
@@ -159,11 +172,24 @@ async def connect(
                 problem = _first_line(exc)
                 await client.aclose()
                 client = None
-        yield Connections(cfg, store, client, problem)
+        yield Connections(cfg, store, client, problem, replica)
     finally:
         if client is not None:
             await client.aclose()
         await store.close()
+
+
+def replica_note(seen: Topology) -> str:
+    """The line a read from RUNFLEET_READ_DATABASE_URL prints before its answer."""
+    if seen.role is not Role.STANDBY:
+        return "read from RUNFLEET_READ_DATABASE_URL (a primary: current)"
+    lag = "unknown" if seen.replay_lag_s is None else f"{seen.replay_lag_s:.1f} s"
+    behind = seen.receive_behind_bytes
+    pending = f", {behind} B received and not yet replayed" if behind else ""
+    return (
+        f"read from a replica (RUNFLEET_READ_DATABASE_URL): replay lag {lag}{pending}; "
+        "what follows may be that old (the lag also grows while the primary is idle)"
+    )
 
 
 def emit(model: BaseModel, *, indent: int | None = 2) -> None:

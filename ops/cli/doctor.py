@@ -8,6 +8,7 @@ worth reading but does not mean this host cannot work.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Literal, assert_never
@@ -15,19 +16,29 @@ from typing import Annotated, Literal, assert_never
 import typer
 from rich.table import Table
 
+from runfleet.broker.codec import FIELD, MalformedMessage, decode
 from runfleet.broker.liveness import FleetMember, Liveness
-from runfleet.broker.streams import Streams
+from runfleet.broker.streams import Lane, Streams
 from runfleet.ops.cli import common as c
 from runfleet.ops.cli.text import add_row, show, styled
 from runfleet.ops.models import Check, DoctorView
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrations, schema_version
 from runfleet.store.pooler import Path, probe
+from runfleet.store.topology import Role, Topology, missing_runs, read_topology
 
 SKEW_WARN_MS = 1000
 """Leases use database time, but ``enqueue_in``/``enqueue_at`` compute due times here."""
 
 STYLE = {"ok": "green", "warn": "yellow", "fail": "red"}
+
+WAKES_CHECKED = 1000
+"""The newest stream entries per lane whose runs ``lost admissions`` looks up."""
+ASYNC_LOSS = (
+    "a failover to it can lose commits the primary acknowledged (admissions producers "
+    "saw succeed; step records, so those steps run again): set synchronous_standby_names "
+    "(Patroni: synchronous_mode: true) with synchronous_commit = on"
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -78,13 +89,17 @@ class Doctor:
         return True
 
     async def run(self) -> DoctorView:
-        if await self.guarded("postgres", self._postgres):
+        postgres_ok = await self.guarded("postgres", self._postgres)
+        if postgres_ok:
             await self.guarded("pooler", self._pooler)
             await self.guarded("schema", self._schema)
+            await self.guarded("topology", self._topology)
         redis_ok = await self.guarded("redis", self._redis)
         if redis_ok:
             await self.guarded("workers", self._workers)
             await self.guarded("stream lag", self._lag)
+            if postgres_ok and self.version is not None:
+                await self.guarded("lost admissions", self._lost_admissions)
         return DoctorView(
             ok=all(ch.status != "fail" for ch in self.checks),
             checks=self.checks,
@@ -234,3 +249,76 @@ class Doctor:
                 self.add(f"lag {queue}", "ok", f"{lag} entries waiting")
         if not queues:
             self.add("stream lag", "ok", "no queue in use")
+
+    async def _topology(self) -> None:
+        """Primary or standby, who streams, and whether a commit waits for a standby."""
+        async with c.connect(self.cfg) as conns:
+            seen = await read_topology(conns.store.db)
+        self.add("topology", *topology_verdict(seen))
+
+    async def _lost_admissions(self) -> None:
+        """Wakes in Redis naming runs Postgres does not have.
+
+        A wake is published after its run's admission commits, and Redis outlives a
+        Postgres failover: a run it names that the database lacks was acknowledged and
+        then lost (a promoted standby that never received it), unless it was pruned.
+        """
+        client = c.redis_client(self.cfg)
+        ids: set[str] = set()
+        try:
+            streams = Streams(client, self.cfg.redis_prefix)
+            for queue in self.active_queues or self.queues or ["default"]:
+                for lane in Lane:
+                    key = streams.stream_key(queue, lane)
+                    for _, fields in await client.xrevrange(key, count=WAKES_CHECKED) or []:
+                        data = fields.get(FIELD) if fields else None
+                        if isinstance(data, bytes):
+                            with contextlib.suppress(MalformedMessage):
+                                ids.add(decode(data).run)
+        finally:
+            await client.aclose()
+        async with c.connect(self.cfg) as conns:
+            missing = await missing_runs(conns.store.db, sorted(ids))
+        if missing:
+            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+            self.add(
+                "lost admissions",
+                "warn",
+                f"{len(missing)} run(s) named by wakes in Redis are not in Postgres ({shown}): "
+                "acknowledged to a producer and then lost, as a failover to an asynchronous "
+                "standby loses them (or pruned since); re-enqueue them from the producer's side",
+            )
+        else:
+            detail = f"every run named by {len(ids)} recent wake(s) exists"
+            self.add("lost admissions", "ok", detail)
+
+
+def topology_verdict(seen: Topology) -> tuple[Literal["ok", "warn", "fail"], str]:
+    timeline = f", timeline {seen.timeline}" if seen.timeline and seen.timeline > 1 else ""
+    match seen.role:
+        case Role.STANDBY:
+            lag = "?" if seen.replay_lag_s is None else f"{seen.replay_lag_s:.1f} s"
+            return "fail", (
+                f"connected to a standby (read-only, from {seen.upstream or '?'}, replay lag "
+                f"{lag}): RUNFLEET_DATABASE_URL must reach the primary "
+                "(list every host with target_session_attrs=read-write)"
+            )
+        case Role.PRIMARY:
+            if not seen.standbys:
+                return "ok", f"primary, no standby streams from it{timeline}"
+            parts = []
+            for s in seen.standbys:
+                lag = "?" if s.replay_lag_s is None else f"{s.replay_lag_s:.2f} s"
+                behind = "" if s.replay_behind_bytes is None else f", {s.replay_behind_bytes} B"
+                parts.append(f"{s.name or s.client} {s.sync_state or '?'} {s.state} "
+                             f"(replay lag {lag}{behind})")  # fmt: skip
+            detail = (
+                f"primary{timeline}; standbys: {'; '.join(parts)}; synchronous_commit="
+                f"{seen.synchronous_commit}, synchronous_standby_names="
+                f"{seen.synchronous_standby_names!r}"
+            )
+            if seen.commits_wait_for_standby:
+                return "ok", f"{detail}: a commit waits for a synchronous standby"
+            return "warn", f"{detail}: replication is asynchronous; {ASYNC_LOSS}"
+        case _ as never:
+            assert_never(never)

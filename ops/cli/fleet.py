@@ -114,7 +114,7 @@ async def _fleet(cfg: Settings, host: str | None, *, with_db: bool) -> FleetView
     now = c.wall_ms()  # without the database (a healthcheck), this host's clock judges
     if with_db:
         try:
-            async with c.connect(cfg) as conns:
+            async with c.connect(cfg, read=True) as conns:
                 owned = await conns.store.stats.running_by_owner()
                 now = await conns.store.stats.now_ms()
                 limits = await queue_limits(conns.store)

@@ -106,7 +106,7 @@ async def _runs(
     since: Since | None,
     limit: int,
 ) -> RunList:
-    async with c.connect(cfg) as conns:
+    async with c.connect(cfg, read=True) as conns:
         return await list_view(conns, status, flow, queue, since, limit)
 
 
@@ -173,7 +173,7 @@ def show(run_id: RunId, as_json: c.AsJson = False) -> None:
 
 
 async def _show(cfg: Settings, run_id: str) -> RunDetail:
-    async with c.connect(cfg) as conns:
+    async with c.connect(cfg, read=True) as conns:
         return await detail_view(conns, run_id)
 
 
@@ -226,7 +226,7 @@ def journal(
 async def _journal(cfg: Settings, run_id: str, follow: bool, as_json: bool) -> None:
     streaming = as_json and follow
     collected: list[JournalEntry] = []
-    async with c.connect(cfg) as conns:
+    async with c.connect(cfg, read=True) as conns:
         await conns.run_row(run_id)
         after = 0
         while True:
@@ -293,7 +293,7 @@ def _grow(parent: Tree, nodes: list[TreeNode]) -> None:
 
 
 async def _tree(cfg: Settings, run_id: str) -> TreeView:
-    async with c.connect(cfg) as conns:
+    async with c.connect(cfg, read=True) as conns:
         return await tree_view(conns, run_id)
 
 
@@ -350,5 +350,5 @@ def explain_cmd(run_id: RunId, as_json: c.AsJson = False) -> None:
 
 
 async def _explain(cfg: Settings, run_id: str) -> Explanation:
-    async with c.connect(cfg, redis="optional") as conns:
+    async with c.connect(cfg, redis="optional", read=True) as conns:
         return explain(await gather(conns, run_id))

@@ -38,6 +38,7 @@ from runfleet.ops.dashboard.urls import action_id, api_id, page_id, run_url
 from runfleet.ops.explain.report import explain, gather
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput, RunfleetError, RunNotFound, ScopeDenied, Unavailable
+from runfleet.store.topology import read_topology
 from runfleet.store.types import RunStatus
 
 POLL_MS = 1000
@@ -135,7 +136,11 @@ def _answers(handler: Handler) -> Handler:
 
 @_answers
 async def overview(request: Request) -> Response:
-    view = await data.overview(_dash(request).conns, _dash(request).tail)
+    conns = _dash(request).conns
+    view = await data.overview(conns, _dash(request).tail)
+    if conns.replica is not None:  # read from a replica: say how old the answer may be
+        seen = await read_topology(conns.store.db)
+        view = view.model_copy(update={"replica_lag_s": seen.replay_lag_s})
     if request.url.path.startswith("/api/"):
         return _json(view)
     return _page(request, "overview", view=view)
@@ -288,12 +293,16 @@ def create_app(
     scopes: tuple[str, ...] = (),
     allowed_hosts: tuple[str, ...] = ("127.0.0.1", "localhost", "::1"),
 ) -> Starlette:
-    """The app; its connections open at startup (lifespan) and close at shutdown."""
+    """The app; its connections open at startup (lifespan) and close at shutdown.
+
+    Pages read through ``conns`` (RUNFLEET_READ_DATABASE_URL when set: a replica);
+    actions go through the queue, on RUNFLEET_DATABASE_URL, which decides.
+    """
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with (
-            c.connect(settings, redis="optional") as conns,
+            c.connect(settings, redis="optional", read=True) as conns,
             AsyncQueue("default", settings=settings, scopes=scopes) as q,
         ):
             app.state.dash = Dashboard(conns, q, data.JournalTail(), scopes)

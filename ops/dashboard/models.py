@@ -62,6 +62,9 @@ class OverviewView(_Model):
     charts: list[Chart]
     steals: list[Steal]
     """Takeovers, refused takeovers and poison runs parked dead, newest first."""
+    replica_lag_s: float | None = None
+    """Replay lag of the replica this page reads (RUNFLEET_READ_DATABASE_URL); None when
+    it reads the primary or the lag is unknown. Everything here may be that old."""
     dead: list[RunSummary] = []
     """Runs parked ``dead`` (their executions kept ending in a lost process), oldest
     first: each needs a person (``runfleet explain``, then ``runfleet resume``)."""

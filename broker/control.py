@@ -20,6 +20,7 @@ import psycopg
 from runfleet.broker.codec import message_for
 from runfleet.broker.notify import Notifier
 from runfleet.broker.streams import Streams, lane_for
+from runfleet.store import journal_records as jr
 from runfleet.store import validate
 from runfleet.store.errors import (
     CancelRequestFailed,
@@ -231,30 +232,33 @@ class RunControl:
             raise InvalidInput("run_id", f"run {run_id!r} is not quarantined")
         await self._hint(run_id, "resume", row)
 
-    async def _last_record(self, run_id: str, *kinds: str) -> tuple[str, dict[str, Any]]:
-        """Kind and payload of the run's newest journal record of one of ``kinds``."""
+    async def _last_record(self, run_id: str, *kinds: str) -> jr.Decoded | None:
+        """The run's newest journal record of one of ``kinds``, decoded (None: there is none)."""
         records = await self._available(lambda: self.store.journal.records(run_id, limit=10_000))
-        mine = [r for r in records if r.kind in kinds and isinstance(r.payload, dict)]
-        return (mine[-1].kind, dict(mine[-1].payload)) if mine else ("", {})
+        mine = [r for r in records if r.kind in kinds]
+        return jr.decode(mine[-1].kind, mine[-1].payload) if mine else None
 
     async def _journaled(self, run_id: str, token: str, actor: str, approved: bool) -> bool:
         """Whether the run's last decision is this one (a retried answer's own commit)."""
-        kind, last = await self._last_record(run_id, Kind.APPROVAL_APPROVED, Kind.APPROVAL_DENIED)
-        wanted = Kind.APPROVAL_APPROVED if approved else Kind.APPROVAL_DENIED
-        mine = last.get("token") == token_hash(token) and last.get("note") == actor
-        return kind == wanted and mine
+        last = await self._last_record(run_id, Kind.APPROVAL_APPROVED, Kind.APPROVAL_DENIED)
+        wanted = jr.ApprovalApproved if approved else jr.ApprovalDenied
+        return isinstance(last, wanted) and last.token == token_hash(token) and last.note == actor
 
     async def _revived(self, run_id: str, actor: str | None) -> bool:
         """Whether the run's last resume is this one from dead (a retried resume's commit)."""
-        kind, last = await self._last_record(run_id, Kind.RESUMED)
-        return kind == Kind.RESUMED and last.get("from") == "dead" and last.get("note") == actor
+        last = await self._last_record(run_id, Kind.RESUMED)
+        return (
+            isinstance(last, jr.Resumed)
+            and last.from_state is jr.ResumedFrom.DEAD
+            and last.note == actor
+        )
 
     async def _resumed(self, run_id: str, rerun_step: str | None, actor: str | None) -> bool:
         """Whether the run's last resume is this one (a retried resume's own commit)."""
-        kind, last = await self._last_record(run_id, Kind.RESUMED)
+        last = await self._last_record(run_id, Kind.RESUMED)
         return (
-            kind == Kind.RESUMED
-            and last.get("from") == "quarantine"
-            and last.get("rerun_step") == rerun_step
-            and last.get("note") == actor
+            isinstance(last, jr.Resumed)
+            and last.from_state is jr.ResumedFrom.QUARANTINE
+            and last.rerun_step == rerun_step
+            and last.note == actor
         )

@@ -17,12 +17,12 @@ from runfleet.ops.explain.journal_text import render, sentence
 from runfleet.store import Store
 from runfleet.store import journal_records as jr
 from runfleet.store.journal_records import PAYLOADS, CascadeCause, Kind, decode
-from runfleet.store.lifecycle import Settle
 from runfleet.store.steps import StepWrite
 from runfleet.store.types import (
     JournalRecord,
     Reconfirmation,
     RunStatus,
+    Settle,
     Waiting,
     WaitingReason,
 )

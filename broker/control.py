@@ -20,6 +20,7 @@ import psycopg
 from runfleet.broker.codec import message_for
 from runfleet.broker.notify import Notifier
 from runfleet.broker.streams import Streams, lane_for
+from runfleet.broker.wake_reasons import WakeReason
 from runfleet.store import journal_records as jr
 from runfleet.store import validate
 from runfleet.store.errors import (
@@ -76,7 +77,7 @@ class RunControl:
             raise ScopeDenied(run_id, missing)
         return row
 
-    async def _hint(self, run_id: str, reason: str, row: RunRow | None = None) -> None:
+    async def _hint(self, run_id: str, reason: WakeReason, row: RunRow | None = None) -> None:
         """Wake the run's queue after a committed change; never fails the producer call.
 
         ``row`` is the run as the caller already read it (queue, flow and epoch are what
@@ -119,7 +120,7 @@ class RunControl:
             known = {outcome.row.id: outcome.row}  # as the request left it: no second read
         for target in targets:  # each closes through its own cancel path, promptly
             await self.notifier.publish_cancel(target)
-            await self._hint(target, "cancel", known.get(target))
+            await self._hint(target, WakeReason.CANCEL, known.get(target))
         return outcome
 
     async def interrupt_unsafe(self, run_id: str) -> None:
@@ -155,7 +156,7 @@ class RunControl:
             lambda: self.store.waits.answer_event(run_id, name, value, note=actor)
         )
         if isinstance(done, EventCompleted) and done.woke:
-            await self._hint(run_id, "event", row)
+            await self._hint(run_id, WakeReason.EVENT, row)
         return done
 
     async def approve(
@@ -184,7 +185,7 @@ class RunControl:
         if done is None:
             raise InvalidInput("token", f"run {run_id!r} is not waiting for an approval with it")
         if done.woke:
-            await self._hint(run_id, "approval", row)
+            await self._hint(run_id, WakeReason.APPROVAL, row)
 
     async def resume(
         self,
@@ -212,7 +213,7 @@ class RunControl:
             )
             if revived is None and not (retried and await self._revived(run_id, actor)):
                 raise InvalidInput("run_id", f"run {run_id!r} is not parked dead")
-            await self._hint(run_id, "resume", row)
+            await self._hint(run_id, WakeReason.RESUME, row)
             return
         if not accept_recorded and rerun_step is None:
             if row.waiting is None or row.waiting.reason != WaitingReason.QUARANTINE:
@@ -230,7 +231,7 @@ class RunControl:
         )
         if not resumed and not (retried and await self._resumed(run_id, rerun_step, actor)):
             raise InvalidInput("run_id", f"run {run_id!r} is not quarantined")
-        await self._hint(run_id, "resume", row)
+        await self._hint(run_id, WakeReason.RESUME, row)
 
     async def _last_record(self, run_id: str, *kinds: str) -> jr.Decoded | None:
         """The run's newest journal record of one of ``kinds``, decoded (None: there is none)."""

@@ -27,6 +27,7 @@ import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from runfleet.store import journal_records as jr
 from runfleet.store import validate, values
 from runfleet.store.errors import InvalidInput
 from runfleet.store.journal import Kind
@@ -243,7 +244,9 @@ class Forks:
     async def _journal_both(
         self, source: str, target: str, upto: int, actor: str | None, kind: str
     ) -> None:
-        await self._store.journal.record(source, kind, {"to": target, "calls": upto, "note": actor})
+        side = jr.Forked if kind == Kind.FORKED else jr.ResumedAs
         await self._store.journal.record(
-            target, Kind.FORKED_FROM, {"from": source, "calls": upto, "kind": kind, "note": actor}
+            source, kind, side(to=target, calls=upto, note=actor).dump()
         )
+        copied = jr.ForkedFrom(from_run=source, calls=upto, kind=kind, note=actor)
+        await self._store.journal.record(target, Kind.FORKED_FROM, copied.dump())

@@ -21,9 +21,9 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Self, TypeAlias, Union
+from typing import Any, ClassVar, Self, TypeAlias, Union, assert_never
 
-from runfleet.store.types import RunStatus
+from runfleet.store.types import RunStatus, WaitingReason
 
 
 class Kind(enum.StrEnum):
@@ -89,6 +89,41 @@ class CascadeCause(enum.StrEnum):
     PARENT_CANCELLED = "parent-cancelled"
 
 
+def cascade_cause(status: RunStatus) -> CascadeCause:
+    """The cascade a parent's settlement in ``status`` starts."""
+    match status:
+        case RunStatus.COMPLETED:
+            return CascadeCause.PARENT_COMPLETED
+        case RunStatus.FAILED:
+            return CascadeCause.PARENT_FAILED
+        case RunStatus.CANCELLED:
+            return CascadeCause.PARENT_CANCELLED
+        case RunStatus.PENDING | RunStatus.RUNNING | RunStatus.SUSPENDED:
+            raise ValueError(f"a {status} run has not ended: it cascades nothing")
+        case _:
+            assert_never(status)
+
+
+class WakeCause(enum.StrEnum):
+    """Who cleared a run's wait (``woken``'s ``cause``): a caller of ``Waits.wake``, or a
+    driver that found the wait due (``driver:<waiting reason>``)."""
+
+    WAKE = "wake"
+    DRIVER_TIMER = "driver:timer"
+    DRIVER_EVENT = "driver:event"
+    DRIVER_APPROVAL = "driver:approval"
+    DRIVER_QUOTA = "driver:quota"
+    DRIVER_RELEASED = "driver:released"
+    DRIVER_QUARANTINE = "driver:quarantine"
+    DRIVER_CHILD = "driver:child"
+    DRIVER_DEAD = "driver:dead"
+
+    @classmethod
+    def by_driver(cls, reason: WaitingReason) -> WakeCause:
+        """The cause a driver journals for waking a wait of ``reason``."""
+        return cls(f"driver:{reason.value}")
+
+
 class RefusalEvidence(enum.StrEnum):
     """Why a takeover was refused (``steal-refused-owner-alive``'s ``evidence``)."""
 
@@ -112,6 +147,17 @@ class ResumedFrom(enum.StrEnum):
 
 
 # ---- the payload machinery -----------------------------------------------------------
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    """A payload type's field types, resolved once (decoding a journal page reads many)."""
+    found = _HINTS.get(cls)
+    if found is None:
+        found = _HINTS[cls] = typing.get_type_hints(cls)
+    return found
 
 
 def _fits(value: object, hint: object) -> bool:
@@ -150,8 +196,8 @@ def _convert(value: object, hint: object) -> object:
 
 @dataclass(frozen=True, kw_only=True)
 class Payload:
-    """One kind's payload. ``extra``: fields this version does not know (a newer writer's),
-    kept so views still show them; never written by ``dump``'s callers in this version."""
+    """One kind's payload. ``extra``: the fields of a stored record this version does not
+    know (a newer writer's), kept for views; ``dump`` never writes them."""
 
     KIND: ClassVar[Kind]
     OMIT_NONE: ClassVar[frozenset[str]] = frozenset()
@@ -179,7 +225,7 @@ class Payload:
     @classmethod
     def load(cls, raw: Mapping[str, object]) -> Self:
         """Tolerant decode: a missing or ill-typed field reads as its default."""
-        hints = typing.get_type_hints(cls)
+        hints = _hints(cls)
         known: dict[str, object] = {}
         names: set[str] = set()
         for f in dataclasses.fields(cls):
@@ -339,7 +385,7 @@ class Parked(Payload):
 class Woken(Payload):
     KIND = Kind.WOKEN
     reason: str | None = None
-    cause: str | None = None
+    cause: WakeCause | None = None
     """Who woke it: ``wake`` (a caller of ``Waits.wake``) or ``driver:<reason>``."""
 
 

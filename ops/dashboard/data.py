@@ -56,6 +56,8 @@ DEAD_SHOWN = 50
 
 def settled_as(record: JournalRecord) -> RunStatus | None:
     """The terminal status a record settles its run in, if it is a settlement."""
+    if record.kind not in (Kind.TRANSITIONED, Kind.INTERRUPTED):
+        return None  # decoded only where it may say so: the charts ask of every record
     match jr.decode(record.kind, record.payload):
         case jr.Transitioned(to=RunStatus() as to) if to.terminal:
             return to

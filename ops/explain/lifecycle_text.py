@@ -7,7 +7,7 @@ from collections import Counter
 from runfleet.ops.cli.common import clock
 from runfleet.store import Store
 from runfleet.store.events import MESSAGE_TOKEN
-from runfleet.store.types import RunRow, RunStatus
+from runfleet.store.types import RunRow, RunStatus, WaitingReason
 
 _SHOWN = 5
 
@@ -58,7 +58,7 @@ def _version_lines(row: RunRow) -> list[str]:
     if row.status is RunStatus.PENDING or (
         row.status is RunStatus.SUSPENDED
         and row.waiting is not None
-        and row.waiting.reason == "released"
+        and row.waiting.reason == WaitingReason.RELEASED
     ):
         line += f" — it waits for a worker of version {version!r}"
     return [line + "."]

@@ -105,7 +105,7 @@ SAMPLES: dict[Kind, tuple[jr.Payload, str]] = {
         f"parked waiting for approval 'd' (token {'t' * 8}…) (epoch 1)",
     ),
     Kind.WOKEN: (
-        jr.Woken(reason="timer", cause="driver:timer"),
+        jr.Woken(reason="timer", cause=jr.WakeCause.DRIVER_TIMER),
         "woken from its timer wait (by driver:timer)",
     ),
     Kind.INTERRUPT_RELEASED: (
@@ -316,7 +316,12 @@ async def _drive_the_writers(store: Store) -> None:
     await make_running(store, "m1")
     await store.events.send("m1", "topic", {"hi": 1}, message_id="mid")
     await store.waits.release(
-        "m1", OWNER_A, 1, cause="lease-lapsed", detail="lease-lapsed", unconfirmed_ms=7
+        "m1",
+        OWNER_A,
+        1,
+        cause=jr.ReleaseCause.LEASE_LAPSED,
+        detail="lease-lapsed",
+        unconfirmed_ms=7,
     )
     # the parent settles: its children are asked to cancel; one closes cancelled
     await store.lifecycle.settle_many(

@@ -631,6 +631,25 @@ class ForkedFrom(Payload):
     note: str | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class ProbeDetail(Payload):
+    """The liveness probe's raw facts (``broker.liveness.Probe.detail``), journaled as
+    ``probe_detail`` by takeovers, cleared claims and dead-letterings. ``key`` names the
+    liveness key's case (``consistent``, ``absent``, ``malformed``, ``without-ttl``,
+    ``ttl-implausible``, ``inconsistent``, ``lapsed``, ``unverified``; older records:
+    ``present``, ``missing``, ``unreadable``); ``redis`` says how Redis answered."""
+
+    key: str | None = None
+    redis: str | None = None
+    error: str | None = None
+    ttl_ms: float | None = None
+    max_ttl_ms: float | None = None
+    confirmed_ms: int | None = None
+    heartbeat_at_ms: int | None = None
+    pid: int | None = None
+    pid_state: str | None = None
+
+
 @dataclass(frozen=True)
 class UnknownPayload:
     """A record this version cannot type: a kind it does not know, or a payload that is

@@ -9,6 +9,7 @@ must stay readable through a rolling deploy.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import assert_never
 
@@ -49,37 +50,38 @@ def key_words(detail: object) -> str | None:
     """
     if not isinstance(detail, dict):
         return None
-    key = detail.get("key")
-    if key == "unverified" or detail.get("redis") in ("unreachable", "error-reply"):
-        if detail.get("redis") == "error-reply":
-            return f"Redis answered with an error ({detail.get('error', '?')})"
+    d = jr.ProbeDetail.load(detail)
+    if d.key == "unverified" or d.redis in ("unreachable", "error-reply"):
+        if d.redis == "error-reply":
+            return f"Redis answered with an error ({_q(d.error)})"
         return "Redis unreachable"
-    if key in ("absent", "missing"):
-        return "key absent"
-    if key in ("malformed", "unreadable"):
-        why = f": {detail['error']}" if detail.get("error") else ""
-        return f"key malformed{why}"
-    if key == "without-ttl":
-        return "key without TTL (no worker writes one)"
-    if key == "ttl-implausible":
-        ttl, limit = _ms(detail.get("ttl_ms")), _ms(detail.get("max_ttl_ms"))
-        return f"key TTL {ttl}, above the {limit} a worker sets"
-    if key == "inconsistent":
-        confirmed, heartbeat = detail.get("confirmed_ms"), detail.get("heartbeat_at_ms")
-        text = (
-            f"key inconsistent: it says confirmed at {_when(confirmed)}, "
-            f"the lease's heartbeat is {_when(heartbeat)}"
-        )
-        if type(confirmed) is int and type(heartbeat) is int:
-            gap = confirmed - heartbeat
-            later = "later: the owner renewed since without this run" if gap > 0 else "earlier"
-            text += f" ({seconds(abs(gap))} {later})"
-        return text
-    if key == "lapsed":
-        return "key says lapsed"
-    if key in ("consistent", "present"):
-        return "key matches the lease"
-    return None
+    match d.key:
+        case "absent" | "missing":
+            return "key absent"
+        case "malformed" | "unreadable":
+            why = f": {d.error}" if d.error else ""
+            return f"key malformed{why}"
+        case "without-ttl":
+            return "key without TTL (no worker writes one)"
+        case "ttl-implausible":
+            return f"key TTL {_ms(d.ttl_ms)}, above the {_ms(d.max_ttl_ms)} a worker sets"
+        case "inconsistent":
+            confirmed, heartbeat = d.confirmed_ms, d.heartbeat_at_ms
+            text = (
+                f"key inconsistent: it says confirmed at {_when(confirmed)}, "
+                f"the lease's heartbeat is {_when(heartbeat)}"
+            )
+            if confirmed is not None and heartbeat is not None:
+                gap = confirmed - heartbeat
+                later = "later: the owner renewed since without this run" if gap > 0 else "earlier"
+                text += f" ({seconds(abs(gap))} {later})"
+            return text
+        case "lapsed":
+            return "key says lapsed"
+        case "consistent" | "present":
+            return "key matches the lease"
+        case _:
+            return None
 
 
 def probe_words(evidence: object, detail: object = None) -> str:
@@ -97,7 +99,13 @@ def probe_words(evidence: object, detail: object = None) -> str:
 
 
 def _ms(value: object) -> str:
-    return seconds(float(value)) if isinstance(value, int | float) else "?"
+    """A duration in words; ``?`` for one no clock could show (absent, NaN, infinite)."""
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        return "?"
+    try:
+        return seconds(float(value))
+    except (OverflowError, ValueError):
+        return "?"
 
 
 def _q(value: object, absent: str = "?") -> str:

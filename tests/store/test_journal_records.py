@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from runfleet.ops.explain.journal_text import render, sentence
+from runfleet.ops.explain.journal_text import probe_words, render, sentence
 from runfleet.store import Store
 from runfleet.store import journal_records as jr
+from runfleet.store.forks import Forks
 from runfleet.store.journal_records import PAYLOADS, CascadeCause, Kind, decode
 from runfleet.store.steps import StepWrite
 from runfleet.store.types import (
@@ -23,10 +24,18 @@ from runfleet.store.types import (
     Reconfirmation,
     RunStatus,
     Settle,
+    Stolen,
     Waiting,
     WaitingReason,
 )
-from tests.store.helpers import OWNER_A, OWNER_B, create, make_running, must_get
+from tests.store.helpers import (
+    OWNER_A,
+    OWNER_B,
+    create,
+    make_running,
+    must_get,
+    wait_db_time_past,
+)
 
 A = OWNER_A.key
 B = OWNER_B.key
@@ -333,12 +342,24 @@ async def _drive_the_writers(store: Store) -> None:
     # a direct cancel request on a pending run
     await create(store, "x1")
     await store.lifecycle.request_cancel("x1", note="alice", reason="why")
+    # a fork of c1's first recorded call
+    await Forks(store).fork("c1", upto=1, new_id="f1", actor="alice")
+    # a takeover with the evidence a worker journals, then a quarantine released
+    stale = await make_running(store, "s1")
+    assert stale.heartbeat_at_ms is not None
+    await wait_db_time_past(store, stale.heartbeat_at_ms + 5)
+    evidence = {"probe": "cross-host-unreachable-stale", "observer": B, "probe_detail": DETAIL}
+    taken = await store.runs.steal("s1", stale.snapshot, OWNER_B, evidence, stale_after_ms=1)
+    assert isinstance(taken, Stolen), taken
+    problem = {"key": "k", "problem": "recorded output does not match its digest"}
+    await store.waits.quarantine("s1", OWNER_B, taken.row.epoch, "k", problem)
+    assert await store.steps.resume_quarantined("s1", accept_recorded=True, note="alice")
 
 
 async def test_the_writers_store_exactly_what_their_type_dumps(store: Store) -> None:
     await _drive_the_writers(store)
     seen: set[str] = set()
-    for run_id in ("p1", "c1", "c2", "w1", "t1", "m1", "x1"):
+    for run_id in ("p1", "c1", "c2", "w1", "t1", "m1", "x1", "f1", "s1"):
         for record in await store.journal.records(run_id):
             decoded = decode(record.kind, record.payload)
             assert isinstance(decoded, jr.Payload), record
@@ -351,7 +372,8 @@ async def test_the_writers_store_exactly_what_their_type_dumps(store: Store) -> 
         Kind.ACTIVATED, Kind.STEP_RECORDED, Kind.STEP_COMPENSATED, Kind.EVENT_SET,
         Kind.LEASE_RECONFIRMED, Kind.PARKED, Kind.DEFERRED_COMPLETED, Kind.WOKEN,
         Kind.CLOCK_FIRED, Kind.MESSAGE_SENT, Kind.INTERRUPT_RELEASED, Kind.TRANSITIONED,
-        Kind.CHILD_POLICY_APPLIED, Kind.CANCEL_REQUESTED, Kind.INTERRUPTED,
+        Kind.CHILD_POLICY_APPLIED, Kind.CANCEL_REQUESTED, Kind.INTERRUPTED, Kind.FORKED,
+        Kind.FORKED_FROM, Kind.STOLEN_AND_ACTIVATED, Kind.QUARANTINED, Kind.RESUMED,
     }  # fmt: skip
     assert expected <= seen, expected - seen
 
@@ -411,3 +433,12 @@ def test_a_hostile_payload_never_breaks_the_renderer(kind: str) -> None:
             text = render(decode(kind, payload), record, raw)
             assert isinstance(text, str) and text
             assert sentence(record) == text
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_a_hostile_probe_detail_still_reads_in_words(value: object) -> None:
+    keys = [f.name for f in dataclasses.fields(jr.ProbeDetail) if f.name != "extra"]
+    for case in ("inconsistent", "ttl-implausible", "malformed", "unverified", value):
+        detail = {**{k: value for k in keys}, "key": case}
+        for evidence in ("lease-expired", "same-host-pid-alive", value):
+            assert isinstance(probe_words(evidence, detail), str)

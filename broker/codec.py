@@ -13,6 +13,7 @@ from typing import Any, Literal
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from runfleet.broker.wake_reasons import WakeReason
 from runfleet.store.errors import RunfleetError
 
 FIELD = b"m"
@@ -60,7 +61,7 @@ class StreamMessage(BaseModel):
 
 
 def message_for(
-    run_id: str, flow: str, reason: str, kind: Literal["schedule", "wake"] = "wake"
+    run_id: str, flow: str, reason: WakeReason, kind: Literal["schedule", "wake"] = "wake"
 ) -> StreamMessage:
     """The one way runfleet builds a stream message: the current version, stamped now."""
     return StreamMessage(

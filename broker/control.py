@@ -20,6 +20,8 @@ import psycopg
 from runfleet.broker.codec import message_for
 from runfleet.broker.notify import Notifier
 from runfleet.broker.streams import Streams, lane_for
+from runfleet.broker.wake_reasons import WakeReason
+from runfleet.store import journal_records as jr
 from runfleet.store import validate
 from runfleet.store.errors import (
     CancelRequestFailed,
@@ -75,7 +77,7 @@ class RunControl:
             raise ScopeDenied(run_id, missing)
         return row
 
-    async def _hint(self, run_id: str, reason: str, row: RunRow | None = None) -> None:
+    async def _hint(self, run_id: str, reason: WakeReason, row: RunRow | None = None) -> None:
         """Wake the run's queue after a committed change; never fails the producer call.
 
         ``row`` is the run as the caller already read it (queue, flow and epoch are what
@@ -118,7 +120,7 @@ class RunControl:
             known = {outcome.row.id: outcome.row}  # as the request left it: no second read
         for target in targets:  # each closes through its own cancel path, promptly
             await self.notifier.publish_cancel(target)
-            await self._hint(target, "cancel", known.get(target))
+            await self._hint(target, WakeReason.CANCEL, known.get(target))
         return outcome
 
     async def interrupt_unsafe(self, run_id: str) -> None:
@@ -154,7 +156,7 @@ class RunControl:
             lambda: self.store.waits.answer_event(run_id, name, value, note=actor)
         )
         if isinstance(done, EventCompleted) and done.woke:
-            await self._hint(run_id, "event", row)
+            await self._hint(run_id, WakeReason.EVENT, row)
         return done
 
     async def approve(
@@ -183,7 +185,7 @@ class RunControl:
         if done is None:
             raise InvalidInput("token", f"run {run_id!r} is not waiting for an approval with it")
         if done.woke:
-            await self._hint(run_id, "approval", row)
+            await self._hint(run_id, WakeReason.APPROVAL, row)
 
     async def resume(
         self,
@@ -211,7 +213,7 @@ class RunControl:
             )
             if revived is None and not (retried and await self._revived(run_id, actor)):
                 raise InvalidInput("run_id", f"run {run_id!r} is not parked dead")
-            await self._hint(run_id, "resume", row)
+            await self._hint(run_id, WakeReason.RESUME, row)
             return
         if not accept_recorded and rerun_step is None:
             if row.waiting is None or row.waiting.reason != WaitingReason.QUARANTINE:
@@ -229,32 +231,35 @@ class RunControl:
         )
         if not resumed and not (retried and await self._resumed(run_id, rerun_step, actor)):
             raise InvalidInput("run_id", f"run {run_id!r} is not quarantined")
-        await self._hint(run_id, "resume", row)
+        await self._hint(run_id, WakeReason.RESUME, row)
 
-    async def _last_record(self, run_id: str, *kinds: str) -> tuple[str, dict[str, Any]]:
-        """Kind and payload of the run's newest journal record of one of ``kinds``."""
+    async def _last_record(self, run_id: str, *kinds: str) -> jr.Decoded | None:
+        """The run's newest journal record of one of ``kinds``, decoded (None: there is none)."""
         records = await self._available(lambda: self.store.journal.records(run_id, limit=10_000))
-        mine = [r for r in records if r.kind in kinds and isinstance(r.payload, dict)]
-        return (mine[-1].kind, dict(mine[-1].payload)) if mine else ("", {})
+        mine = [r for r in records if r.kind in kinds]
+        return jr.decode(mine[-1].kind, mine[-1].payload) if mine else None
 
     async def _journaled(self, run_id: str, token: str, actor: str, approved: bool) -> bool:
         """Whether the run's last decision is this one (a retried answer's own commit)."""
-        kind, last = await self._last_record(run_id, Kind.APPROVAL_APPROVED, Kind.APPROVAL_DENIED)
-        wanted = Kind.APPROVAL_APPROVED if approved else Kind.APPROVAL_DENIED
-        mine = last.get("token") == token_hash(token) and last.get("note") == actor
-        return kind == wanted and mine
+        last = await self._last_record(run_id, Kind.APPROVAL_APPROVED, Kind.APPROVAL_DENIED)
+        wanted = jr.ApprovalApproved if approved else jr.ApprovalDenied
+        return isinstance(last, wanted) and last.token == token_hash(token) and last.note == actor
 
     async def _revived(self, run_id: str, actor: str | None) -> bool:
         """Whether the run's last resume is this one from dead (a retried resume's commit)."""
-        kind, last = await self._last_record(run_id, Kind.RESUMED)
-        return kind == Kind.RESUMED and last.get("from") == "dead" and last.get("note") == actor
+        last = await self._last_record(run_id, Kind.RESUMED)
+        return (
+            isinstance(last, jr.Resumed)
+            and last.from_state is jr.ResumedFrom.DEAD
+            and last.note == actor
+        )
 
     async def _resumed(self, run_id: str, rerun_step: str | None, actor: str | None) -> bool:
         """Whether the run's last resume is this one (a retried resume's own commit)."""
-        kind, last = await self._last_record(run_id, Kind.RESUMED)
+        last = await self._last_record(run_id, Kind.RESUMED)
         return (
-            kind == Kind.RESUMED
-            and last.get("from") == "quarantine"
-            and last.get("rerun_step") == rerun_step
-            and last.get("note") == actor
+            isinstance(last, jr.Resumed)
+            and last.from_state is jr.ResumedFrom.QUARANTINE
+            and last.rerun_step == rerun_step
+            and last.note == actor
         )

@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 from runfleet.broker.codec import message_for
 from runfleet.broker.keys import Keys
 from runfleet.broker.streams import Lane, Streams
+from runfleet.broker.wake_reasons import WakeReason
 
 log = logging.getLogger("runfleet.broker.gate")
 
@@ -70,7 +71,7 @@ class Gate:
         for queue, raw in moved:
             run_id, _, flow = raw.decode("utf-8", "replace").partition("\n")
             try:
-                messages.append((queue, message_for(run_id, flow, "slot")))
+                messages.append((queue, message_for(run_id, flow, WakeReason.SLOT)))
             except ValidationError:  # a Redis writer's bytes: dropped, logged
                 log.warning("gate.malformed", extra={"queue": queue})
         if messages:

@@ -12,6 +12,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
+from runfleet.broker.wake_reasons import WakeReason
 from runfleet.store.errors import InvalidInput
 from runfleet.store.events import EventRead, EventRow, MessageSent, SendOutcome
 
@@ -36,7 +37,9 @@ class RunMessages:
 
         async def _available(self, call: Any, *, retried: Any = None) -> Any: ...
 
-        async def _hint(self, run_id: str, reason: str, row: RunRow | None = None) -> None: ...
+        async def _hint(
+            self, run_id: str, reason: WakeReason, row: RunRow | None = None
+        ) -> None: ...
 
     async def get_event(self, run_id: str, key: str, timeout: float = 0.0) -> Any:
         """The value the run last set as event ``key`` (``ctx.set_event``), or None.
@@ -90,5 +93,5 @@ class RunMessages:
             lambda: self.store.events.send(run_id, topic, value, message_id=message_id)
         )
         if isinstance(sent, MessageSent) and sent.woke:
-            await self._hint(run_id, "message", row)
+            await self._hint(run_id, WakeReason.MESSAGE, row)
         return sent  # type: ignore[no-any-return]

@@ -34,6 +34,7 @@ from runfleet.broker import hostile
 from runfleet.broker.client import require_binary
 from runfleet.broker.keys import DEFAULT_PREFIX, Keys
 from runfleet.broker.service import Service, Signal, within
+from runfleet.store.types import RunStatus
 
 log = logging.getLogger("runfleet.broker.notify")
 
@@ -53,7 +54,7 @@ class Notice:
 
     kind: ChannelKind
     run_id: str
-    status: str | None = None
+    status: RunStatus | None = None
 
 
 Callback: TypeAlias = Callable[[Notice], Awaitable[None] | None]
@@ -96,7 +97,9 @@ def _decode(kind: ChannelKind, data: Any) -> Notice:
         raise MalformedNotice("status is not a short string")
     if kind == "settled" and status is None:
         raise MalformedNotice("settled payload has no status")
-    return Notice(kind, run, status)
+    if status is not None and status not in RunStatus._value2member_map_:
+        raise MalformedNotice("status is not a run status")
+    return Notice(kind, run, None if status is None else RunStatus(status))
 
 
 def _notice_of(kind: ChannelKind, msg: Any) -> Notice | None:

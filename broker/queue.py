@@ -52,6 +52,7 @@ from runfleet.broker.run import AsyncRun
 from runfleet.broker.streams import Lane, Streams
 from runfleet.broker.trace_context import with_carrier
 from runfleet.broker.trust import producer_run_id, producer_scopes
+from runfleet.broker.wake_reasons import WakeReason
 from runfleet.store import Store, validate
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput, Unavailable
@@ -310,7 +311,8 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
         rq's at_front runs go to the recovery lane, read before any backlog."""
         ready = [row for row in rows if row.status is RunStatus.PENDING and row.waiting is None]
         messages = [
-            (row.queue, message_for(row.id, row.flow, "enqueue", "schedule")) for row in ready
+            (row.queue, message_for(row.id, row.flow, WakeReason.ENQUEUE, "schedule"))
+            for row in ready
         ]
         try:
             await self.streams.publish_many(messages, lane)

@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from runfleet.store import journal_records as jr
 from runfleet.store import validate, values
 from runfleet.store.config import Settings
 from runfleet.store.dag import Dag
@@ -35,6 +36,7 @@ from runfleet.store.types import (
     OnDuplicate,
     OnParentExit,
     RunRow,
+    RunStatus,
     canonical_json,
 )
 
@@ -173,7 +175,7 @@ class Admission:
 
     @staticmethod
     def _created_record(new: NewRun, inherit: bool) -> dict[str, Any]:
-        return {"flow": new.flow, "queue": new.queue, "inherited_cancel": inherit}
+        return jr.Created(flow=new.flow, queue=new.queue, inherited_cancel=inherit).dump()
 
     @staticmethod
     def _refused(exc: psycopg.Error) -> Exception:
@@ -384,10 +386,10 @@ class Admission:
             return False, None
         rounds = await self._db.all("runs.lineage_rounds", {"id": parent_id})
         for r in rounds:
-            if r["cancel_requested_at_ms"] is not None or r["status"] == "cancelled":
+            if r["cancel_requested_at_ms"] is not None or r["status"] == RunStatus.CANCELLED:
                 at = r["cancel_requested_at_ms"] or r["updated_at_ms"]
                 return True, int(at)
-        ended = all(r["status"] in ("completed", "failed") for r in rounds)
+        ended = all(r["status"] in (RunStatus.COMPLETED, RunStatus.FAILED) for r in rounds)
         return bool(rounds) and ended, None
 
     async def _joined_as_child(self, new: NewRun, state: dict[str, Any]) -> Joined:
@@ -419,7 +421,9 @@ class Admission:
             )
             if row is not None:
                 existing = run_row(row)
-                asked = {"actor": row["session_role"], "inherited_from": new.parent_id}
+                asked = jr.CancelRequested(
+                    actor=row["session_role"], inherited_from=new.parent_id
+                ).dump()
                 await self._journal.record(new.id, Kind.CANCEL_REQUESTED, asked)
         return Joined(existing)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from runfleet.store import journal_records as jr
 from runfleet.store import validate
 from runfleet.store.db import Database
 from runfleet.store.errors import FlowCycleDetected
@@ -58,7 +59,8 @@ class Dag:
             cycle = await self._db.one("dag.ancestor_path", params)
             if cycle is not None:
                 raise FlowCycleDetected(list(cycle["path"]))
-            await self._journal.record(child_id, Kind.PARENT_RECORDED, {"parent": parent_id})
+            recorded = jr.ParentRecorded(parent=parent_id).dump()
+            await self._journal.record(child_id, Kind.PARENT_RECORDED, recorded)
             return EdgeRecorded(edge(row))
 
     async def notify_parents(

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+from runfleet.store import journal_records as jr
 from runfleet.store import validate, values
 from runfleet.store.config import Settings
 from runfleet.store.db import Database
@@ -157,7 +158,7 @@ class Events:
                 await self._journal.record(
                     write.run_id,
                     Kind.EVENT_SET,
-                    {"key": key, "version": int(row["version"]), "digest": row["digest"]},
+                    jr.EventSet(key=key, version=int(row["version"]), digest=row["digest"]).dump(),
                 )
                 return Received(record)
         except _Retried:
@@ -213,15 +214,10 @@ class Events:
                 "events.wake_receiver", {"run_id": run_id, "token": MESSAGE_TOKEN + topic}
             )
             seq, digest = int(row["seq"]), row["digest"]
-            payload: dict[str, Any] = {
-                "topic": topic,
-                "seq": seq,
-                "digest": digest,
-                "woke": woke is not None,
-            }
-            if message_id is not None:
-                payload["message_id"] = message_id
-            await self._journal.record(run_id, Kind.MESSAGE_SENT, payload)
+            sent = jr.MessageSent(
+                topic=topic, seq=seq, digest=digest, woke=woke is not None, message_id=message_id
+            )
+            await self._journal.record(run_id, Kind.MESSAGE_SENT, sent.dump())
             return MessageSent(run_id, topic, seq, digest, woke is not None)
 
     async def receive(
@@ -280,7 +276,7 @@ class Events:
                     await self._journal.record(
                         run_id,
                         Kind.MESSAGE_RECEIVED,
-                        {"topic": topic, "seq": output["seq"], "key": write.key},
+                        jr.MessageReceived(topic=topic, seq=output["seq"], key=write.key).dump(),
                     )
                 return Received(record)
         except _Retried:

@@ -27,6 +27,7 @@ import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from runfleet.store import journal_records as jr
 from runfleet.store import validate, values
 from runfleet.store.errors import InvalidInput
 from runfleet.store.journal import Kind
@@ -248,11 +249,9 @@ class Forks:
         never a caller-chosen name) as ``actor`` and the caller's words as ``note``."""
         found = await self._db.one("forks.session_role", {})
         role = str(found["role"]) if found else None
+        side = jr.Forked if kind == Kind.FORKED else jr.ResumedAs
         await self._store.journal.record(
-            source, kind, {"to": target, "calls": upto, "actor": role, "note": note}
+            source, kind, side(to=target, calls=upto, actor=role, note=note).dump()
         )
-        await self._store.journal.record(
-            target,
-            Kind.FORKED_FROM,
-            {"from": source, "calls": upto, "kind": kind, "actor": role, "note": note},
-        )
+        copied = jr.ForkedFrom(from_run=source, calls=upto, kind=kind, actor=role, note=note)
+        await self._store.journal.record(target, Kind.FORKED_FROM, copied.dump())

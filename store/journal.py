@@ -10,6 +10,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from runfleet.store.db import Database
+from runfleet.store.journal_records import Kind as Kind  # its home; imported from here too
 from runfleet.store.rows import journal_record, owner_params
 from runfleet.store.types import (
     Accepted,
@@ -22,50 +23,6 @@ from runfleet.store.types import (
 )
 
 log = logging.getLogger("runfleet.store.journal")
-
-
-class Kind:
-    """Journal record kinds (stable strings: operators and tools read them)."""
-
-    CREATED = "created"
-    PARENT_RECORDED = "parent-recorded"
-    CLAIMED_AND_ACTIVATED = "claimed-and-activated"
-    CLAIMED = "claimed"
-    ACTIVATED = "activated"
-    STOLEN_AND_ACTIVATED = "stolen-and-activated"
-    CLAIM_RECOVERED = "claim-recovered"
-    CLAIM_ABANDONED = "claim-abandoned"
-    CLAIM_LOST = "claim-lost"
-    ACTIVATION_LOST = "activation-lost"
-    STEAL_REFUSED_OWNER_ALIVE = "steal-refused-owner-alive"
-    RESUMED = "resumed"
-    TRANSITIONED = "transitioned"
-    PARKED = "parked"
-    WOKEN = "woken"
-    INTERRUPT_RELEASED = "interrupt-released"
-    CANCEL_REQUESTED = "cancel-requested"
-    INTERRUPTED = "interrupted"
-    HANDED_OFF = "handed-off"
-    LINEAGE_EXHAUSTED = "lineage-exhausted"
-    ROUND_INVALID = "round-invalid"
-    WAKE_SCHEDULED = "wake-scheduled"
-    CHILD_POLICY_APPLIED = "child-policy-applied"
-    QUARANTINED = "quarantined"
-    DEAD_LETTERED = "dead-lettered"
-    LEASE_RECONFIRMED = "lease-reconfirmed"
-    DEFERRED_COMPLETED = "deferred-completed"
-    CLOCK_FIRED = "clock-fired"
-    STEP_RECORDED = "step-recorded"
-    STEP_COMPENSATED = "step-compensated"
-    STEP_COMPENSATION_FAILED = "step-compensation-failed"
-    APPROVAL_APPROVED = "approval-approved"
-    APPROVAL_DENIED = "approval-denied"
-    EVENT_SET = "event-set"
-    MESSAGE_SENT = "message-sent"
-    MESSAGE_RECEIVED = "message-received"
-    FORKED = "forked"
-    RESUMED_AS = "resumed-as"
-    FORKED_FROM = "history-copied"
 
 
 def digest(payload: Any) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from runfleet.store import journal_records as jr
 from runfleet.store import validate, values
 from runfleet.store.admit import Admission
 from runfleet.store.config import Settings
@@ -160,7 +161,7 @@ class Lifecycle:
             # a child admitted just before this settlement must be seen and cancelled.
             cascaded: list[str] = []
             if end_children:
-                cascaded = await self._cascade(run_id, cause=f"parent-{to_status.value}")
+                cascaded = await self._cascade(run_id, cause=jr.cascade_cause(to_status))
             woke = await self._dag.notify_parents([moved])
             return Transitioned(moved, tuple(cascaded), tuple(woke.get(run_id, ())))
 
@@ -233,7 +234,7 @@ class Lifecycle:
                 # As in transition_owned: fresh statements after the row locks were won.
                 pairs = await self._db.all("runs.attached_descendants_many", {"ids": list(moved)})
                 for root in dict.fromkeys(str(p["root"]) for p in pairs):
-                    cause = f"parent-{moved[root].status.value}"
+                    cause = jr.cascade_cause(moved[root].status)
                     cascaded[root] = await self._cascade(root, cause=cause)
             woke = await self._dag.notify_parents(list(moved.values()))
             outcomes: list[TransitionOutcome] = []
@@ -275,7 +276,7 @@ class Lifecycle:
             return GuardFailed(current)
         return NotOwner(current)
 
-    async def _cascade(self, run_id: str, *, cause: str) -> list[str]:
+    async def _cascade(self, run_id: str, *, cause: jr.CascadeCause) -> list[str]:
         """Ask every unsettled attached descendant of the lineage to cancel; journal it.
 
         Only the request is written (first writer wins): each descendant is then closed
@@ -288,11 +289,10 @@ class Lifecycle:
             return []
         asked = await self._db.all("runs.cascade_cancel", {"ids": ids, "parent": run_id})
         for row in sorted(asked, key=lambda r: str(r["id"])):
-            payload = {"actor": row["session_role"], "cause": cause, "by": run_id}
-            await self._journal.record(row["id"], Kind.CANCEL_REQUESTED, payload)
-        await self._journal.record(
-            run_id, Kind.CHILD_POLICY_APPLIED, {"cause": cause, "cascaded_to": ids}
-        )
+            payload = jr.CancelRequested(actor=row["session_role"], cause=cause, by=run_id)
+            await self._journal.record(row["id"], Kind.CANCEL_REQUESTED, payload.dump())
+        applied = jr.ChildPolicyApplied(cause=cause, cascaded_to=ids)
+        await self._journal.record(run_id, Kind.CHILD_POLICY_APPLIED, applied.dump())
         return ids
 
     async def rounds(self, run_id: str) -> list[RunRow]:
@@ -346,15 +346,15 @@ class Lifecycle:
                 await self._journal.record(
                     round_row.id,
                     Kind.CANCEL_REQUESTED,
-                    {
-                        "actor": round_row_role[round_row.id],
-                        "note": note,
-                        "reason": reason,
-                        "status": round_row.status.value,
-                        **({} if round_row.id == run_id else {"via": run_id}),
-                    },
+                    jr.CancelRequested(
+                        actor=round_row_role[round_row.id],
+                        note=note,
+                        reason=reason,
+                        status=round_row.status.value,
+                        via=None if round_row.id == run_id else run_id,
+                    ).dump(),
                 )
-            cascaded = await self._cascade(run_id, cause="parent-cancelled")
+            cascaded = await self._cascade(run_id, cause=jr.CascadeCause.PARENT_CANCELLED)
             target = max(requested, key=lambda r: r.round_ordinal)
             return CancelRequested(target, tuple(r.id for r in requested), tuple(cascaded))
 

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from psycopg.types.json import Jsonb
 
+from runfleet.store import journal_records as jr
 from runfleet.store import validate
 from runfleet.store.admit import Admission
 from runfleet.store.config import Settings
@@ -182,7 +183,7 @@ class Runs(Admission):
             )
             if row is None:
                 return await self._changed_or_missing(run_id)
-            await self._journal.record(run_id, Kind.CLAIMED, {"claimant": me.key})
+            await self._journal.record(run_id, Kind.CLAIMED, jr.Claimed(claimant=me.key).dump())
             return Claimed(run_row(row))
 
     async def activate(self, run_id: str, me: Owner, claimed_at_ms: int) -> ActivateOutcome:
@@ -200,7 +201,7 @@ class Runs(Admission):
                 return await self._changed_or_missing(run_id)
             activated = run_row(row)
             await self._journal.record(
-                run_id, Kind.ACTIVATED, {"owner": me.key, "epoch": activated.epoch}
+                run_id, Kind.ACTIVATED, jr.Activated(owner=me.key, epoch=activated.epoch).dump()
             )
             return Activated(activated)
 
@@ -430,13 +431,13 @@ class Runs(Admission):
             await self._journal.record(
                 run_id,
                 Kind.RESUMED,
-                {
-                    "from": "dead",
-                    "recoveries": int(row["recoveries_before"]),
-                    "evidence": row["dead_evidence"],
-                    "actor": row["session_role"],
-                    "note": note,
-                },
+                jr.Resumed(
+                    from_state=jr.ResumedFrom.DEAD,
+                    recoveries=int(row["recoveries_before"]),
+                    evidence=row["dead_evidence"],
+                    actor=row["session_role"],
+                    note=note,
+                ).dump(),
             )
             return run_row(row)
 
@@ -469,7 +470,8 @@ class Runs(Admission):
         async with self._db.transaction():
             row = await self._db.one("runs.abandon_claim", {"id": run_id, **owner_params(me)})
             if row is not None:
-                await self._journal.record(run_id, Kind.CLAIM_ABANDONED, {"claimant": me.key})
+                abandoned = jr.ClaimAbandoned(claimant=me.key).dump()
+                await self._journal.record(run_id, Kind.CLAIM_ABANDONED, abandoned)
             return row is not None
 
     # ---- leases ------------------------------------------------------------

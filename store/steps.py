@@ -9,13 +9,14 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from runfleet.store import journal_records as jr
 from runfleet.store import validate, values
 from runfleet.store.config import Settings
 from runfleet.store.db import Database
 from runfleet.store.errors import InvalidInput
 from runfleet.store.journal import Journal, Kind, digest
 from runfleet.store.rows import Row, owner_params
-from runfleet.store.types import JsonValue, Owner
+from runfleet.store.types import JsonValue, Owner, WaitingReason
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +133,8 @@ class Steps:
             return []
         texts = [self.encode(write) for write in writes]
         payloads = [
-            {"key": w.key, "kind": w.kind, "position": w.position, "epoch": w.epoch} for w in writes
+            jr.StepRecorded(key=w.key, kind=w.kind, position=w.position, epoch=w.epoch).dump()
+            for w in writes
         ]
         params = {
             "run_ids": [w.run_id for w in writes],
@@ -202,7 +204,8 @@ class Steps:
                 {"run_id": run_id, "key": key, "epoch": epoch, **owner_params(me)},
             )
             if row is not None:
-                await self._journal.record(run_id, Kind.STEP_COMPENSATED, {"key": key})
+                compensated = jr.StepCompensated(key=key).dump()
+                await self._journal.record(run_id, Kind.STEP_COMPENSATED, compensated)
             return row is not None
 
     async def resume_quarantined(
@@ -226,7 +229,7 @@ class Steps:
             validate.identifier("actor", note)  # the Queue API's name for it
         async with self._db.transaction():
             locked = await self._db.one("runs.get_for_update_by", {"id": run_id})
-            if locked is None or locked["waiting_reason"] != "quarantine":
+            if locked is None or locked["waiting_reason"] != WaitingReason.QUARANTINE:
                 return False
             if rerun_key is not None:
                 if await self._db.one("steps.delete", {"run_id": run_id, "key": rerun_key}) is None:
@@ -246,12 +249,12 @@ class Steps:
             await self._journal.record(
                 run_id,
                 Kind.RESUMED,
-                {
-                    "from": "quarantine",
-                    "accept_recorded": accept_recorded,
-                    "rerun_step": rerun_key,
-                    "actor": locked["session_role"],
-                    "note": note,
-                },
+                jr.Resumed(
+                    from_state=jr.ResumedFrom.QUARANTINE,
+                    accept_recorded=accept_recorded,
+                    rerun_step=rerun_key,
+                    actor=locked["session_role"],
+                    note=note,
+                ).dump(),
             )
             return True

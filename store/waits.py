@@ -12,6 +12,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from runfleet.store import journal_records as jr
 from runfleet.store import validate
 from runfleet.store.config import Settings
 from runfleet.store.db import Database
@@ -72,7 +73,8 @@ def masked_payload(kind: str, payload: Any) -> Any:
     """A journal payload as views print it: approval tokens cut to ``shown_token``."""
     if not isinstance(payload, dict) or not payload.get("token"):
         return payload
-    if kind in ("approval-approved", "approval-denied") or payload.get("reason") == "approval":
+    approval = payload.get("reason") == WaitingReason.APPROVAL
+    if kind in (Kind.APPROVAL_APPROVED, Kind.APPROVAL_DENIED) or approval:
         return {**payload, "token": shown_token(str(payload["token"]))}
     return payload
 
@@ -105,7 +107,7 @@ class Waits(Deferreds):
         run_id: str,
         me: Owner,
         epoch: int,
-        cause: str,
+        cause: jr.ReleaseCause,
         detail: str,
         *,
         guard: bool = True,
@@ -125,15 +127,14 @@ class Waits(Deferreds):
                 run_id, me, epoch, Waiting(reason=WaitingReason.RELEASED), guard=guard
             )
             if isinstance(outcome, Parked):
-                record: dict[str, Any] = {
-                    "cause": cause,
-                    "detail": detail,
-                    "owner": me.key,
-                    "epoch": epoch,
-                }
-                if unconfirmed_ms is not None:
-                    record["unconfirmed_ms"] = unconfirmed_ms
-                await self._journal.record(run_id, Kind.INTERRUPT_RELEASED, record)
+                record = jr.InterruptReleased(
+                    cause=cause,
+                    detail=detail,
+                    owner=me.key,
+                    epoch=epoch,
+                    unconfirmed_ms=unconfirmed_ms,
+                )
+                await self._journal.record(run_id, Kind.INTERRUPT_RELEASED, record.dump())
             return outcome
 
     async def quarantine(
@@ -207,19 +208,19 @@ class Waits(Deferreds):
             await self._journal.record(
                 run_id,
                 Kind.PARKED,
-                {
-                    "reason": reason,
-                    "wake_at_ms": waiting.wake_at_ms,
-                    "token": waiting.token,
-                    "deferred": deferred,
-                    "epoch": epoch,
-                },
+                jr.Parked(
+                    reason=reason,
+                    wake_at_ms=waiting.wake_at_ms,
+                    token=waiting.token,
+                    deferred=deferred,
+                    epoch=epoch,
+                ).dump(),
             )
             return Parked(
                 WaitingRow(run_id, reason, waiting.wake_at_ms, waiting.token, waiting.request)
             )
 
-    async def wake(self, run_id: str, *, cause: str = "wake") -> WakeOutcome:
+    async def wake(self, run_id: str, *, cause: jr.WakeCause = jr.WakeCause.WAKE) -> WakeOutcome:
         """Clear a run's wait so the claim path can resume it (idempotent)."""
         async with self._db.transaction():
             row = await self._db.one("waits.wake", {"id": run_id})
@@ -227,7 +228,8 @@ class Waits(Deferreds):
                 exists = await self._db.one("runs.get", {"id": run_id})
                 return NotWaiting(run_id) if exists else NotFound(run_id)
             woken = waiting_row(row)
-            await self._journal.record(run_id, Kind.WOKEN, {"reason": woken.reason, "cause": cause})
+            record = jr.Woken(reason=woken.reason, cause=cause).dump()
+            await self._journal.record(run_id, Kind.WOKEN, record)
             return Woken(woken)
 
     async def waiting(self, run_id: str) -> WaitingRow | None:
@@ -309,7 +311,7 @@ class Waits(Deferreds):
             done = await self.complete_deferred(
                 run_id, fired.deferred_name, {"fired_at_ms": fired.completed_at_ms}
             )
-            await self._journal.record(run_id, Kind.CLOCK_FIRED, {"clock": name})
+            await self._journal.record(run_id, Kind.CLOCK_FIRED, jr.ClockFired(clock=name).dump())
             return ClockFiring(ClockCompleted(fired), woke=done.woke)
 
     async def due_clocks(self, limit: int = 64) -> list[ClockRow]:

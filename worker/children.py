@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from runfleet.store import validate
-from runfleet.store.types import NewRun, OnParentExit, Waiting, WaitingReason
+from runfleet.store.types import NewRun, OnParentExit, RunStatus, Waiting, WaitingReason
 from runfleet.worker import tracing
 from runfleet.worker.context_parts import ContextParts
 from runfleet.worker.durable import ChildFailed
@@ -45,7 +45,7 @@ class Children(ContextParts):
             if outcome.get("handed_off_to"):
                 child_id = outcome["handed_off_to"]
                 continue
-            if outcome["status"] != "completed":
+            if outcome["status"] != RunStatus.COMPLETED:
                 raise ChildFailed(child_id, outcome["status"], outcome.get("error"))
             return outcome.get("result")
 

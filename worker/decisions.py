@@ -22,8 +22,10 @@ from typing import assert_never
 
 from runfleet.broker import hostile
 from runfleet.store import Kind, Store
+from runfleet.store import journal_records as jr
 from runfleet.store.config import Settings
 from runfleet.store.errors import UnknownFlow
+from runfleet.store.journal_records import WakeCause
 from runfleet.store.runs import fresh_admission
 from runfleet.store.types import (
     Activated,
@@ -213,7 +215,7 @@ class Decisions:
         if row.waiting is not None:
             if not self._wakeable(row):
                 return DriveOutcome.WAITING, None
-            await self.store.waits.wake(row.id, cause=f"driver:{row.waiting.reason}")
+            await self.store.waits.wake(row.id, cause=WakeCause.by_driver(row.waiting.reason))
             fresh = await self.store.runs.get(row.id)
             if fresh is None:
                 return DriveOutcome.NOT_FOUND, None
@@ -257,7 +259,7 @@ class Decisions:
                     Kind.CLAIM_LOST,
                     current.owner,
                     current.heartbeat_at_ms,
-                    {"observer": self.owner.key, "status": current.status.value},
+                    jr.ClaimLost(observer=self.owner.key, status=current.status.value).dump(),
                 )
                 return DriveOutcome.CLAIM_LOST, None
             case NotServed(current=current):

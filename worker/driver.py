@@ -20,6 +20,7 @@ from typing import Any, assert_never
 
 from runfleet.store import Store
 from runfleet.store.config import Settings
+from runfleet.store.journal_records import ReleaseCause
 from runfleet.store.types import (
     GuardFailed,
     Owner,
@@ -355,7 +356,7 @@ class Driver(Decisions):
             row.id,
             self.owner,
             row.epoch,
-            cause="lease-lapsed" if lapsed else "interrupted",
+            cause=ReleaseCause.LEASE_LAPSED if lapsed else ReleaseCause.INTERRUPTED,
             detail=cause,
             guard=guard,
             unconfirmed_ms=self._lease_gap() if lapsed and self._lease_gap is not None else None,

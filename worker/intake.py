@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from runfleet.broker.streams import Delivery, Lane, Streams
+from runfleet.broker.wake_reasons import WakeReason
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import Owner, RunStatus
@@ -140,7 +141,7 @@ class Intake:
         except BROKER_ERRORS:
             pass
 
-    async def dispatch(self, run_ids: list[str], reason: str) -> set[str]:
+    async def dispatch(self, run_ids: list[str], reason: WakeReason) -> set[str]:
         """Get runs a sweep found driven: a wake on their queue's stream, or a local drive
         without Redis. Returns the ids dispatched (the sweep's cursor moves past those
         only): a wake published, a drive started here or already under way, or nothing

@@ -19,6 +19,7 @@ from runfleet.broker.codec import message_for
 from runfleet.broker.gate import Gate
 from runfleet.broker.notify import Notifier
 from runfleet.broker.streams import Delivery, Lane, Streams, lane_for
+from runfleet.broker.wake_reasons import WakeReason
 from runfleet.store.types import RunRow
 from runfleet.worker.retry import INFRA_ERRORS
 
@@ -35,7 +36,7 @@ def lane_of(row: RunRow) -> Lane:
     return lane_for(row.epoch)
 
 
-async def publish_wakes(streams: Streams, rows: list[RunRow], reason: str) -> None:
+async def publish_wakes(streams: Streams, rows: list[RunRow], reason: WakeReason) -> None:
     """One wake per run on its queue's stream, recovery lane for runs that already started
     (they resume ahead of the backlog); one pipeline per lane. Raises BROKER_ERRORS."""
     for lane in Lane:
@@ -126,7 +127,9 @@ class Outbox:
             log.warning("gate.open_failed", extra={"queues": len(queues), "error": repr(exc)})
 
     async def _publish_front(self, rows: list[RunRow]) -> None:
-        messages = [(row.queue, message_for(row.id, row.flow, "displaced")) for row in rows]
+        messages = [
+            (row.queue, message_for(row.id, row.flow, WakeReason.DISPLACED)) for row in rows
+        ]
         try:
             await self._streams.publish_many(messages, Lane.RECOVERY)
         except BROKER_ERRORS as exc:
@@ -134,6 +137,6 @@ class Outbox:
 
     async def _publish_wakes(self, rows: list[RunRow]) -> None:
         try:
-            await publish_wakes(self._streams, rows, "schedule")
+            await publish_wakes(self._streams, rows, WakeReason.SCHEDULE)
         except BROKER_ERRORS as exc:
             log.warning("stream.publish_failed", extra={"runs": len(rows), "error": repr(exc)})

@@ -24,6 +24,7 @@ from typing import assert_never
 from runfleet.broker.codec import message_for
 from runfleet.broker.service import Service, Signal
 from runfleet.broker.streams import Streams
+from runfleet.broker.wake_reasons import WakeReason
 from runfleet.store import Store
 from runfleet.store.config import Settings, jittered
 from runfleet.store.schedules import Fired, NotDue, Schedules
@@ -138,7 +139,7 @@ class Scheduler(Service):
                 "schedule.admitted", extra={"schedule": fired.schedule.name, "run_id": row.id}
             )
         messages = [
-            (row.queue, message_for(row.id, row.flow, "schedule", "schedule"))
+            (row.queue, message_for(row.id, row.flow, WakeReason.SCHEDULE, "schedule"))
             for row in fired.admitted
         ]
         try:

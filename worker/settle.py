@@ -18,6 +18,7 @@ from typing import Any
 from runfleet.broker.batching import GroupCommit
 from runfleet.broker.queue import check_signature, flow_target
 from runfleet.store import Kind, Store, validate
+from runfleet.store import journal_records as jr
 from runfleet.store.errors import RunfleetError, UnknownFlow
 from runfleet.store.types import (
     GuardFailed,
@@ -267,7 +268,9 @@ class Settlement:
                     self._owner,
                     epoch,
                     Kind.STEP_COMPENSATION_FAILED,
-                    {"key": record.key, "error": error_of(exc)["message"]},
+                    jr.StepCompensationFailed(
+                        key=record.key, error=error_of(exc)["message"]
+                    ).dump(),
                 )
                 continue
             if not await self._store.steps.mark_compensated(row.id, self._owner, epoch, record.key):

@@ -37,6 +37,7 @@ from functools import partial
 from typing import TypeVar
 
 from runfleet.broker.service import Service, Signal
+from runfleet.broker.wake_reasons import WakeReason
 from runfleet.store import Store, SweepKind
 from runfleet.store.config import Settings, jittered
 from runfleet.store.sweeps import MIN_KEY, START, Keyed, SweepCursor, SweepKey
@@ -46,7 +47,7 @@ from runfleet.worker.wake_marks import WakeMarks
 
 log = logging.getLogger("runfleet.worker.sweeper")
 
-DispatchFn = Callable[[list[str], str], Awaitable[Collection[str]]]
+DispatchFn = Callable[[list[str], WakeReason], Awaitable[Collection[str]]]
 """(run ids, reason) -> get those runs driven somewhere in the fleet; the ids dispatched."""
 
 T = TypeVar("T")
@@ -165,7 +166,7 @@ class Sweeper(Service):
         if run_ids:
             log.debug("sweep.dispatch", extra={"kind": kind.name, "runs": len(run_ids)})
             try:
-                dispatched = await self._dispatch(run_ids, f"sweep:{kind.label}")
+                dispatched = await self._dispatch(run_ids, WakeReason.of_sweep(kind))
             except Exception as exc:
                 log.warning("sweep.dispatch_failed", extra={"kind": kind.name, "error": repr(exc)})
         if dispatched and finds.after_dispatch is not None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from runfleet.broker.liveness import Probe
 from runfleet.store import Kind, Store
+from runfleet.store import journal_records as jr
 from runfleet.store.config import Settings
 from runfleet.store.types import (
     ClaimRecovered,
@@ -74,7 +74,7 @@ class Takeover:
             if owner != self._owner:
                 # The lease alone refuses (no probe is asked), journaled once per lease
                 # so an operator whose wake did nothing sees a live owner was in the way.
-                await self.refused(row.id, owner, heartbeat, "lease-fresh")
+                await self.refused(row.id, owner, heartbeat, jr.RefusalEvidence.LEASE_FRESH)
             return DriveOutcome.HEARTBEAT_FRESH, None
         if owner == self._owner:
             # Ours, but no drive holds it (its settlement or release gave up after an
@@ -87,7 +87,9 @@ class Takeover:
             probe = await self._probe_owner(owner, heartbeat)
         if probe.vouches:
             self.ladder.refused(row.id, heartbeat)
-            await self.refused(row.id, owner, heartbeat, "probe", probe=probe.evidence)
+            await self.refused(
+                row.id, owner, heartbeat, jr.RefusalEvidence.PROBE, probe=probe.evidence
+            )
             return DriveOutcome.STEAL_REFUSED_OWNER_ALIVE, None
         evidence = {
             "probe": probe.evidence,
@@ -123,7 +125,9 @@ class Takeover:
                 )
                 return DriveOutcome.STOLEN, (stolen, flow)
             case LeaseFresh(current=current):
-                await self.refused(row.id, owner, current.heartbeat_at_ms, "lease-fresh")
+                await self.refused(
+                    row.id, owner, current.heartbeat_at_ms, jr.RefusalEvidence.LEASE_FRESH
+                )
                 return DriveOutcome.HEARTBEAT_FRESH, None
             case SnapshotChanged(current=current):
                 await journal_evidence(
@@ -132,11 +136,11 @@ class Takeover:
                     Kind.ACTIVATION_LOST,
                     owner,
                     heartbeat,
-                    {
-                        "observer": self._owner.key,
-                        "outcome": "snapshot-changed",
-                        "expected_epoch": row.epoch,
-                    },
+                    jr.ActivationLost(
+                        observer=self._owner.key,
+                        outcome=jr.LostOutcome.SNAPSHOT_CHANGED,
+                        expected_epoch=row.epoch,
+                    ).dump(),
                 )
                 return DriveOutcome.ACTIVATION_LOST, None
             case NotServed():
@@ -149,18 +153,17 @@ class Takeover:
         run_id: str,
         owner: Owner,
         heartbeat_at_ms: int | None,
-        evidence: str,
+        evidence: jr.RefusalEvidence,
         *,
         probe: str | None = None,
     ) -> None:
         """Journal a refused takeover once per (run, owner, lease, evidence, observer)."""
-        payload: dict[str, Any] = {
-            "evidence": evidence,
-            "observer": self._owner.key,
-            "heartbeat_at_ms": heartbeat_at_ms,
-        }
-        if probe is not None:
-            payload["probe"] = probe
+        payload = jr.StealRefusedOwnerAlive(
+            evidence=evidence,
+            observer=self._owner.key,
+            heartbeat_at_ms=heartbeat_at_ms,
+            probe=probe,
+        ).dump()
         await journal_evidence(
             self._store, run_id, Kind.STEAL_REFUSED_OWNER_ALIVE, owner, heartbeat_at_ms, payload
         )

@@ -188,7 +188,7 @@ async def _until_running(store: Store, ids: list[str], procs: list[Proc]) -> Non
     deadline = time.monotonic() + 60
     while True:
         rows = await store.runs.get_many(ids)
-        if len(rows) == len(ids) and all(r.status.value == "running" for r in rows):
+        if len(rows) == len(ids) and all(r.status is RunStatus.RUNNING for r in rows):
             return
         if time.monotonic() > deadline:
             raise BenchError("runs did not all start within 60 s")

@@ -26,7 +26,8 @@ from runfleet.ops.dashboard.models import (
 )
 from runfleet.ops.explain.report import entry
 from runfleet.ops.models import FleetView, JournalView, RunSummary
-from runfleet.store.journal import Kind
+from runfleet.store import journal_records as jr
+from runfleet.store.journal_records import Kind
 from runfleet.store.types import JournalRecord, RunStatus, WaitingReason
 
 WINDOW_MS = 10 * 60_000
@@ -40,7 +41,6 @@ STEALS_KEPT = 20
 LAG_SEQS = 500
 JOURNAL_MAX = 2000
 
-_SETTLED = frozenset({"completed", "failed", "cancelled"})
 _TAILED = (
     Kind.TRANSITIONED,
     Kind.INTERRUPTED,
@@ -54,14 +54,17 @@ _STEALS = frozenset({Kind.STOLEN_AND_ACTIVATED, Kind.STEAL_REFUSED_OWNER_ALIVE, 
 DEAD_SHOWN = 50
 
 
-def settled_as(record: JournalRecord) -> str | None:
+def settled_as(record: JournalRecord) -> RunStatus | None:
     """The terminal status a record settles its run in, if it is a settlement."""
-    p = record.payload if isinstance(record.payload, dict) else {}
-    if record.kind == Kind.TRANSITIONED and p.get("to") in _SETTLED:
-        return str(p["to"])
-    if record.kind == Kind.INTERRUPTED and p.get("cancelled"):
-        return "cancelled"
-    return None
+    if record.kind not in (Kind.TRANSITIONED, Kind.INTERRUPTED):
+        return None  # decoded only where it may say so: the charts ask of every record
+    match jr.decode(record.kind, record.payload):
+        case jr.Transitioned(to=RunStatus() as to) if to.terminal:
+            return to
+        case jr.Interrupted(cancelled=True):
+            return RunStatus.CANCELLED
+        case _:
+            return None
 
 
 @dataclass
@@ -140,9 +143,9 @@ class JournalTail:
                 bucket_ms=BUCKET_MS,
                 end_ms=now_ms,
                 series=[
-                    series("completed", "#2e7d32", lambda r: settled_as(r) == "completed"),
-                    series("failed", "#c62828", lambda r: settled_as(r) == "failed"),
-                    series("cancelled", "#757575", lambda r: settled_as(r) == "cancelled"),
+                    series("completed", "#2e7d32", lambda r: settled_as(r) is RunStatus.COMPLETED),
+                    series("failed", "#c62828", lambda r: settled_as(r) is RunStatus.FAILED),
+                    series("cancelled", "#757575", lambda r: settled_as(r) is RunStatus.CANCELLED),
                 ],
             ),
             Chart(

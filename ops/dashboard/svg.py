@@ -11,7 +11,9 @@ from markupsafe import Markup, escape
 from runfleet.ops.cli.common import clock
 from runfleet.ops.dashboard.models import Chart
 from runfleet.ops.models import JournalEntry
-from runfleet.store.journal import Kind
+from runfleet.store import journal_records as jr
+from runfleet.store.journal_records import Kind
+from runfleet.store.types import RunStatus
 
 W, H = 640, 140
 _PAD_L, _PAD_B, _PAD_T = 34, 18, 16
@@ -97,14 +99,18 @@ _LANE_OF: dict[str, tuple[str, str]] = {
     Kind.HANDED_OFF: ("settled", "#2e7d32"),
     Kind.LINEAGE_EXHAUSTED: ("settled", "#c62828"),
 }
-_SETTLE_COLOR = {"completed": "#2e7d32", "failed": "#c62828", "cancelled": "#757575"}
+_SETTLE_COLOR = {
+    RunStatus.COMPLETED: "#2e7d32",
+    RunStatus.FAILED: "#c62828",
+    RunStatus.CANCELLED: "#757575",
+}
 
 
 def _place(e: JournalEntry) -> tuple[str, str]:
     if e.kind == Kind.TRANSITIONED:
-        to = e.payload.get("to") if isinstance(e.payload, dict) else None
-        if to in _SETTLE_COLOR:
-            return "settled", _SETTLE_COLOR[str(to)]
+        moved = jr.decode(e.kind, e.payload)
+        if isinstance(moved, jr.Transitioned) and moved.to in _SETTLE_COLOR:
+            return "settled", _SETTLE_COLOR[moved.to]
         return "waits", "#8e24aa"
     return _LANE_OF.get(e.kind, ("ownership", "#9e9e9e"))
 

@@ -7,6 +7,7 @@ Kept apart from the gathering so each rule here can be read beside the code it m
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import assert_never
 
@@ -17,6 +18,7 @@ from runfleet.ops.explain.keys import key_wait
 from runfleet.ops.explain.lifecycle_text import message_topic
 from runfleet.ops.models import NextStep
 from runfleet.store.config import Settings
+from runfleet.store.journal_records import DeadLettered
 from runfleet.store.queues import KeyState, QueueSettings
 from runfleet.store.types import JournalRecord, RunRow, RunStatus, WaitingReason, WaitingRow
 from runfleet.store.waits import shown_token
@@ -58,7 +60,7 @@ class Facts:
             return None
         return [m for m in self.fleet if self.row.queue in m.queues and not m.lapsed]
 
-    def last(self, kinds: set[str]) -> JournalRecord | None:
+    def last(self, kinds: Collection[str]) -> JournalRecord | None:
         return next((r for r in reversed(self.history) if r.kind in kinds), None)
 
 
@@ -157,9 +159,9 @@ def _next_running(facts: Facts) -> NextStep:
 
 def dead_words(row: RunRow, evidence: object) -> str:
     """Why a run is parked ``dead``, in plain words, from the evidence its park recorded."""
-    seen = evidence if isinstance(evidence, dict) else {}
-    limit = seen.get("max_recoveries", row.recoveries)
-    lost = [who(o) for o in seen.get("lost_owners") or [] if isinstance(o, str)]
+    seen = DeadLettered.load(evidence if isinstance(evidence, dict) else {})
+    limit = seen.max_recoveries if seen.max_recoveries is not None else row.recoveries
+    lost = [who(o) for o in seen.lost_owners]
     text = (
         f"it is parked dead: its executions kept ending with their worker process lost "
         f"(os._exit, a crash, an OOM kill or a fail-stop exit), and after {limit} takeover(s) "

@@ -28,8 +28,9 @@ from runfleet.ops.models import (
     RunSummary,
 )
 from runfleet.store import Store
+from runfleet.store import journal_records as jr
 from runfleet.store.inspect import DEFAULT_REACTIVATED_OVER
-from runfleet.store.journal import Kind
+from runfleet.store.journal_records import Kind
 from runfleet.store.queues import KeyState
 from runfleet.store.types import JournalRecord, Owner, RunRow, RunStatus, WaitingReason
 from runfleet.store.waits import masked_payload, shown_waiting_token
@@ -271,9 +272,10 @@ def _owner_line(facts: Facts, owner: Owner) -> str:
         alive = f"{verdict[probe.verdict]} ({probe.evidence}: {words})"
     text = f"owner: {who(owner)} (nonce {owner.nonce}, epoch {facts.row.epoch}) — {alive}"
     took = facts.last(_OWNED)
-    if took is not None and took.kind == Kind.STOLEN_AND_ACTIVATED:
-        previous = took.payload.get("previous_owner") if isinstance(took.payload, dict) else None
-        text += f"; took the run over from {who(previous)} at {clock(took.at_ms)}"
+    if took is not None:
+        stolen = jr.decode(took.kind, took.payload)
+        if isinstance(stolen, jr.StolenAndActivated):
+            text += f"; took the run over from {who(stolen.previous_owner)} at {clock(took.at_ms)}"
     return text + "."
 
 

@@ -25,6 +25,7 @@ from runfleet.broker.client import connect
 from runfleet.broker.codec import MalformedMessage, decode
 from runfleet.broker.liveness_keys import KeyRead, judge, unpack
 from runfleet.broker.notify import MalformedNotice, Notice, Notifier, SubscriptionSignals, _decode
+from runfleet.store.types import RunStatus
 from tests.broker.helpers import acl
 from tests.support.polling import until
 
@@ -63,6 +64,13 @@ def test_any_bytes_into_the_notice_decoder_raise_only_malformed(data: bytes) -> 
         except MalformedNotice:
             continue
         assert isinstance(notice, Notice) and notice.run_id
+        assert notice.status is None or isinstance(notice.status, RunStatus)
+
+
+def test_a_notice_with_a_status_no_run_has_is_malformed() -> None:
+    with pytest.raises(MalformedNotice, match="not a run status"):
+        _decode("settled", b'{"run": "r1", "status": "sideways"}')
+    assert _decode("settled", b'{"run": "r1", "status": "failed"}').status is RunStatus.FAILED
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -164,7 +172,7 @@ async def test_deep_json_on_the_settled_channel_does_not_break_a_watch(
         for payload in HOSTILE_PAYLOADS:
             await redis.publish(notifier.channel("settled"), payload)
         await notifier.publish_settled("r1", "completed")
-        assert await watch.wait(5.0) == Notice("settled", "r1", "completed")
+        assert await watch.wait(5.0) == Notice("settled", "r1", RunStatus.COMPLETED)
 
 
 @pytest.fixture

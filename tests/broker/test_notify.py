@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 
 from runfleet.broker.client import connect
 from runfleet.broker.notify import Notice, Notifier, SubscriptionSignals
+from runfleet.store.types import RunStatus
 from tests.support.polling import until
 
 
@@ -30,7 +31,7 @@ async def test_publish_settled_wakes_a_watch(notifier: Notifier) -> None:
         # Subscribed on entry: a settle right after (the caller's Postgres check) is seen.
         assert await notifier.publish_settled("other", "completed")
         assert await notifier.publish_settled("r2", "failed")
-        assert await watch.wait(2.0) == Notice("settled", "r2", "failed")
+        assert await watch.wait(2.0) == Notice("settled", "r2", RunStatus.FAILED)
 
 
 async def test_wait_settled_returns_the_notice(notifier: Notifier) -> None:
@@ -42,7 +43,7 @@ async def test_wait_settled_returns_the_notice(notifier: Notifier) -> None:
         return waiter.done()
 
     await until(publish_until_woken, accept=bool)
-    assert waiter.result() == Notice("settled", "r1", "completed")
+    assert waiter.result() == Notice("settled", "r1", RunStatus.COMPLETED)
 
 
 async def test_wait_settled_times_out_with_none(notifier: Notifier, redis: Redis) -> None:

@@ -139,3 +139,25 @@ def test_the_cli_page_lists_every_command() -> None:
     # Every documented `runfleet X Y` starts with a real command.
     unknown = {d for d in documented if not any(d == c or d.startswith(c + " ") for c in commands)}
     assert unknown == set(), "documented commands that do not exist"
+
+
+def test_journal_page_lists_every_kind_with_its_payload_fields() -> None:
+    """docs/reference/journal.md: a row per ``Kind``, naming its payload type and exactly
+    the JSON fields that type stores (``?`` marking those left out when absent)."""
+    import dataclasses
+
+    from runfleet.store.journal_records import PAYLOADS
+
+    section = _page("journal").split("## Kinds and their payload fields")[1].split("\n## ")[0]
+    rows = _rows(section)
+    assert set(rows) == {kind.value for kind in PAYLOADS}, "kinds documented != Kind"
+    for kind, cls in PAYLOADS.items():
+        type_cell, fields_cell = rows[kind.value][0], rows[kind.value][1]
+        assert type_cell == f"`{cls.__name__}`", kind
+        documented = set(re.findall(r"`([^`]+)`(\??)", fields_cell))
+        stored = {
+            (cls.KEYS.get(f.name, f.name), "?" if f.name in cls.OMIT_NONE else "")
+            for f in dataclasses.fields(cls)
+            if f.name != "extra"
+        }
+        assert documented == stored, (kind, documented ^ stored)

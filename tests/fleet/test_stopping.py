@@ -11,6 +11,7 @@ import tests.fleet.flows as flows
 from runfleet.broker import AsyncQueue
 from runfleet.broker.client import connect
 from runfleet.broker.streams import Lane, Streams
+from runfleet.broker.wake_reasons import WakeReason
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import JournalRecord, NewRun, Owner, RunStatus
@@ -32,7 +33,9 @@ async def test_a_hard_stop_does_not_claim_again_the_run_it_released(
     try:
         run = await queue.enqueue(flows.forever)
         started = await until(lambda: running_on(store, run.id), 10, "the run to start")
-        await publish_wakes(w.streams, [started], "test")  # a second wake, read mid-drive
+        await publish_wakes(
+            w.streams, [started], WakeReason.ENQUEUE
+        )  # a second wake, read mid-drive
         await until(lambda: _coalesced(w, run.id), 10, "the wake to be coalesced")
         w.stop(hard=True)
         await asyncio.wait_for(asyncio.shield(task), 10)
@@ -84,7 +87,9 @@ async def _one_hard_stop(
     rows = [
         await until(partial(running_on, store, run.id, a.pid), 10, "the held runs") for run in held
     ]
-    await publish_wakes(streams, rows, "test")  # duplicate wakes: read while the runs run
+    await publish_wakes(
+        streams, rows, WakeReason.ENQUEUE
+    )  # duplicate wakes: read while the runs run
     await until(lambda: _all_read(streams, queue.name), 10, "the duplicate wakes to be read")
     churn = [await queue.enqueue(flows.sleepy, 20, f"churn-{i}") for _ in range(40)]
     late: list[str] = []

@@ -21,8 +21,10 @@ from runfleet.broker import AsyncQueue
 from runfleet.broker.client import connect
 from runfleet.broker.codec import FIELD, encode, message_for
 from runfleet.broker.keys import GROUP
+from runfleet.broker.wake_reasons import WakeReason
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
+from runfleet.store.journal_records import WakeCause
 from runfleet.store.roles import GroupRole
 from runfleet.store.types import (
     Activated,
@@ -75,7 +77,7 @@ async def test_a_schedule_message_on_another_queues_stream_moves_nothing(
 
     # A raw Redis client forges well-formed messages naming the run, on both lanes of the
     # cpu queue's streams, and moves the run's own message away (gpu's stream emptied).
-    forged = encode(message_for(run.id, "sec.leaf", "enqueue", "schedule"))
+    forged = encode(message_for(run.id, "sec.leaf", WakeReason.ENQUEUE, "schedule"))
     prefix = settings.redis_prefix
     for stream in (f"{prefix}:q:cpu", f"{prefix}:recovery:cpu"):
         for _ in range(3):
@@ -179,7 +181,7 @@ async def test_no_claim_statement_takes_a_run_of_a_queue_it_does_not_serve(
         )
         assert isinstance(parked, Parked)
         assert isinstance(await store.lifecycle.request_cancel(ids[2]), CancelRequested)
-        await store.waits.wake(ids[2], cause="test")
+        await store.waits.wake(ids[2], cause=WakeCause.WAKE)
         suspended = await _settled_row(store, ids[2])
         assert suspended.status is RunStatus.SUSPENDED and suspended.waiting is None
         refused = await cpu.runs.claim_and_activate(ids[2], suspended.snapshot, me)

@@ -15,6 +15,7 @@ import pytest
 import tests.trust.flows as tf
 from runfleet.broker import AsyncQueue
 from runfleet.broker.codec import message_for
+from runfleet.broker.wake_reasons import WakeReason
 from runfleet.store import Store
 from runfleet.worker.process import Worker
 from tests.flows.conftest import parked
@@ -28,8 +29,10 @@ async def test_forged_notices_and_messages_decide_nothing(
     for _ in range(3):
         await queue.notifier.publish_settled(run.id, "completed")
         await queue.notifier.publish_cancel(run.id)
-        await queue.streams.publish("default", message_for(run.id, "trust.waiter", "cancel"))
-        await queue.streams.publish("default", message_for(run.id, "os:system", "enqueue"))
+        await queue.streams.publish(
+            "default", message_for(run.id, "trust.waiter", WakeReason.CANCEL)
+        )
+        await queue.streams.publish("default", message_for(run.id, "os:system", WakeReason.ENQUEUE))
     with pytest.raises(TimeoutError):
         await run.result(timeout=1.5)  # woken by the forged notice, it re-reads Postgres
     row = await store.runs.get(run.id)

@@ -14,6 +14,7 @@ from runfleet.broker.liveness import Probe
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.errors import ExecutionIdentityConflict
+from runfleet.store.journal_records import RefusalEvidence
 from runfleet.store.types import Created, Joined, NewRun, Owner
 from runfleet.worker.driver import Driver
 from runfleet.worker.takeover import Takeover
@@ -44,12 +45,12 @@ async def test_refusals_are_addressed_by_run_owner_lease_evidence_and_observer(
     lease = row.heartbeat_at_ms
     mine, theirs = (Takeover(store, w, settings, None) for w in (WATCHER, OTHER_WATCHER))
     for _ in range(3):
-        await mine.refused("r", OWNER, lease, "lease-fresh")
+        await mine.refused("r", OWNER, lease, RefusalEvidence.LEASE_FRESH)
     assert len(await _refusals(store, "r")) == 1, "the same observation, one record"
-    await mine.refused("r", OWNER, lease, "probe", probe="cross-host-key-fresh")
-    await theirs.refused("r", OWNER, lease, "lease-fresh")
+    await mine.refused("r", OWNER, lease, RefusalEvidence.PROBE, probe="cross-host-key-fresh")
+    await theirs.refused("r", OWNER, lease, RefusalEvidence.LEASE_FRESH)
     assert lease is not None
-    await mine.refused("r", OWNER, lease + 1, "lease-fresh")
+    await mine.refused("r", OWNER, lease + 1, RefusalEvidence.LEASE_FRESH)
     refusals = await _refusals(store, "r")
     assert len(refusals) == 4
     addresses = {source for source, _ in refusals}

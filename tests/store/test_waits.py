@@ -10,6 +10,7 @@ from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.deferreds import Completion
 from runfleet.store.errors import InvalidInput
+from runfleet.store.journal_records import WakeCause
 from runfleet.store.types import (
     AlreadySatisfied,
     DeferredCompleted,
@@ -150,13 +151,13 @@ async def test_wake_clears_the_wait_and_reports_what_it_was(store: Store) -> Non
     await make_parked(
         store, "r1", Waiting(WaitingReason.TIMER, wake_at_ms=7, token="t", request=[1])
     )
-    outcome = await store.waits.wake("r1", cause="sweep")
+    outcome = await store.waits.wake("r1", cause=WakeCause.WAKE)
     assert outcome == Woken(WaitingRow("r1", WaitingReason.TIMER, 7, "t", [1]))
     row = await must_get(store, "r1")
     assert row.waiting is None and row.status is RunStatus.SUSPENDED
     assert await store.waits.waiting("r1") is None
     record = (await store.journal.last("r1", limit=1))[0]
-    assert record.kind == "woken" and record.payload == {"reason": "timer", "cause": "sweep"}
+    assert record.kind == "woken" and record.payload == {"reason": "timer", "cause": "wake"}
     assert await store.waits.wake("r1") == NotWaiting("r1")
 
 

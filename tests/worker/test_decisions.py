@@ -17,6 +17,7 @@ import runfleet.worker.decisions as decisions_module
 from runfleet.broker import hostile
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
+from runfleet.store.journal_records import ReleaseCause, WakeCause
 from runfleet.store.types import (
     Activated,
     ActivateOutcome,
@@ -274,7 +275,7 @@ async def test_a_first_activation_is_timed_from_admission(store: Store, settings
     assert sample("runfleet_enqueue_to_start_seconds_sum") - waited == pytest.approx(expected)
     # A later activation of the same run (epoch 2) is not a start from the queue.
     running = await must_get(store, "r")
-    await store.waits.release("r", ME, running.epoch, "interrupted", "shutdown")
+    await store.waits.release("r", ME, running.epoch, ReleaseCause.INTERRUPTED, "shutdown")
     assert (await mine._decide(await must_get(store, "r"), "r"))[0] is DriveOutcome.ACTIVATED
     assert sample("runfleet_enqueue_to_start_seconds_count") == before + 1
 
@@ -510,7 +511,7 @@ async def test_a_stop_that_begins_while_the_drive_wakes_the_run_claims_nothing(
     await make_parked(store, "r", Waiting(WaitingReason.RELEASED), OWNER_B, flow="sr.waiter")
     wake = store.waits.wake
 
-    async def stop_meanwhile(run_id: str, **kwargs: str) -> object:
+    async def stop_meanwhile(run_id: str, **kwargs: WakeCause) -> object:
         mine.close()  # the worker's stop begins while this drive's wake is in flight
         return await wake(run_id, **kwargs)
 

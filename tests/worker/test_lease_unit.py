@@ -19,6 +19,7 @@ from prometheus_client import REGISTRY
 import runfleet.worker.lease as lease_module
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
+from runfleet.store.journal_records import ReleaseCause
 from runfleet.store.types import Owner, Parked, RunStatus
 from runfleet.worker.driver import Driver
 from runfleet.worker.lease import Lease, LeaseGate, LeaseSignals, _wait
@@ -137,7 +138,9 @@ async def test_a_renewal_confirms_what_it_renewed_and_interrupts_what_it_did_not
     for run_id in ("kept", "gone", "cancelled"):
         await rig.hold(run_id)
     gone = rig.driver.owned["gone"].ctx
-    parked = await rig.store.waits.release("gone", ME, gone.epoch, "interrupted", "shutdown")
+    parked = await rig.store.waits.release(
+        "gone", ME, gone.epoch, ReleaseCause.INTERRUPTED, "shutdown"
+    )
     assert isinstance(parked, Parked), "another drive of ours handed it back: not renewed now"
     await rig.store.lifecycle.request_cancel("cancelled")
     clock.now = 250.0

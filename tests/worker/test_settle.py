@@ -19,6 +19,7 @@ from prometheus_client import REGISTRY
 import runfleet.worker.settle as settle_module
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
+from runfleet.store.journal_records import ReleaseCause
 from runfleet.store.types import (
     Activated,
     OnParentExit,
@@ -348,7 +349,9 @@ async def test_a_failing_or_unregistered_compensation_is_journaled_and_the_rest_
 async def test_a_compensation_stops_when_the_fence_is_lost(store: Store) -> None:
     sr.UNDONE.clear()
     row = await _with_steps(store, "r", [("one", UNDO), ("two", UNDO)])
-    stolen = await store.waits.release("r", OWNER_A, row.epoch, "interrupted", "shutdown")
+    stolen = await store.waits.release(
+        "r", OWNER_A, row.epoch, ReleaseCause.INTERRUPTED, "shutdown"
+    )
     assert stolen is not None
     await settlement(store).cancelled(row, row.epoch)
     assert sr.UNDONE == ["r-two"], "the first undone; then the fence said stop"

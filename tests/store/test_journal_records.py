@@ -231,16 +231,16 @@ SAMPLES: dict[Kind, tuple[jr.Payload, str]] = {
         "message 1 on 't' received by 'k'",
     ),
     Kind.FORKED: (
-        jr.Forked(to="r2", calls=3, note="n"),
-        "forked into r2, which replays its first 3 recorded call(s) (note: n)",
+        jr.Forked(to="r2", calls=3, actor="ops", note="n"),
+        "forked into r2, which replays its first 3 recorded call(s) by ops (n)",
     ),
     Kind.RESUMED_AS: (
-        jr.ResumedAs(to="r2", calls=3, note="n"),
-        "resumed as r2, which replays its first 3 recorded call(s) (note: n)",
+        jr.ResumedAs(to="r2", calls=3, actor="ops", note="n"),
+        "resumed as r2, which replays its first 3 recorded call(s) by ops (n)",
     ),
     Kind.FORKED_FROM: (
-        jr.ForkedFrom(from_run="r1", calls=3, kind="resumed-as", note="n"),
-        "resumes r1: its first 3 recorded call(s) are replayed, not run again",
+        jr.ForkedFrom(from_run="r1", calls=3, kind="resumed-as", actor="ops", note="n"),
+        "resumes r1: its first 3 recorded call(s) are replayed, not run again by ops (n)",
     ),
 }
 

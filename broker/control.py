@@ -151,7 +151,7 @@ class RunControl:
         """
         row = await self.authorized(run_id)  # a run waiting on an event has started
         done = await self._available(
-            lambda: self.store.waits.answer_event(run_id, name, value, note=actor)
+            lambda: self.store.deferreds.answer_event(run_id, name, value, note=actor)
         )
         if isinstance(done, EventCompleted) and done.woke:
             await self._hint(run_id, "event", row)
@@ -173,7 +173,7 @@ class RunControl:
         row = await self.authorized(run_id)  # a run waiting for an approval has started
         retried: list[BaseException] = []
         done = await self._available(
-            lambda: self.store.waits.answer_approval(
+            lambda: self.store.deferreds.answer_approval(
                 run_id, token, approved=approved, value=value, actor=actor, reason=reason
             ),
             retried=retried,

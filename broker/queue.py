@@ -271,7 +271,7 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
 
     async def _admit(self, news: list[NewRun], lane: Lane) -> list[AsyncRun]:
         # Run ids are fixed before the first try: a retry joins what an unseen commit admitted.
-        rows = await self._available(lambda: self.store.runs.create_many(news))
+        rows = await self._available(lambda: self.store.admission.create_many(news))
         await self._publish_ready([o.row for o in rows], lane=lane)
         return [AsyncRun(self, o.row.id) for o in rows]
 
@@ -286,7 +286,7 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
         """
         outcomes: list[CreateOutcome | Exception]
         try:
-            outcomes = await self._available(lambda: self.store.runs.admit_each(news))
+            outcomes = await self._available(lambda: self.store.admission.admit_each(news))
         except Unavailable:
             raise  # every caller of the batch would have waited out the same outage
         except Exception:
@@ -299,7 +299,7 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
 
     async def _admit_alone(self, new: NewRun) -> CreateOutcome | Exception:
         try:
-            return (await self._available(lambda: self.store.runs.admit_each([new])))[0]
+            return (await self._available(lambda: self.store.admission.admit_each([new])))[0]
         except Exception as exc:
             return exc
 

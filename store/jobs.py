@@ -111,7 +111,7 @@ class Jobs:
             ordinal = (latest.round_ordinal if latest else row.round_ordinal) + 1
             extra: dict[str, Any] = {k: row.state[k] for k in CARRIED if k in row.state}
             extra.update(requeued_from=row.id, requeued_by=actor)
-            created = await self._store.runs.create(
+            created = await self._store.admission.create(
                 NewRun(
                     id=f"{row.lineage_id}@{ordinal}",
                     flow=row.flow,

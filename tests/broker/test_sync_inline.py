@@ -122,7 +122,7 @@ async def test_a_transient_error_is_retried_in_the_callers_thread(
     settings: Settings, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with Queue("default", settings=settings) as queue:
-        runs = queue._inline.queue().store.runs
+        runs = queue._inline.queue().store.admission
         real = runs.admit_each
         calls: list[int] = []
 

@@ -96,7 +96,9 @@ async def test_deep_json_on_cancel_and_settled_channels_does_not_kill_workers(
 async def _ghost_run(store: Store, owner: Owner) -> RunRow:
     """A running row owned by ``owner`` (a real claim under an identity no worker has)."""
     run_id = f"ghost-{uuid.uuid4().hex[:8]}"
-    await store.runs.create(NewRun(id=run_id, flow="tests.sleepy", payload={"args": [50, "taken"]}))
+    await store.admission.create(
+        NewRun(id=run_id, flow="tests.sleepy", payload={"args": [50, "taken"]})
+    )
     row = await store.runs.get(run_id)
     assert row is not None
     activated = await store.runs.claim_and_activate(run_id, row.snapshot, owner)

@@ -191,7 +191,7 @@ async def test_a_settled_child_hands_its_error_and_handoff_to_its_parent(store: 
     await store.lifecycle.transition_owned(
         "kid", OWNER_B, 1, RunStatus.FAILED, state_patch={"error": error}
     )
-    deferred = await store.waits.deferred("p", "child:kid")
+    deferred = await store.deferreds.deferred("p", "child:kid")
     assert deferred is not None
     assert deferred.value == {
         "status": "failed",

@@ -136,10 +136,12 @@ async def read_job(queue: AsyncQueue, run_id: str) -> tuple[RunRow, int | None, 
         ids = list(row.depends_on)
         registries = Registries(queue.store)
         allow = bool(row.state.get("allow_failure"))
-        met, _broken = await queue._available(lambda: registries.dependencies_met(ids, allow))
+        met, _broken = await queue.session.available(
+            lambda: registries.dependencies_met(ids, allow)
+        )
         deferred = not met
     if row.status is not RunStatus.PENDING and not deferred:
-        started = await queue._available(lambda: jobs.started_at_ms(row.id))
+        started = await queue.session.available(lambda: jobs.started_at_ms(row.id))
     return row, started, deferred
 
 
@@ -332,7 +334,7 @@ class Job:
         async def save() -> None:
             await queue.authorized(self.id)
             jobs = Jobs(queue.store)
-            if not await queue._available(lambda: jobs.save_meta(self.id, self.meta)):
+            if not await queue.session.available(lambda: jobs.save_meta(self.id, self.meta)):
                 raise NoSuchJobError(self.id)
 
         self._queue._call(save())

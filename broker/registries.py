@@ -66,7 +66,7 @@ class BaseRegistry:
 
         async def read() -> list[tuple[str, int | None]]:
             registries = Registries(conn._async.store)
-            return await conn._async._available(
+            return await conn._async.session.available(
                 lambda: registries.ids(self.kind, self.name, scopes)
             )
 

@@ -23,7 +23,7 @@ class RqReads:
 
         async def go() -> Any:
             registries = Registries(q.store)
-            return await q._available(lambda: call(registries))
+            return await q.session.available(lambda: call(registries))
 
         return self._queue._call(go())
 

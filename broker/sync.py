@@ -149,9 +149,10 @@ class _Inline:
     def shutdown(self) -> None:
         self.usable = False  # a closed Queue's calls fail on its closed loop, as before
         queue, self._queue = self._queue, None
-        if queue is not None and queue._store is not None:
-            inline.close_store(queue._store)
-            redis = queue._redis
+        if queue is not None:
+            store, redis = queue.session.detach()
+            if store is not None:
+                inline.close_store(store)
             if isinstance(redis, BlockingRedis):
                 redis.close()
 

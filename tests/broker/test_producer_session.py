@@ -87,7 +87,7 @@ async def test_publish_ready_sends_only_runs_that_may_start(
     await session.publish_ready([now.row, later.row], lane=Lane.NORMAL)
     key = session.streams.stream_key("default", Lane.NORMAL)
     entries = await session.redis.xrange(key)
-    assert len(entries) == 1 and "now" in repr(entries[0])
+    assert entries is not None and len(entries) == 1 and "now" in repr(entries[0])
 
 
 async def test_the_collaborators_are_built_with_a_session_alone(

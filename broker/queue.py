@@ -187,7 +187,8 @@ class AsyncQueue:
     async def _new_run(self, spec: EnqueueSpec, delay_until_ms: int | None = None) -> NewRun:
         if spec.run_id is not None:
             producer_run_id(spec.run_id)  # never an id in the derived namespace
-        name, _declared_queue, fn, takes_ctx = flow_target(spec.target)
+        target = flow_target(spec.target)
+        name, fn, takes_ctx = target.name, target.fn, target.takes_ctx
         args, kwargs = list(spec.args), dict(spec.kwargs)
         check_signature(fn, takes_ctx, args, kwargs)
         if isinstance(spec.target, str) and not importable(name):
@@ -212,8 +213,10 @@ class AsyncQueue:
             chosen = spec.run_id
             if await self.session.available(lambda: self.store.runs.get(chosen)) is not None:
                 raise DuplicateJobError(f"Job with ID '{chosen}' already exists")
-        depends_on, allow_failure = dependencies(spec.options.get("depends_on"))
-        extra, job_timeout_ms = rq_options(**options, allow_failure=allow_failure)
+        wanted = dependencies(spec.options.get("depends_on"))
+        depends_on, allow_failure = wanted.ids, wanted.allow_failure
+        rq = rq_options(**options, allow_failure=allow_failure)
+        extra, job_timeout_ms = rq.state, rq.timeout_ms
         if spec.options.get("at_front"):
             extra["at_front"] = True  # rq's job_ids order: at_front runs first
         if depends_on:
@@ -223,10 +226,10 @@ class AsyncQueue:
                 await self.session.authorized(dependency)  # exists, and this producer may see it
             extra["dependency_ids"] = depends_on
             registries = Registries(self.store)
-            met, _broken = await self.session.available(
+            gate = await self.session.available(
                 lambda: registries.dependencies_met(depends_on, allow_failure)
             )
-            if not met:  # rq enqueues a job whose dependencies are met at once
+            if not gate.met:  # rq enqueues a job whose dependencies are met at once
                 extra["depends_on"] = depends_on
         if fn is not None and not takes_ctx:
             # A plain function's job_timeout is rq's: execution time, enforced by the worker
@@ -317,8 +320,9 @@ class AsyncQueue:
         run_id: str | None,
         delay_until_ms: int | None,
     ) -> AsyncRun:
-        args, kwargs, options = split_rq_call(args, kwargs)
-        spec = EnqueueSpec(f, args, kwargs, run_id, options)
+        call = split_rq_call(args, kwargs)
+        options = call.options
+        spec = EnqueueSpec(f, call.args, call.kwargs, run_id, options)
         new = await self._new_run(spec, delay_until_ms)  # checked before it joins a batch
         lane = _lane(bool(options.get("at_front")))
         if not self._group_commit:
@@ -403,7 +407,7 @@ class AsyncQueue:
             f = options.pop("func", None)
         if f is None:
             raise InvalidInput("func", "prepare_data needs the function to enqueue")
-        _, _, checked = split_rq_call((), dict(options))
+        checked = split_rq_call((), dict(options)).options
         return EnqueueSpec(f, tuple(args), dict(kwargs or {}), _chosen_id(run_id, job_id), checked)
 
     # ---- rq's queue and registry reads ----------------------------------------

@@ -48,7 +48,7 @@ class RqReads:
         return self._run(lambda r: r.dependents(run_id))  # type: ignore[no-any-return]
 
     def dependencies_met(self, ids: Sequence[str], allow_failure: bool) -> bool:
-        return bool(self._run(lambda r: r.dependencies_met(list(ids), allow_failure))[0])
+        return bool(self._run(lambda r: r.dependencies_met(list(ids), allow_failure)).met)
 
     def run_inline(self, spec: EnqueueSpec) -> InlineJob:
         from runfleet.broker.inline import run_inline

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from redis.asyncio import Redis
 
@@ -36,6 +36,13 @@ from runfleet.store.types import RunRow, RunStatus
 # The producer's logger: one name for every producer log event (docs/reference/logs.md).
 log = logging.getLogger("runfleet.broker.queue")
 T = TypeVar("T")
+
+
+class Connections(NamedTuple):
+    """What ``ProducerSession.detach`` hands back for its caller to close."""
+
+    store: Store | None
+    redis: Redis | None
 
 
 class ProducerSession:
@@ -56,11 +63,11 @@ class ProducerSession:
         self._streams = Streams(redis, self.settings.redis_prefix)
         self._notifier = Notifier(redis, self.settings.redis_prefix)
 
-    def detach(self) -> tuple[Store | None, Redis | None]:
+    def detach(self) -> Connections:
         """Forget the store and Redis client, handing them back for the caller to close."""
-        store, redis = self._store, self._redis
+        held = Connections(self._store, self._redis)
         self._store = self._redis = None
-        return store, redis
+        return held
 
     @property
     def connected(self) -> bool:

@@ -2,7 +2,7 @@
 
 Admission is one Postgres round trip (run row + ``created`` record, one implicit
 transaction: ``store.admit``), then one pipelined stream write; concurrent ``enqueue``
-calls share both (``broker.batching``). The message is only a hint: if Redis fails after
+calls share both (``runtime.batching``). The message is only a hint: if Redis fails after
 the commit the run is still durable and the lost-wake sweep schedules it. Every Postgres
 call a producer makes retries transient errors (``store.transient``) for
 ``RUNFLEET_PRODUCER_RETRY_FOR`` seconds, then raises ``Unavailable`` naming the service.
@@ -40,7 +40,6 @@ from runfleet.broker.admission import (
     split_rq_call,
     unknown,
 )
-from runfleet.broker.batching import GroupCommit
 from runfleet.broker.client import connect
 from runfleet.broker.control import RunControl
 from runfleet.broker.history import RunHistory
@@ -52,6 +51,7 @@ from runfleet.broker.session import ProducerSession
 from runfleet.broker.streams import Lane, Streams
 from runfleet.broker.trace_context import with_carrier
 from runfleet.broker.trust import producer_run_id
+from runfleet.runtime.batching import GroupCommit
 from runfleet.store import Store, validate
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput, Unavailable

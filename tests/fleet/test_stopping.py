@@ -153,7 +153,7 @@ async def test_a_claim_in_flight_when_the_stop_begins_is_released_before_its_bod
         driver.close()  # the stop arrives while the claim's answer is on its way
         return outcome
 
-    store.runs.claim_and_activate = claim_then_stop  # type: ignore[method-assign]
+    store.runs.claim_and_activate = claim_then_stop  # type: ignore[method-assign]  # a stand-in for the claim statement
     assert await asyncio.wait_for(driver.drive("r"), 10) == "activated"
     assert driver.executing == set() and driver.owned == {}
     row = await store.runs.get("r")

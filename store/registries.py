@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from psycopg.types.json import Jsonb
 
+from runfleet.store.rows import run_row
 from runfleet.store.types import RunRow, RunStatus
 
 if TYPE_CHECKING:
@@ -56,7 +57,6 @@ class DependencyGate(NamedTuple):
 
 class Registries:
     def __init__(self, store: Store) -> None:
-        self._store = store
         self._db = store.db
 
     async def ids(
@@ -103,20 +103,13 @@ class Registries:
 
     async def answering(self, run_id: str) -> RunRow | None:
         """The row that answers for an rq id: a requeued failure's replacing round, a
-        handed-off round's successor; None if there is none or rq's delete removed it."""
-        row = await self._store.runs.get(run_id)
-        while row is not None:
-            following = row.requeued_as
-            if row.status is RunStatus.COMPLETED:
-                following = row.handed_off_to
-            elif row.status is not RunStatus.FAILED:
-                following = None
-            if not following:
-                break
-            row = await self._store.runs.get(following)
-        if row is not None and row.state.get("deleted"):
+        handed-off round's successor; None if there is none or rq's delete removed it.
+        One statement (``registries.answering``) walks the rounds."""
+        found = await self._db.one("registries.answering", {"id": run_id})
+        if found is None or found["following"] is not None:
             return None
-        return row
+        row = run_row(found)
+        return None if row.state.get("deleted") else row
 
     async def dependencies_met(
         self, run_ids: Sequence[Any], allow_failure: bool = False

@@ -8,7 +8,7 @@ import math
 import reprlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from runfleet.broker.names import importable_name, load_from_path
 from runfleet.broker.trust import already_loaded
@@ -17,8 +17,22 @@ from runfleet.store.errors import InvalidInput, UnknownFlow
 from runfleet.store.types import OnDuplicate
 
 
-def flow_target(target: Any) -> tuple[str, str | None, Callable[..., Any] | None, bool]:
-    """(flow name, its declared queue, the function to check arguments against, takes ctx).
+class FlowTarget(NamedTuple):
+    """What an enqueue target names (``flow_target``)."""
+
+    name: str
+    """The flow's name, as a worker resolves it."""
+    queue: str | None
+    """The queue a ``@flow`` declared, or None."""
+    fn: Callable[..., Any] | None
+    """The function to check the arguments against; None for a name (late binding)."""
+    takes_ctx: bool
+    """Whether it is a ``@flow`` (its body takes ``ctx``), not a plain function."""
+
+
+def flow_target(target: Any) -> FlowTarget:
+    """The flow name, its declared queue, the function to check arguments against, and
+    whether it takes ``ctx``.
 
     Accepts a ``@flow`` object (recognised by its ``runfleet_flow`` attribute, so
     the broker never imports the worker), a plain function (rq-style implicit
@@ -28,14 +42,14 @@ def flow_target(target: Any) -> tuple[str, str | None, Callable[..., Any] | None
     if declared is not None:
         name, queue = declared
         admission_state(target)  # a class-level flow of a FlowInstance class is refused
-        return name, queue, getattr(target, "fn", None), True
+        return FlowTarget(name, queue, getattr(target, "fn", None), True)
     if isinstance(target, str):
-        return validate.identifier("flow", target), None, None, False
+        return FlowTarget(validate.identifier("flow", target), None, None, False)
     if callable(target) and hasattr(target, "__module__") and hasattr(target, "__qualname__"):
         name = importable_name(target)
         if name is None:
             raise InvalidInput("flow", f"{target.__qualname__} is not importable by a worker")
-        return name, None, target, False
+        return FlowTarget(name, None, target, False)
     raise InvalidInput(
         "flow", f"cannot enqueue {reprlib.repr(target)}: pass a flow, a function or 'mod:fn'"
     )
@@ -248,7 +262,7 @@ def callback_name(field: str, fn: Any) -> str | None:
     if not inspect.isfunction(fn) and getattr(fn, "runfleet_flow", None) is None:
         # rq: "Callback `func` must be a function or builtin" (a bound method is neither)
         raise InvalidInput(field, f"{reprlib.repr(fn)} is not a function")
-    name, _queue, _fn, _ctx = flow_target(fn)
+    name = flow_target(fn).name
     if getattr(fn, "runfleet_flow", None) is not None:
         raise InvalidInput(field, "a callback is a plain function, not a flow")
     return name
@@ -257,6 +271,15 @@ def callback_name(field: str, fn: Any) -> str | None:
 BUILTIN_CALLBACKS = frozenset({"print"})
 """Builtins a callback may name (rq takes any function or builtin; ``print`` is the one
 its documentation uses). Others are refused: a name is resolved in the worker."""
+
+
+class RqOptions(NamedTuple):
+    """What rq's ``enqueue`` options become (``rq_options``)."""
+
+    state: dict[str, Any]
+    """The run-state keys they set."""
+    timeout_ms: int | None
+    """``job_timeout`` in milliseconds, or None."""
 
 
 def rq_options(
@@ -273,7 +296,7 @@ def rq_options(
     on_failure: Any = None,
     meta: dict[str, Any] | None = None,
     description: str | None = None,
-) -> tuple[dict[str, Any], int | None]:
+) -> RqOptions:
     """The run-state keys rq's ``enqueue`` options become, and the timeout in milliseconds."""
     state: dict[str, Any] = {}
     if timeout is not None and job_timeout is None:  # enqueue_call's rq 1.x spelling
@@ -331,7 +354,7 @@ def rq_options(
     if job_timeout is not None:
         given = _seconds("job_timeout", job_timeout)
         state["job_timeout"] = int(given) if given is not None and given == int(given) else given
-    return state, timeout_ms
+    return RqOptions(state, timeout_ms)
 
 
 RQ_OPTIONS = (
@@ -368,10 +391,17 @@ def on_duplicate(value: Any) -> OnDuplicate:
 RQ_UNSUPPORTED = ("repeat", "rate_limit", "webhooks", "pipeline")
 
 
-def split_rq_call(
-    args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]:
-    """rq's ``parse_args``: (function args, function kwargs, enqueue options).
+class RqCall(NamedTuple):
+    """An rq-shaped call split (``split_rq_call``): the function's arguments, and the
+    enqueue options taken out of its keywords."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    options: dict[str, Any]
+
+
+def split_rq_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> RqCall:
+    """rq's ``parse_args``: the function's args and kwargs, and the enqueue options.
 
     The option keywords are rq's and are taken out of ``kwargs`` as rq takes them;
     ``args=``/``kwargs=`` given explicitly are the function's arguments. Options
@@ -387,20 +417,29 @@ def split_rq_call(
             raise InvalidInput("args", "give positional arguments or args=, not both")
         args = tuple(kwargs.pop("args", None) or ())
         kwargs = dict(kwargs.pop("kwargs", None) or {}) | kwargs
-    return args, kwargs, options
+    return RqCall(args, kwargs, options)
 
 
 def dependency_ids(depends_on: Any) -> list[str]:
     """rq's ``depends_on``: a job, an id, a ``Dependency`` (runfleet's or rq's) or a list
     of any of them, mixed, as ids."""
-    return dependencies(depends_on)[0]
+    return dependencies(depends_on).ids
 
 
-def dependencies(depends_on: Any) -> tuple[list[str], bool]:
-    """(ids, allow_failure): allow_failure if any ``Dependency`` given says so (rq reads
-    it from the one ``Dependency``; a list of them, as rq's, takes it from any)."""
+class Dependencies(NamedTuple):
+    """rq's ``depends_on=`` read (``dependencies``)."""
+
+    ids: list[str]
+    """The dependencies' ids, in order, each once."""
+    allow_failure: bool
+    """Whether a failed dependency still meets the gate."""
+
+
+def dependencies(depends_on: Any) -> Dependencies:
+    """The ids, and allow_failure if any ``Dependency`` given says so (rq reads it from
+    the one ``Dependency``; a list of them, as rq's, takes it from any)."""
     if depends_on is None:
-        return [], False
+        return Dependencies([], False)
     top = depends_on if isinstance(depends_on, list | tuple) else [depends_on]
     ids: list[str] = []
     allow = False
@@ -417,4 +456,4 @@ def dependencies(depends_on: Any) -> tuple[list[str], bool]:
                 raise InvalidInput("depends_on", f"{item!r} is not a job or a job id")
             if job_id not in ids:
                 ids.append(job_id)
-    return ids, allow
+    return Dependencies(ids, allow)

@@ -1,33 +1,26 @@
 """Producer calls on an existing run: read it, cancel it, answer its waits, resume it.
 
-``RunControl`` is ``AsyncQueue``'s half for runs already admitted (``broker.queue``
-inherits it). Every call that reads or changes a run first reads it through
-``authorized``, so a producer acts only on runs its scopes cover. Postgres decides each
-change; the wake published after the commit is a hint that never fails the call (the
-lost-wake sweep covers a lost one). An answer or resume whose first try committed but
-whose reply was lost is recognised by its own journal record, so retrying it is not
-reported as a refusal.
+``RunControl`` is built with the producer's session (``broker.session``), and
+``broker.queue.AsyncQueue`` delegates to it. Every call that reads or changes a run first
+reads it through the session's ``authorized``, so a producer acts only on runs its scopes
+cover. Postgres decides each change; the wake published after the commit is a hint that
+never fails the call (the lost-wake sweep covers a lost one). An answer or resume whose
+first try committed but whose reply was lost is recognised by its own journal record, so
+retrying it is not reported as a refusal.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 import psycopg
 
-from runfleet.broker.codec import message_for
-from runfleet.broker.notify import Notifier
-from runfleet.broker.streams import Streams, lane_for
+from runfleet.broker.session import ProducerSession
 from runfleet.broker.wake_reasons import WakeReason
 from runfleet.store import journal_records as jr
-from runfleet.store import validate
 from runfleet.store.errors import (
     CancelRequestFailed,
     InvalidInput,
-    RunNotFound,
-    ScopeDenied,
     Unavailable,
 )
 from runfleet.store.journal import Kind
@@ -37,63 +30,17 @@ from runfleet.store.types import (
     CancelRequested,
     EventAnswer,
     EventCompleted,
-    RunRow,
     WaitingReason,
 )
 from runfleet.store.waits import token_hash
 
-if TYPE_CHECKING:
-    from runfleet.store import Store
-
-# The producer's logger, shared with broker.queue: one name for every producer log event.
-log = logging.getLogger("runfleet.broker.queue")
-T = TypeVar("T")
-
 
 class RunControl:
-    """``AsyncQueue``'s calls on an existing run (``broker.queue.AsyncQueue`` inherits it)."""
+    """A producer's calls on an existing run, built with its ``ProducerSession``
+    (``broker.queue.AsyncQueue`` delegates to one)."""
 
-    scopes: tuple[str, ...]
-    streams: Streams
-    notifier: Notifier
-
-    if TYPE_CHECKING:  # defined by AsyncQueue
-
-        @property
-        def store(self) -> Store: ...
-
-        async def _available(
-            self, call: Callable[[], Awaitable[T]], *, retried: list[BaseException] | None = None
-        ) -> T: ...
-
-    async def authorized(self, run_id: str) -> RunRow:
-        """The run's row, if it exists and this producer's scopes cover the run's."""
-        validate.identifier("run_id", run_id)
-        row = await self._available(lambda: self.store.runs.get(run_id))
-        if row is None:
-            raise RunNotFound(run_id)
-        missing = sorted(set(row.scopes) - set(self.scopes))
-        if missing:
-            raise ScopeDenied(run_id, missing)
-        return row
-
-    async def _hint(self, run_id: str, reason: WakeReason, row: RunRow | None = None) -> None:
-        """Wake the run's queue after a committed change; never fails the producer call.
-
-        ``row`` is the run as the caller already read it (queue, flow and epoch are what
-        the wake needs), so the hint costs no read of its own; without one it reads.
-        """
-        try:
-            if row is None:
-                row = await self.store.runs.get(run_id)
-            if row is None:
-                return
-            # A woken run already started: its wake takes the recovery lane, ahead of any backlog.
-            await self.streams.publish(
-                row.queue, message_for(row.id, row.flow, reason), lane_for(row.epoch)
-            )
-        except Exception as exc:  # the lost-wake sweep covers it
-            log.warning("wake.publish_failed", extra={"run_id": run_id, "error": repr(exc)})
+    def __init__(self, session: ProducerSession) -> None:
+        self._session = session
 
     async def cancel(self, run_id: str, *, actor: str | None = None) -> CancelOutcome:
         """Durably request cancellation of the logical run (every round of its lineage),
@@ -102,10 +49,10 @@ class RunControl:
         A write that fails for the whole retry budget is CancelRequestFailed with
         ``retryable`` set (nothing was recorded: ask again), never a raw driver error.
         """
-        await self.authorized(run_id)
+        await self._session.authorized(run_id)
         try:
-            outcome = await self._available(
-                lambda: self.store.lifecycle.request_cancel(run_id, note=actor)
+            outcome = await self._session.available(
+                lambda: self._session.store.lifecycle.request_cancel(run_id, note=actor)
             )
         except psycopg.errors.InsufficientPrivilege:
             raise  # the caller's role may not cancel this run: its error, not a failed write
@@ -119,8 +66,8 @@ class RunControl:
             targets = list(dict.fromkeys([*outcome.rounds, *outcome.cascaded])) or [run_id]
             known = {outcome.row.id: outcome.row}  # as the request left it: no second read
         for target in targets:  # each closes through its own cancel path, promptly
-            await self.notifier.publish_cancel(target)
-            await self._hint(target, WakeReason.CANCEL, known.get(target))
+            await self._session.notifier.publish_cancel(target)
+            await self._session.hint(target, WakeReason.CANCEL, known.get(target))
         return outcome
 
     async def interrupt_unsafe(self, run_id: str) -> None:
@@ -151,12 +98,12 @@ class RunControl:
         ``NotAnswerable`` (nothing written). The journal names the database role that
         answered and the digest of the value that won; ``actor`` is kept as a note.
         """
-        row = await self.authorized(run_id)  # a run waiting on an event has started
-        done = await self._available(
-            lambda: self.store.waits.answer_event(run_id, name, value, note=actor)
+        row = await self._session.authorized(run_id)  # a run waiting on an event has started
+        done = await self._session.available(
+            lambda: self._session.store.deferreds.answer_event(run_id, name, value, note=actor)
         )
         if isinstance(done, EventCompleted) and done.woke:
-            await self._hint(run_id, WakeReason.EVENT, row)
+            await self._session.hint(run_id, WakeReason.EVENT, row)
         return done
 
     async def approve(
@@ -172,10 +119,10 @@ class RunControl:
     async def _answer(
         self, run_id: str, token: str, approved: bool, value: Any, actor: str, reason: str | None
     ) -> None:
-        row = await self.authorized(run_id)  # a run waiting for an approval has started
+        row = await self._session.authorized(run_id)  # a run waiting for an approval has started
         retried: list[BaseException] = []
-        done = await self._available(
-            lambda: self.store.waits.answer_approval(
+        done = await self._session.available(
+            lambda: self._session.store.deferreds.answer_approval(
                 run_id, token, approved=approved, value=value, actor=actor, reason=reason
             ),
             retried=retried,
@@ -185,7 +132,7 @@ class RunControl:
         if done is None:
             raise InvalidInput("token", f"run {run_id!r} is not waiting for an approval with it")
         if done.woke:
-            await self._hint(run_id, WakeReason.APPROVAL, row)
+            await self._session.hint(run_id, WakeReason.APPROVAL, row)
 
     async def resume(
         self,
@@ -201,19 +148,19 @@ class RunControl:
         takes neither option: its wait is cleared and its recoveries in a row start again
         (``runfleet resume RUN``); the body re-runs from its last recorded step.
         """
-        row = await self.authorized(run_id)  # a quarantined or dead run has started
+        row = await self._session.authorized(run_id)  # a quarantined or dead run has started
         retried: list[BaseException] = []
         if row.waiting is not None and row.waiting.reason == WaitingReason.DEAD:
             if accept_recorded or rerun_step is not None:
                 raise InvalidInput(
                     "resume", f"run {run_id!r} is parked dead: resume it without options"
                 )
-            revived = await self._available(
-                lambda: self.store.runs.revive(run_id, note=actor), retried=retried
+            revived = await self._session.available(
+                lambda: self._session.store.runs.revive(run_id, note=actor), retried=retried
             )
             if revived is None and not (retried and await self._revived(run_id, actor)):
                 raise InvalidInput("run_id", f"run {run_id!r} is not parked dead")
-            await self._hint(run_id, WakeReason.RESUME, row)
+            await self._session.hint(run_id, WakeReason.RESUME, row)
             return
         if not accept_recorded and rerun_step is None:
             if row.waiting is None or row.waiting.reason != WaitingReason.QUARANTINE:
@@ -223,19 +170,21 @@ class RunControl:
                 f"run {run_id!r} is quarantined: choose exactly one of accept_recorded or "
                 "rerun_step (only a run parked dead is resumed without either)",
             )
-        resumed = await self._available(
-            lambda: self.store.steps.resume_quarantined(
+        resumed = await self._session.available(
+            lambda: self._session.store.steps.resume_quarantined(
                 run_id, accept_recorded=accept_recorded, rerun_key=rerun_step, note=actor
             ),
             retried=retried,
         )
         if not resumed and not (retried and await self._resumed(run_id, rerun_step, actor)):
             raise InvalidInput("run_id", f"run {run_id!r} is not quarantined")
-        await self._hint(run_id, WakeReason.RESUME, row)
+        await self._session.hint(run_id, WakeReason.RESUME, row)
 
     async def _last_record(self, run_id: str, *kinds: str) -> jr.Decoded | None:
         """The run's newest journal record of one of ``kinds``, decoded (None: there is none)."""
-        records = await self._available(lambda: self.store.journal.records(run_id, limit=10_000))
+        records = await self._session.available(
+            lambda: self._session.store.journal.records(run_id, limit=10_000)
+        )
         mine = [r for r in records if r.kind in kinds]
         return jr.decode(mine[-1].kind, mine[-1].payload) if mine else None
 

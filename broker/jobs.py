@@ -14,7 +14,7 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from runfleet.broker.names import load_from_path
 from runfleet.broker.rq_api import InvalidJobOperation
@@ -115,7 +115,18 @@ class Result:
     Type: ClassVar[builtins.type[ResultType]] = ResultType
 
 
-async def read_job(queue: AsyncQueue, run_id: str) -> tuple[RunRow, int | None, bool]:
+class JobRead(NamedTuple):
+    """``read_job``'s answer."""
+
+    row: RunRow
+    """The row that answers for the rq id."""
+    started_ms: int | None
+    """When it first started, or None."""
+    deferred: bool
+    """Waiting for its dependencies (rq's deferred registry)."""
+
+
+async def read_job(queue: AsyncQueue, run_id: str) -> JobRead:
     """The row that answers for ``run_id`` and when it first started (ms), scope-checked.
 
     A run that handed off answers with its lineage's last round; a failed run that
@@ -136,11 +147,11 @@ async def read_job(queue: AsyncQueue, run_id: str) -> tuple[RunRow, int | None, 
         ids = list(row.depends_on)
         registries = Registries(queue.store)
         allow = bool(row.state.get("allow_failure"))
-        met, _broken = await queue._available(lambda: registries.dependencies_met(ids, allow))
-        deferred = not met
+        gate = await queue.session.available(lambda: registries.dependencies_met(ids, allow))
+        deferred = not gate.met
     if row.status is not RunStatus.PENDING and not deferred:
-        started = await queue._available(lambda: jobs.started_at_ms(row.id))
-    return row, started, deferred
+        started = await queue.session.available(lambda: jobs.started_at_ms(row.id))
+    return JobRead(row, started, deferred)
 
 
 async def settled_row(queue: AsyncQueue, run_id: str) -> RunRow | None:
@@ -216,7 +227,7 @@ class Job:
     def refresh(self) -> None:
         """Re-read the run (rq's ``refresh()``): status, meta and timestamps."""
         read = self._queue._now(lambda q: read_job(q, self.id))
-        self._row, self._started_ms, self._deferred = read
+        self._row, self._started_ms, self._deferred = read.row, read.started_ms, read.deferred
         self._meta = self._row.meta
 
     @property
@@ -332,7 +343,7 @@ class Job:
         async def save() -> None:
             await queue.authorized(self.id)
             jobs = Jobs(queue.store)
-            if not await queue._available(lambda: jobs.save_meta(self.id, self.meta)):
+            if not await queue.session.available(lambda: jobs.save_meta(self.id, self.meta)):
                 raise NoSuchJobError(self.id)
 
         self._queue._call(save())

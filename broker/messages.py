@@ -1,8 +1,9 @@
 """Producer calls for a run's events and messages: ``get_event`` and ``send``.
 
-``RunMessages`` is ``AsyncQueue``'s half for them (``broker.queue.AsyncQueue`` inherits it,
-as it does ``RunControl``). Both read the run through ``authorized`` first (scopes), and
-Postgres decides (store/events.py); the wake a send publishes is only a hint.
+``RunMessages`` is built with the producer's session (``broker.session``), and
+``broker.queue.AsyncQueue`` delegates to it, as it does to ``RunControl``. Both read the run
+through ``authorized`` first (scopes), and Postgres decides (store/events.py); the wake a
+send publishes is only a hint.
 """
 
 from __future__ import annotations
@@ -10,15 +11,12 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from runfleet.broker.session import ProducerSession
 from runfleet.broker.wake_reasons import WakeReason
 from runfleet.store.errors import InvalidInput
 from runfleet.store.events import EventRead, EventRow, MessageSent, SendOutcome
-
-if TYPE_CHECKING:
-    from runfleet.store import Store
-    from runfleet.store.types import RunRow
 
 POLL_FIRST_S = 0.02
 POLL_MAX_S = 0.25
@@ -26,20 +24,10 @@ POLL_MAX_S = 0.25
 
 
 class RunMessages:
-    """``AsyncQueue``'s calls on a run's events and messages."""
+    """A producer's calls on a run's events and messages, built with its session."""
 
-    if TYPE_CHECKING:  # defined by AsyncQueue / RunControl
-
-        @property
-        def store(self) -> Store: ...
-
-        async def authorized(self, run_id: str) -> RunRow: ...
-
-        async def _available(self, call: Any, *, retried: Any = None) -> Any: ...
-
-        async def _hint(
-            self, run_id: str, reason: WakeReason, row: RunRow | None = None
-        ) -> None: ...
+    def __init__(self, session: ProducerSession) -> None:
+        self._session = session
 
     async def get_event(self, run_id: str, key: str, timeout: float = 0.0) -> Any:
         """The value the run last set as event ``key`` (``ctx.set_event``), or None.
@@ -61,12 +49,12 @@ class RunMessages:
             raise InvalidInput(
                 "timeout", f"must be a finite number of seconds >= 0, got {timeout!r}"
             )
-        await self.authorized(run_id)
+        await self._session.authorized(run_id)
         deadline = time.monotonic() + timeout
         pause = POLL_FIRST_S
         while True:
-            read: EventRead | None = await self._available(
-                lambda: self.store.events.get(run_id, key)
+            read: EventRead | None = await self._session.available(
+                lambda: self._session.store.events.get(run_id, key)
             )
             if read is None:
                 return None  # deleted since authorized
@@ -88,10 +76,10 @@ class RunMessages:
         ``MessageSent(duplicate=True)``. A settled run takes nothing: ``MessageRunSettled``.
         A run not started yet keeps the message until its recv reaches it.
         """
-        row = await self.authorized(run_id)
-        sent = await self._available(
-            lambda: self.store.events.send(run_id, topic, value, message_id=message_id)
+        row = await self._session.authorized(run_id)
+        sent = await self._session.available(
+            lambda: self._session.store.events.send(run_id, topic, value, message_id=message_id)
         )
         if isinstance(sent, MessageSent) and sent.woke:
-            await self._hint(run_id, WakeReason.MESSAGE, row)
-        return sent  # type: ignore[no-any-return]
+            await self._session.hint(run_id, WakeReason.MESSAGE, row)
+        return sent

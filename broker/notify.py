@@ -33,7 +33,7 @@ from redis.asyncio.client import PubSub
 from runfleet.broker import hostile
 from runfleet.broker.client import require_binary
 from runfleet.broker.keys import DEFAULT_PREFIX, Keys
-from runfleet.broker.service import Service, Signal, within
+from runfleet.runtime.service import Service, Signal, within
 from runfleet.store.types import RunStatus
 
 log = logging.getLogger("runfleet.broker.notify")
@@ -317,7 +317,7 @@ class SettledWatch:
 
 @dataclass(frozen=True)
 class SubscriptionSignals:
-    """Points of a subscription a test waits on instead of polling (``broker.service.Signal``)."""
+    """Points of a subscription a test waits on instead of polling (``runtime.service.Signal``)."""
 
     subscribed: Signal[None] = field(default_factory=Signal)
     """A (re)subscription was confirmed by the server: from now on nothing is missed."""
@@ -328,7 +328,7 @@ class SubscriptionSignals:
 class Subscription(Service):
     """Runs ``callback`` for every notice of one channel kind until stopped.
 
-    A service (``broker.service``): ``start``/``stop`` are idempotent, stopping before
+    A service (``runtime.service``): ``start``/``stop`` are idempotent, stopping before
     starting is harmless, ``wait_stopped`` waits until the listener closed its connection.
     Survives Redis restarts (``Notifier.listen`` resubscribes). A callback that
     raises is logged (``notify.callback_failed``) and the subscription goes on: a

@@ -2,7 +2,7 @@
 
 Admission is one Postgres round trip (run row + ``created`` record, one implicit
 transaction: ``store.admit``), then one pipelined stream write; concurrent ``enqueue``
-calls share both (``broker.batching``). The message is only a hint: if Redis fails after
+calls share both (``runtime.batching``). The message is only a hint: if Redis fails after
 the commit the run is still durable and the lost-wake sweep schedules it. Every Postgres
 call a producer makes retries transient errors (``store.transient``) for
 ``RUNFLEET_PRODUCER_RETRY_FOR`` seconds, then raises ``Unavailable`` naming the service.
@@ -11,18 +11,19 @@ differ only in how they are called. Every call that reads or changes a run first
 the producer's scopes cover the run's.
 
 This module holds admission (``enqueue`` and its rq-shaped variants) and the queue's
-registry reads; the calls on an existing run are ``RunControl`` (``broker.control``),
-which ``AsyncQueue`` inherits, and the run handle is ``AsyncRun`` (``broker.run``).
+registry reads; the calls on an existing run are collaborators built with the producer's
+session (``broker.session``): ``RunControl`` (``broker.control``), ``RunMessages``
+(``broker.messages``) and ``RunHistory`` (``broker.history``), which ``AsyncQueue``
+delegates to; the run handle is ``AsyncRun`` (``broker.run``).
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -40,29 +41,27 @@ from runfleet.broker.admission import (
     split_rq_call,
     unknown,
 )
-from runfleet.broker.batching import GroupCommit
 from runfleet.broker.client import connect
-from runfleet.broker.codec import message_for
 from runfleet.broker.control import RunControl
 from runfleet.broker.history import RunHistory
 from runfleet.broker.messages import RunMessages
 from runfleet.broker.notify import Notifier
 from runfleet.broker.rq_api import DuplicateJobError, rq_job_id
 from runfleet.broker.run import AsyncRun
+from runfleet.broker.session import ProducerSession
 from runfleet.broker.streams import Lane, Streams
 from runfleet.broker.trace_context import with_carrier
-from runfleet.broker.trust import producer_run_id, producer_scopes
-from runfleet.broker.wake_reasons import WakeReason
+from runfleet.broker.trust import producer_run_id
+from runfleet.runtime.batching import GroupCommit
 from runfleet.store import Store, validate
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput, Unavailable
+from runfleet.store.events import EventRow, SendOutcome
+from runfleet.store.forks import Deleted
 from runfleet.store.jobs import Jobs
 from runfleet.store.registries import Registries
-from runfleet.store.transient import is_transient, retrying, service_of
-from runfleet.store.types import CreateOutcome, NewRun, RunRow, RunStatus
-
-log = logging.getLogger("runfleet.broker.queue")
-T = TypeVar("T")
+from runfleet.store.transient import is_transient, service_of
+from runfleet.store.types import CancelOutcome, CreateOutcome, EventAnswer, NewRun, RunRow
 
 __all__ = [
     "AsyncQueue",
@@ -89,8 +88,14 @@ def _lane(front: bool) -> Lane:
     return Lane.RECOVERY if front else Lane.NORMAL
 
 
-class AsyncQueue(RunControl, RunMessages, RunHistory):
-    """Admit runs to one queue from asyncio code."""
+class AsyncQueue:
+    """Admit runs to one queue from asyncio code.
+
+    Admission is this class's own; the calls on an existing run are its collaborators'
+    (``control``, ``messages``, ``history``), each built with the queue's ``session``
+    (``broker.session.ProducerSession``: connections, scopes, the retry budget), and the
+    queue delegates to them so that its surface stays rq's.
+    """
 
     def __init__(
         self,
@@ -107,11 +112,11 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
             k: v for k, v in (("database_url", database_url), ("redis_url", redis_url)) if v
         }
         base = settings or Settings()
-        self.settings = base.model_copy(update=overrides)
         self.name = name
-        self.scopes = producer_scopes(scopes)
-        self._store: Store | None = None
-        self._redis: Redis | None = None
+        self.session = ProducerSession(base.model_copy(update=overrides), scopes)
+        self.control = RunControl(self.session)
+        self.messages = RunMessages(self.session)
+        self.history = RunHistory(self.session, self.run)
         self._group_commit = True
         # One batch per stream lane (rq's at_front runs go to the recovery lane).
         self._groups: dict[Lane, GroupCommit[NewRun, AsyncRun]] = {
@@ -123,38 +128,42 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
             for lane in Lane
         }
 
+    @property
+    def settings(self) -> Settings:
+        return self.session.settings
+
+    @property
+    def scopes(self) -> tuple[str, ...]:
+        return self.session.scopes
+
     async def connect(self) -> AsyncQueue:
-        if self._store is None:
+        if not self.session.connected:
             try:
                 budget = self.settings.producer_retry_for
-                self._store = await Store.open(
+                store = await Store.open(
                     self.settings, min_size=1, checkout_timeout=max(0.5, min(2.0, budget))
                 )
             except Exception as exc:  # the pool waits up to 30 s for a first connection
                 if is_transient(exc):
                     raise Unavailable(service_of(exc), exc) from exc
                 raise
-            self._attach(store=self._store, redis=connect(self.settings))
+            self._attach(store=store, redis=connect(self.settings))
         return self
 
     def _attach(self, *, store: Store, redis: Redis, group_commit: bool = True) -> None:
         """Use ``store`` and ``redis``. Without ``group_commit`` each enqueue is admitted
         on its own (``broker.sync``'s blocking face, whose calls never wait for a batch)."""
-        self._store = store
-        self._redis = redis
+        self.session.attach(store=store, redis=redis)
         self._group_commit = group_commit
-        self.streams = Streams(redis, self.settings.redis_prefix)
-        self.notifier = Notifier(redis, self.settings.redis_prefix)
 
     async def close(self) -> None:
         for group in self._groups.values():
             await group.drain()  # enqueues in flight finish on the store they began on
-        if self._store is not None:
-            await self._store.close()
-            self._store = None
-        if self._redis is not None:
-            await self._redis.aclose()
-            self._redis = None
+        store, redis = self.session.detach()
+        if store is not None:
+            await store.close()
+        if redis is not None:
+            await redis.aclose()
 
     async def __aenter__(self) -> AsyncQueue:
         return await self.connect()
@@ -164,49 +173,30 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
 
     @property
     def store(self) -> Store:
-        if self._store is None:
-            raise RuntimeError("queue is not connected: use `async with AsyncQueue(...)`")
-        return self._store
+        return self.session.store
 
-    async def _available(
-        self, call: Callable[[], Awaitable[T]], *, retried: list[BaseException] | None = None
-    ) -> T:
-        """``call`` with transient errors retried for the producer budget, then Unavailable.
+    @property
+    def streams(self) -> Streams:
+        return self.session.streams
 
-        ``retried`` collects the errors retried past, for callers whose write is not
-        idempotent on its own: a retry after a lost answer may find its own commit.
-        """
-
-        def on_retry(attempt: int, exc: BaseException) -> None:
-            if retried is not None:
-                retried.append(exc)
-            log.warning(
-                "producer.retry",
-                extra={"attempt": attempt, "service": service_of(exc), "error": repr(exc)},
-            )
-
-        try:
-            return await retrying(
-                call, give_up_after=self.settings.producer_retry_for, on_retry=on_retry
-            )
-        except Exception as exc:
-            if is_transient(exc):
-                raise Unavailable(service_of(exc), exc) from exc
-            raise
+    @property
+    def notifier(self) -> Notifier:
+        return self.session.notifier
 
     # ---- admission -----------------------------------------------------------
 
     async def _new_run(self, spec: EnqueueSpec, delay_until_ms: int | None = None) -> NewRun:
         if spec.run_id is not None:
             producer_run_id(spec.run_id)  # never an id in the derived namespace
-        name, _declared_queue, fn, takes_ctx = flow_target(spec.target)
+        target = flow_target(spec.target)
+        name, fn, takes_ctx = target.name, target.fn, target.takes_ctx
         args, kwargs = list(spec.args), dict(spec.kwargs)
         check_signature(fn, takes_ctx, args, kwargs)
         if isinstance(spec.target, str) and not importable(name):
             dotted = rq_dotted(name)  # rq's 'module.func' spelling, when no flow has the name
             if not self.late_binding or dotted is not None:
                 given = name
-                if await self._available(lambda: self.store.flows.get(given)) is None:
+                if await self.session.available(lambda: self.store.flows.get(given)) is None:
                     # late binding keeps a dotted name as a flow name (flow names hold dots):
                     # it is rq's module.func only where the producer can import that
                     if dotted is not None and importable(dotted):
@@ -222,23 +212,25 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
             if spec.run_id is None:
                 raise InvalidInput("unique", "needs job_id= (rq's rule)")
             chosen = spec.run_id
-            if await self._available(lambda: self.store.runs.get(chosen)) is not None:
+            if await self.session.available(lambda: self.store.runs.get(chosen)) is not None:
                 raise DuplicateJobError(f"Job with ID '{chosen}' already exists")
-        depends_on, allow_failure = dependencies(spec.options.get("depends_on"))
-        extra, job_timeout_ms = rq_options(**options, allow_failure=allow_failure)
+        wanted = dependencies(spec.options.get("depends_on"))
+        depends_on, allow_failure = wanted.ids, wanted.allow_failure
+        rq = rq_options(**options, allow_failure=allow_failure)
+        extra, job_timeout_ms = rq.state, rq.timeout_ms
         if spec.options.get("at_front"):
             extra["at_front"] = True  # rq's job_ids order: at_front runs first
         if depends_on:
             if takes_ctx:
                 raise InvalidInput("depends_on", "is for plain functions (a flow awaits ctx.child)")
             for dependency in depends_on:
-                await self.authorized(dependency)  # exists, and this producer may see it
+                await self.session.authorized(dependency)  # exists, and this producer may see it
             extra["dependency_ids"] = depends_on
             registries = Registries(self.store)
-            met, _broken = await self._available(
+            gate = await self.session.available(
                 lambda: registries.dependencies_met(depends_on, allow_failure)
             )
-            if not met:  # rq enqueues a job whose dependencies are met at once
+            if not gate.met:  # rq enqueues a job whose dependencies are met at once
                 extra["depends_on"] = depends_on
         if fn is not None and not takes_ctx:
             # A plain function's job_timeout is rq's: execution time, enforced by the worker
@@ -274,8 +266,8 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
 
     async def _admit(self, news: list[NewRun], lane: Lane) -> list[AsyncRun]:
         # Run ids are fixed before the first try: a retry joins what an unseen commit admitted.
-        rows = await self._available(lambda: self.store.runs.create_many(news))
-        await self._publish_ready([o.row for o in rows], lane=lane)
+        rows = await self.session.available(lambda: self.store.admission.create_many(news))
+        await self.session.publish_ready([o.row for o in rows], lane=lane)
         return [AsyncRun(self, o.row.id) for o in rows]
 
     async def _admit_each(
@@ -289,7 +281,7 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
         """
         outcomes: list[CreateOutcome | Exception]
         try:
-            outcomes = await self._available(lambda: self.store.runs.admit_each(news))
+            outcomes = await self.session.available(lambda: self.store.admission.admit_each(news))
         except Unavailable:
             raise  # every caller of the batch would have waited out the same outage
         except Exception:
@@ -297,27 +289,14 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
                 raise
             outcomes = [await self._admit_alone(new) for new in news]
         rows = [o.row for o in outcomes if not isinstance(o, Exception)]
-        await self._publish_ready(rows, lane=lane)
+        await self.session.publish_ready(rows, lane=lane)
         return [o if isinstance(o, Exception) else AsyncRun(self, o.row.id) for o in outcomes]
 
     async def _admit_alone(self, new: NewRun) -> CreateOutcome | Exception:
         try:
-            return (await self._available(lambda: self.store.runs.admit_each([new])))[0]
+            return (await self.session.available(lambda: self.store.admission.admit_each([new])))[0]
         except Exception as exc:
             return exc
-
-    async def _publish_ready(self, rows: list[RunRow], *, lane: Lane) -> None:
-        """One stream message per admitted run that may start now (a hint: never fails);
-        rq's at_front runs go to the recovery lane, read before any backlog."""
-        ready = [row for row in rows if row.status is RunStatus.PENDING and row.waiting is None]
-        messages = [
-            (row.queue, message_for(row.id, row.flow, WakeReason.ENQUEUE, "schedule"))
-            for row in ready
-        ]
-        try:
-            await self.streams.publish_many(messages, lane)
-        except Exception as exc:
-            log.warning("enqueue.publish_failed", extra={"runs": len(messages), "error": repr(exc)})
 
     async def enqueue(
         self,
@@ -343,8 +322,9 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
         run_id: str | None,
         delay_until_ms: int | None,
     ) -> AsyncRun:
-        args, kwargs, options = split_rq_call(args, kwargs)
-        spec = EnqueueSpec(f, args, kwargs, run_id, options)
+        call = split_rq_call(args, kwargs)
+        options = call.options
+        spec = EnqueueSpec(f, call.args, call.kwargs, run_id, options)
         new = await self._new_run(spec, delay_until_ms)  # checked before it joins a batch
         lane = _lane(bool(options.get("at_front")))
         if not self._group_commit:
@@ -429,7 +409,7 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
             f = options.pop("func", None)
         if f is None:
             raise InvalidInput("func", "prepare_data needs the function to enqueue")
-        _, _, checked = split_rq_call((), dict(options))
+        checked = split_rq_call((), dict(options)).options
         return EnqueueSpec(f, tuple(args), dict(kwargs or {}), _chosen_id(run_id, job_id), checked)
 
     # ---- rq's queue and registry reads ----------------------------------------
@@ -437,12 +417,12 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
     async def queued_ids(self, limit: int = 100_000) -> list[str]:
         """Runs waiting in this queue to be started (rq's ``job_ids``), oldest first."""
         jobs = Jobs(self.store)
-        return await self._available(lambda: jobs.queued_ids(self.name, self.scopes, limit))
+        return await self.session.available(lambda: jobs.queued_ids(self.name, self.scopes, limit))
 
     async def failed_ids(self, limit: int = 100_000) -> list[str]:
         """Runs of this queue that failed and were not requeued (rq's failed registry)."""
         jobs = Jobs(self.store)
-        return await self._available(lambda: jobs.failed_ids(self.name, self.scopes, limit))
+        return await self.session.available(lambda: jobs.failed_ids(self.name, self.scopes, limit))
 
     async def requeue(self, run_id: str, *, actor: str | None = None) -> AsyncRun:
         """Run a failed run again (rq's ``requeue``; ``runfleet retry RUN``).
@@ -451,13 +431,88 @@ class AsyncQueue(RunControl, RunMessages, RunHistory):
         lineage runs the same flow and arguments, and reading the old id answers
         with that round. Requeueing twice joins the same round.
         """
-        row = await self.authorized(run_id)
+        row = await self.session.authorized(run_id)
         jobs = Jobs(self.store)
-        again = await self._available(lambda: jobs.requeue(row.id, actor=actor))
-        await self._publish_ready([again], lane=Lane.NORMAL)
+        again = await self.session.available(lambda: jobs.requeue(row.id, actor=actor))
+        await self.session.publish_ready([again], lane=Lane.NORMAL)
         return AsyncRun(self, again.id)
 
     # ---- other producer calls ------------------------------------------------
 
     def run(self, run_id: str) -> AsyncRun:
         return AsyncRun(self, run_id)
+
+    # ---- the calls on an existing run: the collaborators' -------------------------
+
+    async def authorized(self, run_id: str) -> RunRow:
+        """The run's row, if it exists and this producer's scopes cover the run's."""
+        return await self.session.authorized(run_id)
+
+    async def cancel(self, run_id: str, *, actor: str | None = None) -> CancelOutcome:
+        """``broker.control.RunControl.cancel``: durable, lineage-wide, then a hint."""
+        return await self.control.cancel(run_id, actor=actor)
+
+    async def interrupt_unsafe(self, run_id: str) -> None:
+        """Refused: ``broker.control.RunControl.interrupt_unsafe``."""
+        await self.control.interrupt_unsafe(run_id)
+
+    async def complete(
+        self, run_id: str, name: str, value: Any = None, *, actor: str | None = None
+    ) -> EventAnswer:
+        """``broker.control.RunControl.complete``: answer the event ``name``."""
+        return await self.control.complete(run_id, name, value, actor=actor)
+
+    async def approve(
+        self, run_id: str, token: str, value: Any = None, *, actor: str, reason: str | None = None
+    ) -> None:
+        await self.control.approve(run_id, token, value, actor=actor, reason=reason)
+
+    async def deny(
+        self, run_id: str, token: str, value: Any = None, *, actor: str, reason: str | None = None
+    ) -> None:
+        await self.control.deny(run_id, token, value, actor=actor, reason=reason)
+
+    async def resume(
+        self,
+        run_id: str,
+        *,
+        accept_recorded: bool = False,
+        rerun_step: str | None = None,
+        actor: str | None = None,
+    ) -> None:
+        """``broker.control.RunControl.resume``: move a quarantined or dead run on."""
+        await self.control.resume(
+            run_id, accept_recorded=accept_recorded, rerun_step=rerun_step, actor=actor
+        )
+
+    async def get_event(self, run_id: str, key: str, timeout: float = 0.0) -> Any:
+        """``broker.messages.RunMessages.get_event``: the run's event ``key``, or None."""
+        return await self.messages.get_event(run_id, key, timeout)
+
+    async def get_event_row(self, run_id: str, key: str, timeout: float = 0.0) -> EventRow | None:
+        return await self.messages.get_event_row(run_id, key, timeout)
+
+    async def send(
+        self, run_id: str, topic: str, value: Any = None, *, message_id: str | None = None
+    ) -> SendOutcome:
+        """``broker.messages.RunMessages.send``: to the run's ``ctx.recv(topic)``."""
+        return await self.messages.send(run_id, topic, value, message_id=message_id)
+
+    async def resume_run(self, run_id: str, *, actor: str | None = None) -> AsyncRun:
+        """``broker.history.RunHistory.resume_run``: a new round from the recorded calls."""
+        return await self.history.resume_run(run_id, actor=actor)
+
+    async def fork(
+        self,
+        run_id: str,
+        from_step: int,
+        *,
+        new_run_id: str | None = None,
+        actor: str | None = None,
+    ) -> AsyncRun:
+        """``broker.history.RunHistory.fork``: replay the first ``from_step`` calls."""
+        return await self.history.fork(run_id, from_step, new_run_id=new_run_id, actor=actor)
+
+    async def delete_run(self, run_id: str, *, actor: str | None = None) -> Deleted:
+        """``broker.history.RunHistory.delete_run``: a settled run and all that is theirs."""
+        return await self.history.delete_run(run_id, actor=actor)

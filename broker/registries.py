@@ -1,20 +1,22 @@
 """rq's job registries for runfleet queues, each a read of the run rows in Postgres.
 
 ``StartedJobRegistry``, ``FinishedJobRegistry``, ``FailedJobRegistry``,
-``DeferredJobRegistry``, ``ScheduledJobRegistry``, ``CanceledJobRegistry``: rq's
-constructor (``name``, ``connection``, ``queue``), ``get_job_ids``, ``count``, ``len``,
-``in``, ``==``. Nothing is added to or removed from them by hand (rq's ``add``/``remove``
-have no meaning here): a run is in the registry its status puts it in
-(store/registries.py, store/sql/registries.sql).
+``DeferredJobRegistry``, ``ScheduledJobRegistry``, ``CanceledJobRegistry``: one class,
+``BaseRegistry``, parameterised by the registry it reads (``RegistryKind``); rq's names pin
+the kind (``class StartedJobRegistry(BaseRegistry, kind=...)``), and only the scheduled and
+failed ones add calls of their own. rq's constructor (``name``, ``connection``, ``queue``),
+``get_job_ids``, ``count``, ``len``, ``in``, ``==``. Nothing is added to or removed from
+them by hand (rq's ``add``/``remove`` have no meaning here): a run is in the registry its
+status puts it in (store/registries.py, store/sql/registries.sql).
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from runfleet.broker.rq_api import InvalidJobOperation
-from runfleet.store.registries import Registries
+from runfleet.store.registries import Registries, RegistryEntry, RegistryKind
 
 if TYPE_CHECKING:
     from runfleet.broker.jobs import Job
@@ -22,7 +24,14 @@ if TYPE_CHECKING:
 
 
 class BaseRegistry:
-    kind = ""
+    """One rq registry of one queue; which one is the class's ``kind``."""
+
+    kind: ClassVar[RegistryKind]
+
+    def __init_subclass__(cls, *, kind: RegistryKind | None = None, **rest: Any) -> None:
+        super().__init_subclass__(**rest)
+        if kind is not None:
+            cls.kind = kind
 
     def __init__(
         self,
@@ -60,13 +69,13 @@ class BaseRegistry:
 
         return self._queue or Queue(self.name, connection=self.connection)
 
-    def _entries(self) -> list[tuple[str, int | None]]:
+    def _entries(self) -> list[RegistryEntry]:
         conn = self.connection
         scopes = conn._async.scopes
 
-        async def read() -> list[tuple[str, int | None]]:
+        async def read() -> list[RegistryEntry]:
             registries = Registries(conn._async.store)
-            return await conn._async._available(
+            return await conn._async.session.available(
                 lambda: registries.ids(self.kind, self.name, scopes)
             )
 
@@ -74,7 +83,7 @@ class BaseRegistry:
 
     def get_job_ids(self, start: int = 0, end: int = -1, desc: bool = False) -> list[str]:
         """Ids, oldest first; ``start``/``end`` inclusive, as rq's."""
-        ids = [job_id for job_id, _ in self._entries()]
+        ids = [entry.rq_id for entry in self._entries()]
         if desc:
             ids.reverse()
         return ids[start:] if end < 0 else ids[start : end + 1]
@@ -103,48 +112,40 @@ class BaseRegistry:
         """rq's cleanup: nothing to do (rows are their own registries; retention prunes)."""
 
 
-class StartedJobRegistry(BaseRegistry):
+class StartedJobRegistry(BaseRegistry, kind=RegistryKind.STARTED):
     """Runs executing (or parked mid-run on a wait), dependencies met, no cancel asked."""
 
-    kind = "started"
+
+class FinishedJobRegistry(BaseRegistry, kind=RegistryKind.FINISHED):
+    """Runs that completed (not handed off)."""
 
 
-class FinishedJobRegistry(BaseRegistry):
-    kind = "finished"
-
-
-class DeferredJobRegistry(BaseRegistry):
+class DeferredJobRegistry(BaseRegistry, kind=RegistryKind.DEFERRED):
     """Open runs whose ``depends_on`` dependencies are not met yet."""
 
-    kind = "deferred"
+
+class CanceledJobRegistry(BaseRegistry, kind=RegistryKind.CANCELED):
+    """Runs cancelled, or asked to be."""
 
 
-class CanceledJobRegistry(BaseRegistry):
-    kind = "canceled"
-
-
-class ScheduledJobRegistry(BaseRegistry):
+class ScheduledJobRegistry(BaseRegistry, kind=RegistryKind.SCHEDULED):
     """Runs waiting for their ``enqueue_at``/``enqueue_in`` time."""
-
-    kind = "scheduled"
 
     def get_scheduled_time(self, job_or_id: Job | str) -> datetime:
         """When the job is due (UTC, whole seconds as rq's); NoSuchJobError if not here."""
         from runfleet.broker.jobs import NoSuchJobError
 
         job_id = getattr(job_or_id, "id", job_or_id)
-        for found, wake_at_ms in self._entries():
-            if found == job_id and wake_at_ms is not None:
-                return datetime.fromtimestamp(wake_at_ms // 1000, UTC)
+        for entry in self._entries():
+            if entry.rq_id == job_id and entry.wake_at_ms is not None:
+                return datetime.fromtimestamp(entry.wake_at_ms // 1000, UTC)
         raise NoSuchJobError(str(job_id))
 
     get_expiration_time = get_scheduled_time
 
 
-class FailedJobRegistry(BaseRegistry):
+class FailedJobRegistry(BaseRegistry, kind=RegistryKind.FAILED):
     """Failed runs of the queue not yet requeued."""
-
-    kind = "failed"
 
     def requeue(self, job_or_id: Job | str, at_front: bool = False) -> Job:
         """Run a failed job again: a new round of its run, read through the same id.

@@ -105,7 +105,7 @@ class job:
                 queue = Queue(queue, connection=self.connection)
             return queue.enqueue(f, *args, **self.options, **kwargs)
 
-        f.delay = delay  # type: ignore[attr-defined]
+        f.delay = delay  # type: ignore[attr-defined]  # rq's @job adds .delay to the decorated function
         return f
 
 

@@ -23,32 +23,32 @@ class RqReads:
 
         async def go() -> Any:
             registries = Registries(q.store)
-            return await q._available(lambda: call(registries))
+            return await q.session.available(lambda: call(registries))
 
         return self._queue._call(go())
 
     def queued(self) -> list[str]:
         q = self._queue._async
-        return self._run(lambda r: r.queued(q.name, q.scopes))  # type: ignore[no-any-return]
+        return self._run(lambda r: r.queued(q.name, q.scopes))  # type: ignore[no-any-return]  # _run answers the loop call's Any
 
     def queues(self) -> list[str]:
         q = self._queue._async
-        return self._run(lambda r: r.queues(q.scopes))  # type: ignore[no-any-return]
+        return self._run(lambda r: r.queues(q.scopes))  # type: ignore[no-any-return]  # _run answers the loop call's Any
 
     def mark(self, key: str, run_ids: Sequence[str]) -> int:
         if not run_ids:
             return 0
-        return self._run(lambda r: r.mark(key, list(run_ids)))  # type: ignore[no-any-return]
+        return self._run(lambda r: r.mark(key, list(run_ids)))  # type: ignore[no-any-return]  # _run answers the loop call's Any
 
     def mark_queue_deleted(self) -> int:
         q = self._queue._async
-        return self._run(lambda r: r.mark_queue_deleted(q.name, q.scopes))  # type: ignore[no-any-return]
+        return self._run(lambda r: r.mark_queue_deleted(q.name, q.scopes))  # type: ignore[no-any-return]  # _run answers the loop call's Any
 
     def dependents(self, run_id: str) -> list[str]:
-        return self._run(lambda r: r.dependents(run_id))  # type: ignore[no-any-return]
+        return self._run(lambda r: r.dependents(run_id))  # type: ignore[no-any-return]  # _run answers the loop call's Any
 
     def dependencies_met(self, ids: Sequence[str], allow_failure: bool) -> bool:
-        return bool(self._run(lambda r: r.dependencies_met(list(ids), allow_failure))[0])
+        return bool(self._run(lambda r: r.dependencies_met(list(ids), allow_failure)).met)
 
     def run_inline(self, spec: EnqueueSpec) -> InlineJob:
         from runfleet.broker.inline import run_inline

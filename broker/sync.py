@@ -149,9 +149,10 @@ class _Inline:
     def shutdown(self) -> None:
         self.usable = False  # a closed Queue's calls fail on its closed loop, as before
         queue, self._queue = self._queue, None
-        if queue is not None and queue._store is not None:
-            inline.close_store(queue._store)
-            redis = queue._redis
+        if queue is not None:
+            store, redis = queue.session.detach()
+            if store is not None:
+                inline.close_store(store)
             if isinstance(redis, BlockingRedis):
                 redis.close()
 
@@ -278,8 +279,8 @@ class Queue:
     def enqueue(self, f: Any, *args: Any, **kwargs: Any) -> Job:
         if not self.is_async:
             run_id, job_id = kwargs.pop("run_id", None), kwargs.pop("job_id", None)
-            args, kwargs, options = split_rq_call(args, kwargs)
-            spec = EnqueueSpec(f, args, kwargs, _chosen_id(run_id, job_id), options)
+            call = split_rq_call(args, kwargs)
+            spec = EnqueueSpec(f, call.args, call.kwargs, _chosen_id(run_id, job_id), call.options)
             return self._rq.run_inline(spec)
         return self._wrap(self._now(lambda q: q.enqueue(f, *args, **kwargs)))
 

@@ -48,7 +48,7 @@ import tokenize
 from collections.abc import Iterable
 from pathlib import Path
 
-TOPS = ("store", "broker", "worker", "ops")
+TOPS = ("store", "broker", "worker", "ops", "runtime")
 PREFIX = "runfleet"
 TEXT_SUFFIXES = {".toml", ".yaml", ".yml", ".md", ".cfg", ".ini", ".sh", ".txt"}
 TEXT_NAMES = {"Makefile", "Dockerfile", "run"}

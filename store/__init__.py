@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 
+from runfleet.store.admit import Admission
 from runfleet.store.config import Settings
 from runfleet.store.dag import Dag
 from runfleet.store.db import Conn, Database, default_source_id, open_pool
+from runfleet.store.deferreds import Deferreds
 from runfleet.store.events import Events
 from runfleet.store.inspect import Inspect
 from runfleet.store.journal import Journal, Kind
@@ -38,9 +40,11 @@ class Store:
         self.settings = settings
         self.journal = Journal(db)
         self.dag = Dag(db, self.journal)
-        self.runs = Runs(db, self.journal, self.dag, settings, serves)
-        self.lifecycle = Lifecycle(db, self.journal, settings, self.runs, self.dag)
-        self.waits = Waits(db, self.journal, settings)
+        self.runs = Runs(db, self.journal, settings, serves)
+        self.admission = Admission(db, self.journal, self.dag, settings)
+        self.lifecycle = Lifecycle(db, self.journal, settings, self.admission, self.dag)
+        self.deferreds = Deferreds(db, self.journal, settings)
+        self.waits = Waits(db, self.journal, settings, self.deferreds)
         self.sweeps = Sweeps(db)
         self.stats = Stats(db)
         self.inspect = Inspect(db)

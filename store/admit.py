@@ -98,12 +98,17 @@ def _identity(row: RunRow) -> list[tuple[str, Any]]:
 
 
 class Admission:
-    """``Runs``' admission half (``store.runs.Runs`` inherits it: ``store.runs.create``)."""
+    """Run admission (``store.admission``): ``create``, ``create_many``, ``admit_each``.
 
-    _db: Database
-    _journal: Journal
-    _dag: Dag
-    _settings: Settings
+    Built alone over a database, the journal, the DAG and the settings; reads of an
+    admitted run are ``store.runs``'.
+    """
+
+    def __init__(self, db: Database, journal: Journal, dag: Dag, settings: Settings) -> None:
+        self._db = db
+        self._journal = journal
+        self._dag = dag
+        self._settings = settings
 
     async def _read(self, run_id: str, *, lock: bool = False) -> RunRow | None:
         name = "runs.get_for_update" if lock else "runs.get"

@@ -29,7 +29,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 # croniter ships no type information (no py.typed, no stubs package installed): the two
 # names used here are wrapped in typed methods below.
-from croniter import CroniterError, croniter  # type: ignore[import-untyped]
+from croniter import CroniterError, croniter  # type: ignore[import-untyped]  # croniter ships no type information (see above)
 
 from runfleet.store.errors import InvalidInput
 

@@ -3,8 +3,8 @@
 A deferred is written once, first writer wins, under the run's row lock: by runfleet
 itself (``complete_deferred``, e.g. a fired clock) or by a producer's answer through
 runfleet.answer (migration 0009), which decides in the database what an answer from
-outside may write. ``store.waits.Waits`` inherits ``Deferreds``, so callers keep
-calling ``store.waits.complete_deferred``, ``store.waits.answer_event`` and the rest.
+outside may write. ``Deferreds`` is ``store.deferreds``, beside ``store.waits`` (which
+holds it: a clock's firing completes its deferred).
 """
 
 from __future__ import annotations
@@ -82,11 +82,13 @@ def _same(existing: DeferredRow, text: str) -> bool:
 
 
 class Deferreds:
-    """``Waits``' deferreds half (``store.waits.Waits`` inherits it)."""
+    """Deferred completions, reads and answers (``store.deferreds``); built alone over a
+    database, the journal and the settings."""
 
-    _db: Database
-    _journal: Journal
-    _settings: Settings
+    def __init__(self, db: Database, journal: Journal, settings: Settings) -> None:
+        self._db = db
+        self._journal = journal
+        self._settings = settings
 
     async def complete_deferred(
         self, run_id: str, name: str, value: Any = None, metadata: Any = None

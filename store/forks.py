@@ -102,7 +102,7 @@ class Forks:
             fork_id = new_id or f"{run_id[:200]}~fork-{secrets.token_hex(6)}"
             extra: dict[str, Any] = {k: source.state[k] for k in CARRIED if k in source.state}
             extra.update(forked_from=run_id, replays=upto)
-            outcome = await self._store.runs.create(
+            outcome = await self._store.admission.create(
                 NewRun(
                     id=fork_id,
                     flow=source.flow,
@@ -157,7 +157,7 @@ class Forks:
             ordinal = (latest.round_ordinal if latest else row.round_ordinal) + 1
             extra: dict[str, Any] = {k: row.state[k] for k in CARRIED if k in row.state}
             extra.update(resumed_from=row.id, replays=len(records))
-            outcome = await self._store.runs.create(
+            outcome = await self._store.admission.create(
                 NewRun(
                     id=f"{row.lineage_id}@{ordinal}",
                     flow=row.flow,

@@ -61,29 +61,6 @@ class Jobs:
         row = await self._db.one("jobs.started_at", {"id": run_id})
         return None if row is None or row["at_ms"] is None else int(row["at_ms"])
 
-    async def dependencies_done(self, run_ids: Sequence[str]) -> tuple[bool, bool]:
-        """(every dependency completed, some dependency ended failed or cancelled).
-
-        Each id is read as rq reads a job: a failed run that was requeued is its
-        replacing round, a run that handed off is its lineage's last round.
-        """
-        done, broken = True, False
-        for run_id in run_ids:
-            row = await self._store.runs.get(run_id)
-            while row is not None:
-                following = row.requeued_as
-                if row.status is RunStatus.COMPLETED:
-                    following = row.handed_off_to
-                elif row.status is not RunStatus.FAILED:
-                    following = None
-                if not following:
-                    break
-                row = await self._store.runs.get(following)
-            status = row.status if row is not None else RunStatus.CANCELLED  # pruned: gone
-            done = done and status is RunStatus.COMPLETED
-            broken = broken or status in (RunStatus.FAILED, RunStatus.CANCELLED)
-        return done, broken
-
     async def requeue(self, run_id: str, *, actor: str | None) -> RunRow:
         """Admit the next round of a failed run's lineage with its flow and arguments.
 
@@ -111,7 +88,7 @@ class Jobs:
             ordinal = (latest.round_ordinal if latest else row.round_ordinal) + 1
             extra: dict[str, Any] = {k: row.state[k] for k in CARRIED if k in row.state}
             extra.update(requeued_from=row.id, requeued_by=actor)
-            created = await self._store.runs.create(
+            created = await self._store.admission.create(
                 NewRun(
                     id=f"{row.lineage_id}@{ordinal}",
                     flow=row.flow,

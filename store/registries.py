@@ -11,40 +11,74 @@ and ``work_left`` for ``runfleet worker --burst``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from psycopg.types.json import Jsonb
 
+from runfleet.store.rows import run_row
 from runfleet.store.types import RunRow, RunStatus
 
 if TYPE_CHECKING:
     from runfleet.store import Store
 
-KINDS = ("started", "finished", "failed", "deferred", "scheduled", "canceled")
+
+class RegistryKind(StrEnum):
+    """rq's job registries (``registries.by_status`` narrows by it)."""
+
+    STARTED = "started"
+    FINISHED = "finished"
+    FAILED = "failed"
+    DEFERRED = "deferred"
+    SCHEDULED = "scheduled"
+    CANCELED = "canceled"
+
+
 MARKERS = ("deleted", "dependents_released")
+
+
+class RegistryEntry(NamedTuple):
+    """One run in a registry (``Registries.ids``)."""
+
+    rq_id: str
+    """The id an rq user reads (a requeued round answers with its lineage's)."""
+    wake_at_ms: int | None
+    """The timer's due time (the scheduled registry's), or None."""
+
+
+class DependencyGate(NamedTuple):
+    """``Registries.dependencies_met``'s answer."""
+
+    met: bool
+    """rq's ``dependencies_are_met``."""
+    broken: bool
+    """Some dependency can no longer meet it (failed or cancelled: only a requeue can)."""
 
 
 class Registries:
     def __init__(self, store: Store) -> None:
-        self._store = store
         self._db = store.db
 
     async def ids(
-        self, kind: str, queue: str, scopes: Sequence[str], limit: int = 100_000
-    ) -> list[tuple[str, int | None]]:
-        """(rq id, the timer's due time in ms) of the queue's runs in registry ``kind``."""
-        if kind not in KINDS:
-            raise ValueError(f"no registry {kind!r}")
-        params = {"kind": kind, "queue": queue, "scopes": Jsonb(sorted(scopes)), "limit": limit}
+        self, kind: RegistryKind, queue: str, scopes: Sequence[str], limit: int = 100_000
+    ) -> list[RegistryEntry]:
+        """The queue's runs in registry ``kind``, oldest first."""
+        kind = RegistryKind(kind)  # ValueError for a name that is no registry
+        params = {
+            "kind": kind.value,
+            "queue": queue,
+            "scopes": Jsonb(sorted(scopes)),
+            "limit": limit,
+        }
         rows = await self._db.all("registries.by_status", params)
-        if kind not in ("started", "deferred"):
-            return [(r["rq_id"], r["wake_at_ms"]) for r in rows]
+        if kind not in (RegistryKind.STARTED, RegistryKind.DEFERRED):
+            return [RegistryEntry(r["rq_id"], r["wake_at_ms"]) for r in rows]
         found = []
         for r in rows:
             ids = r["depends_on"] if isinstance(r["depends_on"], list) else []
-            met = not ids or (await self.dependencies_met(ids, r["allow_failure"]))[0]
-            if met == (kind == "started"):
-                found.append((r["rq_id"], r["wake_at_ms"]))
+            met = not ids or (await self.dependencies_met(ids, r["allow_failure"])).met
+            if met == (kind is RegistryKind.STARTED):
+                found.append(RegistryEntry(r["rq_id"], r["wake_at_ms"]))
         return found
 
     async def queued(self, queue: str, scopes: Sequence[str], limit: int = 100_000) -> list[str]:
@@ -69,25 +103,19 @@ class Registries:
 
     async def answering(self, run_id: str) -> RunRow | None:
         """The row that answers for an rq id: a requeued failure's replacing round, a
-        handed-off round's successor; None if there is none or rq's delete removed it."""
-        row = await self._store.runs.get(run_id)
-        while row is not None:
-            following = row.requeued_as
-            if row.status is RunStatus.COMPLETED:
-                following = row.handed_off_to
-            elif row.status is not RunStatus.FAILED:
-                following = None
-            if not following:
-                break
-            row = await self._store.runs.get(following)
-        if row is not None and row.state.get("deleted"):
+        handed-off round's successor; None if there is none or rq's delete removed it.
+        One statement (``registries.answering``) walks the rounds."""
+        found = await self._db.one("registries.answering", {"id": run_id})
+        if found is None or found["following"] is not None:
             return None
-        return row
+        row = run_row(found)
+        return None if row.state.get("deleted") else row
 
     async def dependencies_met(
         self, run_ids: Sequence[Any], allow_failure: bool = False
-    ) -> tuple[bool, bool]:
-        """(rq's ``dependencies_are_met``, some dependency can no longer meet it).
+    ) -> DependencyGate:
+        """Whether rq's ``dependencies_are_met``, and whether some dependency can no
+        longer meet it.
 
         Met when every dependency completed, or failed with ``allow_failure``, or was
         deleted (rq: a missing dependency is met), or was cancelled with
@@ -109,13 +137,13 @@ class Registries:
                 continue
             met = False
             broken = broken or status in (RunStatus.FAILED, RunStatus.CANCELLED)
-        return met, broken
+        return DependencyGate(met, broken)
 
     async def work_left(self, queues: Sequence[str], horizon_ms: int) -> bool:
         """Whether a burst worker of ``queues`` has anything left to run."""
         params = {"queues": list(queues), "horizon_ms": horizon_ms}
         for r in await self._db.all("registries.work_left", params):
             ids = r["depends_on"] if isinstance(r["depends_on"], list) else []
-            if not ids or (await self.dependencies_met(ids, r["allow_failure"]))[0]:
+            if not ids or (await self.dependencies_met(ids, r["allow_failure"])).met:
                 return True
         return False

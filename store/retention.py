@@ -27,6 +27,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from functools import partial
+from typing import NamedTuple
 
 from runfleet.store.db import Conn, Database
 from runfleet.store.queries import q
@@ -119,15 +120,24 @@ class Pass:
     """True when the walk reached the end of the keyset (``next`` is then the start)."""
 
 
+class Cutoff(NamedTuple):
+    """``Retention.cutoff``'s answer, on the database clock."""
+
+    before_ms: int
+    """Runs settled before this are old enough."""
+    now_ms: int
+    """Database-now, read by the same statement."""
+
+
 class Retention:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def cutoff(self, older_than_ms: int) -> tuple[int, int]:
-        """(before_ms, now_ms): runs settled before database-now minus ``older_than_ms``."""
+    async def cutoff(self, older_than_ms: int) -> Cutoff:
+        """Runs settled before database-now minus ``older_than_ms``, and database-now."""
         row = await self._db.one("retention.cutoff", {"older_than_ms": older_than_ms})
         assert row is not None
-        return int(row["before_ms"]), int(row["now_ms"])
+        return Cutoff(int(row["before_ms"]), int(row["now_ms"]))
 
     async def batch(
         self,

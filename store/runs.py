@@ -14,9 +14,7 @@ from psycopg.types.json import Jsonb
 
 from runfleet.store import journal_records as jr
 from runfleet.store import validate
-from runfleet.store.admit import Admission
 from runfleet.store.config import Settings
-from runfleet.store.dag import Dag
 from runfleet.store.db import Database
 from runfleet.store.errors import InvalidInput
 from runfleet.store.journal import Journal, Kind
@@ -71,9 +69,10 @@ class FreshClaim(NamedTuple):
     seen: RunRow | None
 
 
-class Runs(Admission):
+class Runs:
     """Reads, the claim / activate / steal CAS family and leases; admission
-    (``create``, ``create_many``, ``admit_each``) is inherited from ``store.admit``.
+    (``create``, ``create_many``, ``admit_each``) is ``store.admission``
+    (``store.admit.Admission``).
 
     ``serves`` is the queues this store's claimant serves (a worker's ``--queues``):
     every claim, activation and steal refuses a run of another queue in its own SQL
@@ -85,13 +84,11 @@ class Runs(Admission):
         self,
         db: Database,
         journal: Journal,
-        dag: Dag,
         settings: Settings,
         serves: Collection[str] | None = None,
     ) -> None:
         self._db = db
         self._journal = journal
-        self._dag = dag
         self._settings = settings
         self.serves: frozenset[str] | None = None if serves is None else frozenset(serves)
 

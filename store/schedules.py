@@ -25,6 +25,7 @@ from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
 from runfleet.store import validate, values
+from runfleet.store.admit import Admission
 from runfleet.store.config import Settings
 from runfleet.store.cron import Cron, InvalidSchedule, iso
 from runfleet.store.db import Database
@@ -203,9 +204,10 @@ FireOutcome = Fired | NotDue
 
 
 class Schedules:
-    def __init__(self, db: Database, runs: Runs, settings: Settings) -> None:
+    def __init__(self, db: Database, runs: Runs, admission: Admission, settings: Settings) -> None:
         self._db = db
         self._runs = runs
+        self._admission = admission
         self._settings = settings
         self._stats = Stats(db)
         """Database time (``Stats.now_ms``): a first tick is the first after it."""
@@ -213,7 +215,7 @@ class Schedules:
     @classmethod
     def of(cls, store: Store) -> Schedules:
         """The schedules over an open store's pool (one transaction boundary with its runs)."""
-        return cls(store.db, store.runs, store.settings)
+        return cls(store.db, store.runs, store.admission, store.settings)
 
     def _params(self, spec: ScheduleSpec, next_tick_ms: int) -> dict[str, Any]:
         return {
@@ -355,7 +357,7 @@ class Schedules:
         return row is not None and not row.status.terminal
 
     async def _admit(self, spec: ScheduleSpec, tick_ms: int, *, late: bool) -> CreateOutcome | None:
-        """The tick's run, created or joined: the producers' admission (``Runs.create``:
+        """The tick's run, created or joined: the producers' admission (``Admission.create``:
         row + ``created`` record, in a savepoint of the firing transaction).
 
         None when the id is held by a run with another identity (the schedule's payload
@@ -374,6 +376,6 @@ class Schedules:
             extra={"schedule": spec.name, "tick_ms": tick_ms, "late": late},
         )
         try:
-            return await self._runs.create(new)
+            return await self._admission.create(new)
         except ExecutionIdentityConflict:
             return None

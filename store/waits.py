@@ -90,15 +90,18 @@ def _known_reason(reason: str) -> WaitingReason:
         raise InvalidInput("waiting.reason", f"{reason!r} is not a waiting reason") from None
 
 
-class Waits(Deferreds):
+class Waits:
     """Parks, wakes and clocks; deferred completions and answers (``complete_deferred``,
-    ``deferred``, ``answer_event``, ``answer_approval``, …) are inherited from
-    ``store.deferreds``."""
+    ``deferred``, ``answer_event``, ``answer_approval``, …) are ``store.deferreds``, which
+    a park reads and a clock's firing writes through."""
 
-    def __init__(self, db: Database, journal: Journal, settings: Settings) -> None:
+    def __init__(
+        self, db: Database, journal: Journal, settings: Settings, deferreds: Deferreds
+    ) -> None:
         self._db = db
         self._journal = journal
         self._settings = settings
+        self._deferreds = deferreds
 
     # ---- park / wake -------------------------------------------------------
 
@@ -190,7 +193,10 @@ class Waits(Deferreds):
                 await self._db.one(
                     "waits.lock_child", {"id": deferred.removeprefix(CHILD_DEFERRED)}
                 )
-            if deferred is not None and await self.deferred(run_id, deferred) is not None:
+            if (
+                deferred is not None
+                and await self._deferreds.deferred(run_id, deferred) is not None
+            ):
                 return AlreadySatisfied(deferred)
             await self._db.one(
                 "waits.park",
@@ -308,7 +314,7 @@ class Waits(Deferreds):
                 outcome = ClockAlreadyCompleted(existing) if existing else NotFound(run_id)
                 return ClockFiring(outcome, woke=False)
             fired = clock_row(row)
-            done = await self.complete_deferred(
+            done = await self._deferreds.complete_deferred(
                 run_id, fired.deferred_name, {"fired_at_ms": fired.completed_at_ms}
             )
             await self._journal.record(run_id, Kind.CLOCK_FIRED, jr.ClockFired(clock=name).dump())

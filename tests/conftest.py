@@ -157,7 +157,7 @@ async def spawn(settings: Settings) -> AsyncIterator[Spawn]:
     started: list[WorkerProc] = []
 
     def start(**overrides: object) -> WorkerProc:
-        proc = WorkerProc(settings, **overrides)  # type: ignore[arg-type]
+        proc = WorkerProc(settings, **overrides)  # type: ignore[arg-type]  # the overrides are Settings fields, typed object by the fixture
         started.append(proc)
         return proc
 

@@ -122,3 +122,21 @@ def test_producer_bench_runs_every_phase(services: Endpoints) -> None:
         "idle enqueue -> start p50 <= 3 ms",
         "idle enqueue -> start p99 <= 6 ms",
     }
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["fleet", "--scale", "1,two"], "--scale"),
+        (["fleet", "--backlog-depths", "10,x"], "--backlog-depths"),
+        (["flows", "--skip-dbos", "--dbos-polling", "0.1,fast"], "--dbos-polling"),
+    ],
+)
+def test_a_bad_list_option_is_refused_by_name_before_any_server(
+    args: list[str], option: str
+) -> None:
+    """One parser for the comma-separated options: a bad value is that option's error
+    (typer's exit 2), and no server is found or started for it."""
+    result = CliRunner().invoke(app, [*args, "--database-url", "postgresql://nowhere:1/x"])
+    assert result.exit_code == 2, result.output
+    assert option in result.output

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate  # type: ignore[import-untyped]
+import kubernetes_validate  # type: ignore[import-untyped]  # kubernetes-validate ships no type information
 import pytest
 import yaml
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from runfleet.broker.batching import GroupCommit
+from runfleet.runtime.batching import GroupCommit
 from runfleet.store import Store
 from runfleet.store.steps import StepRecord, StepWrite
 from runfleet.store.types import Owner

@@ -99,7 +99,7 @@ class Children(ContextParts):
             timeout_ms=_timeout_ms(flow, name),
             extra={**tracing.child_extra(), **child_version(flow), **child_instance(flow)},
         )  # a retried create of the same id joins the run its first try admitted
-        outcome = await self._durable("runs.create", lambda: self._store.runs.create(new))
+        outcome = await self._durable("runs.create", lambda: self._store.admission.create(new))
         await self._record(position, key, name, kind, {"run_id": child_id})
         if self.hint is not None:
             await self.hint(outcome.row)

@@ -103,5 +103,5 @@ def contain_tasks(loop: asyncio.AbstractEventLoop) -> None:
             return previous(loop, coro, **kwargs)
         return asyncio.Task(coro, loop=loop, **kwargs)
 
-    factory.runfleet_contains = True  # type: ignore[attr-defined]
+    factory.runfleet_contains = True  # type: ignore[attr-defined]  # a marker attribute on the task factory function
     loop.set_task_factory(factory)

@@ -325,7 +325,7 @@ class Context(Waits, Children, Messages, Versions):
 
     async def _deferred(self, name: str) -> Any:
         return await self._durable(
-            "waits.deferred", lambda: self._store.waits.deferred(self.run.id, name)
+            "waits.deferred", lambda: self._store.deferreds.deferred(self.run.id, name)
         )
 
     # ---- steps -------------------------------------------------------------

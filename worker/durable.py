@@ -67,7 +67,7 @@ class Retry:
         if attempt >= self.attempts:
             return False
         state = _state(attempt)
-        state.outcome = _Failed(exc)  # type: ignore[assignment]
+        state.outcome = _Failed(exc)  # type: ignore[assignment]  # tenacity's outcome is a Future; _Failed is the duck it reads
         return bool(retry_if_exception_type(self.retry_on)(state))
 
     def delay(self, attempt: int) -> float:
@@ -87,7 +87,7 @@ class _Failed:
 
 
 def _state(attempt: int) -> RetryCallState:
-    state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+    state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]  # tenacity's RetryCallState wants a Retrying; its stop/wait read none
     state.attempt_number = attempt
     return state
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from runfleet.broker.service import Service, Signal
+from runfleet.runtime.service import Service, Signal
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import Heartbeat, Owner, Reconfirmation
@@ -85,7 +85,7 @@ class LeaseGate:
 
 @dataclass(frozen=True)
 class LeaseSignals:
-    """Points of the lease a test waits on instead of polling (``broker.service.Signal``)."""
+    """Points of the lease a test waits on instead of polling (``runtime.service.Signal``)."""
 
     renewed: Signal[Heartbeat | None] = field(default_factory=Signal)
     """Each renewal attempt: its heartbeat, or None if it was not confirmed in time."""
@@ -98,7 +98,7 @@ class LeaseSignals:
 
 
 class Lease(Service):
-    """The lease as a service (``broker.service``): ``start``/``stop``, or ``run(stop)``.
+    """The lease as a service (``runtime.service``): ``start``/``stop``, or ``run(stop)``.
 
     ``tick`` and ``check_lapse`` are one renewal and one lapse check; the worker calls
     ``tick`` once before it starts the service, tests call both directly.

@@ -14,12 +14,12 @@ import logging
 
 from redis.exceptions import RedisError
 
-from runfleet.broker.batching import Coalesce
 from runfleet.broker.codec import message_for
 from runfleet.broker.gate import Gate
 from runfleet.broker.notify import Notifier
 from runfleet.broker.streams import Delivery, Lane, Streams, lane_for
 from runfleet.broker.wake_reasons import WakeReason
+from runfleet.runtime.batching import Coalesce
 from runfleet.store.types import RunRow
 from runfleet.worker.retry import INFRA_ERRORS
 

@@ -1,7 +1,7 @@
 """One worker process: its collaborators, their services, and shutdown.
 
 Everything the process runs is built in one place (``_assemble``) and every long-lived
-part is a ``broker.service.Service`` started in one TaskGroup: if any dies unexpectedly
+part is a ``runtime.service.Service`` started in one TaskGroup: if any dies unexpectedly
 the worker stops loudly instead of limping on. The reader lives in ``worker.intake``,
 what the worker tells Redis in ``worker.outbox``. Shutdown (DESIGN §10): stop reading,
 give running runs the grace period, then release what is left so another worker resumes
@@ -22,8 +22,8 @@ from runfleet.broker.client import connect
 from runfleet.broker.gate import Gate
 from runfleet.broker.liveness import Liveness
 from runfleet.broker.notify import Notice, Notifier
-from runfleet.broker.service import Service
 from runfleet.broker.streams import Streams
+from runfleet.runtime.service import Service
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import Owner

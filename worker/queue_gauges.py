@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from runfleet.broker.service import Service
+from runfleet.runtime.service import Service
 from runfleet.store import Store
 from runfleet.worker import metrics
 

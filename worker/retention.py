@@ -22,8 +22,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from runfleet.broker.service import Service, Signal
 from runfleet.broker.streams import Streams
+from runfleet.runtime.service import Service, Signal
 from runfleet.store import Store
 from runfleet.store.config import Settings, jittered
 from runfleet.store.retention import (
@@ -56,7 +56,7 @@ than this simply gets its consumer re-created by Redis at its next read."""
 @dataclass(frozen=True)
 class RetentionSignals:
     """Points of the retention loop a test waits on instead of polling
-    (``broker.service.Signal``)."""
+    (``runtime.service.Signal``)."""
 
     passed: Signal[Pass | None] = field(default_factory=Signal)
     """One ``tick`` ended: what it returned."""
@@ -65,7 +65,7 @@ class RetentionSignals:
 
 
 class RetentionLoop(Service):
-    """A service (``broker.service``) pruning every ``interval``, jittered.
+    """A service (``runtime.service``) pruning every ``interval``, jittered.
 
     ``tick()`` is one pass (tests call it directly).
     """

@@ -125,7 +125,7 @@ class CallbackJob:
         assert store is not None
         registries = Registries(store)
         ids, allow = self.dependency_ids, self.allow_dependency_failures
-        return self._run(lambda: registries.dependencies_met(ids, allow))[0]
+        return self._run(lambda: registries.dependencies_met(ids, allow)).met
 
 
 def job_of(flow: Flow, ctx: Context, status: JobStatus = JobStatus.STARTED) -> CallbackJob:

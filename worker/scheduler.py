@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import assert_never
 
 from runfleet.broker.codec import message_for
-from runfleet.broker.service import Service, Signal
 from runfleet.broker.streams import Streams
 from runfleet.broker.wake_reasons import WakeReason
+from runfleet.runtime.service import Service, Signal
 from runfleet.store import Store
 from runfleet.store.config import Settings, jittered
 from runfleet.store.schedules import Fired, NotDue, Schedules
@@ -40,14 +40,14 @@ BATCH = 32
 
 @dataclass(frozen=True)
 class SchedulerSignals:
-    """Points of the scheduler a test waits on instead of polling (``broker.service.Signal``)."""
+    """Points of the scheduler a test waits on instead of polling (``runtime.service.Signal``)."""
 
     passed: Signal[int] = field(default_factory=Signal)
     """One pass ended: the number of runs it admitted."""
 
 
 class Scheduler(Service):
-    """A service (``broker.service``) passing every ``schedule_interval``, jittered.
+    """A service (``runtime.service``) passing every ``schedule_interval``, jittered.
 
     ``tick()`` is one pass (tests call it directly).
     """

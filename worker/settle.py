@@ -15,8 +15,8 @@ import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from runfleet.broker.batching import GroupCommit
 from runfleet.broker.queue import check_signature, flow_target
+from runfleet.runtime.batching import GroupCommit
 from runfleet.store import Kind, Store, validate
 from runfleet.store import journal_records as jr
 from runfleet.store.errors import RunfleetError, UnknownFlow

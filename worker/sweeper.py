@@ -36,8 +36,8 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TypeVar
 
-from runfleet.broker.service import Service, Signal
 from runfleet.broker.wake_reasons import WakeReason
+from runfleet.runtime.service import Service, Signal
 from runfleet.store import Store, SweepKind
 from runfleet.store.config import Settings, jittered
 from runfleet.store.sweeps import MIN_KEY, START, Keyed, SweepCursor, SweepKey
@@ -90,14 +90,14 @@ class Finds:
 
 @dataclass(frozen=True)
 class SweeperSignals:
-    """Points of the sweeper a test waits on instead of polling (``broker.service.Signal``)."""
+    """Points of the sweeper a test waits on instead of polling (``runtime.service.Signal``)."""
 
     swept: Signal[None] = field(default_factory=Signal)
     """One tick ended: every kind was tried, and what each found was dispatched."""
 
 
 class Sweeper(Service):
-    """The sweeps as a service (``broker.service``): one tick every sweep interval, jittered.
+    """The sweeps as a service (``runtime.service``): one tick every sweep interval, jittered.
 
     ``tick`` is one pass of every kind (tests call it directly).
     """

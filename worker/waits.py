@@ -94,14 +94,14 @@ class Waits(ContextParts):
         """The completion of ``deferred``, or None: the wait must park for it.
 
         At or past ``deadline`` with no answer, the wait's timeout is written first as the
-        completion (``store.waits.time_out``, first writer wins): from then on an answer
+        completion (``store.deferreds.time_out``, first writer wins): from then on an answer
         that comes later writes nothing, and every replay reads the timeout again. An
         answer that wins that race is the completion instead.
         """
         done: DeferredRow | None = await self._deferred(deferred)
         if done is None and deadline is not None and now >= deadline:
             await self._durable(
-                "waits.time_out", lambda: self._store.waits.time_out(self.run.id, deferred)
+                "waits.time_out", lambda: self._store.deferreds.time_out(self.run.id, deferred)
             )
             done = await self._deferred(deferred)  # None only if the run was taken from us
         return done

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from runfleet.broker.service import Signal
+from runfleet.runtime.service import Signal
 
 log = logging.getLogger("runfleet.worker.watchdog")
 
@@ -32,7 +32,7 @@ FAILSTOP_EXIT = 75
 
 @dataclass(frozen=True)
 class WatchdogSignals:
-    """Points of the watchdog a test waits on instead of polling (``broker.service.Signal``).
+    """Points of the watchdog a test waits on instead of polling (``runtime.service.Signal``).
 
     Fired from the watchdog's thread: a test without an event loop uses ``wait_blocking``.
     """
@@ -52,7 +52,7 @@ class Watchdog:
     (None before the first); ``executing`` returns how many run bodies may still run.
     Both are read without locks: each is one attribute read under the GIL.
 
-    A service (``broker.service.Lifecycle``) whose body is a thread, because it must run
+    A service (``runtime.service.Lifecycle``) whose body is a thread, because it must run
     while the event loop is blocked: ``start`` ignores a task group (a thread cannot end
     one, and its only failure mode is to end the process), and ``stop`` also joins the
     thread, briefly, since the poll wakes at once.

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
-from typing import TYPE_CHECKING, Annotated, Any
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -20,6 +21,9 @@ from runfleet.ops.bench.scratch import BenchError, server_url
 
 if TYPE_CHECKING:
     from runfleet.ops.bench.backlog import BacklogResult
+    from runfleet.ops.bench.fleet_procs import Servers
+
+T = TypeVar("T")
 
 app = typer.Typer(help="runfleet benchmarks (each in a scratch database it drops).")
 
@@ -70,6 +74,31 @@ def _lab(command: str, peer: str, *modules: str) -> list[Any]:
 def _fail(exc: BenchError) -> typer.Exit:
     Console(stderr=True).print(f"[red]bench failed:[/red] {exc}")
     return typer.Exit(code=2)
+
+
+def _listed(text: str, option: str, parse: Callable[[str], T]) -> tuple[T, ...]:
+    """A comma-separated option's values (``--scale 1,2,4``); a bad one is that option's
+    error, named."""
+    try:
+        return tuple(parse(item.strip()) for item in text.split(",") if item.strip())
+    except ValueError as exc:
+        raise typer.BadParameter(f"{option}: {exc}") from exc
+
+
+def _on_servers(
+    database_url: str | None,
+    redis_url: str | None,
+    bench: Callable[[Servers], Coroutine[Any, Any, T]],
+) -> T:
+    """Run ``bench`` on the servers the options name (``fleet_procs.servers``: the URLs,
+    the environment's, else throwaways stopped on the way out); a BenchError exits 2."""
+    from runfleet.ops.bench.fleet_procs import servers
+
+    try:
+        with servers(database_url, redis_url) as found:
+            return asyncio.run(bench(found))
+    except BenchError as exc:
+        raise _fail(exc) from exc
 
 
 @app.command("store")
@@ -241,8 +270,6 @@ def fleet(
     1,000,000 settled runs), result(), idle start latency; SIGKILL recovery (empty queue,
     and behind a backlog with busy survivors), RSS (and, opt-in, RSS over a long soak).
     With --backlog-depths: the backlog drain by depth beside rq and Celery, alone."""
-    from runfleet.ops.bench.fleet_procs import servers
-
     if backlog_depths:
         (backlog_bench,) = _lab("fleet --backlog-depths", "rq and Celery", "backlog")
         drained = _backlog(
@@ -253,39 +280,34 @@ def fleet(
 
     (fleet_bench,) = _lab("fleet", "rq", "fleet_bench")
 
-    try:
-        counts = tuple(int(n) for n in scale.split(",") if n.strip())
-    except ValueError as exc:
-        raise typer.BadParameter(f"--scale: {exc}") from exc
-    try:
-        with servers(database_url, redis_url) as found:
-            result = asyncio.run(
-                fleet_bench.run(
-                    found,
-                    runs=runs,
-                    workers=workers,
-                    concurrency=concurrency,
-                    latency_samples=latency_samples,
-                    kills=kills,
-                    recovery_runs=recovery_runs,
-                    skip_recovery=skip_recovery,
-                    skip_rss=skip_rss,
-                    rss_runs=rss_runs,
-                    skip_backlog=skip_backlog,
-                    backlog=backlog,
-                    backlog_kills=backlog_kills,
-                    backlog_concurrency=backlog_concurrency,
-                    scale=counts,
-                    skip_fsync=skip_fsync,
-                    history_rows=history_rows,
-                    skip_results=skip_results,
-                    result_runs=result_runs,
-                    result_samples=result_samples,
-                    soak_runs=soak_runs,
-                )
-            )
-    except BenchError as exc:
-        raise _fail(exc) from exc
+    counts = _listed(scale, "--scale", int)
+    result = _on_servers(
+        database_url,
+        redis_url,
+        lambda found: fleet_bench.run(
+            found,
+            runs=runs,
+            workers=workers,
+            concurrency=concurrency,
+            latency_samples=latency_samples,
+            kills=kills,
+            recovery_runs=recovery_runs,
+            skip_recovery=skip_recovery,
+            skip_rss=skip_rss,
+            rss_runs=rss_runs,
+            skip_backlog=skip_backlog,
+            backlog=backlog,
+            backlog_kills=backlog_kills,
+            backlog_concurrency=backlog_concurrency,
+            scale=counts,
+            skip_fsync=skip_fsync,
+            history_rows=history_rows,
+            skip_results=skip_results,
+            result_runs=result_runs,
+            result_samples=result_samples,
+            soak_runs=soak_runs,
+        ),
+    )
     _emit(result.as_json(), fleet_bench.table(result), as_json)
 
 
@@ -298,22 +320,16 @@ def _backlog(
     redis_url: str | None,
 ) -> BacklogResult:
     from runfleet.ops.bench import backlog
-    from runfleet.ops.bench.fleet_procs import servers
 
-    try:
-        counts = tuple(int(n) for n in depths.split(",") if n.strip())
-    except ValueError as exc:
-        raise typer.BadParameter(f"--backlog-depths: {exc}") from exc
-    chosen = tuple(s.strip() for s in systems.split(",") if s.strip())
-    try:
-        with servers(database_url, redis_url) as found:
-            return asyncio.run(
-                backlog.run(
-                    found, depths=counts, workers=workers, concurrency=concurrency, systems=chosen
-                )
-            )
-    except BenchError as exc:
-        raise _fail(exc) from exc
+    counts = _listed(depths, "--backlog-depths", int)
+    chosen = _listed(systems, "--backlog-systems", str)
+    return _on_servers(
+        database_url,
+        redis_url,
+        lambda found: backlog.run(
+            found, depths=counts, workers=workers, concurrency=concurrency, systems=chosen
+        ),
+    )
 
 
 @app.command("flows")
@@ -362,35 +378,28 @@ def flows(
 ) -> None:
     """runfleet vs DBOS: three-step durable flows/s on one Postgres, and with fsync on and
     off, and with tracing on; 1 s sleep lateness."""
-    from runfleet.ops.bench.fleet_procs import servers
-
     dbos_side, flows_bench = _lab("flows", "DBOS", "dbos_side", "flows_bench")
 
     if not skip_dbos and not dbos_side.available():
         raise _fail(BenchError(dbos_side.DBOS_MISSING))
-    try:
-        polling = tuple(float(p) for p in dbos_polling.split(",") if p.strip())
-    except ValueError as exc:
-        raise typer.BadParameter(f"--dbos-polling: {exc}") from exc
-    try:
-        with servers(database_url, redis_url) as found:
-            result = asyncio.run(
-                flows_bench.run(
-                    found,
-                    flows=count,
-                    workers=workers,
-                    concurrency=concurrency,
-                    dbos_polling=polling,
-                    skip_dbos=skip_dbos,
-                    sleep_runs=sleep_runs,
-                    sleep_gap=sleep_gap,
-                    skip_sleep=skip_sleep,
-                    skip_fsync=skip_fsync,
-                    skip_tracing=skip_tracing,
-                )
-            )
-    except BenchError as exc:
-        raise _fail(exc) from exc
+    polling = _listed(dbos_polling, "--dbos-polling", float)
+    result = _on_servers(
+        database_url,
+        redis_url,
+        lambda found: flows_bench.run(
+            found,
+            flows=count,
+            workers=workers,
+            concurrency=concurrency,
+            dbos_polling=polling,
+            skip_dbos=skip_dbos,
+            sleep_runs=sleep_runs,
+            sleep_gap=sleep_gap,
+            skip_sleep=skip_sleep,
+            skip_fsync=skip_fsync,
+            skip_tracing=skip_tracing,
+        ),
+    )
     _emit(result.as_json(), flows_bench.table(result), as_json)
 
 
@@ -424,29 +433,25 @@ def producer(
     enqueue, enqueue_many, the loop of enqueue then result() (no-op jobs vs rq, three-step
     flows vs DBOS), result() of a settled run, idle enqueue -> start; each target met or
     missed."""
-    from runfleet.ops.bench.fleet_procs import servers
-
     dbos_side, producer_bench = _lab("producer", "rq and DBOS", "dbos_side", "producer_bench")
 
     if not skip_dbos and not dbos_side.available():
         raise _fail(BenchError(dbos_side.DBOS_MISSING))
-    try:
-        with servers(database_url, redis_url) as found:
-            result = asyncio.run(
-                producer_bench.run(
-                    found,
-                    runs=runs,
-                    flows=flows,
-                    workers=workers,
-                    concurrency=concurrency,
-                    samples=samples,
-                    rounds=rounds,
-                    dbos_polling=dbos_polling,
-                    skip_dbos=skip_dbos,
-                )
-            )
-    except BenchError as exc:
-        raise _fail(exc) from exc
+    result = _on_servers(
+        database_url,
+        redis_url,
+        lambda found: producer_bench.run(
+            found,
+            runs=runs,
+            flows=flows,
+            workers=workers,
+            concurrency=concurrency,
+            samples=samples,
+            rounds=rounds,
+            dbos_polling=dbos_polling,
+            skip_dbos=skip_dbos,
+        ),
+    )
     _emit(result.as_json(), producer_bench.table(result), as_json)
 
 

@@ -268,7 +268,7 @@ def table(result: FleetBenchResult) -> Table:
     )
     t = Table(title=title)
     for col, justify in (("", "left"), ("runfleet", "right"), ("rq", "right"), ("ratio", "right")):
-        t.add_column(col, justify=justify)  # type: ignore[arg-type]
+        t.add_column(col, justify=justify)  # type: ignore[arg-type]  # justify is one of rich's JustifyMethod literals, typed str here
     t.add_row(
         "enqueue, one call each (runs/s)",
         f"{rf.enqueue_single_per_s:,.0f}",

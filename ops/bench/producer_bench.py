@@ -273,7 +273,7 @@ def _rq_round(redis_url: str, runs: int, workers: int, samples: int) -> tuple[Si
         began = time.perf_counter()
         queue.enqueue_many([RqQueue.prepare_data(noop) for _ in range(runs)])
         many = rate(runs, time.perf_counter() - began)
-        queue.empty()  # type: ignore[no-untyped-call]
+        queue.empty()  # type: ignore[no-untyped-call]  # rq's Queue.empty is unannotated
         procs = [rq_side._worker(redis_url, name, burst=False) for _ in range(workers)]
         try:
             for job in [queue.enqueue(noop) for _ in range(10)]:
@@ -290,7 +290,7 @@ def _rq_round(redis_url: str, runs: int, workers: int, samples: int) -> tuple[Si
                 proc.close()
         return Side(single, many, loop, tuple(reads), (), tuple(reads)), reads
     finally:
-        queue.empty()  # type: ignore[no-untyped-call]
+        queue.empty()  # type: ignore[no-untyped-call]  # rq's Queue.empty is unannotated
         queue.delete(delete_jobs=True)
         conn.close()
 
@@ -320,7 +320,7 @@ def _rq_latency(redis_url: str, workers: int, samples: int, gap_s: float) -> lis
     try:
         return list(rq_side._latency(conn, queue, name, redis_url, workers, samples, gap_s))
     finally:
-        queue.empty()  # type: ignore[no-untyped-call]
+        queue.empty()  # type: ignore[no-untyped-call]  # rq's Queue.empty is unannotated
         queue.delete(delete_jobs=True)
         conn.close()
 
@@ -490,7 +490,7 @@ def table(result: ProducerBenchResult) -> Table:
         ("peer", "right"),
         ("ratio", "right"),
     ):
-        t.add_column(col, justify=justify)  # type: ignore[arg-type]
+        t.add_column(col, justify=justify)  # type: ignore[arg-type]  # justify is one of rich's JustifyMethod literals, typed str here
     for label, name in (
         ("single enqueue, one call each (runs/s) vs rq", "single_per_s"),
         ("enqueue_many (runs/s) vs rq", "many_per_s"),

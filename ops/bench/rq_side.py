@@ -187,7 +187,7 @@ def with_results(
         for proc in procs:
             proc.terminate()
             proc.close()
-        queue.empty()  # type: ignore[no-untyped-call]
+        queue.empty()  # type: ignore[no-untyped-call]  # rq's Queue.empty is unannotated
         queue.delete(delete_jobs=True)
         conn.close()
 

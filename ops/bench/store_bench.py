@@ -127,7 +127,7 @@ async def _spread(total: int, concurrency: int, work: Callable[[int], Awaitable[
 
 async def _lifecycle(store: Store, me: Owner, run_id: str) -> None:
     """Admit, claim-and-activate and complete one run: three transactions, three records."""
-    created = await store.runs.create(NewRun(id=run_id, flow="bench.noop", payload={"n": 1}))
+    created = await store.admission.create(NewRun(id=run_id, flow="bench.noop", payload={"n": 1}))
     if not isinstance(created, Created):
         raise BenchError(f"{run_id}: admission answered {created!r}")
     activated = await store.runs.claim_and_activate(run_id, created.row.snapshot, me)

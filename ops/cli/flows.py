@@ -71,7 +71,7 @@ def _act(
         async with AsyncQueue("default", settings=cfg, scopes=scopes or []) as q:
             done = await call(q) or action
             row = await q.authorized(run_id)
-        return AnswerResult(run_id=run_id, action=done, status=row.status)  # type: ignore[arg-type]
+        return AnswerResult(run_id=run_id, action=done, status=row.status)  # type: ignore[arg-type]  # done is one of AnswerResult's action words, typed str by the call
 
     result = c.run(go())
     if as_json:

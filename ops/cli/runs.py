@@ -201,7 +201,7 @@ async def detail_view(conns: c.Connections, run_id: str) -> RunDetail:
                 consumed_at_ms=d.consumed_at_ms,
                 value=d.value,
             )
-            for d in await store.waits.completed_deferreds(run_id)
+            for d in await store.deferreds.completed_deferreds(run_id)
         ],
     )
 

@@ -133,7 +133,7 @@ class JournalTail:
             values = [0] * n
             for r in self.recent:
                 i = (r.at_ms - start) // BUCKET_MS
-                if 0 <= i < n and test(r):  # type: ignore[operator]
+                if 0 <= i < n and test(r):  # type: ignore[operator]  # test is a record predicate, typed object by series()
                     values[i] += 1
             return Series(name=name, color=color, values=values)
 

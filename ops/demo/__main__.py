@@ -139,8 +139,7 @@ async def run_demo(runs: int = 300, workers: int = 3, concurrency: int = 8) -> D
 async def _wait_for_fleet(queue: AsyncQueue, count: int) -> None:
     from runfleet.broker.liveness import Liveness
 
-    assert queue._redis is not None
-    liveness = Liveness(queue._redis, queue.settings.redis_prefix, queue.settings.host_id)
+    liveness = Liveness(queue.session.redis, queue.settings.redis_prefix, queue.settings.host_id)
     deadline = time.monotonic() + 30
     while len(await liveness.fleet()) < count:
         if time.monotonic() > deadline:

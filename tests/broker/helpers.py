@@ -7,4 +7,4 @@ from redis.asyncio import Redis
 
 async def acl(redis: Redis, *args: str) -> None:
     """Run an ACL command (redis-py leaves ``execute_command`` untyped)."""
-    await redis.execute_command("ACL", *args)  # type: ignore[no-untyped-call]
+    await redis.execute_command("ACL", *args)  # type: ignore[no-untyped-call]  # redis-py's execute_command is unannotated

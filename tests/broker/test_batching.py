@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from runfleet.broker.batching import Coalesce, GroupCommit
+from runfleet.runtime.batching import Coalesce, GroupCommit
 
 
 class Refused(Exception):

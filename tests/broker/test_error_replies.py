@@ -44,7 +44,7 @@ async def client(own_redis: ThrowawayRedis) -> AsyncIterator[Redis]:
         yield c
     finally:
         await config(c, "maxmemory", "0")
-        await c.execute_command("REPLICAOF", "NO", "ONE")  # type: ignore[no-untyped-call]
+        await c.execute_command("REPLICAOF", "NO", "ONE")  # type: ignore[no-untyped-call]  # redis-py's execute_command is unannotated
         await c.aclose()
 
 
@@ -78,7 +78,7 @@ async def test_oom_readonly_and_masterdown_never_escape_untyped(client: Redis) -
 
         # READONLY: demoted to a replica of a master that is not there.
         await config(client, "replica-serve-stale-data", "yes")
-        await client.execute_command("REPLICAOF", "127.0.0.1", str(closed_port()))  # type: ignore[no-untyped-call]
+        await client.execute_command("REPLICAOF", "127.0.0.1", str(closed_port()))  # type: ignore[no-untyped-call]  # redis-py's execute_command is unannotated
         with pytest.raises(ReadOnlyError):
             await live.refresh(owner, HB, False)
         assert (await live.probe(owner, HB)).detail["key"] in ("consistent", "absent")
@@ -97,7 +97,7 @@ async def test_oom_readonly_and_masterdown_never_escape_untyped(client: Redis) -
 
         # Through all of it the subscription lived (or came back) and delivers.
         await config(client, "replica-serve-stale-data", "yes")
-        await client.execute_command("REPLICAOF", "NO", "ONE")  # type: ignore[no-untyped-call]
+        await client.execute_command("REPLICAOF", "NO", "ONE")  # type: ignore[no-untyped-call]  # redis-py's execute_command is unannotated
         assert await sub.wait_ready(10.0)
 
         async def publish_and_look() -> list[str]:

@@ -204,7 +204,7 @@ async def test_noperm_on_subscribe_is_retried_until_granted(
     try:
 
         async def refused() -> float:
-            return sum(  # type: ignore[no-any-return]
+            return sum(  # type: ignore[no-any-return]  # prometheus_client's private _value.get() is untyped
                 hostile.REDIS_ERRORS.labels("notify-cancel", code)._value.get()
                 for code in ("NOPERM", "other")
             )

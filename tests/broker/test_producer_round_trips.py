@@ -174,7 +174,7 @@ async def test_a_batch_refused_as_a_whole_is_admitted_run_by_run(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with AsyncQueue("default", settings=settings) as queue:
-        runs = queue.store.runs
+        runs = queue.store.admission
         real = runs.admit_each
         sizes: list[int] = []
 

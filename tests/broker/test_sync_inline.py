@@ -35,7 +35,7 @@ def traced(settings: Settings) -> Iterator[tuple[Queue, Wire]]:
     one = settings.model_copy(update={"pool_min": 1, "pool_max": 1})
     wire = Wire()
     with Queue("default", settings=one) as queue:
-        pool = queue._inline.queue().store.db.blocking_pool  # type: ignore[attr-defined]
+        pool = queue._inline.queue().store.db.blocking_pool  # type: ignore[attr-defined]  # the inline store's database is store.inline's, which has the pool
         with pool.connection() as conn:
             wire.attach(conn)
         try:
@@ -122,11 +122,11 @@ async def test_a_transient_error_is_retried_in_the_callers_thread(
     settings: Settings, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with Queue("default", settings=settings) as queue:
-        runs = queue._inline.queue().store.runs
+        runs = queue._inline.queue().store.admission
         real = runs.admit_each
         calls: list[int] = []
 
-        async def flaky(news):  # type: ignore[no-untyped-def]
+        async def flaky(news):  # type: ignore[no-untyped-def]  # stands in for admit_each; its types are that method's
             calls.append(len(news))
             if len(calls) == 1:
                 raise psycopg.OperationalError("server closed the connection unexpectedly")

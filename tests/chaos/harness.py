@@ -57,7 +57,7 @@ async def wait_for_ledger(url: str, rows: int, timeout: float = 30) -> None:
 
     async def ran() -> int:
         found = await _poll(url, "SELECT count(*) FROM chaos_ledger")
-        return int(found[0][0]) if found else 0  # type: ignore[call-overload]
+        return int(found[0][0]) if found else 0  # type: ignore[call-overload]  # rows are tuples of object; the column is an integer
 
     await until(ran, timeout, f"{rows} steps to run", accept=lambda n: n >= rows, every=0.05)
 
@@ -147,16 +147,16 @@ async def _outcome(
         admin, "SELECT run_id, key, epoch FROM runfleet.steps WHERE kind = 'step'"
     )
     record_epoch = {
-        (str(run), int(str(key).split("#")[0].removeprefix("step:s"))): int(epoch)  # type: ignore[call-overload]
+        (str(run), int(str(key).split("#")[0].removeprefix("step:s"))): int(epoch)  # type: ignore[call-overload]  # rows are tuples of object; the columns are integers
         for run, key, epoch in recorded
     }
     ledger = await _query(ledger_url, "SELECT run_id, step, epoch FROM chaos_ledger")
     reruns = [
-        (str(run), int(step), int(epoch))  # type: ignore[call-overload]
+        (str(run), int(step), int(epoch))  # type: ignore[call-overload]  # rows are tuples of object; the columns are integers
         for run, step, epoch in ledger
-        if int(epoch) > record_epoch.get((str(run), int(step)), 1 << 30)  # type: ignore[call-overload]
+        if int(epoch) > record_epoch.get((str(run), int(step)), 1 << 30)  # type: ignore[call-overload]  # rows are tuples of object; the columns are integers
     ]
-    executions = Counter((str(run), int(step)) for run, step, _ in ledger)  # type: ignore[call-overload]
+    executions = Counter((str(run), int(step)) for run, step, _ in ledger)  # type: ignore[call-overload]  # rows are tuples of object; the columns are integers
     releases = await _query(
         admin, "SELECT count(*) FROM runfleet.journal WHERE kind = 'interrupt-released'"
     )
@@ -166,7 +166,7 @@ async def _outcome(
         settled_twice=settled_twice,
         reruns=reruns,
         repeated=sum(n - 1 for n in executions.values()),
-        releases=int(releases[0][0]),  # type: ignore[call-overload]
+        releases=int(releases[0][0]),  # type: ignore[call-overload]  # rows are tuples of object; the column is an integer
         recorded_steps=len(record_epoch),
         failures=[
             str(error)[:300]

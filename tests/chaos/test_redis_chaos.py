@@ -44,10 +44,10 @@ async def test_redis_answering_errors(
         seen.append(await _write_error(client))
         await asyncio.sleep(ERROR_SECONDS / 2)
         await client.config_set("maxmemory", "0")
-        await client.execute_command("REPLICAOF", "127.0.0.1", "1")  # type: ignore[no-untyped-call]
+        await client.execute_command("REPLICAOF", "127.0.0.1", "1")  # type: ignore[no-untyped-call]  # redis-py's execute_command is unannotated
         seen.append(await _write_error(client))
         await asyncio.sleep(ERROR_SECONDS / 2)
-        await client.execute_command("REPLICAOF", "NO", "ONE")  # type: ignore[no-untyped-call]
+        await client.execute_command("REPLICAOF", "NO", "ONE")  # type: ignore[no-untyped-call]  # redis-py's execute_command is unannotated
 
     try:
         outcome = await run_scenario(ours, ledger_url, refuse_writes)

@@ -16,7 +16,7 @@ async def test_the_overview_lists_limits_and_keys(store: Store, dashboard: Dash)
         "tenants", concurrency=4, rate_per_s=2, key_flow=(FLOW, "kwargs.t"), key_concurrency=1
     )
     for i, tenant in enumerate(["acme", "acme", "bolt"]):
-        await store.runs.create(
+        await store.admission.create(
             NewRun(id=f"t{i}", flow=FLOW, queue="tenants",
                    payload={"args": [], "kwargs": {"t": tenant, "ms": 1}})
         )  # fmt: skip

@@ -103,7 +103,7 @@ async def test_cancel_parked_run_is_woken_and_closed_by_a_sweep(
     spawn: Spawn, queue: AsyncQueue, store: Store
 ) -> None:
     run_id = f"parked-{uuid.uuid4().hex[:8]}"
-    await store.runs.create(NewRun(id=run_id, flow="tests.forever", payload={"args": []}))
+    await store.admission.create(NewRun(id=run_id, flow="tests.forever", payload={"args": []}))
     ghost = Owner("ghost-host", 4_000_000, "0badc0ffee00")  # no such process anywhere
     row = await store.runs.get(run_id)
     assert row is not None

@@ -96,7 +96,9 @@ async def test_deep_json_on_cancel_and_settled_channels_does_not_kill_workers(
 async def _ghost_run(store: Store, owner: Owner) -> RunRow:
     """A running row owned by ``owner`` (a real claim under an identity no worker has)."""
     run_id = f"ghost-{uuid.uuid4().hex[:8]}"
-    await store.runs.create(NewRun(id=run_id, flow="tests.sleepy", payload={"args": [50, "taken"]}))
+    await store.admission.create(
+        NewRun(id=run_id, flow="tests.sleepy", payload={"args": [50, "taken"]})
+    )
     row = await store.runs.get(run_id)
     assert row is not None
     activated = await store.runs.claim_and_activate(run_id, row.snapshot, owner)
@@ -130,7 +132,7 @@ async def test_forged_liveness_key_does_not_block_a_takeover(
     for row in rows:
         steal = await _completed_by_steal(store, row.id, budget)
         assert steal["probe"] == "lease-expired", steal
-        assert steal["probe_detail"]["key"] == "without-ttl", steal  # type: ignore[index]
+        assert steal["probe_detail"]["key"] == "without-ttl", steal  # type: ignore[index]  # the steal record's probe_detail is a dict
     refused = [
         r for row in rows for r in await records(store, row.id, Kind.STEAL_REFUSED_OWNER_ALIVE)
     ]
@@ -175,7 +177,7 @@ async def test_consistent_key_of_a_live_owner_is_refused_until_it_lapses_into_in
         confirmed = int(time.time() * 1000) + 10 * settings.heartbeat_interval_ms
         steal = await _completed_by_steal(store, row.id, 3 * settings.stale_after + 10)
         assert steal["probe"] == "lease-expired", steal
-        assert steal["probe_detail"]["key"] == "inconsistent", steal  # type: ignore[index]
+        assert steal["probe_detail"]["key"] == "inconsistent", steal  # type: ignore[index]  # the steal record's probe_detail is a dict
     finally:
         stop.set()
         await refresher

@@ -70,7 +70,7 @@ async def test_a_run_this_process_owns_but_no_longer_drives_is_taken_back(
     """E.g. its settlement gave up during a long outage: nobody would ever renew it."""
     from runfleet.store.types import Activated, NewRun
 
-    created = await store.runs.create(
+    created = await store.admission.create(
         NewRun(id="orphan", flow="tests.fleet.flows:add", payload={"args": [2, 3]})
     )
     outcome = await store.runs.claim_and_activate("orphan", created.row.snapshot, worker.owner)

@@ -68,7 +68,7 @@ async def test_partitioned_owner_is_refused_then_lapses_and_the_run_moves(
         by_b = [
             r
             for r in await records(store, run.id, "steal-refused-owner-alive")
-            if r.payload["observer"] != first.owner.key  # type: ignore[union-attr]
+            if r.payload["observer"] != first.owner.key  # type: ignore[union-attr]  # the record's payload is a dict; the run has an owner
         ]
         assert len(by_b) == 1, by_b
         (steal,) = await records(store, run.id, "stolen-and-activated")

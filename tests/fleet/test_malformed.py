@@ -52,9 +52,9 @@ async def test_malformed_entries_are_dropped_and_real_runs_complete(
         async with AsyncQueue("default", settings=settings) as queue:
             runs = []
             for i in range(12):
-                await redis.xadd(stream, GARBAGE[i % len(GARBAGE)])  # type: ignore[arg-type]
+                await redis.xadd(stream, GARBAGE[i % len(GARBAGE)])  # type: ignore[arg-type]  # garbage entries on purpose
                 runs.append(await queue.enqueue(flows.sleepy, 20, f"m{i}"))
-            await redis.xadd(stream, GARBAGE[0])  # type: ignore[arg-type]
+            await redis.xadd(stream, GARBAGE[0])  # type: ignore[arg-type]  # garbage entries on purpose
             for i, run in enumerate(runs):
                 assert (await run.result(timeout=10))["tag"] == f"m{i}"
 

@@ -150,7 +150,7 @@ async def test_a_claim_in_flight_when_the_stop_begins_is_released_before_its_bod
     """The claim statement was already sent when the stop began: it commits, and the run
     is handed back at once instead of running a body the worker would then wait for."""
     driver = Driver(store, Owner.for_this_process(settings.host_id), settings)
-    await store.runs.create(NewRun(id="r", flow="tests.forever"))
+    await store.admission.create(NewRun(id="r", flow="tests.forever"))
     real = store.runs.claim_and_activate
 
     async def claim_then_stop(*args: Any, **kwargs: Any) -> Any:
@@ -158,7 +158,7 @@ async def test_a_claim_in_flight_when_the_stop_begins_is_released_before_its_bod
         driver.close()  # the stop arrives while the claim's answer is on its way
         return outcome
 
-    store.runs.claim_and_activate = claim_then_stop  # type: ignore[method-assign]
+    store.runs.claim_and_activate = claim_then_stop  # type: ignore[method-assign]  # a stand-in for the claim statement
     assert await asyncio.wait_for(driver.drive("r"), 10) == "activated"
     assert driver.executing == set() and driver.owned == {}
     row = await store.runs.get("r")

@@ -154,14 +154,14 @@ async def test_child_admitted_around_a_parent_cancel_inherits_it(
     try:
         for i in range(20):
             parent = f"p-{parent_first}-{i}"
-            await store.runs.create(NewRun(id=parent, flow="t.leaf"))
+            await store.admission.create(NewRun(id=parent, flow="t.leaf"))
             child = NewRun(id=f"{parent}/c", flow="t.leaf", parent_id=parent)
             if parent_first:
                 await store.lifecycle.request_cancel(parent)
-                await other.runs.create(child)
+                await other.admission.create(child)
             else:
                 await asyncio.gather(
-                    store.lifecycle.request_cancel(parent), other.runs.create(child)
+                    store.lifecycle.request_cancel(parent), other.admission.create(child)
                 )
             row = await store.runs.get(child.id)
             assert row is not None
@@ -174,11 +174,11 @@ async def test_a_child_of_a_finished_parent_is_born_cancelled(store: Store) -> N
     from runfleet.store.types import Owner
 
     me = Owner("h", 1, "n")
-    created = await store.runs.create(NewRun(id="done-parent", flow="t.leaf"))
+    created = await store.admission.create(NewRun(id="done-parent", flow="t.leaf"))
     activated = await store.runs.claim_and_activate("done-parent", created.row.snapshot, me)
     assert hasattr(activated, "row")
     await store.lifecycle.transition_owned("done-parent", me, 1, RunStatus.COMPLETED)
-    await store.runs.create(NewRun(id="late-child", flow="t.leaf", parent_id="done-parent"))
+    await store.admission.create(NewRun(id="late-child", flow="t.leaf", parent_id="done-parent"))
     row = await store.runs.get("late-child")
     assert row is not None and row.cancel_requested_at_ms is not None
 
@@ -189,9 +189,9 @@ async def test_a_settled_child_wakes_every_waiting_parent(store: Store) -> None:
 
     me = Owner("h", 1, "n")
     for p in ("left", "right"):
-        created = await store.runs.create(NewRun(id=p, flow="t.leaf"))
+        created = await store.admission.create(NewRun(id=p, flow="t.leaf"))
         await store.runs.claim_and_activate(p, created.row.snapshot, me)
-    child = await store.runs.create(NewRun(id="shared", flow="t.leaf", parent_id="left"))
+    child = await store.admission.create(NewRun(id="shared", flow="t.leaf", parent_id="left"))
     await store.dag.record_parent("shared", "right")
     for p in ("left", "right"):
         await store.waits.park(
@@ -204,7 +204,7 @@ async def test_a_settled_child_wakes_every_waiting_parent(store: Store) -> None:
     for p in ("left", "right"):
         row = await store.runs.get(p)
         assert row is not None and row.waiting is None
-        done = await store.waits.deferred(p, "child:shared")
+        done = await store.deferreds.deferred(p, "child:shared")
         assert done is not None and done.value["result"] == 7
 
 

@@ -73,7 +73,7 @@ async def test_handoffs_under_random_sigkills_leave_a_whole_lineage(
 async def test_a_handoff_whose_successor_id_is_taken_fails_the_round(
     worker: object, queue: AsyncQueue, store: Store
 ) -> None:
-    await store.runs.create(NewRun(id="lin@1", flow="t.leaf", lineage_id="elsewhere"))
+    await store.admission.create(NewRun(id="lin@1", flow="t.leaf", lineage_id="elsewhere"))
     run = await queue.enqueue(f.rounds, 2, run_id="lin")
     with pytest.raises(RunFailed) as info:
         await run.result(timeout=10)

@@ -75,7 +75,7 @@ async def test_wait_for_timeout_zero_unanswered_times_out_at_once_and_for_good(
     assert late == EventTimedOut(run.id, "now") and not late, "the timeout is recorded"
     await queue.complete(run.id, "after")  # resumes by replay: "now" is decided again
     assert await run.result(timeout=10) == "timed out", "a replay times out again"
-    timed = await store.waits.deferred(run.id, "now")
+    timed = await store.deferreds.deferred(run.id, "now")
     assert timed is not None and timed.timed_out and timed.value is None
     (record,) = [
         r

@@ -47,7 +47,7 @@ async def test_a_failed_run_resumes_from_its_recorded_steps(
     assert [r["i"] for r in result] == [0, 1, 2, 3]
     # s0 and s1 ran once, on the failed round; s2 failed there and ran again here.
     assert await _executed(ledger) == ["step0", "step1", "step2", "step2", "step3"]
-    assert (await store.runs.get(run.id)).status is RunStatus.FAILED  # type: ignore[union-attr]
+    assert (await store.runs.get(run.id)).status is RunStatus.FAILED  # type: ignore[union-attr]  # the run exists: it was just enqueued
     (mark,) = await records(store, run.id, "resumed-as")
     assert mark.payload == {"to": resumed.id, "calls": 3, "actor": "postgres", "note": "ops"}
     (copied,) = await records(store, resumed.id, "history-copied")

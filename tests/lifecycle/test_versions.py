@@ -30,7 +30,7 @@ async def test_a_run_waits_for_a_worker_of_its_version(
     b = spawn(flows=V2)
     await b.wait_started()
     run = await queue.enqueue(v1.strict)  # admitted with v1: B carries only v2
-    assert (await store.runs.get(run.id)).state["flow_version"] == "v1"  # type: ignore[union-attr]
+    assert (await store.runs.get(run.id)).state["flow_version"] == "v1"  # type: ignore[union-attr]  # the run exists: it was just enqueued
     await until(lambda: _logged(b.log(), "run.version_not_carried"), 30, "B to leave the run alone")
     row = await store.runs.get(run.id)
     assert row is not None and row.status is RunStatus.PENDING and row.epoch == 0

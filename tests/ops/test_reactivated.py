@@ -22,7 +22,7 @@ OWNERS = [Owner("host-a", 4_100_001, "aaaa00000001"), Owner("host-b", 4_100_002,
 async def _taken_over(store: Store, times: int) -> RunRow:
     """A running run taken over ``times`` times, alternating between two owners."""
     run_id = f"loop-{uuid.uuid4().hex[:8]}"
-    await store.runs.create(NewRun(id=run_id, flow="tests.forever", payload={"args": []}))
+    await store.admission.create(NewRun(id=run_id, flow="tests.forever", payload={"args": []}))
     row = await store.runs.get(run_id)
     assert row is not None
     activated = await store.runs.claim_and_activate(run_id, row.snapshot, OWNERS[0])

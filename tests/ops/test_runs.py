@@ -122,16 +122,16 @@ async def test_show_journal_and_cancel_of_a_pending_run(cli: Cli) -> None:
 
 async def test_tree_shows_children_rounds_and_waits(store: Store, cli: Cli) -> None:
     root = f"root-{uuid.uuid4().hex[:6]}"
-    await store.runs.create(NewRun(id=root, flow="tests.forever", payload={"args": []}))
+    await store.admission.create(NewRun(id=root, flow="tests.forever", payload={"args": []}))
     attached, detached, grandchild = f"{root}-a", f"{root}-d", f"{root}-a-g"
-    await store.runs.create(NewRun(id=attached, flow="tests.forever", parent_id=root))
-    await store.runs.create(
+    await store.admission.create(NewRun(id=attached, flow="tests.forever", parent_id=root))
+    await store.admission.create(
         NewRun(
             id=detached, flow="tests.forever", parent_id=root, on_parent_exit=OnParentExit.DETACH
         )
     )
-    await store.runs.create(NewRun(id=grandchild, flow="tests.forever", parent_id=attached))
-    await store.runs.create(
+    await store.admission.create(NewRun(id=grandchild, flow="tests.forever", parent_id=attached))
+    await store.admission.create(
         NewRun(
             id=f"{root}@1",
             flow="tests.forever",

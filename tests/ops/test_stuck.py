@@ -29,7 +29,7 @@ from tests.support.polling import until
 
 async def _owned(store: Store, owner: Owner, flow: str = "tests.forever") -> RunRow:
     run_id = f"stuck-{uuid.uuid4().hex[:8]}"
-    await store.runs.create(NewRun(id=run_id, flow=flow, payload={"args": []}))
+    await store.admission.create(NewRun(id=run_id, flow=flow, payload={"args": []}))
     row = await store.runs.get(run_id)
     assert row is not None
     activated = await store.runs.claim_and_activate(run_id, row.snapshot, owner)
@@ -129,7 +129,7 @@ async def test_quarantine_unfired_timer_and_old_pending_are_listed(
     )
     assert isinstance(timer, Parked)
     pending = f"pending-{uuid.uuid4().hex[:8]}"
-    await store.runs.create(NewRun(id=pending, flow="tests.sleepy", payload={"args": [1]}))
+    await store.admission.create(NewRun(id=pending, flow="tests.sleepy", payload={"args": [1]}))
 
     raw = await cli("stuck", "--json", "--pending-for", "0s", "--overdue", "5s")
     assert raw.code == 0, raw

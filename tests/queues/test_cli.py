@@ -19,7 +19,7 @@ async def test_set_then_show_and_the_next_claim_obeys(store: Store, settings: Se
     assert "queue reports: concurrency 1, default priority 0" in done.stdout
     me = Owner("host", 1, "n")
     for i in range(2):
-        await store.runs.create(NewRun(id=f"rep{i}", flow=FLOW, queue="reports"))
+        await store.admission.create(NewRun(id=f"rep{i}", flow=FLOW, queue="reports"))
     first, _ = await store.runs.claim_if_fresh("rep0", FLOW, me)
     second, _ = await store.runs.claim_if_fresh("rep1", FLOW, me)
     assert isinstance(first, Activated) and isinstance(second, AtLimit)

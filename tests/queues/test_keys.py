@@ -22,7 +22,7 @@ ME = Owner("host-a", 4242, "nonce-a")
 
 
 async def admit(store: Store, run_id: str, tenant: str, queue: str = "shared") -> RunRow:
-    created = await store.runs.create(
+    created = await store.admission.create(
         NewRun(id=run_id, flow=FLOW, queue=queue, payload={"args": [1], "kwargs": {"t": tenant}})
     )
     return created.row
@@ -37,7 +37,7 @@ async def test_the_database_keys_runs_from_the_flows_expression(store: Store) ->
     await store.queues.set("shared", key_flow=(FLOW, "kwargs.t"), key_concurrency=1)
     a = await admit(store, "a0", "acme")
     assert a.concurrency_key == "acme"
-    other = await store.runs.create(
+    other = await store.admission.create(
         NewRun(id="n0", flow="tests.queues.flows:other", queue="shared", payload={"args": []})
     )
     assert other.row.concurrency_key is None  # a flow with no expression has no key

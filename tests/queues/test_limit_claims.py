@@ -23,7 +23,7 @@ ME = Owner("host-a", 4242, "nonce-a")
 
 
 async def admit(store: Store, run_id: str, queue: str = "serial") -> RunRow:
-    created = await store.runs.create(
+    created = await store.admission.create(
         NewRun(id=run_id, flow=FLOW, queue=queue, payload={"args": [1]})
     )
     return created.row

@@ -17,7 +17,7 @@ ME = Owner("host-a", 4242, "nonce-a")
 
 
 async def admit(store: Store, run_id: str, priority: int | None = None, queue: str = "q") -> RunRow:
-    created = await store.runs.create(
+    created = await store.admission.create(
         NewRun(id=run_id, flow=FLOW, queue=queue, payload={"args": [1]}, priority=priority)
     )
     return created.row

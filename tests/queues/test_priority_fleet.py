@@ -31,7 +31,7 @@ async def test_a_high_priority_run_admitted_last_starts_next(
     backlog = await queue.enqueue_many([EnqueueSpec(qf.nap, (10,)) for _ in range(BACKLOG)])
     urgent = await queue.enqueue(qf.nap, 10, priority=5)
     flowed = await queue.enqueue(qf.urgent)  # its @flow(priority=7): before both
-    assert (await store.runs.get(flowed.id)).priority == 7  # type: ignore[union-attr]
+    assert (await store.runs.get(flowed.id)).priority == 7  # type: ignore[union-attr]  # the run exists: it was just enqueued
 
     ids = [r.id for r in backlog] + [urgent.id, flowed.id]
 

@@ -24,7 +24,7 @@ ME = Owner("host-a", 4242, "nonce-a")
 async def test_the_bucket_holds_one_seconds_starts(store: Store, settings: Settings) -> None:
     await store.queues.set("metered", rate_per_s=2)
     for i in range(4):
-        await store.runs.create(NewRun(id=f"m{i}", flow=FLOW, queue="metered"))
+        await store.admission.create(NewRun(id=f"m{i}", flow=FLOW, queue="metered"))
     started = []
     for i in range(3):
         outcome, _ = await store.runs.claim_if_fresh(f"m{i}", FLOW, ME)
@@ -44,7 +44,7 @@ async def test_the_bucket_holds_one_seconds_starts(store: Store, settings: Setti
     assert "rate 0.2/s" in shown.stdout, shown  # a token every 5 s, a bucket of one
     outcome, _ = await store.runs.claim_if_fresh("m3", FLOW, ME)
     assert isinstance(outcome, Activated)
-    await store.runs.create(NewRun(id="m4", flow=FLOW, queue="metered"))
+    await store.admission.create(NewRun(id="m4", flow=FLOW, queue="metered"))
     refused, _ = await store.runs.claim_if_fresh("m4", FLOW, ME)
     assert isinstance(refused, AtLimit) and refused.retry_after_ms is not None
     assert 3000 < refused.retry_after_ms <= 5000

@@ -135,7 +135,7 @@ async def test_a_ttl_child_of_an_open_parent_waits_for_the_parent(
 ) -> None:
     # Children take no rq options, so the TTL'd child is admitted through the store.
     parent = NewRun(id="ttl-parent", flow="retention.waits", extra={"result_ttl": 0})
-    await store.runs.create(parent)
+    await store.admission.create(parent)
     child = NewRun(
         id="ttl-child",
         flow="retention.leaf",
@@ -143,7 +143,7 @@ async def test_a_ttl_child_of_an_open_parent_waits_for_the_parent(
         parent_id=parent.id,
         extra={"result_ttl": 0},
     )
-    await store.runs.create(child)
+    await store.admission.create(child)
     # No stream hint: the worker's sweep finds pending runs in Postgres.
     loop = RetentionLoop(store, settings, None, [])
     await statuses(store, {parent.id: "suspended", child.id: "completed"})

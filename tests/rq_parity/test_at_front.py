@@ -9,8 +9,7 @@ from tests.rq_parity import jobs
 
 
 async def test_at_front_publishes_on_the_recovery_lane(queue: AsyncQueue) -> None:
-    redis = queue._redis
-    assert redis is not None
+    redis = queue.session.redis
     normal = queue.streams.stream_key("default", Lane.NORMAL)
     recovery = queue.streams.stream_key("default", Lane.RECOVERY)
     await queue.enqueue(jobs.add, 1, 1)

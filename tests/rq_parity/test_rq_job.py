@@ -283,7 +283,7 @@ def test_job_decorator_delay(rqx: Side) -> None:
     """rq's tests/test_decorator.py pattern (``@job(queue).delay``), as test_job relies on it."""
     q = rqx.Queue()
 
-    @rqx.job(q, connection=rqx.connection)  # type: ignore[untyped-decorator]
+    @rqx.job(q, connection=rqx.connection)  # type: ignore[untyped-decorator]  # rq's job decorator is unannotated
     def hello(name: str) -> str:
         return name
 

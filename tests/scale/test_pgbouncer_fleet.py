@@ -136,7 +136,7 @@ async def test_sixteen_workers_through_pgbouncer_on_forty_connections(
             "SELECT owner_pid, count(*) FROM runfleet.runs WHERE status = 'running' "
             "GROUP BY 1 ORDER BY 2 DESC",
         )
-        busy = {int(pid) for pid, _ in owners or []}  # type: ignore[call-overload]
+        busy = {int(pid) for pid, _ in owners or []}  # type: ignore[call-overload]  # rows are tuples of object; the column is an integer
         victims = [w for w in workers if w.pid in busy][:KILLED]
         assert len(victims) == KILLED, f"only {len(busy)} workers own runs: {owners}"
         for w in victims:
@@ -176,7 +176,7 @@ async def test_sixteen_workers_through_pgbouncer_on_forty_connections(
     steals = await _poll(
         admin, "SELECT count(*) FROM runfleet.journal WHERE kind = 'stolen-and-activated'"
     )
-    assert steals and int(steals[0][0]) > 0, steals  # type: ignore[call-overload]
+    assert steals and int(steals[0][0]) > 0, steals  # type: ignore[call-overload]  # rows are tuples of object; the column is an integer
     assert peaks.samples >= 3
     # The pooler's server connections, plus at most the test's own direct polls.
     assert peaks.backends <= POOL_SIZE + 2 < MAX_CONNECTIONS, peaks

@@ -94,8 +94,8 @@ async def test_raw_sql_cannot_write_an_answer_or_skip_the_checks(login: MakeLogi
     async with AsyncQueue("default", settings=me.settings, scopes=["s1"]) as q:
         with pytest.raises(NotAnswerable):
             await q.complete(run.id, "sleep:1", "forged")
-        assert await q.store.waits.deferred(run.id, "sleep:1") is None
-        assert await q.store.waits.deferred(run.id, "go") is None
+        assert await q.store.deferreds.deferred(run.id, "sleep:1") is None
+        assert await q.store.deferreds.deferred(run.id, "go") is None
 
 
 async def test_an_ungranted_producer_gets_not_found_from_the_function(login: MakeLogin) -> None:
@@ -111,13 +111,13 @@ async def test_an_ungranted_producer_gets_not_found_from_the_function(login: Mak
     # Through the Queue API, even declaring s1 (past the Python-level check).
     async with AsyncQueue("default", settings=intruder.settings, scopes=["s1", "s2"]) as q:
         with pytest.raises(InvalidInput) as caught:
-            await q.store.waits.answer_event(run.id, "go", "forged")
+            await q.store.deferreds.answer_event(run.id, "go", "forged")
         assert caught.value.field == "run_id"
     # An operator writes nothing, not even through the function.
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         await _raw(operator, ANSWER, (run.id, "go"))
     async with AsyncQueue("default", settings=owner.settings, scopes=["s1"]) as q:
-        assert await q.store.waits.deferred(run.id, "go") is None
+        assert await q.store.deferreds.deferred(run.id, "go") is None
         assert isinstance(await q.complete(run.id, "go", "real"), EventCompleted)
         assert (await q.run(run.id).result(timeout=20))["answer"] == "real"
 

@@ -84,7 +84,7 @@ async def test_raw_sql_cannot_store_more_than_the_caps(login: MakeLogin) -> None
     async with AsyncQueue("default", settings=me.settings, scopes=["s1"]) as q:
         row = await q.store.runs.get("asking")
         assert row is not None and "meta" not in row.state and "junk" not in row.state
-        assert await q.store.waits.deferred("asking", "go") is None
+        assert await q.store.deferreds.deferred("asking", "go") is None
         assert isinstance(await q.complete("asking", "go", "fine"), EventCompleted)
         assert (await q.run("asking").result(timeout=20))["answer"] == "fine"
 

@@ -69,7 +69,7 @@ async def _admit(store: Store, run_id: str, flow: str) -> str:
     row = await store.runs.get(run_id)
     if row is not None:
         return row.flow
-    await store.runs.create(NewRun(id=run_id, flow=flow, delay_until_ms=FAR))
+    await store.admission.create(NewRun(id=run_id, flow=flow, delay_until_ms=FAR))
     return flow
 
 

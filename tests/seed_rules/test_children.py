@@ -72,7 +72,7 @@ async def test_a_settled_child_wakes_the_parents_of_every_round(store: Store) ->
     await make_running(store, "P1")
     await make_running(store, "P2", OWNER_C)
     await create(store, "C", flow="sr.lineage", parent_id="P1")
-    joined = await store.runs.create(NewRun(id="C", flow="sr.lineage", parent_id="P2"))
+    joined = await store.admission.create(NewRun(id="C", flow="sr.lineage", parent_id="P2"))
     assert isinstance(joined, Joined)
     child = await activate(store, "C", OWNER_A)
     last = await handed_off(store, child, Handoff(sr.lineage, (0,)))  # C@1: edge to P1 only
@@ -88,7 +88,7 @@ async def test_a_settled_child_wakes_the_parents_of_every_round(store: Store) ->
     assert isinstance(done, Transitioned) and "P2" in [r.id for r in done.woke]
     p2 = await must_get(store, "P2")
     assert p2.waiting is None, "the second parent of round 0 is woken by round 1"
-    deferred = await store.waits.deferred("P2", f"child:{last.id}")
+    deferred = await store.deferreds.deferred("P2", f"child:{last.id}")
     assert deferred is not None and deferred.value["result"] == 7
 
 
@@ -97,21 +97,21 @@ async def test_a_diamonds_second_parent_gets_an_edge_on_join(store: Store) -> No
     await make_running(store, "P1", parent_id="R")
     await make_running(store, "P2", OWNER_C, parent_id="R")
     await create(store, "D", payload={"n": 1}, parent_id="P1")
-    joined = await store.runs.create(
+    joined = await store.admission.create(
         NewRun(id="D", flow="tests.flow", payload={"n": 1}, parent_id="P2")
     )
     assert isinstance(joined, Joined), joined
     assert [e.parent_id for e in await store.dag.parents("D")] == ["P1", "P2"]
     # Joining again is idempotent; a join that would close a cycle leaves no trace.
     assert isinstance(
-        await store.runs.create(
+        await store.admission.create(
             NewRun(id="D", flow="tests.flow", payload={"n": 1}, parent_id="P2")
         ),
         Joined,
     )
     await create(store, "G", parent_id="D")
     with pytest.raises(FlowCycleDetected):
-        await store.runs.create(NewRun(id="P1", flow="tests.flow", parent_id="G"))
+        await store.admission.create(NewRun(id="P1", flow="tests.flow", parent_id="G"))
     assert [e.parent_id for e in await store.dag.parents("D")] == ["P1", "P2"]
     assert [e.parent_id for e in await store.dag.parents("P1")] == ["R"]
 
@@ -126,11 +126,11 @@ async def test_a_parent_joining_an_already_settled_child_gets_its_outcome_at_onc
     await store.lifecycle.transition_owned(
         "D", OWNER_A, child.epoch, RunStatus.COMPLETED, state_patch={"result": 7.0}
     )
-    joined = await store.runs.create(
+    joined = await store.admission.create(
         NewRun(id="D", flow="tests.flow", payload={"n": 1}, parent_id="P2")
     )
     assert isinstance(joined, Joined), joined
-    done = await store.waits.deferred("P2", "child:D")
+    done = await store.deferreds.deferred("P2", "child:D")
     assert done is not None, "the joining parent is handed the settled child's outcome"
     assert done.value == {
         "status": "completed",
@@ -156,11 +156,11 @@ async def test_a_parent_joining_a_handed_off_child_gets_every_settled_round(
     await store.lifecycle.transition_owned(
         last.id, OWNER_A, last.epoch, RunStatus.COMPLETED, state_patch={"result": "end"}
     )
-    joined = await store.runs.create(NewRun(id="C", flow="sr.lineage", parent_id="P2"))
+    joined = await store.admission.create(NewRun(id="C", flow="sr.lineage", parent_id="P2"))
     assert isinstance(joined, Joined), joined
-    first = await store.waits.deferred("P2", "child:C")
+    first = await store.deferreds.deferred("P2", "child:C")
     assert first is not None and first.value["handed_off_to"] == last.id
-    followed = await store.waits.deferred("P2", f"child:{last.id}")
+    followed = await store.deferreds.deferred("P2", f"child:{last.id}")
     assert followed is not None and followed.value["result"] == "end"
 
 
@@ -177,11 +177,11 @@ async def test_a_parent_parked_on_a_child_it_joins_after_settlement_is_woken(
         "P2", OWNER_C, 1, Waiting(WaitingReason.CHILD, token="D"), deferred="child:D"
     )
     assert isinstance(
-        await store.runs.create(NewRun(id="D", flow="tests.flow", parent_id="P2")), Joined
+        await store.admission.create(NewRun(id="D", flow="tests.flow", parent_id="P2")), Joined
     )
     p2 = await must_get(store, "P2")
     assert p2.status is RunStatus.SUSPENDED and p2.waiting is None, "woken: a claim resumes it"
-    done = await store.waits.deferred("P2", "child:D")
+    done = await store.deferreds.deferred("P2", "child:D")
     assert done is not None and done.value["status"] == "failed"
 
 
@@ -191,7 +191,7 @@ async def test_a_diamonds_second_parent_cancelled_is_inherited_on_join(store: St
     await create(store, "D", parent_id="P1")
     await store.lifecycle.request_cancel("P2")
     at = (await must_get(store, "P2")).cancel_requested_at_ms
-    joined = await store.runs.create(NewRun(id="D", flow="tests.flow", parent_id="P2"))
+    joined = await store.admission.create(NewRun(id="D", flow="tests.flow", parent_id="P2"))
     assert isinstance(joined, Joined)
     assert (await must_get(store, "D")).cancel_requested_at_ms == at
 
@@ -202,9 +202,9 @@ async def test_a_settled_run_gets_no_wake_and_no_receipt_for_a_late_completion(
     run = await make_running(store, "r")
     await store.lifecycle.transition_owned("r", OWNER_A, run.epoch, RunStatus.COMPLETED)
     before = await journal_kinds(store, "r")
-    late = await store.waits.complete_deferred("r", "go", {"late": True})
+    late = await store.deferreds.complete_deferred("r", "go", {"late": True})
     assert isinstance(late.outcome, AlreadyTerminal) and late.woke is False
-    assert await store.waits.deferred("r", "go") is None
+    assert await store.deferreds.deferred("r", "go") is None
     assert await journal_kinds(store, "r") == before, "no receipt journaled"
 
 
@@ -223,10 +223,10 @@ async def test_a_settled_parent_takes_no_child_deferred(store: Store) -> None:
             kid, OWNER_C, row.epoch, status, guard=False, state_patch={"result": kid}
         )
         assert isinstance(done, Transitioned), done
-        assert await store.waits.deferred("P", f"child:{kid}") is None, kid
-    assert await store.waits.completed_deferreds("P") == []
+        assert await store.deferreds.deferred("P", f"child:{kid}") is None, kid
+    assert await store.deferreds.completed_deferreds("P") == []
     assert await journal_kinds(store, "P") == kept
-    live = await store.waits.deferred("live", "child:attached")
+    live = await store.deferreds.deferred("live", "child:attached")
     assert live is not None and live.value["status"] == "cancelled", "a live parent still does"
 
 

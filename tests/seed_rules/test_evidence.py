@@ -112,16 +112,16 @@ async def test_evidence_that_cannot_be_written_never_stops_a_drive(
 async def test_a_rejoined_run_compares_payloads_by_json_value(store: Store) -> None:
     """Key order is not part of a JSON object, and 1.0 and 1 (or -0.0 and 0) are one JSON
     number; a value that differs is a conflict naming the payload."""
-    first = await store.runs.create(
+    first = await store.admission.create(
         NewRun(id="j", flow="sr.waiter", payload={"args": [1.0, -0.0], "kwargs": {"a": 1, "b": 2}})
     )
     assert isinstance(first, Created)
-    again = await store.runs.create(
+    again = await store.admission.create(
         NewRun(id="j", flow="sr.waiter", payload={"kwargs": {"b": 2, "a": 1}, "args": [1, 0]})
     )
     assert isinstance(again, Joined)
     with pytest.raises(ExecutionIdentityConflict) as caught:
-        await store.runs.create(
+        await store.admission.create(
             NewRun(id="j", flow="sr.waiter", payload={"args": [1, 0], "kwargs": {"a": 1}})
         )
     assert caught.value.field == "payload"

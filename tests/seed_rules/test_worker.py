@@ -58,5 +58,5 @@ async def test_a_settled_run_answers_false_to_a_late_completion(
         await run.result(timeout=15)
     before = [r.kind for r in await store.journal.records(run.id)]
     assert isinstance(await queue.complete(run.id, "go", {"late": True}), EventRunSettled)
-    assert await store.waits.deferred(run.id, "go") is None
+    assert await store.deferreds.deferred(run.id, "go") is None
     assert [r.kind for r in await store.journal.records(run.id)] == before

@@ -55,7 +55,7 @@ async def create(
     **extra: Any,
 ) -> RunRow:
     """Admit a new run and insist it was created (not joined)."""
-    outcome = await store.runs.create(
+    outcome = await store.admission.create(
         NewRun(
             id=run_id,
             flow=flow,

@@ -42,7 +42,7 @@ class Boom(Exception):
 
 
 async def test_create_admits_a_pending_row_with_its_state(store: Store) -> None:
-    outcome = await store.runs.create(
+    outcome = await store.admission.create(
         NewRun(
             id="r1",
             flow="orders.fulfil",
@@ -85,12 +85,12 @@ async def test_identical_readmission_joins_regardless_of_key_and_scope_order(
     first = NewRun(
         id="r1", flow="f", payload={"a": 1, "b": {"x": [1, 2], "y": None}}, scopes=("s1", "s2")
     )
-    created = await store.runs.create(first)
+    created = await store.admission.create(first)
     assert isinstance(created, Created)
     again = NewRun(
         id="r1", flow="f", payload={"b": {"y": None, "x": [1, 2]}, "a": 1}, scopes=("s2", "s1")
     )
-    joined = await store.runs.create(again)
+    joined = await store.admission.create(again)
     assert isinstance(joined, Joined)
     assert joined.row.id == "r1" and joined.row.created_at_ms == created.row.created_at_ms
     assert await journal_kinds(store, "r1") == ["created"]
@@ -98,7 +98,7 @@ async def test_identical_readmission_joins_regardless_of_key_and_scope_order(
 
 async def test_join_sees_the_run_as_it_is_now(store: Store) -> None:
     await make_running(store, "r1", flow="f")
-    joined = await store.runs.create(NewRun(id="r1", flow="f"))
+    joined = await store.admission.create(NewRun(id="r1", flow="f"))
     assert isinstance(joined, Joined)
     assert joined.row.status is RunStatus.RUNNING and joined.row.owner == OWNER_A
 
@@ -119,12 +119,12 @@ async def test_readmission_with_a_different_identity_names_the_field(
     await create(store, "p1", scopes=("s1", "s2"))
     await create(store, "p2", scopes=("s1", "s2"))
     original = NewRun(id="r1", flow="f", payload={"n": 1}, scopes=("s1", "s2"), parent_id="p1")
-    assert isinstance(await store.runs.create(original), Created)
+    assert isinstance(await store.admission.create(original), Created)
     before = await counts(database_url)
     row_before = await must_get(store, "r1")
 
     with pytest.raises(ExecutionIdentityConflict) as caught:
-        await store.runs.create(replace(original, **changed))
+        await store.admission.create(replace(original, **changed))
 
     assert caught.value.field == field
     assert caught.value.run_id == "r1"
@@ -135,7 +135,7 @@ async def test_readmission_with_a_different_identity_names_the_field(
 async def test_conflict_names_the_first_differing_field(store: Store) -> None:
     await create(store, "r1", flow="f", payload=1)
     with pytest.raises(ExecutionIdentityConflict) as caught:
-        await store.runs.create(NewRun(id="r1", flow="g", payload=2))
+        await store.admission.create(NewRun(id="r1", flow="g", payload=2))
     assert caught.value.field == "flow"
     assert caught.value.attempted == "g"
     assert "'f'" not in str(caught.value) and not hasattr(caught.value, "existing")
@@ -145,7 +145,7 @@ async def test_conflict_on_missing_versus_present_parent(store: Store) -> None:
     await create(store, "p1")
     await create(store, "r1")
     with pytest.raises(ExecutionIdentityConflict) as caught:
-        await store.runs.create(NewRun(id="r1", flow="tests.flow", parent_id="p1"))
+        await store.admission.create(NewRun(id="r1", flow="tests.flow", parent_id="p1"))
     assert caught.value.field == "parent"
     assert await store.dag.parents("r1") == []
 
@@ -193,7 +193,7 @@ async def test_child_of_a_missing_parent_is_refused_and_writes_nothing(
 ) -> None:
     before = await counts(database_url)
     with pytest.raises(InvalidInput) as caught:
-        await store.runs.create(NewRun(id="child", flow="f", parent_id="ghost"))
+        await store.admission.create(NewRun(id="child", flow="f", parent_id="ghost"))
     assert caught.value.field == "parent_id"
     assert await counts(database_url) == before
 
@@ -237,7 +237,9 @@ async def test_child_may_narrow_but_not_widen_its_parents_scopes(
     assert narrowed.scopes == ("a",)
     before = await counts(database_url)
     with pytest.raises(InvalidInput) as caught:
-        await store.runs.create(NewRun(id="wide", flow="f", parent_id="parent", scopes=("a", "c")))
+        await store.admission.create(
+            NewRun(id="wide", flow="f", parent_id="parent", scopes=("a", "c"))
+        )
     assert caught.value.field == "scopes"
     assert await counts(database_url) == before
     assert await store.runs.get("wide") is None
@@ -279,7 +281,7 @@ async def test_concurrent_identical_admissions_create_once(
         for i in range(20):
             run_id = f"r{i}"
             new = NewRun(id=run_id, flow="f", payload={"i": i})
-            outcomes = await race([partial(s.runs.create, new) for s in stores])
+            outcomes = await race([partial(s.admission.create, new) for s in stores])
             assert sum(isinstance(o, Created) for o in outcomes) == 1, outcomes
             assert sum(isinstance(o, Joined) for o in outcomes) == len(stores) - 1
             assert await journal_kinds(store, run_id) == ["created"]
@@ -292,7 +294,7 @@ async def test_another_id_for_a_taken_lineage_round_is_refused(
     await create(store, "r0", lineage_id="lin")
     before = await counts(database_url)
     with pytest.raises(InvalidInput) as caught:
-        await store.runs.create(NewRun(id="imposter", flow="f", lineage_id="lin"))
+        await store.admission.create(NewRun(id="imposter", flow="f", lineage_id="lin"))
     assert caught.value.field == "round_ordinal"
     assert await counts(database_url) == before
     assert await store.runs.get("imposter") is None
@@ -369,7 +371,7 @@ async def test_get_for_update_holds_the_row_until_the_transaction_ends(
 async def test_admit_each_gives_every_run_its_own_outcome(store: Store, database_url: str) -> None:
     """A group commit's batch: a conflict or an invalid run is that run's error alone."""
     await create(store, "taken", flow="f", payload={"n": 1})
-    outcomes = await store.runs.admit_each(
+    outcomes = await store.admission.admit_each(
         [
             NewRun(id="a", flow="f"),
             NewRun(id="taken", flow="f", payload={"n": 2}),  # another identity
@@ -401,12 +403,12 @@ async def test_a_batch_past_the_text_cap_goes_as_several_pipelines(
     monkeypatch.setattr(admit, "BATCH_TEXT", 50)
     news = [NewRun(id=f"r{i}", flow="f", payload={"text": "y" * 40}) for i in range(5)]
     news.append(NewRun(id="r0", flow="f", payload={"text": "y" * 40}))
-    outcomes = await store.runs.create_many(news)
+    outcomes = await store.admission.create_many(news)
     assert [type(o).__name__ for o in outcomes] == ["Created"] * 5 + ["Joined"]
     for new in news[:5]:
         assert await journal_kinds(store, new.id) == ["created"]
     with pytest.raises(ExecutionIdentityConflict):  # all or nothing, across pipelines too
-        await store.runs.create_many(
+        await store.admission.create_many(
             [NewRun(id=f"s{i}", flow="f", payload={"text": "z" * 40}) for i in range(3)]
             + [NewRun(id="r1", flow="other")]
         )

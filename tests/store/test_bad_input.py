@@ -55,13 +55,13 @@ async def test_create_refuses_bad_identifiers(
 ) -> None:
     for bad in BAD_IDS:
         new = replace(GOOD, **{attr: bad})
-        await _refused(database_url, field, partial(store.runs.create, new), bad)
+        await _refused(database_url, field, partial(store.admission.create, new), bad)
 
 
 async def test_create_refuses_a_payload_that_is_not_json(store: Store, database_url: str) -> None:
     for bad in BAD_JSON:
         new = replace(GOOD, payload=bad)
-        await _refused(database_url, "payload", partial(store.runs.create, new), bad)
+        await _refused(database_url, "payload", partial(store.admission.create, new), bad)
 
 
 async def test_create_refuses_an_oversized_payload(
@@ -69,11 +69,11 @@ async def test_create_refuses_an_oversized_payload(
 ) -> None:
     too_big = "x" * settings.max_payload_bytes  # plus two quotes once encoded
     error = await _refused(
-        database_url, "payload", partial(store.runs.create, replace(GOOD, payload=too_big))
+        database_url, "payload", partial(store.admission.create, replace(GOOD, payload=too_big))
     )
     assert str(settings.max_payload_bytes) in error.problem
     just_fits = "x" * (settings.max_payload_bytes - 2)
-    assert isinstance(await store.runs.create(replace(GOOD, payload=just_fits)), Created)
+    assert isinstance(await store.admission.create(replace(GOOD, payload=just_fits)), Created)
 
 
 async def test_create_refuses_oversized_or_non_json_extra(
@@ -81,7 +81,7 @@ async def test_create_refuses_oversized_or_non_json_extra(
 ) -> None:
     for extra in ({"blob": "y" * settings.max_payload_bytes}, {"s": {1}}):
         new = replace(GOOD, extra=extra)
-        await _refused(database_url, "extra", partial(store.runs.create, new))
+        await _refused(database_url, "extra", partial(store.admission.create, new))
 
 
 async def test_create_accepts_the_longest_identifier_and_odd_but_legal_json(store: Store) -> None:
@@ -103,7 +103,7 @@ async def test_create_refuses_bad_identity_fields(store: Store, database_url: st
     ]
     for changes, field in cases:
         new = replace(GOOD, **changes)
-        await _refused(database_url, field, partial(store.runs.create, new), changes)
+        await _refused(database_url, field, partial(store.admission.create, new), changes)
 
 
 # ---- owned writes ------------------------------------------------------------
@@ -164,7 +164,7 @@ async def test_complete_deferred_refuses_bad_name_value_or_metadata(
     store: Store, settings: Settings, database_url: str
 ) -> None:
     await create(store, "r1")
-    waits = store.waits
+    waits = store.deferreds
     await _refused(database_url, "deferred name", partial(waits.complete_deferred, "r1", ""))
     await _refused(database_url, "value", partial(waits.complete_deferred, "r1", "d", float("nan")))
     await _refused(

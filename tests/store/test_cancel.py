@@ -232,7 +232,9 @@ async def test_race_child_admission_against_parent_cancel_never_orphans(
             await make_running(store, parent_id)
 
             admitted, cancelled = await race_pair(
-                partial(admitter.runs.create, NewRun(id=child_id, flow="f", parent_id=parent_id)),
+                partial(
+                    admitter.admission.create, NewRun(id=child_id, flow="f", parent_id=parent_id)
+                ),
                 partial(canceller.lifecycle.request_cancel, parent_id),
                 second_starts_first=i % 2 == 1,
                 gate=row_lock_gate(database_url, parent_id) if i % 4 < 2 else None,

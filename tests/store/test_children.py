@@ -55,7 +55,7 @@ async def test_settled_child_completes_every_parents_deferred(store: Store) -> N
     )
     assert isinstance(outcome, Transitioned)
     for parent in ("p1", "p2"):
-        deferred = await store.waits.deferred(parent, "child:kid")
+        deferred = await store.deferreds.deferred(parent, "child:kid")
         assert deferred is not None, parent
         assert deferred.value == {
             "status": "completed",
@@ -76,7 +76,7 @@ async def test_settled_child_wakes_the_parent_parked_on_it(store: Store) -> None
     assert isinstance(settled, Transitioned) and [r.id for r in settled.woke] == ["parent"]
     parent = await must_get(store, "parent")
     assert parent.status is RunStatus.SUSPENDED and parent.waiting is None
-    deferred = await store.waits.deferred("parent", "child:kid")
+    deferred = await store.deferreds.deferred("parent", "child:kid")
     assert deferred is not None and deferred.value["status"] == "failed"
 
 
@@ -96,7 +96,7 @@ async def test_a_child_closed_by_a_cascade_notifies_its_other_parents(store: Sto
     assert (await must_get(store, "shared")).status is RunStatus.CANCELLED
     waiter = await must_get(store, "waiter")
     assert waiter.waiting is None, "the diamond parent must be woken"
-    deferred = await store.waits.deferred("waiter", "child:shared")
+    deferred = await store.deferreds.deferred("waiter", "child:shared")
     assert deferred is not None and deferred.value["status"] == "cancelled"
 
 
@@ -106,7 +106,7 @@ async def test_detached_child_settling_still_notifies_its_parent(store: Store) -
         store, "kid", OWNER_B, parent_id="parent", on_parent_exit=OnParentExit.DETACH
     )
     await store.lifecycle.transition_owned("kid", OWNER_B, 1, RunStatus.COMPLETED)
-    assert await store.waits.deferred("parent", "child:kid") is not None
+    assert await store.deferreds.deferred("parent", "child:kid") is not None
 
 
 async def test_park_waits_for_a_child_settlement_in_flight(
@@ -182,7 +182,7 @@ async def test_race_child_settlement_against_parent_park_is_never_lost(
             assert isinstance(settled, Transitioned), settled
             parent = await must_get(store, parent_id)
             assert parent.waiting is None, f"wake lost: {parked!r}"
-            assert await store.waits.deferred(parent_id, f"child:{kid_id}") is not None
+            assert await store.deferreds.deferred(parent_id, f"child:{kid_id}") is not None
             if isinstance(parked, AlreadySatisfied):
                 assert parent.status is RunStatus.RUNNING
             else:
@@ -215,7 +215,7 @@ async def test_a_join_waits_for_a_child_settlement_in_flight(
         try:
             await settling.wait()
             join = asyncio.ensure_future(
-                store.runs.create(NewRun(id="kid", flow="tests.flow", parent_id="second"))
+                store.admission.create(NewRun(id="kid", flow="tests.flow", parent_id="second"))
             )
             await until(
                 partial(lock_waiters, settings.database_url),
@@ -229,7 +229,7 @@ async def test_a_join_waits_for_a_child_settlement_in_flight(
             may_commit.set()  # never leave the settlement's transaction open
             await settler
         assert isinstance(await join, Joined)
-    done = await store.waits.deferred("second", "child:kid")
+    done = await store.deferreds.deferred("second", "child:kid")
     assert done is not None and done.value["result"] == "r"
 
 
@@ -244,7 +244,7 @@ async def test_race_child_settlement_against_a_second_parent_joining_is_never_lo
             await make_running(store, kid_id, OWNER_B, parent_id=first)
             joined, settled = await race_pair(
                 partial(
-                    parent_side.runs.create,
+                    parent_side.admission.create,
                     NewRun(id=kid_id, flow="tests.flow", parent_id=second),
                 ),
                 partial(
@@ -259,5 +259,5 @@ async def test_race_child_settlement_against_a_second_parent_joining_is_never_lo
             assert isinstance(joined, Joined), joined
             assert isinstance(settled, Transitioned), settled
             for parent in (first, second):
-                got = await store.waits.deferred(parent, f"child:{kid_id}")
+                got = await store.deferreds.deferred(parent, f"child:{kid_id}")
                 assert got is not None, f"{parent} never got the outcome of {kid_id}"

@@ -401,7 +401,7 @@ async def test_a_snapshot_from_an_earlier_tenure_loses_even_if_the_row_looks_ali
     from runfleet.store.types import Activated, NewRun, SnapshotChanged, Waiting
 
     a, b, c = Owner("h", 1, "a"), Owner("h", 2, "b"), Owner("h", 3, "c")
-    created = await store.runs.create(NewRun(id="aba", flow="f"))
+    created = await store.admission.create(NewRun(id="aba", flow="f"))
     first = await store.runs.claim_and_activate("aba", created.row.snapshot, a)
     assert isinstance(first, Activated)
     await store.waits.park("aba", a, first.row.epoch, Waiting(reason=WaitingReason.EVENT))

@@ -45,7 +45,7 @@ FAR = 10**15
 
 async def test_first_completion_wins(store: Store) -> None:
     await create(store, "r1")
-    first = await store.waits.complete_deferred("r1", "evt", {"v": 1}, {"by": "alice"})
+    first = await store.deferreds.complete_deferred("r1", "evt", {"v": 1}, {"by": "alice"})
     assert isinstance(first.outcome, DeferredCompleted) and first.woke is False
     row = first.outcome.row
     assert (row.run_id, row.name, row.value, row.metadata) == (
@@ -56,10 +56,10 @@ async def test_first_completion_wins(store: Store) -> None:
     )
     assert row.completed_at_ms > 0 and row.consumed_at_ms is None
 
-    second = await store.waits.complete_deferred("r1", "evt", {"v": 2}, {"by": "bob"})
+    second = await store.deferreds.complete_deferred("r1", "evt", {"v": 2}, {"by": "bob"})
     assert isinstance(second.outcome, DeferredExisting) and second.woke is False
     assert second.outcome.row == row
-    assert await store.waits.deferred("r1", "evt") == row
+    assert await store.deferreds.deferred("r1", "evt") == row
     assert (await journal_kinds(store, "r1")).count("deferred-completed") == 1
 
 
@@ -67,13 +67,13 @@ async def test_a_losing_completion_is_told_whether_the_winner_has_its_digest(
     store: Store,
 ) -> None:
     await create(store, "r1")
-    first = await store.waits.complete_deferred("r1", "evt", {"b": 2, "a": 1.5})
+    first = await store.deferreds.complete_deferred("r1", "evt", {"b": 2, "a": 1.5})
     assert isinstance(first.outcome, DeferredCompleted)
     won = first.outcome.row
     assert won.digest == text_digest('{"a":1.5,"b":2}'), "the digest of the text stored"
-    retried = await store.waits.complete_deferred("r1", "evt", {"a": 1.5, "b": 2})
+    retried = await store.deferreds.complete_deferred("r1", "evt", {"a": 1.5, "b": 2})
     assert retried.outcome == DeferredExisting(won, same=True), "its own value won"
-    other = await store.waits.complete_deferred("r1", "evt", {"a": 2})
+    other = await store.deferreds.complete_deferred("r1", "evt", {"a": 2})
     assert other.outcome == DeferredExisting(won, same=False), "another value won"
     (record,) = [r for r in await store.journal.records("r1") if r.kind == "deferred-completed"]
     assert record.payload["digest"] == won.digest, "the journal says which value won"
@@ -83,53 +83,53 @@ async def test_a_waits_timeout_is_a_completion_no_later_answer_overwrites(
     store: Store,
 ) -> None:
     await create(store, "r1")
-    timed = await store.waits.time_out("r1", "evt")
+    timed = await store.deferreds.time_out("r1", "evt")
     assert isinstance(timed.outcome, DeferredCompleted) and timed.outcome.row.timed_out
-    late = await store.waits.answer_event("r1", "evt", None)
+    late = await store.deferreds.answer_event("r1", "evt", None)
     assert late == EventTimedOut("r1", "evt"), "never taken for an answer, even a null one"
-    again = await store.waits.complete_deferred("r1", "evt", None)
+    again = await store.deferreds.complete_deferred("r1", "evt", None)
     assert again.outcome == DeferredExisting(timed.outcome.row, same=False)
-    assert await store.waits.time_out("r1", "evt") == Completion(
+    assert await store.deferreds.time_out("r1", "evt") == Completion(
         DeferredExisting(timed.outcome.row, same=False), woke=False
     )
 
     await create(store, "r2")
-    answered = await store.waits.answer_event("r2", "evt", "in time")
+    answered = await store.deferreds.answer_event("r2", "evt", "in time")
     assert isinstance(answered, EventCompleted)
-    lost = await store.waits.time_out("r2", "evt")
+    lost = await store.deferreds.time_out("r2", "evt")
     assert isinstance(lost.outcome, DeferredExisting) and not lost.outcome.row.timed_out
     assert lost.outcome.row.value == "in time", "an answer that came first stands"
 
 
 async def test_completion_with_no_value(store: Store) -> None:
     await create(store, "r1")
-    done = await store.waits.complete_deferred("r1", "evt")
+    done = await store.deferreds.complete_deferred("r1", "evt")
     assert isinstance(done.outcome, DeferredCompleted)
-    got = await store.waits.deferred("r1", "evt")
+    got = await store.deferreds.deferred("r1", "evt")
     assert got is not None and got.value is None and got.metadata is None
 
 
 async def test_completion_for_an_unknown_run_is_refused(store: Store, database_url: str) -> None:
     before = await counts(database_url)
     with pytest.raises(InvalidInput) as caught:
-        await store.waits.complete_deferred("ghost", "evt", 1)
+        await store.deferreds.complete_deferred("ghost", "evt", 1)
     assert caught.value.field == "run_id"
     assert await counts(database_url) == before
 
 
 async def test_deferred_get_of_unknown_is_none(store: Store) -> None:
     await create(store, "r1")
-    assert await store.waits.deferred("r1", "nothing") is None
-    assert await store.waits.deferred("ghost", "evt") is None
+    assert await store.deferreds.deferred("r1", "nothing") is None
+    assert await store.deferreds.deferred("ghost", "evt") is None
 
 
 async def test_consume_marks_once(store: Store) -> None:
     await create(store, "r1")
-    await store.waits.complete_deferred("r1", "evt", 1)
-    assert await store.waits.consume_deferred("r1", "evt") is True
-    assert await store.waits.consume_deferred("r1", "evt") is False
-    assert await store.waits.consume_deferred("r1", "never-completed") is False
-    consumed = await store.waits.deferred("r1", "evt")
+    await store.deferreds.complete_deferred("r1", "evt", 1)
+    assert await store.deferreds.consume_deferred("r1", "evt") is True
+    assert await store.deferreds.consume_deferred("r1", "evt") is False
+    assert await store.deferreds.consume_deferred("r1", "never-completed") is False
+    consumed = await store.deferreds.deferred("r1", "evt")
     assert consumed is not None and consumed.consumed_at_ms is not None
     assert consumed.value == 1, "the row stays as replay evidence"
 
@@ -137,16 +137,16 @@ async def test_consume_marks_once(store: Store) -> None:
 async def test_completed_deferreds_lists_a_runs_completions_in_order(store: Store) -> None:
     await create(store, "r1")
     await create(store, "r2")
-    first = await store.waits.complete_deferred("r1", "b-first", 1)
+    first = await store.deferreds.complete_deferred("r1", "b-first", 1)
     assert isinstance(first.outcome, DeferredCompleted)
     await wait_db_time_past(store, first.outcome.row.completed_at_ms)
-    await store.waits.complete_deferred("r1", "a-second", 2)
-    await store.waits.complete_deferred("r2", "other", 3)
-    await store.waits.consume_deferred("r1", "b-first")
-    listed = await store.waits.completed_deferreds("r1")
+    await store.deferreds.complete_deferred("r1", "a-second", 2)
+    await store.deferreds.complete_deferred("r2", "other", 3)
+    await store.deferreds.consume_deferred("r1", "b-first")
+    listed = await store.deferreds.completed_deferreds("r1")
     assert [(d.name, d.value) for d in listed] == [("b-first", 1), ("a-second", 2)]
     assert listed[0].consumed_at_ms is not None
-    assert await store.waits.completed_deferreds("ghost") == []
+    assert await store.deferreds.completed_deferreds("ghost") == []
 
 
 # ---- clocks ------------------------------------------------------------------
@@ -184,7 +184,7 @@ async def test_complete_clock_fires_once_and_completes_its_deferred(store: Store
     assert isinstance(fired.outcome, ClockCompleted) and fired.woke is False
     fired_at = fired.outcome.row.completed_at_ms
     assert fired_at is not None
-    deferred = await store.waits.deferred("r1", "nap:done")
+    deferred = await store.deferreds.deferred("r1", "nap:done")
     assert deferred is not None
     assert deferred.value == {"fired_at_ms": fired_at}
 
@@ -214,10 +214,10 @@ async def test_firing_a_clock_whose_deferred_was_already_completed(store: Store)
     await make_parked(store, "r1", Waiting(WaitingReason.TIMER), deferred="other")
     await make_running(store, "r2")
     await store.waits.schedule_clock("r2", "nap", "nap:done", 1, OWNER_A, 1)
-    await store.waits.complete_deferred("r2", "nap:done", "early")
+    await store.deferreds.complete_deferred("r2", "nap:done", "early")
     fired = await store.waits.complete_clock("r2", "nap")
     assert isinstance(fired.outcome, ClockCompleted) and fired.woke is False
-    got = await store.waits.deferred("r2", "nap:done")
+    got = await store.deferreds.deferred("r2", "nap:done")
     assert got is not None and got.value == "early"
 
 
@@ -248,4 +248,4 @@ async def test_pending_clocks_and_complete_run_clocks(store: Store) -> None:
     assert await store.waits.complete_run_clocks("r1") == 0
     assert await store.waits.pending_clocks("r1") == []
     assert [c.name for c in await store.waits.pending_clocks("r2")] == ["w"]
-    assert await store.waits.deferred("r1", "dy") is None, "closing clocks completes nothing"
+    assert await store.deferreds.deferred("r1", "dy") is None, "closing clocks completes nothing"

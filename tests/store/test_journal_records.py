@@ -312,7 +312,7 @@ async def _drive_the_writers(store: Store) -> None:
         OWNER_B, ["c1"], reconfirm=Reconfirmation(epochs={"c1": 1}, unconfirmed_ms=5)
     )
     await store.waits.park("c1", OWNER_B, 1, Waiting(reason=WaitingReason.EVENT), deferred="d")
-    await store.waits.complete_deferred("c1", "d", {"ok": True}, {"answered_by": "ops"})
+    await store.deferreds.complete_deferred("c1", "d", {"ok": True}, {"answered_by": "ops"})
     await make_running(store, "w1")
     await store.waits.park("w1", OWNER_A, 1, Waiting(reason=WaitingReason.EVENT), deferred="e")
     await store.waits.wake("w1")

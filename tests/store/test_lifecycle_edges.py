@@ -191,7 +191,7 @@ async def test_a_settled_child_hands_its_error_and_handoff_to_its_parent(store: 
     await store.lifecycle.transition_owned(
         "kid", OWNER_B, 1, RunStatus.FAILED, state_patch={"error": error}
     )
-    deferred = await store.waits.deferred("p", "child:kid")
+    deferred = await store.deferreds.deferred("p", "child:kid")
     assert deferred is not None
     assert deferred.value == {
         "status": "failed",
@@ -239,12 +239,12 @@ def test_the_per_item_check_refuses_an_unstorable_patch(store: Store) -> None:
 
 async def test_a_status_that_is_not_one_is_refused_by_name(store: Store) -> None:
     row = await make_running(store, "r")
-    bogus = Settle("r", row.epoch, "bogus", {}, Kind.TRANSITIONED, None)  # type: ignore[arg-type]
+    bogus = Settle("r", row.epoch, "bogus", {}, Kind.TRANSITIONED, None)  # type: ignore[arg-type]  # a status that is not one, on purpose
     with pytest.raises(InvalidInput) as caught:
         await store.lifecycle.settle_many(OWNER_A, [bogus])
     assert caught.value.field == "status"
     with pytest.raises(InvalidInput) as single:
-        await store.lifecycle.transition_owned("r", OWNER_A, row.epoch, "bogus")  # type: ignore[arg-type]
+        await store.lifecycle.transition_owned("r", OWNER_A, row.epoch, "bogus")  # type: ignore[arg-type]  # a status that is not one, on purpose
     assert single.value.field == "to_status"
 
 

@@ -98,8 +98,8 @@ async def test_recorded_values_come_back_identical_with_their_digest_intact(
     assert replayed.stored == encode_canonical(value, 10**9, "x")
 
     # The same value as a deferred's completion and as the run's result.
-    await store.waits.complete_deferred(run_id, "d", value)
-    deferred = await store.waits.deferred(run_id, "d")
+    await store.deferreds.complete_deferred(run_id, "d", value)
+    deferred = await store.deferreds.deferred(run_id, "d")
     assert deferred is not None and identical(deferred.value, value)
     done = await store.lifecycle.transition_owned(
         run_id, OWNER_A, 1, RunStatus.COMPLETED, state_patch={"result": value}
@@ -286,27 +286,29 @@ async def test_an_unstorable_result_settles_nothing(store: Store) -> None:
 
 async def test_payloads_compare_by_json_value(store: Store) -> None:
     payload = {"args": [-0.0, 1e16, 2**60, 1.5e300, 1e21, 5e-324], "kwargs": {"x": [2.0**60]}}
-    first = await store.runs.create(NewRun(id="same", flow="tests.flow", payload=payload))
-    again = await store.runs.create(NewRun(id="same", flow="tests.flow", payload=payload))
+    first = await store.admission.create(NewRun(id="same", flow="tests.flow", payload=payload))
+    again = await store.admission.create(NewRun(id="same", flow="tests.flow", payload=payload))
     assert isinstance(first, Created) and isinstance(again, Joined)
-    batch = await store.runs.create_many(
+    batch = await store.admission.create_many(
         [NewRun(id="same", flow="tests.flow", payload=payload)] * 2
     )
     assert all(isinstance(outcome, Joined) for outcome in batch)
 
 
 async def test_a_different_payload_still_conflicts(store: Store) -> None:
-    await store.runs.create(NewRun(id="p", flow="tests.flow", payload={"args": [1.5e300, -0.0]}))
+    await store.admission.create(
+        NewRun(id="p", flow="tests.flow", payload={"args": [1.5e300, -0.0]})
+    )
     for other in ([1.6e300, -0.0], [1.5e300, 5e-324], [1.5e300, "0"], [1.5e300, False]):
         with pytest.raises(ExecutionIdentityConflict) as caught:
-            await store.runs.create(NewRun(id="p", flow="tests.flow", payload={"args": other}))
+            await store.admission.create(NewRun(id="p", flow="tests.flow", payload={"args": other}))
         assert caught.value.field == "payload"
 
 
 async def test_one_point_zero_and_one_are_the_same_json_number(store: Store) -> None:
     """JSON has one number type: 1.0 and 1 denote the same value, so they join (README)."""
-    await store.runs.create(NewRun(id="n", flow="tests.flow", payload={"args": [1.0]}))
-    joined = await store.runs.create(NewRun(id="n", flow="tests.flow", payload={"args": [1]}))
+    await store.admission.create(NewRun(id="n", flow="tests.flow", payload={"args": [1.0]}))
+    joined = await store.admission.create(NewRun(id="n", flow="tests.flow", payload={"args": [1]}))
     assert isinstance(joined, Joined)
 
 
@@ -317,15 +319,15 @@ async def test_a_payload_that_cannot_be_stored_is_a_typed_error_not_a_driver_err
     refused before writing (the payload), or refused by Postgres (jsonb rejects a lone
     surrogate in ``extra``, which only the JSON syntax check saw)."""
     with pytest.raises(UnstorableValue) as caught:
-        await store.runs.create(NewRun(id="s", flow="tests.flow", payload={"s": "\ud800"}))
+        await store.admission.create(NewRun(id="s", flow="tests.flow", payload={"s": "\ud800"}))
     assert caught.value.field == "payload" and "lone surrogate" in caught.value.problem
     with pytest.raises(UnstorableValue) as refused:
-        await store.runs.create(NewRun(id="s", flow="tests.flow", extra={"note": "\ud800"}))
+        await store.admission.create(NewRun(id="s", flow="tests.flow", extra={"note": "\ud800"}))
     assert "Postgres refused it" in refused.value.problem
     assert isinstance(refused.value.__cause__, psycopg.DataError)
     assert await store.runs.get("s") is None
     with pytest.raises(UnstorableValue):
-        await store.runs.create_many(
+        await store.admission.create_many(
             [NewRun(id=f"s{i}", flow="tests.flow", extra={"x": ["\udc00"]}) for i in range(2)]
         )
     assert await store.runs.get_many(["s0", "s1"]) == []
@@ -334,6 +336,6 @@ async def test_a_payload_that_cannot_be_stored_is_a_typed_error_not_a_driver_err
 async def test_payloads_come_back_identical(store: Store) -> None:
     """A flow's arguments are what the producer passed: 1e16 stays a float, 2**70 an int."""
     payload = {"args": list(SPECIALS), "kwargs": {"z": -0.0, "a": {"deep": [1e21]}}}
-    created = await store.runs.create(NewRun(id="p", flow="tests.flow", payload=payload))
+    created = await store.admission.create(NewRun(id="p", flow="tests.flow", payload=payload))
     assert isinstance(created, Created) and identical(created.row.payload, payload)
     assert identical((await must_get(store, "p")).payload, payload)

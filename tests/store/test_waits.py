@@ -114,7 +114,7 @@ async def test_park_with_a_cancel_request_is_guard_failed(store: Store) -> None:
 
 async def test_park_on_an_already_completed_deferred_keeps_running(store: Store) -> None:
     await make_running(store, "r1")
-    await store.waits.complete_deferred("r1", "evt", {"v": 1})
+    await store.deferreds.complete_deferred("r1", "evt", {"v": 1})
     outcome = await store.waits.park("r1", OWNER_A, 1, Waiting(WaitingReason.EVENT), deferred="evt")
     assert outcome == AlreadySatisfied("evt")
     row = await must_get(store, "r1")
@@ -124,10 +124,10 @@ async def test_park_on_an_already_completed_deferred_keeps_running(store: Store)
 
 async def test_completion_after_a_park_wakes_the_run(store: Store) -> None:
     await make_parked(store, "r1", Waiting(WaitingReason.EVENT), deferred="evt")
-    other = await store.waits.complete_deferred("r1", "unrelated", 0)
+    other = await store.deferreds.complete_deferred("r1", "unrelated", 0)
     assert other.woke is False
     assert (await must_get(store, "r1")).waiting is not None
-    done = await store.waits.complete_deferred("r1", "evt", {"v": 1})
+    done = await store.deferreds.complete_deferred("r1", "evt", {"v": 1})
     assert isinstance(done.outcome, DeferredCompleted) and done.woke is True
     row = await must_get(store, "r1")
     assert row.status is RunStatus.SUSPENDED and row.waiting is None
@@ -139,7 +139,7 @@ async def test_completion_after_a_park_wakes_the_run(store: Store) -> None:
 
 async def test_completion_does_not_wake_a_quarantined_run(store: Store) -> None:
     await make_parked(store, "r1", Waiting(WaitingReason.QUARANTINE), deferred="evt")
-    done = await store.waits.complete_deferred("r1", "evt", 1)
+    done = await store.deferreds.complete_deferred("r1", "evt", 1)
     assert done.woke is False
     assert (await must_get(store, "r1")).waiting == Waiting(WaitingReason.QUARANTINE)
 
@@ -336,7 +336,7 @@ async def test_race_completion_against_park_is_never_lost(
                     Waiting(WaitingReason.EVENT),
                     deferred="evt",
                 ),
-                partial(completer.waits.complete_deferred, run_id, "evt", {"i": run_id}),
+                partial(completer.deferreds.complete_deferred, run_id, "evt", {"i": run_id}),
                 second_starts_first=i % 2 == 1,
                 gate=row_lock_gate(database_url, run_id) if i % 4 < 2 else None,
             )
@@ -354,7 +354,7 @@ async def test_race_completion_against_park_is_never_lost(
                 assert completion.woke is True, "a parked run's completion must wake it"
                 assert row.status is RunStatus.SUSPENDED
                 seen.add("woken")
-            deferred = await store.waits.deferred(run_id, "evt")
+            deferred = await store.deferreds.deferred(run_id, "evt")
             assert deferred is not None and deferred.value == {"i": run_id}
     assert seen == {"satisfied", "woken"}, "both orders must have been exercised"
 
@@ -369,9 +369,11 @@ async def test_answer_approval_needs_the_pending_token(store: Store) -> None:
         Waiting(WaitingReason.APPROVAL, token="tok-1", request={"amount": 3}),
         deferred="appr",
     )
-    assert await store.waits.answer_approval("r1", "wrong", approved=True, actor="alice") is None
+    assert (
+        await store.deferreds.answer_approval("r1", "wrong", approved=True, actor="alice") is None
+    )
     assert (await must_get(store, "r1")).waiting is not None
-    done = await store.waits.answer_approval(
+    done = await store.deferreds.answer_approval(
         "r1", "tok-1", approved=True, value={"limit": 9}, actor="alice", reason="fine"
     )
     assert done is not None and done.woke is True
@@ -391,14 +393,14 @@ async def test_answer_approval_needs_the_pending_token(store: Store) -> None:
         "reason": "fine",
     }
     # Answered: the token is no longer pending, a second answer changes nothing.
-    assert await store.waits.answer_approval("r1", "tok-1", approved=False, actor="bob") is None
-    kept = await store.waits.deferred("r1", "appr")
+    assert await store.deferreds.answer_approval("r1", "tok-1", approved=False, actor="bob") is None
+    kept = await store.deferreds.deferred("r1", "appr")
     assert kept is not None and kept.value["approved"] is True
 
 
 async def test_a_denial_is_journaled_as_such(store: Store) -> None:
     await make_parked(store, "r1", Waiting(WaitingReason.APPROVAL, token="t"), deferred="appr")
-    done = await store.waits.answer_approval("r1", "t", approved=False, actor="bob")
+    done = await store.deferreds.answer_approval("r1", "t", approved=False, actor="bob")
     assert done is not None and done.woke is True
     assert (await store.journal.last("r1", limit=1))[0].kind == "approval-denied"
 
@@ -407,12 +409,12 @@ async def test_answer_approval_refuses_a_run_not_awaiting_approval(
     store: Store, database_url: str
 ) -> None:
     await make_parked(store, "r1", Waiting(WaitingReason.EVENT, token="t"), deferred="evt")
-    assert await store.waits.answer_approval("r1", "t", approved=True, actor="alice") is None
+    assert await store.deferreds.answer_approval("r1", "t", approved=True, actor="alice") is None
     before = await counts(database_url)
     with pytest.raises(InvalidInput) as caught:
-        await store.waits.answer_approval("ghost", "t", approved=True, actor="alice")
+        await store.deferreds.answer_approval("ghost", "t", approved=True, actor="alice")
     assert caught.value.field == "run_id"
     with pytest.raises(InvalidInput) as caught:
-        await store.waits.answer_approval("r1", "t", approved=True, actor="")
+        await store.deferreds.answer_approval("r1", "t", approved=True, actor="")
     assert caught.value.field == "actor"
     assert await counts(database_url) == before

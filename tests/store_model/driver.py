@@ -138,7 +138,7 @@ class Driver:
 
     async def start(self) -> None:
         for run_id in self.ids:
-            await self.store.runs.create(NewRun(id=run_id, flow="model.flow"))
+            await self.store.admission.create(NewRun(id=run_id, flow="model.flow"))
         self.rows = [await self._row(i) for i in range(RUNS)]
         await self.sync()
 

@@ -24,7 +24,7 @@ from tests.ops.conftest import Cli
 
 async def _trace(store: Store, run_id: str) -> tuple[int, list[str]]:
     records = await store.journal.records(run_id, limit=10_000)
-    deferreds = [d.name for d in await store.waits.completed_deferreds(run_id)]
+    deferreds = [d.name for d in await store.deferreds.completed_deferreds(run_id)]
     return len(records), deferreds
 
 
@@ -62,7 +62,7 @@ async def test_a_child_result_cannot_be_forged(
     with pytest.raises(NotAnswerable) as caught:
         await queue.complete(run.id, f"child:{child_id}", {"status": "completed", "result": 1})
     assert "child wait" in str(caught.value)
-    assert await store.waits.deferred(run.id, f"child:{child_id}") is None
+    assert await store.deferreds.deferred(run.id, f"child:{child_id}") is None
     # The real child still decides: answer it, and the parent gets its true result.
     assert await queue.complete(child_id, "release", "real")
     assert await run.result(timeout=10) == "real"
@@ -138,7 +138,7 @@ async def test_a_second_answer_learns_whether_its_value_is_the_one_that_stands(
         assert again == EventExisting(run.id, "go", first.digest, same=True) and again
         other = await q.complete(run.id, "go", "something else")
         assert other == EventExisting(run.id, "go", first.digest, same=False) and not other
-    stored = await store.waits.deferred(run.id, "go")
+    stored = await store.deferreds.deferred(run.id, "go")
     assert stored is not None and stored.digest == first.digest
     (done,) = [r for r in await store.journal.records(run.id) if r.kind == "deferred-completed"]
     assert done.payload["digest"] == first.digest
@@ -163,7 +163,7 @@ async def test_answers_per_run_are_capped(settings: Settings, store: Store) -> N
         with pytest.raises(LimitExceeded) as caught:
             await q.complete(run.id, "c", 3)
         assert caught.value.limit == "max_answers_per_run"
-    assert await store.waits.deferred(run.id, "c") is None
+    assert await store.deferreds.deferred(run.id, "c") is None
 
 
 async def test_approve_compares_hashes_and_journals_the_role(
@@ -241,6 +241,6 @@ async def test_a_name_a_child_owns_stays_runfleets_even_if_waited_for_as_an_even
     child_id = f"{run.id}/spawn:trust.blocked_child#1"
     with pytest.raises(NotAnswerable):
         await queue.complete(run.id, f"child:{child_id}", {"status": "completed", "result": 0})
-    assert await store.waits.deferred(run.id, f"child:{child_id}") is None
+    assert await store.deferreds.deferred(run.id, f"child:{child_id}") is None
     assert await queue.complete(child_id, "release", "from the child")  # the real settlement
     assert (await run.result(timeout=10))["result"] == "from the child"

@@ -86,7 +86,7 @@ async def test_cli_enqueue_refuses_a_reserved_id(cli: Cli) -> None:
 @pytest.mark.parametrize("scopes", ["abc", b"abc", 3, ["ok", ""], ["ok", 1]])
 def test_scopes_must_be_a_list_of_names(settings: Settings, scopes: object) -> None:
     with pytest.raises(InvalidInput) as caught:
-        AsyncQueue("default", settings=settings, scopes=scopes)  # type: ignore[arg-type]
+        AsyncQueue("default", settings=settings, scopes=scopes)  # type: ignore[arg-type]  # wrong types on purpose: the check under test
     assert caught.value.field == "scopes"
 
 

@@ -61,7 +61,7 @@ def driver(store: Store, settings: Settings, *, lease: list[bool] | None = None)
 
 def hold(mine: Driver, run_id: str) -> None:
     """Mark ``run_id`` as executing in ``mine`` (as ``_execute`` does while a body runs)."""
-    mine.owned[run_id] = Execution(ctx=None)  # type: ignore[arg-type]
+    mine.owned[run_id] = Execution(ctx=None)  # type: ignore[arg-type]  # no context: the test only marks the run as executing
 
 
 async def kinds(store: Store, run_id: str) -> list[str]:

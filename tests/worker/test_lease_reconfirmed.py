@@ -67,7 +67,7 @@ async def test_the_renewal_ending_a_lapse_journals_only_the_runs_still_held(
     try:
         assert await lease.tick() is not None  # the gate opens
         for run_id in ("stolen", "kept"):
-            await store.runs.create(NewRun(id=run_id, flow="tests.worker.held_in_thread"))
+            await store.admission.create(NewRun(id=run_id, flow="tests.worker.held_in_thread"))
             drives.append(asyncio.create_task(a.drive(run_id)))
         await until(lambda: _executing(a, {"stolen", "kept"}), 10, "both bodies to run on A")
         lease.start()

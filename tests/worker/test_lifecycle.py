@@ -1,4 +1,4 @@
-"""One lifecycle for every service (``broker.service``): the same rules hold for each.
+"""One lifecycle for every service (``runtime.service``): the same rules hold for each.
 
 Stopping twice or before starting is harmless, a service runs once, either edge can be
 awaited, and a service that crashes inside the worker's TaskGroup ends the group: the
@@ -18,8 +18,8 @@ from redis.asyncio import Redis
 
 from runfleet.broker.client import connect
 from runfleet.broker.notify import Notifier
-from runfleet.broker.service import Lifecycle, Service, Signal
 from runfleet.broker.streams import Streams
+from runfleet.runtime.service import Lifecycle, Service, Signal
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import Owner

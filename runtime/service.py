@@ -15,8 +15,8 @@ Tests wait on ``Signal``s that a service fires at the points worth waiting for (
 a lapse, a sweep pass) instead of polling its state — River's ``TestSignals``. Production
 passes no signals; a service then pays one ``None`` check per point.
 
-This module sits in ``broker`` only because of the dependency rule (ops → worker → broker →
-store): ``broker.notify.Subscription`` is a service too, and ``worker`` may import from here.
+It lives in ``runtime`` (runfleet/runtime/), beside the layers rather than in one of them:
+``broker.notify.Subscription`` is a service as much as the worker's lease and sweeps are.
 """
 
 from __future__ import annotations

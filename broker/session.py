@@ -1,0 +1,167 @@
+"""A producer's session: its connections, its scopes, and how every call reaches Postgres.
+
+``ProducerSession`` is what every producer collaborator is built with: admission
+(``broker.queue.AsyncQueue``), the calls on an existing run (``broker.control``), its
+events and messages (``broker.messages``) and its history (``broker.history``). It holds
+the store and the Redis client once connected, the producer's scopes, and the three
+things each call shares:
+
+- ``available``: a Postgres call with transient errors retried for
+  ``RUNFLEET_PRODUCER_RETRY_FOR`` seconds, then ``Unavailable`` naming the service;
+- ``authorized``: the run's row, if its scopes are covered by the producer's;
+- ``hint`` / ``publish_ready``: the stream message after a committed change, a hint that
+  never fails the call (the lost-wake sweep covers a lost one).
+
+A test builds one over an open store and a Redis client (``attach``), with no queue.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import NamedTuple, TypeVar
+
+from redis.asyncio import Redis
+
+from runfleet.broker.codec import message_for
+from runfleet.broker.notify import Notifier
+from runfleet.broker.streams import Lane, Streams, lane_for
+from runfleet.broker.trust import producer_scopes
+from runfleet.broker.wake_reasons import WakeReason
+from runfleet.store import Store, validate
+from runfleet.store.config import Settings
+from runfleet.store.errors import RunNotFound, ScopeDenied, Unavailable
+from runfleet.store.transient import is_transient, retrying, service_of
+from runfleet.store.types import RunRow, RunStatus
+
+# The producer's logger: one name for every producer log event (docs/reference/logs.md).
+log = logging.getLogger("runfleet.broker.queue")
+T = TypeVar("T")
+
+
+class Connections(NamedTuple):
+    """What ``ProducerSession.detach`` hands back for its caller to close."""
+
+    store: Store | None
+    redis: Redis | None
+
+
+class ProducerSession:
+    """One producer's store, Redis client, scopes and retry budget."""
+
+    def __init__(self, settings: Settings, scopes: Iterable[str] = ()) -> None:
+        self.settings = settings
+        self.scopes = producer_scopes(scopes)
+        self._store: Store | None = None
+        self._redis: Redis | None = None
+        self._streams: Streams | None = None
+        self._notifier: Notifier | None = None
+
+    def attach(self, *, store: Store, redis: Redis) -> None:
+        """Use ``store`` and ``redis`` (the session owns neither until ``close``)."""
+        self._store = store
+        self._redis = redis
+        self._streams = Streams(redis, self.settings.redis_prefix)
+        self._notifier = Notifier(redis, self.settings.redis_prefix)
+
+    def detach(self) -> Connections:
+        """Forget the store and Redis client, handing them back for the caller to close."""
+        held = Connections(self._store, self._redis)
+        self._store = self._redis = None
+        return held
+
+    @property
+    def connected(self) -> bool:
+        return self._store is not None
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise RuntimeError("queue is not connected: use `async with AsyncQueue(...)`")
+        return self._store
+
+    @property
+    def redis(self) -> Redis:
+        if self._redis is None:
+            raise RuntimeError("queue is not connected: use `async with AsyncQueue(...)`")
+        return self._redis
+
+    @property
+    def streams(self) -> Streams:
+        if self._streams is None:
+            raise RuntimeError("queue is not connected: use `async with AsyncQueue(...)`")
+        return self._streams
+
+    @property
+    def notifier(self) -> Notifier:
+        if self._notifier is None:
+            raise RuntimeError("queue is not connected: use `async with AsyncQueue(...)`")
+        return self._notifier
+
+    async def available(
+        self, call: Callable[[], Awaitable[T]], *, retried: list[BaseException] | None = None
+    ) -> T:
+        """``call`` with transient errors retried for the producer budget, then Unavailable.
+
+        ``retried`` collects the errors retried past, for callers whose write is not
+        idempotent on its own: a retry after a lost answer may find its own commit.
+        """
+
+        def on_retry(attempt: int, exc: BaseException) -> None:
+            if retried is not None:
+                retried.append(exc)
+            log.warning(
+                "producer.retry",
+                extra={"attempt": attempt, "service": service_of(exc), "error": repr(exc)},
+            )
+
+        try:
+            return await retrying(
+                call, give_up_after=self.settings.producer_retry_for, on_retry=on_retry
+            )
+        except Exception as exc:
+            if is_transient(exc):
+                raise Unavailable(service_of(exc), exc) from exc
+            raise
+
+    async def authorized(self, run_id: str) -> RunRow:
+        """The run's row, if it exists and this producer's scopes cover the run's."""
+        validate.identifier("run_id", run_id)
+        row = await self.available(lambda: self.store.runs.get(run_id))
+        if row is None:
+            raise RunNotFound(run_id)
+        missing = sorted(set(row.scopes) - set(self.scopes))
+        if missing:
+            raise ScopeDenied(run_id, missing)
+        return row
+
+    async def hint(self, run_id: str, reason: WakeReason, row: RunRow | None = None) -> None:
+        """Wake the run's queue after a committed change; never fails the producer call.
+
+        ``row`` is the run as the caller already read it (queue, flow and epoch are what
+        the wake needs), so the hint costs no read of its own; without one it reads.
+        """
+        try:
+            if row is None:
+                row = await self.store.runs.get(run_id)
+            if row is None:
+                return
+            # A woken run already started: its wake takes the recovery lane, ahead of any backlog.
+            await self.streams.publish(
+                row.queue, message_for(row.id, row.flow, reason), lane_for(row.epoch)
+            )
+        except Exception as exc:  # the lost-wake sweep covers it
+            log.warning("wake.publish_failed", extra={"run_id": run_id, "error": repr(exc)})
+
+    async def publish_ready(self, rows: list[RunRow], *, lane: Lane) -> None:
+        """One stream message per admitted run that may start now (a hint: never fails);
+        rq's at_front runs go to the recovery lane, read before any backlog."""
+        ready = [row for row in rows if row.status is RunStatus.PENDING and row.waiting is None]
+        messages = [
+            (row.queue, message_for(row.id, row.flow, WakeReason.ENQUEUE, "schedule"))
+            for row in ready
+        ]
+        try:
+            await self.streams.publish_many(messages, lane)
+        except Exception as exc:
+            log.warning("enqueue.publish_failed", extra={"runs": len(messages), "error": repr(exc)})

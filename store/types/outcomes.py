@@ -1,0 +1,217 @@
+"""What each compare-and-swap answers: one frozen dataclass per outcome, so callers
+``match`` on them; a lost race is an ordinary answer, never an exception.
+
+Admission (``Created``/``Joined``), claim, activate and steal, settlement
+(``Transitioned``, ``GuardFailed``, ``NotOwner``), cancel, park and wake, and the lease's
+renewal (``Heartbeat``, ``Reconfirmation``); each family's union is a ``…Outcome`` alias.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from runfleet.store.types.run import JsonValue, Owner, RunRow, RunStatus, WaitingRow
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    row: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class Joined:
+    """The id already named an identical run: the caller joins it."""
+
+    row: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    row: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class Activated:
+    row: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRecovered:
+    row: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class Stolen:
+    row: RunRow
+    previous: Owner
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLettered:
+    """A steal found the run re-activated ``max_recoveries`` times in a row after lost
+    processes: it is parked ``dead`` (suspended, no owner) instead of stolen again."""
+
+    row: RunRow
+    previous: Owner
+    evidence: dict[str, JsonValue]
+    """What the park recorded (``waiting.request``): recoveries, the limit, the owners lost."""
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotChanged:
+    current: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class NotServed:
+    """The run's queue is not one the claimant serves: nothing changed.
+
+    Which pool executes a run is the row's decision (its ``queue``), never a message's:
+    a run is claimed, activated or stolen only by a worker serving its queue.
+    """
+
+    current: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class AtLimit:
+    """The run's queue has as many runs executing as its fleet-wide concurrency allows, or
+    its rate has no token (docs/queues.md): nothing changed; the run starts when a slot
+    frees or, for a rate, after ``retry_after_ms``."""
+
+    current: RunRow
+    retry_after_ms: int | None = None
+    """When the queue's rate next allows a start (None: the queue has no rate)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseFresh:
+    """A steal was refused by the database clock: the owner renewed recently."""
+
+    current: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class NotFound:
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Transitioned:
+    """``cascaded``: descendants a terminal settlement asked to cancel (each closes through
+    its own cancel path); ``woke``: parents whose wait on this run it cleared."""
+
+    row: RunRow
+    cascaded: tuple[str, ...] = ()
+    woke: tuple[RunRow, ...] = ()
+    """The woken parents as the waking statement left them (no second read to hint them)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """One terminal settlement (completed, failed or cancelled) a batch commits.
+
+    ``Lifecycle.settle_many`` applies each with ``transition_owned``'s rules: fenced by
+    the owner and ``epoch``, cancel-guarded when ``guard``, its own journal record.
+    """
+
+    run_id: str
+    epoch: int
+    status: RunStatus
+    patch: dict[str, JsonValue]
+    kind: str = "transitioned"
+    record: dict[str, JsonValue] | None = None
+    guard: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class GuardFailed:
+    """A cancel request landed first; the caller must cancel instead of settling."""
+
+    current: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class NotOwner:
+    current: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequested:
+    """``row`` is the round the request reached (the live one when the id handed off);
+    ``rounds`` every round it reached; ``cascaded`` the attached descendants asked too."""
+
+    row: RunRow
+    rounds: tuple[str, ...] = ()
+    cascaded: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AlreadyRequested:
+    row: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class AlreadyTerminal:
+    row: RunRow
+
+
+@dataclass(frozen=True, slots=True)
+class Parked:
+    row: WaitingRow
+
+
+@dataclass(frozen=True, slots=True)
+class AlreadySatisfied:
+    """The deferred a park waits on completed first: the run keeps running."""
+
+    deferred_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Woken:
+    row: WaitingRow
+
+
+@dataclass(frozen=True, slots=True)
+class NotWaiting:
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """One renewal round: runs still fenced to us, cancel requests among them, db time."""
+
+    confirmed: frozenset[str]
+    cancel_requested: frozenset[str]
+    now_ms: int
+    reconfirmed: frozenset[str] = frozenset()
+    """Runs this renewal journaled ``lease-reconfirmed`` on (a ``Reconfirmation``'s)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reconfirmation:
+    """A renewal sent after a lapse: journal ``lease-reconfirmed`` on each run it renews.
+
+    Only where the process still holds the run at the epoch it executes it at (fenced in
+    the renewal statement itself), with how long the lease had gone unconfirmed.
+    """
+
+    epochs: Mapping[str, int]
+    """Run id -> the epoch this process holds it at."""
+    unconfirmed_ms: int
+    """Milliseconds from the send of the newest confirmed renewal to this one's."""
+
+
+CreateOutcome: TypeAlias = Created | Joined
+ClaimOutcome: TypeAlias = Claimed | SnapshotChanged | NotServed | NotFound
+ActivateOutcome: TypeAlias = Activated | SnapshotChanged | NotServed | AtLimit | NotFound
+StealOutcome: TypeAlias = (
+    Stolen | DeadLettered | SnapshotChanged | LeaseFresh | NotServed | NotFound
+)
+TransitionOutcome: TypeAlias = Transitioned | GuardFailed | NotOwner | NotFound
+CancelOutcome: TypeAlias = CancelRequested | AlreadyRequested | AlreadyTerminal | NotFound
+ParkOutcome: TypeAlias = Parked | AlreadySatisfied | GuardFailed | NotOwner | NotFound
+WakeOutcome: TypeAlias = Woken | NotWaiting | NotFound

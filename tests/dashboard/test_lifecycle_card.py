@@ -15,7 +15,7 @@ from tests.dashboard.conftest import Dash
 
 
 async def _card(client: object, run_id: str) -> LifecycleView:
-    answer = await client.get(f"/api/runs/{run_id}/lifecycle")  # type: ignore[attr-defined]
+    answer = await client.get(f"/api/runs/{run_id}/lifecycle")  # type: ignore[attr-defined]  # the fixture's test client, typed object here
     assert answer.status_code == 200, answer.text
     return LifecycleView.model_validate_json(answer.text)
 

@@ -31,7 +31,8 @@ def _member(pid: int, *, queues: tuple[str, ...] = ("default",), **info: str) ->
 
 def test_a_worker_advertises_its_versions_and_instances_bounded() -> None:
     fields = carried.advertised()
-    assert carried.read(fields, "versions")["lifecycle.strict"][0] in ("v1", "v2")  # type: ignore[index]
+    versions = carried.read(fields, "versions")
+    assert versions["lifecycle.strict"][0] in ("v1", "v2")  # type: ignore[index]  # read() is loosely typed
     made = carried.read(fields, "instances")
     assert made is not None and {"acme", "globex"} <= set(made["lifecycle.tenant.welcome"])
     many = {f"flow-{i:04}": ["v" * 40] for i in range(500)}

@@ -91,7 +91,7 @@ def test_each_kind_of_metric_reads_as_prometheus_has_it(
     assert _value(points, "runfleet_sweep_duration_seconds_bucket", le="+Inf", **kind) == 2
     (counter,) = [
         m
-        for r in reader.get_metrics_data().resource_metrics  # type: ignore[union-attr]
+        for r in reader.get_metrics_data().resource_metrics  # type: ignore[union-attr]  # the SDK answers None before a first collection
         for s in r.scope_metrics
         for m in s.metrics
         if m.name == "runfleet_settlements"

@@ -94,7 +94,9 @@ async def _count(settings: Any, show: bool) -> None:
     store = await Store.open(settings)
     driver = Driver(store, Owner("files-crossed", os.getpid(), "n"), settings)
     coordinator = Coordinator(driver)
-    warm = await asyncio.to_thread(_in_new_thread, queue.enqueue, flows.one_step, 1)  # imports, connections
+    warm = await asyncio.to_thread(
+        _in_new_thread, queue.enqueue, flows.one_step, 1
+    )  # imports, connections
     coordinator.drive_many([(warm.id, None, "files_crossed.one_step")])
     await coordinator.join(30)
 

@@ -64,7 +64,8 @@ class Children(ContextParts):
         from runfleet.broker.queue import check_signature, flow_target
 
         name, queue, fn, takes_ctx = flow_target(flow)
-        position, key, record = await self._next(kind, name)
+        call = await self._next(kind, name)
+        position, key, record = call.position, call.key, call.record
         if record is not None:
             return str(record.output["run_id"])
         check_signature(fn, takes_ctx, list(args), kwargs)

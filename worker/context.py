@@ -46,6 +46,7 @@ from runfleet.worker.children import Children
 from runfleet.worker.containment import safe_str
 from runfleet.worker.durable import (
     NO_RETRY,
+    Call,
     NonDeterminism,
     Retry,
     Suspended,
@@ -196,7 +197,8 @@ class Context(Waits, Children, Messages, Versions):
         finally:
             self.in_bookkeeping -= 1
 
-    async def _next(self, kind: str, name: str) -> tuple[int, str, StepRecord | None]:
+    async def _next(self, kind: str, name: str) -> Call:
+        """The next position's call: its key, and its record when one is there to replay."""
         self.check()
         self._seen[f"{kind}:{name}"] += 1
         key = f"{kind}:{name}#{self._seen[f'{kind}:{name}']}"
@@ -205,12 +207,12 @@ class Context(Waits, Children, Messages, Versions):
         record = self.records.get(position)
         if record is None:
             self._within_limits(kind, position)
-            return position, key, None
+            return Call(position, key, None)
         if record.key != key:
             raise NonDeterminism(position, record.key, key)
         if not record.intact:
             await self._quarantine(record)
-        return position, key, record
+        return Call(position, key, record)
 
     def _within_limits(self, kind: str, position: int) -> None:
         """LimitExceeded (the run fails, never retried) past the per-run caps on durable
@@ -345,7 +347,8 @@ class Context(Waits, Children, Messages, Versions):
         ``timeout`` (seconds) bounds each attempt: ``StepTimeout`` past it, retried under
         ``retry`` like any failure (``worker.step_timeouts``)."""
         limit = checked_timeout(timeout) if timeout is not None else None
-        position, key, record = await self._next("step", name)
+        call = await self._next("step", name)
+        position, key, record = call.position, call.key, call.record
         if record is not None:
             return record.output
         policy = retry or NO_RETRY

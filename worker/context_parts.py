@@ -14,6 +14,7 @@ from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.steps import StepRecord
 from runfleet.store.types import RunRow, Waiting
+from runfleet.worker.durable import Call
 from runfleet.worker.wake_hints import HintFn
 
 T = TypeVar("T")
@@ -34,7 +35,7 @@ class ContextParts:
 
         async def _durable(self, what: str, call: Callable[[], Awaitable[T]]) -> T: ...
 
-        async def _next(self, kind: str, name: str) -> tuple[int, str, StepRecord | None]: ...
+        async def _next(self, kind: str, name: str) -> Call: ...
 
         async def _record(
             self,

@@ -175,9 +175,10 @@ class Decider:
             or (self._lease_ok is not None and not self._lease_ok())
         ):
             return None
-        outcome, seen = await self.store.runs.claim_if_fresh(
+        fresh = await self.store.runs.claim_if_fresh(
             run_id, flow_name, self.owner, ahead_flows=runnable()
         )
+        outcome, seen = fresh.outcome, fresh.seen
         if outcome is None:
             return await self._decide(seen, run_id)
         assert seen is not None

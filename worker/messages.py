@@ -54,7 +54,8 @@ class Messages(ContextParts):
         and replay-safe: the value is written with the call's record, once.
         """
         validate.identifier("event key", key)
-        position, call_key, record = await self._next("set_event", key)
+        call = await self._next("set_event", key)
+        position, call_key, record = call.position, call.key, call.record
         if record is not None:
             return
         # The value is in the record too: a fork rebuilds the events set before its point.
@@ -80,7 +81,8 @@ class Messages(ContextParts):
         with the call, and a replay returns the recorded value.
         """
         validate.identifier("topic", topic)
-        position, key, record = await self._next("recv", topic)
+        call = await self._next("recv", topic)
+        position, key, record = call.position, call.key, call.record
         if record is None:
             record = await self._receive(position, key, topic, timeout)
         output = record.output if isinstance(record.output, dict) else {}

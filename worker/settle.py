@@ -17,11 +17,10 @@ from typing import Any
 
 from runfleet.broker.batching import GroupCommit
 from runfleet.broker.queue import check_signature, flow_target
-from runfleet.store import Kind, Store, validate
+from runfleet.store import Kind, Store, rounds, validate
 from runfleet.store.errors import RunfleetError, UnknownFlow
 from runfleet.store.types import (
     GuardFailed,
-    NewRun,
     NotFound,
     NotOwner,
     Owner,
@@ -308,22 +307,18 @@ class Settlement:
                 RunStatus.FAILED,
                 {"error": error_of(exc)},
                 kind=Kind.ROUND_INVALID,
-                record={"successor": f"{row.lineage_id}@{next_round}"},
+                record={"successor": rounds.round_id(row.lineage_id, next_round)},
             )
             return
         deadline_ms, timeout_ms = _successor_deadline(call, name)
-        successor = NewRun(
-            id=f"{row.lineage_id}@{next_round}",
+        successor = rounds.next_round(
+            row,
+            next_round,
             flow=name,
             queue=queue or row.queue,
             payload={"args": call.args, "kwargs": call.kwargs},
-            scopes=row.scopes,
-            parent_id=row.parent,
-            on_parent_exit=row.on_parent_exit,
-            lineage_id=row.lineage_id,
-            round_ordinal=next_round,
-            previous_round_id=row.id,
             max_rounds=limit,
+            in_family=True,
             deadline_ms=deadline_ms,
             timeout_ms=timeout_ms,
         )

@@ -51,6 +51,7 @@ def declared(fn: Callable[..., Any], version: str | None) -> str | None:
 
 if TYPE_CHECKING:
     from runfleet.store.steps import StepRecord
+    from runfleet.worker.durable import Call
 
 
 class Versions:
@@ -60,7 +61,7 @@ class Versions:
         records: dict[int, StepRecord]
         _position: int
 
-        async def _next(self, kind: str, name: str) -> tuple[int, str, StepRecord | None]: ...
+        async def _next(self, kind: str, name: str) -> Call: ...
 
         async def _record(
             self,
@@ -85,7 +86,8 @@ class Versions:
         recorded = self.records.get(self._position)
         if recorded is not None and not (recorded.kind == PATCH_KIND and recorded.name == patch_id):
             return False  # an old history: the call here is the unpatched code's
-        position, key, record = await self._next(PATCH_KIND, patch_id)
+        call = await self._next(PATCH_KIND, patch_id)
+        position, key, record = call.position, call.key, call.record
         if record is None:
             await self._record(position, key, patch_id, PATCH_KIND, {"patch": patch_id})
         return True

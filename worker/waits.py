@@ -61,7 +61,8 @@ class Waits(ContextParts):
     async def _sleep(self, due_from_now: Callable[[int], int]) -> None:
         """A durable timer; short remainders are slept in-process, the clock stays durable."""
         assert self.settings is not None
-        position, key, record = await self._next("sleep", "sleep")
+        call = await self._next("sleep", "sleep")
+        position, key, record = call.position, call.key, call.record
         now = await self._now_ms()
         read_at = time.monotonic()  # `now` ages while the clock and its record are written
         due = int(record.output["due_at_ms"]) if record else due_from_now(now)
@@ -83,7 +84,8 @@ class Waits(ContextParts):
     async def _timed_wait(
         self, kind: str, name: str, timeout: float | None, extra: dict[str, Any] | None = None
     ) -> tuple[dict[str, Any], int]:
-        position, key, record = await self._next(kind, name)
+        call = await self._next(kind, name)
+        position, key, record = call.position, call.key, call.record
         now = await self._now_ms()
         if record is None:
             output = {"timeout_at_ms": _timeout_at(now, timeout), **(extra or {})}
@@ -143,7 +145,8 @@ class Waits(ContextParts):
         nobody can read it back. A crash between delivery and record makes a new token
         on replay: delivery is at least once, and the last token delivered is the valid one.
         """
-        position, key, record = await self._next("approval", name)
+        call = await self._next("approval", name)
+        position, key, record = call.position, call.key, call.record
         now = await self._now_ms()
         if record is None:
             timeout_at = _timeout_at(now, timeout)  # refused before a token is sent
@@ -185,7 +188,8 @@ class Waits(ContextParts):
 
     async def quota(self, wake_at: datetime | int) -> None:
         """Park until ``wake_at`` (a provider's quota window); a datetime or epoch ms."""
-        position, key, record = await self._next("quota", "quota")
+        call = await self._next("quota", "quota")
+        position, key, record = call.position, call.key, call.record
         wake_ms = wake_at if isinstance(wake_at, int) else int(wake_at.timestamp() * 1000)
         if record is None:
             record = await self._record(position, key, "quota", "quota", {"wake_at_ms": wake_ms})

@@ -26,7 +26,6 @@ from runfleet.store.types import (
     Parked,
     ParkOutcome,
     RunRow,
-    RunStatus,
 )
 from runfleet.worker import containment, metrics, tracing
 from runfleet.worker.bookkeeping import Bookkeeping
@@ -39,7 +38,7 @@ from runfleet.worker.flows import Flow
 from runfleet.worker.outcomes import Cause, Decision, DriveOutcome
 from runfleet.worker.retry import is_transient, with_retry
 from runfleet.worker.rq_compat import call_rq_style, running_job, wants_rq_call
-from runfleet.worker.settle import AnnounceFn, Settlement, error_of
+from runfleet.worker.settle import AnnounceFn, Settlement
 from runfleet.worker.step_timeouts import ABANDONED
 from runfleet.worker.sync_context import SyncContext
 from runfleet.worker.takeover import ProbeFn, Takeover
@@ -331,7 +330,7 @@ class Driver:
             case None if execution.ctx.bookkeeping_error is not None and is_transient(exc):
                 await self.release(row, Cause.INFRA_UNAVAILABLE)  # the store failed, not the flow
             case None:
-                await self.settlement.finish(row, epoch, RunStatus.FAILED, {"error": error_of(exc)})
+                await self.settlement.failed(row, epoch, exc)
             case _:
                 assert_never(cause)
 

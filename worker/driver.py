@@ -30,12 +30,13 @@ from runfleet.store.types import (
 from runfleet.worker import containment, metrics, tracing
 from runfleet.worker.bookkeeping import Bookkeeping
 from runfleet.worker.containment import UserBaseException
-from runfleet.worker.context import Context, Interrupted
+from runfleet.worker.context import Context
 from runfleet.worker.decisions import Decider
 from runfleet.worker.durable import Suspended
 from runfleet.worker.evidence import RefusalLadder
 from runfleet.worker.flows import Flow
 from runfleet.worker.outcomes import Cause, Decision, DriveOutcome
+from runfleet.worker.replay import Interrupted, Replay
 from runfleet.worker.retry import is_transient, with_retry
 from runfleet.worker.rq_compat import call_rq_style, running_job, wants_rq_call
 from runfleet.worker.settle import AnnounceFn, Settlement
@@ -157,16 +158,16 @@ class Driver:
     # ---- execute -----------------------------------------------------------
 
     async def _execute(self, row: RunRow, flow: Flow | None) -> None:
-        ctx = Context(
-            run=row,
-            owner=self.owner,
-            epoch=row.epoch,
+        replay = Replay(
+            row,
+            self.owner,
+            row.epoch,
             store=self.store,
             settings=self.settings,
-            hint=self._hint,
             lease_ok=self._lease_ok,
             bookkeeping=self.bookkeeping,
         )
+        ctx = Context(replay, hint=self._hint)
         execution = Execution(ctx)
         self.owned[row.id] = execution
         metrics.RUNS_IN_FLIGHT.inc()
@@ -180,7 +181,7 @@ class Driver:
             # A first activation has no predecessor that could have recorded, unless the
             # run was admitted with a copied history (store.forks: a resume or a fork).
             if (row.epoch > 1 or row.state.get("replays")) and execution.cause is None:
-                ctx.records = {r.position: r for r in await self.store.steps.of_run(row.id)}
+                replay.load(await self.store.steps.of_run(row.id))
             if execution.cause is not None or flow is None:
                 # Interrupted between its activation and its body: the body never starts.
                 await self._unstarted(row, execution.cause or Cause.SHUTDOWN)
@@ -296,7 +297,7 @@ class Driver:
         # process must not write, not even a cancellation or a release.
         if execution.cause is None or cause == Cause.LOST_FENCE:
             execution.cause = cause
-            execution.ctx._interrupt = cause
+            execution.ctx.replay.interrupt(cause)
         if execution.task is not None and not execution.task.done():
             execution.task.cancel(msg=cause)
         return True

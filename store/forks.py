@@ -31,6 +31,7 @@ from runfleet.store import journal_records as jr
 from runfleet.store import validate, values
 from runfleet.store.errors import InvalidInput
 from runfleet.store.journal import Kind
+from runfleet.store.rounds import next_ordinal, next_round
 from runfleet.store.steps import StepRecord
 from runfleet.store.types import Created, Joined, NewRun, RunRow, RunStatus
 
@@ -154,22 +155,10 @@ class Forks:
                     break
                 records.append(record)
             latest = await self._store.runs.latest_round(row.lineage_id)
-            ordinal = (latest.round_ordinal if latest else row.round_ordinal) + 1
             extra: dict[str, Any] = {k: row.state[k] for k in CARRIED if k in row.state}
             extra.update(resumed_from=row.id, replays=len(records))
             outcome = await self._store.admission.create(
-                NewRun(
-                    id=f"{row.lineage_id}@{ordinal}",
-                    flow=row.flow,
-                    queue=row.queue,
-                    payload=row.payload,
-                    scopes=row.scopes,
-                    lineage_id=row.lineage_id,
-                    previous_round_id=row.id,
-                    round_ordinal=ordinal,
-                    max_rounds=row.max_rounds,
-                    extra=extra,
-                )
+                next_round(row, next_ordinal(row, latest), extra=extra)
             )
             match outcome:
                 case Joined(row=new):

@@ -15,7 +15,8 @@ from psycopg.types.json import Jsonb
 
 from runfleet.store import validate
 from runfleet.store.errors import InvalidInput
-from runfleet.store.types import NewRun, RunRow, RunStatus
+from runfleet.store.rounds import next_ordinal, next_round
+from runfleet.store.types import RunRow, RunStatus
 
 if TYPE_CHECKING:
     from runfleet.store import Store
@@ -85,22 +86,10 @@ class Jobs:
             if row.status is not RunStatus.FAILED:
                 raise InvalidInput("run_id", f"run {run_id!r} is {row.status.value}, not failed")
             latest = await self._store.runs.latest_round(row.lineage_id)
-            ordinal = (latest.round_ordinal if latest else row.round_ordinal) + 1
             extra: dict[str, Any] = {k: row.state[k] for k in CARRIED if k in row.state}
             extra.update(requeued_from=row.id, requeued_by=actor)
             created = await self._store.admission.create(
-                NewRun(
-                    id=f"{row.lineage_id}@{ordinal}",
-                    flow=row.flow,
-                    queue=row.queue,
-                    payload=row.payload,
-                    scopes=row.scopes,
-                    lineage_id=row.lineage_id,
-                    previous_round_id=row.id,
-                    round_ordinal=ordinal,
-                    max_rounds=row.max_rounds,
-                    extra=extra,
-                )
+                next_round(row, next_ordinal(row, latest), extra=extra)
             )
             await self._db.one("jobs.mark_requeued", {"id": row.id, "to": created.row.id})
             return created.row

@@ -14,7 +14,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from runfleet.store import journal_records as jr
-from runfleet.store import validate, values
+from runfleet.store import settlements, validate, values
 from runfleet.store.admit import Admission
 from runfleet.store.config import Settings
 from runfleet.store.dag import Dag
@@ -181,6 +181,20 @@ class Lifecycle:
             result = values.encode_canonical(patch.pop("result"), limit, "state", ["result"])
         values.encode_canonical(patch, limit, "state")
         return patch, result, {"to": to_status.value, "epoch": epoch, **(record or {})}
+
+    async def settle(self, me: Owner, item: Settle) -> TransitionOutcome:
+        """Commit one ending (``store.settlements`` builds each) with ``transition_owned``'s
+        rules: fenced by ``me`` and the item's epoch, cancel-guarded when ``guard``."""
+        return await self.transition_owned(
+            item.run_id,
+            me,
+            item.epoch,
+            item.status,
+            state_patch=item.patch,
+            guard=item.guard,
+            kind=item.kind,
+            record=item.record,
+        )
 
     def check(self, item: Settle) -> None:
         """Raise UnstorableValue now if ``item`` could not be stored (see ``settle_many``)."""
@@ -362,13 +376,4 @@ class Lifecycle:
         self, run_id: str, me: Owner, epoch: int, *, record: dict[str, Any] | None = None
     ) -> TransitionOutcome:
         """The owner closes a run as cancelled: cascade, clocks and record included."""
-        return await self.transition_owned(
-            run_id,
-            me,
-            epoch,
-            RunStatus.CANCELLED,
-            state_patch={"cancellation": {"acknowledged_by": me.key, **(record or {})}},
-            guard=False,
-            kind=Kind.INTERRUPTED,
-            record={"cancelled": True, **(record or {})},
-        )
+        return await self.settle(me, settlements.cancelled(run_id, epoch, me, detail=record))

@@ -7,8 +7,8 @@ same transaction; zero rows updated is reported as the outcome that explains why
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import replace
-from typing import Any, NamedTuple
+from dataclasses import dataclass, replace
+from typing import Any
 
 from psycopg.types.json import Jsonb
 
@@ -61,7 +61,8 @@ def _same(current: Snapshot, expected: Snapshot) -> bool:
     return current == expected
 
 
-class FreshClaim(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class FreshClaim:
     """``Runs.claim_if_fresh``'s answer: the claim's outcome (None: the row was not a
     fresh admission, decide from ``seen``) and the row as the statement read it."""
 

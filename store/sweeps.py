@@ -12,11 +12,15 @@ per cycle, never the whole batch every tick.
 from __future__ import annotations
 
 import enum
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import Generic, TypeVar
 
 from runfleet.store.db import Database
 from runfleet.store.rows import clock_row, run_row
 from runfleet.store.types import ClockRow, Owner, PendingCursor, RunRow
+
+T = TypeVar("T")
 
 MIN_KEY = -(2**63)
 """The smallest bigint: every keyset starts strictly after it."""
@@ -74,9 +78,88 @@ class Keyed:
     key: SweepKey
 
 
+@dataclass(frozen=True, slots=True)
+class Swept(Generic[T]):
+    """The sweep ran in its tick's transaction under the kind's lock; ``found`` is its answer."""
+
+    found: T
+
+
+@dataclass(frozen=True, slots=True)
+class LockHeld:
+    """Another worker holds this tick's lock for the kind: it sweeps, this one does not."""
+
+
+LOCK_HELD = LockHeld()
+
+
+class CursorAdvance(enum.StrEnum):
+    """What ``Sweeps.advance_locked`` did with a tick's new cursor."""
+
+    ADVANCED = "advanced"
+    """Stored: the cursor was still where this tick read it."""
+    MOVED = "moved"
+    """Another tick moved it meanwhile (this tick's rows were its rows too): left."""
+    LOCK_HELD = "lock_held"
+    """Another worker holds the kind's lock now (it read the same stretch): left to it."""
+
+
+@dataclass(frozen=True, slots=True)
+class RowWritten:
+    """One row's sweep write committed (in its savepoint)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RowFailed:
+    """One row's sweep write raised and was rolled back alone; the sweep goes on."""
+
+    error: Exception
+
+
+ROW_WRITTEN = RowWritten()
+
+
 class Sweeps:
     def __init__(self, db: Database) -> None:
         self._db = db
+
+    # ---- the decisions a sweep tick takes (the sweeper opens no transaction) -----
+
+    async def locked(
+        self, kind: SweepKind, sweep: Callable[[], Awaitable[T]]
+    ) -> Swept[T] | LockHeld:
+        """Run one tick of ``kind``: ``sweep`` in one transaction, under the kind's lock.
+
+        Only one worker's tick reads (and writes for) a kind at a time; the others answer
+        ``LockHeld`` at once. The lock is transaction-scoped: released when ``sweep``
+        returns or raises, and when the connection dies (``try_lock``).
+        """
+        async with self._db.transaction():
+            if not await self.try_lock(kind):
+                return LOCK_HELD
+            return Swept(await sweep())
+
+    async def advance_locked(
+        self, kind: SweepKind, expected: SweepCursor, cursor: SweepCursor
+    ) -> CursorAdvance:
+        """Move the kind's cursor to ``cursor``, under its lock, if still at ``expected``."""
+        async with self._db.transaction():
+            if not await self.try_lock(kind):
+                return CursorAdvance.LOCK_HELD
+            if await self.advance_cursor(kind, expected, cursor):
+                return CursorAdvance.ADVANCED
+            return CursorAdvance.MOVED
+
+    async def each_row(self, write: Callable[[], Awaitable[object]]) -> RowWritten | RowFailed:
+        """One row's write of a sweep (a clock fired, a deadline's cancel) in its own
+        savepoint within the tick's transaction: a row that raises rolls back alone and is
+        skipped (``RowFailed``), so one bad row never aborts the tick nor blocks the rest."""
+        try:
+            async with self._db.transaction():
+                await write()
+        except Exception as exc:
+            return RowFailed(exc)
+        return ROW_WRITTEN
 
     async def try_lock(self, kind: SweepKind) -> bool:
         """Take this tick's advisory lock for a sweep kind; only inside a transaction.

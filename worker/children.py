@@ -1,6 +1,7 @@
 """A flow's children: ``child`` (attached, awaited) and ``spawn`` (detached).
 
-``Children`` is a mixin that ``worker.context.Context`` inherits. A child is admitted
+``Children`` is one of ``worker.context.Context``'s parts, built with the execution's
+``worker.replay.Replay`` and the worker's wake hint. A child is admitted
 at most once per position: its id is recorded as the parent's step, so a replay finds
 the same child instead of starting another, and the parent parks until the child's
 outcome is delivered as a completion (following a handed-off child to its successor).
@@ -18,25 +19,30 @@ from typing import Any, TypeVar
 from runfleet.store import validate
 from runfleet.store.types import NewRun, OnParentExit, RunStatus, Waiting, WaitingReason
 from runfleet.worker import tracing
-from runfleet.worker.context_parts import ContextParts
 from runfleet.worker.durable import ChildFailed
 from runfleet.worker.flows import Flow, registered
 from runfleet.worker.instances import child_instance
+from runfleet.worker.replay import Replay
 from runfleet.worker.versions import child_version
+from runfleet.worker.wake_hints import HintFn
 
 T = TypeVar("T")
 
 
-class Children(ContextParts):
-    """``Context``'s child runs (``worker.context.Context`` inherits them)."""
+class Children:
+    """``Context``'s child runs (``ctx.child``, ``ctx.spawn`` call these)."""
+
+    def __init__(self, replay: Replay, hint: HintFn | None) -> None:
+        self._replay = replay
+        self._hint = hint
 
     async def child(self, flow: Any, *args: Any, run_id: str | None = None, **kwargs: Any) -> Any:
         """Start an attached child (ends with this run) and wait for its result."""
         child_id = await self._admit_child("child", flow, args, kwargs, run_id, OnParentExit.CANCEL)
         while True:
-            done = await self._deferred(f"child:{child_id}")
+            done = await self._replay.deferred(f"child:{child_id}")
             if done is None:
-                await self._park(
+                await self._replay.park(
                     Waiting(reason=WaitingReason.CHILD, token=child_id),
                     deferred=f"child:{child_id}",
                 )
@@ -65,11 +71,12 @@ class Children(ContextParts):
         from runfleet.broker.queue import check_signature, flow_target
 
         name, queue, fn, takes_ctx = flow_target(flow)
-        position, key, record = await self._next(kind, name)
+        call = await self._replay.next(kind, name)
+        position, key, record = call.position, call.key, call.record
         if record is not None:
             return str(record.output["run_id"])
         check_signature(fn, takes_ctx, list(args), kwargs)
-        child_id = run_id or f"{self.run.id}/{key}"
+        child_id = run_id or f"{self._replay.run.id}/{key}"
         with tracing.child_span(child_id, name, policy is not OnParentExit.CANCEL):
             return await self._admit_traced(
                 position, key, kind, name, queue, child_id, args, kwargs, policy, flow
@@ -91,18 +98,20 @@ class Children(ContextParts):
         new = NewRun(
             id=child_id,
             flow=name,
-            queue=queue or self.run.queue,
+            queue=queue or self._replay.run.queue,
             payload={"args": list(args), "kwargs": kwargs},
-            scopes=self.run.scopes,
-            parent_id=self.run.id,
+            scopes=self._replay.run.scopes,
+            parent_id=self._replay.run.id,
             on_parent_exit=policy,
             timeout_ms=_timeout_ms(flow, name),
             extra={**tracing.child_extra(), **child_version(flow), **child_instance(flow)},
         )  # a retried create of the same id joins the run its first try admitted
-        outcome = await self._durable("runs.create", lambda: self._store.admission.create(new))
-        await self._record(position, key, name, kind, {"run_id": child_id})
-        if self.hint is not None:
-            await self.hint(outcome.row)
+        outcome = await self._replay.durable(
+            "runs.create", lambda: self._replay.store.admission.create(new)
+        )
+        await self._replay.record(position, key, name, kind, {"run_id": child_id})
+        if self._hint is not None:
+            await self._hint(outcome.row)
         return child_id
 
 

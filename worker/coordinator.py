@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 
 from runfleet.worker.driver import Driver
 from runfleet.worker.outcomes import Decision
 
 log = logging.getLogger("runfleet.worker.coordinator")
+
+DecideFn = Callable[[], Awaitable[Decision]]
+"""How a drive's first decision is made: the path its wake came by (``Decider``)."""
 
 
 class Coordinator:
@@ -50,7 +54,7 @@ class Coordinator:
     ) -> bool:
         """Start (or coalesce into) a drive of ``run_id``; True if a new drive started.
 
-        ``delivered_flow``: the flow a stream message named (``Driver.drive``). Closed:
+        ``delivered_flow``: the flow a stream message named (``Decider.delivered``). Closed:
         nothing starts and ``on_decided`` is not called (the delivery is not acknowledged)."""
         if self.closed:
             return False
@@ -59,9 +63,13 @@ class Coordinator:
             if on_decided is not None:
                 on_decided()
             return False
-        task = asyncio.create_task(
-            self._run(run_id, on_decided, delivered_flow=delivered_flow), name=f"drive:{run_id}"
+        decider = self._driver.decider
+        decide: DecideFn = (
+            partial(decider.decide, run_id)
+            if delivered_flow is None
+            else partial(decider.delivered, run_id, delivered_flow)
         )
+        task = asyncio.create_task(self._run(run_id, on_decided, decide), name=f"drive:{run_id}")
         self._active[run_id] = task
         self.changed.set()
         return True
@@ -69,7 +77,7 @@ class Coordinator:
     def drive_many(self, items: Sequence[tuple[str, Callable[[], None] | None, str]]) -> int:
         """``drive`` for everything one stream read delivered (run id, its ack, the flow
         its message named); the runs not already in a drive are decided together
-        (``Driver.decide_many``: one read, one claim statement), a lone one by one
+        (``Decider.decide_many``: one read, one claim statement), a lone one by one
         statement that reads and claims. Returns how many new drives started."""
         if self.closed:
             return 0
@@ -91,9 +99,11 @@ class Coordinator:
             run_id, on_decided = fresh[0]
             return int(self.drive(run_id, on_decided, flows[run_id]))
         batch = self._decide_many([run_id for run_id, _ in fresh])
+        decider = self._driver.decider
         for run_id, on_decided in fresh:
             self._active[run_id] = asyncio.create_task(
-                self._run(run_id, on_decided, batch), name=f"drive:{run_id}"
+                self._run(run_id, on_decided, partial(decider.from_batch, run_id, batch)),
+                name=f"drive:{run_id}",
             )
         self.changed.set()
         return len(fresh)
@@ -101,7 +111,7 @@ class Coordinator:
     def _decide_many(self, run_ids: list[str]) -> asyncio.Task[dict[str, Decision]]:
         """The shared decision of one read's runs; kept here until done (its drives await it)."""
         task = asyncio.get_running_loop().create_task(
-            self._driver.decide_many(run_ids), name="decide-many"
+            self._driver.decider.decide_many(run_ids), name="decide-many"
         )
         self._batches.add(task)
         task.add_done_callback(self._batch_done)
@@ -114,24 +124,28 @@ class Coordinator:
             log.warning("run.batch_decide_failed", extra={"error": repr(task.exception())})
 
     async def _run(
-        self,
-        run_id: str,
-        on_decided: Callable[[], None] | None,
-        batch: asyncio.Future[dict[str, Decision]] | None = None,
-        *,
-        delivered_flow: str | None = None,
+        self, run_id: str, on_decided: Callable[[], None] | None, decide: DecideFn
     ) -> None:
+        """Decide (the first time by the path the wake came by, then from a fresh read),
+        acknowledge the wake once decided, and hand the decision to the driver."""
+        decider = self._driver.decider
         try:
             while True:
                 try:
-                    await self._driver.drive(run_id, on_decided, batch, delivered_flow)
+                    try:
+                        decision = await decide()
+                    finally:
+                        if on_decided is not None:
+                            on_decided()
+                    await self._driver.run_decided(decision)
                 except asyncio.CancelledError:
                     raise
                 except Exception:
                     # Infrastructure errors land here (the database went away mid-drive).
                     # The run stays durable; a sweep or a later wake drives it again.
                     log.exception("run.drive_failed", extra={"run_id": run_id})
-                on_decided, batch, delivered_flow = None, None, None  # again: read first
+                on_decided = None  # again: read first
+                decide = partial(decider.decide, run_id)
                 if self.closed or run_id not in self._again:
                     return
                 self._again.discard(run_id)

@@ -1,10 +1,12 @@
 """How the driver decides a run it was handed: claim it, take it over, or leave it.
 
-``Decisions`` is a mixin that ``worker.driver.Driver`` inherits: everything between
-"a run id arrived" and "this process now owns it at a new epoch" (or why not). A
-stream read of several runs is decided with one read and one claim statement
-(``decide_many``); a lone delivery with one statement that reads and claims
-(``_decide_delivered``); anything else from its row (``_decide``): a runnable row is
+``Decider`` is a collaborator the driver holds (``Driver.decider``), as it holds
+``Takeover`` and ``Settlement``: everything between "a run id arrived" and "this process
+now owns it at a new epoch" (or why not), answered as a ``Decision`` the driver then
+executes (``Driver.run_decided``). A stream read of several runs is decided with one
+read and one claim statement (``decide_many``, each run's answer taken by
+``from_batch``); a lone delivery with one statement that reads and claims
+(``delivered``); anything else from its row (``decide``): a runnable row is
 claimed and activated, a running row whose lease is stale goes to ``Takeover``, and a
 lost race is journaled as ``claim-lost``. A stopping worker (``closed``) claims nothing
 by any of these paths: the run's wake is handed back to the fleet instead. The row
@@ -15,9 +17,10 @@ whatever message brought it here.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Awaitable, Callable, Container, Mapping, Sequence
 from typing import assert_never
 
 from runfleet.broker import hostile
@@ -48,29 +51,76 @@ from runfleet.worker.takeover import Takeover
 from runfleet.worker.versions import version_carried
 from runfleet.worker.wake_hints import HintFn
 
-log = logging.getLogger("runfleet.worker.driver")
+log = logging.getLogger("runfleet.worker.decisions")
 
 REHINTS_KEPT = 10_000
-"""Runs remembered for the re-hint limit (``Decisions._not_served``): bounded memory."""
+"""Runs remembered for the re-hint limit (``Decider._not_served``): bounded memory."""
 
 
-class Decisions:
-    """``Driver``'s decide half (``worker.driver.Driver`` inherits it)."""
+class Decider:
+    """The driver's decide half: claim a run, take it over, or say why not.
 
-    store: Store
-    owner: Owner
-    settings: Settings
-    owned: Container[str]
-    takeover: Takeover
-    _lease_ok: Callable[[], bool] | None
-    _hint: HintFn | None
-    _hint_front: HintFn | None
-    _gate: HintFn | None
-    _slot_freed: Callable[[str], None] | None
-    _rate_due: Callable[[str, int], None] | None
-    _warned_unknown: set[str]
-    closed: bool
-    _rehinted: dict[str, float]
+    Built alone (a test needs a store, an owner, settings and a ``Takeover``); the
+    driver hands it the set of runs it executes (``owned``: a run held here is never
+    claimed again) and its hints. ``close`` makes it claim nothing by any path.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        owner: Owner,
+        settings: Settings,
+        takeover: Takeover,
+        *,
+        owned: Container[str] = frozenset(),
+        lease_ok: Callable[[], bool] | None = None,
+        hint: HintFn | None = None,
+        hint_front: HintFn | None = None,
+        gate: HintFn | None = None,
+        slot_freed: Callable[[str], None] | None = None,
+        rate_due: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.owner = owner
+        self.settings = settings
+        self.takeover = takeover
+        self.owned = owned
+        self._lease_ok = lease_ok
+        self._hint = hint
+        self._hint_front = hint_front
+        """A displaced run's wake, ahead of the backlog (``_took_slot``)."""
+        self._gate = gate
+        """Park the wake of a run its queue's limit refused (``broker.gate``)."""
+        self._slot_freed = slot_freed
+        """Open a limited queue's gate (a settled run's slot: ``_claimed``)."""
+        self._rate_due = rate_due
+        """A rate-refused queue's next token is due in so many ms (``worker.rate_pump``)."""
+        self._warned_unknown: set[str] = set()
+        self._rehinted: dict[str, float] = {}
+        self.closed = False
+        """The worker is stopping: no claim by any path (``Driver.close``)."""
+
+    def close(self) -> None:
+        self.closed = True
+
+    async def decide(self, run_id: str) -> Decision:
+        """Read the run's row and decide from it."""
+        return await self._decide(await self.store.runs.get(run_id), run_id)
+
+    async def delivered(self, run_id: str, flow_name: str) -> Decision:
+        """A stream message naming ``flow_name``: read and claim as one statement when it
+        is a fresh admission of that flow, else decide from a read (``decide``)."""
+        decision = await self._decide_delivered(run_id, flow_name)
+        return decision if decision is not None else await self.decide(run_id)
+
+    async def from_batch(self, run_id: str, batch: Awaitable[Mapping[str, Decision]]) -> Decision:
+        """This run's answer in a ``decide_many`` it was part of; decided alone (read, then
+        claim) when the batch made none for it or failed (the coordinator logs that once)."""
+        try:
+            decision = (await asyncio.shield(batch)).get(run_id)
+        except Exception:  # logged once by the coordinator (run.batch_decide_failed)
+            decision = None
+        return decision if decision is not None else await self.decide(run_id)
 
     async def decide_many(self, run_ids: Sequence[str]) -> dict[str, Decision]:
         """Decide the runs one stream read delivered with one read and one claim statement.
@@ -85,10 +135,10 @@ class Decisions:
         fresh: list[tuple[RunRow, Flow]] = []
         for row in rows:
             if row.status.terminal:
-                decisions[row.id] = (DriveOutcome.TERMINAL, None)
+                decisions[row.id] = Decision(DriveOutcome.TERMINAL)
                 continue
             if not self.store.runs.may_claim(row):
-                decisions[row.id] = (await self._not_served(row), None)
+                decisions[row.id] = Decision(await self._not_served(row))
                 continue
             if (
                 self.closed
@@ -108,7 +158,7 @@ class Decisions:
                 fresh.append((row, flow))
         found = {row.id for row in rows}
         decisions.update(
-            (run_id, (DriveOutcome.NOT_FOUND, None)) for run_id in run_ids if run_id not in found
+            (run_id, Decision(DriveOutcome.NOT_FOUND)) for run_id in run_ids if run_id not in found
         )
         if not fresh:
             return decisions
@@ -136,9 +186,10 @@ class Decisions:
             or (self._lease_ok is not None and not self._lease_ok())
         ):
             return None
-        outcome, seen = await self.store.runs.claim_if_fresh(
+        fresh = await self.store.runs.claim_if_fresh(
             run_id, flow_name, self.owner, ahead_flows=runnable()
         )
+        outcome, seen = fresh.outcome, fresh.seen
         if outcome is None:
             return await self._decide(seen, run_id)
         assert seen is not None
@@ -146,25 +197,25 @@ class Decisions:
 
     async def _decide(self, row: RunRow | None, run_id: str) -> Decision:
         if row is None:
-            return DriveOutcome.NOT_FOUND, None
+            return Decision(DriveOutcome.NOT_FOUND)
         if row.status.terminal:
-            return DriveOutcome.TERMINAL, None
+            return Decision(DriveOutcome.TERMINAL)
         if row.id in self.owned:
-            return DriveOutcome.ALREADY_OWNED, None
+            return Decision(DriveOutcome.ALREADY_OWNED)
         if self.closed:
             return await self._hand_back_wake(row)
         if self._lease_ok is not None and not self._lease_ok():
             # A process that cannot confirm its own lease takes nothing new: nobody
             # would renew what it claims, and another worker would soon steal it.
-            return DriveOutcome.LEASE_CLOSED, None
+            return Decision(DriveOutcome.LEASE_CLOSED)
         if not self.store.runs.may_claim(row):
-            return await self._not_served(row), None
+            return Decision(await self._not_served(row))
         flow = self._flow(row)
         if flow is None and row.cancel_requested_at_ms is None:
-            return DriveOutcome.UNKNOWN_FLOW, None
+            return Decision(DriveOutcome.UNKNOWN_FLOW)
         if row.status is RunStatus.RUNNING:
             if row.owner == self.owner and row.id in self.owned:
-                return DriveOutcome.ALREADY_OWNED, None
+                return Decision(DriveOutcome.ALREADY_OWNED)
             return await self.takeover.steal(row, flow)
         return await self._claim(row, flow)
 
@@ -214,19 +265,19 @@ class Decisions:
     async def _claim(self, row: RunRow, flow: Flow | None) -> Decision:
         if row.waiting is not None:
             if not self._wakeable(row):
-                return DriveOutcome.WAITING, None
+                return Decision(DriveOutcome.WAITING)
             await self.store.waits.wake(row.id, cause=WakeCause.by_driver(row.waiting.reason))
             fresh = await self.store.runs.get(row.id)
             if fresh is None:
-                return DriveOutcome.NOT_FOUND, None
+                return Decision(DriveOutcome.NOT_FOUND)
             row = fresh
         if row.claim is not None:
             recovered = await self.takeover.stranded_claim(row)
             if recovered != DriveOutcome.CLAIM_RECOVERED:
-                return recovered, None
+                return Decision(recovered)
             fresh = await self.store.runs.get(row.id)  # claim it in this same drive
             if fresh is None or fresh.status.terminal or fresh.claim is not None:
-                return recovered, None
+                return Decision(recovered)
             row = fresh
         if self.closed:  # the worker began to stop while this drive read the row
             return await self._hand_back_wake(row)
@@ -239,7 +290,7 @@ class Decisions:
         takes the run now, not at the next sweep."""
         if self._hint is not None and (row.waiting is None or self._wakeable(row)):
             await self._hint(row)
-        return DriveOutcome.STOPPING, None
+        return Decision(DriveOutcome.STOPPING)
 
     async def _claimed(self, row: RunRow, flow: Flow | None, outcome: ActivateOutcome) -> Decision:
         """What a claim-and-activate answered: execute it, or journal the lost race."""
@@ -251,7 +302,7 @@ class Decisions:
                     metrics.ENQUEUE_TO_START.observe(
                         max(0, activated.now_ms - activated.created_at_ms) / 1000
                     )
-                return DriveOutcome.ACTIVATED, (activated, flow)
+                return Decision.activated(DriveOutcome.ACTIVATED, activated, flow)
             case SnapshotChanged(current=current):
                 await journal_evidence(
                     self.store,
@@ -261,9 +312,9 @@ class Decisions:
                     current.heartbeat_at_ms,
                     jr.ClaimLost(observer=self.owner.key, status=current.status.value).dump(),
                 )
-                return DriveOutcome.CLAIM_LOST, None
+                return Decision(DriveOutcome.CLAIM_LOST)
             case NotServed(current=current):
-                return await self._not_served(current), None
+                return Decision(await self._not_served(current))
             case AtLimit(current=current, retry_after_ms=retry_after_ms):
                 # Nothing changed; the wake waits at the queue's gate for a freed slot, or
                 # for the rate's next token: then this process opens the gate itself (every
@@ -272,9 +323,9 @@ class Decisions:
                     await self._gate(current)
                 if retry_after_ms is not None and self._rate_due is not None:
                     self._rate_due(current.queue, retry_after_ms)  # worker.rate_pump
-                return DriveOutcome.AT_LIMIT, None
+                return Decision(DriveOutcome.AT_LIMIT)
             case NotFound():
-                return DriveOutcome.NOT_FOUND, None
+                return Decision(DriveOutcome.NOT_FOUND)
 
     async def _took_slot(self, named: RunRow, activated: RunRow) -> Flow | None:
         """A higher-priority run took the slot ``named``'s delivery offered (docs/queues.md):

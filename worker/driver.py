@@ -27,20 +27,20 @@ from runfleet.store.types import (
     Parked,
     ParkOutcome,
     RunRow,
-    RunStatus,
 )
 from runfleet.worker import containment, metrics, tracing
 from runfleet.worker.bookkeeping import Bookkeeping
 from runfleet.worker.containment import UserBaseException
-from runfleet.worker.context import Context, Interrupted
-from runfleet.worker.decisions import Decisions
+from runfleet.worker.context import Context
+from runfleet.worker.decisions import Decider
 from runfleet.worker.durable import Suspended
 from runfleet.worker.evidence import RefusalLadder
 from runfleet.worker.flows import Flow
 from runfleet.worker.outcomes import Cause, Decision, DriveOutcome
+from runfleet.worker.replay import Interrupted, Replay
 from runfleet.worker.retry import is_transient, with_retry
 from runfleet.worker.rq_compat import call_rq_style, running_job, wants_rq_call
-from runfleet.worker.settle import AnnounceFn, Settlement, error_of
+from runfleet.worker.settle import AnnounceFn, Settlement
 from runfleet.worker.step_timeouts import ABANDONED
 from runfleet.worker.sync_context import SyncContext
 from runfleet.worker.takeover import ProbeFn, Takeover
@@ -59,7 +59,7 @@ class Execution:
     cause: Cause | None = field(default=None)
 
 
-class Driver(Decisions):
+class Driver:
     def __init__(
         self,
         store: Store,
@@ -81,10 +81,6 @@ class Driver(Decisions):
         self.settings = settings
         self._on_settled = on_settled
         self._hint = hint
-        self._hint_front = hint_front
-        """A displaced run's wake, ahead of the backlog (``Decisions._took_slot``)."""
-        self._gate = gate
-        """Park the wake of a run its queue's limit refused (``broker.gate``)."""
         self._slot_freed = slot_freed
         """An execution of a limited queue ended here: a gated wake may move."""
         self._rate_due = rate_due
@@ -96,13 +92,22 @@ class Driver(Decisions):
         self._lease_gap = lease_gap
         """How long the lease went unconfirmed in its newest lapse (``LeaseGate``)."""
         self.takeover = Takeover(store, owner, settings, probe)
+        self.decider = Decider(
+            store,
+            owner,
+            settings,
+            self.takeover,
+            owned=self.owned,
+            lease_ok=lease_ok,
+            hint=hint,
+            hint_front=hint_front,
+            gate=gate,
+            slot_freed=slot_freed,
+            rate_due=rate_due,
+        )
         self.settlement = Settlement(store, owner, hint=hint, announce=on_settled)
         self.bookkeeping = Bookkeeping(store, owner)
         self.wake_hints = WakeHints(hint)
-        self._warned_unknown: set[str] = set()
-        self._rehinted: dict[str, float] = {}
-        self.closed = False
-        """The worker is stopping: no claim by any path, no body starts (``close``)."""
 
     def close(self) -> None:
         """Claim nothing from now on (stream deliveries, batches, sweeps, steals, recoveries).
@@ -111,7 +116,12 @@ class Driver(Decisions):
         claim between the stop and an event-loop turn. A claim already sent may still
         commit; ``_execute`` then hands that run back without starting its body.
         """
-        self.closed = True
+        self.decider.close()
+
+    @property
+    def closed(self) -> bool:
+        """The worker is stopping: no claim by any path, no body starts (``close``)."""
+        return self.decider.closed
 
     @property
     def ladder(self) -> RefusalLadder:
@@ -135,54 +145,34 @@ class Driver(Decisions):
 
     # ---- decide ------------------------------------------------------------
 
-    async def drive(
-        self,
-        run_id: str,
-        on_decided: Callable[[], None] | None = None,
-        batch: asyncio.Future[dict[str, Decision]] | None = None,
-        delivered_flow: str | None = None,
-    ) -> DriveOutcome:
-        """Take the one step the run's row allows; returns what happened.
+    async def drive(self, run_id: str) -> DriveOutcome:
+        """Decide the run from its row, then take the one step it allows (``run_decided``)."""
+        return await self.run_decided(await self.decider.decide(run_id))
 
-        ``batch`` is a ``decide_many`` this run was part of: its decision is used when it
-        made one, and the run is decided alone (read, then claim) when it did not or
-        when the batch failed. ``delivered_flow`` is the flow a stream message named:
-        the read and, for a fresh admission, the claim then go as one statement.
-        """
-        try:
-            decision = None
-            if batch is not None:
-                try:
-                    decision = (await asyncio.shield(batch)).get(run_id)
-                except Exception:  # logged once by the coordinator (run.batch_decide_failed)
-                    decision = None
-            elif delivered_flow is not None:
-                decision = await self._decide_delivered(run_id, delivered_flow)
-            if decision is None:
-                row = await self.store.runs.get(run_id)
-                decision = await self._decide(row, run_id)
-            outcome, activated = decision
-        finally:
-            if on_decided is not None:
-                on_decided()
-        metrics.CLAIM_OUTCOMES.labels(outcome).inc()
-        if activated is not None:
-            await self._execute(*activated)
-        return outcome
+    async def drive_delivered(self, run_id: str, flow_name: str) -> DriveOutcome:
+        """As ``drive`` for a stream message naming ``flow_name`` (``Decider.delivered``)."""
+        return await self.run_decided(await self.decider.delivered(run_id, flow_name))
+
+    async def run_decided(self, decision: Decision) -> DriveOutcome:
+        """Count the decision and execute the run it activated; returns its outcome."""
+        metrics.CLAIM_OUTCOMES.labels(decision.outcome).inc()
+        if decision.activation is not None:
+            await self._execute(decision.activation.row, decision.activation.flow)
+        return decision.outcome
 
     # ---- execute -----------------------------------------------------------
 
     async def _execute(self, row: RunRow, flow: Flow | None) -> None:
-        ctx = Context(
-            run=row,
-            owner=self.owner,
-            epoch=row.epoch,
+        replay = Replay(
+            row,
+            self.owner,
+            row.epoch,
             store=self.store,
             settings=self.settings,
-            hint=self._hint,
             lease_ok=self._lease_ok,
             bookkeeping=self.bookkeeping,
         )
+        ctx = Context(replay, hint=self._hint)
         execution = Execution(ctx)
         self.owned[row.id] = execution
         metrics.RUNS_IN_FLIGHT.inc()
@@ -196,7 +186,7 @@ class Driver(Decisions):
             # A first activation has no predecessor that could have recorded, unless the
             # run was admitted with a copied history (store.forks: a resume or a fork).
             if (row.epoch > 1 or row.state.get("replays")) and execution.cause is None:
-                ctx.records = {r.position: r for r in await self.store.steps.of_run(row.id)}
+                replay.load(await self.store.steps.of_run(row.id))
             if execution.cause is not None or flow is None:
                 # Interrupted between its activation and its body: the body never starts.
                 await self._unstarted(row, execution.cause or Cause.SHUTDOWN)
@@ -312,7 +302,7 @@ class Driver(Decisions):
         # process must not write, not even a cancellation or a release.
         if execution.cause is None or cause == Cause.LOST_FENCE:
             execution.cause = cause
-            execution.ctx._interrupt = cause
+            execution.ctx.replay.interrupt(cause)
         if execution.task is not None and not execution.task.done():
             execution.task.cancel(msg=cause)
         return True
@@ -346,7 +336,7 @@ class Driver(Decisions):
             case None if execution.ctx.bookkeeping_error is not None and is_transient(exc):
                 await self.release(row, Cause.INFRA_UNAVAILABLE)  # the store failed, not the flow
             case None:
-                await self.settlement.finish(row, epoch, RunStatus.FAILED, {"error": error_of(exc)})
+                await self.settlement.failed(row, epoch, exc)
             case _:
                 assert_never(cause)
 

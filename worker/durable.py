@@ -13,6 +13,7 @@ from tenacity import RetryCallState, retry_if_exception_type, wait_exponential
 
 from runfleet.broker.names import importable_name
 from runfleet.store.errors import InvalidInput, RunfleetError
+from runfleet.store.steps import StepRecord
 
 
 class NonDeterminism(RunfleetError):
@@ -40,6 +41,17 @@ class ChildFailed(RunfleetError):
         self.child_id = child_id
         self.status = status
         self.error = error
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One durable call's place in the run's history (``Context._next``): its position,
+    its key (``kind:name#n``, the n-th such call), and the record a replay returns (None:
+    a new call, run and recorded now)."""
+
+    position: int
+    key: str
+    record: StepRecord | None
 
 
 class Suspended(BaseException):

@@ -1,15 +1,16 @@
 """A flow's events and messages: ``ctx.set_event`` and ``ctx.recv`` (store/events.py decides).
 
-``Messages`` is a mixin ``worker.context.Context`` inherits, as ``Waits`` and ``Children``
-are. Both calls take a position like every durable call, and both record it in the
-transaction that does their work (the event's new value; the message's consumption), so a
-replay returns the record and does nothing again: an event is never set back to an older
-value, and a message is never taken twice nor lost.
+``Messages`` is one of ``worker.context.Context``'s parts, built with the execution's
+``worker.replay.Replay``, as ``Waits`` and ``Children`` are. Both calls take a position
+like every durable call, and both record it in the transaction that does their work (the
+event's new value; the message's consumption), so a replay returns the record and does
+nothing again: an event is never set back to an older value, and a message is never taken
+twice nor lost.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from runfleet.store import validate
 from runfleet.store.events import MESSAGE_TOKEN, Received
@@ -19,33 +20,22 @@ from runfleet.store.types import (
     GuardFailed,
     NotFound,
     NotOwner,
-    Owner,
     Parked,
     RunStatus,
     WaitingReason,
 )
 from runfleet.worker import tracing
-from runfleet.worker.context_parts import ContextParts
-from runfleet.worker.durable import Suspended, WaitTimeout
+from runfleet.worker.durable import WaitTimeout
 from runfleet.worker.outcomes import Cause
+from runfleet.worker.replay import Replay
 from runfleet.worker.waits import _timeout_at
 
-if TYPE_CHECKING:
-    from runfleet.worker.context import Interrupted
 
+class Messages:
+    """``Context``'s events and messages (``ctx.set_event``, ``ctx.recv`` call these)."""
 
-class Messages(ContextParts):
-    """``Context``'s events and messages (``worker.context.Context`` inherits them)."""
-
-    owner: Owner
-    epoch: int
-    records: dict[int, StepRecord]
-
-    if TYPE_CHECKING:  # for mypy only: worker.context.Context defines these
-
-        def _stop(self, cause: Cause) -> Interrupted: ...
-
-        def _suspend(self, reason: str) -> Suspended: ...
+    def __init__(self, replay: Replay) -> None:
+        self._replay = replay
 
     async def set_event(self, key: str, value: Any) -> None:
         """Publish ``value`` as this run's event ``key`` (``Queue.get_event`` reads it).
@@ -54,22 +44,26 @@ class Messages(ContextParts):
         and replay-safe: the value is written with the call's record, once.
         """
         validate.identifier("event key", key)
-        position, call_key, record = await self._next("set_event", key)
+        call = await self._replay.next("set_event", key)
+        position, call_key, record = call.position, call.key, call.record
         if record is not None:
             return
         # The value is in the record too: a fork rebuilds the events set before its point.
         output = {"key": key, "value": value}
-        write = StepWrite(self.run.id, self.epoch, call_key, key, "set_event", position, output)
-        outcome = await self._durable(
-            "events.set_event", lambda: self._store.events.set_event(self.owner, write, key, value)
+        write = StepWrite(
+            self._replay.run.id, self._replay.epoch, call_key, key, "set_event", position, output
+        )
+        outcome = await self._replay.durable(
+            "events.set_event",
+            lambda: self._replay.store.events.set_event(self._replay.owner, write, key, value),
         )
         match outcome:
             case Received(record=done):
-                self.records[position] = done
+                self._replay.records[position] = done
             case GuardFailed():
-                raise self._stop(Cause.CANCELLED)
+                raise self._replay.stop(Cause.CANCELLED)
             case NotOwner() | NotFound():
-                raise self._stop(Cause.LOST_FENCE)
+                raise self._replay.stop(Cause.LOST_FENCE)
 
     async def recv(self, topic: str, timeout: float | None = None) -> Any:
         """The next message sent to this run on ``topic`` (``Queue.send``), in send order.
@@ -80,7 +74,8 @@ class Messages(ContextParts):
         with the call, and a replay returns the recorded value.
         """
         validate.identifier("topic", topic)
-        position, key, record = await self._next("recv", topic)
+        call = await self._replay.next("recv", topic)
+        position, key, record = call.position, call.key, call.record
         if record is None:
             record = await self._receive(position, key, topic, timeout)
         output = record.output if isinstance(record.output, dict) else {}
@@ -93,15 +88,21 @@ class Messages(ContextParts):
     ) -> StepRecord:
         deadline: int | None = None
         if timeout is not None:
-            due = _timeout_at(await self._now_ms(), timeout)  # refused before anything is kept
+            due = _timeout_at(
+                await self._replay.now_ms(), timeout
+            )  # refused before anything is kept
             assert due is not None
-            deadline = await self._ensure_clock(key, due)  # an existing clock keeps its due time
-        write = StepWrite(self.run.id, self.epoch, key, topic, "recv", position, None)
+            deadline = await self._replay.ensure_clock(
+                key, due
+            )  # an existing clock keeps its due time
+        write = StepWrite(
+            self._replay.run.id, self._replay.epoch, key, topic, "recv", position, None
+        )
         for _ in range(3):  # a clock that fired just now satisfies the park: look again
-            outcome = await self._durable(
+            outcome = await self._replay.durable(
                 "events.receive",
-                lambda: self._store.events.receive(
-                    self.owner,
+                lambda: self._replay.store.events.receive(
+                    self._replay.owner,
                     write,
                     topic,
                     deadline_ms=deadline,
@@ -110,22 +111,22 @@ class Messages(ContextParts):
             )
             match outcome:
                 case Received(record=done):
-                    self.records[position] = done
+                    self._replay.records[position] = done
                     return done
                 case Parked():
                     tracing.parked(WaitingReason.EVENT, MESSAGE_TOKEN + topic, deadline)
-                    raise self._suspend(WaitingReason.EVENT)
+                    raise self._replay.suspend(WaitingReason.EVENT)
                 case AlreadySatisfied():
                     continue
                 case GuardFailed():
-                    raise self._stop(Cause.CANCELLED)
+                    raise self._replay.stop(Cause.CANCELLED)
                 case NotOwner(current=current) if (
                     current.status is RunStatus.SUSPENDED
-                    and current.epoch == self.epoch
+                    and current.epoch == self._replay.epoch
                     and current.waiting is not None
                     and current.waiting.token == MESSAGE_TOKEN + topic
                 ):
-                    raise self._suspend(WaitingReason.EVENT)  # our park committed unseen
+                    raise self._replay.suspend(WaitingReason.EVENT)  # our park committed unseen
                 case NotOwner() | NotFound():
-                    raise self._stop(Cause.LOST_FENCE)
+                    raise self._replay.stop(Cause.LOST_FENCE)
         raise AssertionError("unreachable: a fired clock lets the next receive time out")

@@ -7,7 +7,8 @@ records carry, and mypy proves every ``match`` over them handles every case.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, TypeAlias
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from runfleet.store.types import RunRow
@@ -77,5 +78,24 @@ class Cause(enum.StrEnum):
     """runfleet's own store call gave up (an outage, not the flow): handed back."""
 
 
-Decision: TypeAlias = "tuple[DriveOutcome, tuple[RunRow, Flow | None] | None]"
-"""A drive's decision: its outcome word, and the run to execute if it was activated."""
+@dataclass(frozen=True, slots=True)
+class Activation:
+    """A run this process now owns at a new epoch, and the flow that executes it (None: a
+    run whose cancel was asked and whose flow does not run here; it is closed, not run)."""
+
+    row: RunRow
+    flow: Flow | None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the decide half (``worker.decisions.Decider``) answered for one run: the
+    outcome word, and the activation the driver executes when the run was claimed or
+    stolen here (``Driver.run_decided``)."""
+
+    outcome: DriveOutcome
+    activation: Activation | None = None
+
+    @classmethod
+    def activated(cls, outcome: DriveOutcome, row: RunRow, flow: Flow | None) -> Decision:
+        return cls(outcome, Activation(row, flow))

@@ -252,7 +252,7 @@ async def await_dependencies(ctx: Context, run_ids: list[str], allow_failure: bo
         await ctx.sleep(delay)  # replayed: returns at once with the recorded due time
         delay = min(delay * 2, DEPENDENCY_POLL_MAX)
     while True:
-        met, broken = await ctx._durable(
+        met, broken = await ctx.replay.durable(
             "rq.dependencies", lambda: registries.dependencies_met(run_ids, allow_failure)
         )
         if met:
@@ -262,7 +262,7 @@ async def await_dependencies(ctx: Context, run_ids: list[str], allow_failure: bo
 
 
 def _recorded_sleep_next(ctx: Context) -> bool:
-    record = ctx.records.get(ctx._position)
+    record = ctx.replay.peek()
     return record is not None and record.key.startswith("sleep:sleep#")
 
 

@@ -17,12 +17,11 @@ from typing import Any
 
 from runfleet.broker.queue import check_signature, flow_target
 from runfleet.runtime.batching import GroupCommit
-from runfleet.store import Kind, Store, validate
+from runfleet.store import Kind, Store, rounds, settlements, validate
 from runfleet.store import journal_records as jr
 from runfleet.store.errors import RunfleetError, UnknownFlow
 from runfleet.store.types import (
     GuardFailed,
-    NewRun,
     NotFound,
     NotOwner,
     Owner,
@@ -119,20 +118,17 @@ class Settlement:
         if isinstance(result, Handoff):
             await self.hand_off(row, epoch, result, max_rounds)
             return
-        await self.finish(row, epoch, RunStatus.COMPLETED, {"result": result})
+        await self.finish(row, settlements.completed(row.id, epoch, result))
 
-    async def finish(
-        self,
-        row: RunRow,
-        epoch: int,
-        status: RunStatus,
-        patch: dict[str, Any],
-        *,
-        kind: str = Kind.TRANSITIONED,
-        record: dict[str, Any] | None = None,
-    ) -> None:
+    async def failed(self, row: RunRow, epoch: int, exc: BaseException) -> None:
+        """Settle a body that raised ``exc``: failed, with its error (``error_of``)."""
+        await self.finish(row, settlements.failed(row.id, epoch, error_of(exc)))
+
+    async def finish(self, row: RunRow, item: Settle) -> None:
+        """Commit ``item`` (one ``store.settlements`` ending) and act on its outcome."""
+        epoch, status = item.epoch, item.status
         try:
-            outcome = await self._transition(row, epoch, status, patch, kind, record)
+            outcome = await self._transition(item)
         except UnstorableValue as exc:
             # Nothing was written. Fail the run instead, once: the same value would fail
             # the same way on every retry and on every takeover.
@@ -140,29 +136,17 @@ class Settlement:
                 "run.unstorable",
                 extra={"run_id": row.id, "field": exc.field, "problem": exc.problem},
             )
-            failure = patch.get("error") if status is RunStatus.FAILED else None
+            failure = item.patch.get("error") if status is RunStatus.FAILED else None
             status = RunStatus.FAILED
             outcome = await self._fail_unstorable(row, epoch, exc, failure)
         await self._after(row, epoch, status, outcome)
 
-    async def _transition(
-        self,
-        row: RunRow,
-        epoch: int,
-        status: RunStatus,
-        patch: dict[str, Any],
-        kind: str = Kind.TRANSITIONED,
-        record: dict[str, Any] | None = None,
-    ) -> TransitionOutcome:
+    async def _transition(self, item: Settle) -> TransitionOutcome:
         batch = self._batch
         if batch is None:
             return await with_retry(
-                "settle",
-                lambda: self._store.lifecycle.transition_owned(
-                    row.id, self._owner, epoch, status, state_patch=patch, kind=kind, record=record
-                ),
+                "settle", lambda: self._store.lifecycle.settle(self._owner, item)
             )
-        item = Settle(row.id, epoch, status, patch, kind, record)
         self._store.lifecycle.check(item)  # an unstorable value fails this run alone, now
         return await with_retry("settle", lambda: batch.submit(item))
 
@@ -188,10 +172,10 @@ class Settlement:
         errors += [unstorable, {**unstorable, "traceback": ""}, {"type": unstorable["type"]}]
         for error in errors[:-1]:
             try:
-                return await self._transition(row, epoch, RunStatus.FAILED, {"error": error})
+                return await self._transition(settlements.failed(row.id, epoch, error))
             except UnstorableValue:
                 continue
-        return await self._transition(row, epoch, RunStatus.FAILED, {"error": errors[-1]})
+        return await self._transition(settlements.failed(row.id, epoch, errors[-1]))
 
     async def _after(
         self, row: RunRow, epoch: int, status: RunStatus, outcome: TransitionOutcome
@@ -228,12 +212,9 @@ class Settlement:
         ``found_at``: the interrupt (shutdown, lapse) whose release found the cancel request
         instead of delivering it; journaled with the cancellation."""
         await self._compensate(row, epoch)
-        record = {"found_at_release": found_at} if found_at is not None else None
+        item = settlements.cancelled(row.id, epoch, self._owner, found_at=found_at)
         outcome = await with_retry(
-            "settle",
-            lambda: self._store.lifecycle.acknowledge_cancel(
-                row.id, self._owner, epoch, record=record
-            ),
+            "settle", lambda: self._store.lifecycle.settle(self._owner, item)
         )
         match outcome:
             case Transitioned():
@@ -290,14 +271,7 @@ class Settlement:
         limit = row.max_rounds if row.max_rounds is not None else max_rounds
         next_round = row.round_ordinal + 1
         if limit is not None and next_round >= int(limit):
-            await self.finish(
-                row,
-                epoch,
-                RunStatus.FAILED,
-                {"error": {"type": "LineageExhausted", "message": f"max_rounds={limit} reached"}},
-                kind=Kind.LINEAGE_EXHAUSTED,
-                record={"max_rounds": limit},
-            )
+            await self.finish(row, settlements.lineage_exhausted(row.id, epoch, limit))
             return
         try:
             name, queue, fn, takes_ctx = flow_target(handoff.flow)
@@ -305,28 +279,20 @@ class Settlement:
             check_signature(fn, takes_ctx, call.args, call.kwargs)
         except RunfleetError as exc:  # an unknown flow, a malformed handoff, or arguments
             # the next flow does not take: permanent, so the round fails once
+            successor_id = rounds.round_id(row.lineage_id, next_round)
             await self.finish(
-                row,
-                epoch,
-                RunStatus.FAILED,
-                {"error": error_of(exc)},
-                kind=Kind.ROUND_INVALID,
-                record={"successor": f"{row.lineage_id}@{next_round}"},
+                row, settlements.round_invalid(row.id, epoch, error_of(exc), successor_id)
             )
             return
         deadline_ms, timeout_ms = _successor_deadline(call, name)
-        successor = NewRun(
-            id=f"{row.lineage_id}@{next_round}",
+        successor = rounds.next_round(
+            row,
+            next_round,
             flow=name,
             queue=queue or row.queue,
             payload={"args": call.args, "kwargs": call.kwargs},
-            scopes=row.scopes,
-            parent_id=row.parent,
-            on_parent_exit=row.on_parent_exit,
-            lineage_id=row.lineage_id,
-            round_ordinal=next_round,
-            previous_round_id=row.id,
             max_rounds=limit,
+            in_family=True,
             deadline_ms=deadline_ms,
             timeout_ms=timeout_ms,
         )
@@ -343,12 +309,7 @@ class Settlement:
             # The successor cannot be admitted (its id is taken by a different run):
             # nothing of the handoff was written, so the round fails instead.
             await self.finish(
-                row,
-                epoch,
-                RunStatus.FAILED,
-                {"error": error_of(exc)},
-                kind=Kind.ROUND_INVALID,
-                record={"successor": successor.id},
+                row, settlements.round_invalid(row.id, epoch, error_of(exc), successor.id)
             )
             return
         await self._after(row, epoch, RunStatus.COMPLETED, done.outcome)

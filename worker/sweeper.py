@@ -34,13 +34,23 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import TypeVar
+from typing import TypeVar, assert_never
 
 from runfleet.broker.wake_reasons import WakeReason
 from runfleet.runtime.service import Service, Signal
 from runfleet.store import Store, SweepKind
 from runfleet.store.config import Settings, jittered
-from runfleet.store.sweeps import MIN_KEY, START, Keyed, SweepCursor, SweepKey
+from runfleet.store.sweeps import (
+    MIN_KEY,
+    START,
+    Keyed,
+    LockHeld,
+    RowFailed,
+    RowWritten,
+    SweepCursor,
+    SweepKey,
+    Swept,
+)
 from runfleet.store.types import ClockRow, PendingCursor, RunRow
 from runfleet.worker import metrics
 from runfleet.worker.wake_marks import WakeMarks
@@ -149,16 +159,20 @@ class Sweeper(Service):
     async def _one(self, kind: SweepKind, sweep: Callable[[], Awaitable[Finds]]) -> None:
         started = time.monotonic()
         try:
-            async with self._store.transaction():
-                if not await self._store.sweeps.try_lock(kind):
-                    return
-                finds = await sweep()
+            ticked = await self._store.sweeps.locked(kind, sweep)
         except Exception as exc:
             metrics.INFRA_ERRORS.labels(f"sweep:{kind.label}").inc()
             log.warning(
                 "sweep.failed", extra={"kind": kind.name, "error": repr(exc)}, exc_info=True
             )
             return
+        match ticked:
+            case LockHeld():
+                return
+            case Swept(found=finds):
+                pass
+            case _:
+                assert_never(ticked)
         metrics.SWEEP_DURATION.labels(kind.label).observe(time.monotonic() - started)
         run_ids = finds.run_ids
         metrics.SWEEP_BATCH.labels(kind.label).observe(len(run_ids))
@@ -186,9 +200,7 @@ class Sweeper(Service):
         if cursor == finds.read:
             return
         try:
-            async with self._store.transaction():
-                if await self._store.sweeps.try_lock(kind):
-                    await self._store.sweeps.advance_cursor(kind, finds.read, cursor)
+            await self._store.sweeps.advance_locked(kind, finds.read, cursor)
         except Exception as exc:  # the next tick reads this stretch again: duplicates only
             metrics.INFRA_ERRORS.labels(f"sweep:{kind.label}").inc()
             log.warning("sweep.cursor_failed", extra={"kind": kind.name, "error": repr(exc)})
@@ -307,16 +319,15 @@ class Sweeper(Service):
 
     async def _each(self, kind: str, run_id: str, work: Callable[[], Awaitable[object]]) -> bool:
         """One row's write in a savepoint: a row that raises is skipped, not retried first."""
-        try:
-            async with self._store.transaction():
-                await work()
-        except Exception as exc:
-            metrics.INFRA_ERRORS.labels(f"sweep:{kind}").inc()
-            log.warning(
-                "sweep.row_failed", extra={"kind": kind, "run_id": run_id, "error": repr(exc)}
-            )
-            return False
-        return True
+        match await self._store.sweeps.each_row(work):
+            case RowWritten():
+                return True
+            case RowFailed(error=exc):
+                metrics.INFRA_ERRORS.labels(f"sweep:{kind}").inc()
+                log.warning(
+                    "sweep.row_failed", extra={"kind": kind, "run_id": run_id, "error": repr(exc)}
+                )
+                return False
 
     async def _pending_cancellations(self) -> Finds:
         """Pending and parked runs a cancel reached: closed without a handler or a reader."""

@@ -75,14 +75,14 @@ class Takeover:
                 # The lease alone refuses (no probe is asked), journaled once per lease
                 # so an operator whose wake did nothing sees a live owner was in the way.
                 await self.refused(row.id, owner, heartbeat, jr.RefusalEvidence.LEASE_FRESH)
-            return DriveOutcome.HEARTBEAT_FRESH, None
+            return Decision(DriveOutcome.HEARTBEAT_FRESH)
         if owner == self._owner:
             # Ours, but no drive holds it (its settlement or release gave up after an
             # outage): nobody renews it, and every other worker's probe vouches for us.
             # Take it back through the same fenced steal, with the epoch bumped.
             probe = Probe(verdict="dead", evidence="self-orphaned", detail={"pid": owner.pid})
         elif not self.ladder.due(row.id, heartbeat):
-            return DriveOutcome.STEAL_BACKOFF, None
+            return Decision(DriveOutcome.STEAL_BACKOFF)
         else:
             probe = await self._probe_owner(owner, heartbeat)
         if probe.vouches:
@@ -90,7 +90,7 @@ class Takeover:
             await self.refused(
                 row.id, owner, heartbeat, jr.RefusalEvidence.PROBE, probe=probe.evidence
             )
-            return DriveOutcome.STEAL_REFUSED_OWNER_ALIVE, None
+            return Decision(DriveOutcome.STEAL_REFUSED_OWNER_ALIVE)
         evidence = {
             "probe": probe.evidence,
             "observer": self._owner.key,
@@ -115,7 +115,7 @@ class Takeover:
                         "lost_owners": dead.get("lost_owners"),
                     },
                 )
-                return DriveOutcome.DEAD_LETTERED, None
+                return Decision(DriveOutcome.DEAD_LETTERED)
             case Stolen(row=stolen):
                 self.ladder.forget(row.id)
                 metrics.STEALS.labels(probe.evidence).inc()
@@ -123,12 +123,12 @@ class Takeover:
                     "run.stolen",
                     extra={"run_id": row.id, "previous": owner.key, "evidence": probe.evidence},
                 )
-                return DriveOutcome.STOLEN, (stolen, flow)
+                return Decision.activated(DriveOutcome.STOLEN, stolen, flow)
             case LeaseFresh(current=current):
                 await self.refused(
                     row.id, owner, current.heartbeat_at_ms, jr.RefusalEvidence.LEASE_FRESH
                 )
-                return DriveOutcome.HEARTBEAT_FRESH, None
+                return Decision(DriveOutcome.HEARTBEAT_FRESH)
             case SnapshotChanged(current=current):
                 await journal_evidence(
                     self._store,
@@ -142,11 +142,11 @@ class Takeover:
                         expected_epoch=row.epoch,
                     ).dump(),
                 )
-                return DriveOutcome.ACTIVATION_LOST, None
+                return Decision(DriveOutcome.ACTIVATION_LOST)
             case NotServed():
-                return DriveOutcome.NOT_SERVED, None  # the driver checks first: not reached
+                return Decision(DriveOutcome.NOT_SERVED)  # the driver checks first: not reached
             case NotFound():
-                return DriveOutcome.NOT_FOUND, None
+                return Decision(DriveOutcome.NOT_FOUND)
 
     async def refused(
         self,

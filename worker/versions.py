@@ -50,28 +50,14 @@ def declared(fn: Callable[..., Any], version: str | None) -> str | None:
 
 
 if TYPE_CHECKING:
-    from runfleet.store.steps import StepRecord
+    from runfleet.worker.replay import Replay
 
 
 class Versions:
-    """``Context.patched`` (``worker.context.Context`` inherits it)."""
+    """``Context.patched``: the branch a patch added, taken only where history allows."""
 
-    if TYPE_CHECKING:  # for mypy only: worker.context.Context defines these
-        records: dict[int, StepRecord]
-        _position: int
-
-        async def _next(self, kind: str, name: str) -> tuple[int, str, StepRecord | None]: ...
-
-        async def _record(
-            self,
-            position: int,
-            key: str,
-            name: str,
-            kind: str,
-            output: Any,
-            compensate: str | None = None,
-            attempt: int | None = None,
-        ) -> StepRecord: ...
+    def __init__(self, replay: Replay) -> None:
+        self._replay = replay
 
     async def patched(self, patch_id: str) -> bool:
         """Whether this execution takes the code path added by patch ``patch_id``.
@@ -82,12 +68,13 @@ class Versions:
         recorded and no position is taken, so the old branch replays as it was.
         """
         validate.identifier("patch id", patch_id)
-        recorded = self.records.get(self._position)
+        recorded = self._replay.peek()
         if recorded is not None and not (recorded.kind == PATCH_KIND and recorded.name == patch_id):
             return False  # an old history: the call here is the unpatched code's
-        position, key, record = await self._next(PATCH_KIND, patch_id)
+        call = await self._replay.next(PATCH_KIND, patch_id)
+        position, key, record = call.position, call.key, call.record
         if record is None:
-            await self._record(position, key, patch_id, PATCH_KIND, {"patch": patch_id})
+            await self._replay.record(position, key, patch_id, PATCH_KIND, {"patch": patch_id})
         return True
 
 

@@ -1,10 +1,10 @@
 """A flow's timers and waits: ``sleep``, ``sleep_until``, ``wait_for``, ``approval``, ``quota``.
 
-``Waits`` is a mixin that ``worker.context.Context`` inherits; it holds only the calls
-that park a run on a clock, an event, a person's answer or a quota window, and relies on
-the Context's replay bookkeeping (``_next``, ``_record``, ``_park``...) declared in
-``worker.context_parts`` for mypy. Each call is replay-safe the way every durable call
-is: its record is written once, and a resumed body finds it at the same position.
+``Waits`` is one of ``worker.context.Context``'s parts, built with the execution's
+``worker.replay.Replay``; it holds only the calls that park a run on a clock, an event, a
+person's answer or a quota window, and asks the replay for positions, records, parks and
+clocks. Each call is replay-safe the way every durable call is: its record is written
+once, and a resumed body finds it at the same position.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from runfleet.store import validate
 from runfleet.store.errors import InvalidInput
 from runfleet.store.types import DeferredRow, Waiting, WaitingReason
 from runfleet.store.waits import token_hash
-from runfleet.worker.context_parts import ContextParts
 from runfleet.worker.durable import Decision, WaitTimeout
+from runfleet.worker.replay import Replay
 from runfleet.worker.threads import in_thread
 
 T = TypeVar("T")
@@ -48,8 +48,11 @@ def _timeout_at(now_ms: int, timeout: float | None) -> int | None:
     return now_ms + validate.timeout_ms(timeout)
 
 
-class Waits(ContextParts):
-    """``Context``'s timers and waits (``worker.context.Context`` inherits them)."""
+class Waits:
+    """``Context``'s timers and waits (``ctx.sleep``, ``ctx.wait_for``... call these)."""
+
+    def __init__(self, replay: Replay) -> None:
+        self._replay = replay
 
     async def sleep(self, duration: timedelta | float) -> None:
         seconds = duration.total_seconds() if isinstance(duration, timedelta) else duration
@@ -60,34 +63,37 @@ class Waits(ContextParts):
 
     async def _sleep(self, due_from_now: Callable[[int], int]) -> None:
         """A durable timer; short remainders are slept in-process, the clock stays durable."""
-        assert self.settings is not None
-        position, key, record = await self._next("sleep", "sleep")
-        now = await self._now_ms()
+        assert self._replay.settings is not None
+        call = await self._replay.next("sleep", "sleep")
+        position, key, record = call.position, call.key, call.record
+        now = await self._replay.now_ms()
         read_at = time.monotonic()  # `now` ages while the clock and its record are written
         due = int(record.output["due_at_ms"]) if record else due_from_now(now)
-        due = await self._ensure_clock(key, due)
+        due = await self._replay.ensure_clock(key, due)
         if record is None:
-            await self._record(position, key, "sleep", "sleep", {"due_at_ms": due})
-        if await self._deferred(key) is not None:
+            await self._replay.record(position, key, "sleep", "sleep", {"due_at_ms": due})
+        if await self._replay.deferred(key) is not None:
             return
         remaining = (due - now) / 1000 - (time.monotonic() - read_at)
-        if remaining <= self.settings.inline_sleep_max:
+        if remaining <= self._replay.settings.inline_sleep_max:
             await asyncio.sleep(max(0.0, remaining))
-            await self._durable(
-                "waits.complete_clock", lambda: self._store.waits.complete_clock(self.run.id, key)
+            await self._replay.durable(
+                "waits.complete_clock",
+                lambda: self._replay.store.waits.complete_clock(self._replay.run.id, key),
             )
             return
-        self.wake_hint = time.monotonic() + remaining
-        await self._park(Waiting(reason=WaitingReason.TIMER, wake_at_ms=due), deferred=key)
+        self._replay.wake_hint = time.monotonic() + remaining
+        await self._replay.park(Waiting(reason=WaitingReason.TIMER, wake_at_ms=due), deferred=key)
 
     async def _timed_wait(
         self, kind: str, name: str, timeout: float | None, extra: dict[str, Any] | None = None
     ) -> tuple[dict[str, Any], int]:
-        position, key, record = await self._next(kind, name)
-        now = await self._now_ms()
+        call = await self._replay.next(kind, name)
+        position, key, record = call.position, call.key, call.record
+        now = await self._replay.now_ms()
         if record is None:
             output = {"timeout_at_ms": _timeout_at(now, timeout), **(extra or {})}
-            record = await self._record(position, key, name, kind, output)
+            record = await self._replay.record(position, key, name, kind, output)
         return dict(record.output), now
 
     async def _answer_of(self, deferred: str, deadline: int | None, now: int) -> DeferredRow | None:
@@ -98,12 +104,13 @@ class Waits(ContextParts):
         that comes later writes nothing, and every replay reads the timeout again. An
         answer that wins that race is the completion instead.
         """
-        done: DeferredRow | None = await self._deferred(deferred)
+        done: DeferredRow | None = await self._replay.deferred(deferred)
         if done is None and deadline is not None and now >= deadline:
-            await self._durable(
-                "waits.time_out", lambda: self._store.deferreds.time_out(self.run.id, deferred)
+            await self._replay.durable(
+                "waits.time_out",
+                lambda: self._replay.store.deferreds.time_out(self._replay.run.id, deferred),
             )
-            done = await self._deferred(deferred)  # None only if the run was taken from us
+            done = await self._replay.deferred(deferred)  # None only if the run was taken from us
         return done
 
     async def wait_for(self, name: str, timeout: float | None = None) -> Any:
@@ -122,7 +129,7 @@ class Waits(ContextParts):
                 if done.timed_out:
                     raise WaitTimeout(f"no event {name!r} within its timeout")
                 return done.value
-            await self._park(
+            await self._replay.park(
                 Waiting(reason=WaitingReason.EVENT, wake_at_ms=deadline, token=name), deferred=name
             )
         raise AssertionError("unreachable: a satisfied park has a completion")
@@ -143,8 +150,9 @@ class Waits(ContextParts):
         nobody can read it back. A crash between delivery and record makes a new token
         on replay: delivery is at least once, and the last token delivered is the valid one.
         """
-        position, key, record = await self._next("approval", name)
-        now = await self._now_ms()
+        call = await self._replay.next("approval", name)
+        position, key, record = call.position, call.key, call.record
+        now = await self._replay.now_ms()
         if record is None:
             timeout_at = _timeout_at(now, timeout)  # refused before a token is sent
             token = secrets.token_urlsafe(24)
@@ -157,7 +165,7 @@ class Waits(ContextParts):
                 if inspect.isawaitable(sent):
                     await sent
             output = {"timeout_at_ms": timeout_at, "token": token_hash(token)}
-            record = await self._record(position, key, name, "approval", output)
+            record = await self._replay.record(position, key, name, "approval", output)
         recorded = dict(record.output)
         deferred, deadline = f"approval:{name}", recorded["timeout_at_ms"]
         for _ in range(2):
@@ -172,7 +180,7 @@ class Waits(ContextParts):
                     answer.get("actor"),
                     answer.get("reason"),
                 )
-            await self._park(
+            await self._replay.park(
                 Waiting(
                     reason=WaitingReason.APPROVAL,
                     wake_at_ms=deadline,
@@ -185,10 +193,13 @@ class Waits(ContextParts):
 
     async def quota(self, wake_at: datetime | int) -> None:
         """Park until ``wake_at`` (a provider's quota window); a datetime or epoch ms."""
-        position, key, record = await self._next("quota", "quota")
+        call = await self._replay.next("quota", "quota")
+        position, key, record = call.position, call.key, call.record
         wake_ms = wake_at if isinstance(wake_at, int) else int(wake_at.timestamp() * 1000)
         if record is None:
-            record = await self._record(position, key, "quota", "quota", {"wake_at_ms": wake_ms})
+            record = await self._replay.record(
+                position, key, "quota", "quota", {"wake_at_ms": wake_ms}
+            )
         due = int(record.output["wake_at_ms"])
-        if await self._now_ms() < due:
-            await self._park(Waiting(reason=WaitingReason.QUOTA, wake_at_ms=due))
+        if await self._replay.now_ms() < due:
+            await self._replay.park(Waiting(reason=WaitingReason.QUOTA, wake_at_ms=due))

@@ -25,10 +25,10 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from runfleet.ops.bench.scratch import BenchError, scratch_database
-from runfleet.store import Settings, Store
+from runfleet.store import Settings, Store, settlements
 from runfleet.store.migrate import migrate
 from runfleet.store.queries import q
-from runfleet.store.types import Activated, Created, NewRun, Owner, RunStatus, Transitioned
+from runfleet.store.types import Activated, Created, NewRun, Owner, Transitioned
 
 TRANSACTIONS_PER_LIFECYCLE = 3
 
@@ -133,8 +133,8 @@ async def _lifecycle(store: Store, me: Owner, run_id: str) -> None:
     activated = await store.runs.claim_and_activate(run_id, created.row.snapshot, me)
     if not isinstance(activated, Activated):
         raise BenchError(f"{run_id}: claim answered {activated!r}")
-    settled = await store.lifecycle.transition_owned(
-        run_id, me, activated.row.epoch, RunStatus.COMPLETED, state_patch={"result": None}
+    settled = await store.lifecycle.settle(
+        me, settlements.completed(run_id, activated.row.epoch, None)
     )
     if not isinstance(settled, Transitioned):
         raise BenchError(f"{run_id}: settlement answered {settled!r}")

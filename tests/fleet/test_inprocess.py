@@ -11,6 +11,7 @@ from runfleet.broker import AsyncQueue, RunCancelled, RunFailed
 from runfleet.store import Store
 from runfleet.store.types import RunStatus
 from runfleet.worker.process import Worker
+from tests.support.polling import until
 
 
 async def test_round_trip_plain_function(worker: Worker, queue: AsyncQueue) -> None:
@@ -32,10 +33,7 @@ async def test_flow_failure_and_unencodable_result(worker: Worker, queue: AsyncQ
 
 async def test_cancel_running(worker: Worker, queue: AsyncQueue, store: Store) -> None:
     run = await queue.enqueue(flows.forever)
-    for _ in range(100):
-        if await run.get_status() is RunStatus.RUNNING:
-            break
-        await asyncio.sleep(0.05)
+    await until(run.get_status, 10, "the run to start", accept=lambda s: s is RunStatus.RUNNING)
     await run.cancel()
     with pytest.raises(RunCancelled):
         await run.result(timeout=5)
@@ -46,10 +44,21 @@ async def test_cancel_running(worker: Worker, queue: AsyncQueue, store: Store) -
 async def test_concurrency_limit(worker: Worker, queue: AsyncQueue, store: Store) -> None:
     runs = [await queue.enqueue(flows.sleepy, 300) for _ in range(20)]
     peak = 0
-    for _ in range(60):
+
+    async def in_flight() -> int:
+        nonlocal peak
         peak = max(peak, len(worker.driver.owned) if worker.driver else 0)
+        return peak
+
+    # Sampled until every run settled: the limit must be reached, and never passed.
+    results = asyncio.ensure_future(asyncio.gather(*(r.result(timeout=10) for r in runs)))
+    await until(
+        in_flight, 10, "the worker to fill its slots", accept=lambda p: p >= worker.concurrency
+    )
+    while not results.done():
+        await in_flight()
         await asyncio.sleep(0.02)
-    assert [await r.result(timeout=10) for r in runs]
+    assert all(await results)
     assert peak == worker.concurrency
 
 

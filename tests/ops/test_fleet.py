@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
 
@@ -97,12 +96,12 @@ async def test_metrics_move_when_a_run_is_driven(spawn: Spawn, queue: AsyncQueue
     assert (await run.result(timeout=10))["tag"] == "m"
     # The producer hears of the settlement before the drive has left the run: wait for
     # the gauge to come down rather than race it.
-    after = await scrape(port)
-    for _ in range(100):
-        if value(after, "runfleet_runs_in_flight") == 0:
-            break
-        await asyncio.sleep(0.05)
-        after = await scrape(port)
+    after = await until(
+        lambda: scrape(port),
+        10,
+        "runfleet_runs_in_flight to come back to 0",
+        accept=lambda scraped: value(scraped, "runfleet_runs_in_flight") == 0,
+    )
 
     def moved(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)

@@ -20,8 +20,8 @@ async def test_set_then_show_and_the_next_claim_obeys(store: Store, settings: Se
     me = Owner("host", 1, "n")
     for i in range(2):
         await store.admission.create(NewRun(id=f"rep{i}", flow=FLOW, queue="reports"))
-    first, _ = await store.runs.claim_if_fresh("rep0", FLOW, me)
-    second, _ = await store.runs.claim_if_fresh("rep1", FLOW, me)
+    first = (await store.runs.claim_if_fresh("rep0", FLOW, me)).outcome
+    second = (await store.runs.claim_if_fresh("rep1", FLOW, me)).outcome
     assert isinstance(first, Activated) and isinstance(second, AtLimit)
     explained = await invoke(env, "explain", "rep1")
     assert explained.code == 0, explained
@@ -52,7 +52,7 @@ async def test_set_then_show_and_the_next_claim_obeys(store: Store, settings: Se
     assert "queue reports: 1/1 slots in use, default priority 0" in text.stdout
     lifted = await invoke(env, "queue", "set", "reports", "--concurrency", "0")
     assert "unlimited" in lifted.stdout
-    again, _ = await store.runs.claim_if_fresh("rep1", FLOW, me)
+    again = (await store.runs.claim_if_fresh("rep1", FLOW, me)).outcome
     assert isinstance(again, Activated)
 
 

@@ -29,8 +29,7 @@ async def admit(store: Store, run_id: str, tenant: str, queue: str = "shared") -
 
 
 async def claim(store: Store, run_id: str) -> object:
-    outcome, _ = await store.runs.claim_if_fresh(run_id, FLOW, ME, ahead_flows=[FLOW])
-    return outcome
+    return (await store.runs.claim_if_fresh(run_id, FLOW, ME, ahead_flows=[FLOW])).outcome
 
 
 async def test_the_database_keys_runs_from_the_flows_expression(store: Store) -> None:

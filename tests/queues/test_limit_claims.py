@@ -32,11 +32,11 @@ async def admit(store: Store, run_id: str, queue: str = "serial") -> RunRow:
 async def test_every_claim_path_stops_at_the_limit(store: Store) -> None:
     await store.queues.set("serial", concurrency=2)
     rows = [await admit(store, f"r{i}") for i in range(5)]
-    one, _ = await store.runs.claim_if_fresh("r0", FLOW, ME, ahead_flows=[FLOW])
+    one = (await store.runs.claim_if_fresh("r0", FLOW, ME, ahead_flows=[FLOW])).outcome
     assert isinstance(one, Activated) and one.row.limited
     two = await store.runs.claim_and_activate("r1", rows[1].snapshot, ME)
     assert isinstance(two, Activated)
-    refused, _ = await store.runs.claim_if_fresh("r2", FLOW, ME, ahead_flows=[FLOW])
+    refused = (await store.runs.claim_if_fresh("r2", FLOW, ME, ahead_flows=[FLOW])).outcome
     assert isinstance(refused, AtLimit)
     assert isinstance(await store.runs.claim_and_activate("r2", rows[2].snapshot, ME), AtLimit)
     batch = await store.runs.claim_and_activate_many(rows[2:], ME, ahead_flows=[FLOW])
@@ -66,7 +66,7 @@ async def test_concurrent_claimants_never_overshoot(store: Store, settings: Sett
             won = 0
             for row in rows[i::4]:
                 if i % 2:
-                    out, _ = await others[i].runs.claim_if_fresh(row.id, FLOW, owners[i])
+                    out = (await others[i].runs.claim_if_fresh(row.id, FLOW, owners[i])).outcome
                 else:
                     out = (await others[i].runs.claim_and_activate_many([row], owners[i]))[row.id]
                 won += isinstance(out, Activated)

@@ -31,7 +31,8 @@ async def test_a_delivery_claims_the_highest_priority_run_first(store: Store) ->
     await admit(store, "top", priority=9)
     order = []
     for _ in range(3):  # every delivery names low-1: the slot goes by priority, then FIFO
-        outcome, seen = await store.runs.claim_if_fresh(named.id, FLOW, ME, ahead_flows=[FLOW])
+        fresh_claim = await store.runs.claim_if_fresh(named.id, FLOW, ME, ahead_flows=[FLOW])
+        outcome, seen = fresh_claim.outcome, fresh_claim.seen
         assert isinstance(outcome, Activated) and seen is not None and seen.id == "low-1"
         order.append(outcome.row.id)
     assert order == ["top", "high-old", "high-new"]
@@ -42,7 +43,7 @@ async def test_a_delivery_claims_the_highest_priority_run_first(store: Store) ->
     ]
     assert isinstance(record.payload, dict) and record.payload["ahead_of"] == "low-1"
     # Nothing higher left: the delivered run itself, then the next by its own delivery.
-    outcome, _ = await store.runs.claim_if_fresh("low-1", FLOW, ME, ahead_flows=[FLOW])
+    outcome = (await store.runs.claim_if_fresh("low-1", FLOW, ME, ahead_flows=[FLOW])).outcome
     assert isinstance(outcome, Activated) and outcome.row.id == "low-1"
 
 
@@ -50,13 +51,15 @@ async def test_without_ahead_flows_or_of_another_queue_nothing_overtakes(store: 
     await admit(store, "low")
     await admit(store, "high", priority=3)
     await admit(store, "elsewhere", priority=9, queue="other")
-    outcome, _ = await store.runs.claim_if_fresh("low", FLOW, ME)  # tools: no look-ahead
+    outcome = (await store.runs.claim_if_fresh("low", FLOW, ME)).outcome  # tools: no look-ahead
     assert isinstance(outcome, Activated) and outcome.row.id == "low"
     await admit(store, "low-b")
-    outcome, _ = await store.runs.claim_if_fresh("low-b", FLOW, ME, ahead_flows=["other:flow"])
+    outcome = (
+        await store.runs.claim_if_fresh("low-b", FLOW, ME, ahead_flows=["other:flow"])
+    ).outcome
     assert isinstance(outcome, Activated) and outcome.row.id == "low-b"  # a flow it lacks
     await admit(store, "low-c")
-    outcome, _ = await store.runs.claim_if_fresh("low-c", FLOW, ME, ahead_flows=[FLOW])
+    outcome = (await store.runs.claim_if_fresh("low-c", FLOW, ME, ahead_flows=[FLOW])).outcome
     assert isinstance(outcome, Activated) and outcome.row.id == "high"  # not 'elsewhere'
 
 
@@ -72,7 +75,7 @@ async def test_aging_a_long_wait_outranks_a_small_priority_gap(
         await c.execute(
             "UPDATE runfleet.runs SET created_at_ms = created_at_ms - 180000 WHERE id = 'patient'"
         )
-    outcome, _ = await store.runs.claim_if_fresh("patient", FLOW, ME, ahead_flows=[FLOW])
+    outcome = (await store.runs.claim_if_fresh("patient", FLOW, ME, ahead_flows=[FLOW])).outcome
     assert isinstance(outcome, Activated) and outcome.row.id == "patient"
 
 

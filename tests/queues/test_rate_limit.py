@@ -27,7 +27,7 @@ async def test_the_bucket_holds_one_seconds_starts(store: Store, settings: Setti
         await store.admission.create(NewRun(id=f"m{i}", flow=FLOW, queue="metered"))
     started = []
     for i in range(3):
-        outcome, _ = await store.runs.claim_if_fresh(f"m{i}", FLOW, ME)
+        outcome = (await store.runs.claim_if_fresh(f"m{i}", FLOW, ME)).outcome
         started.append(outcome)
     assert [type(o) for o in started] == [Activated, Activated, AtLimit]
     refused = started[2]
@@ -38,14 +38,14 @@ async def test_the_bucket_holds_one_seconds_starts(store: Store, settings: Setti
         return (await store.queues.wait_ms("metered")) == 0
 
     await until(a_token, 5, "the next token")
-    outcome, _ = await store.runs.claim_if_fresh("m2", FLOW, ME)
+    outcome = (await store.runs.claim_if_fresh("m2", FLOW, ME)).outcome
     assert isinstance(outcome, Activated)
     shown = await invoke(cli_env(settings), "queue", "set", "metered", "--rate", "12/m")
     assert "rate 0.2/s" in shown.stdout, shown  # a token every 5 s, a bucket of one
-    outcome, _ = await store.runs.claim_if_fresh("m3", FLOW, ME)
+    outcome = (await store.runs.claim_if_fresh("m3", FLOW, ME)).outcome
     assert isinstance(outcome, Activated)
     await store.admission.create(NewRun(id="m4", flow=FLOW, queue="metered"))
-    refused, _ = await store.runs.claim_if_fresh("m4", FLOW, ME)
+    refused = (await store.runs.claim_if_fresh("m4", FLOW, ME)).outcome
     assert isinstance(refused, AtLimit) and refused.retry_after_ms is not None
     assert 3000 < refused.retry_after_ms <= 5000
     explained = await invoke(cli_env(settings), "explain", "m4")

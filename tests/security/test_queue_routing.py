@@ -138,7 +138,9 @@ async def test_no_claim_statement_takes_a_run_of_a_queue_it_does_not_serve(
             ids = [(await q.enqueue("sec.leaf", i, run_id=f"gpu-{i}")).id for i in range(4)]
         rows = [await _settled_row(store, run_id) for run_id in ids]
 
-        fresh, seen = await cpu.runs.claim_if_fresh(ids[0], "sec.leaf", me)
+        fresh_claim = await cpu.runs.claim_if_fresh(ids[0], "sec.leaf", me)
+
+        fresh, seen = fresh_claim.outcome, fresh_claim.seen
         assert fresh is None and seen is not None and seen.status is RunStatus.PENDING
         assert isinstance(
             await cpu.runs.claim_and_activate(ids[0], rows[0].snapshot, me), NotServed

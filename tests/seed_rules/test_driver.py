@@ -7,7 +7,7 @@ down), other owners simulated only by their rows' owner columns.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import psycopg
@@ -20,7 +20,7 @@ from runfleet.store.types import Claimed, Owner, RunStatus, Waiting, WaitingReas
 from runfleet.worker.coordinator import Coordinator
 from runfleet.worker.driver import Driver
 from runfleet.worker.lease import Lease, LeaseGate, LeaseSignals
-from runfleet.worker.outcomes import Cause
+from runfleet.worker.outcomes import Cause, Decision, DriveOutcome
 from tests.seed_rules import flows as sr
 from tests.seed_rules.test_lineage import in_lock_order
 from tests.store.helpers import (
@@ -101,7 +101,7 @@ async def test_a_delivered_run_is_read_and_claimed_by_one_statement(
         return await real_get(run_id)
 
     monkeypatch.setattr(store.runs, "get", counted_get)
-    assert await driver(store, settings).drive("r", delivered_flow="sr.waiter") == "activated"
+    assert await driver(store, settings).drive_delivered("r", "sr.waiter") == "activated"
     assert reads == [], "no separate read before the claim"
     journal = await kinds(store, "r")
     assert journal.count(Kind.CLAIMED_AND_ACTIVATED) == 1
@@ -117,8 +117,8 @@ async def test_a_delivered_lost_claim_leaves_claim_lost_evidence(
     won, lost = await in_lock_order(
         settings.database_url,
         "r",
-        lambda: winner.drive("r", delivered_flow="sr.waiter"),
-        lambda: loser.drive("r", delivered_flow="sr.waiter"),
+        lambda: winner.drive_delivered("r", "sr.waiter"),
+        lambda: loser.drive_delivered("r", "sr.waiter"),
     )
     assert (won, lost) == ("activated", "claim_lost")
     evidence = [r for r in await store.journal.records("r") if r.kind == Kind.CLAIM_LOST]
@@ -132,12 +132,12 @@ async def test_a_delivered_message_naming_another_flow_claims_by_the_row(
     """A message is only a hint: naming a flow the row does not have (a hostile or
     stale message) claims nothing by that name; the row's own flow decides."""
     await create(store, "r", flow="sr.waiter")
-    assert await driver(store, settings).drive("r", delivered_flow="sr.timed") == "activated"
+    assert await driver(store, settings).drive_delivered("r", "sr.timed") == "activated"
     assert await activated_by(store, "r") == [ME.key]
     row = await must_get(store, "r")  # sr.waiter ran: it parks on its event
     assert row.waiting is not None and row.waiting.reason == "event"
     await create(store, "unknown", flow="sr.no-such-flow")
-    outcome = await driver(store, settings).drive("unknown", delivered_flow="sr.waiter")
+    outcome = await driver(store, settings).drive_delivered("unknown", "sr.waiter")
     assert outcome == "unknown_flow"
     assert (await must_get(store, "unknown")).status is RunStatus.PENDING
 
@@ -150,7 +150,7 @@ async def test_a_delivered_run_with_a_cancel_asked_is_closed_not_started(
     sr.STARTED.clear()
     await create(store, "r", flow="sr.marks_start")
     await store.lifecycle.request_cancel("r")
-    await driver(store, settings).drive("r", delivered_flow="sr.marks_start")
+    await driver(store, settings).drive_delivered("r", "sr.marks_start")
     assert sr.STARTED == [], "user code ran for a run cancelled before it started"
     assert (await must_get(store, "r")).status is RunStatus.CANCELLED
     assert Kind.CLAIMED_AND_ACTIVATED in await kinds(store, "r")  # claimed to close it
@@ -166,7 +166,8 @@ async def test_a_run_cancelled_before_it_starts_never_executes_user_code(
     for run_id, delivered in (("claimed", None), ("delivered", "sr.marks_start")):
         await create(store, run_id, flow="sr.marks_start")
         await store.lifecycle.request_cancel(run_id)
-        assert await mine.drive(run_id, delivered_flow=delivered) == "activated"
+        drive = mine.drive(run_id) if delivered is None else mine.drive_delivered(run_id, delivered)
+        assert await drive == "activated"
     running = await make_running(store, "stolen", OTHER, flow="sr.marks_start")
     await store.lifecycle.request_cancel("stolen")
     await until(
@@ -293,25 +294,43 @@ async def test_shutdown_does_not_downgrade_an_already_parked_run_to_released(
     assert Kind.INTERRUPT_RELEASED not in await kinds(store, "r")
 
 
-class _BlockingDriver:
-    """Stands in for the driver: each drive waits for ``go`` and counts itself."""
+class _CountingDecider:
+    """Stands in for the ``Decider``: every decision, by any path, counts one drive."""
 
     def __init__(self) -> None:
         self.drives = 0
+        self.batches: list[list[str]] = []
+
+    async def decide(self, run_id: str) -> Decision:
+        self.drives += 1
+        return Decision(DriveOutcome.ACTIVATED)
+
+    async def delivered(self, run_id: str, flow_name: str) -> Decision:
+        return await self.decide(run_id)
+
+    async def from_batch(self, run_id: str, batch: Awaitable[object]) -> Decision:
+        await batch
+        return await self.decide(run_id)
+
+    async def decide_many(self, run_ids: list[str]) -> dict[str, Decision]:
+        self.batches.append(list(run_ids))
+        return {}
+
+
+class _BlockingDriver:
+    """Stands in for the driver: each decided drive waits for ``go``."""
+
+    def __init__(self) -> None:
+        self.decider = _CountingDecider()
         self.go = asyncio.Event()
 
-    async def drive(
-        self,
-        run_id: str,
-        on_decided: Callable[[], None] | None = None,
-        batch: object = None,
-        delivered_flow: str | None = None,
-    ) -> str:
-        self.drives += 1
-        if on_decided is not None:
-            on_decided()
+    @property
+    def drives(self) -> int:
+        return self.decider.drives
+
+    async def run_decided(self, decision: Decision) -> DriveOutcome:
         await self.go.wait()
-        return "activated"
+        return decision.outcome
 
 
 async def test_wakes_for_a_run_in_a_drive_coalesce_into_one_more_drive() -> None:
@@ -328,14 +347,7 @@ async def test_wakes_for_a_run_in_a_drive_coalesce_into_one_more_drive() -> None
 
 async def test_a_read_batch_coalesces_duplicates_and_runs_already_in_a_drive() -> None:
     stub = _BlockingDriver()
-    decided: list[list[str]] = []
-
-    async def decide_many(run_ids: list[str]) -> dict[str, object]:
-        decided.append(run_ids)
-        return {}
-
-    stub.decide_many = decide_many  # type: ignore[attr-defined]  # the stub grows the one method this test needs
-    coordinator = Coordinator(stub)  # type: ignore[arg-type]  # a stub driver: only what Coordinator calls
+    coordinator = Coordinator(stub)  # type: ignore[arg-type]
     assert coordinator.drive("busy") is True
     acked: list[str] = []
 
@@ -348,7 +360,7 @@ async def test_a_read_batch_coalesces_duplicates_and_runs_already_in_a_drive() -
     assert started == 2, "a and b start; busy and the second a coalesce"
     stub.go.set()
     assert await coordinator.join(timeout=5)
-    assert decided == [["a", "b"]], "one shared decision for the new runs only"
+    assert stub.decider.batches == [["a", "b"]], "one shared decision for the new runs only"
     assert sorted(acked) == ["a", "a", "b", "busy"], "every delivery is acknowledged"
     assert stub.drives == 5, "busy, a, b, then one more each for busy and a"
 

@@ -29,9 +29,10 @@ from runfleet.store.types import (
     Waiting,
     WaitingReason,
 )
-from runfleet.worker.decisions import REHINTS_KEPT
+from runfleet.worker.decisions import REHINTS_KEPT, Decider
 from runfleet.worker.driver import Driver, Execution
-from runfleet.worker.outcomes import DriveOutcome
+from runfleet.worker.outcomes import Decision, DriveOutcome
+from runfleet.worker.takeover import Takeover
 from tests.seed_rules import flows as sr
 from tests.store.helpers import (
     OWNER_B,
@@ -82,29 +83,30 @@ async def test_a_batch_leaves_out_what_it_may_not_claim_and_claims_nothing_then(
     await make_running(store, "done", THEM, flow="sr.waiter")
     done = await must_get(store, "done")
     await store.lifecycle.transition_owned("done", THEM, done.epoch, RunStatus.COMPLETED)
-    decided = await mine.decide_many(["held", "unknown", "done", "absent"])
+    decided = await mine.decider.decide_many(["held", "unknown", "done", "absent"])
     assert decided == {
-        "done": (DriveOutcome.TERMINAL, None),
-        "absent": (DriveOutcome.NOT_FOUND, None),
+        "done": Decision(DriveOutcome.TERMINAL),
+        "absent": Decision(DriveOutcome.NOT_FOUND),
     }
     assert (await must_get(store, "held")).status is RunStatus.PENDING
     await create(store, "fresh", flow="sr.waiter")
     gate[0] = False
-    assert await mine.decide_many(["fresh"]) == {}, "a closed lease claims nothing"
+    assert await mine.decider.decide_many(["fresh"]) == {}, "a closed lease claims nothing"
     assert (await must_get(store, "fresh")).status is RunStatus.PENDING
     gate[0] = True
-    outcome, activated = (await mine.decide_many(["fresh"]))["fresh"]
+    decided_one = (await mine.decider.decide_many(["fresh"]))["fresh"]
+    outcome, activated = decided_one.outcome, decided_one.activation
     assert outcome is DriveOutcome.ACTIVATED and activated is not None
-    assert activated[0].owner == ME and activated[1] is sr.waiter
+    assert activated.row.owner == ME and activated.flow is sr.waiter
 
 
 async def test_a_driver_without_a_lease_gate_claims(store: Store, settings: Settings) -> None:
     mine = Driver(store, ME, settings)
     await create(store, "a", flow="sr.waiter")
     await create(store, "b", flow="sr.waiter")
-    assert (await mine.decide_many(["a"]))["a"][0] is DriveOutcome.ACTIVATED
-    outcome = await mine._decide_delivered("b", "sr.waiter")
-    assert outcome is not None and outcome[0] is DriveOutcome.ACTIVATED
+    assert (await mine.decider.decide_many(["a"]))["a"].outcome is DriveOutcome.ACTIVATED
+    outcome = await mine.decider._decide_delivered("b", "sr.waiter")
+    assert outcome is not None and outcome.outcome is DriveOutcome.ACTIVATED
 
 
 async def test_a_batch_claim_lost_to_another_worker_is_journaled(
@@ -115,8 +117,8 @@ async def test_a_batch_claim_lost_to_another_worker_is_journaled(
     rows = await store.runs.get_many(["r"])
     theirs = await store.runs.claim_and_activate("r", rows[0].snapshot, THEM)  # in between
     assert isinstance(theirs, Activated)
-    outcome = await mine._claimed(rows[0], sr.waiter, await _claim_from(store, rows[0]))
-    assert outcome == (DriveOutcome.CLAIM_LOST, None)
+    outcome = await mine.decider._claimed(rows[0], sr.waiter, await _claim_from(store, rows[0]))
+    assert outcome == Decision(DriveOutcome.CLAIM_LOST)
     (lost,) = [r for r in await store.journal.records("r") if r.kind == Kind.CLAIM_LOST]
     assert lost.payload == {"observer": ME.key, "status": "running"}
     assert lost.source_id.startswith(
@@ -137,64 +139,67 @@ async def test_a_delivery_is_decided_by_the_row_when_it_cannot_claim_it_at_once(
     gate = [True]
     mine = driver(store, settings, lease=gate)
     await create(store, "r", flow="sr.waiter")
-    assert await mine._decide_delivered("r", "nobody.runs.this") is None
+    assert await mine.decider._decide_delivered("r", "nobody.runs.this") is None
     hold(mine, "r")
-    assert await mine._decide_delivered("r", "sr.waiter") is None
+    assert await mine.decider._decide_delivered("r", "sr.waiter") is None
     mine.owned.clear()
     gate[0] = False
-    assert await mine._decide_delivered("r", "sr.waiter") is None
+    assert await mine.decider._decide_delivered("r", "sr.waiter") is None
     gate[0] = True
     await make_running(store, "theirs", THEM, flow="sr.waiter")
-    decided = await mine._decide_delivered("theirs", "sr.waiter")
-    assert decided == (DriveOutcome.HEARTBEAT_FRESH, None), "decided from the same read"
-    assert await mine._decide_delivered("absent", "sr.waiter") == (DriveOutcome.NOT_FOUND, None)
+    decided = await mine.decider._decide_delivered("theirs", "sr.waiter")
+    assert decided == Decision(DriveOutcome.HEARTBEAT_FRESH), "decided from the same read"
+    assert await mine.decider._decide_delivered("absent", "sr.waiter") == Decision(
+        DriveOutcome.NOT_FOUND
+    )
 
 
 async def test_each_state_of_a_row_gets_its_one_decision(store: Store, settings: Settings) -> None:
     gate = [True]
     mine = driver(store, settings, lease=gate)
-    assert await mine._decide(None, "absent") == (DriveOutcome.NOT_FOUND, None)
+    assert await mine.decider._decide(None, "absent") == Decision(DriveOutcome.NOT_FOUND)
     await make_running(store, "theirs", THEM, flow="sr.waiter")
     theirs = await must_get(store, "theirs")
     await store.lifecycle.transition_owned("theirs", THEM, theirs.epoch, RunStatus.FAILED)
     settled = await must_get(store, "theirs")
-    assert await mine._decide(settled, "theirs") == (DriveOutcome.TERMINAL, None)
+    assert await mine.decider._decide(settled, "theirs") == Decision(DriveOutcome.TERMINAL)
     await create(store, "mine", flow="sr.waiter")
     row = await must_get(store, "mine")
     hold(mine, "mine")
-    assert await mine._decide(row, "mine") == (DriveOutcome.ALREADY_OWNED, None)
+    assert await mine.decider._decide(row, "mine") == Decision(DriveOutcome.ALREADY_OWNED)
     mine.owned.clear()
     gate[0] = False
-    assert await mine._decide(row, "mine") == (DriveOutcome.LEASE_CLOSED, None)
+    assert await mine.decider._decide(row, "mine") == Decision(DriveOutcome.LEASE_CLOSED)
     gate[0] = True
     await create(store, "unknown", flow="nobody.runs.this")
     unknown = await must_get(store, "unknown")
-    assert await mine._decide(unknown, "unknown") == (DriveOutcome.UNKNOWN_FLOW, None)
+    assert await mine.decider._decide(unknown, "unknown") == Decision(DriveOutcome.UNKNOWN_FLOW)
     await store.lifecycle.request_cancel("unknown")
     cancelled = await must_get(store, "unknown")
-    outcome, activated = await mine._decide(cancelled, "unknown")
+    decided = await mine.decider._decide(cancelled, "unknown")
+    outcome, activated = decided.outcome, decided.activation
     assert outcome is DriveOutcome.ACTIVATED and activated is not None, "claimed to close it"
-    assert activated[1] is None
+    assert activated.flow is None
 
 
 async def test_an_unknown_flow_is_warned_about_once_per_run_and_the_memory_is_bounded(
     store: Store, settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="runfleet.worker.driver")
+    caplog.set_level(logging.WARNING, logger="runfleet.worker.decisions")
     mine = driver(store, settings)
     await create(store, "u", flow="nobody.runs.this")
     row = await must_get(store, "u")
-    assert mine._flow(row) is None and mine._flow(row) is None
+    assert mine.decider._flow(row) is None and mine.decider._flow(row) is None
     (line,) = [r for r in caplog.records if r.getMessage() == "run.unknown_flow"]
     assert (line.__dict__["run_id"], line.__dict__["flow"]) == ("u", "nobody.runs.this")
     assert "nobody.runs.this" in line.__dict__["error"]
-    mine._warned_unknown.clear()
-    mine._warned_unknown.update(f"other-{i}" for i in range(10_000))
-    mine._flow(row)
-    assert len(mine._warned_unknown) == 10_001, "at the bound nothing is forgotten yet"
-    mine._flow(replace(row, id="u2"))
-    assert mine._warned_unknown == {"u2"}, "past the bound the memory starts again"
-    assert mine._flow(await _registered(store)) is sr.waiter
+    mine.decider._warned_unknown.clear()
+    mine.decider._warned_unknown.update(f"other-{i}" for i in range(10_000))
+    mine.decider._flow(row)
+    assert len(mine.decider._warned_unknown) == 10_001, "at the bound nothing is forgotten yet"
+    mine.decider._flow(replace(row, id="u2"))
+    assert mine.decider._warned_unknown == {"u2"}, "past the bound the memory starts again"
+    assert mine.decider._flow(await _registered(store)) is sr.waiter
 
 
 async def _registered(store: Store) -> RunRow:
@@ -224,7 +229,8 @@ async def test_a_parked_run_is_claimed_only_when_its_wait_allows(
     )
     for run_id, (_, claims) in {**cases, "timer-now": (None, True)}.items():
         row = await must_get(store, run_id)
-        outcome, _activated = await mine._decide(row, run_id)
+        decided = await mine.decider._decide(row, run_id)
+        outcome, _activated = decided.outcome, decided.activation
         expected = DriveOutcome.ACTIVATED if claims else DriveOutcome.WAITING
         assert outcome is expected, run_id
     woken = [r for r in await store.journal.records("released") if r.kind == Kind.WOKEN]
@@ -234,7 +240,7 @@ async def test_a_parked_run_is_claimed_only_when_its_wait_allows(
     )
     await store.lifecycle.request_cancel("q-cancelled")
     row = await must_get(store, "q-cancelled")
-    assert (await mine._decide(row, "q-cancelled"))[0] is DriveOutcome.ACTIVATED, (
+    assert (await mine.decider._decide(row, "q-cancelled")).outcome is DriveOutcome.ACTIVATED, (
         "a cancel closes even a quarantined run"
     )
 
@@ -246,7 +252,7 @@ async def test_a_recent_stranded_claim_is_left_and_a_recovered_one_claimed_now(
     pending = await create(store, "c", flow="sr.waiter")
     assert isinstance(await store.runs.claim("c", pending.snapshot, THEM), Claimed)
     row = await must_get(store, "c")
-    assert await mine._decide(row, "c") == (DriveOutcome.CLAIM_PENDING, None)
+    assert await mine.decider._decide(row, "c") == Decision(DriveOutcome.CLAIM_PENDING)
     assert row.claimed_at_ms is not None
     claimed_at = row.claimed_at_ms
     await until(
@@ -256,9 +262,10 @@ async def test_a_recent_stranded_claim_is_left_and_a_recovered_one_claimed_now(
         accept=lambda now: now > claimed_at + settings.stale_after_ms,
         every=0.002,
     )
-    outcome, activated = await mine._decide(await must_get(store, "c"), "c")
+    decided = await mine.decider._decide(await must_get(store, "c"), "c")
+    outcome, activated = decided.outcome, decided.activation
     assert outcome is DriveOutcome.ACTIVATED and activated is not None
-    assert activated[0].owner == ME
+    assert activated.row.owner == ME
     assert Kind.CLAIM_RECOVERED in await kinds(store, "c")
 
 
@@ -267,16 +274,19 @@ async def test_a_first_activation_is_timed_from_admission(store: Store, settings
     await create(store, "r", flow="sr.waiter")
     before = sample("runfleet_enqueue_to_start_seconds_count")
     waited = sample("runfleet_enqueue_to_start_seconds_sum")
-    outcome, activated = await mine._decide(await must_get(store, "r"), "r")
+    decided = await mine.decider._decide(await must_get(store, "r"), "r")
+    outcome, activated = decided.outcome, decided.activation
     assert outcome is DriveOutcome.ACTIVATED and activated is not None
     assert sample("runfleet_enqueue_to_start_seconds_count") == before + 1
-    first = activated[0]
+    first = activated.row
     expected = max(0, first.now_ms - first.created_at_ms) / 1000
     assert sample("runfleet_enqueue_to_start_seconds_sum") - waited == pytest.approx(expected)
     # A later activation of the same run (epoch 2) is not a start from the queue.
     running = await must_get(store, "r")
     await store.waits.release("r", ME, running.epoch, ReleaseCause.INTERRUPTED, "shutdown")
-    assert (await mine._decide(await must_get(store, "r"), "r"))[0] is DriveOutcome.ACTIVATED
+    assert (
+        await mine.decider._decide(await must_get(store, "r"), "r")
+    ).outcome is DriveOutcome.ACTIVATED
     assert sample("runfleet_enqueue_to_start_seconds_count") == before + 1
 
 
@@ -288,9 +298,9 @@ async def test_a_settled_run_in_a_batch_does_not_stop_the_batch(
     done = await must_get(store, "a-done")
     await store.lifecycle.transition_owned("a-done", THEM, done.epoch, RunStatus.COMPLETED)
     await create(store, "b-fresh", flow="sr.waiter")
-    decided = await mine.decide_many(["a-done", "b-fresh"])
-    assert decided["a-done"] == (DriveOutcome.TERMINAL, None)
-    assert decided["b-fresh"][0] is DriveOutcome.ACTIVATED
+    decided = await mine.decider.decide_many(["a-done", "b-fresh"])
+    assert decided["a-done"] == Decision(DriveOutcome.TERMINAL)
+    assert decided["b-fresh"].outcome is DriveOutcome.ACTIVATED
 
 
 async def test_a_delivered_fresh_run_is_claimed_by_the_delivery_statement_alone(
@@ -303,9 +313,11 @@ async def test_a_delivered_fresh_run_is_claimed_by_the_delivery_statement_alone(
         raise AssertionError("claimed by a second statement")
 
     monkeypatch.setattr(store.runs, "claim_and_activate", no_second_claim)
-    decided = await mine._decide_delivered("r", "sr.waiter")
-    assert decided is not None and decided[0] is DriveOutcome.ACTIVATED
-    assert decided[1] is not None and decided[1][1] is sr.waiter, "executed as its flow"
+    decided = await mine.decider._decide_delivered("r", "sr.waiter")
+    assert decided is not None and decided.outcome is DriveOutcome.ACTIVATED
+    assert decided.activation is not None and decided.activation.flow is sr.waiter, (
+        "executed as its flow"
+    )
 
 
 async def test_a_timed_wait_is_due_at_its_exact_wake_time(store: Store, settings: Settings) -> None:
@@ -317,8 +329,8 @@ async def test_a_timed_wait_is_due_at_its_exact_wake_time(store: Store, settings
             store, run_id, Waiting(reason, wake_at_ms=now + 5_000), OWNER_B, flow="sr.waiter"
         )
         row = await must_get(store, run_id)
-        assert not mine._wakeable(replace(row, now_ms=now + 4_999))
-        assert mine._wakeable(replace(row, now_ms=now + 5_000)), reason
+        assert not mine.decider._wakeable(replace(row, now_ms=now + 4_999))
+        assert mine.decider._wakeable(replace(row, now_ms=now + 5_000)), reason
 
 
 async def test_a_stale_running_row_is_stolen_as_its_flow_ours_included(
@@ -337,9 +349,10 @@ async def test_a_stale_running_row_is_stolen_as_its_flow_ours_included(
         every=0.002,
     )
     for run_id in ("theirs", "ours"):
-        outcome, activated = await mine._decide(await must_get(store, run_id), run_id)
+        decided = await mine.decider._decide(await must_get(store, run_id), run_id)
+        outcome, activated = decided.outcome, decided.activation
         assert outcome is DriveOutcome.STOLEN, run_id
-        assert activated is not None and activated[1] is sr.waiter, "executed as its flow"
+        assert activated is not None and activated.flow is sr.waiter, "executed as its flow"
 
 
 async def test_a_claim_that_finds_the_run_gone_says_not_found(
@@ -347,10 +360,8 @@ async def test_a_claim_that_finds_the_run_gone_says_not_found(
 ) -> None:
     await create(store, "r", flow="sr.waiter")
     row = await must_get(store, "r")
-    assert await driver(store, settings)._claimed(row, sr.waiter, NotFound("r")) == (
-        DriveOutcome.NOT_FOUND,
-        None,
-    )
+    claimed = await driver(store, settings).decider._claimed(row, sr.waiter, NotFound("r"))
+    assert claimed == Decision(DriveOutcome.NOT_FOUND)
 
 
 @pytest.mark.parametrize("meanwhile", ["claimed", "settled"])
@@ -389,7 +400,7 @@ async def test_a_recovered_claim_taken_again_meanwhile_is_left_to_its_new_claima
         return await real_get(run_id)
 
     monkeypatch.setattr(store.runs, "get", claimed_meanwhile)
-    assert await mine._decide(stuck, "c") == (DriveOutcome.CLAIM_RECOVERED, None)
+    assert await mine.decider._decide(stuck, "c") == Decision(DriveOutcome.CLAIM_RECOVERED)
     monkeypatch.undo()
     left = await must_get(store, "c")
     if meanwhile == "claimed":
@@ -428,7 +439,7 @@ async def test_a_run_of_a_queue_not_served_is_dropped_logged_and_rehinted_once_p
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="runfleet.worker.driver")
+    caplog.set_level(logging.WARNING, logger="runfleet.worker.decisions")
     hostile.rate_limited.reset()
     clock = Clock()
     monkeypatch.setattr(decisions_module, "time", clock)
@@ -438,7 +449,7 @@ async def test_a_run_of_a_queue_not_served_is_dropped_logged_and_rehinted_once_p
         mine = Driver(served, ME, settings, hint=hints)
         await create(store, "elsewhere", flow="sr.waiter")  # queue "default"
         row = await must_get(store, "elsewhere")
-        assert await mine._decide(row, "elsewhere") == (DriveOutcome.NOT_SERVED, None)
+        assert await mine.decider._decide(row, "elsewhere") == Decision(DriveOutcome.NOT_SERVED)
         assert hints.ids == ["elsewhere"], "one wake on its own queue's stream"
         (line,) = [r for r in caplog.records if r.getMessage() == "run.not_served"]
         assert line.levelno == logging.WARNING
@@ -447,35 +458,37 @@ async def test_a_run_of_a_queue_not_served_is_dropped_logged_and_rehinted_once_p
         assert (await must_get(store, "elsewhere")).claim is None, "never claimed"
 
         clock.now += settings.stale_after - 0.001
-        assert (await mine.decide_many(["elsewhere"]))["elsewhere"][0] is DriveOutcome.NOT_SERVED
+        assert (await mine.decider.decide_many(["elsewhere"]))[
+            "elsewhere"
+        ].outcome is DriveOutcome.NOT_SERVED
         assert hints.ids == ["elsewhere"], "at most once per run per stale_after"
         clock.now = 100.0 + settings.stale_after
-        assert await mine._decide(row, "elsewhere") == (DriveOutcome.NOT_SERVED, None)
+        assert await mine.decider._decide(row, "elsewhere") == Decision(DriveOutcome.NOT_SERVED)
         assert hints.ids == ["elsewhere"] * 2, "a stale_after later: woken again"
 
         await make_running(store, "running-elsewhere", THEM, flow="sr.waiter")
         running = await must_get(store, "running-elsewhere")
-        assert await mine._decide(running, running.id) == (DriveOutcome.NOT_SERVED, None)
+        assert await mine.decider._decide(running, running.id) == Decision(DriveOutcome.NOT_SERVED)
         assert hints.ids == ["elsewhere"] * 2, "a running run is not waiting for a worker"
         assert (await must_get(store, running.id)).owner == THEM, "nor stolen"
 
-        mine._rehinted.clear()
-        mine._rehinted.update((f"other-{i}", clock.now) for i in range(REHINTS_KEPT - 1))
+        mine.decider._rehinted.clear()
+        mine.decider._rehinted.update((f"other-{i}", clock.now) for i in range(REHINTS_KEPT - 1))
         await create(store, "second", flow="sr.waiter")
-        await mine._decide(await must_get(store, "second"), "second")
-        assert len(mine._rehinted) == REHINTS_KEPT, "at the bound nothing is forgotten yet"
+        await mine.decider._decide(await must_get(store, "second"), "second")
+        assert len(mine.decider._rehinted) == REHINTS_KEPT, "at the bound nothing is forgotten yet"
         await create(store, "third", flow="sr.waiter")
-        await mine._decide(await must_get(store, "third"), "third")
-        assert list(mine._rehinted) == ["third"], "past the bound the memory starts again"
+        await mine.decider._decide(await must_get(store, "third"), "third")
+        assert list(mine.decider._rehinted) == ["third"], "past the bound the memory starts again"
         assert hints.ids[-2:] == ["second", "third"]
 
         silent = Driver(served, ME, settings)  # no hint function: dropped all the same
-        assert await silent._decide(row, "elsewhere") == (DriveOutcome.NOT_SERVED, None)
+        assert await silent.decider._decide(row, "elsewhere") == Decision(DriveOutcome.NOT_SERVED)
 
         await create(store, "z-served", flow="sr.waiter", queue="a-queue")
-        batch = await silent.decide_many(["elsewhere", "z-served"])
-        assert batch["elsewhere"] == (DriveOutcome.NOT_SERVED, None)
-        assert batch["z-served"][0] is DriveOutcome.ACTIVATED, "the rest of the batch goes on"
+        batch = await silent.decider.decide_many(["elsewhere", "z-served"])
+        assert batch["elsewhere"] == Decision(DriveOutcome.NOT_SERVED)
+        assert batch["z-served"].outcome is DriveOutcome.ACTIVATED, "the rest of the batch goes on"
     finally:
         await served.close()
 
@@ -489,17 +502,17 @@ async def test_a_stopping_worker_claims_nothing_and_hands_the_wake_back(
     await make_parked(store, "released", Waiting(WaitingReason.RELEASED), OWNER_B, flow="sr.waiter")
     await make_parked(store, "on-event", Waiting(WaitingReason.EVENT), OWNER_B, flow="sr.waiter")
     mine.close()
-    assert await mine.decide_many(["fresh"]) == {}, "a batch claims nothing either"
-    assert await mine._decide_delivered("fresh", "sr.waiter") is None
+    assert await mine.decider.decide_many(["fresh"]) == {}, "a batch claims nothing either"
+    assert await mine.decider._decide_delivered("fresh", "sr.waiter") is None
     for run_id in ("fresh", "released", "on-event"):
         row = await must_get(store, run_id)
-        assert await mine._decide(row, run_id) == (DriveOutcome.STOPPING, None), run_id
+        assert await mine.decider._decide(row, run_id) == Decision(DriveOutcome.STOPPING), run_id
         assert (await must_get(store, run_id)).claim is None, run_id
     assert hints.ids == ["fresh", "released"], "a wait not due is not woken"
     silent = Driver(store, ME, settings)  # no hint function: claims nothing all the same
     silent.close()
     fresh = await must_get(store, "fresh")
-    assert await silent._decide(fresh, "fresh") == (DriveOutcome.STOPPING, None)
+    assert await silent.decider._decide(fresh, "fresh") == Decision(DriveOutcome.STOPPING)
     assert (await must_get(store, "fresh")).status is RunStatus.PENDING
 
 
@@ -517,7 +530,7 @@ async def test_a_stop_that_begins_while_the_drive_wakes_the_run_claims_nothing(
 
     monkeypatch.setattr(store.waits, "wake", stop_meanwhile)
     row = await must_get(store, "r")
-    assert await mine._decide(row, "r") == (DriveOutcome.STOPPING, None)
+    assert await mine.decider._decide(row, "r") == Decision(DriveOutcome.STOPPING)
     after = await must_get(store, "r")
     assert after.claim is None and after.owner is None and after.waiting is None
     assert hints.ids == ["r"], "its wake goes back to the fleet"
@@ -538,7 +551,34 @@ async def test_a_claim_refused_as_not_served_is_dropped_as_not_served(
         assert served.runs.may_claim(seen), "a pending run with a cancel asked"
         theirs = await activate(store, "r", OWNER_B)
         await store.lifecycle.acknowledge_cancel("r", OWNER_B, theirs.epoch)
-        assert await mine._decide(seen, "r") == (DriveOutcome.NOT_SERVED, None)
+        assert await mine.decider._decide(seen, "r") == Decision(DriveOutcome.NOT_SERVED)
         assert (await must_get(store, "r")).status is RunStatus.CANCELLED, "closed by its pool"
     finally:
         await served.close()
+
+
+async def test_a_decider_is_built_alone_and_logs_under_its_own_name(
+    store: Store, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No driver: a store, an owner, settings and a ``Takeover`` make a ``Decider``, whose
+    answers are ``Decision``s and whose log lines name ``runfleet.worker.decisions``."""
+    caplog.set_level(logging.WARNING, logger="runfleet.worker.decisions")
+    owned: set[str] = set()
+    decider = Decider(store, ME, settings, Takeover(store, ME, settings, None), owned=owned)
+    assert await decider.decide("absent") == Decision(DriveOutcome.NOT_FOUND)
+    await create(store, "u-alone", flow="nobody.runs.this")
+    assert await decider.decide("u-alone") == Decision(DriveOutcome.UNKNOWN_FLOW)
+    (line,) = [r for r in caplog.records if r.getMessage() == "run.unknown_flow"]
+    assert line.name == "runfleet.worker.decisions"
+    await create(store, "fresh-alone", flow="sr.waiter")
+    owned.add("fresh-alone")
+    assert await decider.delivered("fresh-alone", "sr.waiter") == Decision(
+        DriveOutcome.ALREADY_OWNED
+    ), "a run the holder executes is never claimed again"
+    owned.clear()
+    decided = await decider.delivered("fresh-alone", "sr.waiter")
+    assert decided.outcome is DriveOutcome.ACTIVATED and decided.activation is not None
+    assert decided.activation.row.owner == ME and decided.activation.flow is sr.waiter
+    decider.close()
+    await create(store, "late", flow="sr.waiter")
+    assert await decider.decide("late") == Decision(DriveOutcome.STOPPING)

@@ -20,7 +20,7 @@ from runfleet.store.types import Owner, RunStatus
 from runfleet.worker import Context, flow
 from runfleet.worker.coordinator import Coordinator
 from runfleet.worker.driver import Driver
-from runfleet.worker.outcomes import DriveOutcome
+from runfleet.worker.outcomes import Decision, DriveOutcome
 from tests.seed_rules import flows as sr
 from tests.store.helpers import OWNER_B, create, make_running, must_get
 from tests.support.polling import until
@@ -56,13 +56,13 @@ async def test_a_batch_decides_each_run_as_a_drive_alone_would(
     await store.lifecycle.request_cancel(cancelled.id)
     ids = [r.id for r in fresh] + ["unknown-flow", running.id, cancelled.id, "never-admitted"]
 
-    decided = await driver.decide_many(ids)
+    decided = await driver.decider.decide_many(ids)
 
     for row in fresh:
-        outcome, activated = decided[row.id]
+        outcome, activated = decided[row.id].outcome, decided[row.id].activation
         assert outcome is DriveOutcome.ACTIVATED and activated is not None
-        assert activated[0].owner == ME and activated[0].status is RunStatus.RUNNING
-    assert decided["never-admitted"] == (DriveOutcome.NOT_FOUND, None)
+        assert activated.row.owner == ME and activated.row.status is RunStatus.RUNNING
+    assert decided["never-admitted"] == Decision(DriveOutcome.NOT_FOUND)
     # Not batched: each goes through the drive of that run alone, which decides them.
     for left in ("unknown-flow", running.id, cancelled.id):
         assert left not in decided
@@ -79,9 +79,11 @@ async def test_two_workers_handed_the_same_read_activate_each_run_once(
     contested = 0
     for round_no in range(10):
         ids = [(await create(store, f"d{round_no}-{i}", flow="sr.waiter")).id for i in range(6)]
-        a, b = await asyncio.gather(mine.decide_many(ids), theirs.decide_many(list(reversed(ids))))
+        a, b = await asyncio.gather(
+            mine.decider.decide_many(ids), theirs.decider.decide_many(list(reversed(ids)))
+        )
         for run_id in ids:
-            outcomes = [answer[run_id][0] for answer in (a, b) if run_id in answer]
+            outcomes = [answer[run_id].outcome for answer in (a, b) if run_id in answer]
             assert outcomes.count(DriveOutcome.ACTIVATED) == 1, outcomes
             assert set(outcomes) <= {DriveOutcome.ACTIVATED, DriveOutcome.CLAIM_LOST}, outcomes
             kinds = [r.kind for r in await store.journal.records(run_id)]

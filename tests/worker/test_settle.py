@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 import runfleet.worker.settle as settle_module
-from runfleet.store import Kind, Store
+from runfleet.store import Kind, Store, settlements
 from runfleet.store.config import Settings
 from runfleet.store.journal_records import ReleaseCause
 from runfleet.store.types import (
@@ -139,7 +139,7 @@ async def test_a_settlement_wakes_and_hints_its_parent_and_hints_live_cascaded_c
     assert hasattr(activated, "row")
     await store.lifecycle.transition_owned("done-child", OWNER_B, 1, RunStatus.COMPLETED)
     calls = Calls()
-    await settlement(store, calls).finish(parent, parent.epoch, RunStatus.FAILED, {"error": {}})
+    await settlement(store, calls).finish(parent, settlements.failed(parent.id, parent.epoch, {}))
     assert calls.announced == [("p", "failed")]
     assert calls.hinted == ["child"], "the live child it asked to cancel, not the settled one"
 
@@ -238,7 +238,7 @@ async def test_an_unstorable_result_fails_the_run_once_and_says_why(
 async def test_a_failure_too_big_to_store_is_kept_shortened(store: Store) -> None:
     row = await make_running(store, "r", OWNER_A, flow="sr.waiter")
     huge = {"type": "Boom", "message": "m" * (store.settings.max_payload_bytes + 10)}
-    await settlement(store).finish(row, row.epoch, RunStatus.FAILED, {"error": huge})
+    await settlement(store).finish(row, settlements.failed(row.id, row.epoch, huge))
     failed = await must_get(store, "r")
     assert failed.status is RunStatus.FAILED and failed.error is not None
     assert failed.error == {"type": "Boom", "message": "m" * 300}, "the run's own error, cut"
@@ -439,7 +439,7 @@ async def test_an_unstorable_failure_is_shrunk_step_by_step_until_it_fits(
     try:
         row = await make_running(small, "r", OWNER_A, flow="sr.waiter")
         huge = {"type": "Boom", "message": "m" * 1000}
-        await settlement(small).finish(row, row.epoch, RunStatus.FAILED, {"error": huge})
+        await settlement(small).finish(row, settlements.failed(row.id, row.epoch, huge))
         failed = await must_get(small, "r")
         assert failed.status is RunStatus.FAILED and isinstance(failed.error, dict)
         assert {k: v for k, v in failed.error.items() if k != "message"} == stored
@@ -480,9 +480,7 @@ async def test_a_settlement_retries_a_dropped_connection_counted_as_settle(
         expected = RunStatus.COMPLETED
     elif ending == "cancel":
         await store.lifecycle.request_cancel("r")
-        monkeypatch.setattr(
-            store.lifecycle, "acknowledge_cancel", flaky(store.lifecycle.acknowledge_cancel)
-        )
+        monkeypatch.setattr(store.lifecycle, "settle", flaky(store.lifecycle.settle))
         await settlement(store).cancelled(row, row.epoch)
         expected = RunStatus.CANCELLED
     else:

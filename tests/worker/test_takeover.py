@@ -15,7 +15,7 @@ from runfleet.broker.liveness import Probe
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.types import Claimed, Owner, RunRow
-from runfleet.worker.outcomes import DriveOutcome
+from runfleet.worker.outcomes import Decision, DriveOutcome
 from runfleet.worker.takeover import UNKNOWN_PROBE, Takeover
 from tests.seed_rules import flows as sr
 from tests.store.helpers import create, db_now, make_running, must_get
@@ -77,7 +77,7 @@ async def test_a_lease_exactly_stale_after_old_is_still_fresh_and_nobody_is_prob
     probes = Probes(DEAD)
     takeover = Takeover(store, ME, settings, probes)
     edge = replace(row, now_ms=row.heartbeat_at_ms + settings.stale_after_ms)
-    assert await takeover.steal(edge, None) == (DriveOutcome.HEARTBEAT_FRESH, None)
+    assert await takeover.steal(edge, None) == Decision(DriveOutcome.HEARTBEAT_FRESH)
     assert probes.asked == []
     (refusal,) = await records(store, "r", Kind.STEAL_REFUSED_OWNER_ALIVE)
     assert refusal == {
@@ -97,7 +97,7 @@ async def test_a_lease_exactly_stale_after_old_is_still_fresh_and_nobody_is_prob
     past = replace(row, now_ms=row.heartbeat_at_ms + settings.stale_after_ms + 1)
     # One ms later this process thinks it stale and asks the probe; the database, whose
     # clock decides, still finds the lease fresh: refused, nothing stolen.
-    assert await takeover.steal(past, None) == (DriveOutcome.HEARTBEAT_FRESH, None)
+    assert await takeover.steal(past, None) == Decision(DriveOutcome.HEARTBEAT_FRESH)
     assert probes.asked == [(THEM, row.heartbeat_at_ms)]
     assert (await must_get(store, "r")).owner == THEM
 
@@ -114,11 +114,12 @@ async def test_a_stale_lease_is_stolen_with_the_probes_evidence_counted_and_logg
     takeover.ladder.refused("r", earlier)  # a rung from a refusal of an earlier lease
     assert not takeover.ladder.due("r", earlier)
     before = sample("runfleet_steals_total", evidence="cross-host-unreachable-stale")
-    outcome, activated = await takeover.steal(row, None)
+    decided = await takeover.steal(row, None)
+    outcome, activated = decided.outcome, decided.activation
     assert outcome == DriveOutcome.STOLEN
-    assert activated is not None and activated[0].owner == ME and activated[1] is None
-    assert activated[0].epoch == row.epoch + 1
-    assert activated[0].recoveries == row.recoveries + 1, "a lost process: one recovery more"
+    assert activated is not None and activated.row.owner == ME and activated.flow is None
+    assert activated.row.epoch == row.epoch + 1
+    assert activated.row.recoveries == row.recoveries + 1, "a lost process: one recovery more"
     assert probes.asked == [(THEM, row.heartbeat_at_ms)]
     (steal,) = await records(store, "r", Kind.STOLEN_AND_ACTIVATED)
     assert steal["probe"] == "cross-host-unreachable-stale"
@@ -141,9 +142,10 @@ async def test_an_own_orphaned_run_is_taken_back_without_asking_the_probe(
     await make_running(store, "r", ME, flow="sr.waiter")
     row = await stale(store, settings, "r")
     probes = Probes(ALIVE)  # would vouch for us: it must not be asked
-    outcome, activated = await Takeover(store, ME, settings, probes).steal(row, None)
+    decided = await Takeover(store, ME, settings, probes).steal(row, None)
+    outcome, activated = decided.outcome, decided.activation
     assert outcome == DriveOutcome.STOLEN and activated is not None
-    assert activated[0].recoveries == row.recoveries, "taking back our own is no recovery"
+    assert activated.row.recoveries == row.recoveries, "taking back our own is no recovery"
     assert probes.asked == []
     (steal,) = await records(store, "r", Kind.STOLEN_AND_ACTIVATED)
     assert steal["probe"] == "self-orphaned"
@@ -160,8 +162,8 @@ async def test_a_vouched_for_owner_is_refused_with_the_probe_named_then_backed_o
     probes = Probes(ALIVE)
     takeover = Takeover(store, ME, settings, probes)
     before = sample("runfleet_steals_total", evidence="cross-host-key-fresh")
-    assert await takeover.steal(row, None) == (DriveOutcome.STEAL_REFUSED_OWNER_ALIVE, None)
-    assert await takeover.steal(row, None) == (DriveOutcome.STEAL_BACKOFF, None)
+    assert await takeover.steal(row, None) == Decision(DriveOutcome.STEAL_REFUSED_OWNER_ALIVE)
+    assert await takeover.steal(row, None) == Decision(DriveOutcome.STEAL_BACKOFF)
     assert len(probes.asked) == 1
     (refusal,) = await records(store, "r", Kind.STEAL_REFUSED_OWNER_ALIVE)
     assert refusal == {
@@ -187,7 +189,8 @@ async def test_a_probe_that_fails_or_is_missing_is_unknown_and_the_lease_decides
     for run_id, probe in (("raising", Probes(fail=ConnectionError("redis down"))), ("none", None)):
         await make_running(store, run_id, THEM, flow="sr.waiter")
         row = await stale(store, settings, run_id)
-        outcome, _ = await Takeover(store, ME, settings, probe).steal(row, None)
+        decided = await Takeover(store, ME, settings, probe).steal(row, None)
+        outcome, _ = decided.outcome, decided.activation
         assert outcome == DriveOutcome.STOLEN
         (steal,) = await records(store, run_id, Kind.STOLEN_AND_ACTIVATED)
         assert (steal["probe"], steal["probe_detail"]) == ("lease-expired", {})
@@ -201,9 +204,9 @@ async def test_a_steal_that_lost_the_row_is_activation_lost_and_a_gone_row_not_f
     await make_running(store, "r", THEM, flow="sr.waiter")
     row = await stale(store, settings, "r")
     first = Takeover(store, ME, settings, Probes(DEAD))
-    assert (await first.steal(row, None))[0] == DriveOutcome.STOLEN
+    assert (await first.steal(row, None)).outcome == DriveOutcome.STOLEN
     late = Takeover(store, Owner("host-late", 7003, "nonce-late"), settings, Probes(DEAD))
-    assert await late.steal(row, None) == (DriveOutcome.ACTIVATION_LOST, None)
+    assert await late.steal(row, None) == Decision(DriveOutcome.ACTIVATION_LOST)
     (lost,) = await records(store, "r", "activation-lost")
     assert lost == {
         "observer": "host-late:7003:nonce-late",
@@ -211,7 +214,7 @@ async def test_a_steal_that_lost_the_row_is_activation_lost_and_a_gone_row_not_f
         "expected_epoch": row.epoch,
     }
     ghost = replace(row, id="never-admitted")
-    assert await late.steal(ghost, None) == (DriveOutcome.NOT_FOUND, None)
+    assert await late.steal(ghost, None) == Decision(DriveOutcome.NOT_FOUND)
 
 
 async def test_a_stranded_claim_is_left_while_recent_or_vouched_for_then_recovered(
@@ -251,7 +254,7 @@ async def test_a_steal_the_database_finds_fresh_journals_the_lease_it_found(
     current = await must_get(store, "r")
     old_read = replace(row, now_ms=row.heartbeat_at_ms + settings.stale_after_ms + 1)
     takeover = Takeover(store, ME, settings, Probes(DEAD))
-    assert await takeover.steal(old_read, None) == (DriveOutcome.HEARTBEAT_FRESH, None)
+    assert await takeover.steal(old_read, None) == Decision(DriveOutcome.HEARTBEAT_FRESH)
     refusals = [
         r for r in await store.journal.records("r") if r.kind == Kind.STEAL_REFUSED_OWNER_ALIVE
     ]
@@ -277,7 +280,7 @@ async def test_a_stale_run_at_its_recovery_limit_is_dead_lettered_counted_and_lo
         earlier = (row.heartbeat_at_ms or 0) - 1
         takeover.ladder.refused("poison", earlier)
         before = sample("runfleet_dead_lettered_total")
-        assert await takeover.steal(row, None) == (DriveOutcome.DEAD_LETTERED, None)
+        assert await takeover.steal(row, None) == Decision(DriveOutcome.DEAD_LETTERED)
         assert sample("runfleet_dead_lettered_total") == before + 1
         assert takeover.ladder.due("poison", earlier), "its rung is forgotten once parked"
         parked = await must_get(store, "poison")

@@ -1,0 +1,55 @@
+"""Each ending's constructor alone (``store.settlements``), then one committed by ``settle``."""
+
+from __future__ import annotations
+
+from runfleet.store import Kind, Store, settlements
+from runfleet.store.types import RunStatus, Transitioned
+from tests.store.helpers import OWNER_A, make_running, must_get
+
+
+def test_each_ending_carries_its_status_kind_and_record() -> None:
+    done = settlements.completed("r", 3, {"x": 1})
+    assert (done.run_id, done.epoch, done.status, done.kind) == (
+        "r",
+        3,
+        RunStatus.COMPLETED,
+        Kind.TRANSITIONED,
+    )
+    assert done.patch == {"result": {"x": 1}} and done.record is None and done.guard
+
+    failed = settlements.failed("r", 3, {"type": "ValueError"})
+    assert failed.status is RunStatus.FAILED and failed.kind == Kind.TRANSITIONED
+    assert failed.patch == {"error": {"type": "ValueError"}} and failed.guard
+
+    cancelled = settlements.cancelled("r", 3, OWNER_A, found_at="shutdown")
+    assert cancelled.status is RunStatus.CANCELLED and cancelled.kind == Kind.INTERRUPTED
+    assert not cancelled.guard, "the cancel itself is never refused by the cancel guard"
+    assert cancelled.record == {"cancelled": True, "found_at_release": "shutdown"}
+    assert cancelled.patch == {
+        "cancellation": {"acknowledged_by": OWNER_A.key, "found_at_release": "shutdown"}
+    }
+    assert settlements.cancelled("r", 3, OWNER_A).record == {"cancelled": True}
+
+    exhausted = settlements.lineage_exhausted("r", 3, 4)
+    assert exhausted.status is RunStatus.FAILED and exhausted.kind == Kind.LINEAGE_EXHAUSTED
+    assert exhausted.record == {"max_rounds": 4}
+    assert exhausted.patch["error"] == {
+        "type": "LineageExhausted",
+        "message": "max_rounds=4 reached",
+    }
+
+    invalid = settlements.round_invalid("r", 3, {"type": "InvalidHandoff"}, "r@1")
+    assert invalid.status is RunStatus.FAILED and invalid.kind == Kind.ROUND_INVALID
+    assert invalid.record == {"successor": "r@1"}
+    assert invalid.patch == {"error": {"type": "InvalidHandoff"}}
+
+
+async def test_settle_commits_an_ending_with_its_kind_and_record(store: Store) -> None:
+    row = await make_running(store, "r", OWNER_A)
+    outcome = await store.lifecycle.settle(
+        OWNER_A, settlements.lineage_exhausted(row.id, row.epoch, 2)
+    )
+    assert isinstance(outcome, Transitioned)
+    assert (await must_get(store, "r")).status is RunStatus.FAILED
+    (last,) = [r for r in await store.journal.records("r") if r.kind == Kind.LINEAGE_EXHAUSTED]
+    assert last.payload["max_rounds"] == 2 and last.payload["to"] == "failed"

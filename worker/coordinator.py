@@ -47,10 +47,13 @@ class Coordinator:
         run_id: str,
         on_decided: Callable[[], None] | None = None,
         delivered_flow: str | None = None,
+        *,
+        peeked: bool = False,
     ) -> bool:
         """Start (or coalesce into) a drive of ``run_id``; True if a new drive started.
 
-        ``delivered_flow``: the flow a stream message named (``Driver.drive``). Closed:
+        ``delivered_flow``: the flow a stream message named (``Driver.drive``); ``peeked``:
+        that message came from an idle wait's doorbell (``Driver.drive``). Closed:
         nothing starts and ``on_decided`` is not called (the delivery is not acknowledged)."""
         if self.closed:
             return False
@@ -60,7 +63,8 @@ class Coordinator:
                 on_decided()
             return False
         task = asyncio.create_task(
-            self._run(run_id, on_decided, delivered_flow=delivered_flow), name=f"drive:{run_id}"
+            self._run(run_id, on_decided, delivered_flow=delivered_flow, peeked=peeked),
+            name=f"drive:{run_id}",
         )
         self._active[run_id] = task
         self.changed.set()
@@ -120,11 +124,14 @@ class Coordinator:
         batch: asyncio.Future[dict[str, Decision]] | None = None,
         *,
         delivered_flow: str | None = None,
+        peeked: bool = False,
     ) -> None:
         try:
             while True:
                 try:
-                    await self._driver.drive(run_id, on_decided, batch, delivered_flow)
+                    await self._driver.drive(
+                        run_id, on_decided, batch, delivered_flow, peeked=peeked
+                    )
                 except asyncio.CancelledError:
                     raise
                 except Exception:
@@ -132,6 +139,7 @@ class Coordinator:
                     # The run stays durable; a sweep or a later wake drives it again.
                     log.exception("run.drive_failed", extra={"run_id": run_id})
                 on_decided, batch, delivered_flow = None, None, None  # again: read first
+                peeked = False
                 if self.closed or run_id not in self._again:
                     return
                 self._again.discard(run_id)

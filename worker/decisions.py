@@ -111,7 +111,9 @@ class Decisions:
             decisions[row.id] = await self._claimed(row, flow, outcomes[row.id])
         return decisions
 
-    async def _decide_delivered(self, run_id: str, flow_name: str) -> Decision | None:
+    async def _decide_delivered(
+        self, run_id: str, flow_name: str, peeked: bool = False
+    ) -> Decision | None:
         """One statement reads the run and claims it if it is a fresh admission of the
         flow the message named; anything else is decided from that same read. None: the
         usual read-then-decide path applies (a flow this process does not run, a run it
@@ -131,6 +133,22 @@ class Decisions:
         outcome, seen = await self.store.runs.claim_if_fresh(
             run_id, flow_name, self.owner, ahead_flows=runnable()
         )
+        if peeked:
+            # Every idle reader's doorbell rang for this run (streams.Streams.read, ``peek``)
+            # and one of them claimed it first: a race lost while it claimed, or a run that
+            # had started on a fresh lease by the time this read it, is no evidence of
+            # anything. Anything else is decided as any delivery is.
+            if isinstance(outcome, SnapshotChanged):
+                return DriveOutcome.CLAIM_LOST, None
+            if (
+                outcome is None
+                and seen is not None
+                and seen.status is RunStatus.RUNNING
+                and seen.owner != self.owner
+                and seen.heartbeat_at_ms is not None
+                and seen.now_ms - seen.heartbeat_at_ms <= self.settings.stale_after_ms
+            ):
+                return DriveOutcome.HEARTBEAT_FRESH, None
         if outcome is None:
             return await self._decide(seen, run_id)
         assert seen is not None

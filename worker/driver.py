@@ -137,6 +137,8 @@ class Driver(Decisions):
         on_decided: Callable[[], None] | None = None,
         batch: asyncio.Future[dict[str, Decision]] | None = None,
         delivered_flow: str | None = None,
+        *,
+        peeked: bool = False,
     ) -> DriveOutcome:
         """Take the one step the run's row allows; returns what happened.
 
@@ -144,6 +146,8 @@ class Driver(Decisions):
         made one, and the run is decided alone (read, then claim) when it did not or
         when the batch failed. ``delivered_flow`` is the flow a stream message named:
         the read and, for a fresh admission, the claim then go as one statement.
+        ``peeked``: that message came from an idle wait's doorbell, which rang for every
+        idle reader, so a claim it loses is the expected race, journaled as nothing.
         """
         try:
             decision = None
@@ -153,7 +157,7 @@ class Driver(Decisions):
                 except Exception:  # logged once by the coordinator (run.batch_decide_failed)
                     decision = None
             elif delivered_flow is not None:
-                decision = await self._decide_delivered(run_id, delivered_flow)
+                decision = await self._decide_delivered(run_id, delivered_flow, peeked)
             if decision is None:
                 row = await self.store.runs.get(run_id)
                 decision = await self._decide(row, run_id)

@@ -116,8 +116,12 @@ class Intake:
                 # wakes back to the fleet at once (not after a reclaim's idle time).
                 await self._hand_back([d for d in deliveries if not d.peeked])
                 return
+            fresh = self._fresh(deliveries)
+            for d in fresh:
+                if d.peeked:
+                    coordinator.drive(d.message.run, None, d.message.flow, peeked=True)
             coordinator.drive_many(
-                [(d.message.run, self._acker(d), d.message.flow) for d in self._fresh(deliveries)]
+                [(d.message.run, self._acker(d), d.message.flow) for d in fresh if not d.peeked]
             )
 
     def _fresh(self, deliveries: list[Delivery]) -> list[Delivery]:
@@ -163,11 +167,8 @@ class Intake:
                 "stream.hand_back_failed", extra={"runs": len(deliveries), "error": repr(exc)}
             )
 
-    def _acker(self, delivery: Delivery) -> Callable[[], None] | None:
-        """Acknowledge ``delivery`` once its drive has decided (``Outbox``: pipelined); a
-        peeked one is not this consumer's to acknowledge."""
-        if delivery.peeked:
-            return None
+    def _acker(self, delivery: Delivery) -> Callable[[], None]:
+        """Acknowledge ``delivery`` once its drive has decided (``Outbox``: pipelined)."""
         return lambda: self._outbox.ack(delivery)
 
     async def _regroup(self) -> None:

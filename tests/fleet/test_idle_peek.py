@@ -10,6 +10,7 @@ frozen reader holds nothing).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -20,6 +21,7 @@ import tests.fleet.flows as flows
 from runfleet.broker import AsyncQueue
 from runfleet.broker.client import connect
 from runfleet.broker.streams import Lane, Streams
+from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.worker.outcomes import DriveOutcome
 from runfleet.worker.process import Worker
@@ -83,3 +85,40 @@ async def test_idle_starts_from_the_doorbell_are_one_drive_each(
     delta = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
     assert delta == {DriveOutcome.ACTIVATED.value: RUNS}, delta
     assert set(peeked) & set(ids), "no run started from the doorbell"
+
+
+async def test_two_idle_workers_race_for_each_doorbell_and_journal_only_the_winner(
+    worker: Worker,
+    queue: AsyncQueue,
+    settings: Settings,
+    store: Store,
+    redis: Redis,
+) -> None:
+    """Both idle workers' doorbells ring for every run and both claim it in Postgres: one
+    runs it, and the loser's race is not journaled (it is the doorbell's, not evidence)."""
+    second = Worker(settings, queues=["default"], concurrency=8)
+    task = asyncio.create_task(second.run())
+    await asyncio.wait_for(second.started.wait(), 10)
+    streams = Streams(redis, settings.redis_prefix)
+
+    async def caught_up() -> bool:
+        return (await streams.depth("default", Lane.NORMAL)).total == 0
+
+    try:
+        before = _outcomes()
+        ids = []
+        for i in range(RUNS):
+            await until(caught_up, timeout=10)
+            run = await queue.enqueue(flows.add, i, 1)
+            ids.append(run.id)
+            assert await run.result(timeout=10) == i + 1
+        await until(caught_up, timeout=10)
+        after = _outcomes()
+    finally:
+        second.stop(hard=True)
+        await asyncio.wait_for(task, 15)
+    delta = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+    assert delta.get(DriveOutcome.ACTIVATED.value) == RUNS, delta
+    for run_id in ids:
+        kinds = [r.kind for r in await store.journal.records(run_id)]
+        assert kinds == ["created", "claimed-and-activated", "transitioned"], (run_id, kinds, delta)

@@ -57,12 +57,17 @@ def lane_for(epoch: int) -> Lane:
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """One message handed to this consumer; ack it once the drive attempt has decided."""
+    """One message handed to this consumer; ack it once the drive attempt has decided.
+
+    ``peeked``: seen by the idle reader's doorbell, not taken from the group (``read``
+    with ``peek``). Nothing to acknowledge: the group still holds the entry and hands it
+    to some reader later, as a stale duplicate by then (the claim is a CAS)."""
 
     queue: str
     entry_id: str
     message: StreamMessage
     lane: Lane = Lane.NORMAL
+    peeked: bool = False
 
 
 Raw = tuple[str, Lane, str, "dict[bytes, bytes] | None"]
@@ -225,7 +230,7 @@ class Streams:
         return ids
 
     async def read(
-        self, consumer: str, queues: list[str], count: int, block_ms: int
+        self, consumer: str, queues: list[str], count: int, block_ms: int, *, peek: bool = False
     ) -> list[Delivery]:
         """Deliver at most ``count`` new messages, waiting up to ``block_ms``.
 
@@ -234,6 +239,14 @@ class Streams:
         it would sit in this consumer's pending list unprocessed until another worker
         reclaimed it. So ``count <= 0`` returns at once without touching Redis.
         ``block_ms <= 0`` means do not wait (unlike Redis, where BLOCK 0 waits forever).
+
+        ``peek``: when the idle wait's doorbell rings, answer with the entries it returned
+        (``Delivery.peeked``) instead of taking them from the group in a second round
+        trip. The doorbell consumes nothing, so every idle reader sees the entry and the
+        claim in Postgres decides which one runs it; the group still delivers it once
+        more, to whichever reader reads next, as a duplicate. A doorbell that saw only
+        normal-lane entries while a single slot is free takes from the group as before:
+        the read script puts a recovery entry that arrived meanwhile first.
         """
         if count <= 0 or not queues:
             return []
@@ -258,7 +271,33 @@ class Streams:
             # (SIGSTOP, a GC pause, a partition) would hold the wake in its pending list
             # until the reclaim (3 x stale_after) while other workers sit idle
             # (tests/broker/test_idle_read.py; docs/producer.md).
-            await self._redis.xread(dict(zip(streams, tails, strict=True)), count=1, block=block)
+            rang = await self._redis.xread(
+                dict(zip(streams, tails, strict=True)), count=1, block=block
+            )
+            if peek and rang:
+                peeked = self._peeked(rang, dict(zip(streams, ordered, strict=True)), count)
+                if peeked:
+                    return peeked
+
+    def _peeked(self, reply: Any, lanes: dict[str, tuple[str, Lane]], count: int) -> list[Delivery]:
+        """The doorbell's entries as peeked deliveries, recovery lanes first, at most
+        ``count``; none when the group read must decide (see ``read``). Malformed entries
+        are left to the group read, which drops them."""
+        found: list[Delivery] = []
+        for key, entries in reply.items() if isinstance(reply, dict) else reply:
+            queue, lane = lanes[_text(key)]
+            for entry_id, fields in entries:
+                try:
+                    if not fields or FIELD not in fields:
+                        continue
+                    message = decode(fields[FIELD])
+                except MalformedMessage:
+                    continue
+                found.append(Delivery(queue, _text(entry_id), message, lane, peeked=True))
+        found.sort(key=lambda d: d.lane is not Lane.RECOVERY)
+        if count < 2 and not any(d.lane is Lane.RECOVERY for d in found):
+            return []
+        return found[:count]
 
     async def _read_once(
         self, consumer: str, ordered: list[tuple[str, Lane]], streams: list[str], count: int

@@ -51,10 +51,13 @@ class Coordinator:
         run_id: str,
         on_decided: Callable[[], None] | None = None,
         delivered_flow: str | None = None,
+        *,
+        peeked: bool = False,
     ) -> bool:
         """Start (or coalesce into) a drive of ``run_id``; True if a new drive started.
 
-        ``delivered_flow``: the flow a stream message named (``Decider.delivered``). Closed:
+        ``delivered_flow``: the flow a stream message named (``Decider.delivered``); ``peeked``:
+        that message came from an idle wait's doorbell (``Decider.delivered``). Closed:
         nothing starts and ``on_decided`` is not called (the delivery is not acknowledged)."""
         if self.closed:
             return False
@@ -67,7 +70,7 @@ class Coordinator:
         decide: DecideFn = (
             partial(decider.decide, run_id)
             if delivered_flow is None
-            else partial(decider.delivered, run_id, delivered_flow)
+            else partial(decider.delivered, run_id, delivered_flow, peeked=peeked)
         )
         task = asyncio.create_task(self._run(run_id, on_decided, decide), name=f"drive:{run_id}")
         self._active[run_id] = task

@@ -107,10 +107,12 @@ class Decider:
         """Read the run's row and decide from it."""
         return await self._decide(await self.store.runs.get(run_id), run_id)
 
-    async def delivered(self, run_id: str, flow_name: str) -> Decision:
+    async def delivered(self, run_id: str, flow_name: str, *, peeked: bool = False) -> Decision:
         """A stream message naming ``flow_name``: read and claim as one statement when it
-        is a fresh admission of that flow, else decide from a read (``decide``)."""
-        decision = await self._decide_delivered(run_id, flow_name)
+        is a fresh admission of that flow, else decide from a read (``decide``).
+        ``peeked``: the message came from an idle wait's doorbell, which rang for every
+        idle reader, so a claim it loses is the expected race, journaled as nothing."""
+        decision = await self._decide_delivered(run_id, flow_name, peeked)
         return decision if decision is not None else await self.decide(run_id)
 
     async def from_batch(self, run_id: str, batch: Awaitable[Mapping[str, Decision]]) -> Decision:
@@ -169,7 +171,9 @@ class Decider:
             decisions[row.id] = await self._claimed(row, flow, outcomes[row.id])
         return decisions
 
-    async def _decide_delivered(self, run_id: str, flow_name: str) -> Decision | None:
+    async def _decide_delivered(
+        self, run_id: str, flow_name: str, peeked: bool = False
+    ) -> Decision | None:
         """One statement reads the run and claims it if it is a fresh admission of the
         flow the message named; anything else is decided from that same read. None: the
         usual read-then-decide path applies (a flow this process does not run, a run it
@@ -190,6 +194,22 @@ class Decider:
             run_id, flow_name, self.owner, ahead_flows=runnable()
         )
         outcome, seen = fresh.outcome, fresh.seen
+        if peeked:
+            # Every idle reader's doorbell rang for this run (streams.Streams.read, ``peek``)
+            # and one of them claimed it first: a race lost while it claimed, or a run that
+            # had started on a fresh lease by the time this read it, is no evidence of
+            # anything. Anything else is decided as any delivery is.
+            if isinstance(outcome, SnapshotChanged):
+                return Decision(DriveOutcome.CLAIM_LOST)
+            if (
+                outcome is None
+                and seen is not None
+                and seen.status is RunStatus.RUNNING
+                and seen.owner != self.owner
+                and seen.heartbeat_at_ms is not None
+                and seen.now_ms - seen.heartbeat_at_ms <= self.settings.stale_after_ms
+            ):
+                return Decision(DriveOutcome.HEARTBEAT_FRESH)
         if outcome is None:
             return await self._decide(seen, run_id)
         assert seen is not None

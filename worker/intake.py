@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from runfleet.broker.streams import Delivery, Lane, Streams
@@ -23,6 +24,13 @@ from runfleet.worker.coordinator import Coordinator
 from runfleet.worker.outbox import BROKER_ERRORS, Outbox, lane_of, publish_wakes
 
 log = logging.getLogger("runfleet.worker.intake")
+
+PEEKED_KEPT = 4096
+"""How many doorbell entries this process remembers having driven: the group's own copy
+of each is acknowledged without a second drive when it reaches this process (another
+process's copy is a duplicate its claim loses). An entry forgotten costs one drive."""
+
+EntryKey = tuple[str, Lane, str]
 
 
 async def wait_any(event: asyncio.Event, timeout: float) -> None:
@@ -56,6 +64,7 @@ class Intake:
         self._queues = list(queues)
         self._concurrency = concurrency
         self._may_claim = may_claim
+        self._peeked: OrderedDict[EntryKey, None] = OrderedDict()
 
     def free(self) -> int:
         return self._concurrency - self._coordinator.active()
@@ -82,7 +91,7 @@ class Intake:
                 await wait_any(stopping, 0.1)
                 continue
             try:
-                deliveries = await streams.read(self._owner.key, self._queues, free, 500)
+                deliveries = await streams.read(self._owner.key, self._queues, free, 500, peek=True)
                 if not self._may_claim():
                     # The lease lapsed while the read blocked: leave what was read
                     # unacknowledged (a reclaim or a sweep re-delivers it) and claim nothing.
@@ -106,11 +115,39 @@ class Intake:
             if stopping.is_set():
                 # The stop began while the read blocked: claim none of it, and give the
                 # wakes back to the fleet at once (not after a reclaim's idle time).
-                await self._hand_back(deliveries)
+                await self._hand_back([d for d in deliveries if not d.peeked])
                 return
+            fresh = self._fresh(deliveries)
+            for d in fresh:
+                if d.peeked:
+                    coordinator.drive(d.message.run, None, d.message.flow, peeked=True)
             coordinator.drive_many(
-                [(d.message.run, self._acker(d), d.message.flow) for d in deliveries]
+                [(d.message.run, self._acker(d), d.message.flow) for d in fresh if not d.peeked]
             )
+
+    def _fresh(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """What a read brought that this process has not driven yet.
+
+        A doorbell's entry (``peeked``: the group still holds it) is remembered as driven;
+        the group's copy of an entry this process already drove from its doorbell is
+        acknowledged here, without a second drive: that wake was acted on (a peeked drive
+        decides what an acknowledged one would, and a failed decision is the same lost
+        wake as an acknowledged one whose drive failed: the lost-wake sweep's).
+        """
+        fresh: list[Delivery] = []
+        for d in deliveries:
+            key = (d.queue, d.lane, d.entry_id)
+            if d.peeked:
+                self._peeked[key] = None
+                if len(self._peeked) > PEEKED_KEPT:
+                    self._peeked.popitem(last=False)
+                fresh.append(d)
+            elif key in self._peeked:
+                del self._peeked[key]
+                self._outbox.ack(d)
+            else:
+                fresh.append(d)
+        return fresh
 
     async def _hand_back(self, deliveries: list[Delivery]) -> None:
         """Put what a stopping worker read back on its streams, then acknowledge it.

@@ -71,8 +71,9 @@ WITH activated AS (
         owner_nonce = %(nonce)s, epoch = r.epoch + 1, heartbeat_at_ms = runfleet.now_ms(),
         claim_host = NULL, claim_pid = NULL, claim_nonce = NULL, claimed_at_ms = NULL,
         updated_at_ms = runfleet.now_ms()
-     WHERE r.id = %(id)s AND r.status = %(status)s AND r.status IN ('pending', 'suspended')
-       AND r.waiting_reason IS NULL AND r.claim_host IS NULL
+     WHERE r.id = %(id)s AND r.status IS NOT DISTINCT FROM %(status)s
+       AND r.status IN ('pending', 'suspended')
+       AND r.waiting_reason IS NOT DISTINCT FROM NULL AND r.claim_host IS NOT DISTINCT FROM NULL
        AND r.owner_host IS NOT DISTINCT FROM %(exp_owner_host)s
        AND r.owner_pid IS NOT DISTINCT FROM %(exp_owner_pid)s
        AND r.owner_nonce IS NOT DISTINCT FROM %(exp_owner_nonce)s
@@ -155,10 +156,11 @@ WITH seen AS (
        AND s.concurrency_key IS NULL  -- a keyed run's slot is its keys' turn, not a priority's
 ), ahead AS MATERIALIZED (
     SELECT c.id FROM runfleet.runs c
-     WHERE c.id IN (SELECT id FROM pick) AND c.status = 'pending'
-       AND c.waiting_reason IS NULL AND c.owner_host IS NULL AND c.claim_host IS NULL
-       AND c.heartbeat_at_ms IS NULL AND c.cancel_requested_at_ms IS NULL
-       AND c.flow = ANY(%(ahead_flows)s::text[]) AND c.concurrency_key IS NULL
+     WHERE c.id = (SELECT p.id FROM pick p) AND c.status IS NOT DISTINCT FROM 'pending'
+       AND c.waiting_reason IS NOT DISTINCT FROM NULL AND c.owner_host IS NOT DISTINCT FROM NULL
+       AND c.claim_host IS NOT DISTINCT FROM NULL AND c.heartbeat_at_ms IS NULL
+       AND c.cancel_requested_at_ms IS NULL AND c.flow = ANY(%(ahead_flows)s::text[])
+       AND c.concurrency_key IS NULL
        FOR UPDATE SKIP LOCKED
 ), activated AS (
     UPDATE runfleet.runs AS r SET
@@ -169,8 +171,8 @@ WITH seen AS (
        AND r.id = coalesce((SELECT a.id FROM ahead a), (SELECT k.id FROM keyed k))
        AND (r.flow = %(flow)s OR r.id IN (SELECT a.id FROM ahead a)
             OR r.id <> %(id)s)  -- another key's turn: key_pick chose among the caller's flows
-       AND r.status = 'pending'
-       AND r.waiting_reason IS NULL AND r.claim_host IS NULL AND r.owner_host IS NULL
+       AND r.status IS NOT DISTINCT FROM 'pending' AND r.waiting_reason IS NOT DISTINCT FROM NULL
+       AND r.claim_host IS NOT DISTINCT FROM NULL AND r.owner_host IS NOT DISTINCT FROM NULL
        AND r.heartbeat_at_ms IS NULL AND r.cancel_requested_at_ms IS NULL
        AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[]))
     RETURNING r.*, runfleet.now_ms() AS now_ms, (SELECT free FROM slots) IS NOT NULL AS limited
@@ -300,8 +302,9 @@ SELECT * FROM activated;
 UPDATE runfleet.runs AS r SET
     claim_host = %(host)s, claim_pid = %(pid)s, claim_nonce = %(nonce)s,
     claimed_at_ms = runfleet.now_ms(), updated_at_ms = runfleet.now_ms()
- WHERE r.id = %(id)s AND r.status = %(status)s AND r.status IN ('pending', 'suspended')
-   AND r.waiting_reason IS NULL AND r.claim_host IS NULL
+ WHERE r.id = %(id)s AND r.status IS NOT DISTINCT FROM %(status)s
+   AND r.status IN ('pending', 'suspended')
+   AND r.waiting_reason IS NOT DISTINCT FROM NULL AND r.claim_host IS NOT DISTINCT FROM NULL
    AND r.owner_host IS NOT DISTINCT FROM %(exp_owner_host)s
    AND r.owner_pid IS NOT DISTINCT FROM %(exp_owner_pid)s
    AND r.owner_nonce IS NOT DISTINCT FROM %(exp_owner_nonce)s

@@ -83,7 +83,10 @@ WITH activated AS (
             OR (r.status = 'pending' AND r.cancel_requested_at_ms IS NOT NULL))
        -- the queue's fleet-wide limit and its key's (docs/queues.md); a cancel closes
        -- without a slot
-       AND (r.cancel_requested_at_ms IS NOT NULL OR runfleet.start_grant(%(id)s))
+       AND (r.cancel_requested_at_ms IS NOT NULL OR CASE
+            WHEN r.concurrency_key IS NULL  -- no key: the queue's own limit, from this row
+            THEN coalesce(runfleet.queue_free_slots(r.queue), 1) > 0
+            ELSE runfleet.start_grant(%(id)s) END)
     RETURNING r.*, runfleet.now_ms() AS now_ms,
               EXISTS (SELECT FROM runfleet.queues q
                        WHERE q.name = r.queue
@@ -327,7 +330,10 @@ UPDATE runfleet.runs AS r SET
         OR (r.status = 'pending' AND r.cancel_requested_at_ms IS NOT NULL))
    -- the queue's fleet-wide limit and its key's (docs/queues.md); a cancel closes
    -- without a slot
-   AND (r.cancel_requested_at_ms IS NOT NULL OR runfleet.start_grant(%(id)s))
+   AND (r.cancel_requested_at_ms IS NOT NULL OR CASE
+            WHEN r.concurrency_key IS NULL  -- no key: the queue's own limit, from this row
+            THEN coalesce(runfleet.queue_free_slots(r.queue), 1) > 0
+            ELSE runfleet.start_grant(%(id)s) END)
 RETURNING r.*, runfleet.now_ms() AS now_ms,
           EXISTS (SELECT FROM runfleet.queues q
                    WHERE q.name = r.queue AND (q.concurrency IS NOT NULL OR q.keyed)) AS limited;

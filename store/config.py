@@ -41,6 +41,11 @@ class Settings(BaseSettings):
     """A durable sleep whose remainder is at most this is slept in-process, holding its slot."""
     park_backoff_over: float = Field(default=5.0, ge=0)
     """A step retry backoff longer than this parks the run on a timer instead of a slot."""
+    idle_peek: bool = False
+    """An idle worker claims a run straight from its doorbell's entry (one Redis round trip
+    less per idle start, docs/producer.md). Off by default: every idle worker's doorbell
+    rings, so each claims the run in Postgres (all but one lose: N-1 statements per start
+    in a fleet of N idle workers) and the fastest host takes all idle work."""
 
     @property
     def heartbeat_interval_ms(self) -> int:

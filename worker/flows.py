@@ -58,6 +58,8 @@ class Flow:
         if not instances.binds(owner):
             return
         if self.schedule is not None:
+            if _REGISTRY.get(self.name) is self:  # refused: no worker may schedule it
+                del _REGISTRY[self.name]
             raise InvalidInput(
                 "schedule", f"{self.name!r} is class-bound: a schedule names no instance"
             )

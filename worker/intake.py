@@ -91,7 +91,9 @@ class Intake:
                 await wait_any(stopping, 0.1)
                 continue
             try:
-                deliveries = await streams.read(self._owner.key, self._queues, free, 500, peek=True)
+                deliveries = await streams.read(
+                    self._owner.key, self._queues, free, 500, peek=settings.idle_peek
+                )
                 if not self._may_claim():
                     # The lease lapsed while the read blocked: leave what was read
                     # unacknowledged (a reclaim or a sweep re-delivers it) and claim nothing.

@@ -27,6 +27,12 @@ from runfleet.worker.outcomes import DriveOutcome
 from runfleet.worker.process import Worker
 from tests.support.polling import until
 
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    """The doorbell peek is opt-in (``Settings.idle_peek``): these tests turn it on."""
+    return settings.model_copy(update={"idle_peek": True})
+
 RUNS = 6
 
 

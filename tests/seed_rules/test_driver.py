@@ -347,7 +347,7 @@ async def test_wakes_for_a_run_in_a_drive_coalesce_into_one_more_drive() -> None
 
 async def test_a_read_batch_coalesces_duplicates_and_runs_already_in_a_drive() -> None:
     stub = _BlockingDriver()
-    coordinator = Coordinator(stub)  # type: ignore[arg-type]
+    coordinator = Coordinator(stub)  # type: ignore[arg-type]  # a stand-in for the driver
     assert coordinator.drive("busy") is True
     acked: list[str] = []
 

@@ -19,6 +19,16 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class ReadAnswer(_Model):
+    """An answer a read-only command or dashboard page may read from a replica
+    (RUNFLEET_READ_DATABASE_URL), so possibly as old as that replica's replay lag."""
+
+    replica_lag_s: float | None = None
+    """The dashboard's API: replay lag of the replica this answer was read from, None
+    when the primary answered (or the replica does not know its lag). The CLI prints
+    the same on stderr and leaves this None."""
+
+
 class OwnerView(_Model):
     host: str
     pid: int
@@ -86,7 +96,7 @@ class RunSummary(_Model):
         )
 
 
-class RunList(_Model):
+class RunList(ReadAnswer):
     now_ms: int
     runs: list[RunSummary]
 
@@ -103,7 +113,7 @@ class DeferredView(_Model):
     value: Any = None
 
 
-class RunDetail(_Model):
+class RunDetail(ReadAnswer):
     run: RunSummary
     now_ms: int
     claim: OwnerView | None
@@ -124,7 +134,7 @@ class JournalEntry(_Model):
     sentence: str
 
 
-class JournalView(_Model):
+class JournalView(ReadAnswer):
     run_id: str
     entries: list[JournalEntry]
 
@@ -157,7 +167,7 @@ class NextStep(_Model):
     needs_person: bool
 
 
-class Explanation(_Model):
+class Explanation(ReadAnswer):
     run: RunSummary
     now_ms: int
     status_since_ms: int
@@ -198,7 +208,7 @@ class TreeNode(_Model):
     """Children not walked: the depth cap was hit, or this run was already shown (a diamond)."""
 
 
-class TreeView(_Model):
+class TreeView(ReadAnswer):
     run: RunSummary
     children: list[TreeNode]
     rounds: list[RunSummary]
@@ -253,7 +263,7 @@ class KeyLimitView(_Model):
 QueueLimitView.model_rebuild()
 
 
-class FleetView(_Model):
+class FleetView(ReadAnswer):
     now_ms: int
     workers: list[FleetMemberView]
     queues: list[QueueLimitView] = []

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
 import psycopg
@@ -36,9 +36,10 @@ from runfleet.ops.dashboard.actions import Action, perform
 from runfleet.ops.dashboard.lifecycle import lifecycle
 from runfleet.ops.dashboard.urls import action_id, api_id, page_id, run_url
 from runfleet.ops.explain.report import explain, gather
+from runfleet.ops.models import ReadAnswer
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput, RunfleetError, RunNotFound, ScopeDenied, Unavailable
-from runfleet.store.topology import read_topology
+from runfleet.store.topology import Role, Topology, read_topology
 from runfleet.store.types import RunStatus
 
 POLL_MS = 1000
@@ -74,8 +75,37 @@ def _dash(request: Request) -> Dashboard:
     return dash
 
 
-def _page(request: Request, name: str, status_code: int = 200, **ctx: Any) -> Response:
-    """The whole page, or only its live part when the page's script asks for it."""
+Answer = TypeVar("Answer", bound=ReadAnswer)
+
+
+async def _replica(conns: c.Connections) -> Topology | None:
+    """The replica this request's answer was read from, as it is now (its replay lag);
+    None when the primary answered (no RUNFLEET_READ_DATABASE_URL, or it names a primary).
+
+    Every page and API answer read through ``conns`` carries it: ``_stamped`` puts the
+    lag in the JSON, ``_page`` hands it to the page (the ``replica_note`` macro)."""
+    if conns.replica is None:
+        return None
+    seen = await read_topology(conns.store.db)
+    return seen if seen.role is Role.STANDBY else None
+
+
+def _stamped(answer: Answer, replica: Topology | None) -> Answer:
+    """The answer with the lag of the replica it was read from (unchanged: the primary)."""
+    if replica is None:
+        return answer
+    return answer.model_copy(update={"replica_lag_s": replica.replay_lag_s})
+
+
+def _page(
+    request: Request,
+    name: str,
+    status_code: int = 200,
+    replica: Topology | None = None,
+    **ctx: Any,
+) -> Response:
+    """The whole page, or only its live part when the page's script asks for it;
+    ``replica``: the replica it was read from (the page says how old it may be)."""
     partial = request.headers.get("x-partial") == "1"
     template = _env.get_template(f"{name}_live.html" if partial else f"{name}.html")
     body = template.render(
@@ -83,6 +113,7 @@ def _page(request: Request, name: str, status_code: int = 200, **ctx: Any) -> Re
         csrf=security.token(request),
         poll_ms=POLL_MS,
         scopes=_dash(request).scopes,
+        replica=replica,
         **ctx,
     )
     response = HTMLResponse(body, status_code=status_code)
@@ -138,12 +169,11 @@ def _answers(handler: Handler) -> Handler:
 async def overview(request: Request) -> Response:
     conns = _dash(request).conns
     view = await data.overview(conns, _dash(request).tail)
-    if conns.replica is not None:  # read from a replica: say how old the answer may be
-        seen = await read_topology(conns.store.db)
-        view = view.model_copy(update={"replica_lag_s": seen.replay_lag_s})
+    replica = await _replica(conns)
+    view = _stamped(view, replica)
     if request.url.path.startswith("/api/"):
         return _json(view)
-    return _page(request, "overview", view=view)
+    return _page(request, "overview", replica=replica, view=view)
 
 
 def _filters(request: Request) -> dict[str, Any]:
@@ -162,10 +192,13 @@ def _filters(request: Request) -> dict[str, Any]:
 @_answers
 async def runs(request: Request) -> Response:
     f = _filters(request)
-    listing = await list_view(_dash(request).conns, **f)
+    conns = _dash(request).conns
+    listing = await list_view(conns, **f)
+    replica = await _replica(conns)
+    listing = _stamped(listing, replica)
     if request.url.path.startswith("/api/"):
         return _json(listing)
-    return _page(request, "runs", listing=listing, f=f)
+    return _page(request, "runs", replica=replica, listing=listing, f=f)
 
 
 @_answers
@@ -180,11 +213,13 @@ async def run(request: Request) -> Response:
     tree = await tree_view(conns, run_id)
     steps = await data.steps(conns, run_id)
     story = await lifecycle(conns, run_id)
+    replica = await _replica(conns)
     timeline = svg.timeline(journal.entries, explanation.now_ms, detail.run.status.terminal)
     done = request.query_params.get("done")
     return _page(
         request,
         "run",
+        replica=replica,
         detail=detail,
         explanation=explanation,
         journal=journal,
@@ -202,10 +237,11 @@ async def fleet(request: Request) -> Response:
     conns = _dash(request).conns
     now = await conns.store.stats.now_ms()
     view, problem = await data.fleet(conns, now)
+    replica = await _replica(conns)
     if request.url.path.startswith("/api/"):
         if view is None:
             return JSONResponse({"error": problem}, status_code=503)
-        return _json(view)
+        return _json(_stamped(view, replica))
     running = await conns.store.inspect.list_runs(status=RunStatus.RUNNING, limit=data.COUNT_CAP)
     owned: dict[str, list[str]] = {}
     for row in running:
@@ -214,7 +250,9 @@ async def fleet(request: Request) -> Response:
     hosts: dict[str, list[Any]] = {}
     for w in view.workers if view else []:
         hosts.setdefault(w.host, []).append(w)
-    return _page(request, "fleet", view=view, problem=problem, hosts=hosts, owned=owned)
+    return _page(
+        request, "fleet", replica=replica, view=view, problem=problem, hosts=hosts, owned=owned
+    )
 
 
 # ---- the run's JSON pieces (the CLI's --json answers) ------------------------------
@@ -224,20 +262,23 @@ async def fleet(request: Request) -> Response:
 async def api_run(request: Request) -> Response:
     run_id, part = api_id(request)
     conns = _dash(request).conns
+    answer: ReadAnswer
     match part:
         case "":
-            return _json(await detail_view(conns, run_id))
+            answer = await detail_view(conns, run_id)
         case "explain":
-            return _json(explain(await gather(conns, run_id)))
+            answer = explain(await gather(conns, run_id))
         case "journal":
-            return _json(await data.journal(conns, run_id))
+            answer = await data.journal(conns, run_id)
         case "tree":
-            return _json(await tree_view(conns, run_id))
+            answer = await tree_view(conns, run_id)
         case "steps":
-            return _json(await data.steps(conns, run_id))
+            answer = await data.steps(conns, run_id)
         case "lifecycle":
-            return _json(await lifecycle(conns, run_id))
-    return JSONResponse({"error": "no such part"}, status_code=404)
+            answer = await lifecycle(conns, run_id)
+        case _:
+            return JSONResponse({"error": "no such part"}, status_code=404)
+    return _json(_stamped(answer, await _replica(conns)))
 
 
 # ---- buttons -----------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from runfleet.ops.models import FleetView, JournalEntry, QueueLimitView, RunSummary
+from runfleet.ops.models import FleetView, JournalEntry, QueueLimitView, ReadAnswer, RunSummary
 
 
 class _Model(BaseModel):
@@ -50,7 +50,9 @@ class Steal(_Model):
     entry: JournalEntry
 
 
-class OverviewView(_Model):
+class OverviewView(ReadAnswer):
+    """``replica_lag_s`` (ReadAnswer): everything here may be that old."""
+
     now_ms: int
     window_ms: int
     fleet: FleetView | None
@@ -62,9 +64,6 @@ class OverviewView(_Model):
     charts: list[Chart]
     steals: list[Steal]
     """Takeovers, refused takeovers and poison runs parked dead, newest first."""
-    replica_lag_s: float | None = None
-    """Replay lag of the replica this page reads (RUNFLEET_READ_DATABASE_URL); None when
-    it reads the primary or the lag is unknown. Everything here may be that old."""
     dead: list[RunSummary] = []
     """Runs parked ``dead`` (their executions kept ending in a lost process), oldest
     first: each needs a person (``runfleet explain``, then ``runfleet resume``)."""
@@ -92,7 +91,7 @@ class StepView(_Model):
     attempts: list[AttemptView]
 
 
-class StepsView(_Model):
+class StepsView(ReadAnswer):
     run_id: str
     steps: list[StepView]
 
@@ -119,7 +118,7 @@ class ForkView(_Model):
     at_ms: int
 
 
-class LifecycleView(_Model):
+class LifecycleView(ReadAnswer):
     """``/api/runs/<id>/lifecycle``: version, instance, events, messages, forks."""
 
     run_id: str

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import httpx
 import psycopg
@@ -40,6 +42,29 @@ async def _paused(primary_url: str, standby_url: str) -> bool:
         cur = await conn.execute("SELECT pg_get_wal_replay_pause_state()")
         row = await cur.fetchone()
     return row is not None and row[0] == "paused"
+
+
+_RUN = "/api/runs/before-pause"
+_APIS = [
+    "/api/overview", "/api/runs", "/api/fleet", _RUN, f"{_RUN}/explain", f"{_RUN}/journal",
+    f"{_RUN}/tree", f"{_RUN}/steps", f"{_RUN}/lifecycle",
+]  # fmt: skip
+_PAGES = ["/", "/runs", "/runs/before-pause", "/fleet"]
+
+
+@asynccontextmanager
+async def _dashboard(settings: Settings, read_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(
+        settings.model_copy(update={"read_database_url": read_url}),
+        allowed_hosts=("testserver",),
+    )
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://testserver"
+        ) as client,
+    ):
+        yield client
 
 
 async def test_reads_come_from_the_replica_with_its_lag(
@@ -81,22 +106,31 @@ async def test_reads_come_from_the_replica_with_its_lag(
     missing = await invoke(read, "show", "after-pause")
     assert missing.code != 0  # the replica has not replayed it yet
 
-    # The dashboard's pages read the replica too, and say how old they may be.
-    app = create_app(
-        ours.model_copy(update={"read_database_url": standby.url}),
-        allowed_hosts=("testserver",),
-    )
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://testserver"
-        ) as client,
-    ):
+    # The dashboard's pages read the replica too, and each says how old it may be.
+    async with _dashboard(ours, standby.url) as client:
         overview = (await client.get("/api/overview")).json()
         assert overview["replica_lag_s"] is not None
         assert sum(overview["totals"].values()) == 1  # "after-pause" is not replayed yet
-        page = (await client.get("/")).text
-        assert "read from a replica: replay lag" in page
+        listing = (await client.get("/api/runs")).json()
+        assert [r["id"] for r in listing["runs"]] == ["before-pause"]
+        assert (await client.get("/api/runs/after-pause")).status_code == 404
+        for path in _APIS:
+            answer = await client.get(path)
+            assert answer.status_code == 200, (path, answer.text)
+            lag = answer.json()["replica_lag_s"]
+            assert lag is not None and lag > 0, (path, lag)
+        for path in _PAGES:
+            page = await client.get(path)
+            assert page.status_code == 200, (path, page.text)
+            assert "read from a replica: replay lag" in page.text, path
+    # RUNFLEET_READ_DATABASE_URL naming the primary (a failover promoted it): current.
+    async with _dashboard(ours, primary.url) as client:
+        for path in _APIS:
+            answer = await client.get(path)
+            assert answer.status_code == 200, (path, answer.text)
+            assert answer.json()["replica_lag_s"] is None, path
+        for path in _PAGES:
+            assert "read from a replica" not in (await client.get(path)).text, path
 
     # Decisions never read the replica: doctor (and every worker) uses database_url.
     doctor = await invoke(read, "doctor", "--json")

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from pydantic import BaseModel
 
-from runfleet.ops.dashboard.models import StepsView
+from runfleet.ops.dashboard.models import LifecycleView, StepsView
 from runfleet.ops.dashboard.urls import PARTS, run_url
 from runfleet.ops.models import Explanation, JournalView, RunDetail, TreeView
 from runfleet.store import Store, validate
@@ -43,6 +43,7 @@ _PART_ID: dict[str, tuple[type[BaseModel], str]] = {
     "journal": (JournalView, "run_id"),
     "tree": (TreeView, "run.id"),
     "steps": (StepsView, "run_id"),
+    "lifecycle": (LifecycleView, "run_id"),
 }
 
 

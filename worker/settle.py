@@ -297,13 +297,10 @@ class Settlement:
             timeout_ms=timeout_ms,
         )
 
-        record = {"successor": successor.id, "round": next_round}
         try:
             done = await with_retry(
                 "settle",
-                lambda: self._store.lifecycle.hand_off(
-                    row.id, self._owner, epoch, successor, record=record
-                ),
+                lambda: self._store.lifecycle.hand_off(row.id, self._owner, epoch, successor),
             )
         except RunfleetError as exc:
             # The successor cannot be admitted (its id is taken by a different run):

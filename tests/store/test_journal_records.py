@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 
 from runfleet.ops.explain.journal_text import probe_words, render, sentence
-from runfleet.store import Store
+from runfleet.store import Store, settlements
 from runfleet.store import journal_records as jr
 from runfleet.store.forks import Forks
 from runfleet.store.journal_records import PAYLOADS, CascadeCause, Kind, decode
 from runfleet.store.steps import StepWrite
 from runfleet.store.types import (
     JournalRecord,
+    NewRun,
     Reconfirmation,
     RunStatus,
     Settle,
@@ -338,7 +339,22 @@ async def _drive_the_writers(store: Store) -> None:
     )
     c2 = await must_get(store, "c2")
     await store.runs.claim_and_activate("c2", c2.snapshot, OWNER_A)
-    await store.lifecycle.acknowledge_cancel("c2", OWNER_A, 1, record={"found_at_release": "x"})
+    await store.lifecycle.acknowledge_cancel("c2", OWNER_A, 1, found_at="x")
+    # each ending's constructor (store.settlements), one settled alone, the rest a batch
+    ends = {run_id: await make_running(store, run_id) for run_id in ("e1", "e2", "e3", "e4")}
+    await store.lifecycle.settle(OWNER_A, settlements.completed("e1", ends["e1"].epoch, 1))
+    await store.lifecycle.settle_many(
+        OWNER_A,
+        [
+            settlements.failed("e2", ends["e2"].epoch, {"type": "E"}),
+            settlements.lineage_exhausted("e3", ends["e3"].epoch, 2),
+            settlements.round_invalid("e4", ends["e4"].epoch, {"type": "X"}, "e4@1"),
+        ],
+    )
+    # a handoff: the round settles with its successor named
+    round0 = await make_running(store, "h1")
+    successor = NewRun(id="h1@1", flow="f", lineage_id="h1", round_ordinal=1)
+    await store.lifecycle.hand_off("h1", OWNER_A, round0.epoch, successor)
     # a direct cancel request on a pending run
     await create(store, "x1")
     await store.lifecycle.request_cancel("x1", note="alice", reason="why")
@@ -359,7 +375,8 @@ async def _drive_the_writers(store: Store) -> None:
 async def test_the_writers_store_exactly_what_their_type_dumps(store: Store) -> None:
     await _drive_the_writers(store)
     seen: set[str] = set()
-    for run_id in ("p1", "c1", "c2", "w1", "t1", "m1", "x1", "f1", "s1"):
+    written = ("p1", "c1", "c2", "w1", "t1", "m1", "x1", "f1", "s1", "e1", "e2", "e3", "e4", "h1")
+    for run_id in written:
         for record in await store.journal.records(run_id):
             decoded = decode(record.kind, record.payload)
             assert isinstance(decoded, jr.Payload), record
@@ -374,6 +391,7 @@ async def test_the_writers_store_exactly_what_their_type_dumps(store: Store) -> 
         Kind.CLOCK_FIRED, Kind.MESSAGE_SENT, Kind.INTERRUPT_RELEASED, Kind.TRANSITIONED,
         Kind.CHILD_POLICY_APPLIED, Kind.CANCEL_REQUESTED, Kind.INTERRUPTED, Kind.FORKED,
         Kind.FORKED_FROM, Kind.STOLEN_AND_ACTIVATED, Kind.QUARANTINED, Kind.RESUMED,
+        Kind.LINEAGE_EXHAUSTED, Kind.ROUND_INVALID, Kind.HANDED_OFF,
     }  # fmt: skip
     assert expected <= seen, expected - seen
 

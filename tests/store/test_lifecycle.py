@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runfleet.store import Store
+from runfleet.store import journal_records as jr
 from runfleet.store.errors import InvalidInput
 from runfleet.store.types import (
     Activated,
@@ -70,13 +71,12 @@ async def test_transition_accepts_a_status_string_and_a_custom_record(store: Sto
         OWNER_A,
         1,
         "failed",  # type: ignore[arg-type]  # callers outside the enum pass plain strings
-        kind="lineage-exhausted",
-        record={"rounds": 3},
+        record=jr.LineageExhausted(max_rounds=3),
     )
     assert isinstance(outcome, Transitioned) and outcome.row.status is RunStatus.FAILED
     record = (await store.journal.last("r1", limit=1))[0]
     assert record.kind == "lineage-exhausted"
-    assert record.payload == {"to": "failed", "epoch": 1, "rounds": 3}
+    assert record.payload == {"to": "failed", "epoch": 1, "max_rounds": 3}
 
 
 async def test_settled_run_never_moves_again(store: Store) -> None:

@@ -665,6 +665,18 @@ class ProbeDetail(Payload):
     pid_state: str | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class ProbeEvidence:
+    """What a worker's liveness probe found about a run's owner or claimant, journaled
+    with the takeover it justified (``stolen-and-activated``, ``claim-recovered``,
+    ``dead-lettered``): the probe's evidence, its raw facts (a ``ProbeDetail``'s fields)
+    and who observed them. Not a record of its own."""
+
+    probe: str | None = None
+    probe_detail: dict[str, Any] | None = None
+    observer: str | None = None
+
+
 @dataclass(frozen=True)
 class UnknownPayload:
     """A record this version cannot type: a kind it does not know, or a payload that is

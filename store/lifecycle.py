@@ -20,7 +20,7 @@ from runfleet.store.config import Settings
 from runfleet.store.dag import Dag
 from runfleet.store.db import Database
 from runfleet.store.errors import InvalidInput
-from runfleet.store.journal import Journal, Kind, digest
+from runfleet.store.journal import Journal, digest
 from runfleet.store.rows import owner_params, run_row
 from runfleet.store.types import (
     AlreadyRequested,
@@ -304,9 +304,9 @@ class Lifecycle:
         asked = await self._db.all("runs.cascade_cancel", {"ids": ids, "parent": run_id})
         for row in sorted(asked, key=lambda r: str(r["id"])):
             payload = jr.CancelRequested(actor=row["session_role"], cause=cause, by=run_id)
-            await self._journal.record(row["id"], Kind.CANCEL_REQUESTED, payload.dump())
+            await self._journal.record(row["id"], payload)
         applied = jr.ChildPolicyApplied(cause=cause, cascaded_to=ids)
-        await self._journal.record(run_id, Kind.CHILD_POLICY_APPLIED, applied.dump())
+        await self._journal.record(run_id, applied)
         return ids
 
     async def rounds(self, run_id: str) -> list[RunRow]:
@@ -359,14 +359,13 @@ class Lifecycle:
             for round_row in requested:
                 await self._journal.record(
                     round_row.id,
-                    Kind.CANCEL_REQUESTED,
                     jr.CancelRequested(
                         actor=round_row_role[round_row.id],
                         note=note,
                         reason=reason,
                         status=round_row.status.value,
                         via=None if round_row.id == run_id else run_id,
-                    ).dump(),
+                    ),
                 )
             cascaded = await self._cascade(run_id, cause=jr.CascadeCause.PARENT_CANCELLED)
             target = max(requested, key=lambda r: r.round_ordinal)

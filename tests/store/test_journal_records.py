@@ -279,7 +279,7 @@ async def test_each_kind_round_trips_through_the_journal_to_its_sentence(
 ) -> None:
     payload, words = SAMPLES[kind]
     await create(store, "r1")
-    await store.journal.record("r1", kind, payload.dump())
+    await store.journal.record("r1", payload)
     stored = [r for r in await store.journal.records("r1") if r.kind == kind][-1]
     decoded = decode(stored.kind, stored.payload)
     assert decoded == payload
@@ -364,11 +364,13 @@ async def _drive_the_writers(store: Store) -> None:
     stale = await make_running(store, "s1")
     assert stale.heartbeat_at_ms is not None
     await wait_db_time_past(store, stale.heartbeat_at_ms + 5)
-    evidence = {"probe": "cross-host-unreachable-stale", "observer": B, "probe_detail": DETAIL}
+    evidence = jr.ProbeEvidence(
+        probe="cross-host-unreachable-stale", observer=B, probe_detail=DETAIL
+    )
     taken = await store.runs.steal("s1", stale.snapshot, OWNER_B, evidence, stale_after_ms=1)
     assert isinstance(taken, Stolen), taken
-    problem = {"key": "k", "problem": "recorded output does not match its digest"}
-    await store.waits.quarantine("s1", OWNER_B, taken.row.epoch, "k", problem)
+    problem = jr.Quarantined(key="k", problem="recorded output does not match its digest")
+    await store.waits.quarantine("s1", OWNER_B, taken.row.epoch, problem)
     assert await store.steps.resume_quarantined("s1", accept_recorded=True, note="alice")
 
 

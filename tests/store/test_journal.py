@@ -8,7 +8,7 @@ import pytest
 
 from runfleet.store import Kind, Store
 from runfleet.store import journal_records as jr
-from runfleet.store.journal import evidence_address
+from runfleet.store.journal import _append_params, evidence_address
 from runfleet.store.types import Accepted, Conflict, Duplicate, RunStatus
 from tests.store.helpers import (
     OWNER_A,
@@ -123,3 +123,17 @@ async def test_a_stores_own_records_use_its_source_in_sequence(store: Store) -> 
     assert {r.source_id for r in own} == {store.db.source_id}
     seqs = [r.source_seq for r in own]
     assert len(set(seqs)) == len(seqs) and seqs == sorted(seqs)
+
+
+async def test_a_record_reads_its_kind_as_a_kind_and_an_unknown_one_as_its_string(
+    store: Store,
+) -> None:
+    """A newer version's (or a hand-written) kind still reads: as the stored string."""
+    await create(store, "r1")
+    await store.db.one(
+        "journal.append", _append_params([("r1", "made-up-by-v9", "v9", 1, {"a": 1})])
+    )
+    created, unknown = await store.journal.records("r1")
+    assert created.kind is Kind.CREATED
+    assert unknown.kind == "made-up-by-v9" and not isinstance(unknown.kind, Kind)
+    assert unknown.payload == {"a": 1}

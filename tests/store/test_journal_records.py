@@ -396,6 +396,22 @@ async def test_the_writers_store_exactly_what_their_type_dumps(store: Store) -> 
         Kind.LINEAGE_EXHAUSTED, Kind.ROUND_INVALID, Kind.HANDED_OFF,
     }  # fmt: skip
     assert expected <= seen, expected - seen
+    # what the callers handed over is what was stored: the probe's evidence, the
+    # deferred's caller metadata, the quarantine's problem
+    (stolen,) = await payloads_of(store, "s1", Kind.STOLEN_AND_ACTIVATED)
+    assert (stolen["probe"], stolen["observer"], stolen["probe_detail"]) == (
+        "cross-host-unreachable-stale",
+        B,
+        DETAIL,
+    )
+    (answered,) = await payloads_of(store, "c1", Kind.DEFERRED_COMPLETED)
+    assert answered["answered_by"] == "ops" and answered["name"] == "d"
+    (quarantined,) = await payloads_of(store, "s1", Kind.QUARANTINED)
+    assert quarantined == {"key": "k", "problem": "recorded output does not match its digest"}
+
+
+async def payloads_of(store: Store, run_id: str, kind: Kind) -> list[Any]:
+    return [r.payload for r in await store.journal.records(run_id) if r.kind == kind]
 
 
 # ---- older, newer and hostile records ---------------------------------------------------

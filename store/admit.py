@@ -179,8 +179,8 @@ class Admission:
         }
 
     @staticmethod
-    def _created_record(new: NewRun, inherit: bool) -> dict[str, Any]:
-        return jr.Created(flow=new.flow, queue=new.queue, inherited_cancel=inherit).dump()
+    def _created_record(new: NewRun, inherit: bool) -> jr.Created:
+        return jr.Created(flow=new.flow, queue=new.queue, inherited_cancel=inherit)
 
     @staticmethod
     def _refused(exc: psycopg.Error) -> Exception:
@@ -222,7 +222,7 @@ class Admission:
                     return await self._joined_as_child(new, state)
                 return await self._joined(new, state)
             created = run_row(rows[0])
-            await self._journal.record(new.id, Kind.CREATED, self._created_record(new, inherit))
+            await self._journal.record(new.id, self._created_record(new, inherit))
             await self._dag.record_parent(new.id, new.parent_id)
             return Created(created)
 
@@ -338,7 +338,7 @@ class Admission:
         ]
         records = []
         for new, _state, _payload in batch:
-            record = self._created_record(new, False)
+            record = self._created_record(new, False).dump()
             seq = self._db.next_source_seq()
             records.append(
                 {
@@ -426,10 +426,8 @@ class Admission:
             )
             if row is not None:
                 existing = run_row(row)
-                asked = jr.CancelRequested(
-                    actor=row["session_role"], inherited_from=new.parent_id
-                ).dump()
-                await self._journal.record(new.id, Kind.CANCEL_REQUESTED, asked)
+                asked = jr.CancelRequested(actor=row["session_role"], inherited_from=new.parent_id)
+                await self._journal.record(new.id, asked)
         return Joined(existing)
 
     def _check_identity(

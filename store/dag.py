@@ -10,7 +10,7 @@ from runfleet.store import journal_records as jr
 from runfleet.store import validate
 from runfleet.store.db import Database
 from runfleet.store.errors import FlowCycleDetected
-from runfleet.store.journal import Journal, Kind
+from runfleet.store.journal import Journal
 from runfleet.store.rows import edge, run_row
 from runfleet.store.types import EdgeExisting, EdgeRecorded, ParentEdge, RunRow
 
@@ -59,8 +59,8 @@ class Dag:
             cycle = await self._db.one("dag.ancestor_path", params)
             if cycle is not None:
                 raise FlowCycleDetected(list(cycle["path"]))
-            recorded = jr.ParentRecorded(parent=parent_id).dump()
-            await self._journal.record(child_id, Kind.PARENT_RECORDED, recorded)
+            recorded = jr.ParentRecorded(parent=parent_id)
+            await self._journal.record(child_id, recorded)
             return EdgeRecorded(edge(row))
 
     async def notify_parents(

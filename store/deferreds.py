@@ -16,11 +16,12 @@ from typing import Any, assert_never
 import psycopg
 from psycopg.types.json import Jsonb
 
+from runfleet.store import journal_records as jr
 from runfleet.store import validate, values
 from runfleet.store.config import Settings
 from runfleet.store.db import Database
 from runfleet.store.errors import InvalidInput, LimitExceeded, NotAnswerable
-from runfleet.store.journal import Journal, Kind
+from runfleet.store.journal import Journal
 from runfleet.store.rows import deferred_row, run_row
 from runfleet.store.types import (
     TIMED_OUT,
@@ -128,13 +129,16 @@ class Deferreds:
                 return Completion(DeferredExisting(existing, _same(existing, text)), woke=False)
             won = deferred_row(row)
             woke = await self._db.one("waits.wake_if_awaiting", {"run_id": run_id, "name": name})
-            kept = ("answered_by", "note", TIMED_OUT)
-            who = {k: metadata[k] for k in kept if k in (metadata or {})}
-            await self._journal.record(
-                run_id,
-                Kind.DEFERRED_COMPLETED,
-                {"name": name, "woke": woke is not None, "digest": won.digest, **who},
+            said = metadata if isinstance(metadata, dict) else {}
+            completed = jr.DeferredCompleted(
+                name=name,
+                woke=woke is not None,
+                digest=won.digest,
+                answered_by=said.get("answered_by"),
+                note=said.get("note"),
+                timed_out=said.get(TIMED_OUT),
             )
+            await self._journal.record(run_id, completed)
             return Completion(DeferredCompleted(won), woke=woke is not None)
 
     async def time_out(self, run_id: str, name: str) -> Completion:

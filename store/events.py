@@ -23,7 +23,7 @@ from runfleet.store import validate, values
 from runfleet.store.config import Settings
 from runfleet.store.db import Database
 from runfleet.store.errors import InvalidInput
-from runfleet.store.journal import Journal, Kind
+from runfleet.store.journal import Journal
 from runfleet.store.rows import Row, run_row
 from runfleet.store.steps import StepRecord, Steps, StepWrite
 from runfleet.store.types import (
@@ -157,8 +157,7 @@ class Events:
                 assert row is not None, "an upsert returns its row"
                 await self._journal.record(
                     write.run_id,
-                    Kind.EVENT_SET,
-                    jr.EventSet(key=key, version=int(row["version"]), digest=row["digest"]).dump(),
+                    jr.EventSet(key=key, version=int(row["version"]), digest=row["digest"]),
                 )
                 return Received(record)
         except _Retried:
@@ -217,7 +216,7 @@ class Events:
             sent = jr.MessageSent(
                 topic=topic, seq=seq, digest=digest, woke=woke is not None, message_id=message_id
             )
-            await self._journal.record(run_id, Kind.MESSAGE_SENT, sent.dump())
+            await self._journal.record(run_id, sent)
             return MessageSent(run_id, topic, seq, digest, woke is not None)
 
     async def receive(
@@ -275,8 +274,7 @@ class Events:
                 if message is not None:
                     await self._journal.record(
                         run_id,
-                        Kind.MESSAGE_RECEIVED,
-                        jr.MessageReceived(topic=topic, seq=output["seq"], key=write.key).dump(),
+                        jr.MessageReceived(topic=topic, seq=output["seq"], key=write.key),
                     )
                 return Received(record)
         except _Retried:

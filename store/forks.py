@@ -239,8 +239,6 @@ class Forks:
         found = await self._db.one("forks.session_role", {})
         role = str(found["role"]) if found else None
         side = jr.Forked if kind == Kind.FORKED else jr.ResumedAs
-        await self._store.journal.record(
-            source, kind, side(to=target, calls=upto, actor=role, note=note).dump()
-        )
+        await self._store.journal.record(source, side(to=target, calls=upto, actor=role, note=note))
         copied = jr.ForkedFrom(from_run=source, calls=upto, kind=kind, actor=role, note=note)
-        await self._store.journal.record(target, Kind.FORKED_FROM, copied.dump())
+        await self._store.journal.record(target, copied)

@@ -9,6 +9,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from runfleet.store import journal_records as jr
 from runfleet.store.db import Database
 from runfleet.store.journal_records import Kind as Kind  # its home; imported from here too
 from runfleet.store.rows import journal_record, owner_params
@@ -55,40 +56,42 @@ class Journal:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def record(self, run_id: str, kind: str, payload: dict[str, Any]) -> int:
-        """Append a record of this process's own CAS inside the current transaction.
+    async def record(self, run_id: str, payload: jr.Payload) -> int:
+        """Append a record of this process's own CAS inside the current transaction: the
+        payload's ``dump()``, under its type's kind.
 
         Failure is fatal on purpose: it propagates and rolls back the CAS with it.
         """
-        row = await self._db.one("journal.append", self._own([(run_id, kind, payload)]))
+        row = await self._db.one("journal.append", self._own([(run_id, payload)]))
         if row is None:
             raise RuntimeError(f"journal address collision for {self._db.source_id}")
         return int(row["seq"])
 
-    async def record_many(self, items: Sequence[tuple[str, str, dict[str, Any]]]) -> None:
-        """``record`` for a batch of ``(run_id, kind, payload)``, in one statement."""
+    async def record_many(self, items: Sequence[tuple[str, jr.Payload]]) -> None:
+        """``record`` for a batch of ``(run_id, payload)``, in one statement."""
         if not items:
             return
         rows = await self._db.all("journal.append", self._own(items))
         if len(rows) != len(items):
             raise RuntimeError(f"journal address collision for {self._db.source_id}")
 
-    def _own(self, items: Sequence[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
+    def _own(self, items: Sequence[tuple[str, jr.Payload]]) -> dict[str, Any]:
         """``journal.append``'s arrays for records at this process's next addresses."""
         return _append_params(
             [
-                (run_id, kind, self._db.source_id, self._db.next_source_seq(), payload)
-                for run_id, kind, payload in items
+                (run_id, p.KIND.value, self._db.source_id, self._db.next_source_seq(), p.dump())
+                for run_id, p in items
             ]
         )
 
     async def emit_owned(
-        self, run_id: str, owner: Owner, epoch: int, kind: str, payload: dict[str, Any]
+        self, run_id: str, owner: Owner, epoch: int, record: jr.Payload
     ) -> int | None:
         """Append a record only while ``owner`` still holds the run at ``epoch``.
 
         Returns the sequence number, or None when the fence refused the write.
         """
+        kind, payload = record.KIND.value, record.dump()
         row = await self._db.one(
             "journal.append_owned",
             {
@@ -107,8 +110,7 @@ class Journal:
     async def emit(
         self,
         run_id: str,
-        kind: str,
-        payload: dict[str, Any],
+        record: jr.Payload,
         *,
         source_id: str,
         source_seq: int = 0,
@@ -118,7 +120,8 @@ class Journal:
         The same payload at the same address is a ``Duplicate``; a different one
         is a ``Conflict`` (logged — audit records never stop a driver).
         """
-        params = _append_params([(run_id, kind, source_id, source_seq, payload)])
+        kind = record.KIND.value
+        params = _append_params([(run_id, kind, source_id, source_seq, record.dump())])
         async with self._db.transaction():
             row = await self._db.one("journal.append", params)
             if row is not None:

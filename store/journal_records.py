@@ -463,6 +463,19 @@ class RoundInvalid(Payload):
     successor: str | None = None
 
 
+Settled: TypeAlias = Transitioned | Interrupted | HandedOff | LineageExhausted | RoundInvalid
+"""A settlement's record (``store.settlements``, ``Lifecycle.hand_off``): each names the
+status the run moved to and the epoch it was settled at."""
+
+
+def settled_record(record: Settled | None, to: RunStatus, epoch: int) -> Settled:
+    """``record`` (a plain ``transitioned`` when None) with the settlement's own ``to`` and
+    ``epoch``: the store writes those, whatever the record was built with."""
+    if record is None:
+        return Transitioned(to=to, epoch=epoch)
+    return dataclasses.replace(record, to=to, epoch=epoch)
+
+
 @dataclass(frozen=True, kw_only=True)
 class WakeScheduled(Payload):
     """No writer today: its fields, if any, are all ``extra``."""
@@ -650,6 +663,18 @@ class ProbeDetail(Payload):
     heartbeat_at_ms: int | None = None
     pid: int | None = None
     pid_state: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeEvidence:
+    """What a worker's liveness probe found about a run's owner or claimant, journaled
+    with the takeover it justified (``stolen-and-activated``, ``claim-recovered``,
+    ``dead-lettered``): the probe's evidence, its raw facts (a ``ProbeDetail``'s fields)
+    and who observed them. Not a record of its own."""
+
+    probe: str | None = None
+    probe_detail: dict[str, Any] | None = None
+    observer: str | None = None
 
 
 @dataclass(frozen=True)

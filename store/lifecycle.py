@@ -20,7 +20,7 @@ from runfleet.store.config import Settings
 from runfleet.store.dag import Dag
 from runfleet.store.db import Database
 from runfleet.store.errors import InvalidInput
-from runfleet.store.journal import Journal, Kind, digest
+from runfleet.store.journal import Journal, digest
 from runfleet.store.rows import owner_params, run_row
 from runfleet.store.types import (
     AlreadyRequested,
@@ -60,15 +60,14 @@ class Lifecycle:
         self._admission = admission
         self._dag = dag
 
-    async def hand_off(
-        self, run_id: str, me: Owner, epoch: int, successor: NewRun, *, record: dict[str, Any]
-    ) -> HandOff:
+    async def hand_off(self, run_id: str, me: Owner, epoch: int, successor: NewRun) -> HandOff:
         """Settle round ``run_id`` completed and admit ``successor`` in one transaction.
 
         Both or neither: the round settles ``completed`` with ``handed_off_to`` and a
-        ``handed-off`` record, without ending its children (the lineage, and so the parent
-        they belong to, carries on). ExecutionIdentityConflict (the successor's id taken by
-        a different run) rolls the settlement back too.
+        ``handed-off`` record naming the successor and its round, without ending its
+        children (the lineage, and so the parent they belong to, carries on).
+        ExecutionIdentityConflict (the successor's id taken by a different run) rolls the
+        settlement back too.
         """
         async with self._db.transaction():
             outcome = await self.transition_owned(
@@ -77,8 +76,7 @@ class Lifecycle:
                 epoch,
                 RunStatus.COMPLETED,
                 state_patch={"handed_off_to": successor.id},
-                kind=Kind.HANDED_OFF,
-                record=record,
+                record=jr.HandedOff(successor=successor.id, round=successor.round_ordinal),
                 end_children=False,
             )
             if not isinstance(outcome, Transitioned):
@@ -100,8 +98,7 @@ class Lifecycle:
         state_patch: dict[str, Any] | None = None,
         guard: bool = True,
         waiting: Waiting | None = None,
-        kind: str = Kind.TRANSITIONED,
-        record: dict[str, Any] | None = None,
+        record: jr.Settled | None = None,
         end_children: bool = True,
     ) -> TransitionOutcome:
         """Move a run ``me`` owns at ``epoch`` out of ``running``.
@@ -119,13 +116,17 @@ class Lifecycle:
         canonical text in the ``result`` column (``store.values``), so ``result()``
         hands back exactly the value the flow returned, floats and big ints included.
         A patch that cannot be stored raises UnstorableValue and writes nothing.
+
+        ``record`` is the journal record (its kind its type's), a plain ``transitioned``
+        when None; its ``to`` and ``epoch`` are this transition's.
         """
         to_status = validate.status(to_status, "to_status")
         if to_status is RunStatus.RUNNING or to_status is RunStatus.PENDING:
             raise InvalidInput("to_status", f"an owned run cannot transition to {to_status}")
         if (to_status is RunStatus.SUSPENDED) != (waiting is not None):
             raise InvalidInput("waiting", "a suspended run needs a waiting reason, others none")
-        patch, result, payload = self._encode(epoch, to_status, state_patch, record)
+        record = jr.settled_record(record, to_status, epoch)
+        patch, result, payload = self._encode(state_patch, record)
         params = {
             "id": run_id,
             "epoch": epoch,
@@ -140,7 +141,7 @@ class Lifecycle:
             if waiting is not None and waiting.request is not None
             else None,
             "waiting_deferred": None,
-            "kind": kind,
+            "kind": record.KIND.value,
             "source_id": self._db.source_id,
             "source_seq": self._db.next_source_seq(),
             "payload": Jsonb(payload),
@@ -166,11 +167,7 @@ class Lifecycle:
             return Transitioned(moved, tuple(cascaded), tuple(woke.get(run_id, ())))
 
     def _encode(
-        self,
-        epoch: int,
-        to_status: RunStatus,
-        state_patch: dict[str, Any] | None,
-        record: dict[str, Any] | None,
+        self, state_patch: dict[str, Any] | None, record: jr.Settled
     ) -> tuple[dict[str, Any], str | None, dict[str, Any]]:
         """(state patch, canonical result text or None, journal payload); UnstorableValue
         when the patch cannot be stored (nothing is written then)."""
@@ -180,7 +177,7 @@ class Lifecycle:
         if "result" in patch:
             result = values.encode_canonical(patch.pop("result"), limit, "state", ["result"])
         values.encode_canonical(patch, limit, "state")
-        return patch, result, {"to": to_status.value, "epoch": epoch, **(record or {})}
+        return patch, result, record.dump()
 
     async def settle(self, me: Owner, item: Settle) -> TransitionOutcome:
         """Commit one ending (``store.settlements`` builds each) with ``transition_owned``'s
@@ -192,13 +189,12 @@ class Lifecycle:
             item.status,
             state_patch=item.patch,
             guard=item.guard,
-            kind=item.kind,
             record=item.record,
         )
 
     def check(self, item: Settle) -> None:
         """Raise UnstorableValue now if ``item`` could not be stored (see ``settle_many``)."""
-        self._encode(item.epoch, item.status, item.patch, item.record)
+        self._encode(item.patch, item.payload)
 
     async def settle_many(self, me: Owner, items: Sequence[Settle]) -> list[TransitionOutcome]:
         """Commit a batch of terminal settlements ``me`` owns in one transaction.
@@ -216,13 +212,17 @@ class Lifecycle:
         if len({item.run_id for item in items}) != len(items):
             raise InvalidInput("items", "a batch settles each run once")
         statuses = [validate.status(item.status, "status") for item in items]
+        records = [
+            jr.settled_record(item.record, status, item.epoch)
+            for item, status in zip(items, statuses, strict=True)
+        ]
         for status in statuses:
             if not status.terminal:
                 raise InvalidInput("status", f"settle_many settles runs, not {status}")
         patches, results, payloads = zip(
             *(
-                self._encode(item.epoch, status, item.patch, item.record)
-                for item, status in zip(items, statuses, strict=True)
+                self._encode(item.patch, record)
+                for item, record in zip(items, records, strict=True)
             ),
             strict=True,
         )
@@ -233,7 +233,7 @@ class Lifecycle:
             "patches": [Jsonb(patch) for patch in patches],
             "results": list(results),
             "guards": [item.guard for item in items],
-            "kinds": [item.kind for item in items],
+            "kinds": [record.KIND.value for record in records],
             "seqs": [self._db.next_source_seq() for _ in items],
             "payloads": [Jsonb(payload) for payload in payloads],
             "digests": [digest(payload) for payload in payloads],
@@ -304,9 +304,9 @@ class Lifecycle:
         asked = await self._db.all("runs.cascade_cancel", {"ids": ids, "parent": run_id})
         for row in sorted(asked, key=lambda r: str(r["id"])):
             payload = jr.CancelRequested(actor=row["session_role"], cause=cause, by=run_id)
-            await self._journal.record(row["id"], Kind.CANCEL_REQUESTED, payload.dump())
+            await self._journal.record(row["id"], payload)
         applied = jr.ChildPolicyApplied(cause=cause, cascaded_to=ids)
-        await self._journal.record(run_id, Kind.CHILD_POLICY_APPLIED, applied.dump())
+        await self._journal.record(run_id, applied)
         return ids
 
     async def rounds(self, run_id: str) -> list[RunRow]:
@@ -359,21 +359,22 @@ class Lifecycle:
             for round_row in requested:
                 await self._journal.record(
                     round_row.id,
-                    Kind.CANCEL_REQUESTED,
                     jr.CancelRequested(
                         actor=round_row_role[round_row.id],
                         note=note,
                         reason=reason,
                         status=round_row.status.value,
                         via=None if round_row.id == run_id else run_id,
-                    ).dump(),
+                    ),
                 )
             cascaded = await self._cascade(run_id, cause=jr.CascadeCause.PARENT_CANCELLED)
             target = max(requested, key=lambda r: r.round_ordinal)
             return CancelRequested(target, tuple(r.id for r in requested), tuple(cascaded))
 
     async def acknowledge_cancel(
-        self, run_id: str, me: Owner, epoch: int, *, record: dict[str, Any] | None = None
+        self, run_id: str, me: Owner, epoch: int, *, found_at: str | None = None
     ) -> TransitionOutcome:
-        """The owner closes a run as cancelled: cascade, clocks and record included."""
-        return await self.settle(me, settlements.cancelled(run_id, epoch, me, detail=record))
+        """The owner closes a run as cancelled: cascade, clocks and record included
+        (``found_at``: the interrupt whose release found the request, as in
+        ``settlements.cancelled``)."""
+        return await self.settle(me, settlements.cancelled(run_id, epoch, me, found_at=found_at))

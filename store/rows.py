@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from runfleet.store.journal_records import Kind
 from runfleet.store.types import (
     ClockRow,
     DeferredRow,
@@ -106,11 +107,19 @@ def edge(row: Row) -> ParentEdge:
     return ParentEdge(child_id=row["child_id"], parent_id=row["parent_id"], seq=int(row["seq"]))
 
 
+def _kind(stored: str) -> Kind | str:
+    """A stored record's kind as a ``Kind``, or its string when this version knows none."""
+    try:
+        return Kind(stored)
+    except ValueError:
+        return stored
+
+
 def journal_record(row: Row) -> JournalRecord:
     return JournalRecord(
         seq=int(row["seq"]),
         run_id=row["run_id"],
-        kind=row["kind"],
+        kind=_kind(row["kind"]),
         source_id=row["source_id"],
         source_seq=int(row["source_seq"]),
         payload=row["payload"],

@@ -181,7 +181,7 @@ class Runs:
             )
             if row is None:
                 return await self._changed_or_missing(run_id)
-            await self._journal.record(run_id, Kind.CLAIMED, jr.Claimed(claimant=me.key).dump())
+            await self._journal.record(run_id, jr.Claimed(claimant=me.key))
             return Claimed(run_row(row))
 
     async def activate(self, run_id: str, me: Owner, claimed_at_ms: int) -> ActivateOutcome:
@@ -198,9 +198,7 @@ class Runs:
             if row is None:
                 return await self._changed_or_missing(run_id)
             activated = run_row(row)
-            await self._journal.record(
-                run_id, Kind.ACTIVATED, jr.Activated(owner=me.key, epoch=activated.epoch).dump()
-            )
+            await self._journal.record(run_id, jr.Activated(owner=me.key, epoch=activated.epoch))
             return Activated(activated)
 
     async def claim_and_activate(
@@ -319,7 +317,7 @@ class Runs:
         run_id: str,
         expected: Snapshot,
         me: Owner,
-        evidence: dict[str, Any],
+        evidence: jr.ProbeEvidence,
         *,
         stale_after_ms: int | None = None,
         counted: bool = True,
@@ -363,18 +361,17 @@ class Runs:
                     return LeaseFresh(current)
                 return SnapshotChanged(current)
             stolen = run_row(row)
-            await self._journal.record(
-                run_id,
-                Kind.STOLEN_AND_ACTIVATED,
-                {
-                    "owner": me.key,
-                    "epoch": stolen.epoch,
-                    "previous_owner": previous.key,
-                    "previous_heartbeat_at_ms": expected.heartbeat_at_ms,
-                    "lease_age_ms": stolen.now_ms - (expected.heartbeat_at_ms or 0),
-                    **evidence,
-                },
+            taken = jr.StolenAndActivated(
+                owner=me.key,
+                epoch=stolen.epoch,
+                previous_owner=previous.key,
+                previous_heartbeat_at_ms=expected.heartbeat_at_ms,
+                lease_age_ms=stolen.now_ms - (expected.heartbeat_at_ms or 0),
+                probe=evidence.probe,
+                observer=evidence.observer,
+                probe_detail=evidence.probe_detail,
             )
+            await self._journal.record(run_id, taken)
             return Stolen(stolen, previous)
 
     async def _bury(
@@ -383,7 +380,7 @@ class Runs:
         previous: Owner,
         me: Owner,
         cas: dict[str, Any],
-        evidence: dict[str, Any],
+        evidence: jr.ProbeEvidence,
     ) -> DeadLettered | None:
         """Park a poison run ``dead`` if the steal's precondition holds and it is at the
         limit (``runs.bury``); None when it is not (the steal's own outcome applies)."""
@@ -394,25 +391,26 @@ class Runs:
             "max_recoveries": limit,
             "lost_owners": owners[: limit + 1],
             "last_owner": previous.key,
-            "probe": evidence.get("probe"),
+            "probe": evidence.probe,
         }
         row = await self._db.one("runs.bury", {**cas, "evidence": Jsonb(request)})
         if row is None:
             return None
         dead = run_row(row)
         request = {**request, "recoveries": dead.recoveries}  # as the statement found it
-        await self._journal.record(
-            run_id,
-            Kind.DEAD_LETTERED,
-            {
-                **evidence,
-                **request,
-                "observer": me.key,
-                "previous_owner": previous.key,
-                "previous_heartbeat_at_ms": cas["exp_heartbeat_at_ms"],
-                "epoch": dead.epoch,
-            },
+        buried = jr.DeadLettered(
+            probe=evidence.probe,
+            probe_detail=evidence.probe_detail,
+            max_recoveries=limit,
+            lost_owners=owners[: limit + 1],
+            last_owner=previous.key,
+            recoveries=dead.recoveries,
+            observer=me.key,
+            previous_owner=previous.key,
+            previous_heartbeat_at_ms=cas["exp_heartbeat_at_ms"],
+            epoch=dead.epoch,
         )
+        await self._journal.record(run_id, buried)
         return DeadLettered(dead, previous, request)
 
     async def revive(self, run_id: str, *, note: str | None = None) -> RunRow | None:
@@ -428,19 +426,18 @@ class Runs:
                 return None
             await self._journal.record(
                 run_id,
-                Kind.RESUMED,
                 jr.Resumed(
                     from_state=jr.ResumedFrom.DEAD,
                     recoveries=int(row["recoveries_before"]),
                     evidence=row["dead_evidence"],
                     actor=row["session_role"],
                     note=note,
-                ).dump(),
+                ),
             )
             return run_row(row)
 
     async def recover_claim(
-        self, run_id: str, claimant: Owner, claimed_at_ms: int, evidence: dict[str, Any]
+        self, run_id: str, claimant: Owner, claimed_at_ms: int, evidence: jr.ProbeEvidence
     ) -> ClaimRecovered | SnapshotChanged | NotFound:
         """Clear a claim stranded by a claimant the caller's probe found dead.
 
@@ -459,17 +456,18 @@ class Runs:
             if row is None:
                 current = await self.get(run_id)
                 return SnapshotChanged(current) if current else NotFound(run_id)
-            await self._journal.record(
-                run_id, Kind.CLAIM_RECOVERED, {"claimant": claimant.key, **evidence}
+            recovered = jr.ClaimRecovered(
+                claimant=claimant.key, probe=evidence.probe, probe_detail=evidence.probe_detail
             )
+            await self._journal.record(run_id, recovered)
             return ClaimRecovered(run_row(row))
 
     async def abandon_claim(self, run_id: str, me: Owner) -> bool:
         async with self._db.transaction():
             row = await self._db.one("runs.abandon_claim", {"id": run_id, **owner_params(me)})
             if row is not None:
-                abandoned = jr.ClaimAbandoned(claimant=me.key).dump()
-                await self._journal.record(run_id, Kind.CLAIM_ABANDONED, abandoned)
+                abandoned = jr.ClaimAbandoned(claimant=me.key)
+                await self._journal.record(run_id, abandoned)
             return row is not None
 
     # ---- leases ------------------------------------------------------------

@@ -3,78 +3,74 @@
 River's ``JobSetStateCompleted`` / ``…Cancelled`` and Oban's engine name each ending
 once; so does this module. A caller says which ending (``completed``, ``failed``,
 ``cancelled``, ``lineage_exhausted``, ``round_invalid``) with that ending's own fields,
-and gets the status, state patch, journal kind and record it implies, which
-``Lifecycle.settle`` (one) or ``Lifecycle.settle_many`` (a batch) commits under the
-owner/epoch fence. No caller assembles ``transition_owned``'s keywords any more.
+and gets the status, state patch and typed journal record (``store.journal_records``,
+its kind with it) it implies, which ``Lifecycle.settle`` (one) or
+``Lifecycle.settle_many`` (a batch) commits under the owner/epoch fence. No caller
+assembles ``transition_owned``'s keywords any more.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from runfleet.store.journal import Kind
+from runfleet.store import journal_records as jr
 from runfleet.store.types import Owner, RunStatus, Settle
 
 
 def completed(run_id: str, epoch: int, result: Any) -> Settle:
     """The body returned ``result``: settled completed, cancel-guarded."""
-    return Settle(run_id, epoch, RunStatus.COMPLETED, {"result": result}, Kind.TRANSITIONED)
+    status = RunStatus.COMPLETED
+    return Settle(
+        run_id, epoch, status, {"result": result}, jr.Transitioned(to=status, epoch=epoch)
+    )
 
 
 def failed(run_id: str, epoch: int, error: dict[str, Any]) -> Settle:
     """The body raised (``error`` as ``worker.settle.error_of`` records it)."""
-    return Settle(run_id, epoch, RunStatus.FAILED, {"error": error}, Kind.TRANSITIONED)
+    status = RunStatus.FAILED
+    return Settle(run_id, epoch, status, {"error": error}, jr.Transitioned(to=status, epoch=epoch))
 
 
-def cancelled(
-    run_id: str,
-    epoch: int,
-    me: Owner,
-    *,
-    found_at: str | None = None,
-    detail: dict[str, Any] | None = None,
-) -> Settle:
+def cancelled(run_id: str, epoch: int, me: Owner, *, found_at: str | None = None) -> Settle:
     """The owner closes a run whose cancel was asked (compensations already ran).
 
     Unguarded: it is the cancel. ``found_at``: the interrupt (shutdown, lapse) whose
-    release found the cancel request instead of delivering it; ``detail``: anything else
-    the closing owner records with it (kept in the cancellation and its record).
+    release found the cancel request instead of delivering it (kept in the cancellation
+    and its record).
     """
-    extra: dict[str, Any] = dict(detail or {})
-    if found_at is not None:
-        extra["found_at_release"] = found_at
+    status = RunStatus.CANCELLED
+    found = {} if found_at is None else {"found_at_release": found_at}
     return Settle(
         run_id,
         epoch,
-        RunStatus.CANCELLED,
-        {"cancellation": {"acknowledged_by": me.key, **extra}},
-        Kind.INTERRUPTED,
-        {"cancelled": True, **extra},
+        status,
+        {"cancellation": {"acknowledged_by": me.key, **found}},
+        jr.Interrupted(to=status, epoch=epoch, cancelled=True, found_at_release=found_at),
         guard=False,
     )
 
 
 def lineage_exhausted(run_id: str, epoch: int, max_rounds: int) -> Settle:
     """A handoff past the lineage's ``max_rounds``: the round fails, no successor."""
+    status = RunStatus.FAILED
     error = {"type": "LineageExhausted", "message": f"max_rounds={max_rounds} reached"}
     return Settle(
         run_id,
         epoch,
-        RunStatus.FAILED,
+        status,
         {"error": error},
-        Kind.LINEAGE_EXHAUSTED,
-        {"max_rounds": max_rounds},
+        jr.LineageExhausted(to=status, epoch=epoch, max_rounds=max_rounds),
     )
 
 
 def round_invalid(run_id: str, epoch: int, error: dict[str, Any], successor: str) -> Settle:
     """A handoff no next round can be made from (an unknown flow, a malformed handoff,
     arguments the flow does not take, the successor's id taken): the round fails once."""
+    status = RunStatus.FAILED
     return Settle(
         run_id,
         epoch,
-        RunStatus.FAILED,
+        status,
         {"error": error},
-        Kind.ROUND_INVALID,
-        {"successor": successor},
+        jr.RoundInvalid(to=status, epoch=epoch, successor=successor),
     )

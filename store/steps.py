@@ -204,8 +204,8 @@ class Steps:
                 {"run_id": run_id, "key": key, "epoch": epoch, **owner_params(me)},
             )
             if row is not None:
-                compensated = jr.StepCompensated(key=key).dump()
-                await self._journal.record(run_id, Kind.STEP_COMPENSATED, compensated)
+                compensated = jr.StepCompensated(key=key)
+                await self._journal.record(run_id, compensated)
             return row is not None
 
     async def resume_quarantined(
@@ -248,13 +248,12 @@ class Steps:
             await self._db.one("waits.wake", {"id": run_id})
             await self._journal.record(
                 run_id,
-                Kind.RESUMED,
                 jr.Resumed(
                     from_state=jr.ResumedFrom.QUARANTINE,
                     accept_recorded=accept_recorded,
                     rerun_step=rerun_key,
                     actor=locked["session_role"],
                     note=note,
-                ).dump(),
+                ),
             )
             return True

@@ -137,22 +137,26 @@ class Waits:
                     epoch=epoch,
                     unconfirmed_ms=unconfirmed_ms,
                 )
-                await self._journal.record(run_id, Kind.INTERRUPT_RELEASED, record.dump())
+                await self._journal.record(run_id, record)
             return outcome
 
     async def quarantine(
-        self, run_id: str, me: Owner, epoch: int, key: str, problem: dict[str, Any]
+        self, run_id: str, me: Owner, epoch: int, problem: jr.Quarantined
     ) -> ParkOutcome:
-        """A recorded output of step ``key`` no longer matches its digest: journal the
-        problem (owner-fenced) and park the run for an operator's decision, in one
-        transaction. The record stays even when a cancel request refuses the park."""
+        """A recorded output of step ``problem.key`` no longer matches its digest: journal
+        the problem (owner-fenced) and park the run for an operator's decision (the
+        problem as the wait's request), in one transaction. The record stays even when a
+        cancel request refuses the park."""
+        key = problem.key
+        if key is None:
+            raise InvalidInput("problem", "a quarantine names the step it found")
         async with self._db.transaction():
-            await self._journal.emit_owned(run_id, me, epoch, Kind.QUARANTINED, problem)
+            await self._journal.emit_owned(run_id, me, epoch, problem)
             return await self.park(
                 run_id,
                 me,
                 epoch,
-                Waiting(reason=WaitingReason.QUARANTINE, token=key, request=problem),
+                Waiting(reason=WaitingReason.QUARANTINE, token=key, request=problem.dump()),
             )
 
     async def park(
@@ -213,14 +217,13 @@ class Waits:
             )
             await self._journal.record(
                 run_id,
-                Kind.PARKED,
                 jr.Parked(
                     reason=reason,
                     wake_at_ms=waiting.wake_at_ms,
                     token=waiting.token,
                     deferred=deferred,
                     epoch=epoch,
-                ).dump(),
+                ),
             )
             return Parked(
                 WaitingRow(run_id, reason, waiting.wake_at_ms, waiting.token, waiting.request)
@@ -234,8 +237,8 @@ class Waits:
                 exists = await self._db.one("runs.get", {"id": run_id})
                 return NotWaiting(run_id) if exists else NotFound(run_id)
             woken = waiting_row(row)
-            record = jr.Woken(reason=woken.reason, cause=cause).dump()
-            await self._journal.record(run_id, Kind.WOKEN, record)
+            record = jr.Woken(reason=woken.reason, cause=cause)
+            await self._journal.record(run_id, record)
             return Woken(woken)
 
     async def waiting(self, run_id: str) -> WaitingRow | None:
@@ -317,7 +320,7 @@ class Waits:
             done = await self._deferreds.complete_deferred(
                 run_id, fired.deferred_name, {"fired_at_ms": fired.completed_at_ms}
             )
-            await self._journal.record(run_id, Kind.CLOCK_FIRED, jr.ClockFired(clock=name).dump())
+            await self._journal.record(run_id, jr.ClockFired(clock=name))
             return ClockFiring(ClockCompleted(fired), woke=done.woke)
 
     async def due_clocks(self, limit: int = 64) -> list[ClockRow]:

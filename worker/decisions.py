@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Container, Mapping, Sequence
 from typing import assert_never
 
 from runfleet.broker import hostile
-from runfleet.store import Kind, Store
+from runfleet.store import Store
 from runfleet.store import journal_records as jr
 from runfleet.store.config import Settings
 from runfleet.store.errors import UnknownFlow
@@ -327,10 +327,9 @@ class Decider:
                 await journal_evidence(
                     self.store,
                     row.id,
-                    Kind.CLAIM_LOST,
                     current.owner,
                     current.heartbeat_at_ms,
-                    jr.ClaimLost(observer=self.owner.key, status=current.status.value).dump(),
+                    jr.ClaimLost(observer=self.owner.key, status=current.status.value),
                 )
                 return Decision(DriveOutcome.CLAIM_LOST)
             case NotServed(current=current):

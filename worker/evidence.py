@@ -11,9 +11,9 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from runfleet.store import Store
+from runfleet.store import journal_records as jr
 from runfleet.store.config import Settings
 from runfleet.store.journal import evidence_address
 from runfleet.store.types import Conflict, Owner
@@ -24,10 +24,9 @@ log = logging.getLogger("runfleet.worker.evidence")
 async def journal_evidence(
     store: Store,
     run_id: str,
-    kind: str,
     owner: Owner | None,
     lease_ms: int | None,
-    payload: dict[str, Any],
+    record: jr.Payload,
 ) -> None:
     """Write one evidence record at its derived address; failures are logged, not raised.
 
@@ -38,10 +37,11 @@ async def journal_evidence(
     record's own time and the lease it names give those), so a repeat is a
     ``Duplicate``, never a conflict.
     """
+    kind, payload = record.KIND, record.dump()
     qualifier = ":".join(str(payload.get(k, "")) for k in ("evidence", "observer"))
     address = evidence_address(run_id, owner, lease_ms, f"{kind}:{qualifier}")
     try:
-        outcome = await store.journal.emit(run_id, kind, payload, source_id=address)
+        outcome = await store.journal.emit(run_id, record, source_id=address)
     except Exception as exc:  # evidence is audit: it never stops a drive
         log.warning(
             "journal.evidence_failed", extra={"run_id": run_id, "kind": kind, "error": repr(exc)}

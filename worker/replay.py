@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from runfleet.store import Store
+from runfleet.store import journal_records as jr
 from runfleet.store.config import Settings
 from runfleet.store.errors import LimitExceeded
 from runfleet.store.steps import StepRecord, StepWrite
@@ -305,16 +306,17 @@ class Replay:
 
     async def _quarantine(self, record: StepRecord) -> None:
         """A recorded output no longer matches its digest: park for an operator's decision."""
-        problem = {"key": record.key, "problem": "recorded output does not match its digest"}
+        problem = jr.Quarantined(
+            key=record.key, problem="recorded output does not match its digest"
+        )
         outcome = await self.durable(
             "waits.quarantine",
-            lambda: self.store.waits.quarantine(
-                self.run.id, self.owner, self.epoch, record.key, problem
-            ),
+            lambda: self.store.waits.quarantine(self.run.id, self.owner, self.epoch, problem),
         )
-        log.error("run.quarantined", extra={"run_id": self.run.id, **problem})
+        request = problem.dump()
+        log.error("run.quarantined", extra={"run_id": self.run.id, **request})
         self._parked(
-            outcome, Waiting(reason=WaitingReason.QUARANTINE, token=record.key, request=problem)
+            outcome, Waiting(reason=WaitingReason.QUARANTINE, token=record.key, request=request)
         )
 
     async def now_ms(self) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 
 from runfleet.broker.queue import check_signature, flow_target
 from runfleet.runtime.batching import GroupCommit
-from runfleet.store import Kind, Store, rounds, settlements, validate
+from runfleet.store import Store, rounds, settlements, validate
 from runfleet.store import journal_records as jr
 from runfleet.store.errors import RunfleetError, UnknownFlow
 from runfleet.store.types import (
@@ -248,10 +248,7 @@ class Settlement:
                     row.id,
                     self._owner,
                     epoch,
-                    Kind.STEP_COMPENSATION_FAILED,
-                    jr.StepCompensationFailed(
-                        key=record.key, error=error_of(exc)["message"]
-                    ).dump(),
+                    jr.StepCompensationFailed(key=record.key, error=error_of(exc)["message"]),
                 )
                 continue
             if not await self._store.steps.mark_compensated(row.id, self._owner, epoch, record.key):
@@ -297,13 +294,10 @@ class Settlement:
             timeout_ms=timeout_ms,
         )
 
-        record = {"successor": successor.id, "round": next_round}
         try:
             done = await with_retry(
                 "settle",
-                lambda: self._store.lifecycle.hand_off(
-                    row.id, self._owner, epoch, successor, record=record
-                ),
+                lambda: self._store.lifecycle.hand_off(row.id, self._owner, epoch, successor),
             )
         except RunfleetError as exc:
             # The successor cannot be admitted (its id is taken by a different run):

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from runfleet.broker.liveness import Probe
-from runfleet.store import Kind, Store
+from runfleet.store import Store
 from runfleet.store import journal_records as jr
 from runfleet.store.config import Settings
 from runfleet.store.types import (
@@ -58,7 +58,7 @@ class Takeover:
             row.id,
             row.claim,
             row.claimed_at_ms,
-            {"probe": probe.evidence, "probe_detail": dict(probe.detail)},
+            jr.ProbeEvidence(probe=probe.evidence, probe_detail=dict(probe.detail)),
         ):
             case ClaimRecovered():
                 return DriveOutcome.CLAIM_RECOVERED
@@ -91,11 +91,9 @@ class Takeover:
                 row.id, owner, heartbeat, jr.RefusalEvidence.PROBE, probe=probe.evidence
             )
             return Decision(DriveOutcome.STEAL_REFUSED_OWNER_ALIVE)
-        evidence = {
-            "probe": probe.evidence,
-            "observer": self._owner.key,
-            "probe_detail": dict(probe.detail),
-        }
+        evidence = jr.ProbeEvidence(
+            probe=probe.evidence, observer=self._owner.key, probe_detail=dict(probe.detail)
+        )
         # Taking back a run this process orphaned is not a lost process: it never counts
         # toward the run's recoveries in a row (a poison run's walk through the fleet).
         counted = probe.evidence != "self-orphaned"
@@ -133,14 +131,13 @@ class Takeover:
                 await journal_evidence(
                     self._store,
                     row.id,
-                    Kind.ACTIVATION_LOST,
                     owner,
                     heartbeat,
                     jr.ActivationLost(
                         observer=self._owner.key,
                         outcome=jr.LostOutcome.SNAPSHOT_CHANGED,
                         expected_epoch=row.epoch,
-                    ).dump(),
+                    ),
                 )
                 return Decision(DriveOutcome.ACTIVATION_LOST)
             case NotServed():
@@ -163,10 +160,8 @@ class Takeover:
             observer=self._owner.key,
             heartbeat_at_ms=heartbeat_at_ms,
             probe=probe,
-        ).dump()
-        await journal_evidence(
-            self._store, run_id, Kind.STEAL_REFUSED_OWNER_ALIVE, owner, heartbeat_at_ms, payload
         )
+        await journal_evidence(self._store, run_id, owner, heartbeat_at_ms, payload)
 
     async def _probe_owner(self, owner: Owner, heartbeat_at_ms: int) -> Probe:
         """The probe's answer for ``owner``'s lease last confirmed at ``heartbeat_at_ms``."""

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 from runfleet.store.types.run import JsonValue
+
+if TYPE_CHECKING:  # store.journal_records builds on store.types: imported for types only
+    from runfleet.store.journal_records import Kind
 
 
 @dataclass(frozen=True, slots=True)
 class JournalRecord:
     seq: int
     run_id: str
-    kind: str
+    kind: Kind | str
+    """A ``Kind`` where this version knows it; a kind it does not (a newer version's, one
+    written by hand) stays the stored string, so such a record still reads."""
     source_id: str
     source_seq: int
     payload: JsonValue

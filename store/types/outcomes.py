@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 from runfleet.store.types.run import JsonValue, Owner, RunRow, RunStatus, WaitingRow
+
+if TYPE_CHECKING:  # store.journal_records builds on store.types: imported for types only
+    from runfleet.store import journal_records as jr
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,16 +117,28 @@ class Settle:
     """One terminal settlement (completed, failed or cancelled) a batch commits.
 
     ``Lifecycle.settle_many`` applies each with ``transition_owned``'s rules: fenced by
-    the owner and ``epoch``, cancel-guarded when ``guard``, its own journal record.
+    the owner and ``epoch``, cancel-guarded when ``guard``, its own journal record:
+    ``record`` (``store.settlements`` builds each ending's), a plain ``transitioned``
+    when None. The store stamps the record's ``to`` and ``epoch`` with the item's.
     """
 
     run_id: str
     epoch: int
     status: RunStatus
     patch: dict[str, JsonValue]
-    kind: str = "transitioned"
-    record: dict[str, JsonValue] | None = None
+    record: jr.Settled | None = None
     guard: bool = True
+
+    @property
+    def payload(self) -> jr.Settled:
+        """The record this settlement journals, ``to`` and ``epoch`` its own."""
+        from runfleet.store import journal_records as jr  # below it at import time
+
+        return jr.settled_record(self.record, self.status, self.epoch)
+
+    @property
+    def kind(self) -> jr.Kind:
+        return self.payload.KIND
 
 
 @dataclass(frozen=True, slots=True)

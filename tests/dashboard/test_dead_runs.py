@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from runfleet.ops.dashboard.models import OverviewView
 from runfleet.store import Kind, Store
+from runfleet.store import journal_records as jr
 from runfleet.store.config import Settings
 from runfleet.store.types import DeadLettered, RunStatus
 from tests.dashboard.conftest import Dash, post
@@ -19,7 +20,7 @@ async def test_a_dead_run_is_listed_and_resumed_from_the_dashboard(
         row = await make_running(thief, "poison", flow="tests.dashboard.poison")
         assert row.heartbeat_at_ms is not None
         await wait_db_time_past(store, row.heartbeat_at_ms)
-        evidence = {"probe": "same-host-pid-dead", "observer": OWNER_B.key}
+        evidence = jr.ProbeEvidence(probe="same-host-pid-dead", observer=OWNER_B.key)
         buried = await thief.runs.steal("poison", row.snapshot, OWNER_B, evidence, stale_after_ms=0)
     assert isinstance(buried, DeadLettered), buried
 

@@ -13,6 +13,7 @@ import uuid
 
 from runfleet.ops.models import Explanation, StuckView
 from runfleet.store import Store
+from runfleet.store import journal_records as jr
 from runfleet.store.types import Activated, NewRun, Owner, RunRow, Stolen
 from tests.ops.conftest import Cli
 
@@ -34,7 +35,7 @@ async def _taken_over(store: Store, times: int) -> RunRow:
             run_id,
             row.snapshot,
             OWNERS[(n + 1) % 2],
-            {"evidence": "self-orphaned"},
+            jr.ProbeEvidence(probe="self-orphaned"),
             stale_after_ms=0,
         )
         assert isinstance(stolen, Stolen), stolen

@@ -23,6 +23,7 @@ from runfleet.broker.codec import FIELD, encode, message_for
 from runfleet.broker.keys import GROUP
 from runfleet.broker.wake_reasons import WakeReason
 from runfleet.store import Kind, Store
+from runfleet.store import journal_records as jr
 from runfleet.store.config import Settings
 from runfleet.store.journal_records import WakeCause
 from runfleet.store.roles import GroupRole
@@ -165,7 +166,7 @@ async def test_no_claim_statement_takes_a_run_of_a_queue_it_does_not_serve(
             return row if row.now_ms - row.heartbeat_at_ms > settings.stale_after_ms else None
 
         running = await until(stale, 10, "the ghost's lease to turn stale")
-        evidence = {"probe": "lease-expired"}
+        evidence = jr.ProbeEvidence(probe="lease-expired")
         assert isinstance(await cpu.runs.steal(ids[0], running.snapshot, me, evidence), NotServed)
         assert isinstance(await gpu.runs.steal(ids[0], running.snapshot, me, evidence), Stolen)
         assert isinstance(await gpu.runs.claim(ids[3], rows[3].snapshot, me), Claimed)

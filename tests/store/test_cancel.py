@@ -97,15 +97,23 @@ async def test_acknowledge_cancel_closes_the_run_cancelled(store: Store) -> None
     await make_running(store, "r1")
     await store.waits.schedule_clock("r1", "nap", "nap-done", 10**15, OWNER_A, 1)
     await store.lifecycle.request_cancel("r1")
-    outcome = await store.lifecycle.acknowledge_cancel("r1", OWNER_A, 1, record={"steps": 2})
+    outcome = await store.lifecycle.acknowledge_cancel("r1", OWNER_A, 1, found_at="shutdown")
     assert isinstance(outcome, Transitioned)
     row = outcome.row
     assert row.status is RunStatus.CANCELLED and row.owner is None
-    assert row.state["cancellation"] == {"acknowledged_by": OWNER_A.key, "steps": 2}
+    assert row.state["cancellation"] == {
+        "acknowledged_by": OWNER_A.key,
+        "found_at_release": "shutdown",
+    }
     assert await store.waits.pending_clocks("r1") == []
     record = (await store.journal.last("r1", limit=1))[0]
     assert record.kind == "interrupted"
-    assert record.payload == {"to": "cancelled", "epoch": 1, "cancelled": True, "steps": 2}
+    assert record.payload == {
+        "to": "cancelled",
+        "epoch": 1,
+        "cancelled": True,
+        "found_at_release": "shutdown",
+    }
     assert isinstance(await store.lifecycle.request_cancel("r1"), AlreadyTerminal)
 
 

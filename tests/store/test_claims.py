@@ -9,6 +9,7 @@ from functools import partial
 import pytest
 
 from runfleet.store import Store
+from runfleet.store import journal_records as jr
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput
 from runfleet.store.types import (
@@ -46,7 +47,7 @@ from tests.store.helpers import (
     wait_db_time_past,
 )
 
-PROBE = {"probe": "same-host-pid-dead", "observer": OWNER_B.key}
+PROBE = jr.ProbeEvidence(probe="same-host-pid-dead", observer=OWNER_B.key)
 
 # ---- claim -------------------------------------------------------------------
 
@@ -322,7 +323,7 @@ async def test_recover_claim_clears_a_stale_claim_with_evidence(
         assert await sweeper.runs.recover_claim("ghost", OWNER_A, at, PROBE) == NotFound("ghost")
     record = (await store.journal.last("r1", limit=1))[0]
     assert record.kind == "claim-recovered"
-    assert record.payload == {"claimant": OWNER_A.key, **PROBE}
+    assert record.payload == {"claimant": OWNER_A.key, "probe": PROBE.probe}
     # The dead claimant's activation now loses; a live worker claims afresh.
     assert isinstance(await store.runs.activate("r1", OWNER_A, at), SnapshotChanged)
     assert (await activate(store, "r1", OWNER_B)).owner == OWNER_B
@@ -486,7 +487,7 @@ async def test_a_clean_end_of_an_execution_starts_the_count_again(
         assert isinstance(stolen, Stolen) and stolen.row.recoveries == 1
         # Taking back a run this process orphaned is no lost process: it never counts.
         row = await _stale(store, stolen.row)
-        orphaned = {"probe": "self-orphaned", "observer": OWNER_A.key}
+        orphaned = jr.ProbeEvidence(probe="self-orphaned", observer=OWNER_A.key)
         back = await thieves.runs.steal(
             "r1", row.snapshot, OWNER_A, orphaned, stale_after_ms=0, counted=False
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runfleet.store import Store
+from runfleet.store import journal_records as jr
 from runfleet.store.deferreds import Completion
 from runfleet.store.errors import InvalidInput
 from runfleet.store.types import (
@@ -170,7 +171,9 @@ async def test_schedule_clock_after_losing_the_run_is_refused(store: Store) -> N
     running = await make_running(store, "r1")
     assert running.heartbeat_at_ms is not None
     await wait_db_time_past(store, running.heartbeat_at_ms)
-    stolen = await store.runs.steal("r1", running.snapshot, OWNER_B, {}, stale_after_ms=0)
+    stolen = await store.runs.steal(
+        "r1", running.snapshot, OWNER_B, jr.ProbeEvidence(), stale_after_ms=0
+    )
     assert isinstance(stolen, Stolen)
     refused = await store.waits.schedule_clock("r1", "nap", "d", 1, OWNER_A, 1)
     assert isinstance(refused, NotOwner) and refused.current.owner == OWNER_B

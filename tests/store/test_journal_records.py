@@ -14,13 +14,14 @@ from typing import Any
 import pytest
 
 from runfleet.ops.explain.journal_text import probe_words, render, sentence
-from runfleet.store import Store
+from runfleet.store import Store, settlements
 from runfleet.store import journal_records as jr
 from runfleet.store.forks import Forks
 from runfleet.store.journal_records import PAYLOADS, CascadeCause, Kind, decode
 from runfleet.store.steps import StepWrite
 from runfleet.store.types import (
     JournalRecord,
+    NewRun,
     Reconfirmation,
     RunStatus,
     Settle,
@@ -278,7 +279,7 @@ async def test_each_kind_round_trips_through_the_journal_to_its_sentence(
 ) -> None:
     payload, words = SAMPLES[kind]
     await create(store, "r1")
-    await store.journal.record("r1", kind, payload.dump())
+    await store.journal.record("r1", payload)
     stored = [r for r in await store.journal.records("r1") if r.kind == kind][-1]
     decoded = decode(stored.kind, stored.payload)
     assert decoded == payload
@@ -338,7 +339,22 @@ async def _drive_the_writers(store: Store) -> None:
     )
     c2 = await must_get(store, "c2")
     await store.runs.claim_and_activate("c2", c2.snapshot, OWNER_A)
-    await store.lifecycle.acknowledge_cancel("c2", OWNER_A, 1, record={"found_at_release": "x"})
+    await store.lifecycle.acknowledge_cancel("c2", OWNER_A, 1, found_at="x")
+    # each ending's constructor (store.settlements), one settled alone, the rest a batch
+    ends = {run_id: await make_running(store, run_id) for run_id in ("e1", "e2", "e3", "e4")}
+    await store.lifecycle.settle(OWNER_A, settlements.completed("e1", ends["e1"].epoch, 1))
+    await store.lifecycle.settle_many(
+        OWNER_A,
+        [
+            settlements.failed("e2", ends["e2"].epoch, {"type": "E"}),
+            settlements.lineage_exhausted("e3", ends["e3"].epoch, 2),
+            settlements.round_invalid("e4", ends["e4"].epoch, {"type": "X"}, "e4@1"),
+        ],
+    )
+    # a handoff: the round settles with its successor named
+    round0 = await make_running(store, "h1")
+    successor = NewRun(id="h1@1", flow="f", lineage_id="h1", round_ordinal=1)
+    await store.lifecycle.hand_off("h1", OWNER_A, round0.epoch, successor)
     # a direct cancel request on a pending run
     await create(store, "x1")
     await store.lifecycle.request_cancel("x1", note="alice", reason="why")
@@ -348,18 +364,21 @@ async def _drive_the_writers(store: Store) -> None:
     stale = await make_running(store, "s1")
     assert stale.heartbeat_at_ms is not None
     await wait_db_time_past(store, stale.heartbeat_at_ms + 5)
-    evidence = {"probe": "cross-host-unreachable-stale", "observer": B, "probe_detail": DETAIL}
+    evidence = jr.ProbeEvidence(
+        probe="cross-host-unreachable-stale", observer=B, probe_detail=DETAIL
+    )
     taken = await store.runs.steal("s1", stale.snapshot, OWNER_B, evidence, stale_after_ms=1)
     assert isinstance(taken, Stolen), taken
-    problem = {"key": "k", "problem": "recorded output does not match its digest"}
-    await store.waits.quarantine("s1", OWNER_B, taken.row.epoch, "k", problem)
+    problem = jr.Quarantined(key="k", problem="recorded output does not match its digest")
+    await store.waits.quarantine("s1", OWNER_B, taken.row.epoch, problem)
     assert await store.steps.resume_quarantined("s1", accept_recorded=True, note="alice")
 
 
 async def test_the_writers_store_exactly_what_their_type_dumps(store: Store) -> None:
     await _drive_the_writers(store)
     seen: set[str] = set()
-    for run_id in ("p1", "c1", "c2", "w1", "t1", "m1", "x1", "f1", "s1"):
+    written = ("p1", "c1", "c2", "w1", "t1", "m1", "x1", "f1", "s1", "e1", "e2", "e3", "e4", "h1")
+    for run_id in written:
         for record in await store.journal.records(run_id):
             decoded = decode(record.kind, record.payload)
             assert isinstance(decoded, jr.Payload), record
@@ -374,8 +393,25 @@ async def test_the_writers_store_exactly_what_their_type_dumps(store: Store) -> 
         Kind.CLOCK_FIRED, Kind.MESSAGE_SENT, Kind.INTERRUPT_RELEASED, Kind.TRANSITIONED,
         Kind.CHILD_POLICY_APPLIED, Kind.CANCEL_REQUESTED, Kind.INTERRUPTED, Kind.FORKED,
         Kind.FORKED_FROM, Kind.STOLEN_AND_ACTIVATED, Kind.QUARANTINED, Kind.RESUMED,
+        Kind.LINEAGE_EXHAUSTED, Kind.ROUND_INVALID, Kind.HANDED_OFF,
     }  # fmt: skip
     assert expected <= seen, expected - seen
+    # what the callers handed over is what was stored: the probe's evidence, the
+    # deferred's caller metadata, the quarantine's problem
+    (stolen,) = await payloads_of(store, "s1", Kind.STOLEN_AND_ACTIVATED)
+    assert (stolen["probe"], stolen["observer"], stolen["probe_detail"]) == (
+        "cross-host-unreachable-stale",
+        B,
+        DETAIL,
+    )
+    (answered,) = await payloads_of(store, "c1", Kind.DEFERRED_COMPLETED)
+    assert answered["answered_by"] == "ops" and answered["name"] == "d"
+    (quarantined,) = await payloads_of(store, "s1", Kind.QUARANTINED)
+    assert quarantined == {"key": "k", "problem": "recorded output does not match its digest"}
+
+
+async def payloads_of(store: Store, run_id: str, kind: Kind) -> list[Any]:
+    return [r.payload for r in await store.journal.records(run_id) if r.kind == kind]
 
 
 # ---- older, newer and hostile records ---------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runfleet.store import Store
+from runfleet.store import journal_records as jr
 from runfleet.store.errors import InvalidInput
 from runfleet.store.types import (
     Activated,
@@ -70,13 +71,12 @@ async def test_transition_accepts_a_status_string_and_a_custom_record(store: Sto
         OWNER_A,
         1,
         "failed",  # type: ignore[arg-type]  # callers outside the enum pass plain strings
-        kind="lineage-exhausted",
-        record={"rounds": 3},
+        record=jr.LineageExhausted(max_rounds=3),
     )
     assert isinstance(outcome, Transitioned) and outcome.row.status is RunStatus.FAILED
     record = (await store.journal.last("r1", limit=1))[0]
     assert record.kind == "lineage-exhausted"
-    assert record.payload == {"to": "failed", "epoch": 1, "rounds": 3}
+    assert record.payload == {"to": "failed", "epoch": 1, "max_rounds": 3}
 
 
 async def test_settled_run_never_moves_again(store: Store) -> None:
@@ -104,7 +104,9 @@ async def test_transition_with_a_stale_epoch_is_refused(store: Store) -> None:
     running = await make_running(store, "r1")
     assert running.heartbeat_at_ms is not None
     await wait_db_time_past(store, running.heartbeat_at_ms)
-    stolen = await store.runs.steal("r1", running.snapshot, OWNER_B, {}, stale_after_ms=0)
+    stolen = await store.runs.steal(
+        "r1", running.snapshot, OWNER_B, jr.ProbeEvidence(), stale_after_ms=0
+    )
     assert isinstance(stolen, Stolen) and stolen.row.epoch == 2
     old = await store.lifecycle.transition_owned("r1", OWNER_A, 1, RunStatus.COMPLETED)
     assert isinstance(old, NotOwner)
@@ -338,7 +340,9 @@ async def test_heartbeat_after_a_steal_drops_the_run_from_the_old_owner(store: S
     await make_running(store, "r2")
     assert running.heartbeat_at_ms is not None
     await wait_db_time_past(store, running.heartbeat_at_ms)
-    stolen = await store.runs.steal("r1", running.snapshot, OWNER_B, {}, stale_after_ms=0)
+    stolen = await store.runs.steal(
+        "r1", running.snapshot, OWNER_B, jr.ProbeEvidence(), stale_after_ms=0
+    )
     assert isinstance(stolen, Stolen)
     old = await store.runs.heartbeat(OWNER_A, ["r1", "r2"])
     assert old.confirmed == {"r2"}
@@ -358,7 +362,10 @@ async def test_a_reconfirming_heartbeat_journals_only_runs_it_renews_at_their_ep
     assert running.heartbeat_at_ms is not None
     await wait_db_time_past(store, running.heartbeat_at_ms)
     assert isinstance(
-        await store.runs.steal("stolen", running.snapshot, OWNER_B, {}, stale_after_ms=0), Stolen
+        await store.runs.steal(
+            "stolen", running.snapshot, OWNER_B, jr.ProbeEvidence(), stale_after_ms=0
+        ),
+        Stolen,
     )
     beat = await store.runs.heartbeat(
         OWNER_A,

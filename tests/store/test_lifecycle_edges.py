@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from runfleet.store import Kind, Store, values
+from runfleet.store import journal_records as jr
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput
 from runfleet.store.journal import digest
@@ -69,11 +70,11 @@ async def test_bad_transitions_are_refused_naming_the_field_and_why(store: Store
 async def test_a_batch_settles_each_run_once_and_only_terminally(store: Store) -> None:
     assert await store.lifecycle.settle_many(OWNER_A, []) == []
     row = await make_running(store, "r")
-    twice = [Settle("r", row.epoch, RunStatus.COMPLETED, {}, Kind.TRANSITIONED, None)] * 2
+    twice = [Settle("r", row.epoch, RunStatus.COMPLETED, {})] * 2
     with pytest.raises(InvalidInput) as caught:
         await store.lifecycle.settle_many(OWNER_A, twice)
     assert (caught.value.field, caught.value.problem) == ("items", "a batch settles each run once")
-    parked = [Settle("r", row.epoch, RunStatus.SUSPENDED, {}, Kind.TRANSITIONED, None)]
+    parked = [Settle("r", row.epoch, RunStatus.SUSPENDED, {})]
     with pytest.raises(InvalidInput) as caught:
         await store.lifecycle.settle_many(OWNER_A, parked)
     assert (caught.value.field, caught.value.problem) == (
@@ -90,9 +91,9 @@ async def test_a_batch_answers_guard_failed_not_owner_and_not_found_per_item(
     await store.lifecycle.request_cancel("cancelled")
     theirs = await make_running(store, "theirs", OWNER_B)
     items = [
-        Settle("cancelled", cancelled.epoch, RunStatus.COMPLETED, {}, Kind.TRANSITIONED, None),
-        Settle("theirs", theirs.epoch, RunStatus.COMPLETED, {}, Kind.TRANSITIONED, None),
-        Settle("absent", 1, RunStatus.COMPLETED, {}, Kind.TRANSITIONED, None),
+        Settle("cancelled", cancelled.epoch, RunStatus.COMPLETED, {}),
+        Settle("theirs", theirs.epoch, RunStatus.COMPLETED, {}),
+        Settle("absent", 1, RunStatus.COMPLETED, {}),
     ]
     guard, other, absent = await store.lifecycle.settle_many(OWNER_A, items)
     assert isinstance(guard, GuardFailed) and guard.current.id == "cancelled"
@@ -103,11 +104,11 @@ async def test_a_batch_answers_guard_failed_not_owner_and_not_found_per_item(
 async def test_a_settlement_record_says_where_the_run_went_at_which_epoch(store: Store) -> None:
     row = await make_running(store, "r")
     outcome = await store.lifecycle.transition_owned(
-        "r", OWNER_A, row.epoch, RunStatus.FAILED, record={"why": "test"}
+        "r", OWNER_A, row.epoch, RunStatus.FAILED, record=jr.Transitioned(epoch=row.epoch + 9)
     )
     assert isinstance(outcome, Transitioned) and outcome.cascaded == () and outcome.woke == ()
     (record,) = await payloads(store, "r", Kind.TRANSITIONED)
-    assert record == {"to": "failed", "epoch": row.epoch, "why": "test"}
+    assert record == {"to": "failed", "epoch": row.epoch}, "the transition's own, stamped"
 
 
 async def test_a_cascade_asks_each_child_by_name_and_tells_the_parent_whom(
@@ -170,15 +171,21 @@ async def test_a_cancel_reaches_the_parents_children_with_the_parent_cancelled_c
 async def test_an_acknowledged_cancel_records_who_closed_it(store: Store) -> None:
     row = await make_running(store, "r")
     await store.lifecycle.request_cancel("r")
-    outcome = await store.lifecycle.acknowledge_cancel(
-        "r", OWNER_A, row.epoch, record={"compensated": 2}
-    )
+    outcome = await store.lifecycle.acknowledge_cancel("r", OWNER_A, row.epoch, found_at="lapse")
     assert isinstance(outcome, Transitioned)
     closed = await must_get(store, "r")
     assert closed.status is RunStatus.CANCELLED
-    assert closed.state["cancellation"] == {"acknowledged_by": OWNER_A.key, "compensated": 2}
+    assert closed.state["cancellation"] == {
+        "acknowledged_by": OWNER_A.key,
+        "found_at_release": "lapse",
+    }
     (record,) = await payloads(store, "r", Kind.INTERRUPTED)
-    assert record == {"to": "cancelled", "epoch": row.epoch, "cancelled": True, "compensated": 2}
+    assert record == {
+        "to": "cancelled",
+        "epoch": row.epoch,
+        "cancelled": True,
+        "found_at_release": "lapse",
+    }
     plain = await make_running(store, "q")
     await store.lifecycle.acknowledge_cancel("q", OWNER_A, plain.epoch)
     assert (await must_get(store, "q")).state["cancellation"] == {"acknowledged_by": OWNER_A.key}
@@ -207,13 +214,13 @@ async def test_a_handoff_records_its_successor_and_keeps_the_rounds_children(
     row = await make_running(store, "L", flow="sr.lineage")
     await create(store, "kid", parent_id="L")
     successor = NewRun(id="L@1", flow="sr.lineage", lineage_id="L", round_ordinal=1)
-    done = await store.lifecycle.hand_off("L", OWNER_A, row.epoch, successor, record={"n": 1})
+    done = await store.lifecycle.hand_off("L", OWNER_A, row.epoch, successor)
     assert isinstance(done.outcome, Transitioned) and done.successor is not None
     assert done.successor.id == "L@1" and done.successor.status is RunStatus.PENDING
     settled = await must_get(store, "L")
     assert settled.status is RunStatus.COMPLETED and settled.handed_off_to == "L@1"
     (record,) = await payloads(store, "L", Kind.HANDED_OFF)
-    assert record == {"to": "completed", "epoch": row.epoch, "n": 1}
+    assert record == {"to": "completed", "epoch": row.epoch, "successor": "L@1", "round": 1}
     kid = await must_get(store, "kid")
     assert kid.cancel_requested_at_ms is None, "the lineage carries on: its children too"
     assert await payloads(store, "L", Kind.CHILD_POLICY_APPLIED) == []
@@ -222,24 +229,22 @@ async def test_a_handoff_records_its_successor_and_keeps_the_rounds_children(
 async def test_a_handoff_by_a_process_that_lost_the_run_admits_nothing(store: Store) -> None:
     row = await make_running(store, "L", flow="sr.lineage")
     successor = NewRun(id="L@1", flow="sr.lineage", lineage_id="L", round_ordinal=1)
-    done = await store.lifecycle.hand_off("L", OWNER_B, row.epoch, successor, record={})
+    done = await store.lifecycle.hand_off("L", OWNER_B, row.epoch, successor)
     assert isinstance(done.outcome, NotOwner) and done.outcome.current.owner == OWNER_A
     assert done.successor is None
     assert await store.runs.get("L@1") is None
 
 
 def test_the_per_item_check_refuses_an_unstorable_patch(store: Store) -> None:
-    item = Settle("r", 1, RunStatus.FAILED, {"error": "\x00"}, Kind.TRANSITIONED, None)
+    item = Settle("r", 1, RunStatus.FAILED, {"error": "\x00"})
     with pytest.raises(UnstorableValue):
         store.lifecycle.check(item)
-    store.lifecycle.check(
-        Settle("r", 1, RunStatus.FAILED, {"error": "ok"}, Kind.TRANSITIONED, None)
-    )
+    store.lifecycle.check(Settle("r", 1, RunStatus.FAILED, {"error": "ok"}))
 
 
 async def test_a_status_that_is_not_one_is_refused_by_name(store: Store) -> None:
     row = await make_running(store, "r")
-    bogus = Settle("r", row.epoch, "bogus", {}, Kind.TRANSITIONED, None)  # type: ignore[arg-type]  # a status that is not one, on purpose
+    bogus = Settle("r", row.epoch, "bogus", {})  # type: ignore[arg-type]  # a status that is not one, on purpose
     with pytest.raises(InvalidInput) as caught:
         await store.lifecycle.settle_many(OWNER_A, [bogus])
     assert caught.value.field == "status"
@@ -253,9 +258,7 @@ async def test_settlement_records_carry_the_digest_of_their_payload(store: Store
     one = await make_running(store, "one")
     await store.lifecycle.transition_owned("one", OWNER_A, one.epoch, RunStatus.COMPLETED)
     many = await make_running(store, "many")
-    await store.lifecycle.settle_many(
-        OWNER_A, [Settle("many", many.epoch, RunStatus.FAILED, {}, Kind.TRANSITIONED, None)]
-    )
+    await store.lifecycle.settle_many(OWNER_A, [Settle("many", many.epoch, RunStatus.FAILED, {})])
     async with await psycopg.AsyncConnection.connect(store.settings.database_url) as conn:
         cursor = await conn.execute(
             "SELECT run_id, payload, digest FROM runfleet.journal WHERE kind = %s ORDER BY seq",
@@ -273,7 +276,7 @@ async def test_a_batch_settlement_cascades_with_its_own_status_as_the_cause(
     parent = await make_running(store, "p")
     await create(store, "kid", parent_id="p")
     (outcome,) = await store.lifecycle.settle_many(
-        OWNER_A, [Settle("p", parent.epoch, RunStatus.FAILED, {}, Kind.TRANSITIONED, None)]
+        OWNER_A, [Settle("p", parent.epoch, RunStatus.FAILED, {})]
     )
     assert isinstance(outcome, Transitioned) and outcome.cascaded == ("kid",)
     (asked,) = await payloads(store, "kid", Kind.CANCEL_REQUESTED)
@@ -340,7 +343,7 @@ async def test_data_postgres_refuses_at_a_settlement_is_unstorable_state_and_wri
     row = await make_running(store, "r")
     monkeypatch.setattr(values, "encode_canonical", lambda *_args: None)
     bad = {"note": "nul\x00"}
-    item = Settle("r", row.epoch, RunStatus.COMPLETED, bad, Kind.TRANSITIONED, None)
+    item = Settle("r", row.epoch, RunStatus.COMPLETED, bad)
     for settle in (
         lambda: store.lifecycle.transition_owned(
             "r", OWNER_A, row.epoch, RunStatus.COMPLETED, state_patch=bad

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from runfleet.store import Kind, Store, settlements
-from runfleet.store.types import RunStatus, Transitioned
+from runfleet.store import journal_records as jr
+from runfleet.store.types import RunStatus, Settle, Transitioned
 from tests.store.helpers import OWNER_A, make_running, must_get
 
 
@@ -15,24 +16,32 @@ def test_each_ending_carries_its_status_kind_and_record() -> None:
         RunStatus.COMPLETED,
         Kind.TRANSITIONED,
     )
-    assert done.patch == {"result": {"x": 1}} and done.record is None and done.guard
+    assert done.patch == {"result": {"x": 1}} and done.guard
+    assert done.record == jr.Transitioned(to=RunStatus.COMPLETED, epoch=3)
 
     failed = settlements.failed("r", 3, {"type": "ValueError"})
     assert failed.status is RunStatus.FAILED and failed.kind == Kind.TRANSITIONED
     assert failed.patch == {"error": {"type": "ValueError"}} and failed.guard
+    assert failed.record == jr.Transitioned(to=RunStatus.FAILED, epoch=3)
 
     cancelled = settlements.cancelled("r", 3, OWNER_A, found_at="shutdown")
     assert cancelled.status is RunStatus.CANCELLED and cancelled.kind == Kind.INTERRUPTED
     assert not cancelled.guard, "the cancel itself is never refused by the cancel guard"
-    assert cancelled.record == {"cancelled": True, "found_at_release": "shutdown"}
+    assert cancelled.record == jr.Interrupted(
+        to=RunStatus.CANCELLED, epoch=3, cancelled=True, found_at_release="shutdown"
+    )
     assert cancelled.patch == {
         "cancellation": {"acknowledged_by": OWNER_A.key, "found_at_release": "shutdown"}
     }
-    assert settlements.cancelled("r", 3, OWNER_A).record == {"cancelled": True}
+    assert settlements.cancelled("r", 3, OWNER_A).payload.dump() == {
+        "to": "cancelled",
+        "epoch": 3,
+        "cancelled": True,
+    }
 
     exhausted = settlements.lineage_exhausted("r", 3, 4)
     assert exhausted.status is RunStatus.FAILED and exhausted.kind == Kind.LINEAGE_EXHAUSTED
-    assert exhausted.record == {"max_rounds": 4}
+    assert exhausted.record == jr.LineageExhausted(to=RunStatus.FAILED, epoch=3, max_rounds=4)
     assert exhausted.patch["error"] == {
         "type": "LineageExhausted",
         "message": "max_rounds=4 reached",
@@ -40,7 +49,7 @@ def test_each_ending_carries_its_status_kind_and_record() -> None:
 
     invalid = settlements.round_invalid("r", 3, {"type": "InvalidHandoff"}, "r@1")
     assert invalid.status is RunStatus.FAILED and invalid.kind == Kind.ROUND_INVALID
-    assert invalid.record == {"successor": "r@1"}
+    assert invalid.record == jr.RoundInvalid(to=RunStatus.FAILED, epoch=3, successor="r@1")
     assert invalid.patch == {"error": {"type": "InvalidHandoff"}}
 
 
@@ -53,3 +62,14 @@ async def test_settle_commits_an_ending_with_its_kind_and_record(store: Store) -
     assert (await must_get(store, "r")).status is RunStatus.FAILED
     (last,) = [r for r in await store.journal.records("r") if r.kind == Kind.LINEAGE_EXHAUSTED]
     assert last.payload["max_rounds"] == 2 and last.payload["to"] == "failed"
+
+
+def test_a_settlement_without_a_record_journals_a_plain_transition() -> None:
+    """A hand-built ``Settle`` (no record): the store journals ``transitioned``, and a
+    record built with other ``to``/``epoch`` is stamped with the settlement's own."""
+    plain = Settle("r", 3, RunStatus.FAILED, {})
+    assert plain.kind == Kind.TRANSITIONED
+    assert plain.payload == jr.Transitioned(to=RunStatus.FAILED, epoch=3)
+    stamped = Settle("r", 3, RunStatus.FAILED, {}, jr.LineageExhausted(max_rounds=2))
+    assert stamped.kind == Kind.LINEAGE_EXHAUSTED
+    assert stamped.payload.dump() == {"to": "failed", "epoch": 3, "max_rounds": 2}

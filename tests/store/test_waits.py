@@ -7,6 +7,7 @@ from functools import partial
 import pytest
 
 from runfleet.store import Store
+from runfleet.store import journal_records as jr
 from runfleet.store.config import Settings
 from runfleet.store.deferreds import Completion
 from runfleet.store.errors import InvalidInput
@@ -90,7 +91,9 @@ async def test_park_is_owner_fenced(store: Store) -> None:
     )
     assert running.heartbeat_at_ms is not None
     await wait_db_time_past(store, running.heartbeat_at_ms)
-    stolen = await store.runs.steal("r1", running.snapshot, OWNER_B, {}, stale_after_ms=0)
+    stolen = await store.runs.steal(
+        "r1", running.snapshot, OWNER_B, jr.ProbeEvidence(), stale_after_ms=0
+    )
     assert isinstance(stolen, Stolen)
     assert isinstance(
         await store.waits.park("r1", OWNER_A, 1, Waiting(WaitingReason.EVENT)), NotOwner

@@ -17,6 +17,7 @@ from hypothesis import event, note
 from hypothesis import strategies as st
 
 from runfleet.store import Store
+from runfleet.store import journal_records as jr
 from runfleet.store.errors import InvalidInput
 from runfleet.store.types import (
     Activated,
@@ -258,7 +259,7 @@ class Driver:
                         self.ids[op.run],
                         self._snapshot(op.snap),
                         self.owners[op.owner],
-                        {"probe": "model"},
+                        jr.ProbeEvidence(probe="model"),
                         stale_after_ms=FORCED_STALE_MS if op.forced else None,
                     )
                 except InvalidInput:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
+from psycopg.rows import dict_row
 
 from runfleet.ops.servers.postgres import postgres_bindir
 from runfleet.ops.servers.throwaway import (
@@ -36,6 +37,7 @@ from runfleet.ops.servers.throwaway import (
     nobody,
     wait_until,
 )
+from runfleet.store.queries import q
 
 HA_PACKAGES = ("patroni", "etcd-server")
 INSTALL_HINT = "make ha (as root: apt-get install -y patroni etcd-server)"
@@ -252,7 +254,7 @@ class PatroniNode(Throwaway):
         """SIGSTOP this primary's WAL senders: its standbys stop receiving (a slow link
         or a busy standby), while the primary goes on committing; their pids."""
         with psycopg.connect(self.url, connect_timeout=2, autocommit=True) as conn:
-            pids = [int(p) for (p,) in conn.execute("SELECT pid FROM pg_stat_replication")]
+            pids = [int(p) for (p,) in conn.execute(q("topology.walsender_pids"))]
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
         return pids
@@ -395,9 +397,11 @@ class PatroniCluster:
             for node in self.nodes:
                 if node.member != other_than and node.running and node.role() == "primary":
                     with contextlib.suppress(psycopg.OperationalError):
-                        with psycopg.connect(node.url, connect_timeout=2) as conn:
-                            row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
-                            if row is not None and not row[0]:
+                        with psycopg.connect(
+                            node.url, connect_timeout=2, row_factory=dict_row
+                        ) as conn:
+                            row = conn.execute(q("topology.server")).fetchone()
+                            if row is not None and not row["in_recovery"]:
                                 return node
             time.sleep(0.1)
         raise TimeoutError(f"no primary within {timeout}s: {self.topology()}")
@@ -408,11 +412,12 @@ class PatroniCluster:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with contextlib.suppress(psycopg.OperationalError, AssertionError):
-                with psycopg.connect(self.primary().url, connect_timeout=2) as conn:
-                    rows = conn.execute(
-                        "SELECT sync_state FROM pg_stat_replication WHERE state = 'streaming'"
-                    ).fetchall()
-                if sum(1 for (s,) in rows if s in (want, "quorum")) >= standbys:
+                with psycopg.connect(
+                    self.primary().url, connect_timeout=2, row_factory=dict_row
+                ) as conn:
+                    rows = conn.execute(q("topology.standbys")).fetchall()
+                streaming = [r["sync_state"] for r in rows if r["state"] == "streaming"]
+                if sum(1 for s in streaming if s in (want, "quorum")) >= standbys:
                     return
             time.sleep(0.2)
         raise TimeoutError(f"{standbys} {want} standby(s) not streaming within {timeout}s")

@@ -37,6 +37,11 @@ SELECT coalesce(application_name, '') AS name,
   FROM pg_stat_replication
  ORDER BY application_name;
 
+-- name: walsender_pids
+-- The processes streaming WAL from this primary (the failover suite pauses them to hold
+-- a standby behind: ops/servers/patroni.py).
+SELECT pid FROM pg_stat_replication;
+
 -- name: present_runs
 -- Which of these run ids this database has (a wake in Redis names a run it should).
 SELECT id FROM runfleet.runs WHERE id = ANY(%(ids)s::text[]);

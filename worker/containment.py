@@ -72,6 +72,19 @@ def done_running(token: contextvars.Token[str | None]) -> None:
         pass
 
 
+def closed_from_outside(exc: BaseException, run_id: str) -> bool:
+    """Whether ``exc`` is the ``GeneratorExit`` that ``close()`` threw into ``run_id``'s code.
+
+    A pending run task collected at shutdown has its coroutine closed by the garbage
+    collector, outside the task: Python throws ``GeneratorExit`` in at the await point and
+    requires it back (anything else is "Exception ignored in <coroutine>"). That is not the
+    run's code raising one, which can happen only while the run's own task (or a task it
+    created) executes, in the context that carries the ``running`` mark; a close runs in
+    whatever context the collector interrupted, without this run's mark.
+    """
+    return isinstance(exc, GeneratorExit) and _IN_RUN.get() != run_id
+
+
 async def _contained(coro: Coroutine[Any, Any, Any]) -> Any:
     try:
         return await coro

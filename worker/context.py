@@ -28,7 +28,7 @@ from runfleet.store.config import Settings
 from runfleet.store.types import Owner, RunRow, Waiting, WaitingReason
 from runfleet.worker import tracing
 from runfleet.worker.children import Children
-from runfleet.worker.containment import safe_str
+from runfleet.worker.containment import closed_from_outside, safe_str
 from runfleet.worker.durable import NO_RETRY, Decision, Retry, reference
 from runfleet.worker.flows import function as resolve_function
 from runfleet.worker.messages import Messages
@@ -120,8 +120,13 @@ class Context:
         return self.replay.raised_by_runfleet(exc)
 
     def raised_by_user(self, exc: BaseException) -> bool:
-        """A BaseException that is not an ``Exception`` and not runfleet's own stop."""
-        return not isinstance(exc, Exception) and not self.raised_by_runfleet(exc)
+        """A BaseException that is not an ``Exception``, not runfleet's own stop, and not the
+        ``GeneratorExit`` of the run's coroutine being closed from outside its task."""
+        return (
+            not isinstance(exc, Exception)
+            and not self.raised_by_runfleet(exc)
+            and not closed_from_outside(exc, self.run_id)
+        )
 
     # ---- timers and waits (worker.waits) ---------------------------------------
 

@@ -265,7 +265,9 @@ class Driver:
 
         This is the run task's whole coroutine, so nothing the body raises reaches the
         event loop (``SystemExit`` would end the process) or reads as a cancellation of
-        the task (a shutdown, to ``_settle``) unless runfleet itself stopped it.
+        the task (a shutdown, to ``_settle``) unless runfleet itself stopped it. The
+        ``GeneratorExit`` of this coroutine being closed (a pending task collected at
+        shutdown) goes back to ``close()`` as Python requires: it is no code's failure.
         """
         token = containment.running(ctx.run.id)
         try:

@@ -6,6 +6,7 @@ margin is checked at its exact edge; runs are real drives of ``sr.holds`` bodies
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import gc
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -540,3 +541,18 @@ async def test_a_late_renewal_that_fails_is_consumed_not_reported_as_lost(
     finally:
         loop.set_exception_handler(previous)
     assert [c for c in errors if "late and broken" in repr(c)] == []
+
+
+async def test_a_run_coroutine_closed_from_outside_gives_its_generator_exit_back(rig: Rig) -> None:
+    """A pending run task collected at shutdown has its coroutine closed outside the task.
+
+    ``close()`` throws ``GeneratorExit`` in at the await point and needs it back; wrapped as
+    the run's own ``UserBaseException`` it escaped ``close()`` ("Exception ignored in
+    <coroutine Driver._call>"). A ``GeneratorExit`` the body raises itself still fails the
+    run (tests/security/test_user_code.py).
+    """
+    await rig.hold("closing")
+    body = rig.driver._call(sr.holds, rig.driver.owned["closing"].ctx)
+    # One step in a context of its own, as its task would take it; then the collector's close.
+    contextvars.copy_context().run(body.send, None)
+    assert body.close() is None

@@ -10,7 +10,7 @@ import asyncio
 import importlib
 import json
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
 
 import typer
 from rich.console import Console
@@ -37,6 +37,21 @@ DatabaseUrl = Annotated[
 ]
 Concurrency = Annotated[int, typer.Option("--concurrency", "-k", min=1, help="Concurrent tasks.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
+Workers = Annotated[int, typer.Option("--workers", min=1, help="Processes per side.")]
+OneWorker = Annotated[
+    int, typer.Option("--concurrency", "-k", min=1, help="Slots of the one worker.")
+]
+SkipFsync = Annotated[
+    bool,
+    typer.Option(
+        "--skip-fsync",
+        help="Skip the fsync on/off measurements (two throwaway servers the bench starts; "
+        "with --database-url: that server as it is, settings never changed).",
+    ),
+]
+SkipDbos = Annotated[
+    bool, typer.Option("--skip-dbos", help="Measure runfleet alone (no DBOS needed).")
+]
 
 
 @app.callback()
@@ -74,6 +89,38 @@ def _lab(command: str, peer: str, *modules: str) -> list[Any]:
 def _fail(exc: BenchError) -> typer.Exit:
     Console(stderr=True).print(f"[red]bench failed:[/red] {exc}")
     return typer.Exit(code=2)
+
+
+def _measured(bench: Coroutine[Any, Any, T]) -> T:
+    """Run ``bench`` to its result; a BenchError exits 2."""
+    try:
+        return asyncio.run(bench)
+    except BenchError as exc:
+        raise _fail(exc) from exc
+
+
+class _Measured(Protocol):
+    def as_json(self) -> dict[str, Any]: ...
+
+
+M = TypeVar("M", bound=_Measured)
+
+
+def _measure_and_print(
+    bench: Coroutine[Any, Any, M], table: Callable[[M], Table], as_json: bool
+) -> None:
+    """Run ``bench`` (``_measured``), then print its result as ``table`` or JSON."""
+    result = _measured(bench)
+    _emit(result.as_json(), table(result), as_json)
+
+
+def _beside_dbos(command: str, peer: str, module: str, skip_dbos: bool) -> Any:
+    """The lab ``module`` of a benchmark beside DBOS (``_lab``); without DBOS installed it
+    exits 2 naming what to install, unless the run skips the DBOS side."""
+    dbos_side, bench = _lab(command, peer, "dbos_side", module)
+    if not skip_dbos and not dbos_side.available():
+        raise _fail(BenchError(dbos_side.DBOS_MISSING))
+    return bench
 
 
 def _listed(text: str, option: str, parse: Callable[[str], T]) -> tuple[T, ...]:
@@ -173,7 +220,7 @@ def fleet(
     runs: Annotated[
         int, typer.Option("--runs", "-n", min=1, help="Runs per enqueue phase (drain: 2x).")
     ] = 2000,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="Processes per side.")] = 2,
+    workers: Workers = 2,
     concurrency: Annotated[
         int, typer.Option("--concurrency", "-k", min=1, help="runfleet slots per worker.")
     ] = 64,
@@ -212,14 +259,7 @@ def fleet(
             help="Process counts to drain 2 x --runs with, each side (comma-separated; '' skips).",
         ),
     ] = "1,2,4",
-    skip_fsync: Annotated[
-        bool,
-        typer.Option(
-            "--skip-fsync",
-            help="Skip the fsync on/off drains (two throwaway servers the bench starts; "
-            "with --database-url: that server as it is, settings never changed).",
-        ),
-    ] = False,
+    skip_fsync: SkipFsync = False,
     history_rows: Annotated[
         int,
         typer.Option(
@@ -337,7 +377,7 @@ def flows(
     count: Annotated[
         int, typer.Option("--flows", "-n", min=1, help="Three-step flows per system.")
     ] = 1000,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="Processes per system.")] = 2,
+    workers: Workers = 2,
     concurrency: Annotated[
         int, typer.Option("--concurrency", "-k", min=1, help="Flows in flight per process.")
     ] = 32,
@@ -347,9 +387,7 @@ def flows(
             "--dbos-polling", help="DBOS queue polling intervals to run, s (comma-separated)."
         ),
     ] = "1.0,0.05",
-    skip_dbos: Annotated[
-        bool, typer.Option("--skip-dbos", help="Measure runfleet alone (no DBOS needed).")
-    ] = False,
+    skip_dbos: SkipDbos = False,
     sleep_runs: Annotated[
         int, typer.Option("--sleep-runs", min=1, help="One-second sleeps per sleep mode.")
     ] = 100,
@@ -360,14 +398,7 @@ def flows(
     skip_sleep: Annotated[
         bool, typer.Option("--skip-sleep", help="Skip the sleep-lateness phases.")
     ] = False,
-    skip_fsync: Annotated[
-        bool,
-        typer.Option(
-            "--skip-fsync",
-            help="Skip the fsync on/off rows (two throwaway servers the bench starts; "
-            "with --database-url: that server as it is, settings never changed).",
-        ),
-    ] = False,
+    skip_fsync: SkipFsync = False,
     skip_tracing: Annotated[
         bool,
         typer.Option("--skip-tracing", help="Skip the RUNFLEET_OTEL row (needs the otel extra)."),
@@ -378,10 +409,7 @@ def flows(
 ) -> None:
     """runfleet vs DBOS: three-step durable flows/s on one Postgres, and with fsync on and
     off, and with tracing on; 1 s sleep lateness."""
-    dbos_side, flows_bench = _lab("flows", "DBOS", "dbos_side", "flows_bench")
-
-    if not skip_dbos and not dbos_side.available():
-        raise _fail(BenchError(dbos_side.DBOS_MISSING))
+    flows_bench = _beside_dbos("flows", "DBOS", "flows_bench", skip_dbos)
     polling = _listed(dbos_polling, "--dbos-polling", float)
     result = _on_servers(
         database_url,
@@ -409,7 +437,7 @@ def producer(
     flows: Annotated[
         int, typer.Option("--flows", min=1, help="Three-step flows per loop, each side.")
     ] = 300,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="Processes per side.")] = 2,
+    workers: Workers = 2,
     concurrency: Annotated[
         int, typer.Option("--concurrency", "-k", min=1, help="Slots per runfleet/DBOS process.")
     ] = 32,
@@ -422,9 +450,7 @@ def producer(
     dbos_polling: Annotated[
         float, typer.Option("--dbos-polling", min=0.001, help="DBOS queue polling interval, s.")
     ] = 0.05,
-    skip_dbos: Annotated[
-        bool, typer.Option("--skip-dbos", help="No DBOS side (no flows ratio).")
-    ] = False,
+    skip_dbos: SkipDbos = False,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
     as_json: AsJson = False,
@@ -433,10 +459,7 @@ def producer(
     enqueue, enqueue_many, the loop of enqueue then result() (no-op jobs vs rq, three-step
     flows vs DBOS), result() of a settled run, idle enqueue -> start; each target met or
     missed."""
-    dbos_side, producer_bench = _lab("producer", "rq and DBOS", "dbos_side", "producer_bench")
-
-    if not skip_dbos and not dbos_side.available():
-        raise _fail(BenchError(dbos_side.DBOS_MISSING))
+    producer_bench = _beside_dbos("producer", "rq and DBOS", "producer_bench", skip_dbos)
     result = _on_servers(
         database_url,
         redis_url,
@@ -458,9 +481,7 @@ def producer(
 @app.command("capacity")
 def capacity(
     runs: Annotated[int, typer.Option("--runs", "-n", min=1, help="Runs per batch.")] = 1000,
-    concurrency: Annotated[
-        int, typer.Option("--concurrency", "-k", min=1, help="Slots of the one worker.")
-    ] = 32,
+    concurrency: OneWorker = 32,
     idle: Annotated[
         float, typer.Option("--idle", min=1, help="Seconds to measure an idle worker.")
     ] = 10.0,
@@ -471,19 +492,14 @@ def capacity(
     from runfleet.ops.bench import capacity as cap
     from runfleet.store.config import Settings
 
-    try:
-        result = asyncio.run(cap.run(Settings(), runs=runs, concurrency=concurrency, idle_s=idle))
-    except BenchError as exc:
-        raise _fail(exc) from exc
-    _emit(result.as_json(), cap.table(result), as_json)
+    bench = cap.run(Settings(), runs=runs, concurrency=concurrency, idle_s=idle)
+    _measure_and_print(bench, cap.table, as_json)
 
 
 @app.command("limits")
 def limits(
     runs: Annotated[int, typer.Option("--runs", "-n", min=1, help="Runs per setting.")] = 500,
-    concurrency: Annotated[
-        int, typer.Option("--concurrency", "-k", min=1, help="Slots of the one worker.")
-    ] = 32,
+    concurrency: OneWorker = 32,
     rate: Annotated[
         float, typer.Option("--rate", min=1, help="The binding rate, starts per second.")
     ] = 200.0,
@@ -494,13 +510,8 @@ def limits(
     from runfleet.ops.bench import limits as lim
     from runfleet.store.config import Settings
 
-    try:
-        result = asyncio.run(
-            lim.run(Settings(), runs=runs, concurrency=concurrency, rate_per_s=rate)
-        )
-    except BenchError as exc:
-        raise _fail(exc) from exc
-    _emit(result.as_json(), lim.table(result), as_json)
+    bench = lim.run(Settings(), runs=runs, concurrency=concurrency, rate_per_s=rate)
+    _measure_and_print(bench, lim.table, as_json)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,12 @@ LAB_NOTES = [
     re.compile(r"\bcommit \(?[0-9a-f]{7,40}\b"),
     re.compile(r"\((?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7}\)"),  # (c216ac8)
     re.compile(r"other agents|later session|same day|shared the machine|sharing both cores"),
+    re.compile(r"\bat (?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b"),  # main at d16a3b0
+    re.compile(
+        r"other engineers|engineers'|shared by \w+ engineers|this session|(of|in) the session\b"
+        r"|quietest minutes|while other (work|test suites|suites) ran"
+        r"|shared (\d-core )?(box|machine)|box shared"
+    ),
 ]
 
 

@@ -4,9 +4,10 @@ The repository keeps store/, broker/, worker/, ops/ and runtime/ at its top;
 ``package-dir`` in pyproject.toml maps them to ``runfleet.store`` etc. Every folder with an
 ``__init__.py`` under them is a subpackage, found here so that a new one needs no edit.
 
-The benchmarks that compare runfleet with its peers (rq, DBOS) are lab equipment: they
-run from a checkout (``pip install -e '.[bench]'``), not from an installed runfleet, and
-``runfleet bench fleet|flows`` says so when they are absent (ops/bench/__main__.py).
+The benchmarks that compare runfleet with its peers (rq, DBOS, Celery) are lab equipment:
+they run from a checkout (``pip install -e '.[bench]'``), not from an installed runfleet,
+and ``runfleet bench fleet|flows|producer`` says so when they are absent
+(ops/bench/__main__.py). So are the servers only the test suites start (Patroni, TLS).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ LAB = {
         "backlog",  # `bench fleet --backlog-depths`: runfleet beside rq and Celery
         "celery_app",  # the Celery peer adapter
     },
+    # The test suites' own servers: a Patroni cluster (tests/ha) and TLS-only Postgres and
+    # Redis (tests/tls). The demo and `bench capacity`/`limits` keep the plain throwaways.
+    "runfleet.ops.servers": {"patroni", "tls"},
 }
 
 

@@ -410,7 +410,7 @@ def split_rq_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> RqCall:
     kwargs = dict(kwargs)
     for name in RQ_UNSUPPORTED:
         if name in kwargs:
-            raise InvalidInput(name, f"rq's {name}= is not supported by runfleet (README)")
+            raise InvalidInput(name, f"rq's {name}= is not supported (docs/moving-from-rq.md)")
     options = {k: kwargs.pop(k) for k in RQ_OPTIONS if k in kwargs}
     if "args" in kwargs or "kwargs" in kwargs:
         if args:

@@ -17,10 +17,10 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from runfleet.broker.names import load_from_path
-from runfleet.broker.rq_api import InvalidJobOperation
+from runfleet.broker.rq_api import InvalidJobOperation, refuse_pipeline
 from runfleet.broker.run import AsyncRun, outcome
 from runfleet.broker.trust import already_loaded
-from runfleet.store.errors import InvalidInput, RunNotFound
+from runfleet.store.errors import RunNotFound
 from runfleet.store.jobs import Jobs
 from runfleet.store.registries import Registries
 from runfleet.store.types import CancelOutcome, RunRow, RunStatus, WaitingReason
@@ -403,8 +403,7 @@ class Job:
         InvalidJobOperation (rq's) if it is canceled already. ``enqueue_dependents``: its
         dependents no longer wait for it (rq enqueues them: they run as if it completed).
         """
-        if pipeline is not None:
-            raise InvalidInput("pipeline", "rq's pipeline= is not supported (README)")
+        refuse_pipeline(pipeline)
         if self.get_status() is JobStatus.CANCELED:
             raise InvalidJobOperation(f"Cannot cancel already canceled job: {self.id}")
         outcome = self._queue.cancel(self._current.id, actor=actor)
@@ -420,8 +419,7 @@ class Job:
         run is durably cancelled first. The row itself stays until ``runfleet prune``
         removes it with its journal (durable runs are never deleted behind their audit
         trail). ``delete_dependents`` deletes the jobs that depend on it too."""
-        if pipeline is not None:
-            raise InvalidInput("pipeline", "rq's pipeline= is not supported (README)")
+        refuse_pipeline(pipeline)
         row = self._current
         if not row.status.terminal and row.cancel_requested_at_ms is None:
             self._queue.cancel(row.id, actor="delete")
@@ -576,8 +574,7 @@ class Job:
     def save(self, pipeline: Any = None, include_meta: bool = True) -> None:
         """rq's ``save``: what a producer may change on an enqueued job is its ``meta``
         (arguments and options are the durable admission and never rewritten)."""
-        if pipeline is not None:
-            raise InvalidInput("pipeline", "rq's pipeline= is not supported (README)")
+        refuse_pipeline(pipeline)
         if include_meta:
             self.save_meta()
 

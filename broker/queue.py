@@ -237,7 +237,7 @@ class AsyncQueue:
             # around the call (worker/rq_compat.py), failing it with JobTimeoutException.
             job_timeout_ms = None
         ttl = extra.get("ttl")
-        if isinstance(ttl, int):  # rq's ttl: a deadline from admission (README, mapping)
+        if isinstance(ttl, int):  # rq's ttl: a deadline from admission (docs/moving-from-rq.md)
             job_timeout_ms = min(job_timeout_ms or ttl * 1000, ttl * 1000)
         if self.settings.otel:  # the producer's current span becomes the run's parent
             extra = with_carrier(extra)
@@ -310,7 +310,7 @@ class AsyncQueue:
 
         rq's option keywords (``job_timeout``, ``result_ttl``, ``failure_ttl``, ``retry``,
         ``on_success``, ``on_failure``, ``at_front``, ``meta``, ``description``) are
-        options, not arguments, as in rq (README "Producers (rq-shaped)").
+        options, not arguments, as in rq (docs/moving-from-rq.md).
         """
         return await self._enqueue(f, args, kwargs, _chosen_id(run_id, job_id), None)
 

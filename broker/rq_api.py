@@ -52,6 +52,13 @@ def rq_job_id(job_id: object) -> str:
     return job_id
 
 
+def refuse_pipeline(pipeline: object) -> None:
+    """rq's ``pipeline=``: runfleet's calls are Postgres transactions, not a Redis pipeline
+    to join, so one passed is refused rather than silently ignored."""
+    if pipeline is not None:
+        raise InvalidInput("pipeline", "rq's pipeline= is not supported (docs/moving-from-rq.md)")
+
+
 class Dependency:
     """rq's ``Dependency(jobs, allow_failure=False, enqueue_at_front=False)``.
 

@@ -42,6 +42,7 @@ from runfleet.broker.registries import (
     ScheduledJobRegistry,
     StartedJobRegistry,
 )
+from runfleet.broker.rq_api import refuse_pipeline
 from runfleet.broker.rq_queue import RqReads
 from runfleet.broker.run import AsyncRun
 from runfleet.store import inline
@@ -187,7 +188,7 @@ class Queue:
             raise InvalidInput(
                 "serializer" if serializer is not None else "job_class",
                 "runfleet stores JSON and answers runfleet.broker.Job: rq's job_class=/serializer= "
-                "have no runfleet meaning (README)",
+                "have no runfleet meaning (docs/moving-from-rq.md)",
             )
         if connection is not None:
             if not isinstance(connection, Queue):
@@ -344,8 +345,7 @@ class Queue:
     def remove(self, job_or_id: Job | str, pipeline: Any = None) -> int:
         """rq's ``remove``: take the job out of the queue, so it never runs (durably
         cancelled; rq leaves the job's hash behind, here the run reads ``canceled``)."""
-        if pipeline is not None:
-            raise InvalidInput("pipeline", "rq's pipeline= is not supported (README)")
+        refuse_pipeline(pipeline)
         job_id = job_or_id.id if isinstance(job_or_id, Job) else job_or_id
         if job_id not in self.job_ids:
             return 0

@@ -154,7 +154,7 @@ def flow(
 
     ``schedule`` (a cron expression in ``timezone``) also runs it periodically, called
     with ``schedule_kwargs``; a bad expression, time zone, policy or argument raises
-    ``InvalidSchedule`` / ``InvalidInput`` here, at import (README "Schedules").
+    ``InvalidSchedule`` / ``InvalidInput`` here, at import (docs/how-to/schedules.md).
     ``version`` (or ``"auto"``: a digest of the code) and ``compatible``: which runs this
     code may take (``worker.versions``, docs/lifecycle.md).
     """

@@ -3,7 +3,7 @@
 -- connects as a superuser. The group roles (runfleet_worker, ...) and their privileges
 -- come from `runfleet migrate` and `runfleet roles --apply` (the `migrate` service).
 -- Demo passwords: in production, take them from a secret store and rotate them with
--- ALTER ROLE ... PASSWORD (README, "Trust model: roles and scopes").
+-- ALTER ROLE ... PASSWORD (docs/how-to/roles.md).
 CREATE ROLE runfleet_migrator LOGIN CREATEROLE PASSWORD 'migrator';
 CREATE DATABASE runfleet OWNER runfleet_migrator;
 REVOKE ALL ON DATABASE runfleet FROM PUBLIC;

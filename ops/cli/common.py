@@ -92,7 +92,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         fail(f"Redis refused: {_first_line(exc)}")
     except _NO_SCHEMA:
         fail("the database has no runfleet schema: run `runfleet migrate`")
-    except psycopg.errors.InsufficientPrivilege as exc:  # a role's least privilege (README)
+    except psycopg.errors.InsufficientPrivilege as exc:  # least privilege: docs/how-to/roles.md
         fail(f"the database role may not do this: {_first_line(exc)}")
     except psycopg.DataError as exc:  # an argument Postgres cannot hold (a NUL, ...)
         fail(f"invalid input: {_first_line(exc)}")

@@ -109,7 +109,7 @@ BEGIN
     -- superuser. Applied by a superuser, they are taken from PUBLIC in this database and
     -- left to pg_read_all_stats (monitoring roles, via pg_monitor) and the migrator;
     -- applied by the owner alone, nothing changes here (`runfleet roles` says which).
-    -- What stays visible whatever is done is in the README ("Trust model").
+    -- What stays visible whatever is done: docs/explanation/trust-model.md.
     IF EXISTS (SELECT FROM pg_roles WHERE rolname = current_user AND rolsuper) THEN
         FOR obj IN
             SELECT c.oid::regclass::text AS name FROM pg_class c

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import builtins
 import enum
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
@@ -166,6 +166,54 @@ async def settled_row(queue: AsyncQueue, run_id: str) -> RunRow | None:
     return row
 
 
+_RESULT_AS_VALUE = (
+    "job.result is runfleet's blocking result(timeout) method, not rq's deprecated result "
+    "property: call job.return_value() for rq's meaning (the value, or None), or "
+    "job.result(timeout) to wait for it (docs/moving-from-rq.md)"
+)
+
+
+class ResultMethod:
+    """``job.result``: runfleet's blocking ``result(timeout)``, to be called.
+
+    rq's deprecated ``job.result`` is a property (the value, or None). rq code that reads
+    it as a value here would get a bound method, truthy and unequal to everything, and go
+    on silently; this object raises ``TypeError`` naming ``return_value()`` as soon as it
+    is used as a value (truth, ``==``/``!=``, ``str``, formatting, hashing). Only ``job.result
+    is None`` cannot be caught. Calling it, or handing it on as a callable
+    (``asyncio.to_thread(job.result, 30)``), is runfleet's method as before.
+    """
+
+    __slots__ = ("_wait",)
+
+    def __init__(self, wait: Callable[[float], Any]) -> None:
+        self._wait = wait
+
+    def __call__(self, timeout: float = 30.0) -> Any:
+        return self._wait(timeout)
+
+    def __repr__(self) -> str:
+        return "<runfleet Job.result: call it, or job.return_value() for rq's property>"
+
+    def __bool__(self) -> bool:
+        raise TypeError(_RESULT_AS_VALUE)
+
+    def __eq__(self, other: object) -> bool:
+        raise TypeError(_RESULT_AS_VALUE)
+
+    def __ne__(self, other: object) -> bool:
+        raise TypeError(_RESULT_AS_VALUE)
+
+    def __hash__(self) -> int:
+        raise TypeError(_RESULT_AS_VALUE)
+
+    def __str__(self) -> str:
+        raise TypeError(_RESULT_AS_VALUE)
+
+    def __format__(self, spec: str) -> str:
+        raise TypeError(_RESULT_AS_VALUE)
+
+
 class Job:
     """One run, as rq's ``Job``: status predicates, result, meta, timestamps, cancel."""
 
@@ -274,12 +322,18 @@ class Job:
 
     # ---- results -----------------------------------------------------------
 
-    def result(self, timeout: float = 30.0) -> Any:
-        """Wait until the run settles: its result, or RunFailed / RunCancelled / TimeoutError.
+    @property
+    def result(self) -> ResultMethod:
+        """``job.result(timeout=30.0)``: wait until the run settles; its result, or RunFailed
+        / RunCancelled / TimeoutError.
 
-        Not rq's deprecated ``result`` property: use ``return_value()`` for that meaning.
+        Not rq's deprecated ``result`` property: use ``return_value()`` for that meaning
+        (used as a value, ``job.result`` raises ``TypeError`` saying so: ``ResultMethod``).
         Waits on the round that answers for this id (a requeued run's new round).
         """
+        return ResultMethod(self._result)
+
+    def _result(self, timeout: float) -> Any:
         settled = self._queue._now(lambda q: settled_row(q, self.id))
         if settled is not None:  # one indexed read, in this thread
             return outcome(settled)

@@ -254,6 +254,19 @@ def rqx(
             q.close()
 
 
+@pytest.fixture
+def rf(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Side]:
+    """The ``rqx`` runfleet side alone, for what rq does differently or keeps in Redis
+    (test_rq_stopped.py, test_rq_sources.py, test_rq_result.py)."""
+    monkeypatch.setenv("RQ_PARITY_OUT", str(tmp_path))
+    opened: list[Any] = []
+    try:
+        yield _runfleet_side(settings, opened)
+    finally:
+        for q in reversed(opened):
+            q.close()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A ported rq test that names a difference runfleet keeps on purpose
     (``@pytest.mark.rq_difference("why")``, listed in docs/moving-from-rq.md) still runs on

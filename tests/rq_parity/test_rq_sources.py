@@ -9,17 +9,14 @@ no read finds it afterwards. rq stores both in Redis, so these run on runfleet o
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from tests.rq_parity import rq_fixtures as fixtures
-from tests.rq_parity.conftest import Side, _runfleet_side
+from tests.rq_parity.conftest import Side
 
 REGISTRIES = (
     "started_job_registry",
@@ -29,17 +26,6 @@ REGISTRIES = (
     "scheduled_job_registry",
     "canceled_job_registry",
 )
-
-
-@pytest.fixture
-def rf(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Side]:
-    monkeypatch.setenv("RQ_PARITY_OUT", str(tmp_path))
-    opened: list[Any] = []
-    try:
-        yield _runfleet_side(settings, opened)
-    finally:
-        for q in reversed(opened):
-            q.close()
 
 
 def test_every_registry_reads_postgres_alone(rf: Side, settings: Settings) -> None:

@@ -4,27 +4,9 @@ this one runs on runfleet only (``rf``: the ``rqx`` runfleet side)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
-
-import pytest
-
-from runfleet.store.config import Settings
 from tests.rq_parity import rq_fixtures as fixtures
-from tests.rq_parity.conftest import Side, _runfleet_side
+from tests.rq_parity.conftest import Side
 from tests.support.polling import until_sync
-
-
-@pytest.fixture
-def rf(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Side]:
-    monkeypatch.setenv("RQ_PARITY_OUT", str(tmp_path))
-    opened: list[Any] = []
-    try:
-        yield _runfleet_side(settings, opened)
-    finally:
-        for q in reversed(opened):
-            q.close()
 
 
 def test_on_stopped_runs_when_a_running_job_is_cancelled(rf: Side) -> None:

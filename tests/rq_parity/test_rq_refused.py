@@ -6,6 +6,8 @@ with its one-line change.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from runfleet.store.errors import InvalidInput
@@ -35,12 +37,13 @@ def test_rq_options_without_a_runfleet_meaning_are_refused_by_name(rf: Side) -> 
     assert q.count == 0
     job = q.enqueue(fixtures.say_hello)
     pipe = object()
-    for call in (
+    calls: list[Callable[[], object]] = [
         lambda: job.cancel(pipeline=pipe),
         lambda: job.delete(pipeline=pipe),
         lambda: job.save(pipeline=pipe),
         lambda: q.remove(job, pipeline=pipe),
-    ):
+    ]
+    for call in calls:
         with pytest.raises(InvalidInput) as refused:
             call()
         assert refused.value.field == "pipeline"

@@ -1,4 +1,5 @@
-"""The docs hold what a reader needs and no lab notes; every page is in the navigation.
+"""The docs hold what a reader needs and no lab notes; every page is in the navigation; the
+built site loads nothing from the network.
 
 A figure carries the command, the machine and the settings behind it, nothing else: no
 commit measured, no account of what else was running on the machine that day.
@@ -6,7 +7,10 @@ commit measured, no account of what else was running on the machine that day.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -55,3 +59,29 @@ def test_every_page_is_in_the_navigation() -> None:
     pages = {str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")}
     assert pages - nav == set(), "pages mkdocs.yml's nav does not list"
     assert nav - pages == set(), "nav entries without a page"
+
+
+# What a page needs to render, fetched from another host: a script, a stylesheet, a font, an
+# image or a frame (plain links to other sites are not loads).
+NETWORK_LOADS = [
+    re.compile(r"""<(?:script|img|iframe|source|link)\b[^>]*\b(?:src|href)=["']?(?:https?:)?//"""),
+    re.compile(r"""url\(\s*["']?(?:https?:)?//|@import\s+(?:url\()?["']?(?:https?:)?//"""),
+]
+
+
+def test_the_built_site_loads_nothing_from_the_network(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(site)],
+        cwd=ROOT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        check=True,
+        timeout=600,
+    )
+    pages = [p for p in site.rglob("*") if p.suffix in (".html", ".css")]
+    assert len([p for p in pages if p.suffix == ".html"]) >= len(list(DOCS.rglob("*.md")))
+    for page in pages:
+        text = page.read_text(errors="replace")
+        for pattern in NETWORK_LOADS:
+            found = pattern.search(text)
+            assert found is None, f"{page.relative_to(site)} loads {found[0]!r}"

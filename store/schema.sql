@@ -847,8 +847,9 @@ CREATE TABLE runfleet.flow_keys (
 
 -- The keys of a keyed queue: the round-robin order (the key whose last start is oldest
 -- goes first) and each key's token bucket. A row is made when a run with the key is
--- admitted (runs_key_seen below) and kept: an idle key is moved to the back of the order
--- when a claim finds it has nothing to start.
+-- admitted (runs_key_seen below) and pruned by retention once no run of it is open
+-- (retention.prune_keys); an idle key is moved to the back of the order when a claim
+-- finds it has nothing to start.
 CREATE TABLE runfleet.queue_keys (
     queue          text NOT NULL,
     key            text NOT NULL,
@@ -874,6 +875,10 @@ CREATE INDEX runs_running_key_idx ON runfleet.runs (queue, concurrency_key)
 CREATE INDEX runs_ready_key_idx ON runfleet.runs (queue, concurrency_key, rank_ms, id)
     WHERE status = 'pending' AND waiting_reason IS NULL AND owner_host IS NULL
       AND claim_host IS NULL AND concurrency_key IS NOT NULL;
+-- Retention prunes a key's row once no run of it is open and its bucket is full again
+-- (retention.prune_keys; docs/queues.md). A key's open runs, whatever their state:
+CREATE INDEX runs_open_key_idx ON runfleet.runs (queue, concurrency_key)
+    WHERE status IN ('pending', 'running', 'suspended') AND concurrency_key IS NOT NULL;
 
 -- The key of an admission: its flow's expression, evaluated on the row. SECURITY DEFINER
 -- so a producer needs no privilege on flow_keys; one primary-key probe per row.
@@ -902,15 +907,33 @@ CREATE TRIGGER runs_concurrency_key BEFORE INSERT ON runfleet.runs
     FOR EACH ROW WHEN (NEW.concurrency_key IS NULL)
     EXECUTE FUNCTION runfleet.run_concurrency_key();
 
--- Every admitted key gets its queue_keys row (one statement per admission batch).
+-- Every admitted key has its queue_keys row when the admission commits. The row is made
+-- if missing and then held FOR KEY SHARE until the admission commits (a claim's UPDATE of
+-- the turn or bucket does not wait for it; retention's DELETE skips it), so retention
+-- cannot delete a key between this statement's insert and its commit, while its runs are
+-- not yet visible. A row deleted meanwhile is made again.
 CREATE FUNCTION runfleet.runs_key_seen() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
 $$
+DECLARE
+    v_keys integer;
+    v_held integer;
 BEGIN
-    INSERT INTO runfleet.queue_keys (queue, key)
-    SELECT DISTINCT n.queue, n.concurrency_key FROM admitted n
-     WHERE n.concurrency_key IS NOT NULL
-    ON CONFLICT DO NOTHING;
+    SELECT count(*) INTO v_keys
+      FROM (SELECT DISTINCT n.queue, n.concurrency_key FROM admitted n
+             WHERE n.concurrency_key IS NOT NULL) AS d;
+    WHILE v_keys > 0 LOOP
+        INSERT INTO runfleet.queue_keys (queue, key)
+        SELECT DISTINCT n.queue, n.concurrency_key FROM admitted n
+         WHERE n.concurrency_key IS NOT NULL
+         ORDER BY 1, 2
+        ON CONFLICT DO NOTHING;
+        SELECT count(*) INTO v_held FROM (
+            SELECT FROM runfleet.queue_keys k
+             WHERE (k.queue, k.key) IN (SELECT n.queue, n.concurrency_key FROM admitted n)
+             ORDER BY k.queue, k.key FOR KEY SHARE) AS h;
+        EXIT WHEN v_held >= v_keys;
+    END LOOP;
     RETURN NULL;
 END
 $$;

@@ -167,3 +167,39 @@ $$
            LATERAL runfleet.key_pick_many(r.queue, ARRAY[p_id], p_flows) AS t
      WHERE r.id = p_id
 $$;
+
+-- Retention prunes a key's row once no run of it is open and its bucket is full again
+-- (retention.prune_keys; docs/queues.md). A key's open runs, whatever their state:
+CREATE INDEX runs_open_key_idx ON runfleet.runs (queue, concurrency_key)
+    WHERE status IN ('pending', 'running', 'suspended') AND concurrency_key IS NOT NULL;
+
+-- Every admitted key has its queue_keys row when the admission commits. The row is made
+-- if missing and then held FOR KEY SHARE until the admission commits (a claim's UPDATE of
+-- the turn or bucket does not wait for it; retention's DELETE skips it), so retention
+-- cannot delete a key between this statement's insert and its commit, while its runs are
+-- not yet visible. A row deleted meanwhile is made again.
+CREATE OR REPLACE FUNCTION runfleet.runs_key_seen() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
+$$
+DECLARE
+    v_keys integer;
+    v_held integer;
+BEGIN
+    SELECT count(*) INTO v_keys
+      FROM (SELECT DISTINCT n.queue, n.concurrency_key FROM admitted n
+             WHERE n.concurrency_key IS NOT NULL) AS d;
+    WHILE v_keys > 0 LOOP
+        INSERT INTO runfleet.queue_keys (queue, key)
+        SELECT DISTINCT n.queue, n.concurrency_key FROM admitted n
+         WHERE n.concurrency_key IS NOT NULL
+         ORDER BY 1, 2
+        ON CONFLICT DO NOTHING;
+        SELECT count(*) INTO v_held FROM (
+            SELECT FROM runfleet.queue_keys k
+             WHERE (k.queue, k.key) IN (SELECT n.queue, n.concurrency_key FROM admitted n)
+             ORDER BY k.queue, k.key FOR KEY SHARE) AS h;
+        EXIT WHEN v_held >= v_keys;
+    END LOOP;
+    RETURN NULL;
+END
+$$;

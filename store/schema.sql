@@ -860,14 +860,18 @@ CREATE TABLE runfleet.queue_keys (
 );
 CREATE INDEX queue_keys_order_idx ON runfleet.queue_keys (queue, last_start_ms, key);
 
--- A key is a value of its runs' payload or scope (a tenant's name): only a fleet-wide
--- role ('*') reads the keys; workers read them all (their claims decide by them).
+-- A key is a value of its runs' payload or scope (a tenant's name): a scoped reader sees
+-- a key beside an open run it may read (the runs' own policies decide which), a fleet-wide
+-- role ('*') every key; workers read them all (their claims decide by them).
 ALTER TABLE runfleet.queue_keys ENABLE ROW LEVEL SECURITY;
 CREATE POLICY queue_keys_fleet ON runfleet.queue_keys TO runfleet_worker
     USING (true) WITH CHECK (true);
 CREATE POLICY queue_keys_scoped ON runfleet.queue_keys FOR SELECT
     TO runfleet_producer, runfleet_operator
-    USING ((SELECT runfleet.granted_scopes()) ? '*');
+    USING ((SELECT runfleet.granted_scopes()) ? '*'
+           OR EXISTS (SELECT FROM runfleet.runs r
+                       WHERE r.queue = queue_keys.queue AND r.concurrency_key = queue_keys.key
+                         AND r.status IN ('pending', 'running', 'suspended')));
 
 -- A key's executing runs (its slots) and its fresh admissions in FIFO order.
 CREATE INDEX runs_running_key_idx ON runfleet.runs (queue, concurrency_key)

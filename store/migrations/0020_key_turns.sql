@@ -203,3 +203,13 @@ BEGIN
     RETURN NULL;
 END
 $$;
+
+-- A scoped reader (producer, operator) sees a key beside an open run it may read (the
+-- runs' own policies decide which, inside this one): `queue show`, `fleet`, `explain` and
+-- the dashboard show a tenant its own keys, never another tenant's key values. Before,
+-- only a fleet-wide role ('*') read any key.
+ALTER POLICY queue_keys_scoped ON runfleet.queue_keys
+    USING ((SELECT runfleet.granted_scopes()) ? '*'
+           OR EXISTS (SELECT FROM runfleet.runs r
+                       WHERE r.queue = queue_keys.queue AND r.concurrency_key = queue_keys.key
+                         AND r.status IN ('pending', 'running', 'suspended')));

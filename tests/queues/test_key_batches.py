@@ -21,14 +21,13 @@ ME = Owner("host-a", 4242, "nonce-a")
 
 
 async def admit(store: Store, run_id: str, tenant: str, priority: int | None = None) -> RunRow:
-    options = {} if priority is None else {"priority": priority}
     created = await store.admission.create(
         NewRun(
             id=run_id,
             flow=FLOW,
             queue="shared",
             payload={"args": [1], "kwargs": {"t": tenant}},
-            **options,
+            priority=priority,
         )
     )
     return created.row
@@ -76,9 +75,7 @@ async def test_within_a_key_the_highest_priority_starts_first(store: Store) -> N
     # The batch path: a later high priority of the key takes the key's one slot too.
     await admit(store, "hi2", "acme", priority=3)
     batch = await store.runs.claim_and_activate_many(low, ME, ahead_flows=[FLOW])
-    assert [(k, o.row.id) for k, o in batch.items() if isinstance(o, Activated)] == [
-        ("a0", "hi2")
-    ]
+    assert [(k, o.row.id) for k, o in batch.items() if isinstance(o, Activated)] == [("a0", "hi2")]
 
 
 async def test_a_free_key_starts_behind_more_than_64_saturated_keys(store: Store) -> None:
@@ -137,8 +134,12 @@ async def test_two_workers_batches_racing_on_one_key(store: Store, settings: Set
                     found = await cur.fetchone()
                     return 0 if found is None else int(found[0])
 
-                await until(waiting, 30, "both batch claims waiting on the queue's lock",
-                            accept=lambda n: n >= 2)
+                await until(
+                    waiting,
+                    30,
+                    "both batch claims waiting on the queue's lock",
+                    accept=lambda n: n >= 2,
+                )
             first, second = await asyncio.gather(*claims)
     finally:
         for other in others:

@@ -3,9 +3,12 @@ is full again (real Postgres); a key that comes back starts fresh, as a new key.
 
 from __future__ import annotations
 
+from runfleet.ops.models import PruneResult
 from runfleet.store import Store
+from runfleet.store.config import Settings
 from runfleet.store.retention import Retention
 from runfleet.store.types import Activated, NewRun, Owner, RunRow, RunStatus, Transitioned
+from tests.ops.conftest import cli_env, invoke
 
 FLOW = "tests.queues.flows:nap"
 ME = Owner("host-a", 4242, "nonce-a")
@@ -29,7 +32,7 @@ async def keys(store: Store, queue: str) -> dict[str, int]:
     return {k.key: k.last_start_ms for k in await store.queues.keys(queue, limit=1000)}
 
 
-async def test_retention_prunes_keys_no_open_run_needs(store: Store) -> None:
+async def test_retention_prunes_keys_no_open_run_needs(store: Store, settings: Settings) -> None:
     await store.queues.set("rated", key_flow=(FLOW, "kwargs.t"), key_rate_per_s=0.2)
     await store.queues.set("plain", key_concurrency=1)  # the same flow's key, another queue
     await admit(store, "b0", "bolt", "rated")
@@ -50,3 +53,9 @@ async def test_retention_prunes_keys_no_open_run_needs(store: Store) -> None:
     await admit(store, "x0-again", "x0", "plain")
     assert (await keys(store, "plain"))["x0"] == 0
     await start_and_settle(store, "x0-again")
+    # `runfleet prune` prunes them too (not in a dry run), and says how many.
+    env = cli_env(settings)
+    dry = await invoke(env, "prune", "--settled-before", "30d", "--dry-run", "--json")
+    assert PruneResult.model_validate_json(dry.stdout).keys_pruned is None, dry
+    real = await invoke(env, "prune", "--settled-before", "30d")
+    assert "concurrency keys deleted: 1" in real.stdout, real  # x0, settled again

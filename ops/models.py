@@ -380,3 +380,5 @@ class PruneResult(_Model):
     consumers_pruned: int | None
     """Dead stream consumers deleted; None when not attempted (dry run, Redis unreachable)."""
     consumers_note: str | None = None
+    keys_pruned: int | None = None
+    """Concurrency keys deleted (no open run, bucket full again); None in a dry run."""

@@ -190,6 +190,11 @@ class Queues:
         found = {r["queue"]: int(r["running"]) for r in rows}
         return {name: found.get(name, 0) for name in names}
 
+    async def changes_readable(self) -> bool:
+        """Whether this role may read ``changes`` (a scoped operator may not)."""
+        row = await self._db.one("queues.changes_readable")
+        return bool(row and row["readable"])
+
     async def changes(self, name: str, limit: int = 20) -> list[QueueChange]:
         """The queue's latest changes, newest first."""
         rows = await self._db.all("queues.changes", {"name": name, "limit": limit})

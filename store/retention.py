@@ -246,6 +246,32 @@ class Retention:
                 if locked:
                     await conn.execute(q("retention.unlock"))
 
+    async def prune_keys(
+        self, *, batch: int = DEFAULT_BATCH, should_stop: Callable[[], bool] = lambda: False
+    ) -> int:
+        """Delete the concurrency keys no open run needs, in batches; how many went.
+
+        A key's row (its round-robin turn and per-key bucket) goes once no run of it is
+        pending, running or suspended and its bucket is full again: a key that comes back
+        later starts fresh, as a new key (the front of the turn, a full bucket), which is
+        what its state would have been worth. Rows an admission or a claim holds are kept
+        for the next pass (``retention.prune_keys``).
+        """
+        if batch < 1:
+            raise ValueError("batch must be >= 1")
+        total, after = 0, ("", "")
+        while True:
+            row = await self._db.one(
+                "retention.prune_keys",
+                {"after_queue": after[0], "after_key": after[1], "limit": batch},
+            )
+            assert row is not None, "prune_keys always answers one row"
+            deleted = int(row["deleted"])
+            total += deleted
+            if deleted < batch or should_stop():
+                return total
+            after = (row["last_queue"], row["last_key"])
+
     async def known_queues(self) -> list[str]:
         """Queues workers registered flows on (where their stream consumers live)."""
         return [r["queue"] for r in await self._db.all("retention.known_queues")]

@@ -150,11 +150,6 @@ class Decider:
                 or (self._lease_ok is not None and not self._lease_ok())
             ):
                 continue
-            if row.concurrency_key is not None:  # its key's turn: claimed alone (queues.md)
-                keyed = await self._decide_delivered(row.id, row.flow)
-                if keyed is not None:
-                    decisions[row.id] = keyed
-                continue
             flow = self._flow(row)
             if flow is not None:
                 fresh.append((row, flow))

@@ -120,6 +120,7 @@ class RetentionLoop(Service):
         older_than = self._settings.retention_ms
         started = time.monotonic()
         done: Pass | None = None
+        keys = 0
         try:
             async with self._retention.exclusive() as mine:
                 if not mine:
@@ -137,6 +138,9 @@ class RetentionLoop(Service):
                     should_stop=self._stopping.is_set,
                 )
                 self._expiry_cursor = expired.next
+                keys = await self._retention.prune_keys(
+                    batch=self._batch, should_stop=self._stopping.is_set
+                )
                 self.last_expiry = expired
                 if self._signals is not None:
                     self._signals.expired.fire(expired)
@@ -167,10 +171,11 @@ class RetentionLoop(Service):
             "batches": expired.batches + (done.batches if done else 0),
             "longest_batch_s": round(longest, 4),
             "consumers": consumers,
+            "keys": keys,
             "complete": expired.complete and (done is None or done.complete),
             "seconds": round(time.monotonic() - started, 3),
         }
-        if deleted.runs or consumers:
+        if deleted.runs or consumers or keys:
             log.info("retention.pruned", extra=fields)
         else:  # an idle pass every minute is not worth an info line
             log.debug("retention.pruned", extra=fields)

@@ -71,6 +71,8 @@ def prune(
         f"({result.batches} batch(es), {result.scanned} scanned, "
         f"longest batch {result.longest_batch_ms:.0f} ms)"
     )
+    if result.keys_pruned is not None:
+        say(f"concurrency keys deleted: {result.keys_pruned}")
     if result.consumers_pruned is not None:
         say(f"dead stream consumers deleted: {result.consumers_pruned}")
     elif result.consumers_note:
@@ -90,6 +92,7 @@ async def _prune(
         _, now_ms = await retention.cutoff(0)
         before_ms = settled_before.bound_ms(now_ms)
         done = await retention.prune(before_ms, now_ms, batch=batch, dry_run=dry_run)
+        keys = None if dry_run else await retention.prune_keys(batch=batch)
         pruned: int | None = None
         note: str | None = None
         if dry_run:
@@ -120,4 +123,5 @@ async def _prune(
         longest_batch_ms=round(done.longest_batch_s * 1000, 3),
         consumers_pruned=pruned,
         consumers_note=note,
+        keys_pruned=keys,
     )

@@ -183,6 +183,7 @@ async def _show(cfg: Settings, name: str | None, as_json: bool) -> None:
             c.fail(f"queue {name!r} has no settings (it runs unlimited, priority 0)")
         running = await queues.running([q.name for q in listed])
         flow_keys = await queues.flow_keys()
+        history = await queues.changes_readable()
         infos = []
         for q in listed:
             keys = [
@@ -193,7 +194,7 @@ async def _show(cfg: Settings, name: str | None, as_json: bool) -> None:
                 QueueChangeInfo(
                     change=ch.change, note=ch.note, changed_by=ch.changed_by, at=c.stamp(ch.at_ms)
                 )
-                for ch in await queues.changes(q.name, limit=5)
+                for ch in (await queues.changes(q.name, limit=5) if history else [])
             ]
             infos.append(
                 QueueInfo(

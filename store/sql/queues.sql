@@ -54,6 +54,11 @@ SELECT q.* FROM runfleet.queues q ORDER BY q.name;
 SELECT c.* FROM runfleet.queue_changes c WHERE c.queue = %(name)s ORDER BY c.seq DESC
  LIMIT %(limit)s;
 
+-- name: changes_readable
+-- Whether this role may read the queues' change history (fleet-wide operators, workers;
+-- a scoped operator may not: who changed a limit, and why, is the fleet's).
+SELECT has_table_privilege('runfleet.queue_changes', 'SELECT') AS readable;
+
 -- name: running
 -- How many runs of each named queue execute now (the slots in use of a limited one).
 SELECT r.queue, count(*) AS running FROM runfleet.runs r

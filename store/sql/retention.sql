@@ -149,3 +149,32 @@ SELECT DISTINCT c.table_name FROM information_schema.columns c
 -- name: known_queues
 -- Queues some worker registered a flow on: where dead stream consumers may linger.
 SELECT DISTINCT queue FROM runfleet.flows ORDER BY queue;
+
+-- name: prune_keys
+-- Concurrency keys no open run needs (docs/queues.md "Concurrency keys"): up to %(limit)s
+-- rows of runfleet.queue_keys strictly after the keyset cursor whose key has no pending,
+-- running or suspended run (runs_open_key_idx) and whose per-key bucket, if any, is full
+-- again (so a key that comes back starts fresh without a start more than its rate: a full
+-- bucket and the front of the turn, as a new key). A row an admission holds (FOR KEY SHARE
+-- until it commits: runs_key_seen) or a claim is updating is skipped, kept for the next pass.
+WITH doomed AS (
+    SELECT k.queue, k.key FROM runfleet.queue_keys k
+      LEFT JOIN runfleet.queues q ON q.name = k.queue
+     WHERE (k.queue, k.key) > (%(after_queue)s, %(after_key)s)
+       AND NOT EXISTS (SELECT FROM runfleet.runs r
+                        WHERE r.queue = k.queue AND r.concurrency_key = k.key
+                          AND r.status IN ('pending', 'running', 'suspended'))
+       AND (q.key_rate_per_s IS NULL OR k.rate_at_ms IS NULL
+            OR runfleet.bucket_tokens(q.key_rate_per_s, k.rate_tokens, k.rate_at_ms,
+                                      runfleet.now_ms()) >= greatest(q.key_rate_per_s, 1))
+     ORDER BY k.queue, k.key LIMIT %(limit)s
+       FOR UPDATE OF k SKIP LOCKED
+), deleted AS (
+    DELETE FROM runfleet.queue_keys k USING doomed d
+     WHERE k.queue = d.queue AND k.key = d.key
+    RETURNING k.queue, k.key
+)
+SELECT count(*) AS deleted,
+       (SELECT d.queue FROM deleted d ORDER BY d.queue DESC, d.key DESC LIMIT 1) AS last_queue,
+       (SELECT d.key FROM deleted d ORDER BY d.queue DESC, d.key DESC LIMIT 1) AS last_key
+  FROM deleted;

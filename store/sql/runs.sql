@@ -208,6 +208,12 @@ SELECT false AS activated, s.*, (SELECT free FROM slots) IS NOT NULL AS limited 
 -- whose candidate has the higher priority and a smaller rank_ms claims the candidate in
 -- the delivered run's place. ``named_id`` says whose slot each activated row took.
 --
+-- Concurrency keys (docs/queues.md): a keyed queue's keyed runs do not look ahead by
+-- priority; the slots granted to them go to their keys' turns, one runfleet.key_pick_many
+-- call per keyed queue of the batch (``turns``, after every named row is locked; its
+-- picks are locked SKIP LOCKED, like ``ahead``): K per key, round-robin across keys, the
+-- per-key rate and priority within a key, the rule the single claims use.
+--
 -- The UPDATE states "pending, no wait, no claim" as IS NOT DISTINCT FROM, which the
 -- planner cannot read as the predicate of the pending partial indexes: with statistics
 -- from before a bulk admission it took those for empty and scanned all of one (92,000
@@ -219,7 +225,8 @@ WITH wanted AS (
 ), limits AS MATERIALIZED (
     -- Each queue's fleet-wide limit (docs/queues.md), its lock taken before any run row's,
     -- in queue order (two batches lock the same queues in the same order).
-    SELECT q.queue, runfleet.queue_free_slots(q.queue, q.want::integer) AS free
+    SELECT q.queue, runfleet.queue_free_slots(q.queue, q.want::integer) AS free,
+           EXISTS (SELECT FROM runfleet.queues k WHERE k.name = q.queue AND k.keyed) AS keyed
       FROM (SELECT r.queue, count(*) FILTER (
                         WHERE r.status = 'pending' AND r.owner_host IS NULL
                           AND r.claim_host IS NULL AND r.waiting_reason IS NULL) AS want
@@ -230,18 +237,20 @@ WITH wanted AS (
            r.status = 'pending' AND r.waiting_reason IS NULL AND r.claim_host IS NULL
            AND r.owner_host IS NULL AND r.heartbeat_at_ms IS NULL
            AND r.cancel_requested_at_ms IS NULL
-           AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[]))
-           AND r.concurrency_key IS NULL AS fresh  -- a keyed run looks ahead by its key
+           AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[])) AS fresh,
+           r.concurrency_key IS NOT NULL
+           AND (SELECT m.keyed FROM limits m WHERE m.queue = r.queue) AS keyed
       FROM runfleet.runs r
      WHERE r.id = ANY(%(ids)s::text[]) AND (SELECT count(*) FROM limits) >= 0  -- after limits
      ORDER BY r.id FOR UPDATE
 ), named AS MATERIALIZED (
     SELECT l.*, row_number() OVER (PARTITION BY l.queue
                                    ORDER BY l.priority, l.rank_ms DESC, l.id DESC) AS k
-      FROM locked l WHERE l.fresh
+      FROM locked l WHERE l.fresh AND NOT l.keyed  -- a keyed run looks ahead by its key
 ), floors AS (
-    SELECT n.queue, min(n.priority) AS priority, count(*) AS slots FROM named n
-     WHERE %(ahead_flows)s::text[] IS NOT NULL GROUP BY n.queue
+    SELECT n.queue, min(n.priority) AS priority, count(*) AS slots, m.keyed FROM named n
+      JOIN limits m ON m.queue = n.queue
+     WHERE %(ahead_flows)s::text[] IS NOT NULL GROUP BY n.queue, m.keyed
 ), ahead AS MATERIALIZED (
     SELECT c.id, c.queue, c.priority, c.rank_ms,
            row_number() OVER (PARTITION BY c.queue ORDER BY c.priority DESC, c.rank_ms, c.id) AS k
@@ -251,17 +260,18 @@ WITH wanted AS (
              AND c.owner_host IS NULL AND c.claim_host IS NULL AND c.priority > f.priority
              AND c.heartbeat_at_ms IS NULL AND c.cancel_requested_at_ms IS NULL
              AND c.flow = ANY(%(ahead_flows)s::text[]) AND c.id <> ALL(%(ids)s::text[])
+             AND (c.concurrency_key IS NULL OR NOT f.keyed)  -- a keyed run starts in its turn
            ORDER BY c.priority DESC, c.rank_ms, c.id LIMIT f.slots
              FOR UPDATE SKIP LOCKED) AS c
 ), paired AS (
     SELECT w.id AS named_id, coalesce(a.id, w.id) AS id,
-           CASE WHEN a.id IS NULL THEN w.epoch END AS epoch, w.seq, l.queue,
+           CASE WHEN a.id IS NULL THEN w.epoch END AS epoch, w.seq, l.queue, l.fresh, l.keyed,
            coalesce(a.priority, l.priority) AS priority, coalesce(a.rank_ms, l.rank_ms) AS rank_ms
       FROM wanted w JOIN locked l ON l.id = w.id  -- every named row locked first
       LEFT JOIN named n ON n.id = w.id
       LEFT JOIN ahead a ON a.queue = n.queue AND a.k = n.k
                        AND a.priority > n.priority AND a.rank_ms < n.rank_ms
-), slots AS (
+), slots AS MATERIALIZED (
     -- A limited queue's free slots go to its best runs of the batch; the rest wait.
     SELECT p.*, m.free FROM (
         SELECT p.*, row_number() OVER (PARTITION BY p.queue
@@ -269,12 +279,24 @@ WITH wanted AS (
           FROM paired p) AS p
       JOIN limits m ON m.queue = p.queue
      WHERE m.free IS NULL OR p.place <= m.free
+), turns AS MATERIALIZED (
+    -- A keyed queue's slots granted to keyed runs: its keys' turns, in queue order.
+    SELECT t.named_id, t.pick_id FROM (
+        SELECT s.queue, array_agg(s.named_id ORDER BY s.place) AS ids FROM slots s
+         WHERE s.keyed AND s.fresh GROUP BY s.queue ORDER BY s.queue) AS g,
+      LATERAL runfleet.key_pick_many(g.queue, g.ids, %(ahead_flows)s::text[]) AS t
+), chosen AS (
+    SELECT s.named_id, s.id, s.epoch, s.seq, s.free FROM slots s WHERE NOT s.keyed
+    UNION ALL
+    SELECT s.named_id, t.pick_id, CASE WHEN t.pick_id = s.named_id THEN s.epoch END,
+           s.seq, s.free
+      FROM slots s JOIN turns t ON t.named_id = s.named_id
 ), activated AS (
     UPDATE runfleet.runs AS r SET
         status = 'running', owner_host = %(host)s, owner_pid = %(pid)s,
         owner_nonce = %(nonce)s, epoch = r.epoch + 1, heartbeat_at_ms = runfleet.now_ms(),
         updated_at_ms = runfleet.now_ms()
-      FROM slots w
+      FROM chosen w
      WHERE r.id = w.id AND r.status IS NOT DISTINCT FROM 'pending'
        AND (w.epoch IS NULL OR r.epoch = w.epoch)
        AND r.waiting_reason IS NOT DISTINCT FROM NULL
@@ -283,9 +305,6 @@ WITH wanted AS (
        AND (w.epoch IS NOT NULL OR r.cancel_requested_at_ms IS NULL)  -- a look-ahead's
        AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[])
             OR (r.status = 'pending' AND r.cancel_requested_at_ms IS NOT NULL))
-       -- a keyed queue's keyed runs are claimed one by one (claim_if_fresh: their turn)
-       AND (r.concurrency_key IS NULL
-            OR NOT EXISTS (SELECT FROM runfleet.queues q WHERE q.name = r.queue AND q.keyed))
     RETURNING r.*, runfleet.now_ms() AS now_ms, w.seq AS journal_seq, w.named_id,
               w.free IS NOT NULL AS limited
 ), journaled AS (

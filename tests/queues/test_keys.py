@@ -73,7 +73,7 @@ async def test_at_most_k_per_key_and_the_oldest_key_takes_the_slot(store: Store)
     assert a4 is not None
     assert isinstance(await store.runs.claim_and_activate("a4", a4.snapshot, ME), AtLimit)
     batch = await store.runs.claim_and_activate_many([a4], ME, ahead_flows=[FLOW])
-    assert isinstance(batch["a4"], AtLimit)  # a keyed run is never claimed by a batch
+    assert isinstance(batch["a4"], AtLimit)  # the batch claim honours the key's limit too
     keys = {k.key: k for k in await store.queues.keys("shared")}
     assert (keys["acme"].running, keys["acme"].waiting) == (2, 2)  # a1, a3; a2, a4
     assert (keys["bolt"].running, keys["bolt"].waiting) == (1, 0)

@@ -2,10 +2,11 @@
 
 `runfleet.admit` (SQL block `admit.batch`) runs here beside thousands of open runs, with
 and without deduplication keys, and the transaction's own statistics
-(`pg_stat_xact_user_tables`, `pg_stat_get_xact_tuples_returned` per index: counters of this transaction alone, no timing)
-say what it read: no sequential scan, no scan of the status index, index tuples in
-proportion to the batch. It once answered the dedup holders in a query OR'd with the id
-lookup, which read every open run on every admission (migration 0020).
+(`pg_stat_xact_user_tables`, `pg_stat_get_xact_tuples_returned` per index: counters of
+this transaction alone, no timing) say what it read: no sequential scan, no scan of the
+status index, index tuples in proportion to the batch. It once answered the dedup holders
+in a query OR'd with the id lookup, which read every open run on every admission
+(migration 0020).
 
 And no row written to `runs` runs a SQL function the planner could not inline: the expiry
 index's expression once did, for every insert and every non-HOT update (0020).
@@ -123,8 +124,8 @@ async def test_a_row_written_to_runs_calls_no_sql_function_per_row(backlog: str)
         async with conn.transaction():
             await conn.execute(q("admit.batch"), _params([{"id": "counted"}]))
             await conn.execute(
-                "UPDATE runfleet.runs SET status = 'completed', state = state || '{\"result_ttl\": 5}'"
-                " WHERE id = 'counted'"
+                "UPDATE runfleet.runs SET status = 'completed',"
+                " state = state || '{\"result_ttl\": 5}' WHERE id = 'counted'"
             )
             called = await (
                 await conn.execute(

@@ -1,6 +1,6 @@
 -- runfleet schema v20: what an admission costs the server no longer grows with the backlog,
--- and no longer pays a SQL function's planning per written row (docs/producer.md,
--- "Where an admission's time went").
+-- and no longer pays a SQL function's planning per written row (docs/producer.md, "What
+-- an admission cost the server").
 --
 -- 1. runfleet.admit (0017) answered the batch's runs and the open run holding a batch
 --    run's dedup_key in ONE query, `id = ANY (ids) OR (status IN open AND (queue,
@@ -18,7 +18,8 @@
 --    function executor twice, parsing and planning its body each statement: ~0.4-0.5 ms
 --    per admitted row, about as much as all the other indexes together. The same
 --    function as one expression is inlined when the index is opened. Same values for
---    every input (tests/retention/test_ttl.py), so the index needs no rebuild.
+--    every input (tests/store/test_admission_plans.py compares it with 0010's body), so
+--    the index needs no rebuild.
 CREATE OR REPLACE FUNCTION runfleet.run_expires_at_ms(status text, state jsonb, settled_at_ms bigint)
     RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS
 $$ SELECT CASE

@@ -15,7 +15,7 @@ index's expression once did, for every insert and every non-HOT update (0020).
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 import pytest
@@ -141,3 +141,41 @@ async def test_a_row_written_to_runs_calls_no_sql_function_per_row(backlog: str)
             ).fetchall()
     assert called == [], called
     assert [r["id"] for r in indexed] == ["counted"]  # and the expression still says the TTL
+
+
+OLD_EXPIRY: LiteralString = """
+SELECT CASE WHEN ttl IS NULL THEN NULL
+            WHEN ttl < 0 THEN 9223372036854775807
+            ELSE at + (least(ttl, 3153600000) * 1000)::bigint END
+  FROM (SELECT CASE WHEN jsonb_typeof(t) = 'number' THEN (t #>> '{}')::numeric END AS ttl
+          FROM (SELECT CASE status WHEN 'completed' THEN state->'result_ttl'
+                                   WHEN 'failed' THEN state->'failure_ttl' END AS t) s) v
+"""
+"""Migration 0010's body of run_expires_at_ms, the definition the inlinable one replaces."""
+
+
+STATES = [
+    {}, {"result_ttl": 5}, {"result_ttl": -1}, {"result_ttl": 0}, {"result_ttl": 1.5},
+    {"result_ttl": "5"}, {"result_ttl": None}, {"result_ttl": 1e20}, {"failure_ttl": 7},
+    {"failure_ttl": -3, "result_ttl": 2}, {"failure_ttl": [1]}, {"result_ttl": {"a": 1}},
+    {"failure_ttl": 0.0001}, {"result_ttl": True}, {"failure_ttl": -0.5},
+]  # fmt: skip
+STATUSES = ["pending", "running", "suspended", "completed", "failed", "cancelled"]
+
+
+async def test_the_inlinable_expiry_says_what_the_old_one_said(database_url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(database_url) as conn:
+        cur = await conn.execute(
+            "WITH cases(status, state, at) AS ("
+            "  SELECT s, st, a FROM unnest(%(statuses)s::text[]) s,"
+            "  unnest(%(states)s::jsonb[]) st, unnest(ARRAY[0, 1796168001123, NULL]::bigint[]) a)"
+            " SELECT count(*), count(*) FILTER (WHERE"
+            "   runfleet.run_expires_at_ms(c.status, c.state, c.at) IS DISTINCT FROM"
+            "  (SELECT (" + OLD_EXPIRY + ")"
+            "     FROM (SELECT c.status, c.state, c.at) x(status, state, at))),"
+            " count(*) FILTER (WHERE runfleet.run_expires_at_ms(c.status, c.state, c.at)"
+            "                  IS NOT NULL)"
+            " FROM cases c",
+            {"statuses": STATUSES, "states": [Jsonb(st) for st in STATES]},
+        )
+        assert await cur.fetchone() == (270, 0, 23)  # every case, none differs, some expire

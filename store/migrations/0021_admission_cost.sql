@@ -1,4 +1,4 @@
--- runfleet schema v20: what an admission costs the server no longer grows with the backlog,
+-- runfleet schema v21: what an admission costs the server no longer grows with the backlog,
 -- and no longer pays a SQL function's planning per written row (docs/producer.md, "What
 -- an admission cost the server").
 --

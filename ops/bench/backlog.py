@@ -258,6 +258,18 @@ async def _one(conn: psycopg.AsyncConnection[dict[str, Any]], name: str, **param
     return row
 
 
+async def _counters(conn: psycopg.AsyncConnection[dict[str, Any]], wait: float = 15.0) -> Any:
+    """The server's counters once every other session on the database has gone (each
+    reports its statistics as it exits: read earlier, a short drain's or the admission's
+    last second would be missing or counted in the wrong phase), waiting ``wait`` s at most."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if int((await _one(conn, "bench.other_backends"))["n"]) == 0:
+            break
+        await asyncio.sleep(0.05)
+    return await _one(conn, "bench.server_counters")
+
+
 async def runfleet_drain(
     url: str, redis_url: str, depth: int, workers: int, concurrency: int, timeout: float = 1800
 ) -> Drained:
@@ -276,7 +288,7 @@ async def runfleet_drain(
         began = time.perf_counter()
         await admit(settings, depth)
         admitted = time.perf_counter()
-        server_before = await _one(conn, "bench.server_counters")
+        server_before = await _counters(conn)
         procs = [
             runfleet_worker(settings, flows=FLOWS_MODULE, queues=QUEUE, concurrency=concurrency)
             for _ in range(workers)
@@ -291,11 +303,11 @@ async def runfleet_drain(
                     raise BenchError(f"runfleet: backlog of {depth} not drained in {timeout} s")
                 await asyncio.sleep(0.5)
             wall = time.perf_counter() - admitted
-            server = await _one(conn, "bench.server_counters")
         finally:
             for proc in procs:
                 proc.terminate()
                 proc.close()
+        server = await _counters(conn)
         rate = await _one(conn, "bench.backlog_rate", after_seq=after)
         cur = await conn.execute(q("bench.backlog_settlements"), {"after_seq": after})
         done = [(str(r["source_id"]), float(r["at_ms"])) for r in await cur.fetchall()]

@@ -101,6 +101,13 @@ SELECT count(*) FILTER (WHERE kind = 'transitioned') AS settled,
 SELECT source_id, at_ms FROM runfleet.journal
  WHERE seq > %(after_seq)s AND kind = 'transitioned';
 
+-- name: other_backends
+-- Other sessions on this database: a backend reports its statistics when it exits (or at
+-- most once a second while busy), so the counters below are complete only once the
+-- drain's sessions are gone.
+SELECT count(*) AS n FROM pg_stat_activity
+ WHERE datname = current_database() AND pid <> pg_backend_pid();
+
 -- name: server_counters
 -- The server's WAL and this database's commits so far (cumulative, PostgreSQL >= 14):
 -- a drain's cost per run is the difference across it. pg_stat_wal counts the whole

@@ -4,25 +4,35 @@ For each depth, each system admits that many no-op jobs in bulk (runfleet ``enqu
 rq ``enqueue_many``, Celery ``apply_async`` on one producer connection), then two worker
 processes start (runfleet: 2 processes; rq: 2 ``SimpleWorker``s in burst mode; Celery:
 one prefork worker of 2 children, ``acks_late``). The **steady rate** is the runs
-completed per second between 10 % and 100 % done, from each system's own completion
-times (runfleet's journal in database time, rq's ``ended_at``, Celery's ``date_done``):
-the start-up of the workers is left out, the tail is not. Runfleet also reports the
-stream messages it wrote per run (both lanes' ``entries-added``: 1.0 when no wake was
-duplicated), the claims that lost a race, and the churn on ``runfleet.runs`` (updates,
-HOT updates, dead tuples left; see docs/backlog.md).
+completed per second over the drain's steady window (``steady_window``), from each
+system's own completion times and the process that completed each (runfleet's journal
+in database time and its writer, rq's ``ended_at`` and ``worker_name``, Celery's
+``date_done`` and the child's pid its task returns): from the later of 10 % done and
+the first completion of the last worker process to start, to the last completion. So
+no system's start-up is inside its window, whichever of its processes starts last:
+the tail is. Runfleet's Postgres runs with its commits flushed to disk (the bench's own
+throwaway with ``fsync``, ``synchronous_commit`` and ``full_page_writes`` on, or the
+server ``--database-url`` names, as configured; the output says which). Runfleet also
+reports the stream messages it wrote per run (both lanes' ``entries-added``: 1.0 when no
+wake was duplicated), the claims that lost a race, the churn on ``runfleet.runs``
+(updates, HOT updates, dead tuples left; see docs/backlog.md) and what each run cost the
+server (WAL records and bytes, WAL flushes, commits).
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import math
+import os
 import secrets
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 import psycopg
@@ -32,6 +42,7 @@ from rich.table import Table
 from runfleet.broker.client import connect
 from runfleet.broker.streams import Lane, Streams
 from runfleet.ops.bench.drain import admit, drop_keys, journal_tail
+from runfleet.ops.bench.durability import Target, durable
 from runfleet.ops.bench.fleet_procs import Proc, Servers, bench_prefix, python_env, runfleet_worker
 from runfleet.ops.bench.noop import QUEUE, noop
 from runfleet.ops.bench.scratch import BenchError, scratch_database
@@ -44,6 +55,40 @@ DEFAULT_DEPTHS = (1000, 10_000, 100_000)
 SYSTEMS = ("runfleet", "rq", "celery")
 
 
+class WindowStart(StrEnum):
+    """Where a drain's steady window starts (``steady_window``)."""
+
+    TENTH = "10% done"
+    """Every worker process had completed a run by then."""
+    LAST_STARTED = "last process's first completion"
+    """A process started after 10 % were done: the window waits for it."""
+    TENTH_LATE = "10% done, a process started too late to wait for"
+    """Nothing came after that process's first completion: the 10 % window, flagged."""
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """The part of a drain its steady rate counts: ``runs`` completions after its first,
+    over ``span_ms``, by ``processes`` worker processes."""
+
+    runs: int
+    span_ms: float
+    processes: int
+    starts: WindowStart
+
+    @property
+    def per_s(self) -> float:
+        return _rate(self.runs, self.span_ms)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "window_runs": self.runs,
+            "window_s": round(self.span_ms / 1000, 3),
+            "window_from": self.starts.value,
+            "processes_seen": self.processes,
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class Drained:
     """One system's drain of one backlog."""
@@ -51,9 +96,13 @@ class Drained:
     system: str
     depth: int
     admit_s: float
-    steady_per_s: float
+    window: Window
     wall_s: float
     extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def steady_per_s(self) -> float:
+        return self.window.per_s
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -61,22 +110,45 @@ class Drained:
             "depth": self.depth,
             "admit_s": round(self.admit_s, 2),
             "steady_runs_per_s": round(self.steady_per_s, 1),
+            **self.window.as_json(),
             "wall_s": round(self.wall_s, 2),
             **self.extra,
         }
 
 
-def steady_rate(done_ms: Sequence[float]) -> float:
-    """Completions per second from the 10th percentile completion to the last.
+def steady_window(done: Sequence[tuple[str, float]]) -> Window:
+    """The steady window of a drain's completions, each (process, completion time in ms).
 
-    The 10th percentile is the first time by which 10 % were done (``percentile_disc``),
-    and the rate counts the completions after it: the same rule as ``bench.backlog_rate``.
+    It runs from the later of the 10th percentile completion (the first time by which
+    10 % were done, ``percentile_disc``) and the first completion of the process that
+    started last, to the last completion, and counts the completions after its first.
+    A worker process still starting is not part of the fleet's steady state: counting
+    it would charge a system for its start-up exactly when one of its processes starts
+    later than the others, as runfleet's second process often does on a loaded box
+    (Celery's prefork children are forked before it consumes). If the last process
+    started so late that nothing came after its first completion, the window is the 10 %
+    one, flagged ``TENTH_LATE``.
     """
-    times = sorted(done_ms)
+    times = sorted(t for _, t in done)
     if len(times) < 2:
         raise BenchError("a drain needs at least two completions to have a rate")
     first = math.ceil(0.1 * len(times)) - 1
-    return _rate(len(times) - 1 - first, times[-1] - times[first])
+    started: dict[str, float] = {}
+    for process, t in done:
+        started[process] = min(t, started.get(process, t))
+    ready = bisect.bisect_left(times, max(started.values()))
+    start, starts = (
+        (first, WindowStart.TENTH) if ready <= first else (ready, WindowStart.LAST_STARTED)
+    )
+    if start >= len(times) - 1:
+        start, starts = first, WindowStart.TENTH_LATE
+    return Window(len(times) - 1 - start, times[-1] - times[start], len(started), starts)
+
+
+def steady_rate(done_ms: Sequence[float]) -> float:
+    """Completions per second from the 10th percentile completion to the last (one process:
+    ``steady_window`` with nothing still starting)."""
+    return steady_window([("", t) for t in done_ms]).per_s
 
 
 def _rate(count: int, span_ms: float) -> float:
@@ -90,6 +162,9 @@ class BacklogResult:
     concurrency: int
     rows: tuple[Drained, ...]
     load_before: tuple[float, float, float]
+    server: Target | None = None
+    """Runfleet's Postgres, with its durability settings as it reported them."""
+    load_after: tuple[float, float, float] | None = None
 
     def of(self, system: str, depth: int) -> Drained | None:
         return next((r for r in self.rows if r.system == system and r.depth == depth), None)
@@ -122,6 +197,8 @@ class BacklogResult:
             "workers": self.workers,
             "concurrency": self.concurrency,
             "load_average_before": list(self.load_before),
+            "load_average_after": list(self.load_after) if self.load_after else None,
+            "postgres": self.server.as_json() if self.server else None,
             "drains": [r.as_json() for r in self.rows],
             "targets": {k: {"measured": v[0], "met": v[1]} for k, v in self.targets().items()},
         }
@@ -142,9 +219,13 @@ async def run(
     unknown = set(systems) - set(SYSTEMS)
     if unknown:
         raise BenchError(f"unknown systems {sorted(unknown)}: choose from {', '.join(SYSTEMS)}")
-    load = _loadavg()
+    load = os.getloadavg()
     rows: list[Drained] = []
-    async with scratch_database(servers.database_url, "rf_bench_backlog") as url:
+    async with (
+        durable(servers) as target,
+        scratch_database(target.admin_url, "rf_bench_backlog") as url,
+    ):
+        print(f"runfleet's Postgres: {target.label}", file=sys.stderr)
         await migrate(url)
         for depth in depths:
             for system in systems:
@@ -163,13 +244,9 @@ async def run(
                         await runfleet_drain(url, servers.redis_url, depth, workers, concurrency)
                     )
                 print(json.dumps(rows[-1].as_json()), file=sys.stderr)
-    return BacklogResult(tuple(depths), workers, concurrency, tuple(rows), load)
-
-
-def _loadavg() -> tuple[float, float, float]:
-    import os
-
-    return os.getloadavg()
+    return BacklogResult(
+        tuple(depths), workers, concurrency, tuple(rows), load, target, os.getloadavg()
+    )
 
 
 # ---- runfleet --------------------------------------------------------------------------
@@ -181,9 +258,25 @@ async def _one(conn: psycopg.AsyncConnection[dict[str, Any]], name: str, **param
     return row
 
 
+async def _counters(conn: psycopg.AsyncConnection[dict[str, Any]], wait: float = 15.0) -> Any:
+    """The server's counters once every other session on the database has gone (each
+    reports its statistics as it exits: read earlier, a short drain's or the admission's
+    last second would be missing or counted in the wrong phase), waiting ``wait`` s at most."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if int((await _one(conn, "bench.other_backends"))["n"]) == 0:
+            break
+        await asyncio.sleep(0.05)
+    return await _one(conn, "bench.server_counters")
+
+
 async def runfleet_drain(
     url: str, redis_url: str, depth: int, workers: int, concurrency: int, timeout: float = 1800
 ) -> Drained:
+    """Admit ``depth`` no-op runs, then drain them with ``workers`` fresh processes.
+
+    The server's counters are read after the admission and after the drain: what the
+    drain (claims, settlements, heartbeats, sweeps, this poll) cost it per run."""
     settings = Settings(
         database_url=url, redis_url=redis_url, redis_prefix=bench_prefix(f"backlog{depth}")
     )
@@ -195,6 +288,7 @@ async def runfleet_drain(
         began = time.perf_counter()
         await admit(settings, depth)
         admitted = time.perf_counter()
+        server_before = await _counters(conn)
         procs = [
             runfleet_worker(settings, flows=FLOWS_MODULE, queues=QUEUE, concurrency=concurrency)
             for _ in range(workers)
@@ -213,7 +307,10 @@ async def runfleet_drain(
             for proc in procs:
                 proc.terminate()
                 proc.close()
+        server = await _counters(conn)
         rate = await _one(conn, "bench.backlog_rate", after_seq=after)
+        cur = await conn.execute(q("bench.backlog_settlements"), {"after_seq": after})
+        done = [(str(r["source_id"]), float(r["at_ms"])) for r in await cur.fetchall()]
         churn = await _one(conn, "bench.runs_churn")
         redis = connect(settings)
         try:
@@ -228,14 +325,14 @@ async def runfleet_drain(
     settled = int(rate["settled"])
     if settled != depth:
         raise BenchError(f"runfleet settled {settled} of {depth}")
-    span_ms = int(rate["last_ms"]) - int(rate["p10_ms"])
+    cost = {k: int(server[k]) - int(server_before[k]) for k in server}
     updates = int(churn["n_tup_upd"]) - int(churn_before["n_tup_upd"])
     hot = int(churn["n_tup_hot_upd"]) - int(churn_before["n_tup_hot_upd"])
     return Drained(
         "runfleet",
         depth,
         admitted - began,
-        _rate(depth - math.ceil(0.1 * depth), span_ms),
+        steady_window(done),
         wall,
         {
             "messages_per_run": round(written / depth, 4),
@@ -244,6 +341,10 @@ async def runfleet_drain(
             "hot_updates_per_run": round(hot / depth, 2),
             "dead_tuples_after": int(churn["n_dead_tup"]),
             "autovacuums": int(churn["autovacuum_count"]) - int(churn_before["autovacuum_count"]),
+            "wal_records_per_run": round(cost["wal_records"] / depth, 2),
+            "wal_bytes_per_run": round(cost["wal_bytes"] / depth),
+            "wal_flushes_per_run": round(cost["wal_sync"] / depth, 4),
+            "commits_per_run": round(cost["xact_commit"] / depth, 4),
         },
     )
 
@@ -281,14 +382,14 @@ def rq_drain(redis_url: str, depth: int, workers: int) -> Drained:
             for proc in procs:
                 proc.close()
         wall = time.perf_counter() - admitted
-        ended: list[float] = []
+        ended: list[tuple[str, float]] = []
         for start in range(0, len(ids), 1000):
             for job in Job.fetch_many(ids[start : start + 1000], connection=conn):
                 if job is not None and job.ended_at is not None:
-                    ended.append(_epoch_ms(job.ended_at))
+                    ended.append((job.worker_name or "", _epoch_ms(job.ended_at)))
         if len(ended) != depth:
             raise BenchError(f"rq finished {len(ended)} of {depth} jobs")
-        return Drained("rq", depth, admitted - began, steady_rate(ended), wall)
+        return Drained("rq", depth, admitted - began, steady_window(ended), wall)
     finally:
         queue.empty()  # type: ignore[no-untyped-call]  # rq leaves it unannotated
         queue.delete(delete_jobs=True)
@@ -337,7 +438,7 @@ def celery_drain(redis_url: str, depth: int, workers: int, timeout: float) -> Dr
             proc.terminate()
             proc.close()
         wall = time.perf_counter() - admitted
-        return Drained("celery", depth, admitted - began, steady_rate(done), wall)
+        return Drained("celery", depth, admitted - began, steady_window(done), wall)
     finally:
         keys = list(conn.scan_iter(match=f"{env['RF_CELERY_PREFIX']}*", count=1000))
         for start in range(0, len(keys), 1000):
@@ -345,11 +446,14 @@ def celery_drain(redis_url: str, depth: int, workers: int, timeout: float) -> Dr
         conn.close()
 
 
-def _celery_wait(conn: Any, prefix: str, ids: list[str], proc: Proc, timeout: float) -> list[float]:
-    """Until every task has a stored result; their completion times (epoch ms)."""
+def _celery_wait(
+    conn: Any, prefix: str, ids: list[str], proc: Proc, timeout: float
+) -> list[tuple[str, float]]:
+    """Until every task has a stored result; (child pid, completion time in epoch ms) of
+    each (the no-op task returns the pid of the child that ran it)."""
     keys = [f"{prefix}celery-task-meta-{task_id}" for task_id in ids]
     deadline = time.monotonic() + timeout
-    done: dict[int, float] = {}
+    done: dict[int, tuple[str, float]] = {}
     while True:
         missing = [i for i in range(len(keys)) if i not in done]
         for start in range(0, len(missing), 1000):
@@ -359,7 +463,10 @@ def _celery_wait(conn: Any, prefix: str, ids: list[str], proc: Proc, timeout: fl
                     meta = json.loads(raw)
                     if meta.get("status") != "SUCCESS":
                         raise BenchError(f"celery task {ids[i]}: {meta.get('status')}")
-                    done[i] = _epoch_ms(datetime.fromisoformat(meta["date_done"]))
+                    done[i] = (
+                        str(meta.get("result")),
+                        _epoch_ms(datetime.fromisoformat(meta["date_done"])),
+                    )
         if len(done) == len(keys):
             return list(done.values())
         if proc.proc.poll() is not None:
@@ -373,9 +480,12 @@ def _celery_wait(conn: Any, prefix: str, ids: list[str], proc: Proc, timeout: fl
 
 
 def table(result: BacklogResult) -> Table:
+    server = f"; runfleet's Postgres: {result.server.label}" if result.server else ""
+    load_after = f", after {result.load_after[0]:.1f}" if result.load_after else ""
     out = Table(
-        title=f"backlog drain, runs/s from 10% to 100% done ({result.workers} worker "
-        f"processes each; load before {result.load_before[0]:.1f})"
+        title=f"backlog drain, runs/s over the steady window (from 10% done and every worker "
+        f"process working, to 100%; {result.workers} worker processes each; load average "
+        f"before {result.load_before[0]:.1f}{load_after}{server})"
     )
     out.add_column("pending at start", justify="right")
     for system in SYSTEMS:
@@ -384,11 +494,13 @@ def table(result: BacklogResult) -> Table:
     out.add_column("messages / run", justify="right")
     out.add_column("claim-lost", justify="right")
     out.add_column("updates (HOT) / run", justify="right")
+    out.add_column("WAL records / flushes / commits per run", justify="right")
     for depth in result.depths:
         cells = []
         for system in SYSTEMS:
             row = result.of(system, depth)
-            cells.append(f"{row.steady_per_s:,.0f}" if row else "—")
+            warm = "" if row is None or row.window.starts is WindowStart.TENTH else "*"
+            cells.append(f"{row.steady_per_s:,.0f}{warm}" if row else "—")
         rf, celery = result.of("runfleet", depth), result.of("celery", depth)
         ratio = f"{rf.steady_per_s / celery.steady_per_s:.2f}x" if rf and celery else "—"
         msgs = f"{rf.extra['messages_per_run']:.3f}" if rf else "—"
@@ -398,7 +510,17 @@ def table(result: BacklogResult) -> Table:
             if rf
             else "—"
         )
-        out.add_row(f"{depth:,}", *cells, ratio, msgs, lost, upd)
+        wal = (
+            f"{rf.extra['wal_records_per_run']:.1f} / {rf.extra['wal_flushes_per_run']:.3f} / "
+            f"{rf.extra['commits_per_run']:.3f}"
+            if rf
+            else "—"
+        )
+        out.add_row(f"{depth:,}", *cells, ratio, msgs, lost, upd, wal)
     for name, (measured, met) in result.targets().items():
-        out.add_row(name, measured, "met" if met else "NOT met", *[""] * 6)
+        out.add_row(name, measured, "met" if met else "NOT met", *[""] * 7)
+    out.caption = (
+        "* the window does not start at 10% done: a worker process started later (--json "
+        "says where it starts)"
+    )
     return out

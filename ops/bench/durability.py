@@ -8,6 +8,8 @@ changes the settings of a server it did not start: when the user named the serve
 is configured, and say so. Otherwise it starts two throwaway servers of its own, one
 each way (the settings are given on the server's command line, which ``ALTER SYSTEM``
 could not override, so two servers rather than one reloaded) and stops them afterwards.
+The backlog benchmark drains on one server that pays for durable commits (``durable``):
+the named one as it is, else a throwaway started with all three on.
 """
 
 from __future__ import annotations
@@ -81,3 +83,31 @@ async def targets(servers: Servers) -> AsyncIterator[list[Target]]:
     finally:
         for server in started:
             await asyncio.to_thread(server.stop)
+
+
+@asynccontextmanager
+async def durable(servers: Servers) -> AsyncIterator[Target]:
+    """The server a benchmark that must pay for durable commits runs on.
+
+    The user's server as it is configured (``--database-url`` or ``RUNFLEET_DATABASE_URL``:
+    the bench changes no setting of a server it did not start); else a throwaway of the
+    bench's own with ``fsync``, ``synchronous_commit`` and ``full_page_writes`` on (a
+    production server's defaults), stopped afterwards; else, without local server
+    binaries, the resolved server as it is. The target reports what the server says.
+    """
+    if servers.database_given:
+        yield Target(servers.database_url, *await durability(servers.database_url), owned=False)
+        return
+    from runfleet.ops.servers.postgres import ThrowawayPostgres
+    from runfleet.ops.servers.throwaway import ServicesUnavailable
+
+    try:
+        server = ThrowawayPostgres(durable_commits=True, extra_settings=DURABLE)
+        await asyncio.to_thread(server.start)
+    except ServicesUnavailable:
+        yield Target(servers.database_url, *await durability(servers.database_url), owned=False)
+        return
+    try:
+        yield Target(server.url, *await durability(server.url), owned=True)
+    finally:
+        await asyncio.to_thread(server.stop)

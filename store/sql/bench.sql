@@ -87,15 +87,33 @@ ANALYZE runfleet.runs, runfleet.journal;
 SELECT count(*) AS unsettled FROM runfleet.runs WHERE status IN ('pending', 'running');
 
 -- name: backlog_rate
--- A backlog drain's settlement times after %(after_seq)s: the 10th percentile and the last,
--- and how many claims lost their race (two readers handed the same run).
-SELECT percentile_disc(0.1) WITHIN GROUP (ORDER BY at_ms)
-           FILTER (WHERE kind = 'transitioned') AS p10_ms,
-       max(at_ms) FILTER (WHERE kind = 'transitioned') AS last_ms,
-       count(*) FILTER (WHERE kind = 'transitioned') AS settled,
+-- How many of a backlog drain's claims after %(after_seq)s lost their race (two readers
+-- handed the same run), and how many runs it settled.
+SELECT count(*) FILTER (WHERE kind = 'transitioned') AS settled,
        count(*) FILTER (WHERE kind = 'claim-lost') AS claim_lost
   FROM runfleet.journal
  WHERE seq > %(after_seq)s;
+
+-- name: backlog_settlements
+-- Every settlement of a backlog drain after %(after_seq)s: which worker process wrote it
+-- (its source, the owner key) and when (database time). The steady window starts once
+-- 10 %% are done and every process has settled a run (ops/bench/backlog.py).
+SELECT source_id, at_ms FROM runfleet.journal
+ WHERE seq > %(after_seq)s AND kind = 'transitioned';
+
+-- name: other_backends
+-- Other sessions on this database: a backend reports its statistics when it exits (or at
+-- most once a second while busy), so the counters below are complete only once the
+-- drain's sessions are gone.
+SELECT count(*) AS n FROM pg_stat_activity
+ WHERE datname = current_database() AND pid <> pg_backend_pid();
+
+-- name: server_counters
+-- The server's WAL and this database's commits so far (cumulative, PostgreSQL >= 14):
+-- a drain's cost per run is the difference across it. pg_stat_wal counts the whole
+-- server: exact on the bench's own throwaway, approximate on a shared one.
+SELECT w.wal_records, w.wal_bytes, w.wal_sync, d.xact_commit
+  FROM pg_stat_wal w, pg_stat_database d WHERE d.datname = current_database();
 
 -- name: runs_churn
 -- Row churn on runfleet.runs (cumulative): updates, how many were HOT, dead tuples now,

@@ -43,6 +43,13 @@ NewDatabase = Callable[[], Awaitable[str]]
 # worker processes the tests start (README "Only registered code runs").
 os.environ.setdefault("RUNFLEET_ALLOW_IMPORT", "tests")
 
+# pytest-xdist starts its workers with COLUMNS=80 and LINES=24 set. rich fixes a Console's
+# width at construction when COLUMNS is set, so the CLI's module-level consoles would print
+# 80-column tables whatever width a test asks for (the CLI tests pass COLUMNS=400).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by the markers this adds
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

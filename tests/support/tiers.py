@@ -1,7 +1,7 @@
 """Which tests belong to which tier, and which need the machine to themselves.
 
-`make test` runs the suite in two passes: every test not marked ``serial`` on several
-pytest-xdist workers at once, then the ``serial`` ones alone. A test is ``serial`` when
+`make test` runs the suite in two passes: every test not marked ``serial`` (on
+``WORKERS`` pytest-xdist workers at once), then the ``serial`` ones alone. A test is ``serial`` when
 what it proves is a bound in seconds (a rate within 5 %, a failover budget, a probe
 bounded by its timeout): beside three other busy workers on a two-core box it would
 measure the box, not the code. Its bound is never loosened to run it in parallel.

@@ -35,6 +35,9 @@ SERIAL: dict[str, str] = {
     "test_probe_is_bounded_by_its_timeout_against_a_silent_redis": (
         "a probe returns within its 0.1 s timeout + 0.2 s"
     ),
+    "tests/broker/test_liveness_consistency.py::test_concurrent_probes_stay_bounded": (
+        "50 concurrent probes each answer within the probe's timeout"
+    ),
     "tests/worker/test_lease_unit.py::test_renewals_keep_their_interval_when_each_takes_a_while": (
         "renewals keep their interval within 0.8 x a slow renewal"
     ),

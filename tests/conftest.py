@@ -4,6 +4,12 @@ Services come from ``ops.servers.resolve.resolve("test")`` (env URLs, Docker, or
 servers), so the suite runs on a machine with nothing installed but the binaries. Each test
 gets its own database cloned from a migrated template and its own Redis key prefix: tests
 never see each other's rows or keys, nor those left by an earlier run.
+
+Under pytest-xdist (`make test` runs the suite on several workers) every worker is a
+session of its own: it resolves its own services (throwaway servers on free ports, its own
+template database), and every name a test makes (database, key prefix, temp dir, worker
+log) carries a random token, so workers never meet either. ``tests.support.tiers`` marks
+the tests that must run alone (``serial``) and the tiers `make test-fast` leaves out.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from psycopg import sql
 from runfleet.ops.servers.resolve import Endpoints, database_url_for, resolve
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate
+from tests.support import tiers
 
 if TYPE_CHECKING:
     from runfleet.broker import AsyncQueue
@@ -35,6 +42,18 @@ NewDatabase = Callable[[], Awaitable[str]]
 # compensations) are allowed as ``--allow-import tests`` would, in-process and in the
 # worker processes the tests start (README "Only registered code runs").
 os.environ.setdefault("RUNFLEET_ALLOW_IMPORT", "tests")
+
+# pytest-xdist starts its workers with COLUMNS=80 and LINES=24 set. rich fixes a Console's
+# width at construction when COLUMNS is set, so the CLI's module-level consoles would print
+# 80-column tables whatever width a test asks for (the CLI tests pass COLUMNS=400).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by the markers this adds
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tiers.apply(items)
 
 
 def _token() -> str:

@@ -14,6 +14,7 @@ run needs the index); the installs and the isolated build then read it with ``--
 from __future__ import annotations
 
 import ast
+import fcntl
 import json
 import os
 import subprocess
@@ -58,13 +59,19 @@ def _run(
 
 
 def _fetch(*requirements: str) -> None:
-    """Put ``requirements`` (and their dependencies) in the wheelhouse: offline if it has them."""
+    """Put ``requirements`` (and their dependencies) in the wheelhouse: offline if it has them.
+
+    Under a lock: parallel sessions (xdist workers, two checkouts) share the wheelhouse,
+    and one must not install from a wheel another is still writing.
+    """
     WHEELHOUSE.mkdir(parents=True, exist_ok=True)
     pip = [sys.executable, "-m", "pip", "download", "-q", "--dest", str(WHEELHOUSE)]
     local = ["--no-index", "--find-links", str(WHEELHOUSE)]
-    offline = subprocess.run([*pip, *local, *requirements], capture_output=True, text=True)
-    if offline.returncode != 0:
-        _run([*pip, "--find-links", str(WHEELHOUSE), *requirements])
+    with (WHEELHOUSE / ".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        offline = subprocess.run([*pip, *local, *requirements], capture_output=True, text=True)
+        if offline.returncode != 0:
+            _run([*pip, "--find-links", str(WHEELHOUSE), *requirements])
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +101,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Iterator[Path
     where = tmp_path_factory.mktemp("venv")
     _fetch("ops", str(wheel))
     for stray in WHEELHOUSE.glob("runfleet-*"):  # pip download copied the wheel itself
-        stray.unlink()
+        stray.unlink(missing_ok=True)  # or another session removed it first
     _run([sys.executable, "-m", "venv", str(where)])
     pip = [str(where / "bin" / "python"), "-m", "pip", "install", "-q", "--no-compile"]
     pip += ["--no-index"]

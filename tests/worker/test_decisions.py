@@ -625,6 +625,19 @@ async def test_a_peeked_delivery_lost_to_another_idle_reader_journals_nothing(
     assert await kinds(store, "raced") == before, "a peek's lost claim is no claim-lost"
     assert await mine.decider.delivered("raced", "sr.waiter") == Decision(DriveOutcome.CLAIM_LOST)
     assert await kinds(store, "raced") == [*before, Kind.CLAIM_LOST]
+
+    async def fresh_to_the_last_ms(*args: object, **kwargs: object) -> FreshClaim:
+        found = await claim_if_fresh(*args, **kwargs)  # type: ignore[arg-type]  # passed through as the driver called it
+        assert found.seen is not None and found.seen.heartbeat_at_ms is not None
+        edge = found.seen.heartbeat_at_ms + settings.stale_after_ms
+        return FreshClaim(found.outcome, replace(found.seen, now_ms=edge))
+
+    monkeypatch.setattr(store.runs, "claim_if_fresh", fresh_to_the_last_ms)
+    await make_running(store, "edge", THEM, flow="sr.waiter")
+    before = await kinds(store, "edge")
+    peeked = await mine.decider.delivered("edge", "sr.waiter", peeked=True)
+    assert peeked == Decision(DriveOutcome.HEARTBEAT_FRESH), "fresh up to stale_after itself"
+    assert await kinds(store, "edge") == before
     monkeypatch.setattr(store.runs, "claim_if_fresh", claim_if_fresh)
 
     # Any other run a peek finds is decided from the row as any delivery is.
@@ -662,15 +675,18 @@ async def test_a_keyed_run_in_a_batch_is_claimed_alone_and_answered_in_the_batch
         return await many(rows, *args, **kwargs)  # type: ignore[arg-type]  # passed through as the driver called it
 
     monkeypatch.setattr(store.runs, "claim_and_activate_many", spy)
-    mine = driver(store, settings)
-    decided = await mine.decider.decide_many(["k1", "plain"])
+    gated = Hints()
+    decider = Decider(store, ME, settings, Takeover(store, ME, settings, None), gate=gated)
+    decided = await decider.decide_many(["k1", "plain"])
     assert set(decided) == {"k1", "plain"}
     k1 = decided["k1"]
     assert k1.outcome is DriveOutcome.ACTIVATED and k1.activation is not None
     assert k1.activation.row.id == "k1" and k1.activation.flow is sr.waiter
     assert batched == [["plain"]], "the keyed run is not in the batch's claim"
-    decided = await mine.decider.decide_many(["k2"])
+    assert gated.ids == []
+    decided = await decider.decide_many(["k2"])
     assert decided == {"k2": Decision(DriveOutcome.AT_LIMIT)}, "its key holds its one slot"
+    assert gated.ids == ["k2"], "its wake waits at the queue's gate"
     assert (await must_get(store, "k2")).status is RunStatus.PENDING
 
 

@@ -747,3 +747,33 @@ async def test_a_delivered_run_of_a_version_not_carried_is_never_claimed(
     assert decided.outcome is DriveOutcome.ACTIVATED and decided.activation is not None
     assert decided.activation.flow is not None
     assert decided.activation.flow.version == "v2"
+
+
+async def test_a_rate_refused_claim_tells_the_rate_pump_when_the_next_token_is_due(
+    store: Store, settings: Settings
+) -> None:
+    """A queue's rate refuses a claim with the wait for its next token: the rate pump hears
+    the queue and the wait; a concurrency limit has no token to wait for and tells it
+    nothing. Either way the wake waits at the queue's gate."""
+    due: list[tuple[str, int]] = []
+    gated = Hints()
+    decider = Decider(
+        store,
+        ME,
+        settings,
+        Takeover(store, ME, settings, None),
+        gate=gated,
+        rate_due=lambda queue, ms: due.append((queue, ms)),
+    )
+    await store.queues.set("metered", rate_per_s=0.2)  # a bucket of one, a token every 5 s
+    await store.queues.set("capped", concurrency=1)
+    for run_id, queue in (("m1", "metered"), ("m2", "metered"), ("c1", "capped"), ("c2", "capped")):
+        await create(store, run_id, flow="sr.waiter", queue=queue)
+    for run_id in ("m1", "c1"):
+        assert (await decider.decide(run_id)).outcome is DriveOutcome.ACTIVATED, run_id
+    assert await decider.decide("c2") == Decision(DriveOutcome.AT_LIMIT)
+    assert (due, gated.ids) == ([], ["c2"]), "a concurrency limit: no token to wait for"
+    assert await decider.decide("m2") == Decision(DriveOutcome.AT_LIMIT)
+    assert gated.ids == ["c2", "m2"]
+    ((queue, wait_ms),) = due
+    assert queue == "metered" and 0 < wait_ms <= 5_000

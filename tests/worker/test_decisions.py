@@ -777,3 +777,22 @@ async def test_a_rate_refused_claim_tells_the_rate_pump_when_the_next_token_is_d
     assert gated.ids == ["c2", "m2"]
     ((queue, wait_ms),) = due
     assert queue == "metered" and 0 < wait_ms <= 5_000
+
+
+async def test_a_woken_run_gone_before_its_claim_says_not_found(
+    store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drive wakes a parked run, then reads it again to claim it: a run gone by then
+    (retention deleted it) is not found, and nothing is claimed."""
+    mine = driver(store, settings)
+    await make_parked(store, "r", Waiting(WaitingReason.RELEASED), OWNER_B, flow="sr.waiter")
+    row = await must_get(store, "r")
+
+    async def gone(_run_id: str) -> None:
+        return None
+
+    monkeypatch.setattr(store.runs, "get", gone)
+    assert await mine.decider._decide(row, "r") == Decision(DriveOutcome.NOT_FOUND)
+    monkeypatch.undo()
+    after = await must_get(store, "r")
+    assert after.claim is None and after.owner is None, "woken, never claimed"

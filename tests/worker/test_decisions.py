@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 import runfleet.worker.decisions as decisions_module
+import tests.lifecycle.tenants_all as tenants
 from runfleet.broker import hostile
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
@@ -796,3 +797,24 @@ async def test_a_woken_run_gone_before_its_claim_says_not_found(
     monkeypatch.undo()
     after = await must_get(store, "r")
     assert after.claim is None and after.owner is None, "woken, never claimed"
+
+
+async def test_a_class_bound_run_is_claimed_bound_to_its_instance_or_not_at_all(
+    store: Store, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run of a class-bound flow executes on the instance it was admitted for; one that
+    names an instance this process lacks is an unknown flow here, logged once per run."""
+    caplog.set_level(logging.WARNING, logger="runfleet.worker.flows")
+    mine = driver(store, settings)
+    name = tenants.ACME.welcome.name
+    await create(store, "acme", flow=name, extra={"flow_instance": "acme"})
+    decided = await mine.decider.decide("acme")
+    assert decided.outcome is DriveOutcome.ACTIVATED and decided.activation is not None
+    assert decided.activation.flow is not None
+    assert decided.activation.flow.instance == "acme"
+    await create(store, "nobody", flow=name, extra={"flow_instance": "nobody"})
+    for _ in range(2):
+        assert await mine.decider.decide("nobody") == Decision(DriveOutcome.UNKNOWN_FLOW)
+    (line,) = [r for r in caplog.records if r.getMessage() == "run.instance_unknown"]
+    assert (line.__dict__["run_id"], line.__dict__["instance"]) == ("nobody", "nobody")
+    assert (await must_get(store, "nobody")).claim is None

@@ -540,3 +540,12 @@ async def test_a_late_renewal_that_fails_is_consumed_not_reported_as_lost(
     finally:
         loop.set_exception_handler(previous)
     assert [c for c in errors if "late and broken" in repr(c)] == []
+
+
+def test_a_gap_is_whole_milliseconds_from_the_newest_confirmed_send(settings: Settings) -> None:
+    gate = LeaseGate(settings)
+    assert gate.gap_ms(5.0) is None, "nothing confirmed yet"
+    gate.confirm(5.0)
+    assert gate.gap_ms(5.0) == 0, "no time since the confirmed send: no gap"
+    assert gate.gap_ms(5.0009) == 0, "under a millisecond rounds down"
+    assert gate.gap_ms(5.25) == 250

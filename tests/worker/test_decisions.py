@@ -14,10 +14,12 @@ import pytest
 from prometheus_client import REGISTRY
 
 import runfleet.worker.decisions as decisions_module
+import tests.lifecycle.tenants_all as tenants
 from runfleet.broker import hostile
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.journal_records import ReleaseCause, WakeCause
+from runfleet.store.runs import FreshClaim
 from runfleet.store.types import (
     Activated,
     ActivateOutcome,
@@ -26,9 +28,11 @@ from runfleet.store.types import (
     Owner,
     RunRow,
     RunStatus,
+    SnapshotChanged,
     Waiting,
     WaitingReason,
 )
+from runfleet.worker import Context, flow
 from runfleet.worker.decisions import REHINTS_KEPT, Decider
 from runfleet.worker.driver import Driver, Execution
 from runfleet.worker.outcomes import Decision, DriveOutcome
@@ -149,6 +153,9 @@ async def test_a_delivery_is_decided_by_the_row_when_it_cannot_claim_it_at_once(
     await make_running(store, "theirs", THEM, flow="sr.waiter")
     decided = await mine.decider._decide_delivered("theirs", "sr.waiter")
     assert decided == Decision(DriveOutcome.HEARTBEAT_FRESH), "decided from the same read"
+    assert Kind.STEAL_REFUSED_OWNER_ALIVE in await kinds(store, "theirs"), (
+        "not a peek: the live owner in the way is journaled"
+    )
     assert await mine.decider._decide_delivered("absent", "sr.waiter") == Decision(
         DriveOutcome.NOT_FOUND
     )
@@ -582,3 +589,232 @@ async def test_a_decider_is_built_alone_and_logs_under_its_own_name(
     decider.close()
     await create(store, "late", flow="sr.waiter")
     assert await decider.decide("late") == Decision(DriveOutcome.STOPPING)
+
+
+# ---- a doorbell's delivery, keyed runs in a batch, a slot taken ahead ----------------
+
+
+async def test_a_peeked_delivery_lost_to_another_idle_reader_journals_nothing(
+    store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every idle reader's doorbell rang for the run: a lease fresh on another owner, or a
+    claim lost while claiming, is the expected race, not evidence; the same delivery read
+    from the stream is decided (and journaled) as any delivery is."""
+    mine = driver(store, settings)
+    await make_running(store, "fresh", THEM, flow="sr.waiter")
+    before = await kinds(store, "fresh")
+    peeked = await mine.decider.delivered("fresh", "sr.waiter", peeked=True)
+    assert peeked == Decision(DriveOutcome.HEARTBEAT_FRESH)
+    assert await kinds(store, "fresh") == before, "a peek's lost race is no refusal"
+    read = await mine.decider.delivered("fresh", "sr.waiter")
+    assert read == Decision(DriveOutcome.HEARTBEAT_FRESH)
+    assert await kinds(store, "fresh") == [*before, Kind.STEAL_REFUSED_OWNER_ALIVE]
+
+    await create(store, "raced", flow="sr.waiter")
+    seen = await must_get(store, "raced")
+    theirs = await activate(store, "raced", THEM)
+    claim_if_fresh = store.runs.claim_if_fresh
+
+    async def lost_while_claiming(*args: object, **kwargs: object) -> FreshClaim:
+        await claim_if_fresh(*args, **kwargs)  # type: ignore[arg-type]  # passed through as the driver called it
+        return FreshClaim(SnapshotChanged(theirs), seen)
+
+    monkeypatch.setattr(store.runs, "claim_if_fresh", lost_while_claiming)
+    before = await kinds(store, "raced")
+    peeked = await mine.decider.delivered("raced", "sr.waiter", peeked=True)
+    assert peeked == Decision(DriveOutcome.CLAIM_LOST)
+    assert await kinds(store, "raced") == before, "a peek's lost claim is no claim-lost"
+    assert await mine.decider.delivered("raced", "sr.waiter") == Decision(DriveOutcome.CLAIM_LOST)
+    assert await kinds(store, "raced") == [*before, Kind.CLAIM_LOST]
+
+    async def fresh_to_the_last_ms(*args: object, **kwargs: object) -> FreshClaim:
+        found = await claim_if_fresh(*args, **kwargs)  # type: ignore[arg-type]  # passed through as the driver called it
+        assert found.seen is not None and found.seen.heartbeat_at_ms is not None
+        edge = found.seen.heartbeat_at_ms + settings.stale_after_ms
+        return FreshClaim(found.outcome, replace(found.seen, now_ms=edge))
+
+    monkeypatch.setattr(store.runs, "claim_if_fresh", fresh_to_the_last_ms)
+    await make_running(store, "edge", THEM, flow="sr.waiter")
+    before = await kinds(store, "edge")
+    peeked = await mine.decider.delivered("edge", "sr.waiter", peeked=True)
+    assert peeked == Decision(DriveOutcome.HEARTBEAT_FRESH), "fresh up to stale_after itself"
+    assert await kinds(store, "edge") == before
+    monkeypatch.setattr(store.runs, "claim_if_fresh", claim_if_fresh)
+
+    # Any other run a peek finds is decided from the row as any delivery is.
+    assert await mine.decider.delivered("absent", "sr.waiter", peeked=True) == Decision(
+        DriveOutcome.NOT_FOUND
+    )
+    await make_parked(store, "parked", Waiting(WaitingReason.EVENT), OWNER_B, flow="sr.waiter")
+    assert await mine.decider.delivered("parked", "sr.waiter", peeked=True) == Decision(
+        DriveOutcome.WAITING
+    )
+    await make_running(store, "done", THEM, flow="sr.waiter")
+    done = await must_get(store, "done")
+    await store.lifecycle.transition_owned("done", THEM, done.epoch, RunStatus.COMPLETED)
+    assert await mine.decider.delivered("done", "sr.waiter", peeked=True) == Decision(
+        DriveOutcome.TERMINAL
+    )
+
+
+async def test_a_keyed_run_in_a_batch_is_claimed_alone_and_answered_in_the_batch(
+    store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run with a concurrency key is claimed by its own delivery statement (the key's
+    turn), not by the batch's claim, and its answer is part of the batch's."""
+    await store.queues.set("keyed", key_flow=("sr.waiter", "kwargs.t"), key_concurrency=1)
+    keyed = {"args": [], "kwargs": {"t": "acme"}}
+    await create(store, "k1", flow="sr.waiter", queue="keyed", payload=keyed)
+    await create(store, "k2", flow="sr.waiter", queue="keyed", payload=keyed)
+    await create(store, "plain", flow="sr.waiter")
+    assert (await must_get(store, "k1")).concurrency_key == "acme"
+    batched: list[list[str]] = []
+    many = store.runs.claim_and_activate_many
+
+    async def spy(rows: list[RunRow], *args: object, **kwargs: object) -> object:
+        batched.append([r.id for r in rows])
+        return await many(rows, *args, **kwargs)  # type: ignore[arg-type]  # passed through as the driver called it
+
+    monkeypatch.setattr(store.runs, "claim_and_activate_many", spy)
+    gated = Hints()
+    decider = Decider(store, ME, settings, Takeover(store, ME, settings, None), gate=gated)
+    decided = await decider.decide_many(["k1", "plain"])
+    assert set(decided) == {"k1", "plain"}
+    k1 = decided["k1"]
+    assert k1.outcome is DriveOutcome.ACTIVATED and k1.activation is not None
+    assert k1.activation.row.id == "k1" and k1.activation.flow is sr.waiter
+    assert batched == [["plain"]], "the keyed run is not in the batch's claim"
+    assert gated.ids == []
+    decided = await decider.decide_many(["k2"])
+    assert decided == {"k2": Decision(DriveOutcome.AT_LIMIT)}, "its key holds its one slot"
+    assert gated.ids == ["k2"], "its wake waits at the queue's gate"
+    assert (await must_get(store, "k2")).status is RunStatus.PENDING
+
+
+@pytest.mark.parametrize(("front", "batch"), [(True, False), (False, False), (True, True)])
+async def test_a_run_that_took_the_delivered_slot_re_wakes_the_delivered_one_ahead(
+    store: Store, settings: Settings, caplog: pytest.LogCaptureFixture, front: bool, batch: bool
+) -> None:
+    """A delivery is a slot offered to its queue: a fresh run of a higher priority takes
+    it (a single delivery's statement and a batch's alike), and the delivered run is woken
+    again ahead of the backlog."""
+    caplog.set_level(logging.INFO, logger="runfleet.worker.decisions")
+    hints, ahead = Hints(), Hints()
+    decider = Decider(
+        store,
+        ME,
+        settings,
+        Takeover(store, ME, settings, None),
+        hint=hints,
+        hint_front=ahead if front else None,
+    )
+    await create(store, "low", flow="sr.waiter")
+    await create(store, "high", flow="sr.waiter", priority=5)
+    if batch:
+        decided = (await decider.decide_many(["low"]))["low"]
+    else:
+        decided = await decider.delivered("low", "sr.waiter")
+    assert decided.outcome is DriveOutcome.ACTIVATED and decided.activation is not None
+    assert decided.activation.row.id == "high" and decided.activation.flow is sr.waiter
+    assert (await must_get(store, "low")).status is RunStatus.PENDING
+    if front:
+        assert (ahead.ids, hints.ids) == (["low"], []), "woken ahead of the backlog"
+    else:
+        assert hints.ids == ["low"], "without a front lane: its queue's stream"
+    (line,) = [r for r in caplog.records if r.getMessage() == "run.ahead"]
+    assert (line.__dict__["run_id"], line.__dict__["ahead_of"]) == ("high", "low")
+    assert line.__dict__["priority"] == 5
+    assert line.levelno == logging.INFO
+
+
+@flow(name="decisions.versioned", version="v2")
+async def versioned(ctx: Context) -> None:
+    """Carried here only at v2."""
+
+
+async def test_a_delivered_run_of_a_version_not_carried_is_never_claimed(
+    store: Store, settings: Settings
+) -> None:
+    """A versioned flow's delivery is decided by the usual read (the run's admitted version
+    first), never claimed blind by the delivery statement."""
+    mine = driver(store, settings)
+    await create(store, "old", flow="decisions.versioned", extra={"flow_version": "v1"})
+    assert await mine.decider.delivered("old", "decisions.versioned") == Decision(
+        DriveOutcome.UNKNOWN_FLOW
+    )
+    assert (await must_get(store, "old")).claim is None
+    await create(store, "new", flow="decisions.versioned", extra={"flow_version": "v2"})
+    decided = await mine.decider.delivered("new", "decisions.versioned")
+    assert decided.outcome is DriveOutcome.ACTIVATED and decided.activation is not None
+    assert decided.activation.flow is not None
+    assert decided.activation.flow.version == "v2"
+
+
+async def test_a_rate_refused_claim_tells_the_rate_pump_when_the_next_token_is_due(
+    store: Store, settings: Settings
+) -> None:
+    """A queue's rate refuses a claim with the wait for its next token: the rate pump hears
+    the queue and the wait; a concurrency limit has no token to wait for and tells it
+    nothing. Either way the wake waits at the queue's gate."""
+    due: list[tuple[str, int]] = []
+    gated = Hints()
+    decider = Decider(
+        store,
+        ME,
+        settings,
+        Takeover(store, ME, settings, None),
+        gate=gated,
+        rate_due=lambda queue, ms: due.append((queue, ms)),
+    )
+    await store.queues.set("metered", rate_per_s=0.2)  # a bucket of one, a token every 5 s
+    await store.queues.set("capped", concurrency=1)
+    for run_id, queue in (("m1", "metered"), ("m2", "metered"), ("c1", "capped"), ("c2", "capped")):
+        await create(store, run_id, flow="sr.waiter", queue=queue)
+    for run_id in ("m1", "c1"):
+        assert (await decider.decide(run_id)).outcome is DriveOutcome.ACTIVATED, run_id
+    assert await decider.decide("c2") == Decision(DriveOutcome.AT_LIMIT)
+    assert (due, gated.ids) == ([], ["c2"]), "a concurrency limit: no token to wait for"
+    assert await decider.decide("m2") == Decision(DriveOutcome.AT_LIMIT)
+    assert gated.ids == ["c2", "m2"]
+    ((queue, wait_ms),) = due
+    assert queue == "metered" and 0 < wait_ms <= 5_000
+
+
+async def test_a_woken_run_gone_before_its_claim_says_not_found(
+    store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drive wakes a parked run, then reads it again to claim it: a run gone by then
+    (retention deleted it) is not found, and nothing is claimed."""
+    mine = driver(store, settings)
+    await make_parked(store, "r", Waiting(WaitingReason.RELEASED), OWNER_B, flow="sr.waiter")
+    row = await must_get(store, "r")
+
+    async def gone(_run_id: str) -> None:
+        return None
+
+    monkeypatch.setattr(store.runs, "get", gone)
+    assert await mine.decider._decide(row, "r") == Decision(DriveOutcome.NOT_FOUND)
+    monkeypatch.undo()
+    after = await must_get(store, "r")
+    assert after.claim is None and after.owner is None, "woken, never claimed"
+
+
+async def test_a_class_bound_run_is_claimed_bound_to_its_instance_or_not_at_all(
+    store: Store, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run of a class-bound flow executes on the instance it was admitted for; one that
+    names an instance this process lacks is an unknown flow here, logged once per run."""
+    caplog.set_level(logging.WARNING, logger="runfleet.worker.flows")
+    mine = driver(store, settings)
+    name = tenants.ACME.welcome.name
+    await create(store, "acme", flow=name, extra={"flow_instance": "acme"})
+    decided = await mine.decider.decide("acme")
+    assert decided.outcome is DriveOutcome.ACTIVATED and decided.activation is not None
+    assert decided.activation.flow is not None
+    assert decided.activation.flow.instance == "acme"
+    await create(store, "nobody", flow=name, extra={"flow_instance": "nobody"})
+    for _ in range(2):
+        assert await mine.decider.decide("nobody") == Decision(DriveOutcome.UNKNOWN_FLOW)
+    (line,) = [r for r in caplog.records if r.getMessage() == "run.instance_unknown"]
+    assert (line.__dict__["run_id"], line.__dict__["instance"]) == ("nobody", "nobody")
+    assert (await must_get(store, "nobody")).claim is None

@@ -556,3 +556,12 @@ async def test_a_run_coroutine_closed_from_outside_gives_its_generator_exit_back
     # One step in a context of its own, as its task would take it; then the collector's close.
     contextvars.copy_context().run(body.send, None)
     assert body.close() is None
+
+
+def test_a_gap_is_whole_milliseconds_from_the_newest_confirmed_send(settings: Settings) -> None:
+    gate = LeaseGate(settings)
+    assert gate.gap_ms(5.0) is None, "nothing confirmed yet"
+    gate.confirm(5.0)
+    assert gate.gap_ms(5.0) == 0, "no time since the confirmed send: no gap"
+    assert gate.gap_ms(5.0009) == 0, "under a millisecond rounds down"
+    assert gate.gap_ms(5.25) == 250

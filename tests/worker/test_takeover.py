@@ -114,10 +114,11 @@ async def test_a_stale_lease_is_stolen_with_the_probes_evidence_counted_and_logg
     takeover.ladder.refused("r", earlier)  # a rung from a refusal of an earlier lease
     assert not takeover.ladder.due("r", earlier)
     before = sample("runfleet_steals_total", evidence="cross-host-unreachable-stale")
-    decided = await takeover.steal(row, None)
+    decided = await takeover.steal(row, sr.waiter)
     outcome, activated = decided.outcome, decided.activation
     assert outcome == DriveOutcome.STOLEN
-    assert activated is not None and activated.row.owner == ME and activated.flow is None
+    assert activated is not None and activated.row.owner == ME
+    assert activated.flow is sr.waiter, "executed as the flow it was decided with"
     assert activated.row.epoch == row.epoch + 1
     assert activated.row.recoveries == row.recoveries + 1, "a lost process: one recovery more"
     assert probes.asked == [(THEM, row.heartbeat_at_ms)]

@@ -1,6 +1,6 @@
 """``runfleet bench limits`` at a tiny size: the claim statements it counts are real ones
 (each setting's runs were claimed), a limit that never binds adds no read beside them, and
-a keyed queue's runs are claimed one statement each (docs/queues.md "Cost")."""
+a keyed queue's runs are claimed in batches, several a statement (docs/queues.md "Cost")."""
 
 from __future__ import annotations
 
@@ -25,4 +25,6 @@ async def test_limits_bench_counts_the_claims_of_every_setting() -> None:
         assert 0 < setting["claim_statements_per_run"] <= 1.5, setting
     assert unlimited["limit_reads_per_run"] == 0, unlimited
     assert quiet["limit_reads_per_run"] <= 0.05, quiet  # no read per claim batch
-    assert keyed["claim_statements_per_run"] >= 0.95, keyed  # never batched
+    # Batched (runfleet.key_pick_many): one statement claims several keyed runs; the
+    # one-claim-per-keyed-run path it replaced counted 1.0 or more.
+    assert keyed["claim_statements_per_run"] < 0.9, keyed

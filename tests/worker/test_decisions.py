@@ -657,11 +657,12 @@ async def test_a_peeked_delivery_lost_to_another_idle_reader_journals_nothing(
     )
 
 
-async def test_a_keyed_run_in_a_batch_is_claimed_alone_and_answered_in_the_batch(
+async def test_a_keyed_run_is_claimed_by_the_batch_and_its_key_holds_its_limit(
     store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A run with a concurrency key is claimed by its own delivery statement (the key's
-    turn), not by the batch's claim, and its answer is part of the batch's."""
+    """A run with a concurrency key is claimed by the batch's claim statement with the
+    unkeyed ones (the key's turn decided in it: runfleet.key_pick_many), and a run of a key
+    at its limit is answered at the limit, its wake left at the queue's gate."""
     await store.queues.set("keyed", key_flow=("sr.waiter", "kwargs.t"), key_concurrency=1)
     keyed = {"args": [], "kwargs": {"t": "acme"}}
     await create(store, "k1", flow="sr.waiter", queue="keyed", payload=keyed)
@@ -683,7 +684,7 @@ async def test_a_keyed_run_in_a_batch_is_claimed_alone_and_answered_in_the_batch
     k1 = decided["k1"]
     assert k1.outcome is DriveOutcome.ACTIVATED and k1.activation is not None
     assert k1.activation.row.id == "k1" and k1.activation.flow is sr.waiter
-    assert batched == [["plain"]], "the keyed run is not in the batch's claim"
+    assert batched == [["k1", "plain"]], "one claim statement for the keyed and the plain run"
     assert gated.ids == []
     decided = await decider.decide_many(["k2"])
     assert decided == {"k2": Decision(DriveOutcome.AT_LIMIT)}, "its key holds its one slot"

@@ -58,6 +58,13 @@ BRIDGE: MetricsBridge | None = None
 """The process's bridge, or None (off)."""
 _MADE: list[MetricsBridge] = []
 """Every bridge made: a meter's instruments cannot be removed, so each meter gets one."""
+_DEFAULT: Meter | None = None
+"""The global provider's ``runfleet`` meter, asked for once. Asked before the application
+sets its provider, the API answers a proxy that hands its instruments to the provider's
+meter once one is set; asked again after, it answers that real meter, and a second bridge
+on it would register the same instrument names, which the SDK keeps from the first
+registration (the proxy's, by then inactive): nothing would be reported. One meter for
+every default ``enable`` (a second worker in the process) keeps one bridge."""
 
 
 def _modules() -> list[ModuleType]:
@@ -137,19 +144,22 @@ class MetricsBridge:
 def enable(meter: Meter | None = None) -> MetricsBridge:
     """Export runfleet's metrics through ``meter`` (default: the global provider's
     ``runfleet`` meter), once per meter; ImportError names the extra."""
-    global BRIDGE
+    global BRIDGE, _DEFAULT
     try:
         from opentelemetry import metrics as otel_metrics
     except ImportError as exc:
         raise ImportError(
             "RUNFLEET_OTEL needs OpenTelemetry: pip install 'runfleet[otel]'"
         ) from exc
-    chosen = meter or otel_metrics.get_meter(METER_NAME)
+    if meter is None:
+        if _DEFAULT is None:
+            _DEFAULT = otel_metrics.get_meter(METER_NAME)
+        meter = _DEFAULT
     for made in _MADE:
-        made.active = made.meter is chosen  # one meter reports at a time
-    found = next((made for made in _MADE if made.meter is chosen), None)
+        made.active = made.meter is meter  # one meter reports at a time
+    found = next((made for made in _MADE if made.meter is meter), None)
     if found is None:
-        found = MetricsBridge(chosen, runfleet_metrics())
+        found = MetricsBridge(meter, runfleet_metrics())
         _MADE.append(found)
     BRIDGE = found
     return found

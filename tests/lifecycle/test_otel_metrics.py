@@ -157,3 +157,34 @@ async def test_with_otel_off_nothing_is_exported_or_imported(
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
     )
     assert out.returncode == 0 and out.stdout.strip() == "None None", out
+
+
+def test_a_worker_enabled_before_the_provider_is_set_and_again_after_reports() -> None:
+    """The order a process meets: a first worker enables before the application sets its
+    provider (the API's proxy meter), a second enables after; the counter still reaches
+    the provider's reader. Its own interpreter: the global provider can be set only once."""
+    probe = (
+        "from opentelemetry import metrics as otel\n"
+        "from opentelemetry.sdk.metrics import MeterProvider\n"
+        "from opentelemetry.sdk.metrics.export import InMemoryMetricReader\n"
+        "from runfleet.worker import metrics, otel_metrics\n"
+        "otel_metrics.enable(); otel_metrics.disable()\n"
+        "reader = InMemoryMetricReader()\n"
+        "otel.set_meter_provider(MeterProvider(metric_readers=[reader]))\n"
+        "otel_metrics.enable()\n"
+        "metrics.SETTLEMENTS.labels(status='completed').inc(5)\n"
+        "points = [p.value for r in reader.get_metrics_data().resource_metrics\n"
+        "          for s in r.scope_metrics for m in s.metrics\n"
+        "          if m.name == 'runfleet_settlements' for p in m.data.data_points\n"
+        "          if dict(p.attributes) == {'status': 'completed'}]\n"
+        "print(points)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "[5.0]", out

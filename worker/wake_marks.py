@@ -16,7 +16,9 @@ The argument (docs/backlog.md gives it with the bound):
    delivered id >= W (everything up to W was handed to a reader: XREADGROUP ``>`` never
    skips an entry that exists, and trimmed ones are skipped past), or the stream's last
    generated id is now below W or the stream is gone (it was deleted or flushed since:
-   the entries are destroyed), or W was 0-0 (the stream held nothing).
+   the entries are destroyed), or its oldest remaining entry is past W or it holds none
+   (everything up to W was trimmed: on an idle queue no later entry would ever move the
+   group's delivered id past W), or W was 0-0 (the stream held nothing).
 3. A reader claims what it was handed within ``wake_claim_grace_ms``, so a witness is
    used only once it is that old: a run it covers that is still pending and unclaimed
    was handed out and left (a flow this fleet does not know, a limit) or never reached
@@ -71,6 +73,8 @@ def covers(witness: Sample, sample: Sample) -> bool:
             return False
         if now.written < then.written:
             continue  # ids never go back within a stream's life: it was recreated since
+        if now.first is None or now.first > then.written:
+            continue  # everything it held is trimmed away (an idle queue gets no new entry)
         if now.delivered is None or now.delivered < then.written:
             return False
     return True

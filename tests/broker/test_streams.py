@@ -213,6 +213,22 @@ async def test_publish_many_encodes_everything_before_sending(streams: Streams) 
     assert await streams.lag("b") == 1
 
 
+async def test_publish_many_of_one_message_is_one_plain_xadd(
+    streams: Streams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A single enqueue's wake (the sync producer's every call) builds no pipeline."""
+
+    def no_pipeline(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a pipeline for one message")
+
+    monkeypatch.setattr(streams._redis, "pipeline", no_pipeline)
+    await streams.ensure_groups(["solo"])
+    (entry_id,) = await streams.publish_many([("solo", msg("r1"))], Lane.RECOVERY)
+    assert await streams.lag("solo") == 1
+    (got,) = await streams.read("c1", ["solo"], count=5, block_ms=0)
+    assert (got.entry_id, got.message, got.lane) == (entry_id, msg("r1"), Lane.RECOVERY)
+
+
 async def test_prune_consumers_keeps_those_with_pending_entries(streams: Streams) -> None:
     await streams.ensure_groups(["default"])
     await streams.publish_many([("default", msg("r1")), ("default", msg("r2"))])

@@ -83,6 +83,11 @@ async def test_a_schedule_message_on_another_queues_stream_moves_nothing(
     for stream in (f"{prefix}:q:cpu", f"{prefix}:recovery:cpu"):
         for _ in range(3):
             await redis.xadd(stream, {FIELD: forged})
+    # The cpu worker's one wake on gpu's stream (``Decider._not_served``) is written
+    # before the trim: the trim destroys it too, and gpu's idle stream, emptied, gets no
+    # entry that would move its group past the lost ones (the lost-wake sweep must see that
+    # the stream no longer holds them: it once waited for a delivery that never came).
+    await asyncio.sleep(0.5)
     await redis.xtrim(f"{prefix}:q:gpu", maxlen=0)
 
     for stream in (f"{prefix}:q:cpu", f"{prefix}:recovery:cpu"):

@@ -13,15 +13,20 @@ from runfleet.worker.wake_marks import MAX_SAMPLES, MarkBook, Sample, covers
 GRACE = 1000
 
 
-def at(ms: int, written: int, delivered: int | None, recovery: int = 0) -> Sample:
+def at(
+    ms: int, written: int, delivered: int | None, recovery: int = 0, first: int | None = 1
+) -> Sample:
     """A sample at database time ``ms``: the normal lane written/delivered up to those
-    entry ids (their ms part), the recovery lane written and delivered up to ``recovery``."""
+    entry ids (their ms part) and still holding every entry from ``first`` (None: empty),
+    the recovery lane written and delivered up to ``recovery``."""
     normal = LanePosition(
         EntryId(written) if written else ZERO_ID,
         None if delivered is None else (EntryId(delivered) if delivered else ZERO_ID),
+        None if first is None or not written else EntryId(first),
     )
     rec = EntryId(recovery) if recovery else ZERO_ID
-    return Sample(ms, {Lane.NORMAL: normal, Lane.RECOVERY: LanePosition(rec, rec)})
+    rec_first = EntryId(1) if recovery else None
+    return Sample(ms, {Lane.NORMAL: normal, Lane.RECOVERY: LanePosition(rec, rec, rec_first)})
 
 
 def book() -> MarkBook:
@@ -48,6 +53,16 @@ def test_a_recreated_or_deleted_stream_covers_what_it_held() -> None:
     assert covers(at(10, written=300, delivered=0), then)  # recreated, ids from a slower clock
 
 
+def test_a_stream_trimmed_past_what_it_held_covers_it_though_nothing_was_delivered() -> None:
+    """XTRIM (or MAXLEN) removed the undelivered entries of an idle queue: the group's
+    delivered id never moves again, yet no reader will deliver them."""
+    then = at(0, written=500, delivered=100)
+    assert covers(at(10, written=500, delivered=100, first=None), then)  # emptied
+    assert covers(at(10, written=900, delivered=100, first=501), then)  # trimmed up to 500
+    assert not covers(at(10, written=900, delivered=100, first=500), then)  # 500 still held
+    assert not covers(at(10, written=900, delivered=100, first=101), then)
+
+
 def test_a_stream_without_its_group_covers_nothing_it_still_holds() -> None:
     then = at(0, written=500, delivered=100)
     assert not covers(at(10, written=900, delivered=None), then)  # the group comes back at 0
@@ -58,8 +73,8 @@ def test_every_lane_must_be_covered() -> None:
     now = Sample(
         10,
         {
-            Lane.NORMAL: LanePosition(EntryId(900), EntryId(900)),
-            Lane.RECOVERY: LanePosition(EntryId(40), EntryId(39)),
+            Lane.NORMAL: LanePosition(EntryId(900), EntryId(900), EntryId(1)),
+            Lane.RECOVERY: LanePosition(EntryId(40), EntryId(39), EntryId(1)),
         },
     )
     assert not covers(now, then)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing as mp
+import os
 import signal
+import threading
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -85,9 +87,36 @@ def run_loop(main: Coroutine[Any, Any, None], loop: str = "uvloop") -> None:
     asyncio.run(main)
 
 
-def _child(settings_json: str, options: WorkerOptions, port: int | None) -> None:
+PARENT_POLL_S = 0.5
+"""How often a supervised child checks that its supervisor is still its parent."""
+
+
+def _child(settings_json: str, options: WorkerOptions, port: int | None, parent: int) -> None:
     settings = Settings.model_validate_json(settings_json)
+    exit_with_parent(parent, settings.grace_period)
     run_foreground(settings, WorkerOptions(**{**options.__dict__, "metrics_port": port}))
+
+
+def exit_with_parent(parent: int, grace_period: float, poll_s: float = PARENT_POLL_S) -> None:
+    """Stop this process once ``parent`` is no longer its parent (the supervisor was
+    SIGKILLed or OOM-killed: nothing would forward a stop or restart it any more).
+
+    A daemon thread polls the parent pid (as gunicorn's workers do) and sends this
+    process the signals an operator would: one SIGTERM (the graceful stop: stop reading,
+    the grace period, release), and a second after the grace period and five seconds
+    more (release now). Without it an orphaned child kept running, unsupervised, for as
+    long as its servers answered, or retried them for ever once they were gone.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        log.warning("supervisor.gone", extra={"supervisor": parent, "pid": os.getpid()})
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_period + 5.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="runfleet-parent-watch", daemon=True).start()
 
 
 def supervise(settings: Settings, options: WorkerOptions, processes: int) -> int:
@@ -100,8 +129,6 @@ def supervise(settings: Settings, options: WorkerOptions, processes: int) -> int
         for proc in children.values():
             if proc.is_alive() and proc.pid:
                 try:
-                    import os
-
                     os.kill(proc.pid, signum)
                 except ProcessLookupError:
                     pass
@@ -110,7 +137,7 @@ def supervise(settings: Settings, options: WorkerOptions, processes: int) -> int
         port = options.metrics_port + slot if options.metrics_port else None
         proc = ctx.Process(
             target=_child,
-            args=(settings.model_dump_json(), options, port),
+            args=(settings.model_dump_json(), options, port, os.getpid()),
             name=f"runfleet-worker-{slot}",
         )
         proc.start()

@@ -75,6 +75,47 @@ async def test_children_that_all_die_at_once_are_all_restarted(settings: Setting
         await redis.aclose()
 
 
+async def test_children_stop_when_their_supervisor_is_sigkilled(settings: Settings) -> None:
+    """Nothing forwards a stop to, or restarts, the children of a dead supervisor: they
+    stop by themselves (gracefully: each removes its liveness key) instead of running on
+    unsupervised, as they once did for as long as their servers answered."""
+    supervisor = _supervise(settings)
+    redis = connect(settings)
+    liveness = Liveness(redis, settings.redis_prefix, settings.host_id)
+
+    async def members() -> list[int] | None:
+        pids = sorted(m.pid for m in await liveness.fleet())
+        return pids if len(pids) == 2 else None
+
+    children: list[int] = []
+    try:
+        children = await until(members, 30, "two supervised children")
+        supervisor.kill()
+        supervisor.wait(10)
+
+        async def gone() -> bool:
+            return not any(_running(pid) for pid in children)
+
+        await until(gone, 20, f"the orphaned children {children} to exit")
+        assert await _none_left(liveness)  # a graceful stop: each removed its key
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+        for pid in children:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+        await redis.aclose()
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie waits for whoever adopted it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def _supervise(settings: Settings) -> subprocess.Popen[bytes]:
     """``runfleet worker --processes 2`` (a supervisor and two children)."""
     return subprocess.Popen(

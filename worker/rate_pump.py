@@ -38,10 +38,14 @@ class RatePump:
         self._store = store
         self._gate = gate
         self._pumps: dict[str, asyncio.Task[None]] = {}
+        self._asked: dict[str, int] = {}
+        """Refusals per queue so far: a pump that finds the gate empty stops only if no
+        refusal came while it looked (that refusal's wake may be parked behind its read)."""
 
     def due(self, queue: str, after_ms: int) -> None:
         """A claim of ``queue`` was refused for want of a token, the next due in
         ``after_ms``: pump the queue's gate from then on (a pump already running covers it)."""
+        self._asked[queue] = self._asked.get(queue, 0) + 1
         running = self._pumps.get(queue)
         if running is not None and not running.done():
             return
@@ -53,14 +57,19 @@ class RatePump:
         try:
             while True:
                 await asyncio.sleep(max(delay_s, MIN_TICK_S))
+                asked = self._asked.get(queue, 0)
                 bucket = await self._store.queues.bucket(queue)
                 if bucket is None:  # a key's rate (or the queue's, lifted): one wake, once
                     await self._gate.open([queue])
                     return
                 tokens, rate_per_s = bucket
-                if await self._gate.open([queue] * max(tokens, 1)) == 0:
-                    return  # nothing waits at the gate
                 delay_s = 1 / rate_per_s  # the next token, if those moved take theirs
+                if await self._gate.open([queue] * max(tokens, 1)) == 0:
+                    if self._asked.get(queue, 0) == asked:
+                        return  # nothing waits at the gate, and no refusal came meanwhile
+                    # A refusal came while this tick looked: its ``due`` saw this pump still
+                    # running and started none, and its wake may have been parked after the
+                    # gate was read. Stopping here left it with no pump (a stalled rate).
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a hint: the lost-wake sweep backs it up

@@ -27,7 +27,9 @@ from runfleet.store.migrate import migrate
 from tests.chaos.harness import _outcome, _poll, assert_clean, wait_for_ledger
 from tests.fleet.procs import WorkerProc
 
-pytestmark = pytest.mark.chaos
+# Its own deadlines (boot 60 s, first steps 60 s, settled 120 s after the kills) report
+# with the workers' logs; the suite's 120 s timeout would cut them off first.
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(300)]
 
 PROCESSES = 16
 CONCURRENCY = 32

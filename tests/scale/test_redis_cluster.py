@@ -73,6 +73,11 @@ async def test_pubsub_and_liveness_through_the_cluster(
             assert await Notifier(publisher, PREFIX).publish_settled("run-1", "completed")
             notice = await watch.wait(5)
         assert notice is not None and notice.run_id == "run-1"
+        async with Notifier(subscriber, PREFIX).watch_settled("run-3") as watch:
+            batch = [("run-2", "completed"), ("run-3", "failed")]
+            assert await Notifier(publisher, PREFIX).publish_settled_many(batch)  # one script
+            notice = await watch.wait(5)
+        assert notice is not None and notice.run_id == "run-3"
     finally:
         await publisher.aclose()
         await subscriber.aclose()

@@ -315,8 +315,9 @@ class Admission:
     async def _write(
         self, batch: Sequence[tuple[NewRun, dict[str, Any], str]]
     ) -> tuple[set[str], dict[str, RunRow]]:
-        """``admit.batch`` (one statement: rows and records): the ids inserted, and every
-        batch run this role can see as it is after the insert, by id."""
+        """``admit.batch`` (one statement: rows and records), or ``admit.one`` for a batch
+        of one: the ids inserted, and every batch run this role can see as it is after
+        the insert, by id (with the open holder of a batch run's dedup key)."""
         if not batch:
             return set(), {}
         runs = [
@@ -350,14 +351,26 @@ class Admission:
                     "dedup_key": new.dedup_key,
                 }
             )
-        params = {
-            "runs": Jsonb(runs),
-            "records": Jsonb(records),
-            "kind": Kind.CREATED,
-            "source_id": self._db.source_id,
-        }
+        if len(batch) == 1:  # a single enqueue: scalar parameters (admit.one, 0022)
+            one = {**runs[0], **records[0]}
+            name = "admit.one"
+            params = {
+                **one,
+                "state": Jsonb(one["state"]),
+                "record": Jsonb(one["record"]),
+                "kind": Kind.CREATED,
+                "source_id": self._db.source_id,
+            }
+        else:
+            name = "admit.batch"
+            params = {
+                "runs": Jsonb(runs),
+                "records": Jsonb(records),
+                "kind": Kind.CREATED,
+                "source_id": self._db.source_id,
+            }
         try:
-            found = await self._db.all("admit.batch", params)
+            found = await self._db.all(name, params)
         except psycopg.Error as exc:
             raise self._refused(exc) from exc
         inserted = {row["id"] for row in found if row["inserted"]}

@@ -90,7 +90,7 @@ class InlineDatabase(Database):
             with current.transaction():
                 yield current
             return
-        with self.blocking_pool.connection() as conn, _discard_if_desynced(conn):
+        with self._checkout() as conn:
             with conn.transaction():
                 token = self._inline_current.set(conn)
                 try:
@@ -104,8 +104,25 @@ class InlineDatabase(Database):
         if current is not None:
             yield current
             return
-        with self.blocking_pool.connection() as conn, _discard_if_desynced(conn):
+        with self._checkout() as conn:
             yield conn
+
+    @contextmanager
+    def _checkout(self) -> Iterator[BlockingConn]:
+        """A pooled connection, stamped as answering when this thread is done with it.
+
+        The stamp is what ``_check_if_idle`` reads. It is taken here, in the caller's
+        thread, and not by a pool ``reset`` callback: a pool with ``reset`` hands every
+        returned connection to its worker thread, so the next checkout waited for that
+        thread to wake and put the connection back (a thread hop per statement, which the
+        inline face exists to avoid; docs/producer.md, "The pool's return hop").
+        """
+        with self.blocking_pool.connection() as conn:
+            try:
+                with _discard_if_desynced(conn):
+                    yield conn
+            finally:
+                _returned_at[conn] = time.monotonic()
 
     async def one(self, name: str, params: dict[str, Any] | None = None) -> DictRow | None:
         with self._conn() as conn:
@@ -173,10 +190,6 @@ class _Connection(psycopg.Connection[DictRow]):
 _returned_at: weakref.WeakKeyDictionary[BlockingConn, float] = weakref.WeakKeyDictionary()
 
 
-def _mark_returned(conn: BlockingConn) -> None:
-    _returned_at[conn] = time.monotonic()
-
-
 def _check_if_idle(conn: BlockingConn) -> None:
     """``store.db._check_if_idle``: probe only a connection idle past ``CHECK_AFTER_IDLE_S``."""
     returned = _returned_at.get(conn)
@@ -192,8 +205,7 @@ def open_store(settings: Settings, *, checkout_timeout: float) -> Store:
         max_size=settings.pool_max,
         kwargs=connection_kwargs(settings),
         connection_class=_Connection,
-        check=_check_if_idle,
-        reset=_mark_returned,
+        check=_check_if_idle,  # no reset=: the stamp is InlineDatabase._checkout's
         open=False,
         timeout=checkout_timeout,
         reconnect_timeout=RECONNECT_GIVE_UP_S,

@@ -27,6 +27,7 @@ from runfleet.store.types import (
     AlreadyTerminal,
     CancelOutcome,
     CancelRequested,
+    CheckedSettle,
     GuardFailed,
     NewRun,
     NotFound,
@@ -38,6 +39,7 @@ from runfleet.store.types import (
     Transitioned,
     TransitionOutcome,
     Waiting,
+    canonical_json,
 )
 
 
@@ -171,13 +173,18 @@ class Lifecycle:
     ) -> tuple[dict[str, Any], str | None, dict[str, Any]]:
         """(state patch, canonical result text or None, journal payload); UnstorableValue
         when the patch cannot be stored (nothing is written then)."""
+        patch, _, result = self._texts(state_patch)
+        return patch, result, record.dump()
+
+    def _texts(self, state_patch: dict[str, Any] | None) -> tuple[dict[str, Any], str, str | None]:
+        """(the patch without its ``result``, that patch's canonical text, the result's
+        canonical text or None); UnstorableValue when either cannot be stored."""
         patch = dict(state_patch or {})
         limit = self._settings.max_payload_bytes
         result = None
         if "result" in patch:
             result = values.encode_canonical(patch.pop("result"), limit, "state", ["result"])
-        values.encode_canonical(patch, limit, "state")
-        return patch, result, record.dump()
+        return patch, values.encode_canonical(patch, limit, "state"), result
 
     async def settle(self, me: Owner, item: Settle) -> TransitionOutcome:
         """Commit one ending (``store.settlements`` builds each) with ``transition_owned``'s
@@ -192,11 +199,20 @@ class Lifecycle:
             record=item.record,
         )
 
-    def check(self, item: Settle) -> None:
-        """Raise UnstorableValue now if ``item`` could not be stored (see ``settle_many``)."""
-        self._encode(item.patch, item.payload)
+    def check(self, item: Settle) -> CheckedSettle:
+        """``item`` encoded for ``settle_many``; UnstorableValue now if it could not be stored.
 
-    async def settle_many(self, me: Owner, items: Sequence[Settle]) -> list[TransitionOutcome]:
+        A caller that batches settlements checks each one first, so an unstorable value
+        fails its own run alone, and hands the batch the result: nothing is encoded twice.
+        """
+        record = item.payload
+        _, patch_text, result = self._texts(item.patch)
+        payload = canonical_json(record.dump())
+        return CheckedSettle(item, record, patch_text, result, payload, values.text_digest(payload))
+
+    async def settle_many(
+        self, me: Owner, batch: Sequence[Settle | CheckedSettle]
+    ) -> list[TransitionOutcome]:
         """Commit a batch of terminal settlements ``me`` owns in one transaction.
 
         Each item keeps ``transition_owned``'s rules and answers its own outcome, in
@@ -205,38 +221,30 @@ class Lifecycle:
         fence was lost. The settlements, their records and clocks are one statement, the
         children walk and the parents' wake-ups one more each: a batch of any size costs
         the round trips of one settlement. A value that cannot be stored raises
-        UnstorableValue for the whole batch and writes nothing (``check`` each item first).
+        UnstorableValue for the whole batch and writes nothing (``check`` each item first,
+        and pass what it answered: the batch then encodes nothing again).
         """
-        if not items:
+        if not batch:
             return []
+        items = [b.item if isinstance(b, CheckedSettle) else b for b in batch]
         if len({item.run_id for item in items}) != len(items):
             raise InvalidInput("items", "a batch settles each run once")
         statuses = [validate.status(item.status, "status") for item in items]
-        records = [
-            jr.settled_record(item.record, status, item.epoch)
-            for item, status in zip(items, statuses, strict=True)
-        ]
         for status in statuses:
             if not status.terminal:
                 raise InvalidInput("status", f"settle_many settles runs, not {status}")
-        patches, results, payloads = zip(
-            *(
-                self._encode(item.patch, record)
-                for item, record in zip(items, records, strict=True)
-            ),
-            strict=True,
-        )
+        checked = [b if isinstance(b, CheckedSettle) else self.check(b) for b in batch]
         params = {
             "ids": [item.run_id for item in items],
             "epochs": [item.epoch for item in items],
             "statuses": [status.value for status in statuses],
-            "patches": [Jsonb(patch) for patch in patches],
-            "results": list(results),
+            "patches": [c.patch for c in checked],  # canonical texts, cast to jsonb in SQL
+            "results": [c.result for c in checked],
             "guards": [item.guard for item in items],
-            "kinds": [record.KIND.value for record in records],
+            "kinds": [c.record.KIND.value for c in checked],
             "seqs": [self._db.next_source_seq() for _ in items],
-            "payloads": [Jsonb(payload) for payload in payloads],
-            "digests": [digest(payload) for payload in payloads],
+            "payloads": [c.payload for c in checked],
+            "digests": [c.digest for c in checked],
             "source_id": self._db.source_id,
             **owner_params(me),
         }

@@ -21,11 +21,8 @@ from runfleet.store.types import (
 Row = dict[str, Any]
 
 
-def _owner(row: Row, prefix: str) -> Owner | None:
-    host = row[f"{prefix}_host"]
-    if host is None:
-        return None
-    return Owner(host_id=host, pid=int(row[f"{prefix}_pid"]), nonce=row[f"{prefix}_nonce"])
+def _owner(host: str | None, pid: Any, nonce: str) -> Owner | None:
+    return None if host is None else Owner(host_id=host, pid=int(pid), nonce=nonce)
 
 
 def run_row(row: Row) -> RunRow:
@@ -39,20 +36,25 @@ def run_row(row: Row) -> RunRow:
         )
     state = row["state"] or {}
     # The exact texts of the payload and the result (store/values.py), decoded; rows
-    # written before those columns existed keep theirs in ``state``.
-    for column in ("payload", "result"):
-        if row.get(column) is not None:
-            state = {**state, column: row[column]}
+    # written before those columns existed keep theirs in ``state``. One copy of the
+    # decoded state at most (three row conversions per run on a worker's hot path).
+    payload, result = row.get("payload"), row.get("result")
+    if payload is not None or result is not None:
+        state = dict(state)
+        if payload is not None:
+            state["payload"] = payload
+        if result is not None:
+            state["result"] = result
     return RunRow(
         id=row["id"],
         flow=row["flow"],
         queue=row["queue"],
         status=RunStatus(row["status"]),
         state=state,
-        owner=_owner(row, "owner"),
+        owner=_owner(row["owner_host"], row["owner_pid"], row["owner_nonce"]),
         epoch=int(row["epoch"]),
         heartbeat_at_ms=row["heartbeat_at_ms"],
-        claim=_owner(row, "claim"),
+        claim=_owner(row["claim_host"], row["claim_pid"], row["claim_nonce"]),
         claimed_at_ms=row["claimed_at_ms"],
         cancel_requested_at_ms=row["cancel_requested_at_ms"],
         lineage_id=row["lineage_id"],

@@ -21,6 +21,7 @@ from runfleet.store import Store, rounds, settlements, validate
 from runfleet.store import journal_records as jr
 from runfleet.store.errors import RunfleetError, UnknownFlow
 from runfleet.store.types import (
+    CheckedSettle,
     GuardFailed,
     NotFound,
     NotOwner,
@@ -100,7 +101,7 @@ class Settlement:
         self._owner = owner
         self._hint = hint
         self._announce = announce
-        self._batch: GroupCommit[Settle, TransitionOutcome] | None = (
+        self._batch: GroupCommit[CheckedSettle, TransitionOutcome] | None = (
             GroupCommit(self._settle_many, name="settle", isolate=(UnstorableValue,))
             if group_commit
             else None
@@ -147,10 +148,10 @@ class Settlement:
             return await with_retry(
                 "settle", lambda: self._store.lifecycle.settle(self._owner, item)
             )
-        self._store.lifecycle.check(item)  # an unstorable value fails this run alone, now
-        return await with_retry("settle", lambda: batch.submit(item))
+        checked = self._store.lifecycle.check(item)  # an unstorable value fails this run alone
+        return await with_retry("settle", lambda: batch.submit(checked))
 
-    async def _settle_many(self, items: Sequence[Settle]) -> list[TransitionOutcome]:
+    async def _settle_many(self, items: Sequence[CheckedSettle]) -> list[TransitionOutcome]:
         """Commit the settlements ready together as one transaction (``GroupCommit``: an
         item whose data Postgres refuses fails alone; an outage reaches every caller,
         whose retry submits again)."""

@@ -16,3 +16,16 @@
 -- by its caller.
 SELECT a.inserted, (a.run).*, runfleet.now_ms() AS now_ms
   FROM runfleet.admit(%(runs)s::jsonb, %(records)s::jsonb, %(kind)s, %(source_id)s) AS a;
+
+-- name: one
+-- One parentless run (a single enqueue): runfleet.admit_one (migration 0022), the same
+-- rules and the same answer as `batch` for a batch of one, with scalar parameters. The
+-- casts pin each parameter's type, so the prepared statement does not vary with the
+-- values (psycopg dumps a Python int as the smallest integer type that holds it).
+SELECT a.inserted, (a.run).*, runfleet.now_ms() AS now_ms
+  FROM runfleet.admit_one(%(id)s::text, %(flow)s::text, %(queue)s::text, %(state)s::jsonb,
+                          %(payload)s::text, %(lineage_id)s::text, %(round_ordinal)s::integer,
+                          %(previous_round_id)s::text, %(delay_until_ms)s::bigint,
+                          %(timeout_ms)s::bigint, %(priority)s::integer, %(dedup_key)s::text,
+                          %(source_seq)s::bigint, %(record)s::jsonb, %(digest)s::text,
+                          %(kind)s::text, %(source_id)s::text) AS a;

@@ -149,7 +149,7 @@ SELECT run_id, name, deferred_name, due_at_ms, completed_at_ms FROM runfleet.clo
 -- Takes a batch (children[i] settled with values[i], canonical JSON text); answers the
 -- woken parents' rows, so the caller can hint them without reading them again.
 WITH settled AS (
-    SELECT * FROM unnest(%(children)s::text[], %(values)s::text[]) AS s(child, value)
+    SELECT * FROM unnest(%(children)b::text[], %(values)b::text[]) AS s(child, value)
 ), edges AS (
     SELECT DISTINCT s.child, s.value, e.parent_id FROM settled s
       JOIN runfleet.runs c ON c.id = s.child

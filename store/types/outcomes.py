@@ -142,6 +142,24 @@ class Settle:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckedSettle:
+    """A ``Settle`` whose values are encoded and known storable (``Lifecycle.check``).
+
+    What ``Lifecycle.settle_many`` sends for it, computed once: the canonical JSON texts of
+    the state patch (its ``result`` taken out), of the result and of the journal record's
+    payload, and that payload's digest. A caller that checks each item before batching it
+    (``worker.settle``) hands the batch these, so nothing is encoded twice.
+    """
+
+    item: Settle
+    record: jr.Settled
+    patch: str
+    result: str | None
+    payload: str
+    digest: str
+
+
+@dataclass(frozen=True, slots=True)
 class GuardFailed:
     """A cancel request landed first; the caller must cancel instead of settling."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -34,6 +35,30 @@ async def test_publish_settled_wakes_a_watch(notifier: Notifier) -> None:
         assert await watch.wait(2.0) == Notice("settled", "r2", RunStatus.FAILED)
 
 
+async def test_a_batch_of_settled_notices_is_each_its_own_message_in_order(
+    notifier: Notifier, redis: Redis
+) -> None:
+    """One script call (``SETTLED_SCRIPT``) publishes exactly what one PUBLISH per run did."""
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(notifier.channel("settled"))
+    try:
+        confirmed = await pubsub.get_message(timeout=2.0)
+        assert confirmed is not None and confirmed["type"] in ("subscribe", b"subscribe")
+        settled = [(f"r{i}", "failed" if i % 3 == 0 else "completed") for i in range(7)]
+        async with notifier.watch_settled("r4") as watch:
+            assert await notifier.publish_settled_many(settled)
+            assert await watch.wait(2.0) == Notice("settled", "r4", RunStatus.COMPLETED)
+        got: list[object] = []
+        while len(got) < len(settled):
+            msg = await pubsub.get_message(timeout=2.0)
+            assert msg is not None, f"only {len(got)} of {len(settled)} notices arrived"
+            if msg["type"] in ("message", b"message"):
+                got.append(json.loads(msg["data"]))
+        assert got == [{"run": run, "status": status} for run, status in settled]
+    finally:
+        await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+
+
 async def test_wait_settled_returns_the_notice(notifier: Notifier) -> None:
     waiter = asyncio.create_task(notifier.wait_settled("r1", timeout=5.0))
 
@@ -63,9 +88,10 @@ async def test_publish_with_redis_down_does_not_raise(
     with caplog.at_level(logging.WARNING, logger="runfleet.broker.notify"):
         assert await offline.publish_cancel("r1") is False
         assert await offline.publish_settled("r1", "completed") is False
-    assert time.monotonic() - started < 2.0
+        assert await offline.publish_settled_many([("r1", "completed")]) is False
+    assert time.monotonic() - started < 3.0
     events = [r.getMessage() for r in caplog.records]
-    assert events == ["notify.cancel_failed", "notify.settled_failed"]
+    assert events == ["notify.cancel_failed", "notify.settled_failed"]  # rate-limited per event
     assert all(r.__dict__["run_id"] == "r1" for r in caplog.records)
 
 

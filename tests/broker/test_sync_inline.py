@@ -159,3 +159,55 @@ def test_a_closed_queue_does_not_reopen_its_blocking_pool(settings: Settings) ->
     with pytest.raises(RuntimeError, match="closed"):
         queue.enqueue(noop, 2)
     assert queue._inline._queue is None
+
+
+def _probes(wire: Wire) -> int:
+    """The pool's health probes (an empty simple Query) the traced connection sent."""
+    return sum(1 for m in wire._sent() if m[2] == "Query" and m[3].strip() == '""')
+
+
+async def test_a_sync_enqueue_returns_its_connection_in_the_callers_thread(
+    settings: Settings,
+) -> None:
+    """No pool worker takes part in a sync enqueue: a pool with a ``reset`` callback hands
+    every returned connection to its worker thread, and the next checkout waited for it
+    (a thread hop per statement, docs/producer.md "The pool's return hop")."""
+
+    def admit() -> list[str]:
+        with traced(settings) as (queue, _wire):
+            pool = queue._inline.queue().store.db.blocking_pool  # type: ignore[attr-defined]  # store.inline's database
+            queue.enqueue(noop, 0)  # connected, prepared
+            tasks: list[str] = []
+            real = pool.run_task
+
+            def run_task(task: object) -> None:
+                tasks.append(type(task).__name__)
+                real(task)  # the pool's own task, passed on
+
+            pool.run_task = run_task  # counts the pool's worker tasks
+            for n in range(1, 4):
+                queue.enqueue(noop, n)
+            queue.fetch(queue.enqueue(noop, 4).id).get_status(refresh=True)
+            return list(tasks)  # before the pool's close queues its StopWorker tasks
+
+    assert await asyncio.to_thread(admit) == []
+
+
+async def test_the_inline_pool_probes_an_idle_connection_only(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The return stamp ``_check_if_idle`` reads is still taken: back-to-back calls send
+    no probe, and a connection idle past ``CHECK_AFTER_IDLE_S`` is probed once."""
+    import runfleet.store.inline as inline_module
+
+    def admit(idle_after_s: float) -> int:
+        monkeypatch.setattr(inline_module, "CHECK_AFTER_IDLE_S", idle_after_s)
+        with traced(settings) as (queue, wire):
+            queue.enqueue(noop, 0)
+            wire.reset()
+            for n in range(1, 4):
+                queue.enqueue(noop, n)
+            return _probes(wire)
+
+    assert await asyncio.to_thread(admit, 3600.0) == 0  # returned moments ago: trusted
+    assert await asyncio.to_thread(admit, -1.0) == 3  # "idle" at once: one probe a checkout

@@ -67,13 +67,23 @@ def _params(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _one(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """``admit.one``'s parameters for a batch of one (the single enqueue's statement)."""
+    assert len(runs) == 1
+    batch = _params(runs)
+    row, record = batch["runs"].obj[0], batch["records"].obj[0]
+    return {**row, **record, "state": Jsonb(row["state"]), "record": Jsonb(record["record"]),
+            "kind": batch["kind"], "source_id": batch["source_id"]}  # fmt: skip
+
+
 async def _admit_and_count(
-    url: str, runs: list[dict[str, Any]]
+    url: str, runs: list[dict[str, Any]], entry: str = "batch"
 ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, int]]:
     """Admit in one transaction; its answer, and what it read of `runs`, before commit."""
+    params = _one(runs) if entry == "one" else _params(runs)
     async with await psycopg.AsyncConnection.connect(url, row_factory=dict_row) as conn:
         async with conn.transaction():
-            answer = await (await conn.execute(q("admit.batch"), _params(runs))).fetchall()
+            answer = await (await conn.execute(q(f"admit.{entry}"), params)).fetchall()
             table = await (
                 await conn.execute(
                     "SELECT seq_scan, seq_tup_read, idx_scan, idx_tup_fetch"
@@ -115,6 +125,58 @@ async def test_an_admission_with_a_key_probes_its_holder(backlog: str) -> None:
     assert "runs_status_created_idx" not in indexes, indexes
     assert indexes.get("runs_open_dedup_idx", 0) <= 2 * len(runs), indexes
     assert table["idx_tup_fetch"] <= 4 * len(runs), table
+
+
+async def test_a_single_admission_reads_only_its_own_row(backlog: str) -> None:
+    answer, table, indexes = await _admit_and_count(backlog, [{"id": "new-one"}], "one")
+    assert [(r["id"], r["inserted"]) for r in answer] == [("new-one", True)]
+    assert table["seq_scan"] == 0, table
+    assert set(indexes) <= {"runs_pkey"}, indexes
+    assert table["idx_tup_fetch"] <= 3, table
+
+
+async def test_a_single_admission_with_a_held_key_probes_its_holder(backlog: str) -> None:
+    runs = [{"id": "new-keyed", "dedup_key": "key-7"}]
+    answer, table, indexes = await _admit_and_count(backlog, runs, "one")
+    assert [(r["id"], r["inserted"]) for r in answer] == [("old-7", False)]
+    assert table["seq_scan"] == 0, table
+    assert "runs_status_created_idx" not in indexes, indexes
+    assert indexes.get("runs_open_dedup_idx", 0) <= 2, indexes
+    assert table["idx_tup_fetch"] <= 4, table
+    fresh, _table, _indexes = await _admit_and_count(
+        backlog, [{"id": "new-fresh", "dedup_key": "fresh"}], "one"
+    )
+    assert [(r["id"], r["inserted"]) for r in fresh] == [("new-fresh", True)]
+
+
+async def test_the_batch_admission_is_not_planned_again_per_call(backlog: str) -> None:
+    """PL/pgSQL kept a custom plan for each of runfleet.admit's statements, planned again on
+    every call (for a one-element array it always looks cheaper than the generic plan),
+    which cost more than executing them (docs/producer.md). With 0022 the plans are the
+    generic ones from the first call: auto_explain prints the function's variable, not
+    the call's values, in the index condition. (Timing is the bench's; this is the plan.)
+    A custom plan would also hash the arrays a generic one searches linearly: 0023 keeps
+    the generic plans and tests no membership in an array variable per row
+    (``test_a_batch_admission_compares_in_proportion_to_its_size``)."""
+    notices: list[str] = []
+    async with await psycopg.AsyncConnection.connect(backlog, autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+        await conn.execute("LOAD 'auto_explain'")
+        await conn.execute("SET auto_explain.log_min_duration = 0")
+        await conn.execute("SET auto_explain.log_nested_statements = on")
+        await conn.execute("SET auto_explain.log_level = notice")
+        for i in range(8):
+            await conn.execute(q("admit.batch"), _params([{"id": f"planned-{i}"}]))
+    # The records' lookup by the visible ids (0023: the runs' own lookup is a probe per id
+    # it did not insert, `r.id = m.id`, whose plan names no array either way).
+    lookups = [
+        n for n in notices if "FROM runfleet.journal j WHERE j.run_id = ANY (v_visible)" in n
+    ]
+    assert len(lookups) >= 8, notices
+    assert all("journal_run_idx" in n for n in lookups), lookups  # an index probe
+    assert not [n for n in lookups if "planned-" in n], lookups  # no call's values: generic
+    probes = [n for n in notices if "FROM runfleet.runs r WHERE r.id = m.id" in n]
+    assert len(probes) >= 8 and all("runs_pkey" in n for n in probes), probes
 
 
 async def test_a_row_written_to_runs_calls_no_sql_function_per_row(backlog: str) -> None:
@@ -179,3 +241,35 @@ async def test_the_inlinable_expiry_says_what_the_old_one_said(database_url: str
             {"statuses": STATUSES, "states": [Jsonb(st) for st in STATES]},
         )
         assert await cur.fetchone() == (270, 0, 23)  # every case, none differs, some expire
+
+
+async def test_a_batch_admission_compares_in_proportion_to_its_size(backlog: str) -> None:
+    """No statement of runfleet.admit filters rows by membership in an array variable.
+
+    In its generic plans an array variable is a parameter, which Postgres searches
+    linearly per row (only a constant array is hashed): 0022's records filter
+    (``b.id = ANY (v_visible) AND NOT b.id = ANY (v_recorded)``) made a batch of n runs
+    do n * n comparisons, 1 ms a run in a batch of 8,000 (docs/producer.md). Read from
+    the plans, not timed: every plan line that filters or joins by ``= ANY`` would be
+    such a search (an index condition by ``= ANY`` is the index's probes, which stay)."""
+    notices: list[str] = []
+    async with await psycopg.AsyncConnection.connect(backlog, autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+        await conn.execute("LOAD 'auto_explain'")
+        await conn.execute("SET auto_explain.log_min_duration = 0")
+        await conn.execute("SET auto_explain.log_nested_statements = on")
+        await conn.execute("SET auto_explain.log_level = notice")
+        fresh = [{"id": f"wide-{i}"} for i in range(20)]
+        again = [*fresh[:5], {"id": "old-1"}, {"id": "wide-new", "dedup_key": "key-9"}]
+        for runs in (fresh, again):  # all new; then joined, a held key and one new
+            answer = await (await conn.execute(q("admit.batch"), _params(runs))).fetchall()
+            assert len(answer) == len(runs)
+    plans = [n for n in notices if "runfleet.runs" in n or "runfleet.journal" in n]
+    assert plans, notices
+    searched = [
+        line.strip()
+        for plan in plans
+        for line in plan.splitlines()
+        if ("Filter:" in line or "Join Filter:" in line) and "= ANY" in line
+    ]
+    assert searched == [], searched

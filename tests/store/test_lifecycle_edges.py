@@ -6,6 +6,7 @@ settled child hands its parents. Written against surviving ``make mutate`` mutan
 from __future__ import annotations
 
 import asyncio
+import json
 
 import psycopg
 import pytest
@@ -338,10 +339,11 @@ async def test_a_result_is_its_own_column_and_an_unstorable_one_is_named_by_its_
 async def test_data_postgres_refuses_at_a_settlement_is_unstorable_state_and_writes_nothing(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What slips past the check (here: the check itself switched off) and Postgres refuses
-    (a NUL in jsonb, SQLSTATE 22P05) is UnstorableValue of ``state``, not a retry."""
+    """What slips past the check (here: the check itself switched off, the encoder a bare
+    ``json.dumps``; the batch sends the text the check encoded) and Postgres refuses (a NUL
+    in jsonb, SQLSTATE 22P05) is UnstorableValue of ``state``, not a retry."""
     row = await make_running(store, "r")
-    monkeypatch.setattr(values, "encode_canonical", lambda *_args: None)
+    monkeypatch.setattr(values, "encode_canonical", lambda value, *_args: json.dumps(value))
     bad = {"note": "nul\x00"}
     item = Settle("r", row.epoch, RunStatus.COMPLETED, bad)
     for settle in (

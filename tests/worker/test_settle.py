@@ -6,6 +6,7 @@ a compensation that fails). Runs are activated under ``OWNER_A`` through the sto
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import traceback
 from datetime import UTC, datetime, timedelta
@@ -22,10 +23,12 @@ from runfleet.store.config import Settings
 from runfleet.store.journal_records import ReleaseCause
 from runfleet.store.types import (
     Activated,
+    CheckedSettle,
     OnParentExit,
     Owner,
     RunRow,
     RunStatus,
+    Settle,
     Waiting,
     WaitingReason,
 )
@@ -500,11 +503,20 @@ async def test_a_successor_goes_to_the_queue_its_flow_names(store: Store) -> Non
 async def test_an_unstorable_settlement_in_a_group_commit_fails_alone(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Should an unstorable value reach the batch (the per-item check missed it: disabled
-    here), it fails its own run only; the others committed with it settle as they were."""
+    """Should an unstorable value reach the batch (the per-item check missed it: here it
+    hands on a patch text jsonb refuses), it fails its own run only; the others committed
+    with it settle as they were."""
     good = await make_running(store, "good", OWNER_A, flow="sr.waiter")
     bad = await make_running(store, "bad", OWNER_A, flow="sr.waiter")
-    monkeypatch.setattr(store.lifecycle, "check", lambda _item: None)
+    real_check = store.lifecycle.check
+
+    def missed(item: Settle) -> CheckedSettle:
+        checked = real_check(item)
+        if item.run_id != "bad" or item.status is not RunStatus.COMPLETED:
+            return checked
+        return dataclasses.replace(checked, patch='{"bad": "\\u0000"}')  # 22P05 in jsonb
+
+    monkeypatch.setattr(store.lifecycle, "check", missed)
     both = settlement(store)
     await asyncio.gather(
         both.result(good, good.epoch, {"ok": 1}, None),

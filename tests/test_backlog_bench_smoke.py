@@ -64,3 +64,27 @@ def test_backlog_bench_drains_every_depth_on_every_side(services: Endpoints) -> 
         assert runfleet["claim_lost"] == 0, runfleet
         assert runfleet["wal_records_per_run"] > 0, runfleet  # the server's counters moved
     assert ">= 2x Celery at 40" in out["targets"]
+
+
+def test_the_profile_names_each_statement_by_its_sql_block() -> None:
+    """``--profile`` reports pg_stat_statements rows by their ``store/sql`` block name: the
+    text as psycopg sends it (``%(name)s`` become ``$n``) maps back to the block."""
+    import re
+
+    from runfleet.ops.bench.backlog import statement_name
+    from runfleet.store.queries import q
+
+    for name in ("runs.claim_and_activate_many", "runs.settle_many", "waits.notify_parents"):
+        parts = re.split(r"%\(\w+\)s", q(name))
+        sent = parts[0] + "".join(f"${i}{part}" for i, part in enumerate(parts[1:], 1))
+        assert statement_name(sent) == name
+    # Not one of ours: its first line of code, whitespace folded.
+    assert statement_name("-- hello\nSELECT   1\n  FROM x") == "SELECT 1"
+
+
+def test_profile_refuses_a_server_without_pg_stat_statements(services: Endpoints) -> None:
+    urls = ["--database-url", services.database_url, "--redis-url", services.redis_url]
+    args = ["fleet", "--backlog-depths", "20", "--backlog-systems", "runfleet", "--profile"]
+    result = CliRunner().invoke(app, [*args, *urls])
+    assert result.exit_code != 0
+    assert "pg_stat_statements" in result.output

@@ -124,6 +124,20 @@ def test_producer_bench_runs_every_phase(services: Endpoints) -> None:
     }
 
 
+@pytest.mark.timeout(300)
+def test_producer_bench_runs_the_flows_loop_alone(services: Endpoints) -> None:
+    """``--only flows``: the three-step flows loop and nothing else (no rq, no admission
+    phases), every round measured."""
+    out = _bench(
+        services, "producer", "--only", "flows", "--flows", "5", "--rounds", "2",
+        "--skip-dbos",
+    )  # fmt: skip
+    assert out["only"] == "flows" and out["flows"] == 5
+    assert out["flows_loop"]["runfleet_per_s"] > 0 and out["flows_loop"]["dbos_per_s"] is None
+    assert len(out["rounds_raw"]["runfleet.flows_loop"]) == 2
+    assert "rq" not in out and out["targets"] == {}
+
+
 @pytest.mark.parametrize(
     ("args", "option"),
     [

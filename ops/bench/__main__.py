@@ -10,6 +10,7 @@ import asyncio
 import importlib
 import json
 from collections.abc import Callable, Coroutine
+from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
 
 import typer
@@ -302,6 +303,15 @@ def fleet(
             "--backlog-systems", help="With --backlog-depths: which of runfleet,rq,celery."
         ),
     ] = "runfleet,rq,celery",
+    profile: Annotated[
+        bool,
+        typer.Option(
+            "--profile",
+            help="With --backlog-depths: preload pg_stat_statements on the bench's throwaway "
+            "Postgres and report each runfleet drain's costliest statements (ms and buffers "
+            "per call) and the pages of every index on runs before and after (--json).",
+        ),
+    ] = False,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
     as_json: AsJson = False,
@@ -313,7 +323,13 @@ def fleet(
     if backlog_depths:
         (backlog_bench,) = _lab("fleet --backlog-depths", "rq and Celery", "backlog")
         drained = _backlog(
-            backlog_depths, backlog_systems, workers, concurrency, database_url, redis_url
+            backlog_depths,
+            backlog_systems,
+            workers,
+            concurrency,
+            database_url,
+            redis_url,
+            profile=profile,
         )
         _emit(drained.as_json(), backlog_bench.table(drained), as_json)
         return
@@ -358,6 +374,8 @@ def _backlog(
     concurrency: int,
     database_url: str | None,
     redis_url: str | None,
+    *,
+    profile: bool = False,
 ) -> BacklogResult:
     from runfleet.ops.bench import backlog
 
@@ -367,7 +385,12 @@ def _backlog(
         database_url,
         redis_url,
         lambda found: backlog.run(
-            found, depths=counts, workers=workers, concurrency=concurrency, systems=chosen
+            found,
+            depths=counts,
+            workers=workers,
+            concurrency=concurrency,
+            systems=chosen,
+            profile=profile,
         ),
     )
 
@@ -431,6 +454,12 @@ def flows(
     _emit(result.as_json(), flows_bench.table(result), as_json)
 
 
+class ProducerPhase(StrEnum):
+    """A phase ``bench producer --only`` runs alone."""
+
+    FLOWS = "flows"
+
+
 @app.command("producer")
 def producer(
     runs: Annotated[int, typer.Option("--runs", "-n", min=1, help="Runs per phase.")] = 1000,
@@ -451,6 +480,14 @@ def producer(
         float, typer.Option("--dbos-polling", min=0.001, help="DBOS queue polling interval, s.")
     ] = 0.05,
     skip_dbos: SkipDbos = False,
+    only: Annotated[
+        ProducerPhase | None,
+        typer.Option(
+            "--only",
+            help="Run one phase alone: 'flows' (the three-step flows loop, runfleet and "
+            "DBOS alternated round by round).",
+        ),
+    ] = None,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
     as_json: AsJson = False,
@@ -460,6 +497,22 @@ def producer(
     flows vs DBOS), result() of a settled run, idle enqueue -> start; each target met or
     missed."""
     producer_bench = _beside_dbos("producer", "rq and DBOS", "producer_bench", skip_dbos)
+    if only is ProducerPhase.FLOWS:
+        alone = _on_servers(
+            database_url,
+            redis_url,
+            lambda found: producer_bench.run_flows_only(
+                found,
+                flows=flows,
+                workers=workers,
+                concurrency=concurrency,
+                rounds=rounds,
+                dbos_polling=dbos_polling,
+                skip_dbos=skip_dbos,
+            ),
+        )
+        _emit(alone.as_json(), producer_bench.flows_table(alone), as_json)
+        return
     result = _on_servers(
         database_url,
         redis_url,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import json
 import math
 import os
@@ -212,8 +213,13 @@ async def run(
     concurrency: int = 64,
     systems: Sequence[str] = SYSTEMS,
     timeout: float = 1800,
+    profile: bool = False,
 ) -> BacklogResult:
-    """Every depth, every system, one after another (same order at each depth)."""
+    """Every depth, every system, one after another (same order at each depth).
+
+    ``profile``: preload ``pg_stat_statements`` on the bench's throwaway and report, per
+    runfleet drain, its costliest statements (calls, ms and buffers per call) and the
+    size of every index on ``runs`` before the admission and after the drain."""
     if not depths or any(d < 10 for d in depths) or workers < 1 or concurrency < 1:
         raise BenchError("depths must be >= 10 each, workers and concurrency >= 1")
     unknown = set(systems) - set(SYSTEMS)
@@ -222,11 +228,22 @@ async def run(
     load = os.getloadavg()
     rows: list[Drained] = []
     async with (
-        durable(servers) as target,
+        durable(servers, PGSS if profile else None) as target,
         scratch_database(target.admin_url, "rf_bench_backlog") as url,
     ):
         print(f"runfleet's Postgres: {target.label}", file=sys.stderr)
         await migrate(url)
+        if profile:
+            async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+                preload = await (await conn.execute("SHOW shared_preload_libraries")).fetchone()
+                if preload is None or "pg_stat_statements" not in str(preload[0]):
+                    raise BenchError(
+                        "--profile needs pg_stat_statements in the server's "
+                        "shared_preload_libraries: the bench's own throwaway has it (leave "
+                        "out --database-url); this server's list is "
+                        f"{preload[0] if preload else ''!r}"
+                    )
+                await conn.execute(q("bench.capacity_extension"))
         for depth in depths:
             for system in systems:
                 if system == "rq":
@@ -241,7 +258,9 @@ async def run(
                     )
                 else:
                     rows.append(
-                        await runfleet_drain(url, servers.redis_url, depth, workers, concurrency)
+                        await runfleet_drain(
+                            url, servers.redis_url, depth, workers, concurrency, profile=profile
+                        )
                     )
                 print(json.dumps(rows[-1].as_json()), file=sys.stderr)
     return BacklogResult(
@@ -271,7 +290,14 @@ async def _counters(conn: psycopg.AsyncConnection[dict[str, Any]], wait: float =
 
 
 async def runfleet_drain(
-    url: str, redis_url: str, depth: int, workers: int, concurrency: int, timeout: float = 1800
+    url: str,
+    redis_url: str,
+    depth: int,
+    workers: int,
+    concurrency: int,
+    timeout: float = 1800,
+    *,
+    profile: bool = False,
 ) -> Drained:
     """Admit ``depth`` no-op runs, then drain them with ``workers`` fresh processes.
 
@@ -285,17 +311,20 @@ async def runfleet_drain(
     ) as conn:
         after = await journal_tail(conn)
         churn_before = await _one(conn, "bench.runs_churn")
+        pages_before = await _index_pages(conn) if profile else {}
         began = time.perf_counter()
         await admit(settings, depth)
         admitted = time.perf_counter()
         server_before = await _counters(conn)
+        if profile:
+            await conn.execute(q("bench.statements_reset"))
         procs = [
             runfleet_worker(settings, flows=FLOWS_MODULE, queues=QUEUE, concurrency=concurrency)
             for _ in range(workers)
         ]
         try:
             deadline = time.monotonic() + timeout
-            while int((await _one(conn, "bench.backlog_unsettled"))["unsettled"]) > 0:
+            while (await _one(conn, "bench.backlog_unsettled"))["unsettled"]:
                 for proc in procs:
                     if proc.proc.poll() is not None:
                         raise BenchError(f"worker {proc.pid} exited:\n{proc.tail()}")
@@ -312,6 +341,15 @@ async def runfleet_drain(
         cur = await conn.execute(q("bench.backlog_settlements"), {"after_seq": after})
         done = [(str(r["source_id"]), float(r["at_ms"])) for r in await cur.fetchall()]
         churn = await _one(conn, "bench.runs_churn")
+        profiled: dict[str, Any] = {}
+        if profile:
+            profiled = {
+                "statements": await _statements(conn, depth),
+                "index_pages": {
+                    name: [pages_before.get(name, 0), pages]
+                    for name, pages in (await _index_pages(conn)).items()
+                },
+            }
         redis = connect(settings)
         try:
             streams = Streams(redis, settings.redis_prefix)
@@ -345,8 +383,66 @@ async def runfleet_drain(
             "wal_bytes_per_run": round(cost["wal_bytes"] / depth),
             "wal_flushes_per_run": round(cost["wal_sync"] / depth, 4),
             "commits_per_run": round(cost["xact_commit"] / depth, 4),
+            **profiled,
         },
     )
+
+
+PGSS = {
+    "shared_preload_libraries": "pg_stat_statements",
+    "pg_stat_statements.track": "top",
+    "pg_stat_statements.max": "5000",
+}
+
+
+def statement_name(text: str) -> str:
+    """The named SQL block (``store/sql``) a ``pg_stat_statements`` text came from: the
+    block whose text before its first parameter starts the statement, longest first;
+    else the statement's first line."""
+    best, length = "", 0
+    for name, body in _bodies():
+        if len(body) > length and text.startswith(body):
+            best, length = name, len(body)
+    if best:
+        return best
+    code = [line for line in text.splitlines() if line.strip() and not line.startswith("--")]
+    return " ".join((code[0] if code else text).split())[:80]
+
+
+@functools.cache
+def _bodies() -> tuple[tuple[str, str], ...]:
+    from runfleet.store.queries import _all
+
+    found = []
+    for name, body in _all().items():
+        head = body.split("%(", 1)[0].split("%s", 1)[0]
+        if len(head) >= 20:
+            found.append((name, head))
+    return tuple(found)
+
+
+async def _statements(conn: psycopg.AsyncConnection[dict[str, Any]], depth: int) -> list[Any]:
+    """The drain's costliest statements (pg_stat_statements since the reset)."""
+    cur = await conn.execute(q("bench.statements_profile"), {"top": 25})
+    return [
+        {
+            "statement": statement_name(str(r["query"])),
+            "calls": int(r["calls"]),
+            "calls_per_run": round(int(r["calls"]) / depth, 4),
+            "total_ms": round(float(r["total_exec_time"]), 1),
+            "ms_per_call": round(float(r["mean_exec_time"]), 3),
+            "ms_per_run": round(float(r["total_exec_time"]) / depth, 4),
+            "buffers_per_call": round(float(r["buffers_per_call"]), 1),
+            "reads_per_call": round(float(r["reads_per_call"]), 2),
+            "rows_per_call": round(float(r["rows_per_call"]), 1),
+        }
+        for r in await cur.fetchall()
+    ]
+
+
+async def _index_pages(conn: psycopg.AsyncConnection[dict[str, Any]]) -> dict[str, int]:
+    cur = await conn.execute(q("bench.runs_index_sizes"))
+    return {str(r["index"]): int(r["pages"]) for r in await cur.fetchall()}
 
 
 # ---- rq --------------------------------------------------------------------------------

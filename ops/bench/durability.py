@@ -86,14 +86,17 @@ async def targets(servers: Servers) -> AsyncIterator[list[Target]]:
 
 
 @asynccontextmanager
-async def durable(servers: Servers) -> AsyncIterator[Target]:
+async def durable(
+    servers: Servers, extra_settings: dict[str, str] | None = None
+) -> AsyncIterator[Target]:
     """The server a benchmark that must pay for durable commits runs on.
 
     The user's server as it is configured (``--database-url`` or ``RUNFLEET_DATABASE_URL``:
     the bench changes no setting of a server it did not start); else a throwaway of the
     bench's own with ``fsync``, ``synchronous_commit`` and ``full_page_writes`` on (a
-    production server's defaults), stopped afterwards; else, without local server
-    binaries, the resolved server as it is. The target reports what the server says.
+    production server's defaults) and ``extra_settings`` (e.g. ``pg_stat_statements``
+    preloaded), stopped afterwards; else, without local server binaries, the resolved
+    server as it is. The target reports what the server says.
     """
     if servers.database_given:
         yield Target(servers.database_url, *await durability(servers.database_url), owned=False)
@@ -102,7 +105,9 @@ async def durable(servers: Servers) -> AsyncIterator[Target]:
     from runfleet.ops.servers.throwaway import ServicesUnavailable
 
     try:
-        server = ThrowawayPostgres(durable_commits=True, extra_settings=DURABLE)
+        server = ThrowawayPostgres(
+            durable_commits=True, extra_settings={**(extra_settings or {}), **DURABLE}
+        )
         await asyncio.to_thread(server.start)
     except ServicesUnavailable:
         yield Target(servers.database_url, *await durability(servers.database_url), owned=False)

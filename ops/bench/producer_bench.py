@@ -366,6 +366,127 @@ async def _dbos_loop(admin_url: str, flows: int, workers: int, k: int, polling: 
                 proc.close()
 
 
+# ---- the flows phase alone (``--only flows``) ------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FlowsLoopResult:
+    """The three-step flows loop alone, runfleet and DBOS alternated round by round."""
+
+    flows: int
+    workers: int
+    runfleet_rounds: list[float]
+    dbos_rounds: list[float]
+    load_before: tuple[float, float, float]
+    load_after: tuple[float, float, float]
+
+    @property
+    def ratio(self) -> float | None:
+        if not self.dbos_rounds:
+            return None
+        return statistics.median(self.runfleet_rounds) / statistics.median(self.dbos_rounds)
+
+    def as_json(self) -> dict[str, Any]:
+        ratio = self.ratio
+        target = "loop of enqueue then result(), three-step flows >= 4x DBOS"
+        return {
+            "benchmark": "producer",
+            "only": "flows",
+            "flows": self.flows,
+            "workers": self.workers,
+            "load_average_before": list(self.load_before),
+            "load_average_after": list(self.load_after),
+            "flows_loop": {
+                "runfleet_per_s": round(statistics.median(self.runfleet_rounds), 1),
+                "dbos_per_s": round(statistics.median(self.dbos_rounds), 1)
+                if self.dbos_rounds
+                else None,
+            },
+            "ratios": {"flows_loop_vs_dbos": None if ratio is None else round(ratio, 3)},
+            "rounds_raw": {
+                "runfleet.flows_loop": [round(v, 1) for v in self.runfleet_rounds],
+                "dbos.flows_loop": [round(v, 1) for v in self.dbos_rounds],
+            },
+            "targets": {}
+            if ratio is None
+            else {target: {"measured": f"{ratio:.2f}x", "met": ratio >= TARGETS[target]}},
+        }
+
+
+async def run_flows_only(
+    servers: Servers,
+    *,
+    flows: int = 300,
+    workers: int = 2,
+    concurrency: int = 32,
+    rounds: int = 3,
+    dbos_polling: float = 0.05,
+    skip_dbos: bool = False,
+) -> FlowsLoopResult:
+    """The loop of enqueue then ``result()`` of three-step flows, each round runfleet then
+    DBOS (the full run measures every DBOS round after the runfleet ones)."""
+    if min(flows, workers, concurrency, rounds) < 1:
+        raise BenchError("flows, workers, concurrency and rounds must be >= 1")
+    if not skip_dbos and not dbos_side.available():
+        raise BenchError(dbos_side.DBOS_MISSING)
+    load = os.getloadavg()
+    ours: list[float] = []
+    theirs: list[float] = []
+    async with scratch_database(servers.database_url, "rf_bench_producer") as url:
+        await migrate(url)
+        settings = Settings(
+            database_url=url, redis_url=servers.redis_url, redis_prefix=bench_prefix("producer")
+        )
+        procs = _workers(
+            settings, "runfleet.ops.bench.three_steps", FLOWS_QUEUE, workers, concurrency
+        )
+        try:
+            await wait_workers_started(settings, procs, timeout=60)
+            for _ in range(rounds):
+                per_s, _ids = await asyncio.to_thread(
+                    _rf_loop, settings, FLOWS_QUEUE, three_steps, flows
+                )
+                ours.append(per_s)
+                if not skip_dbos:
+                    theirs.append(
+                        await _dbos_loop(
+                            servers.database_url, flows, workers, concurrency, dbos_polling
+                        )
+                    )
+        finally:
+            for proc in procs:
+                proc.terminate()
+                proc.close()
+    return FlowsLoopResult(flows, workers, ours, theirs, load, os.getloadavg())
+
+
+def flows_table(result: FlowsLoopResult) -> Table:
+    """The table ``producer --only flows`` prints."""
+    t = Table(
+        title=f"producer --only flows: {result.flows} flows, {result.workers} workers each, "
+        f"{len(result.runfleet_rounds)} rounds alternated; load before "
+        + " ".join(f"{x:.2f}" for x in result.load_before)
+        + ", after "
+        + " ".join(f"{x:.2f}" for x in result.load_after)
+    )
+    for col in ("", "runfleet", "DBOS", "ratio"):
+        t.add_column(col, justify="left" if not col else "right")
+    ratio = result.ratio
+    t.add_row(
+        "the loop, three-step flows (flows/s), median",
+        f"{statistics.median(result.runfleet_rounds):,.0f}",
+        f"{statistics.median(result.dbos_rounds):,.0f}" if result.dbos_rounds else "-",
+        "-" if ratio is None else f"{ratio:.2f}x",
+    )
+    t.add_row(
+        "rounds",
+        " ".join(f"{v:.0f}" for v in result.runfleet_rounds),
+        " ".join(f"{v:.0f}" for v in result.dbos_rounds),
+        "",
+    )
+    return t
+
+
 # ---- the whole benchmark ----------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 import pytest
+import redis
 from typer.testing import CliRunner
 
 from runfleet.ops.bench import dbos_side, scaling
@@ -25,6 +26,15 @@ def _bench(services: Endpoints, *args: str) -> dict[str, Any]:
     assert result.exit_code == 0, result.output
     payload: dict[str, Any] = json.loads(result.stdout[result.stdout.index("{") :])
     return payload
+
+
+def _producer_keys(services: Endpoints) -> list[bytes]:
+    """What the producer benchmark left on the Redis it was given (its prefix's keys)."""
+    client = redis.Redis.from_url(services.redis_url)
+    try:
+        return list(client.scan_iter(match="rf-bench-producer-*", count=1000))
+    finally:
+        client.close()
 
 
 TARGETS = {"drain >= 3x rq SimpleWorker", "enqueue, one call each >= 0.5x rq",
@@ -110,6 +120,11 @@ def test_producer_bench_runs_every_phase(services: Endpoints) -> None:
     )  # fmt: skip
     assert out["runfleet"]["settled_result_samples"] == 5
     assert out["runfleet"]["idle_start_samples"] == out["rq"]["idle_start_samples"] == 5
+    parts = out["idle_start_parts"]  # every idle start split at its wake's stream entry
+    assert parts["to_wake_samples"] == parts["wake_to_claim_samples"] == 5
+    assert parts["to_wake_p50_ms"] >= 0 and parts["wake_to_claim_p50_ms"] >= 0
+    assert min(parts[f"{hop}_{when}_p50_ms"] for hop in ("commit", "xadd")
+               for when in ("back_to_back", "after_gap")) > 0  # fmt: skip
     assert out["flows_loop"]["dbos_per_s"] > 0 and out["flows_loop"]["runfleet_per_s"] > 0
     assert all(out["ratios"][k] > 0 for k in ("single_enqueue", "enqueue_many"))
     assert set(out["targets"]) == {
@@ -122,6 +137,7 @@ def test_producer_bench_runs_every_phase(services: Endpoints) -> None:
         "idle enqueue -> start p50 <= 3 ms",
         "idle enqueue -> start p99 <= 6 ms",
     }
+    assert _producer_keys(services) == []  # its streams are dropped with its database
 
 
 @pytest.mark.timeout(300)
@@ -136,6 +152,7 @@ def test_producer_bench_runs_the_flows_loop_alone(services: Endpoints) -> None:
     assert out["flows_loop"]["runfleet_per_s"] > 0 and out["flows_loop"]["dbos_per_s"] is None
     assert len(out["rounds_raw"]["runfleet.flows_loop"]) == 2
     assert "rq" not in out and out["targets"] == {}
+    assert _producer_keys(services) == []
 
 
 @pytest.mark.parametrize(

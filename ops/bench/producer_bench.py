@@ -21,12 +21,13 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from rich.table import Table
 
 from runfleet.broker import EnqueueSpec, Queue
 from runfleet.ops.bench import dbos_side, rq_side
+from runfleet.ops.bench.drain import drop_keys
 from runfleet.ops.bench.fleet_procs import (
     Proc,
     Servers,
@@ -89,6 +90,44 @@ class Side:
 
 
 @dataclass(frozen=True, slots=True)
+class StartParts:
+    """Where runfleet's idle starts went, and what a wake from idle costs this machine.
+
+    ``to_wake_ms``: the row's ``created_at_ms`` to its wake's stream entry id (Redis's
+    clock, in ms: the rest of the admission statement, its commit, the reply and the
+    producer's ``XADD``);
+    ``wake_to_claim_ms``: that entry to the activation record (the doorbell, the group
+    read and the claim statement up to its timestamp). Both on the one host's clocks, at
+    millisecond resolution. ``commit_ms``/``xadd_ms``: p50 of a one-row insert with its
+    commit on the bench's Postgres and of an ``XADD`` on its Redis, back to back and
+    after the idle starts' own gap: the price of each hop when the processes on both
+    ends have gone idle, as they have between idle starts.
+    """
+
+    to_wake_ms: tuple[float, ...] = ()
+    wake_to_claim_ms: tuple[float, ...] = ()
+    commit_ms: tuple[float, float] = (0.0, 0.0)
+    xadd_ms: tuple[float, float] = (0.0, 0.0)
+    gap_ms: float = 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"gap_ms": self.gap_ms}
+        for name, values in (
+            ("to_wake", self.to_wake_ms),
+            ("wake_to_claim", self.wake_to_claim_ms),
+        ):
+            if values:
+                out[f"{name}_p50_ms"] = round(percentile(values, 50), 3)
+                out[f"{name}_p99_ms"] = round(percentile(values, 99), 3)
+                out[f"{name}_samples"] = len(values)
+        out["commit_back_to_back_p50_ms"] = round(self.commit_ms[0], 3)
+        out["commit_after_gap_p50_ms"] = round(self.commit_ms[1], 3)
+        out["xadd_back_to_back_p50_ms"] = round(self.xadd_ms[0], 3)
+        out["xadd_after_gap_p50_ms"] = round(self.xadd_ms[1], 3)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class ProducerBenchResult:
     runs: int
     flows: int
@@ -101,6 +140,7 @@ class ProducerBenchResult:
     load_before: tuple[float, float, float]
     load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
     raw: dict[str, list[float]] = field(default_factory=dict)
+    start_parts: StartParts = field(default_factory=StartParts)
 
     def ratio(self, name: str) -> float:
         mine, theirs = getattr(self.runfleet, name), getattr(self.rq, name)
@@ -160,6 +200,7 @@ class ProducerBenchResult:
                 "loop_then_result": round(self.ratio("loop_per_s"), 3),
                 "flows_loop_vs_dbos": None if flows is None else round(flows, 3),
             },
+            "idle_start_parts": self.start_parts.as_json(),
             "rounds_raw": {k: [round(v, 1) for v in vs] for k, vs in self.raw.items()},
             "targets": {k: {"measured": v[0], "met": v[1]} for k, v in self.targets().items()},
         }
@@ -237,8 +278,9 @@ def _rf_spaced(settings: Settings, count: int, gap_s: float) -> list[str]:
 
 async def _rf_start_latency(
     settings: Settings, store: Store, count: int, gap_s: float
-) -> list[float]:
-    """``created_at_ms`` to the ``claimed-and-activated`` record: database time both ends."""
+) -> tuple[list[float], StartParts]:
+    """``created_at_ms`` to the ``claimed-and-activated`` record: database time both ends;
+    with the wake's stream entry between them and the machine's hop costs."""
     ids = await asyncio.to_thread(_rf_spaced, settings, count, gap_s)
     rows = {row.id: row for row in await store.runs.get_many(ids)}
     records = await store.stats.records_of_kind(Kind.CLAIMED_AND_ACTIVATED, after_seq=0)
@@ -246,7 +288,82 @@ async def _rf_start_latency(
     missing = [i for i in ids if i not in activated]
     if missing:
         raise BenchError(f"{len(missing)} latency runs have no activation record")
-    return [float(activated[i] - rows[i].created_at_ms) for i in ids]
+    woken = await asyncio.to_thread(_wake_stamps, settings, QUEUE)
+    stamped = [i for i in ids if i in woken]
+    commit_ms, xadd_ms = await asyncio.to_thread(_hop_costs, settings, gap_s)
+    parts = StartParts(
+        to_wake_ms=tuple(float(woken[i] - rows[i].created_at_ms) for i in stamped),
+        wake_to_claim_ms=tuple(float(activated[i] - woken[i]) for i in stamped),
+        commit_ms=commit_ms,
+        xadd_ms=xadd_ms,
+        gap_ms=gap_s * 1000,
+    )
+    return [float(activated[i] - rows[i].created_at_ms) for i in ids], parts
+
+
+def _wake_stamps(settings: Settings, queue: str) -> dict[str, int]:
+    """Each run's first wake on ``queue``'s normal lane: its entry id's milliseconds."""
+    import redis
+
+    from runfleet.broker.codec import FIELD, MalformedMessage, decode
+    from runfleet.broker.keys import Keys
+
+    client = redis.Redis.from_url(settings.redis_url)
+    try:
+        stamps: dict[str, int] = {}
+        entries = cast(  # redis-py types a sync reply as a union with its async form
+            list[tuple[bytes, dict[bytes, bytes]]],
+            client.xrange(Keys(settings.redis_prefix).stream(queue)),
+        )
+        for entry_id, fields in entries:
+            try:
+                run = decode(fields[FIELD]).run
+            except (KeyError, MalformedMessage):
+                continue
+            stamps.setdefault(run, int(entry_id.split(b"-")[0]))
+        return stamps
+    finally:
+        client.close()
+
+
+HOPS = 100
+"""Samples of each hop cost, back to back and after the idle starts' gap."""
+
+
+def _hop_costs(settings: Settings, gap_s: float) -> tuple[tuple[float, float], tuple[float, float]]:
+    """p50 of a one-row insert with its commit and of an ``XADD``, back to back and after
+    ``gap_s`` idle: (back to back, after the gap) for each."""
+    import psycopg
+    import redis
+
+    client = redis.Redis.from_url(settings.redis_url)
+    key = f"{settings.redis_prefix}bench-hops"
+    try:
+        with psycopg.connect(settings.database_url, autocommit=True) as conn:
+            # a logged table: a temporary one writes no WAL, so its commit flushes nothing
+            conn.execute("CREATE TABLE IF NOT EXISTS runfleet_bench_hops (x int)")
+            try:
+                commit = [_hop(lambda: conn.execute("INSERT INTO runfleet_bench_hops VALUES (1)"),
+                               pause) for pause in (0.0, gap_s)]  # fmt: skip
+                xadd = [_hop(lambda: client.xadd(key, {"x": "1"}, maxlen=HOPS), pause)
+                        for pause in (0.0, gap_s)]  # fmt: skip
+            finally:
+                conn.execute("DROP TABLE runfleet_bench_hops")
+        return (commit[0], commit[1]), (xadd[0], xadd[1])
+    finally:
+        client.delete(key)
+        client.close()
+
+
+def _hop(one: Callable[[], Any], pause: float) -> float:
+    spans: list[float] = []
+    for _ in range(HOPS):
+        if pause:
+            time.sleep(pause)
+        began = time.perf_counter()
+        one()
+        spans.append((time.perf_counter() - began) * 1000)
+    return percentile(spans, 50)
 
 
 def _workers(settings: Settings, flows: str, queue: str, workers: int, k: int) -> list[Proc]:
@@ -457,6 +574,7 @@ async def run_flows_only(
             for proc in procs:
                 proc.terminate()
                 proc.close()
+            await drop_keys(servers.redis_url, settings.redis_prefix)
     return FlowsLoopResult(flows, workers, ours, theirs, load, os.getloadavg())
 
 
@@ -564,12 +682,13 @@ async def run(
                 proc.close()
             procs = _workers(settings, "runfleet.ops.bench.noop", QUEUE, workers, concurrency)
             await wait_workers_started(settings, procs, timeout=60)
-            starts = await _rf_start_latency(settings, store, samples, gap_s)
+            starts, parts = await _rf_start_latency(settings, store, samples, gap_s)
         finally:
             for proc in procs:
                 proc.terminate()
                 proc.close()
             await store.close()
+            await drop_keys(servers.redis_url, settings.redis_prefix)
     rq_starts = await asyncio.to_thread(_rq_latency, servers.redis_url, workers, samples, gap_s)
     dbos: float | None = None
     if not skip_dbos:
@@ -590,7 +709,7 @@ async def run(
     )  # fmt: skip
     return ProducerBenchResult(
         runs, flows, workers, rounds, ours, theirs, med["runfleet.flows_loop"], dbos, load,
-        os.getloadavg(), raw,
+        os.getloadavg(), raw, parts,
     )  # fmt: skip
 
 
@@ -640,6 +759,19 @@ def table(result: ProducerBenchResult) -> Table:
             f"{percentile(rq.start_ms, q):.1f}",
             "",
         )
+    parts = result.start_parts
+    for label, values in (
+        ("  of it: created -> wake's XADD", parts.to_wake_ms),
+        ("  of it: wake's XADD -> claimed", parts.wake_to_claim_ms),
+    ):
+        if values:
+            spread = f"{percentile(values, 50):.1f} / {percentile(values, 99):.1f}"
+            t.add_row(f"{label} p50 / p99 (ms)", spread, "", "")
+    gap = f"{parts.gap_ms:.0f} ms"
+    t.add_row(f"hop: insert+commit p50 (ms), back to back / after {gap} idle",
+              f"{parts.commit_ms[0]:.3f} / {parts.commit_ms[1]:.3f}", "", "")  # fmt: skip
+    t.add_row(f"hop: XADD p50 (ms), back to back / after {gap} idle",
+              f"{parts.xadd_ms[0]:.3f} / {parts.xadd_ms[1]:.3f}", "", "")  # fmt: skip
     for name, (measured, met) in result.targets().items():
         t.add_row(f"target: {name}", measured, "", "met" if met else "MISSED")
     return t

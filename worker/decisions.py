@@ -77,7 +77,6 @@ class Decider:
         hint: HintFn | None = None,
         hint_front: HintFn | None = None,
         gate: HintFn | None = None,
-        slot_freed: Callable[[str], None] | None = None,
         rate_due: Callable[[str, int], None] | None = None,
     ) -> None:
         self.store = store
@@ -91,8 +90,6 @@ class Decider:
         """A displaced run's wake, ahead of the backlog (``_took_slot``)."""
         self._gate = gate
         """Park the wake of a run its queue's limit refused (``broker.gate``)."""
-        self._slot_freed = slot_freed
-        """Open a limited queue's gate (a settled run's slot: ``_claimed``)."""
         self._rate_due = rate_due
         """A rate-refused queue's next token is due in so many ms (``worker.rate_pump``)."""
         self._warned_unknown: set[str] = set()

@@ -102,7 +102,6 @@ class Driver:
             hint=hint,
             hint_front=hint_front,
             gate=gate,
-            slot_freed=slot_freed,
             rate_due=rate_due,
         )
         self.settlement = Settlement(store, owner, hint=hint, announce=on_settled)

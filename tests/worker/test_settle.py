@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import logging
 import traceback
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -29,6 +30,7 @@ from runfleet.store.types import (
     RunRow,
     RunStatus,
     Settle,
+    TransitionOutcome,
     Waiting,
     WaitingReason,
 )
@@ -504,8 +506,10 @@ async def test_an_unstorable_settlement_in_a_group_commit_fails_alone(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Should an unstorable value reach the batch (the per-item check missed it: here it
-    hands on a patch text jsonb refuses), it fails its own run only; the others committed
-    with it settle as they were."""
+    hands on a patch text jsonb refuses for a value it passed), it fails its own run only;
+    the others committed with it settle as they were. Both items are in one flush (the
+    batch statement refuses the bad one for both), so the good run settles only because
+    the group commit retries each item alone (``isolate``)."""
     good = await make_running(store, "good", OWNER_A, flow="sr.waiter")
     bad = await make_running(store, "bad", OWNER_A, flow="sr.waiter")
     real_check = store.lifecycle.check
@@ -517,11 +521,21 @@ async def test_an_unstorable_settlement_in_a_group_commit_fails_alone(
         return dataclasses.replace(checked, patch='{"bad": "\\u0000"}')  # 22P05 in jsonb
 
     monkeypatch.setattr(store.lifecycle, "check", missed)
+    flushes: list[list[str]] = []
+    real_many = store.lifecycle.settle_many
+
+    async def seen(owner: Owner, items: Sequence[CheckedSettle]) -> list[TransitionOutcome]:
+        flushes.append([c.item.run_id for c in items])
+        return await real_many(owner, items)
+
+    monkeypatch.setattr(store.lifecycle, "settle_many", seen)
     both = settlement(store)
     await asyncio.gather(
         both.result(good, good.epoch, {"ok": 1}, None),
-        both.result(bad, bad.epoch, {"bad": "\x00"}, None),
+        both.result(bad, bad.epoch, {"bad": 1}, None),  # storable: the check passes it
     )
+    assert flushes[0] == ["good", "bad"], flushes  # one batch, refused as a whole
+    assert ["good"] in flushes[1:], flushes  # then each alone: the good one commits
     assert (await must_get(store, "good")).status is RunStatus.COMPLETED
     failed = await must_get(store, "bad")
     assert failed.status is RunStatus.FAILED and isinstance(failed.error, dict)

@@ -149,7 +149,7 @@ def rewrite_pyproject(text: str) -> str:
         return match[1] + ", ".join(f'"{i}"' for i in out) + "]"
 
     text = re.sub(r"(?m)^(packages\s*=\s*\[)([^\]]*)\]", mypy_packages, text)
-    text = re.sub(rf'(?m)^({_TOP})(\s*=\s*\[)', rf'"{PREFIX}.\1"\2', text)
+    text = re.sub(rf"(?m)^({_TOP})(\s*=\s*\[)", rf'"{PREFIX}.\1"\2', text)
 
     def find_include(match: re.Match[str]) -> str:
         items = re.findall(r'"([^"]+)"', match[2])
@@ -364,8 +364,15 @@ def sort_imports(tree: Path, changed: list[Path]) -> None:
         return
     subprocess.run(
         [
-            exe, "check", "--quiet", "--select", "I", "--fix", "--exit-zero",
-            "--config", f"lint.isort.known-first-party = ['{PREFIX}', 'tests']",
+            exe,
+            "check",
+            "--quiet",
+            "--select",
+            "I",
+            "--fix",
+            "--exit-zero",
+            "--config",
+            f"lint.isort.known-first-party = ['{PREFIX}', 'tests']",
             *python,
         ],
         cwd=tree,

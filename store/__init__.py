@@ -45,7 +45,7 @@ class Store:
         self.lifecycle = Lifecycle(db, self.journal, settings, self.admission, self.dag)
         self.deferreds = Deferreds(db, self.journal, settings)
         self.waits = Waits(db, self.journal, settings, self.deferreds)
-        self.sweeps = Sweeps(db)
+        self.sweeps = Sweeps(db, settings)
         self.stats = Stats(db)
         self.inspect = Inspect(db)
         self.steps = Steps(db, self.journal, settings)

@@ -56,6 +56,20 @@ class Settings(BaseSettings):
         return int(self.stale_after * 1000)
 
     @property
+    def sweep_lock_idle_ms(self) -> int:
+        """How long a sweep tick's transaction may sit idle before Postgres ends its session.
+
+        A tick holds its kind's advisory lock for the whole transaction, so every other
+        worker skips that kind while it lasts. A tick's own gaps between statements are
+        its Python (milliseconds); a tick that goes quiet for longer belongs to a worker
+        cut off from Postgres mid-tick, whose session the server would otherwise keep,
+        lock and all, until ``idle_in_transaction_timeout`` (a minute by default): no
+        stale lease of the fleet would be swept meanwhile. Two heartbeat intervals, at
+        least a second: within ``stale_after`` of the cut-off, at the default settings.
+        """
+        return int(max(1.0, 2 * self.heartbeat_interval) * 1000)
+
+    @property
     def lapse_after(self) -> float:
         """Seconds without a confirmed renewal after which a worker stops its runs.
 

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
+from runfleet.store.config import Settings
 from runfleet.store.db import Database
 from runfleet.store.rows import clock_row, run_row
 from runfleet.store.types import ClockRow, Owner, PendingCursor, RunRow
@@ -120,8 +121,9 @@ ROW_WRITTEN = RowWritten()
 
 
 class Sweeps:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, settings: Settings) -> None:
         self._db = db
+        self._settings = settings
 
     # ---- the decisions a sweep tick takes (the sweeper opens no transaction) -----
 
@@ -165,9 +167,12 @@ class Sweeps:
         """Take this tick's advisory lock for a sweep kind; only inside a transaction.
 
         The lock is transaction-scoped, so it is released when the sweeper's
-        transaction ends (including when its connection dies).
+        transaction ends (including when its connection dies), and the transaction may
+        not sit idle past ``Settings.sweep_lock_idle_ms``: a tick cut off from Postgres
+        midway hands the kind back to the fleet within that bound.
         """
-        row = await self._db.one("sweeps.try_sweep_lock", {"kind": int(kind)})
+        params = {"kind": int(kind), "idle_ms": self._settings.sweep_lock_idle_ms}
+        row = await self._db.one("sweeps.try_sweep_lock", params)
         return bool(row and row["locked"])
 
     # ---- cursors -----------------------------------------------------------

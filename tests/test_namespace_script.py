@@ -54,7 +54,7 @@ QUEUE = broker.Queue
     "Makefile": "demo:\n\tpython -m ops.demo\n",
     "compose.yaml": "command: [runfleet, worker, --flows, ops.demo.flows]\n",
     "guide.md": "```python\nfrom broker import Queue\nimport worker\n```\nSee `store.db.Store`.\n",
-    "pyproject.toml": '''[project.scripts]
+    "pyproject.toml": """[project.scripts]
 runfleet = "ops.cli.app:app"
 
 [tool.setuptools.packages.find]
@@ -65,7 +65,7 @@ store = ["sql/*.sql"]
 
 [tool.mypy]
 packages = ["store", "broker", "worker", "ops", "tests"]
-''',
+""",
 }
 
 AFTER = {
@@ -99,7 +99,7 @@ QUEUE = runfleet.broker.Queue
         "```python\nfrom runfleet.broker import Queue\nfrom runfleet import worker\n```\n"
         "See `runfleet.store.db.Store`.\n"
     ),
-    "pyproject.toml": '''[project.scripts]
+    "pyproject.toml": """[project.scripts]
 runfleet = "runfleet.ops.cli.app:app"
 
 [tool.setuptools.packages.find]
@@ -110,7 +110,7 @@ include = ["runfleet*"]
 
 [tool.mypy]
 packages = ["runfleet", "tests"]
-''',
+""",
     "store/__init__.py": "from runfleet.store.db import Store\n",
 }
 
@@ -142,8 +142,9 @@ def test_the_script_rewrites_each_form_and_a_second_run_changes_nothing(tmp_path
 
 def test_a_name_it_cannot_rewrite_safely_is_refused(tmp_path: Path) -> None:
     _tree(tmp_path)
-    (tmp_path / "clash.py").write_text("import broker.streams\n\n\ndef f(broker: int) -> int:\n"
-                                       "    return broker\n")
+    (tmp_path / "clash.py").write_text(
+        "import broker.streams\n\n\ndef f(broker: int) -> int:\n    return broker\n"
+    )
     done = _script(tmp_path)
     assert done.returncode == 2 and "clash.py" in done.stderr, done.stderr
     assert (tmp_path / "app.py").read_text() == BEFORE["app.py"], "nothing is half-written"

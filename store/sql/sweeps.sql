@@ -82,7 +82,13 @@ SELECT id, claim_host, claim_pid, claim_nonce, claimed_at_ms FROM runfleet.runs
  ORDER BY claimed_at_ms, id LIMIT %(limit)s;
 
 -- name: try_sweep_lock
-SELECT pg_try_advisory_xact_lock(732011, %(kind)s::int) AS locked;
+-- The kind's lock, and a bound on how long this transaction may then sit idle
+-- (``Settings.sweep_lock_idle_ms``): a worker cut off from Postgres mid-tick loses its
+-- session, and the lock with it, after that long instead of holding the kind for the
+-- whole fleet until idle_in_transaction_session_timeout. Local to the transaction
+-- (``set_config(..., true)``), so a pooled connection keeps its own setting after it.
+SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s::text, true) AS idle_ms,
+       pg_try_advisory_xact_lock(732011, %(kind)s::int) AS locked;
 
 -- name: runnable_suspended
 -- Suspended rows whose wait was cleared but that nobody resumed (the wake message

@@ -33,6 +33,7 @@ def settings(settings: Settings) -> Settings:
     """The doorbell peek is opt-in (``Settings.idle_peek``): these tests turn it on."""
     return settings.model_copy(update={"idle_peek": True})
 
+
 RUNS = 6
 
 

@@ -40,7 +40,17 @@ async def test_partitioned_owner_is_refused_then_lapses_and_the_run_moves(
     # observers' so that there is a window in which B sees A's lease as stale while A
     # has not yet lapsed: the window in which only the liveness probe stands between
     # B and a double execution.
-    a = WorkerProc(settings, database_url=via(settings.database_url, proxy.port), stale_after=3.0)
+    # A has one slot, which the run takes: A reads no stream while it runs, so every wake
+    # B's stale sweep dispatches reaches B. With free slots A read them too, and acked each
+    # at once (a wake for a run it is itself driving): B's sweep dispatched a wake every tick
+    # while A, idle otherwise, won the read of each, until A lapsed and B stole without ever
+    # having had the probe's refusal to make (a CI failure; about one run in ten here).
+    a = WorkerProc(
+        settings,
+        database_url=via(settings.database_url, proxy.port),
+        concurrency=1,
+        stale_after=3.0,
+    )
     b = None
     try:
         await a.wait_started()

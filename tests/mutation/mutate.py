@@ -41,8 +41,13 @@ TARGETS = ROOT / "tests" / "mutation" / "targets.toml"
 EQUIVALENT = ROOT / "tests" / "mutation" / "equivalent.md"
 LINKED = ("runfleet", "tests")
 """What the scratch project links to: the package (copied, one module mutated) and tests."""
-SOURCES = ("runfleet/__init__.py", "runfleet/store", "runfleet/broker", "runfleet/worker",
-           "runfleet/ops")
+SOURCES = (
+    "runfleet/__init__.py",
+    "runfleet/store",
+    "runfleet/broker",
+    "runfleet/worker",
+    "runfleet/ops",
+)
 """Through runfleet/'s symlinks, so that mutmut names a mutant by the module's import path
 (``runfleet.worker.lease.x_…``) and copies real files into ``mutants/runfleet/``."""
 

@@ -57,9 +57,7 @@ async def test_stuck_lists_reactivated_runs(store: Store, cli: Cli) -> None:
     view = StuckView.model_validate_json(raw.stdout)
     assert looping.id in _reactivated(view)
     assert fine.id not in _reactivated(view)  # two takeovers are what recovery looks like
-    (item,) = [
-        i for i in view.items if i.run.id == looping.id and i.kind == "reactivated-often"
-    ]
+    (item,) = [i for i in view.items if i.run.id == looping.id and i.kind == "reactivated-often"]
     assert "restarted 5 times (takeovers: 5, releases: 0; epoch 6)" in item.detail
     assert "run.drive_failed" in item.action
 

@@ -27,8 +27,16 @@ RLS: LiteralString = """
     SELECT c.relname, c.relrowsecurity, c.relforcerowsecurity FROM pg_class c
       JOIN pg_namespace n ON n.oid = c.relnamespace
      WHERE n.nspname = 'runfleet' AND c.relkind = 'r' ORDER BY 1"""
-FLEET_TABLES = {"flows", "sweep_cursors", "schema_migrations", "limits", "queues", "queue_changes",
-                "wake_marks", "flow_keys"}
+FLEET_TABLES = {
+    "flows",
+    "sweep_cursors",
+    "schema_migrations",
+    "limits",
+    "queues",
+    "queue_changes",
+    "wake_marks",
+    "flow_keys",
+}
 """Tables that hold no run's data: fleet bookkeeping, readable without scopes."""
 
 

@@ -533,32 +533,10 @@ WITH wanted AS (
 SELECT * FROM moved;
 
 -- name: attached_descendants_many
--- attached_descendants for several settling runs at once: (root, descendant) pairs,
--- each walk excluding its own root's lineage. Usually empty: a run without children
--- costs one probe of run_parents by parent per round of its lineage. The lookups by
--- lineage and by id are LATERAL subqueries with an ORDER BY (never flattened into a
--- join), so they stay index probes whatever the statistics say: with a 100,000-run
--- backlog just admitted (statistics stale), the joins were planned as scans of all of
--- runfleet.runs (docs/backlog.md).
-WITH RECURSIVE seeds AS (
-    SELECT l.id AS root, l.lineage_id AS root_lineage FROM runfleet.runs l
-     WHERE l.id = ANY(%(ids)b::text[])
-), tree(root, root_lineage, id) AS (
-    SELECT s.root, s.root_lineage, r.id FROM seeds s
-     CROSS JOIN LATERAL (SELECT x.id FROM runfleet.runs x WHERE x.lineage_id = s.root_lineage
-                          ORDER BY x.round_ordinal) r
-    UNION
-    SELECT t.root, t.root_lineage, m.id FROM tree t
-      JOIN runfleet.run_parents e ON e.parent_id = t.id
-      JOIN runfleet.runs c ON c.id = e.child_id
-      JOIN runfleet.runs m ON m.lineage_id = c.lineage_id
-     WHERE coalesce(c.state->>'on_parent_exit', 'cancel') = 'cancel'
-)
-SELECT DISTINCT tree.root, r.id FROM tree
- CROSS JOIN LATERAL (SELECT y.id FROM runfleet.runs y
-                      WHERE y.id = tree.id AND y.status NOT IN ('completed', 'failed', 'cancelled')
-                        AND y.lineage_id <> tree.root_lineage ORDER BY y.id) r
- ORDER BY tree.root, r.id;
+-- For several settling runs at once, every unsettled run each one's lineage reaches
+-- through attached edges, as (root, descendant) pairs: runfleet.attached_descendants
+-- (migration 0024; the walk, its rules and why it is a function with generic plans).
+SELECT d.root, d.id FROM runfleet.attached_descendants(%(ids)b::text[]) AS d;
 
 -- name: heartbeat
 -- One statement renews every run a process owns; the answer is the confirmed
@@ -625,25 +603,9 @@ SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r
 
 -- name: attached_descendants
 -- Every unsettled run a cancellation or a final settlement of this run's lineage reaches:
--- from any round of the lineage, through attached edges, every round of each attached
--- child's own lineage, transitively. The policy read is the one the edge's child (the
--- round its parent created) recorded. UNION deduplicates, so a diamond is visited once
--- and the walk ends on the finite edge set with no depth cap (cycles are refused at
--- insert anyway). The run's own lineage is not listed: its rounds are the caller's.
-WITH RECURSIVE tree(id, lineage_id) AS (
-    SELECT r.id, r.lineage_id FROM runfleet.runs r
-     WHERE r.lineage_id = (SELECT l.lineage_id FROM runfleet.runs l WHERE l.id = %(id)s)
-    UNION
-    SELECT m.id, m.lineage_id FROM tree t
-      JOIN runfleet.run_parents e ON e.parent_id = t.id
-      JOIN runfleet.runs c ON c.id = e.child_id
-      JOIN runfleet.runs m ON m.lineage_id = c.lineage_id
-     WHERE coalesce(c.state->>'on_parent_exit', 'cancel') = 'cancel'
-)
-SELECT DISTINCT r.id FROM tree JOIN runfleet.runs r ON r.id = tree.id
- WHERE r.status NOT IN ('completed', 'failed', 'cancelled')
-   AND r.lineage_id <> (SELECT l.lineage_id FROM runfleet.runs l WHERE l.id = %(id)s)
- ORDER BY r.id;
+-- the same walk for one run (runfleet.attached_descendants, migration 0024). The run's
+-- own lineage is not listed: its rounds are the caller's.
+SELECT d.id FROM runfleet.attached_descendants(ARRAY[%(id)s::text]) AS d;
 
 -- name: cascade_cancel
 -- The cascade only ASKS: each descendant closes through its own cancel path (claimed,

@@ -63,7 +63,7 @@ Callback: TypeAlias = Callable[[Notice], Awaitable[None] | None]
 async def _close_quietly(pubsub: PubSub) -> None:
     """Release a pubsub connection; errors are moot, the connection is being dropped anyway."""
     with contextlib.suppress(Exception):
-        await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+        await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # redis-py < 8 leaves it unannotated
 
 
 class MalformedNotice(ValueError):

@@ -41,6 +41,7 @@ from runfleet.broker.admission import (
     split_rq_call,
     unknown,
 )
+from runfleet.broker.blocking import UnansweredXadds
 from runfleet.broker.client import connect
 from runfleet.broker.control import RunControl
 from runfleet.broker.history import RunHistory
@@ -150,10 +151,18 @@ class AsyncQueue:
             self._attach(store=store, redis=connect(self.settings))
         return self
 
-    def _attach(self, *, store: Store, redis: Redis, group_commit: bool = True) -> None:
+    def _attach(
+        self,
+        *,
+        store: Store,
+        redis: Redis,
+        group_commit: bool = True,
+        unanswered: UnansweredXadds | None = None,
+    ) -> None:
         """Use ``store`` and ``redis``. Without ``group_commit`` each enqueue is admitted
-        on its own (``broker.sync``'s blocking face, whose calls never wait for a batch)."""
-        self.session.attach(store=store, redis=redis)
+        on its own (``broker.sync``'s blocking face, whose calls never wait for a batch);
+        with ``unanswered`` its wake is sent without waiting for Redis's reply."""
+        self.session.attach(store=store, redis=redis, unanswered=unanswered)
         self._group_commit = group_commit
 
     async def close(self) -> None:

@@ -23,6 +23,7 @@ from typing import NamedTuple, TypeVar
 
 from redis.asyncio import Redis
 
+from runfleet.broker.blocking import UnansweredXadds
 from runfleet.broker.codec import message_for
 from runfleet.broker.notify import Notifier
 from runfleet.broker.streams import Lane, Streams, lane_for
@@ -56,11 +57,18 @@ class ProducerSession:
         self._redis: Redis | None = None
         self._streams: Streams | None = None
         self._notifier: Notifier | None = None
+        self._unanswered: UnansweredXadds | None = None
 
-    def attach(self, *, store: Store, redis: Redis) -> None:
-        """Use ``store`` and ``redis`` (the session owns neither until ``close``)."""
+    def attach(
+        self, *, store: Store, redis: Redis, unanswered: UnansweredXadds | None = None
+    ) -> None:
+        """Use ``store`` and ``redis`` (the session owns neither until ``close``).
+
+        ``unanswered``: admissions' wakes are written there and not waited for (the
+        blocking face's; ``publish_ready``)."""
         self._store = store
         self._redis = redis
+        self._unanswered = unanswered
         self._streams = Streams(redis, self.settings.redis_prefix)
         self._notifier = Notifier(redis, self.settings.redis_prefix)
 
@@ -162,6 +170,9 @@ class ProducerSession:
             for row in ready
         ]
         try:
-            await self.streams.publish_many(messages, lane)
+            if self._unanswered is not None:
+                self._unanswered.send(self.streams.pack(messages, lane), self.streams.maxlen)
+            else:
+                await self.streams.publish_many(messages, lane)
         except Exception as exc:
             log.warning("enqueue.publish_failed", extra={"runs": len(messages), "error": repr(exc)})

@@ -202,6 +202,13 @@ class Streams:
         )
         return _text(entry_id)
 
+    def pack(
+        self, items: Sequence[tuple[str, StreamMessage]], lane: Lane = Lane.NORMAL
+    ) -> list[tuple[str, bytes]]:
+        """Each (queue, message) as its stream key in ``lane`` and its encoded field value;
+        every message is encoded before anything is sent, so a bad one writes nothing."""
+        return [(self.stream_key(queue, lane), encode(msg)) for queue, msg in items]
+
     async def publish_many(
         self, items: Sequence[tuple[str, StreamMessage]], lane: Lane = Lane.NORMAL
     ) -> list[str]:
@@ -211,7 +218,7 @@ class Streams:
         """
         if not items:
             return []
-        packed = [(self.stream_key(queue, lane), encode(msg)) for queue, msg in items]
+        packed = self.pack(items, lane)
         if len(packed) == 1:  # a single enqueue's wake: one XADD, no pipeline to build
             ((key, data),) = packed
             entry_id = await self._redis.xadd(

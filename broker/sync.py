@@ -143,7 +143,12 @@ class _Inline:
                         queue.settings, checkout_timeout=max(0.5, min(2.0, budget))
                     )
                     redis = BlockingRedis.for_settings(queue.settings)
-                    queue._attach(store=store, redis=redis, group_commit=False)  # type: ignore[arg-type]  # the awaitable subset it uses
+                    queue._attach(
+                        store=store,
+                        redis=redis,  # type: ignore[arg-type]  # the awaitable subset it uses
+                        group_commit=False,
+                        unanswered=redis.unanswered,
+                    )
                     self._queue = queue
         return self._queue
 

@@ -56,7 +56,7 @@ async def test_a_batch_of_settled_notices_is_each_its_own_message_in_order(
                 got.append(json.loads(msg["data"]))
         assert got == [{"run": run, "status": status} for run, status in settled]
     finally:
-        await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
+        await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # redis-py < 8 leaves it unannotated
 
 
 async def test_wait_settled_returns_the_notice(notifier: Notifier) -> None:

@@ -987,14 +987,21 @@ CREATE INDEX runs_open_key_idx ON runfleet.runs (queue, concurrency_key)
 -- refused at insert). Usually empty: a run without children costs one probe of
 -- run_parents by parent per round of its lineage.
 --
--- Every lookup is a LATERAL subquery with an ORDER BY (never flattened into a join), so
--- each stays an index probe whatever the statistics say. A function with generic plans
--- (docs/producer.md, "The settlement's descendant walk"): as a statement with the ids'
--- values visible, every settlement planned it again (~1 ms, ten times its execution);
--- here it is planned once per connection. SECURITY INVOKER: the caller's row security.
+-- Every lookup, in the seeds and in the recursive step alike, is a LATERAL subquery with
+-- an ORDER BY (never flattened into a join), so each stays an index probe whatever the
+-- statistics say: as plain joins the recursive step, planned from a run_parents never
+-- analyzed, read every row of runs on every settlement (docs/producer.md, "The
+-- settlement's descendant walk"). Generic plans: with the ids' values visible a custom
+-- plan looked cheaper, so every settlement planned the walk again (~1 ms, ten times its
+-- execution); here it is planned once per connection. JIT off: a recursive CTE's row
+-- estimate multiplies at every level, so the walk's estimated cost passes
+-- jit_above_cost although it reads a handful of rows, and a connection through PgBouncer
+-- (which refuses the connection's own `-c jit=off`) compiled it at every call: 0.5-2 s a
+-- settlement, a sixteen-process fleet test twice as slow. SECURITY INVOKER: the caller's
+-- row security.
 CREATE FUNCTION runfleet.attached_descendants(p_ids text[])
     RETURNS TABLE (root text, id text)
-    LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS
+    LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan SET jit = off AS
 $$
 #variable_conflict use_column
 BEGIN

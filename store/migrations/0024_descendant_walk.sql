@@ -1,16 +1,18 @@
--- runfleet schema v24: a settlement's walk of attached descendants costs its probes, not
--- a scan of every run nor a plan per call (docs/producer.md, "The settlement's
--- descendant walk").
+-- runfleet schema v24: a settlement's walk of attached descendants costs its probes: not a
+-- scan of every run, not a plan per call, not a JIT compile (docs/producer.md, "The
+-- settlement's descendant walk").
 --
 -- Every terminal settlement batch (settle_many) and every cancel asks which unsettled
 -- runs its lineage reaches through attached edges. As a statement (store/sql/runs.sql,
--- attached_descendants_many), its recursive step joined run_parents and runs as plain
--- joins, which the planner, seeing an empty run_parents, drove from a sequential scan
--- of every row of runfleet.runs: 3 ms a settlement beside 1,500 settled runs, growing
--- with the table (pg_stat_statements, the user's loop of single enqueues, 2 workers).
--- With the joins as LATERAL probes the walk executed in ~0.05 ms but was planned again
--- at every settlement (~0.9 ms; the ids' values made a custom plan look cheaper). This
--- function holds the walk with generic plans, planned once per connection.
+-- attached_descendants_many) its recursive step joined run_parents and runs as plain
+-- joins, which the planner, reading a run_parents never analyzed, drove from a
+-- sequential scan of every row of runfleet.runs: 3 ms a settlement beside 1,500 settled
+-- runs, growing with the table (pg_stat_statements, the user's loop of single enqueues,
+-- 2 workers). This function holds the walk as index probes with generic plans and JIT
+-- off (each reason below). JIT is also why an earlier rewrite into the same probes was
+-- reverted (docs/backlog.md): behind PgBouncer, where the connection's `-c jit=off` is
+-- refused, the probes' inflated estimate was JIT-compiled at every call.
+
 -- Every unsettled run a final settlement or a cancel of each of p_ids' lineages reaches:
 -- from any round of the lineage, through attached edges, every round of each attached
 -- child's own lineage, transitively, as (root, descendant) pairs; a root's own lineage
@@ -20,14 +22,21 @@
 -- refused at insert). Usually empty: a run without children costs one probe of
 -- run_parents by parent per round of its lineage.
 --
--- Every lookup is a LATERAL subquery with an ORDER BY (never flattened into a join), so
--- each stays an index probe whatever the statistics say. A function with generic plans
--- (docs/producer.md, "The settlement's descendant walk"): as a statement with the ids'
--- values visible, every settlement planned it again (~1 ms, ten times its execution);
--- here it is planned once per connection. SECURITY INVOKER: the caller's row security.
+-- Every lookup, in the seeds and in the recursive step alike, is a LATERAL subquery with
+-- an ORDER BY (never flattened into a join), so each stays an index probe whatever the
+-- statistics say: as plain joins the recursive step, planned from a run_parents never
+-- analyzed, read every row of runs on every settlement (docs/producer.md, "The
+-- settlement's descendant walk"). Generic plans: with the ids' values visible a custom
+-- plan looked cheaper, so every settlement planned the walk again (~1 ms, ten times its
+-- execution); here it is planned once per connection. JIT off: a recursive CTE's row
+-- estimate multiplies at every level, so the walk's estimated cost passes
+-- jit_above_cost although it reads a handful of rows, and a connection through PgBouncer
+-- (which refuses the connection's own `-c jit=off`) compiled it at every call: 0.5-2 s a
+-- settlement, a sixteen-process fleet test twice as slow. SECURITY INVOKER: the caller's
+-- row security.
 CREATE FUNCTION runfleet.attached_descendants(p_ids text[])
     RETURNS TABLE (root text, id text)
-    LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan AS
+    LANGUAGE plpgsql STABLE SET plan_cache_mode = force_generic_plan SET jit = off AS
 $$
 #variable_conflict use_column
 BEGIN

@@ -1,14 +1,19 @@
-"""A settlement's walk of attached descendants probes indexes, whatever the table holds.
+"""A settlement's walk of attached descendants is index probes, planned once, never JIT'd.
 
 Every terminal settlement (``settle_many``, ``transition_owned``) and every cancel asks
-which unsettled runs its lineage reaches through attached edges (SQL blocks
-``runs.attached_descendants_many`` and ``runs.attached_descendants``). The recursive step
-once joined ``run_parents`` to ``runs`` as plain joins, which the planner, seeing an
-empty or tiny ``run_parents``, drove from a sequential scan of every row of ``runs``
-(extracting each state's ``on_parent_exit``): 3 ms a settlement beside 1,500 settled
-runs, growing with the table, the largest server cost of the user's loop of enqueues
-(docs/producer.md, "The settlement's descendant walk"). Each lookup is now a LATERAL
-probe; the transaction's own counters (no timing) say what the walk read.
+which unsettled runs its lineage reaches through attached edges
+(``runfleet.attached_descendants``, migration 0024; docs/producer.md, "The settlement's
+descendant walk"). Each rule here failed once:
+
+- the recursive step joined ``run_parents`` to ``runs`` as plain joins, which the planner
+  drove from a sequential scan of every row of ``runs``: 3 ms a settlement beside 1,500
+  settled runs, growing with the table (the transaction's own counters say what the walk
+  read, no timing);
+- with the ids' values visible, every settlement planned the walk again (auto_explain
+  shows the parameter, never a call's ids);
+- its inflated estimate passed ``jit_above_cost`` and, behind PgBouncer (which refuses the
+  connection's ``-c jit=off``), every call compiled it (no JIT section in its plan, with
+  JIT forced on for everything else).
 """
 
 from __future__ import annotations
@@ -47,8 +52,10 @@ TREE: list[tuple[str, str, str, int, str | None, str]] = [
 
 @pytest.fixture
 async def tree(database_url: str) -> str:
+    """The tree beside settled runs, with the statistics of a young database: ``runs`` and
+    ``run_parents`` analyzed while empty."""
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
-        await conn.execute("ANALYZE runfleet.runs")  # statistics of an empty table, as fresh
+        await conn.execute("ANALYZE runfleet.runs")
         await conn.execute("ANALYZE runfleet.run_parents")
         await conn.execute(FILL, {"settled": SETTLED})
         for run_id, lineage, status, ordinal, parent, policy in TREE:
@@ -85,6 +92,25 @@ async def _walk(
     return answer, table
 
 
+async def _explained(url: str, ids: list[list[str]], *settings: str) -> list[str]:
+    """auto_explain's plans of the walk, one per call with ``ids``, as notices."""
+    notices: list[str] = []
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+        await conn.execute("LOAD 'auto_explain'")
+        for setting in (
+            "auto_explain.log_min_duration = 0",
+            "auto_explain.log_nested_statements = on",
+            "auto_explain.log_level = notice",
+            "auto_explain.log_verbose = on",  # a function scan's arguments
+            *settings,
+        ):
+            await conn.execute(f"SET {setting}")
+        for batch in ids:
+            await conn.execute(q("runs.attached_descendants_many"), {"ids": batch})
+    return [n for n in notices if "WITH RECURSIVE seeds" in n]
+
+
 async def test_the_batch_walk_reads_no_row_of_runs_it_does_not_reach(tree: str) -> None:
     answer, table = await _walk(
         tree, "runs.attached_descendants_many", {"ids": ["p@1", "old-1", "old-2"]}
@@ -104,22 +130,26 @@ async def test_the_single_walk_reads_no_row_of_runs_it_does_not_reach(tree: str)
 
 
 async def test_the_walk_is_not_planned_again_per_settlement(tree: str) -> None:
-    """With the ids' values visible, a custom plan for a batch of one or two always looked
-    cheaper than the generic one, so every settlement planned the walk again (~1 ms, ten
-    times its execution). In runfleet.attached_descendants (0024) its plan is the generic
-    one from the first call: auto_explain prints the function's parameter, never a call's
-    ids. (Timing is the bench's; this is the plan.)"""
-    notices: list[str] = []
-    async with await psycopg.AsyncConnection.connect(tree, autocommit=True) as conn:
-        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
-        await conn.execute("LOAD 'auto_explain'")
-        await conn.execute("SET auto_explain.log_min_duration = 0")
-        await conn.execute("SET auto_explain.log_nested_statements = on")
-        await conn.execute("SET auto_explain.log_level = notice")
-        await conn.execute("SET auto_explain.log_verbose = on")  # a function scan's arguments
-        for i in range(8):
-            await conn.execute(q("runs.attached_descendants_many"), {"ids": [f"old-{i + 1}"]})
-    walks = [n for n in notices if "WITH RECURSIVE seeds" in n]
-    assert len(walks) >= 8, notices
+    """Its plan is the generic one from the first call: auto_explain prints the
+    function's parameter, never a call's ids. (Timing is the bench's; this is the plan.)"""
+    walks = await _explained(tree, [[f"old-{i + 1}"] for i in range(8)])
+    assert len(walks) >= 8, walks
     assert all("unnest($1)" in n for n in walks), walks  # the parameter, never a call's ids
     assert not [n for n in walks if "old-" in n], walks
+
+
+async def test_the_walk_is_never_jit_compiled(tree: str) -> None:
+    """With JIT on for everything a connection runs (as behind PgBouncer, which refuses the
+    connection's own ``-c jit=off``, and with every cost past the thresholds), the walk
+    still runs interpreted: its plan has no JIT section."""
+    walks = await _explained(
+        tree,
+        [["p@1"], ["old-1"]],
+        "jit = on",
+        "jit_above_cost = 0",
+        "jit_inline_above_cost = 0",
+        "jit_optimize_above_cost = 0",
+        "auto_explain.log_analyze = on",  # JIT is reported for executed plans
+    )
+    assert len(walks) >= 2, walks
+    assert not [n for n in walks if "JIT:" in n], walks

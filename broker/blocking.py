@@ -69,11 +69,15 @@ class UnansweredXadds:
     trip longer (docs/producer.md, "The wake without its reply"). Each ``send`` writes its
     commands to a connection of this object's own and returns; the replies are read at a
     later ``send`` once they have arrived (or, past ``MAX_UNREAD``, waited for), and at
-    ``close``. An error reply is logged as a failed publish is. Once written, a command is
-    in the kernel's socket buffer: the caller's process may exit at once and Redis still
-    gets it. A broken connection is dropped with what it carried (lost as any failed
-    publish is) and the next ``send`` opens another. One lock: the sync ``Queue`` may be
-    shared by threads. A forked child never writes on its parent's socket.
+    ``close`` (which a ``Queue`` does when closed, collected or at interpreter exit). An
+    error reply is logged as a failed publish is. A broken connection is dropped with the
+    replies it still owed (logged as failed publishes: Redis may or may not have taken
+    them) and the next ``send`` opens another; one Redis closed with nothing owed is only
+    replaced. A process killed right after ``enqueue`` may lose its last wakes, as a
+    crash between the commit and the ``XADD`` always could: the sweep covers them. One
+    lock, held for the write (and past ``MAX_UNREAD`` for the reads): the sync ``Queue``
+    may be shared by threads. A forked child starts over with a lock and a connection of
+    its own, never its parent's socket.
     """
 
     def __init__(self, client: redis.Redis) -> None:
@@ -93,15 +97,13 @@ class UnansweredXadds:
         commands = [("XADD", key, "MAXLEN", "~", maxlen, "*", FIELD, data) for key, data in packed]
         if not commands:
             return
+        self._after_fork()
         with self._lock:
             conn = self._connection()
             try:
                 self._read(conn, wait=self._unread + len(commands) > MAX_UNREAD)
             except Exception as exc:  # the connection broke since: these go on a new one
-                log.warning(
-                    "enqueue.publish_failed", extra={"runs": self._unread, "error": repr(exc)}
-                )
-                self._drop()
+                self._dropped(exc)
                 conn = self._connection()
             try:
                 packed_commands = conn.pack_commands(commands)  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
@@ -113,30 +115,43 @@ class UnansweredXadds:
 
     def close(self) -> None:
         """Read the replies still due (each bounded by the socket timeout), then let go."""
+        self._after_fork()
         with self._lock:
-            if self._conn is None or self._pid != os.getpid():
-                self._conn = None
+            if self._conn is None:
                 return
             try:
                 self._read(self._conn, wait=True)
             except Exception as exc:
-                log.warning("enqueue.publish_failed", extra={"runs": 0, "error": repr(exc)})
-                self._drop()
+                self._dropped(exc)
                 return
             conn, self._conn = self._conn, None
             self._pool.release(conn)
 
-    def _connection(self) -> Connection:
-        if self._pid != os.getpid():  # forked: the socket is the parent's
+    def _after_fork(self) -> None:
+        """In a forked child: a lock and a connection of its own (the parent's lock may be
+        held by a thread the child does not have; the socket is the parent's)."""
+        if self._pid != os.getpid():
+            self._lock = threading.Lock()
             self._conn, self._unread, self._pid = None, 0, os.getpid()
+
+    def _connection(self) -> Connection:
         if self._conn is None:
             self._conn = self._pool.get_connection()
         return self._conn
 
+    def _dropped(self, exc: BaseException) -> None:
+        """The connection failed: the replies it owed are lost publishes, if any."""
+        if self._unread:
+            log.warning("enqueue.publish_failed", extra={"runs": self._unread, "error": repr(exc)})
+        else:  # Redis closed it with nothing owed (its idle timeout, a restart): no wake lost
+            log.debug("enqueue.wake_connection_replaced", extra={"error": repr(exc)})
+        self._drop()
+
     def _read(self, conn: Connection, *, wait: bool) -> None:
         """Read the replies that have arrived (all that are due if ``wait``). With none
-        due, a readable connection is one Redis closed: reading raises, and the caller
-        takes a new one rather than write into a socket nobody reads."""
+        due, a readable connection is one Redis closed: reading (or, with hiredis, the
+        readability test itself) raises, and the caller takes a new one rather than write
+        into a socket nobody reads."""
         while (wait and self._unread) or conn.can_read(timeout=0):
             if not self._unread:
                 conn.read_response()
@@ -152,7 +167,8 @@ class UnansweredXadds:
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.disconnect()  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
-                self._pool.release(conn)
+            with contextlib.suppress(Exception):
+                self._pool.release(conn)  # reconnected by the pool when taken again
 
 
 class BlockingRedis:

@@ -76,6 +76,7 @@ class ProducerSession:
         """Forget the store and Redis client, handing them back for the caller to close."""
         held = Connections(self._store, self._redis)
         self._store = self._redis = None
+        self._unanswered = None
         return held
 
     @property

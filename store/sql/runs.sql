@@ -536,7 +536,8 @@ SELECT * FROM moved;
 -- For several settling runs at once, every unsettled run each one's lineage reaches
 -- through attached edges, as (root, descendant) pairs: runfleet.attached_descendants
 -- (migration 0024; the walk, its rules and why it is a function with generic plans).
-SELECT d.root, d.id FROM runfleet.attached_descendants(%(ids)b::text[]) AS d;
+SELECT d.root, d.id FROM runfleet.attached_descendants(%(ids)b::text[]) AS d
+ ORDER BY d.root, d.id;
 
 -- name: heartbeat
 -- One statement renews every run a process owns; the answer is the confirmed
@@ -605,7 +606,7 @@ SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r
 -- Every unsettled run a cancellation or a final settlement of this run's lineage reaches:
 -- the same walk for one run (runfleet.attached_descendants, migration 0024). The run's
 -- own lineage is not listed: its rounds are the caller's.
-SELECT d.id FROM runfleet.attached_descendants(ARRAY[%(id)s::text]) AS d;
+SELECT d.id FROM runfleet.attached_descendants(ARRAY[%(id)s::text]) AS d ORDER BY d.id;
 
 -- name: cascade_cancel
 -- The cascade only ASKS: each descendant closes through its own cancel path (claimed,

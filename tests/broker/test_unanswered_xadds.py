@@ -56,18 +56,23 @@ async def test_the_wake_is_on_its_stream_before_its_reply_is_read(
     assert row is not None and row.status is RunStatus.PENDING
 
 
-def test_replies_are_read_later_and_never_pile_up(settings: Settings) -> None:
+def test_replies_are_read_once_arrived_and_never_pile_up(settings: Settings) -> None:
     with _client(settings) as client:
         sender = UnansweredXadds(client)
         key = f"{settings.redis_prefix}:unanswered-test"
+        sender.send([(key, b"first")], maxlen=100_000)
+        assert sender.unread == 1  # written, not waited for
+        time.sleep(0.05)  # its reply has arrived
+        sender.send([(key, b"second")], maxlen=100_000)
+        assert sender.unread == 1  # the first's reply was read before the second went
         seen: list[int] = []
-        for i in range(3 * MAX_UNREAD):
+        for i in range(3 * MAX_UNREAD):  # faster than Redis answers: past the cap, waited
             sender.send([(key, f"m{i}".encode())], maxlen=100_000)
             seen.append(sender.unread)
-        assert max(seen) <= MAX_UNREAD  # read once they arrived, or waited for
+        assert max(seen) <= MAX_UNREAD
         sender.close()
         assert sender.unread == 0
-        assert client.xlen(key) == 3 * MAX_UNREAD
+        assert client.xlen(key) == 3 * MAX_UNREAD + 2
         client.delete(key)
 
 
@@ -76,17 +81,23 @@ def test_an_error_reply_is_logged_and_fails_nothing(
 ) -> None:
     with _client(settings) as client:
         key = f"{settings.redis_prefix}:not-a-stream"
+        good = f"{settings.redis_prefix}:a-stream"
         client.set(key, "a string, so XADD answers WRONGTYPE")
         sender = UnansweredXadds(client)
         with caplog.at_level(logging.WARNING, logger="runfleet.broker.queue"):
             sender.send([(key, b"x")], maxlen=10)  # returns: nothing is waited for
-            sender.close()  # reads the error reply
-        failed = [r for r in caplog.records if r.getMessage() == "enqueue.publish_failed"]
-        assert [r.__dict__["runs"] for r in failed] == [1], caplog.records
-        client.delete(key)
+            time.sleep(0.05)
+            sender.send([(good, b"y")], maxlen=10)  # reads the error reply first
+            failed = [r for r in caplog.records if r.getMessage() == "enqueue.publish_failed"]
+            assert [r.__dict__["runs"] for r in failed] == [1], caplog.records
+            sender.close()
+        assert client.xlen(good) == 1  # the next wake went, on the same connection
+        client.delete(key, good)
 
 
-def test_a_connection_redis_closed_is_replaced_for_the_next_wake(settings: Settings) -> None:
+def test_a_connection_redis_closed_is_replaced_for_the_next_wake(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
     with _client(settings) as client:
         key = f"{settings.redis_prefix}:unanswered-killed"
         sender = UnansweredXadds(client)
@@ -94,15 +105,24 @@ def test_a_connection_redis_closed_is_replaced_for_the_next_wake(settings: Setti
         conn = sender._conn
         assert conn is not None and conn._sock is not None
         host, port = conn._sock.getsockname()[:2]
+        time.sleep(0.05)
+        sender.send([(key, b"read")], maxlen=100)  # "first"'s reply read: nothing owed now
+        time.sleep(0.05)
+        sender.send([(key, b"owed")], maxlen=100)
+        sender._read(conn, wait=True)  # every reply read: the connection owes nothing
         killed = client.client_kill_filter(addr=f"{host}:{port}")  # Redis drops it
         assert killed == 1
         time.sleep(0.05)  # its FIN has reached the sender's socket
-        sender.send([(key, b"second")], maxlen=100)  # on a new connection, not the dead one
+        with caplog.at_level(logging.DEBUG, logger="runfleet.broker.queue"):
+            sender.send([(key, b"second")], maxlen=100)  # on a new connection, not the dead one
+        events = [r.getMessage() for r in caplog.records]
+        assert "enqueue.wake_connection_replaced" in events, events
+        assert "enqueue.publish_failed" not in events, events  # nothing was owed: none lost
         assert sender._conn is not None and sender._conn._sock is not None
         assert sender._conn._sock.getsockname()[1] != port  # another socket
         sender.close()
         entries = [e[1][FIELD] for e in client.xrange(key)]
-        assert entries == [b"first", b"second"], entries
+        assert entries == [b"first", b"read", b"owed", b"second"], entries
         client.delete(key)
 
 

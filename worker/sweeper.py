@@ -153,8 +153,30 @@ class Sweeper(Service):
             (SweepKind.LOST_PENDING, self._lost_pending),
         ):
             await self._one(kind, sweep)
+        if self._settings.refresh_statistics:
+            await self._refresh_statistics()
         if self._signals is not None:
             self._signals.swept.fire(None)
+
+    async def _refresh_statistics(self) -> None:
+        """ANALYZE the tables that doubled since their pages were counted (one process of
+        the fleet at a time): a statement a connection planned while ``runs`` was young
+        would otherwise read it by sequential scans until autovacuum's next ANALYZE."""
+        try:
+            analyzed = await self._store.sweeps.analyze_grown()
+        except Exception as exc:  # the next tick tries again; plans stay as they are
+            metrics.INFRA_ERRORS.labels("sweep:statistics").inc()
+            log.warning("statistics.refresh_failed", extra={"error": repr(exc)})
+            return
+        for table in analyzed:
+            log.info(
+                "statistics.refreshed",
+                extra={
+                    "table": table.table,
+                    "pages_counted": table.pages_counted,
+                    "pages_now": table.pages_now,
+                },
+            )
 
     async def _one(self, kind: SweepKind, sweep: Callable[[], Awaitable[Finds]]) -> None:
         started = time.monotonic()

@@ -83,6 +83,10 @@ BEGIN
         FROM PUBLIC, runfleet_worker, runfleet_producer, runfleet_operator;
     GRANT EXECUTE ON FUNCTION runfleet.answer(text, text, text, boolean, json, text, text,
                                               integer, text, bigint) TO runfleet_producer;
+    -- The sweeper's statistics refresh (0025): ANALYZE as the tables' owner, workers only.
+    REVOKE ALL ON FUNCTION runfleet.analyze_grown()
+        FROM PUBLIC, runfleet_worker, runfleet_producer, runfleet_operator;
+    GRANT EXECUTE ON FUNCTION runfleet.analyze_grown() TO runfleet_worker;
     -- recoveries: resuming a run parked dead starts its count again (runs.revive).
     GRANT UPDATE (status, state, cancel_requested_at_ms, updated_at_ms, waiting_reason,
                   waiting_wake_at_ms, waiting_token, waiting_request, waiting_deferred,

@@ -169,3 +169,9 @@ SELECT queue, delivered_through_ms, updated_at_ms FROM runfleet.wake_marks ORDER
 UPDATE runfleet.runs SET updated_at_ms = runfleet.now_ms()
  WHERE id = ANY(%(ids)s::text[]) AND status = 'pending' AND claim_host IS NULL
    AND owner_host IS NULL AND waiting_reason IS NULL;
+
+-- name: analyze_grown
+-- The tables whose statistics runfleet.analyze_grown (migration 0025) refreshed: those
+-- that at least doubled since Postgres last counted their pages, so that no plan cached
+-- while they were young outlives their growth. Nothing while another caller is at it.
+SELECT table_name, pages_counted, pages_now FROM runfleet.analyze_grown();

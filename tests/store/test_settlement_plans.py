@@ -1,0 +1,175 @@
+"""Plans a connection cached while ``runs`` was young do not outlive the table's growth.
+
+A worker's connections prepare their statements in the fleet's first seconds, when
+``runs`` and the journal hold a handful of rows; Postgres plans a one-page table as a
+sequential scan and keeps that plan until the table's statistics change, which
+autovacuum does once a minute at best. In the user's loop, a settlement beside 8,000
+runs then read all of them twice (its row lock's ``id = ANY`` and the parents'
+hand-over, 1.5-2 ms each, growing with the table; auto_explain in the loop,
+docs/producer.md, "Plans made on a young table"). The sweeper now ANALYZEs every
+runfleet table that at least doubled since its pages were last counted
+(``runfleet.analyze_grown``, migration 0025), and the cached plans are made again. The
+transaction's own counters say what the statements read (no timing).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.types import RunStatus, Settle, Transitioned
+from runfleet.worker.sweeper import Sweeper
+from tests.store.helpers import OWNER_A, create, make_running
+
+YOUNG = 6  # settlements while the table is young: past Postgres's five custom plans
+MEASURED = 6
+GROWN = 3000  # settled runs added after the plans were made
+
+FILL = """
+INSERT INTO runfleet.runs (id, flow, queue, status, state, lineage_id, round_ordinal,
+                           created_at_ms, updated_at_ms)
+SELECT 'old-' || g, 'f.x', 'q', 'completed', '{}'::jsonb, 'old-' || g, 0, t + g, t + g
+  FROM generate_series(1, %(n)s) g, (SELECT runfleet.now_ms() AS t) now
+"""
+
+
+async def _admin(url: str, sql: Any, params: dict[str, Any] | None = None) -> list[Any]:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute(sql, params)
+        return await cur.fetchall() if cur.description else []
+
+
+async def _counted_pages(url: str, table: str) -> int:
+    [(pages,)] = await _admin(
+        url, "SELECT relpages FROM pg_class WHERE oid = %(t)s::regclass", {"t": table}
+    )
+    return int(pages)
+
+
+async def _young_store(database_url: str, settings: Settings, plan_cache_mode: str) -> Store:
+    """One connection whose statements are prepared at first use, on a young database:
+    its plans are the ones measured."""
+    [(name,)] = await _admin(database_url, "SELECT current_database()")
+    await _admin(database_url, f'ALTER DATABASE "{name}" SET plan_cache_mode = {plan_cache_mode}')
+    await _admin(database_url, "ANALYZE runfleet.runs")
+    await _admin(database_url, "ANALYZE runfleet.run_parents")
+    update = {"prepare_threshold": 0}
+    return await Store.open(settings.model_copy(update=update), min_size=1, max_size=1)
+
+
+async def _settle(store: Store, run_id: str) -> None:
+    [outcome] = await store.lifecycle.settle_many(
+        OWNER_A, [Settle(run_id, 1, RunStatus.COMPLETED, {})]
+    )
+    assert isinstance(outcome, Transitioned), outcome
+
+
+async def _read_of_runs(conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(
+        "SELECT seq_scan, idx_tup_fetch FROM pg_stat_xact_user_tables"
+        " WHERE schemaname = 'runfleet' AND relname = 'runs'"
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return {k: int(v) for k, v in row.items()}
+
+
+async def _grown_settlements(
+    database_url: str, store: Store, *, refresh: bool
+) -> tuple[dict[str, Any], list[str]]:
+    """Settle YOUNG runs on a young table, add GROWN runs, (refresh,) settle MEASURED more:
+    what those read of ``runs``, and the tables the refresh analyzed."""
+    ids = [f"r{i}" for i in range(YOUNG + MEASURED)]
+    for run_id in ids:
+        await make_running(store, run_id)
+    await create(store, "sibling")  # a pending run the settlements must leave alone
+    for run_id in ids[:YOUNG]:
+        await _settle(store, run_id)
+    await _admin(database_url, FILL, {"n": GROWN})
+    analyzed = [a.table for a in await store.sweeps.analyze_grown()] if refresh else []
+    async with store.transaction() as conn:
+        # Read before and after, inside one transaction: the counters also hold what the
+        # connection's earlier transactions did and has not yet reported (up to a second's
+        # worth, Postgres >= 15), and a transaction reports nothing before it ends.
+        before = await _read_of_runs(conn)
+        for run_id in ids[YOUNG:]:
+            await _settle(store, run_id)
+        after = await _read_of_runs(conn)
+    table = {k: after[k] - before[k] for k in after}
+    rows = {row.id: row for row in await store.runs.get_many([*ids, "sibling"])}
+    assert all(rows[i].status is RunStatus.COMPLETED for i in ids), rows
+    assert rows["sibling"].status is RunStatus.PENDING
+    return table, analyzed
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["auto", "force_generic_plan"])
+async def test_a_plan_made_young_reads_the_grown_table_by_scans(
+    database_url: str, settings: Settings, plan_cache_mode: str
+) -> None:
+    """The control: without a refresh the young plans stay, and every settlement scans
+    ``runs`` (so the test below measures the refresh, not a planner that never erred)."""
+    store = await _young_store(database_url, settings, plan_cache_mode)
+    try:
+        table, _ = await _grown_settlements(database_url, store, refresh=False)
+    finally:
+        await store.close()
+    assert table["seq_scan"] >= MEASURED, table
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["auto", "force_generic_plan"])
+async def test_after_the_refresh_a_settlement_reads_only_its_runs(
+    database_url: str, settings: Settings, plan_cache_mode: str
+) -> None:
+    store = await _young_store(database_url, settings, plan_cache_mode)
+    try:
+        table, analyzed = await _grown_settlements(database_url, store, refresh=True)
+    finally:
+        await store.close()
+    assert "runs" in analyzed, analyzed
+    assert table["seq_scan"] == 0, table
+    assert table["idx_tup_fetch"] <= MEASURED * 20, table  # a handful of probes each
+
+
+async def test_a_table_is_analyzed_once_per_doubling(database_url: str, store: Store) -> None:
+    assert await store.sweeps.analyze_grown() == []  # a new database: nothing grew
+    await _admin(database_url, FILL, {"n": GROWN})
+    [runs] = [a for a in await store.sweeps.analyze_grown() if a.table == "runs"]
+    assert runs.pages_counted == 0 and runs.pages_now >= 16, runs
+    assert await _counted_pages(database_url, "runfleet.runs") == runs.pages_now
+    assert await store.sweeps.analyze_grown() == []  # counted now: not again
+    await _admin(database_url, FILL.replace("'old-'", "'more-'"), {"n": GROWN // 2})
+    assert await store.sweeps.analyze_grown() == []  # grown by half: autovacuum's business
+    await _admin(database_url, FILL.replace("'old-'", "'most-'"), {"n": GROWN})
+    assert [a.table for a in await store.sweeps.analyze_grown()] == ["runs"]
+
+
+async def test_one_process_refreshes_at_a_time(database_url: str, store: Store) -> None:
+    """Another caller holds the refresh's lock: this one skips at once, analyzing nothing
+    (it does not queue behind an ANALYZE), and the next call does the work."""
+    await _admin(database_url, FILL, {"n": GROWN})
+    async with await psycopg.AsyncConnection.connect(database_url) as holder:
+        await holder.execute("SELECT pg_advisory_xact_lock(732013, 1)")
+        assert await store.sweeps.analyze_grown() == []
+        assert await _counted_pages(database_url, "runfleet.runs") == 0
+    assert "runs" in [a.table for a in await store.sweeps.analyze_grown()]
+
+
+async def _nothing(_run_ids: list[str], _reason: str) -> set[str]:
+    return set()
+
+
+@pytest.mark.parametrize("refresh", [True, False])
+async def test_the_sweeper_refreshes_every_tick_unless_told_not_to(
+    database_url: str, settings: Settings, store: Store, refresh: bool
+) -> None:
+    await _admin(database_url, FILL, {"n": GROWN})
+    told = settings.model_copy(update={"refresh_statistics": refresh})
+    await Sweeper(store, told, _nothing).tick()
+    counted = await _counted_pages(database_url, "runfleet.runs")
+    assert (counted >= 16) is refresh, counted

@@ -491,46 +491,17 @@ SELECT * FROM moved;
 
 -- name: settle_many
 -- transition_owned for a batch of terminal settlements (completed or failed) of one
--- owner, in one statement: each row keeps its own fence (owner and the epoch it was
--- activated at) and its own cancel guard, its own record and its clocks closed. Rows
--- are locked in id order first (see heartbeat). A row missing from the answer lost its
--- fence or its guard: the caller reads it to learn which.
-WITH wanted AS (
-    SELECT * FROM unnest(%(ids)b::text[], %(epochs)b::bigint[], %(statuses)b::text[],
-                         %(patches)b::jsonb[], %(results)b::text[], %(guards)b::boolean[],
-                         %(kinds)b::text[], %(seqs)b::bigint[], %(payloads)b::jsonb[],
-                         %(digests)b::text[])
-        AS w(id, epoch, to_status, patch, result, guard, kind, seq, payload, digest)
-), locked AS MATERIALIZED (
-    SELECT r.id FROM runfleet.runs r
-     WHERE r.id = ANY(%(ids)b::text[]) ORDER BY r.id FOR UPDATE
-), moved AS (
-    UPDATE runfleet.runs AS r SET
-        status = w.to_status, state = r.state || w.patch,
-        result = coalesce(w.result::json, r.result),
-        owner_host = NULL, owner_pid = NULL, owner_nonce = NULL, heartbeat_at_ms = NULL,
-        recoveries = 0,
-        waiting_reason = NULL, waiting_wake_at_ms = NULL, waiting_token = NULL,
-        waiting_request = NULL, waiting_deferred = NULL,
-        updated_at_ms = runfleet.now_ms()
-      FROM wanted w JOIN locked l ON l.id = w.id
-     WHERE r.id = w.id AND r.status = 'running'
-       AND w.to_status IN ('completed', 'failed', 'cancelled')
-       AND r.owner_host = %(host)s AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s
-       AND r.epoch = w.epoch
-       AND (NOT w.guard OR r.cancel_requested_at_ms IS NULL)
-    RETURNING r.*, runfleet.now_ms() AS now_ms, w.kind AS journal_kind,
-              w.seq AS journal_seq, w.payload AS journal_payload, w.digest AS journal_digest
-), journaled AS (
-    INSERT INTO runfleet.journal (run_id, kind, source_id, source_seq, payload, digest, at_ms)
-    SELECT id, journal_kind, %(source_id)s, journal_seq, journal_payload, journal_digest, now_ms
-      FROM moved
-), closed AS (
-    UPDATE runfleet.clocks AS c SET completed_at_ms = runfleet.now_ms()
-      FROM moved
-     WHERE c.run_id = moved.id AND c.completed_at_ms IS NULL
-)
-SELECT * FROM moved;
+-- owner, in one statement: runfleet.settle_owned (migration 0025; the statement, its
+-- rules, and why it is a function with generic plans). Each row keeps its own fence
+-- (owner and the epoch it was activated at) and its own cancel guard, its own record and
+-- its clocks closed; rows are locked in id order first (see heartbeat). A row missing
+-- from the answer lost its fence or its guard: the caller reads it to learn which.
+SELECT (s.run).*, s.now_ms
+  FROM runfleet.settle_owned(%(ids)b::text[], %(epochs)b::bigint[], %(statuses)b::text[],
+                             %(patches)b::jsonb[], %(results)b::text[], %(guards)b::boolean[],
+                             %(kinds)b::text[], %(seqs)b::bigint[], %(payloads)b::jsonb[],
+                             %(digests)b::text[], %(source_id)s::text, %(host)s::text,
+                             %(pid)s::integer, %(nonce)s::text) AS s;
 
 -- name: attached_descendants_many
 -- For several settling runs at once, every unsettled run each one's lineage reaches

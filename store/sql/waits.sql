@@ -139,40 +139,16 @@ SELECT run_id, name, deferred_name, due_at_ms, completed_at_ms FROM runfleet.clo
 
 -- name: notify_parents
 -- Settled children complete the deferred every parent awaits them through (diamond
--- edges included) and clear the wait of each parent parked on one. The parents are
--- those of EVERY round of a child's lineage: a diamond's second parent joined an
--- earlier round and follows the handoff to this one, with no edge of its own here.
--- A parent already settled gets nothing (a settled run takes nothing): no deferred
--- is written onto it. only_parent, when set, limits the hand-over to that parent.
--- No row lock is taken first: a parent parking concurrently holds its row lock, so
--- the UPDATE below waits for that park to commit and then sees the wait it must clear.
--- Takes a batch (children[i] settled with values[i], canonical JSON text); answers the
--- woken parents' rows, so the caller can hint them without reading them again.
-WITH settled AS (
-    SELECT * FROM unnest(%(children)b::text[], %(values)b::text[]) AS s(child, value)
-), edges AS (
-    SELECT DISTINCT s.child, s.value, e.parent_id FROM settled s
-      JOIN runfleet.runs c ON c.id = s.child
-      JOIN runfleet.runs m ON m.lineage_id = c.lineage_id
-      JOIN runfleet.run_parents e ON e.child_id = m.id
-      JOIN runfleet.runs p ON p.id = e.parent_id
-     WHERE p.status NOT IN ('completed', 'failed', 'cancelled')
-       AND (%(only_parent)s::text IS NULL OR e.parent_id = %(only_parent)s)
-), completed AS (
-    INSERT INTO runfleet.deferreds (run_id, name, value, completed_at_ms, digest)
-    SELECT parent_id, 'child:' || child, value::json, runfleet.now_ms(),
-           runfleet.value_digest(value::json) FROM edges
-    ON CONFLICT (run_id, name) DO NOTHING
-    RETURNING run_id
-)
-UPDATE runfleet.runs AS r SET
-    waiting_reason = NULL, waiting_wake_at_ms = NULL, waiting_token = NULL,
-    waiting_request = NULL, waiting_deferred = NULL, updated_at_ms = runfleet.now_ms()
-  FROM edges
- WHERE r.id = edges.parent_id
-   AND r.waiting_deferred = 'child:' || edges.child
-   AND r.status NOT IN ('completed', 'failed', 'cancelled')
-RETURNING r.*, runfleet.now_ms() AS now_ms, edges.child AS woken_by;
+-- edges included) and clear the wait of each parent parked on one:
+-- runfleet.notify_parents (migration 0025; the statement, its rules, and why it is a
+-- function with generic plans). The parents are those of EVERY round of a child's
+-- lineage; a parent already settled gets nothing; only_parent, when set, limits the
+-- hand-over to that parent. Takes a batch (children[i] settled with values[i], canonical
+-- JSON text); answers the woken parents' rows, so the caller can hint them without
+-- reading them again.
+SELECT (n.run).*, n.now_ms, n.woken_by
+  FROM runfleet.notify_parents(%(children)b::text[], %(values)b::text[],
+                               %(only_parent)s::text) AS n;
 
 -- name: awaiting_token
 SELECT waiting_reason, waiting_token, waiting_deferred, status FROM runfleet.runs

@@ -173,3 +173,31 @@ async def test_the_sweeper_refreshes_every_tick_unless_told_not_to(
     await Sweeper(store, told, _nothing).tick()
     counted = await _counted_pages(database_url, "runfleet.runs")
     assert (counted >= 16) is refresh, counted
+
+
+async def test_a_settlement_is_planned_once_per_connection(store: Store) -> None:
+    """The batch settlement and the parents' hand-over run from generic plans
+    (``runfleet.settle_owned``, ``runfleet.notify_parents``): auto_explain prints their
+    parameters, never a call's ids. As statements, a custom plan won every call and each
+    settlement planned both again (0.8 and 1.0 ms, several times their execution)."""
+    ids = [f"once-{i}" for i in range(8)]
+    for run_id in ids:
+        await make_running(store, run_id)
+    notices: list[str] = []
+    async with store.transaction() as conn:
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+        await conn.execute("LOAD 'auto_explain'")
+        for setting in (
+            "auto_explain.log_min_duration = 0",
+            "auto_explain.log_nested_statements = on",
+            "auto_explain.log_level = notice",
+            "auto_explain.log_verbose = on",  # a function scan's arguments
+        ):
+            await conn.execute(f"SET LOCAL {setting}")
+        for run_id in ids:
+            await _settle(store, run_id)
+    for head in ("WITH wanted AS", "WITH settled AS"):
+        plans = [n for n in notices if head in n]
+        assert len(plans) == len(ids), (head, notices)
+        assert all("$1" in n for n in plans), plans  # the parameter ...
+        assert not [n for n in plans if "once-" in n], plans  # ... never a call's ids

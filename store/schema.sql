@@ -1323,22 +1323,30 @@ END
 $$;
 
 -- Plans made on a young table do not outlive its growth (0025): runfleet.analyze_grown
--- analyzes every runfleet table that has at least doubled (plus 16 pages) since
--- Postgres last counted its pages, which invalidates every plan cached on it. A worker's
+-- analyzes a runfleet table that has at least doubled (plus 16 pages) since Postgres
+-- last counted its pages, which invalidates every plan cached on it. A worker's
 -- connections prepare their statements in the fleet's first seconds, when runs and the
 -- journal hold a handful of rows; a plan made then reads a one-page table by a
 -- sequential scan, and Postgres keeps it until the table's statistics change, which
 -- autovacuum does only once a minute at best: a settlement beside 8,000 runs read them
 -- all twice (1.5-2 ms a statement, growing with the table; docs/producer.md, "Plans
--- made on a young table"). The sweeper calls this every tick (Settings.
+-- made on a young table"). Every worker's sweeper calls this every tick (Settings.
 -- refresh_statistics); a doubling rule costs one ANALYZE per table per doubling, so it
 -- matters while a table is young and is nearly free once it is large, where
--- autovacuum's own rule (10 % changed) is the finer one. One caller at a time, fleet-wide
--- (the others skip, not wait). SECURITY DEFINER: ANALYZE needs the tables' owner; it
--- takes no input, and only the worker role may call it. Answers what it analyzed.
+-- autovacuum's own rule (10 % changed) is the finer one.
+-- - One table a call, the most grown first: ANALYZE writes the page count in place (it
+--   survives a rollback) and the statistics transactionally, so nothing may fail after
+--   it in the same call, or the table would look counted with its plans unchanged.
+-- - A table a VACUUM holds (autovacuum's) is skipped after 100 ms, not waited for: the
+--   VACUUM counts the pages itself, and waiting would stall the sweeper's tick and, past
+--   deadlock_timeout, cancel that autovacuum.
+-- - Calls do not overlap (a try-lock: the loser skips).
+-- SECURITY DEFINER: ANALYZE needs the tables' owner; it takes no input, and only the
+-- worker role may call it. Answers the table it analyzed, if any.
 CREATE FUNCTION runfleet.analyze_grown()
     RETURNS TABLE (table_name text, pages_counted integer, pages_now bigint)
-    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    SET lock_timeout = '100ms' AS
 $$
 DECLARE
     v record;
@@ -1347,19 +1355,26 @@ BEGIN
         RETURN;
     END IF;
     FOR v IN
-        SELECT c.oid::regclass AS rel, c.relname::text AS relname, c.relpages,
-               pg_relation_size(c.oid) / current_setting('block_size')::bigint AS pages
-          FROM pg_class c
-         WHERE c.relnamespace = 'runfleet'::regnamespace AND c.relkind = 'r'
-         ORDER BY c.relname
+        SELECT g.rel, g.relname, g.relpages, g.pages
+          FROM (SELECT c.oid::regclass AS rel, c.relname::text AS relname, c.relpages,
+                       pg_relation_size(c.oid) / current_setting('block_size')::bigint
+                           AS pages
+                  FROM pg_class c
+                 WHERE c.relnamespace = 'runfleet'::regnamespace AND c.relkind = 'r'
+                OFFSET 0) AS g  -- every size read before any ANALYZE
+         WHERE g.pages >= 2 * greatest(g.relpages, 0)::bigint + 16
+         ORDER BY g.pages::float8 / greatest(g.relpages, 1) DESC, g.relname
     LOOP
-        IF v.pages >= 2 * greatest(v.relpages, 0) + 16 THEN
+        BEGIN
             EXECUTE format('ANALYZE %s', v.rel);
-            table_name := v.relname;
-            pages_counted := v.relpages;
-            pages_now := v.pages;
-            RETURN NEXT;
-        END IF;
+        EXCEPTION WHEN lock_not_available THEN
+            CONTINUE;
+        END;
+        table_name := v.relname;
+        pages_counted := v.relpages;
+        pages_now := v.pages;
+        RETURN NEXT;
+        RETURN;
     END LOOP;
 END
 $$;

@@ -53,6 +53,7 @@ from runfleet.store.sweeps import (
 )
 from runfleet.store.types import ClockRow, PendingCursor, RunRow
 from runfleet.worker import metrics
+from runfleet.worker.statistics import StatisticsRefresh
 from runfleet.worker.wake_marks import WakeMarks
 
 log = logging.getLogger("runfleet.worker.sweeper")
@@ -130,6 +131,8 @@ class Sweeper(Service):
         self._batch = settings.sweep_batch
         self._signals = signals
         self._marks = marks
+        self._statistics = StatisticsRefresh(store) if settings.refresh_statistics else None
+        """The planner's statistics kept up with the tables' growth (None: autovacuum's)."""
         """This worker's view of its queues' streams (None: it reads none, and the
         lost-pending sweep goes by the marks other workers wrote)."""
 
@@ -153,30 +156,10 @@ class Sweeper(Service):
             (SweepKind.LOST_PENDING, self._lost_pending),
         ):
             await self._one(kind, sweep)
-        if self._settings.refresh_statistics:
-            await self._refresh_statistics()
+        if self._statistics is not None:
+            await self._statistics.tick()
         if self._signals is not None:
             self._signals.swept.fire(None)
-
-    async def _refresh_statistics(self) -> None:
-        """ANALYZE the tables that doubled since their pages were counted (one process of
-        the fleet at a time): a statement a connection planned while ``runs`` was young
-        would otherwise read it by sequential scans until autovacuum's next ANALYZE."""
-        try:
-            analyzed = await self._store.sweeps.analyze_grown()
-        except Exception as exc:  # the next tick tries again; plans stay as they are
-            metrics.INFRA_ERRORS.labels("sweep:statistics").inc()
-            log.warning("statistics.refresh_failed", extra={"error": repr(exc)})
-            return
-        for table in analyzed:
-            log.info(
-                "statistics.refreshed",
-                extra={
-                    "table": table.table,
-                    "pages_counted": table.pages_counted,
-                    "pages_now": table.pages_now,
-                },
-            )
 
     async def _one(self, kind: SweepKind, sweep: Callable[[], Awaitable[Finds]]) -> None:
         started = time.monotonic()

@@ -42,10 +42,10 @@ class Settings(BaseSettings):
     park_backoff_over: float = Field(default=5.0, ge=0)
     """A step retry backoff longer than this parks the run on a timer instead of a slot."""
     refresh_statistics: bool = True
-    """The sweeper ANALYZEs each runfleet table that at least doubled since Postgres last
-    counted its pages (``runfleet.analyze_grown``): plans cached on a young table are made
-    again instead of reading a grown table by sequential scans until autovacuum's next
-    ANALYZE (docs/producer.md, "Plans made on a young table"). Off: autovacuum alone."""
+    """The sweeper ANALYZEs each runfleet table whose committed rows at least doubled
+    since Postgres last counted them (``runfleet.analyze_grown``): plans cached on a young
+    table are made again instead of reading a grown table by sequential scans until
+    autovacuum's next ANALYZE (docs/producer.md, "Plans made on a young table")."""
     idle_peek: bool = False
     """An idle worker claims a run straight from its doorbell's entry (one Redis round trip
     less per idle start, docs/producer.md). Off by default: every idle worker's doorbell

@@ -1323,8 +1323,8 @@ END
 $$;
 
 -- Plans made on a young table do not outlive its growth (0025): runfleet.analyze_grown
--- analyzes a runfleet table that has at least doubled (plus 16 pages) since Postgres
--- last counted its pages, which invalidates every plan cached on it. A worker's
+-- analyzes a runfleet table whose committed rows at least doubled (plus 200) since
+-- Postgres last counted them, which invalidates every plan cached on it. A worker's
 -- connections prepare their statements in the fleet's first seconds, when runs and the
 -- journal hold a handful of rows; a plan made then reads a one-page table by a
 -- sequential scan, and Postgres keeps it until the table's statistics change, which
@@ -1334,17 +1334,22 @@ $$;
 -- refresh_statistics); a doubling rule costs one ANALYZE per table per doubling, so it
 -- matters while a table is young and is nearly free once it is large, where
 -- autovacuum's own rule (10 % changed) is the finer one.
--- - One table a call, the most grown first: ANALYZE writes the page count in place (it
---   survives a rollback) and the statistics transactionally, so nothing may fail after
---   it in the same call, or the table would look counted with its plans unchanged.
+-- - Committed rows (the statistics collector's live count), not pages: pages also grow
+--   under a bulk insert still in flight, and an ANALYZE then finds no live row in them
+--   and records an empty table of many pages, which the planner reads as "no rows, ever":
+--   every join of runs to itself became a nested loop of whole-index scans (seen: a
+--   settlement running past a minute beside 1,000 runs admitted in one transaction).
+-- - One table a call, the most grown first: ANALYZE writes the counts in place (they
+--   survive a rollback) and the statistics transactionally, so nothing may fail after it
+--   in the same call, or the table would look counted with its plans unchanged.
 -- - A table a VACUUM holds (autovacuum's) is skipped after 100 ms, not waited for: the
---   VACUUM counts the pages itself, and waiting would stall the sweeper's tick and, past
+--   VACUUM counts the table itself, and waiting would stall the sweeper's tick and, past
 --   deadlock_timeout, cancel that autovacuum.
 -- - Calls do not overlap (a try-lock: the loser skips).
 -- SECURITY DEFINER: ANALYZE needs the tables' owner; it takes no input, and only the
 -- worker role may call it. Answers the table it analyzed, if any.
 CREATE FUNCTION runfleet.analyze_grown()
-    RETURNS TABLE (table_name text, pages_counted integer, pages_now bigint)
+    RETURNS TABLE (table_name text, rows_counted bigint, rows_now bigint)
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
     SET lock_timeout = '100ms' AS
 $$
@@ -1355,15 +1360,15 @@ BEGIN
         RETURN;
     END IF;
     FOR v IN
-        SELECT g.rel, g.relname, g.relpages, g.pages
-          FROM (SELECT c.oid::regclass AS rel, c.relname::text AS relname, c.relpages,
-                       pg_relation_size(c.oid) / current_setting('block_size')::bigint
-                           AS pages
+        SELECT g.rel, g.relname, g.counted, g.live
+          FROM (SELECT c.oid::regclass AS rel, c.relname::text AS relname,
+                       greatest(c.reltuples, 0)::bigint AS counted,
+                       pg_stat_get_live_tuples(c.oid) AS live
                   FROM pg_class c
                  WHERE c.relnamespace = 'runfleet'::regnamespace AND c.relkind = 'r'
-                OFFSET 0) AS g  -- every size read before any ANALYZE
-         WHERE g.pages >= 2 * greatest(g.relpages, 0)::bigint + 16
-         ORDER BY g.pages::float8 / greatest(g.relpages, 1) DESC, g.relname
+                OFFSET 0) AS g  -- every count read before any ANALYZE
+         WHERE g.live >= 2 * g.counted + 200
+         ORDER BY g.live::float8 / greatest(g.counted, 1) DESC, g.relname
     LOOP
         BEGIN
             EXECUTE format('ANALYZE %s', v.rel);
@@ -1371,8 +1376,8 @@ BEGIN
             CONTINUE;
         END;
         table_name := v.relname;
-        pages_counted := v.relpages;
-        pages_now := v.pages;
+        rows_counted := v.counted;
+        rows_now := v.live;
         RETURN NEXT;
         RETURN;
     END LOOP;
@@ -1469,13 +1474,24 @@ BEGIN
     WITH settled AS (
         SELECT * FROM unnest(p_children, p_values) AS s(child, value)
     ), edges AS (
+        -- From the batch outwards, each lookup a LATERAL subquery with an ORDER BY (never
+        -- flattened into a join), as in runfleet.attached_descendants: a generic plan made
+        -- while the tables were young may read a grown table once per probe, never join
+        -- runs to itself (as plain joins, one such plan read runs x runs x runs and a
+        -- settlement ran for minutes beside 1,000 runs).
         SELECT DISTINCT s.child, s.value, e.parent_id FROM settled s
-          JOIN runfleet.runs c ON c.id = s.child
-          JOIN runfleet.runs m ON m.lineage_id = c.lineage_id
-          JOIN runfleet.run_parents e ON e.child_id = m.id
-          JOIN runfleet.runs p ON p.id = e.parent_id
-         WHERE p.status NOT IN ('completed', 'failed', 'cancelled')
-           AND (p_only_parent IS NULL OR e.parent_id = p_only_parent)
+         CROSS JOIN LATERAL (SELECT c.lineage_id FROM runfleet.runs c
+                              WHERE c.id = s.child ORDER BY c.id) c
+         CROSS JOIN LATERAL (SELECT m.id FROM runfleet.runs m
+                              WHERE m.lineage_id = c.lineage_id ORDER BY m.id) m
+         CROSS JOIN LATERAL (SELECT e.parent_id FROM runfleet.run_parents e
+                              WHERE e.child_id = m.id
+                                AND (p_only_parent IS NULL OR e.parent_id = p_only_parent)
+                              ORDER BY e.parent_id) e
+         CROSS JOIN LATERAL (SELECT p.id FROM runfleet.runs p
+                              WHERE p.id = e.parent_id
+                                AND p.status NOT IN ('completed', 'failed', 'cancelled')
+                              ORDER BY p.id) p
     ), completed AS (
         INSERT INTO runfleet.deferreds (run_id, name, value, completed_at_ms, digest)
         SELECT parent_id, 'child:' || child, value::json, runfleet.now_ms(),

@@ -122,12 +122,12 @@ ROW_WRITTEN = RowWritten()
 
 @dataclass(frozen=True, slots=True)
 class Analyzed:
-    """A table whose statistics ``Sweeps.analyze_grown`` refreshed: the pages Postgres had
-    counted (what cached plans were made from) and its pages when it was analyzed."""
+    """A table whose statistics ``Sweeps.analyze_grown`` refreshed: the rows Postgres had
+    counted (what cached plans were made from) and its committed rows when analyzed."""
 
     table: str
-    pages_counted: int
-    pages_now: int
+    rows_counted: int
+    rows_now: int
 
 
 class Sweeps:
@@ -402,14 +402,14 @@ class Sweeps:
         return [PendingCursor(r["id"], int(r["created_at_ms"])) for r in rows]
 
     async def analyze_grown(self) -> list[Analyzed]:
-        """ANALYZE every runfleet table that at least doubled since its pages were last
-        counted (``runfleet.analyze_grown``, migration 0025): a plan a connection cached
-        while the table was young is made again from the new statistics. Empty when
-        nothing grew that much, or another process of the fleet is doing it."""
+        """ANALYZE the runfleet table whose committed rows grew most, if they at least
+        doubled since Postgres last counted them (``runfleet.analyze_grown``, migration
+        0025): a plan a connection cached while the table was young is made again from
+        the new statistics. Empty when nothing grew that much, or another process of the
+        fleet is doing it."""
         rows = await self._db.all("sweeps.analyze_grown")
         return [
-            Analyzed(str(r["table_name"]), int(r["pages_counted"]), int(r["pages_now"]))
-            for r in rows
+            Analyzed(str(r["table_name"]), int(r["rows_counted"]), int(r["rows_now"])) for r in rows
         ]
 
     async def stranded_claims(

@@ -4,8 +4,8 @@
 A worker's connections prepare their statements while ``runs`` is young; Postgres plans a
 table it believes to be one page as a sequential scan and keeps that plan until the
 table's statistics change, which autovacuum does once a minute at best. Each sweep tick
-this asks Postgres to ANALYZE a runfleet table that at least doubled since its pages
-were counted (``runfleet.analyze_grown``), which makes every connection plan it again.
+this asks Postgres to ANALYZE a runfleet table whose committed rows at least doubled
+since they were counted (``runfleet.analyze_grown``), which makes every connection plan it again.
 A failing refresh is retried after a growing pause, not every tick.
 """
 
@@ -50,7 +50,7 @@ class StatisticsRefresh:
                 "statistics.refreshed",
                 extra={
                     "table": table.table,
-                    "pages_counted": table.pages_counted,
-                    "pages_now": table.pages_now,
+                    "rows_counted": table.rows_counted,
+                    "rows_now": table.rows_now,
                 },
             )

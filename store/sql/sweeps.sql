@@ -171,7 +171,8 @@ UPDATE runfleet.runs SET updated_at_ms = runfleet.now_ms()
    AND owner_host IS NULL AND waiting_reason IS NULL;
 
 -- name: analyze_grown
--- The tables whose statistics runfleet.analyze_grown (migration 0025) refreshed: those
--- that at least doubled since Postgres last counted their pages, so that no plan cached
--- while they were young outlives their growth. Nothing while another caller is at it.
-SELECT table_name, pages_counted, pages_now FROM runfleet.analyze_grown();
+-- The table whose statistics runfleet.analyze_grown (migration 0025) refreshed, if any:
+-- the one whose committed rows grew most, at least doubling since Postgres last counted
+-- them, so that no plan cached while it was young outlives its growth. Nothing while
+-- another caller is at it.
+SELECT table_name, rows_counted, rows_now FROM runfleet.analyze_grown();

@@ -1478,7 +1478,7 @@ BEGIN
         -- flattened into a join), as in runfleet.attached_descendants: a generic plan made
         -- while the tables were young may read a grown table once per probe, never join
         -- runs to itself (as plain joins, one such plan read runs x runs x runs and a
-        -- settlement ran for minutes beside 1,000 runs).
+        -- settlement ran past a minute beside 1,000 runs).
         SELECT DISTINCT s.child, s.value, e.parent_id FROM settled s
          CROSS JOIN LATERAL (SELECT c.lineage_id FROM runfleet.runs c
                               WHERE c.id = s.child ORDER BY c.id) c

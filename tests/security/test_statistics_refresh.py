@@ -14,6 +14,7 @@ import pytest
 from runfleet.store.queries import q
 from runfleet.store.roles import GroupRole
 from tests.security.conftest import MakeLogin
+from tests.store.helpers import committed_rows_counted
 
 FILL = """
 INSERT INTO runfleet.runs (id, flow, queue, status, state, lineage_id, round_ordinal,
@@ -27,6 +28,7 @@ async def test_a_worker_role_refreshes_the_statistics(database_url: str, login: 
     worker = await login(GroupRole.WORKER)
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as admin:
         await admin.execute(FILL)
+    await committed_rows_counted(database_url, "runfleet.runs", 3000)
     async with await psycopg.AsyncConnection.connect(worker.url, autocommit=True) as conn:
         analyzed = await (await conn.execute(q("sweeps.analyze_grown"))).fetchall()
     assert "runs" in [row[0] for row in analyzed]

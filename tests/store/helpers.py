@@ -269,3 +269,18 @@ async def race_pair(
     else:
         got_one, got_two = await race([one, two], gate=gate)
     return cast(A, got_one), cast(B, got_two)
+
+
+async def committed_rows_counted(url: str, table: str, rows: int) -> None:
+    """Until the statistics collector counts at least ``rows`` live rows in ``table``
+    (``runfleet.analyze_grown`` goes by that count): a connection reports its inserts
+    when it next idles or exits, which may land after the caller's next statement."""
+    async def counted() -> bool:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            cur = await conn.execute(
+                "SELECT pg_stat_get_live_tuples(%(t)s::regclass)", {"t": table}
+            )
+            row = await cur.fetchone()
+        return row is not None and int(row[0]) >= rows
+
+    await until(counted, DEADLINE_S, f"{rows} live rows of {table} counted")

@@ -25,7 +25,7 @@ from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import RunStatus, Settle, Transitioned
 from runfleet.worker.sweeper import Sweeper
-from tests.store.helpers import OWNER_A, create, make_running
+from tests.store.helpers import OWNER_A, committed_rows_counted, create, make_running
 
 YOUNG = 6  # settlements while the table is young: their plans are made then
 MEASURED = 6
@@ -44,6 +44,13 @@ async def _no_autovacuum(database_url: str) -> None:
     """The tests decide when ``runs`` is analyzed: an autovacuum after FILL would count
     its pages (and refresh its plans) in their place."""
     await _admin(database_url, "ALTER TABLE runfleet.runs SET (autovacuum_enabled = false)")
+
+
+async def _fill(url: str, rows: int, prefix: str = "old-", *, total: int | None = None) -> None:
+    """Insert ``rows`` settled runs, committed and counted by the statistics collector
+    (``total``: the live rows then expected in all)."""
+    await _admin(url, FILL.replace("'old-'", f"'{prefix}'"), {"n": rows})
+    await committed_rows_counted(url, "runfleet.runs", rows if total is None else total)
 
 
 async def _admin(url: str, sql: Any, params: dict[str, Any] | None = None) -> list[Any]:
@@ -104,7 +111,7 @@ async def _grown_settlements(
     await create(store, "sibling")  # a pending run the settlements must leave alone
     for run_id in ids[:YOUNG]:
         await _settle(store, run_id)
-    await _admin(database_url, FILL, {"n": GROWN})
+    await _fill(database_url, GROWN)
     analyzed = [a.table for a in await store.sweeps.analyze_grown()] if refresh else []
     async with store.transaction() as conn:
         # Read before and after, inside one transaction: the counters also hold what the
@@ -193,27 +200,28 @@ async def test_rows_still_in_flight_do_not_count(database_url: str, store: Store
         await bulk.execute(FILL, {"n": GROWN})  # not committed yet
         assert await store.sweeps.analyze_grown() == []
         await bulk.commit()
+    await committed_rows_counted(database_url, "runfleet.runs", GROWN)
     assert [a.table for a in await store.sweeps.analyze_grown()] == ["runs"]
     assert await _counted_rows(database_url, "runfleet.runs") == GROWN
 
 
 async def test_a_table_is_analyzed_once_per_doubling(database_url: str, store: Store) -> None:
     assert await store.sweeps.analyze_grown() == []  # a new database: nothing grew
-    await _admin(database_url, FILL, {"n": GROWN})
+    await _fill(database_url, GROWN)
     [runs] = await store.sweeps.analyze_grown()
     assert (runs.table, runs.rows_counted, runs.rows_now) == ("runs", 0, GROWN), runs
     assert await _counted_rows(database_url, "runfleet.runs") == GROWN
     assert await store.sweeps.analyze_grown() == []  # counted now: not again
-    await _admin(database_url, FILL.replace("'old-'", "'more-'"), {"n": GROWN // 2})
+    await _fill(database_url, GROWN // 2, "more-", total=GROWN + GROWN // 2)
     assert await store.sweeps.analyze_grown() == []  # grown by half: autovacuum's business
-    await _admin(database_url, FILL.replace("'old-'", "'most-'"), {"n": GROWN})
+    await _fill(database_url, GROWN, "most-", total=2 * GROWN + GROWN // 2)
     assert [a.table for a in await store.sweeps.analyze_grown()] == ["runs"]
 
 
 async def test_one_process_refreshes_at_a_time(database_url: str, store: Store) -> None:
     """Another caller holds the refresh's lock: this one skips at once, analyzing nothing
     (it does not queue behind an ANALYZE), and the next call does the work."""
-    await _admin(database_url, FILL, {"n": GROWN})
+    await _fill(database_url, GROWN)
     async with await psycopg.AsyncConnection.connect(database_url) as holder:
         await holder.execute("SELECT pg_advisory_xact_lock(732013, 1)")
         assert await store.sweeps.analyze_grown() == []
@@ -227,7 +235,7 @@ async def test_a_table_a_vacuum_holds_is_skipped_not_waited_for(
     """A VACUUM (autovacuum's) holds the table's SHARE UPDATE EXCLUSIVE lock, which ANALYZE
     needs too: the refresh skips that table after its lock timeout (the VACUUM counts the
     pages itself) rather than stalling the sweeper's tick behind it."""
-    await _admin(database_url, FILL, {"n": GROWN})
+    await _fill(database_url, GROWN)
     async with await psycopg.AsyncConnection.connect(database_url) as vacuum:
         await vacuum.execute("LOCK TABLE runfleet.runs IN SHARE UPDATE EXCLUSIVE MODE")
         began = time.monotonic()
@@ -246,7 +254,7 @@ async def _nothing(_run_ids: list[str], _reason: str) -> set[str]:
 async def test_the_sweeper_refreshes_every_tick_unless_told_not_to(
     database_url: str, settings: Settings, store: Store, refresh: bool
 ) -> None:
-    await _admin(database_url, FILL, {"n": GROWN})
+    await _fill(database_url, GROWN)
     told = settings.model_copy(update={"refresh_statistics": refresh})
     await Sweeper(store, told, _nothing).tick()
     counted = await _counted_pages(database_url, "runfleet.runs")

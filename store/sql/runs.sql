@@ -387,12 +387,18 @@ RETURNING r.*, runfleet.now_ms() AS now_ms;
 -- A counted takeover (the previous owner's process was lost) is one more recovery in a
 -- row, allowed only below `max_recoveries`: the count is read and written under the
 -- row's lock by the statement that wins the CAS, so two stealers cannot both count.
+-- A lost execution that recorded anything (a step, a clock, a child: a row of `steps`
+-- at the lost epoch, one probe of the run's primary key range) made progress: the
+-- losses before it are not "in a row" with this one, so the count starts again at this
+-- one (docs/how-to/failure-handling.md). A poison run records nothing new before it
+-- ends its process again, so it still reaches the limit.
 -- A row at the limit is not stolen: the caller buries it (`bury`, same transaction).
 UPDATE runfleet.runs AS r SET
     owner_host = %(host)s, owner_pid = %(pid)s, owner_nonce = %(nonce)s,
     epoch = r.epoch + 1, heartbeat_at_ms = runfleet.now_ms(),
     claim_host = NULL, claim_pid = NULL, claim_nonce = NULL, claimed_at_ms = NULL,
-    recoveries = r.recoveries + CASE WHEN %(counted)s THEN 1 ELSE 0 END,
+    recoveries = CASE WHEN NOT %(counted)s THEN r.recoveries
+                      ELSE runfleet.recoveries_in_a_row(r.id, r.epoch, r.recoveries) + 1 END,
     updated_at_ms = runfleet.now_ms()
  WHERE r.id = %(id)s AND r.status = 'running'
    AND r.owner_nonce = %(exp_owner_nonce)s AND r.owner_pid = %(exp_owner_pid)s
@@ -400,7 +406,8 @@ UPDATE runfleet.runs AS r SET
    AND r.heartbeat_at_ms = %(exp_heartbeat_at_ms)s
    AND (%(exp_epoch)s::bigint IS NULL OR r.epoch = %(exp_epoch)s)
    AND r.heartbeat_at_ms < runfleet.now_ms() - %(stale_after_ms)s
-   AND (NOT %(counted)s OR r.recoveries < %(max_recoveries)s)
+   AND (NOT %(counted)s
+        OR runfleet.recoveries_in_a_row(r.id, r.epoch, r.recoveries) < %(max_recoveries)s)
    AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[]))
 RETURNING r.*, runfleet.now_ms() AS now_ms,
           -- a takeover keeps the run's slot of a limited queue (docs/queues.md)
@@ -418,7 +425,8 @@ UPDATE runfleet.runs AS r SET
     heartbeat_at_ms = NULL,
     claim_host = NULL, claim_pid = NULL, claim_nonce = NULL, claimed_at_ms = NULL,
     waiting_reason = 'dead', waiting_wake_at_ms = NULL, waiting_token = NULL,
-    waiting_request = %(evidence)s::jsonb || jsonb_build_object('recoveries', r.recoveries),
+    waiting_request = %(evidence)s::jsonb || jsonb_build_object(
+        'recoveries', runfleet.recoveries_in_a_row(r.id, r.epoch, r.recoveries)),
     waiting_deferred = NULL,
     updated_at_ms = runfleet.now_ms()
  WHERE r.id = %(id)s AND r.status = 'running'
@@ -427,7 +435,7 @@ UPDATE runfleet.runs AS r SET
    AND r.heartbeat_at_ms = %(exp_heartbeat_at_ms)s
    AND (%(exp_epoch)s::bigint IS NULL OR r.epoch = %(exp_epoch)s)
    AND r.heartbeat_at_ms < runfleet.now_ms() - %(stale_after_ms)s
-   AND r.recoveries >= %(max_recoveries)s
+   AND runfleet.recoveries_in_a_row(r.id, r.epoch, r.recoveries) >= %(max_recoveries)s
    AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[]))
 RETURNING r.*, runfleet.now_ms() AS now_ms;
 

@@ -47,7 +47,10 @@ async def test_five_step_flows_survive_random_sigkills(settings: Settings, store
                 victim.close()
                 kills += 1
                 workers.append(WorkerProc(settings, flows="tests.flows.flows", concurrency=3))
-            results = [await r.result(timeout=60) for r in runs]
+            try:
+                results = [await r.result(timeout=60) for r in runs]
+            except TimeoutError:
+                pytest.fail(f"runs left unsettled: {await _unsettled(settings)}")
         assert results == [15 + i for i in range(RUNS)]
     finally:
         for w in workers:
@@ -72,3 +75,13 @@ async def test_five_step_flows_survive_random_sigkills(settings: Settings, store
     assert await store.stats.settled_more_than_once() == {}
     steals = await store.stats.records_of_kind("stolen-and-activated")
     assert steals, "the kills never forced a takeover"
+
+
+async def _unsettled(settings: Settings) -> list[tuple[object, ...]]:
+    """Each run not yet settled, with why it waits (the failure message of a lost run)."""
+    async with await psycopg.AsyncConnection.connect(settings.database_url) as c:
+        cursor = await c.execute(
+            "SELECT id, status, waiting_reason, recoveries, epoch, waiting_request "
+            "FROM runfleet.runs WHERE status NOT IN ('completed', 'failed', 'cancelled')"
+        )
+        return list(await cursor.fetchall())

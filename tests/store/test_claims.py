@@ -12,6 +12,7 @@ from runfleet.store import Store
 from runfleet.store import journal_records as jr
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput
+from runfleet.store.steps import StepWrite
 from runfleet.store.types import (
     Activated,
     Claimed,
@@ -468,6 +469,37 @@ async def test_a_run_taken_over_max_recoveries_times_in_a_row_is_parked_dead(
     assert await store.runs.revive("r1") is None  # not dead any more: nothing changes
     again = await activate(store, "r1", OWNER_B)
     assert again.epoch == 4 and again.recoveries == 0
+
+
+async def test_a_lost_execution_that_recorded_progress_starts_the_count_again(
+    settings: Settings, store: Store
+) -> None:
+    """Losses are "in a row" only while the run records nothing new: an execution that
+    recorded a step before its process was lost is the first of a new row, so a healthy
+    run in a fleet whose workers keep dying is never taken for poison; one that records
+    nothing between losses still is."""
+    limited = settings.model_copy(update={"max_recoveries": 1})
+    async with extra_stores(limited, 1) as (thieves,):
+        row = await _stale(store, await make_running(thieves, "r1"))
+        stolen = await thieves.runs.steal("r1", row.snapshot, OWNER_B, PROBE, stale_after_ms=0)
+        assert isinstance(stolen, Stolen) and stolen.row.recoveries == 1
+        for position, owner, thief in ((0, OWNER_B, OWNER_C), (1, OWNER_C, OWNER_A)):
+            write = StepWrite(
+                "r1", stolen.row.epoch, f"step:s{position}#1", "s", "step", position, 1
+            )
+            (recorded,) = await thieves.steps.record_many(owner, [write])
+            assert recorded is not None
+            row = await _stale(store, stolen.row)
+            stolen = await thieves.runs.steal("r1", row.snapshot, thief, PROBE, stale_after_ms=0)
+            # At the limit already, but the lost execution progressed: taken over, and
+            # its loss is the first of a new row.
+            assert isinstance(stolen, Stolen), stolen
+            assert stolen.row.recoveries == 1
+        # A record of an earlier execution is no progress of this one: this loss counts.
+        row = await _stale(store, stolen.row)
+        dead = await thieves.runs.steal("r1", row.snapshot, OWNER_B, PROBE, stale_after_ms=0)
+    assert isinstance(dead, DeadLettered), dead
+    assert dead.evidence["recoveries"] == 1, dead.evidence
 
 
 async def test_a_clean_end_of_an_execution_starts_the_count_again(

@@ -220,7 +220,10 @@ class Lifecycle:
         woke), GuardFailed when a cancel request landed first, NotOwner/NotFound when the
         fence was lost. The settlements, their records and clocks are one statement, the
         children walk and the parents' wake-ups one more each: a batch of any size costs
-        the round trips of one settlement. A value that cannot be stored raises
+        the round trips of one settlement. A batch with nothing to hand over (no parent on
+        any run's lineage, no open attached descendant) is that one statement alone,
+        autocommitted (``runs.settle_alone``); one that has is undone inside the
+        statement and settled again the long way. A value that cannot be stored raises
         UnstorableValue for the whole batch and writes nothing (``check`` each item first,
         and pass what it answered: the batch then encodes nothing again).
         """
@@ -248,6 +251,9 @@ class Lifecycle:
             "source_id": self._db.source_id,
             **owner_params(me),
         }
+        alone = await self._settle_alone(params)
+        if alone is not None:
+            return await self._settle_outcomes(me, items, alone, {}, {})
         async with self._db.transaction():
             rows = await self._transition_all("runs.settle_many", params)
             moved = {row["id"]: run_row(row) for row in rows}
@@ -259,20 +265,39 @@ class Lifecycle:
                     cause = jr.cascade_cause(moved[root].status)
                     cascaded[root] = await self._cascade(root, cause=cause)
             woke = await self._dag.notify_parents(list(moved.values()))
-            outcomes: list[TransitionOutcome] = []
-            for item in items:
-                done = moved.get(item.run_id)
-                if done is None:
-                    outcomes.append(await self._refusal(item.run_id, me, item.epoch))
-                    continue
-                outcomes.append(
-                    Transitioned(
-                        done,
-                        tuple(cascaded.get(item.run_id, ())),
-                        tuple(woke.get(item.run_id, ())),
-                    )
+            return await self._settle_outcomes(me, items, moved, cascaded, woke)
+
+    async def _settle_alone(self, params: dict[str, Any]) -> dict[str, RunRow] | None:
+        """The batch settled by one autocommitted statement, the rows it moved by id; None
+        when it hands over to parents or descendants (nothing was written)."""
+        rows = await self._transition_all("runs.settle_alone", params)
+        if any(row["refused"] for row in rows):
+            return None
+        return {row["id"]: run_row(row) for row in rows}
+
+    async def _settle_outcomes(
+        self,
+        me: Owner,
+        items: Sequence[Settle],
+        moved: dict[str, RunRow],
+        cascaded: dict[str, list[str]],
+        woke: dict[str, list[RunRow]],
+    ) -> list[TransitionOutcome]:
+        """Each item's outcome, in order; an item not moved is read to say why."""
+        outcomes: list[TransitionOutcome] = []
+        for item in items:
+            done = moved.get(item.run_id)
+            if done is None:
+                outcomes.append(await self._refusal(item.run_id, me, item.epoch))
+                continue
+            outcomes.append(
+                Transitioned(
+                    done,
+                    tuple(cascaded.get(item.run_id, ())),
+                    tuple(woke.get(item.run_id, ())),
                 )
-            return outcomes
+            )
+        return outcomes
 
     async def _transition(self, name: str, params: dict[str, Any]) -> dict[str, Any] | None:
         """One transition statement; data Postgres refuses is UnstorableValue, not a retry."""

@@ -15,7 +15,8 @@
 -- before. The steal and the bury (store/sql/runs.sql) both read the count through this
 -- function, under the run's row lock, so they agree on it.
 -- Invoker's rights: a worker reads the steps of any run (steps_fleet); one probe of the
--- run's primary key range of runfleet.steps. Inlined by the planner (one SQL SELECT).
+-- run's primary key range of runfleet.steps. A SQL function (its subquery keeps the
+-- planner from inlining it: planned at each takeover, which is rare).
 CREATE FUNCTION runfleet.recoveries_in_a_row(p_run_id text, p_epoch bigint, p_recoveries integer)
     RETURNS integer LANGUAGE sql STABLE AS
 $$

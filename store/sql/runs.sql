@@ -511,6 +511,19 @@ SELECT (s.run).*, s.now_ms
                              %(digests)b::text[], %(source_id)s::text, %(host)s::text,
                              %(pid)s::integer, %(nonce)s::text) AS s;
 
+-- name: settle_alone
+-- settle_many in one autocommitted statement when the batch hands nothing over:
+-- runfleet.settle_alone (migration 0027). When a run of the batch has a parent edge on
+-- its lineage or an open attached descendant it writes nothing and answers one row,
+-- `refused`; the caller then settles the batch with settle_many in a transaction with
+-- the walk and the hand-over.
+SELECT s.refused, (s.run).*, s.now_ms
+  FROM runfleet.settle_alone(%(ids)b::text[], %(epochs)b::bigint[], %(statuses)b::text[],
+                             %(patches)b::jsonb[], %(results)b::text[], %(guards)b::boolean[],
+                             %(kinds)b::text[], %(seqs)b::bigint[], %(payloads)b::jsonb[],
+                             %(digests)b::text[], %(source_id)s::text, %(host)s::text,
+                             %(pid)s::integer, %(nonce)s::text) AS s;
+
 -- name: attached_descendants_many
 -- For several settling runs at once, every unsettled run each one's lineage reaches
 -- through attached edges, as (root, descendant) pairs: runfleet.attached_descendants

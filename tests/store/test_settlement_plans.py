@@ -25,7 +25,13 @@ from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import RunStatus, Settle, Transitioned
 from runfleet.worker.sweeper import Sweeper
-from tests.store.helpers import OWNER_A, committed_rows_counted, create, make_running
+from tests.store.helpers import (
+    OWNER_A,
+    activate,
+    committed_rows_counted,
+    create,
+    make_running,
+)
 
 YOUNG = 6  # settlements while the table is young: their plans are made then
 MEASURED = 6
@@ -82,6 +88,23 @@ async def _young_store(database_url: str, settings: Settings) -> Store:
     return await Store.open(settings.model_copy(update=update), min_size=1, max_size=1)
 
 
+KINDS = ["alone", "child"]
+"""The two ways a settlement goes (migration 0027): a run with nothing to hand over is
+one statement (``runfleet.settle_alone``); a child is settled with its walk and its
+parents' hand-over (``runfleet.settle_owned``, ``runfleet.notify_parents``)."""
+
+
+async def _running(store: Store, run_id: str, kind: str) -> None:
+    """A running run that settles ``kind``'s way (a child of ``parent``, made if absent)."""
+    if kind == "alone":
+        await make_running(store, run_id)
+        return
+    if await store.runs.get("parent") is None:
+        await make_running(store, "parent")
+    await create(store, run_id, parent_id="parent")
+    await activate(store, run_id)
+
+
 async def _settle(store: Store, run_id: str) -> None:
     [outcome] = await store.lifecycle.settle_many(
         OWNER_A, [Settle(run_id, 1, RunStatus.COMPLETED, {})]
@@ -101,13 +124,13 @@ async def _read_of_runs(conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
 
 
 async def _grown_settlements(
-    database_url: str, store: Store, *, refresh: bool
+    database_url: str, store: Store, kind: str, *, refresh: bool
 ) -> tuple[dict[str, Any], list[str]]:
     """Settle YOUNG runs on a young table, add GROWN runs, (refresh,) settle MEASURED more:
     what those read of ``runs``, and the tables the refresh analyzed."""
     ids = [f"r{i}" for i in range(YOUNG + MEASURED)]
     for run_id in ids:
-        await make_running(store, run_id)
+        await _running(store, run_id, kind)
     await create(store, "sibling")  # a pending run the settlements must leave alone
     for run_id in ids[:YOUNG]:
         await _settle(store, run_id)
@@ -128,25 +151,27 @@ async def _grown_settlements(
     return table, analyzed
 
 
+@pytest.mark.parametrize("kind", KINDS)
 async def test_a_plan_made_young_reads_the_grown_table_by_scans(
-    database_url: str, settings: Settings
+    database_url: str, settings: Settings, kind: str
 ) -> None:
     """The control: without a refresh the young plans stay, and every settlement scans
     ``runs`` (so the test below measures the refresh, not a planner that never erred)."""
     store = await _young_store(database_url, settings)
     try:
-        table, _ = await _grown_settlements(database_url, store, refresh=False)
+        table, _ = await _grown_settlements(database_url, store, kind, refresh=False)
     finally:
         await store.close()
     assert table["seq_scan"] >= MEASURED, table
 
 
+@pytest.mark.parametrize("kind", KINDS)
 async def test_after_the_refresh_a_settlement_reads_only_its_runs(
-    database_url: str, settings: Settings
+    database_url: str, settings: Settings, kind: str
 ) -> None:
     store = await _young_store(database_url, settings)
     try:
-        table, analyzed = await _grown_settlements(database_url, store, refresh=True)
+        table, analyzed = await _grown_settlements(database_url, store, kind, refresh=True)
     finally:
         await store.close()
     assert analyzed == ["runs"], analyzed
@@ -154,8 +179,9 @@ async def test_after_the_refresh_a_settlement_reads_only_its_runs(
     assert table["idx_tup_fetch"] <= MEASURED * 20, table  # a handful of probes each
 
 
+@pytest.mark.parametrize("kind", KINDS)
 async def test_the_hand_over_never_joins_runs_to_itself(
-    database_url: str, settings: Settings
+    database_url: str, settings: Settings, kind: str
 ) -> None:
     """``runs`` analyzed while a bulk admission was in flight: its pages, no live row, so
     the planner believes it empty. As plain joins, the generic plan of the parents'
@@ -177,7 +203,7 @@ async def test_the_hand_over_never_joins_runs_to_itself(
     try:
         ids = [f"r{i}" for i in range(YOUNG + MEASURED)]
         for run_id in ids:
-            await make_running(store, run_id)
+            await _running(store, run_id, kind)
         for run_id in ids[:YOUNG]:
             await _settle(store, run_id)  # the generic plans are made
         async with store.transaction() as conn:
@@ -261,14 +287,21 @@ async def test_the_sweeper_refreshes_every_tick_unless_told_not_to(
     assert (counted >= 16) is refresh, counted
 
 
-async def test_a_settlement_is_planned_once_per_connection(store: Store) -> None:
+@pytest.mark.parametrize(
+    ("kind", "heads"),
+    [("child", ("WITH wanted AS", "WITH settled AS")), ("alone", ("WITH wanted AS", "bool_or"))],
+)
+async def test_a_settlement_is_planned_once_per_connection(
+    store: Store, kind: str, heads: tuple[str, str]
+) -> None:
     """The batch settlement and the parents' hand-over run from generic plans
     (``runfleet.settle_owned``, ``runfleet.notify_parents``): auto_explain prints their
     parameters, never a call's ids. As statements, a custom plan won every call and each
-    settlement planned both again (0.8 and 1.0 ms, several times their execution)."""
+    settlement planned both again (0.8 and 1.0 ms, several times their execution). A run
+    alone is settled by ``runfleet.settle_alone``, whose question is planned once too."""
     ids = [f"once-{i}" for i in range(8)]
     for run_id in ids:
-        await make_running(store, run_id)
+        await _running(store, run_id, kind)
     notices: list[str] = []
     async with store.transaction() as conn:
         conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
@@ -282,7 +315,7 @@ async def test_a_settlement_is_planned_once_per_connection(store: Store) -> None
             await conn.execute(f"SET LOCAL {setting}")
         for run_id in ids:
             await _settle(store, run_id)
-    for head in ("WITH wanted AS", "WITH settled AS"):
+    for head in heads:
         plans = [n for n in notices if head in n]
         assert len(plans) == len(ids), (head, notices)
         assert all("$1" in n for n in plans), plans  # the parameter ...

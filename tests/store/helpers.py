@@ -275,6 +275,7 @@ async def committed_rows_counted(url: str, table: str, rows: int) -> None:
     """Until the statistics collector counts at least ``rows`` live rows in ``table``
     (``runfleet.analyze_grown`` goes by that count): a connection reports its inserts
     when it next idles or exits, which may land after the caller's next statement."""
+
     async def counted() -> bool:
         async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             cur = await conn.execute(
@@ -284,3 +285,22 @@ async def committed_rows_counted(url: str, table: str, rows: int) -> None:
         return row is not None and int(row[0]) >= rows
 
     await until(counted, DEADLINE_S, f"{rows} live rows of {table} counted")
+
+
+async def explain_every_statement(
+    conn: psycopg.AsyncConnection[Any], notices: list[str], *settings: str, local: bool = False
+) -> None:
+    """auto_explain on ``conn``: the plan of every statement it runs, nested ones (a
+    function's) included, with a function scan's arguments, appended to ``notices``.
+    ``local``: the settings last until the open transaction ends (``SET LOCAL``)."""
+    conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+    await conn.execute("LOAD 'auto_explain'")
+    scope = "SET LOCAL" if local else "SET"
+    for setting in (
+        "auto_explain.log_min_duration = 0",
+        "auto_explain.log_nested_statements = on",
+        "auto_explain.log_level = notice",
+        "auto_explain.log_verbose = on",  # a function scan's arguments
+        *settings,
+    ):
+        await conn.execute(f"{scope} {setting}")

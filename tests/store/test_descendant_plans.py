@@ -25,6 +25,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from runfleet.store.queries import q
+from tests.store.helpers import explain_every_statement
 
 SETTLED = 3000  # settled runs beside the tree: what a busy queue leaves behind
 
@@ -96,16 +97,7 @@ async def _explained(url: str, ids: list[list[str]], *settings: str) -> list[str
     """auto_explain's plans of the walk, one per call with ``ids``, as notices."""
     notices: list[str] = []
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
-        await conn.execute("LOAD 'auto_explain'")
-        for setting in (
-            "auto_explain.log_min_duration = 0",
-            "auto_explain.log_nested_statements = on",
-            "auto_explain.log_level = notice",
-            "auto_explain.log_verbose = on",  # a function scan's arguments
-            *settings,
-        ):
-            await conn.execute(f"SET {setting}")
+        await explain_every_statement(conn, notices, *settings)
         for batch in ids:
             await conn.execute(q("runs.attached_descendants_many"), {"ids": batch})
     return [n for n in notices if "WITH RECURSIVE seeds" in n]

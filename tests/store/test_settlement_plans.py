@@ -30,6 +30,7 @@ from tests.store.helpers import (
     activate,
     committed_rows_counted,
     create,
+    explain_every_statement,
     make_running,
 )
 
@@ -304,15 +305,7 @@ async def test_a_settlement_is_planned_once_per_connection(
         await _running(store, run_id, kind)
     notices: list[str] = []
     async with store.transaction() as conn:
-        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
-        await conn.execute("LOAD 'auto_explain'")
-        for setting in (
-            "auto_explain.log_min_duration = 0",
-            "auto_explain.log_nested_statements = on",
-            "auto_explain.log_level = notice",
-            "auto_explain.log_verbose = on",  # a function scan's arguments
-        ):
-            await conn.execute(f"SET LOCAL {setting}")
+        await explain_every_statement(conn, notices, local=True)
         for run_id in ids:
             await _settle(store, run_id)
     for head in heads:

@@ -21,7 +21,16 @@ import pytest
 
 from runfleet.store import Store
 from runfleet.store.config import Settings
-from runfleet.store.types import RunStatus, Settle, Transitioned, Waiting, WaitingReason
+from runfleet.store.types import (
+    Owner,
+    Parked,
+    RunRow,
+    RunStatus,
+    Settle,
+    Transitioned,
+    Waiting,
+    WaitingReason,
+)
 from tests.store.helpers import (
     OWNER_A,
     OWNER_B,
@@ -56,6 +65,26 @@ def _done(run_id: str, epoch: int, value: object = 1) -> Settle:
     return Settle(run_id, epoch, RunStatus.COMPLETED, {"result": value})
 
 
+async def _parked_on(store: Store, waiter: RunRow, child_id: str) -> None:
+    """``waiter`` (running) parks on its child ``child_id``'s outcome."""
+    assert waiter.owner is not None
+    parked = await store.waits.park(
+        waiter.id, waiter.owner, waiter.epoch, Waiting(WaitingReason.CHILD, token=child_id),
+        deferred=f"child:{child_id}",
+    )  # fmt: skip
+    assert isinstance(parked, Parked), parked
+
+
+async def _settled_the_long_way(store: Store, run: RunRow, owner: Owner, *, woke: str) -> None:
+    """``run`` settles: refused alone, then the long way, which wakes ``woke`` once."""
+    with statements(store) as ran:
+        (outcome,) = await store.lifecycle.settle_many(owner, [_done(run.id, run.epoch)])
+    assert ran[:2] == ["runs.settle_alone", "runs.settle_many"], ran
+    assert isinstance(outcome, Transitioned) and [r.id for r in outcome.woke] == [woke]
+    assert (await must_get(store, woke)).waiting is None
+    assert (await journal_kinds(store, run.id)).count("transitioned") == 1
+
+
 async def test_a_batch_with_nothing_to_hand_over_is_one_statement(store: Store) -> None:
     plain = [await make_running(store, f"plain{i}") for i in range(3)]
     # A parent whose only child already settled: an edge, but nothing open to cancel.
@@ -81,18 +110,10 @@ async def test_a_child_goes_the_long_way_and_wakes_its_parent(store: Store) -> N
     waiter = await make_running(store, "waiter")
     await create(store, "child", parent_id="waiter")
     child = await activate(store, "child", OWNER_B)
-    await store.waits.park(
-        "waiter", OWNER_A, waiter.epoch, Waiting(WaitingReason.CHILD, token="child"),
-        deferred="child:child",
-    )  # fmt: skip
-    with statements(store) as ran:
-        (outcome,) = await store.lifecycle.settle_many(OWNER_B, [_done("child", child.epoch)])
+    await _parked_on(store, waiter, "child")
     # Refused before anything was written (the child's state names its parent).
-    assert ran[:2] == ["runs.settle_alone", "runs.settle_many"], ran
-    assert isinstance(outcome, Transitioned) and [r.id for r in outcome.woke] == ["waiter"]
-    assert (await must_get(store, "waiter")).waiting is None
+    await _settled_the_long_way(store, child, OWNER_B, woke="waiter")
     assert await store.deferreds.deferred("waiter", "child:child") is not None
-    assert (await journal_kinds(store, "child")).count("transitioned") == 1
 
 
 async def test_a_refused_attempt_leaves_nothing_before_the_long_way(store: Store) -> None:
@@ -102,16 +123,8 @@ async def test_a_refused_attempt_leaves_nothing_before_the_long_way(store: Store
     shared = await make_running(store, "shared")
     joiner = await make_running(store, "joiner", OWNER_B)
     await store.dag.record_parent("shared", "joiner")
-    await store.waits.park(
-        "joiner", OWNER_B, joiner.epoch, Waiting(WaitingReason.CHILD, token="shared"),
-        deferred="child:shared",
-    )  # fmt: skip
-    with statements(store) as ran:
-        (outcome,) = await store.lifecycle.settle_many(OWNER_A, [_done("shared", shared.epoch)])
-    assert ran[:2] == ["runs.settle_alone", "runs.settle_many"], ran
-    assert isinstance(outcome, Transitioned) and [r.id for r in outcome.woke] == ["joiner"]
-    assert (await must_get(store, "joiner")).waiting is None
-    assert (await journal_kinds(store, "shared")).count("transitioned") == 1
+    await _parked_on(store, joiner, "shared")
+    await _settled_the_long_way(store, shared, OWNER_A, woke="joiner")
 
 
 async def test_a_parent_with_an_open_child_goes_the_long_way_and_cascades(store: Store) -> None:

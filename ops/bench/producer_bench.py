@@ -44,6 +44,7 @@ from runfleet.ops.bench.three_steps import three_steps
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate
+from runfleet.store.queries import q
 
 TARGETS: dict[str, float] = {
     "single enqueue >= 1x rq": 1.0,
@@ -340,15 +341,14 @@ def _hop_costs(settings: Settings, gap_s: float) -> tuple[tuple[float, float], t
     key = f"{settings.redis_prefix}bench-hops"
     try:
         with psycopg.connect(settings.database_url, autocommit=True) as conn:
-            # a logged table: a temporary one writes no WAL, so its commit flushes nothing
-            conn.execute("CREATE TABLE IF NOT EXISTS runfleet_bench_hops (x int)")
+            conn.execute(q("bench.hops_table"))
             try:
-                commit = [_hop(lambda: conn.execute("INSERT INTO runfleet_bench_hops VALUES (1)"),
-                               pause) for pause in (0.0, gap_s)]  # fmt: skip
+                commit = [_hop(lambda: conn.execute(q("bench.hops_insert")), pause)
+                          for pause in (0.0, gap_s)]  # fmt: skip
                 xadd = [_hop(lambda: client.xadd(key, {"x": "1"}, maxlen=HOPS), pause)
                         for pause in (0.0, gap_s)]  # fmt: skip
             finally:
-                conn.execute("DROP TABLE runfleet_bench_hops")
+                conn.execute(q("bench.hops_drop"))
         return (commit[0], commit[1]), (xadd[0], xadd[1])
     finally:
         client.delete(key)
@@ -745,18 +745,18 @@ def table(result: ProducerBenchResult) -> Table:
         "-" if result.dbos_flows_per_s is None else f"{result.dbos_flows_per_s:,.0f}",
         "-" if flows is None else f"{flows:.2f}x",
     )
-    for q in (50, 99):
+    for pct in (50, 99):
         t.add_row(
-            f"result() of a settled run p{q} (ms) vs rq return_value(refresh=True)",
-            f"{percentile(rf.settled_read_ms, q):.3f}",
-            f"{percentile(rq.settled_read_ms, q):.3f}",
+            f"result() of a settled run p{pct} (ms) vs rq return_value(refresh=True)",
+            f"{percentile(rf.settled_read_ms, pct):.3f}",
+            f"{percentile(rq.settled_read_ms, pct):.3f}",
             "",
         )
-    for q in (50, 99):
+    for pct in (50, 99):
         t.add_row(
-            f"idle enqueue -> start p{q} (ms) vs rq",
-            f"{percentile(rf.start_ms, q):.1f}",
-            f"{percentile(rq.start_ms, q):.1f}",
+            f"idle enqueue -> start p{pct} (ms) vs rq",
+            f"{percentile(rf.start_ms, pct):.1f}",
+            f"{percentile(rq.start_ms, pct):.1f}",
             "",
         )
     parts = result.start_parts

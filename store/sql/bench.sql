@@ -9,6 +9,17 @@ CREATE TABLE bench_commits (
 INSERT INTO bench_commits (payload, at_ms)
 VALUES (%s, (extract(epoch FROM clock_timestamp()) * 1000)::bigint);
 
+-- name: hops_table
+-- `bench producer`'s hop: the cost of a one-row insert and its commit alone. A logged
+-- table: a temporary one writes no WAL, so its commit would flush nothing.
+CREATE TABLE IF NOT EXISTS runfleet_bench_hops (x int);
+
+-- name: hops_insert
+INSERT INTO runfleet_bench_hops VALUES (1);
+
+-- name: hops_drop
+DROP TABLE runfleet_bench_hops;
+
 -- name: capacity_counters
 -- What `runfleet bench capacity` subtracts before/after a batch: statements in this
 -- database, commits, transaction ids handed out (write transactions) and WAL bytes.

@@ -1,0 +1,26 @@
+"""The rq control's worker: rq's ``SimpleWorker``, its command channel polled every 0.2 s.
+
+rq 2.12 subscribes each worker to its command channel with a pubsub thread that polls
+every 60 s, and at teardown unsubscribes, then stops the thread. redis-py 8.2's
+``PubSubWorkerThread.stop()`` joins the thread without a bound, and once the unsubscribe
+is confirmed the thread waits its whole poll interval for a subscription that never
+comes: a burst of rq's own worker then returned after about a minute now and then
+(faulthandler caught it in ``unsubscribe``; CI failed twice on rq's side of
+``test_requeue`` and ``test_blocking_result_fetch``). Only the interval differs from rq's
+worker here; what the worker does with its commands is rq's.
+"""
+
+from __future__ import annotations
+
+import rq
+
+POLL_S = 0.2
+
+
+class SimpleWorker(rq.SimpleWorker):
+    def subscribe(self) -> None:
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(
+            sleep_time=POLL_S, daemon=True, exception_handler=self._pubsub_exception_handler
+        )

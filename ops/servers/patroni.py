@@ -231,23 +231,35 @@ class PatroniNode(Throwaway):
         except (OSError, ValueError, IndexError):
             return None
 
-    def _postgres_group(self) -> int:
-        """The process group of this node's Postgres: the postmaster and every backend.
+    def _postgres_tree(self) -> list[int]:
+        """This node's Postgres processes: the postmaster first, then every backend.
 
-        Patroni starts the postmaster through a launcher that calls ``setsid`` and exits,
-        so Postgres is not under Patroni in the process tree; its group is its own.
+        Not the postmaster's process group: each child Postgres forks calls ``setsid``
+        (so the postmaster can signal a child's own children), so a signal to the
+        postmaster's group reaches the postmaster alone. A backend SIGSTOPped (a paused
+        WAL sender) then outlived its killed postmaster, stopped, for good.
         """
         pid = self.postmaster_pid()
         assert pid is not None and _alive(pid), f"{self.member} has no running postmaster"
-        return os.getpgid(pid)
+        return [pid, *_descendants(pid)]
+
+    def _signal_postgres(self, sig: signal.Signals) -> list[int]:
+        """``sig`` to the postmaster (a stopped one forks no child we would miss), then
+        to each backend; the pids signalled."""
+        postmaster = self._postgres_tree()[0]
+        os.kill(postmaster, signal.SIGSTOP)
+        tree = [postmaster, *_descendants(postmaster)]
+        for pid in [*tree[1:], postmaster]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        return tree
 
     def kill_postgres(self) -> float:
         """SIGKILL every process of this node's Postgres at once (Patroni lives on and
         restarts it); the wall-clock time of the kill."""
-        group = self._postgres_group()
-        os.killpg(group, signal.SIGKILL)
+        tree = self._signal_postgres(signal.SIGKILL)
         killed_at = time.time()
-        wait_until(lambda: not _group_alive(group), "killed postgres processes")
+        wait_until(lambda: not any(_alive(pid) for pid in tree), "killed postgres processes")
         return killed_at
 
     def pause_walsenders(self) -> list[int]:
@@ -262,27 +274,28 @@ class PatroniNode(Throwaway):
     def kill_node(self) -> float:
         """SIGKILL Patroni and its Postgres together, as a lost machine; the time of it.
 
-        Postgres is frozen first (SIGSTOP to its group: no commit, no WAL sent after that
-        instant), then Patroni and Postgres are killed.
+        Postgres is frozen first (SIGSTOP to the postmaster and every backend: no commit,
+        no WAL sent after that instant), then Patroni and Postgres are killed.
         """
-        group = self._postgres_group()
-        os.killpg(group, signal.SIGSTOP)
+        tree = self._signal_postgres(signal.SIGSTOP)
         killed_at = time.time()
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             with _adopting_orphans():
                 proc.send_signal(signal.SIGSTOP)
-                tree = _descendants(proc.pid)
+                patroni = _descendants(proc.pid)
                 proc.kill()
-                for pid in tree:
+                for pid in patroni:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
                 proc.wait()
-                for pid in tree:
+                for pid in patroni:
                     with contextlib.suppress(ChildProcessError):
                         os.waitpid(pid, os.WNOHANG)
-        os.killpg(group, signal.SIGKILL)
-        wait_until(lambda: not _group_alive(group), "killed node processes")
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not any(_alive(pid) for pid in tree), "killed node processes")
         return killed_at
 
     def stop(self) -> None:
@@ -290,17 +303,9 @@ class PatroniNode(Throwaway):
         pid = self.postmaster_pid() if self._dir is not None else None
         super().stop()
         if pid is not None and _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
-def _group_alive(group: int) -> bool:
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == group and fields[0] not in ("Z", "X"):
-                return True
-    return False
+            for member in [pid, *_descendants(pid)]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(member, signal.SIGKILL)
 
 
 @dataclass(frozen=True)

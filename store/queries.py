@@ -2,6 +2,14 @@
 
 A block starts with ``-- name: NAME``; comment lines right after it document the
 query. Queries are addressed as ``"file.NAME"`` (e.g. ``"runs.claim"``).
+
+What is sent is the block compacted (``compact``): its documentation's first line, then
+the statement without comments, indentation or blank lines. The first line names the
+statement where operators read it (``pg_stat_activity``, ``pg_stat_statements``, the
+server's log); the rest of the documentation stays in the file. The statement a worker
+sends for every delivered run (``runs.claim_if_fresh``) was 6.1 KB with its comments, and
+psycopg converts a query's ``%(name)s`` placeholders again at every call once its text
+is longer than 4 KB (its conversion cache's limit): ~40 µs a call (docs/producer.md).
 """
 
 from __future__ import annotations
@@ -12,6 +20,43 @@ from importlib import resources
 
 _HEADER = re.compile(r"^--\s*name:\s*([a-z_]+)\s*$", re.MULTILINE)
 
+_TOKEN = re.compile(
+    r"""(?P<literal>'(?:[^']|'')*'               # a string ('' is a quote inside it)
+       | "(?:[^"]|"")*"                          # a quoted identifier
+       | \$(?P<tag>[A-Za-z_]*)\$.*?\$(?P=tag)\$)  # a dollar-quoted body: kept as written
+      | (?P<comment>--[^\n]*)                    # a line comment
+    """,
+    re.DOTALL | re.VERBOSE,
+)
+_LAYOUT = re.compile(r"[ \t]*\n\s*")
+"""Whitespace around line breaks: indentation, trailing blanks, empty lines."""
+
+
+def compact(body: str) -> str:
+    """The statement as sent: the leading comment's first line, then the SQL with its
+    comments and layout removed. Literals, quoted identifiers and dollar-quoted bodies
+    are kept byte for byte (a ``--`` inside one is not a comment)."""
+    body = body.strip()
+    out: list[str] = []
+    code: list[str] = []  # the text since the last kept token: comments dropped from it
+
+    def flush() -> None:
+        out.append(_LAYOUT.sub("\n", "".join(code)))
+        code.clear()
+
+    pos = 0
+    for match in _TOKEN.finditer(body):
+        code.append(body[pos : match.start()])
+        pos = match.end()
+        if match.group("literal") is not None:
+            flush()
+            out.append(match.group("literal"))
+        elif match.start() == 0:  # the documentation's first line names the statement
+            out.append(match.group("comment"))
+    code.append(body[pos:])
+    flush()
+    return "".join(out).strip()
+
 
 def _parse(text: str) -> dict[str, str]:
     blocks: dict[str, str] = {}
@@ -19,7 +64,7 @@ def _parse(text: str) -> dict[str, str]:
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in blocks:
             raise RuntimeError(f"duplicate SQL block {name!r}")
-        blocks[name] = body.strip()
+        blocks[name] = compact(body)
     return blocks
 
 

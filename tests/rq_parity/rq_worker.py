@@ -21,6 +21,6 @@ class SimpleWorker(rq.SimpleWorker):
     def subscribe(self) -> None:
         self.pubsub = self.connection.pubsub()
         self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
-        self.pubsub_thread = self.pubsub.run_in_thread(
+        self.pubsub_thread = self.pubsub.run_in_thread(  # type: ignore[assignment]  # rq annotates it None
             sleep_time=POLL_S, daemon=True, exception_handler=self._pubsub_exception_handler
         )

@@ -9,7 +9,8 @@ statement where operators read it (``pg_stat_activity``, ``pg_stat_statements``,
 server's log); the rest of the documentation stays in the file. The statement a worker
 sends for every delivered run (``runs.claim_if_fresh``) was 6.1 KB with its comments, and
 psycopg converts a query's ``%(name)s`` placeholders again at every call once its text
-is longer than 4 KB (its conversion cache's limit): ~40 µs a call (docs/producer.md).
+is longer than 4 KB (its conversion cache's limit): the claim took 139–167 µs of client
+CPU a call, and 79–84 µs compacted (docs/producer.md).
 """
 
 from __future__ import annotations

@@ -244,8 +244,8 @@ class PatroniNode(Throwaway):
         return [pid, *_descendants(pid)]
 
     def _signal_postgres(self, sig: signal.Signals) -> list[int]:
-        """``sig`` to the postmaster (a stopped one forks no child we would miss), then
-        to each backend; the pids signalled."""
+        """Stop the postmaster (a stopped one forks no child we would miss), then send
+        ``sig`` to each backend and to the postmaster; the pids signalled."""
         postmaster = self._postgres_tree()[0]
         os.kill(postmaster, signal.SIGSTOP)
         tree = [postmaster, *_descendants(postmaster)]

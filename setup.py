@@ -23,6 +23,7 @@ TOPS = ("store", "broker", "worker", "ops", "runtime")
 LAB = {
     "runfleet.ops.bench": {
         "rq_side",  # the rq peer adapter
+        "rq_worker",  # the rq peer's worker class
         "dbos_side",  # the DBOS peer adapter
         "dbos_app",  # the DBOS peer's workflow process
         "result_soak",  # rq's and runfleet's result round trip, side by side

@@ -46,6 +46,7 @@ from runfleet.ops.bench.drain import admit, drop_keys, journal_tail
 from runfleet.ops.bench.durability import Target, durable
 from runfleet.ops.bench.fleet_procs import Proc, Servers, bench_prefix, python_env, runfleet_worker
 from runfleet.ops.bench.noop import QUEUE, noop
+from runfleet.ops.bench.rq_side import RQ_WORKER
 from runfleet.ops.bench.scratch import BenchError, scratch_database
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate
@@ -465,7 +466,7 @@ def rq_drain(redis_url: str, depth: int, workers: int) -> Drained:
             ids += [job.id for job in queue.enqueue_many(batch)]
         admitted = time.perf_counter()
         argv = [
-            sys.executable, "-m", "rq.cli", "worker", "--worker-class", "rq.SimpleWorker",
+            sys.executable, "-m", "rq.cli", "worker", "--worker-class", RQ_WORKER,
             "--url", redis_url, "--logging_level", "WARNING", "--disable-job-desc-logging",
             "--burst", name,
         ]  # fmt: skip

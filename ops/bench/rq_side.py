@@ -20,6 +20,10 @@ from runfleet.ops.bench.fleet_procs import Proc, percentile, python_env, rate
 from runfleet.ops.bench.noop import noop
 from runfleet.ops.bench.scratch import BenchError
 
+RQ_WORKER = "runfleet.ops.bench.rq_worker.SimpleWorker"
+"""rq's ``SimpleWorker``, its command channel polled promptly (ops/bench/rq_worker.py): a
+burst worker's exit is not charged rq's teardown stall."""
+
 
 @dataclass(frozen=True, slots=True)
 class Drain:
@@ -70,7 +74,7 @@ class SideResult:
 
 def _worker(redis_url: str, queue: str, *, burst: bool) -> Proc:
     argv = [
-        sys.executable, "-m", "rq.cli", "worker", "--worker-class", "rq.SimpleWorker",
+        sys.executable, "-m", "rq.cli", "worker", "--worker-class", RQ_WORKER,
         "--url", redis_url, "--logging_level", "WARNING", "--disable-job-desc-logging",
         *(["--burst"] if burst else []), queue,
     ]  # fmt: skip

@@ -17,10 +17,10 @@ import redis
 from rq import Queue as RqQueue
 
 from runfleet import broker
+from runfleet.ops.bench.rq_worker import SimpleWorker  # rq's, its command channel polled promptly
 from runfleet.store.config import Settings
 from runfleet.worker.process import Worker
 from tests.fleet.flows import add
-from tests.rq_parity.rq_worker import SimpleWorker  # rq's, its command channel polled promptly
 
 
 def produce(q: Any, tag: str) -> tuple[Any, list[Any]]:

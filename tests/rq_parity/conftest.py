@@ -156,7 +156,7 @@ def _rq_side(url: str) -> Side:
         kwargs.setdefault("connection", conn)
         return rq.Queue(name, **kwargs)
 
-    from tests.rq_parity.rq_worker import SimpleWorker
+    from runfleet.ops.bench.rq_worker import SimpleWorker
 
     def work(*queues: Any) -> None:
         SimpleWorker(list(queues), connection=conn).work(burst=True)
@@ -165,7 +165,7 @@ def _rq_side(url: str) -> Side:
         # rq's worker installs signal handlers: off the main thread it is a process
         rq_bin = Path(sys.executable).with_name("rq")
         command = [str(rq_bin), "worker", "--burst", "-u", url,
-                   "-w", "tests.rq_parity.rq_worker.SimpleWorker"]  # fmt: skip
+                   "-w", "runfleet.ops.bench.rq_worker.SimpleWorker"]  # fmt: skip
         return _Process(
             subprocess.Popen(
                 [*command, "-P", str(ROOT), *[q.name for q in queues]],

@@ -34,7 +34,7 @@ def rq_worker(redis_url: str) -> Iterator[str]:
     name = f"rqparity-{uuid.uuid4().hex[:8]}"
     rq_bin = Path(sys.executable).with_name("rq")
     command = [str(rq_bin), "worker", "-u", redis_url, "-s",
-               "-w", "tests.rq_parity.rq_worker.SimpleWorker"]  # fmt: skip
+               "-w", "runfleet.ops.bench.rq_worker.SimpleWorker"]  # fmt: skip
     proc = subprocess.Popen(
         [*command, "-P", str(ROOT), name],
         cwd=ROOT,

@@ -1,4 +1,5 @@
-"""The rq control's worker: rq's ``SimpleWorker``, its command channel polled every 0.2 s.
+"""The rq peer's worker (benchmarks, rq parity tests): rq's ``SimpleWorker``, its command
+channel polled every 0.2 s.
 
 rq 2.12 subscribes each worker to its command channel with a pubsub thread that polls
 every 60 s, and at teardown unsubscribes, then stops the thread. redis-py 8.2's
@@ -6,8 +7,11 @@ every 60 s, and at teardown unsubscribes, then stops the thread. redis-py 8.2's
 is confirmed the thread waits its whole poll interval for a subscription that never
 comes: a burst of rq's own worker then returned after about a minute now and then
 (faulthandler caught it in ``unsubscribe``; CI failed twice on rq's side of
-``test_requeue`` and ``test_blocking_result_fetch``). Only the interval differs from rq's
-worker here; what the worker does with its commands is rq's.
+``test_requeue`` and ``test_blocking_result_fetch``), and a benchmark's burst drain timed to
+the workers' exit would have charged rq that minute. Only the interval differs from rq's
+worker here; what the worker does with its commands is rq's. Lab equipment, as the rest
+of rq's side (setup.py's LAB): run it from a checkout (``--worker-class
+runfleet.ops.bench.rq_worker.SimpleWorker``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The rq peer's worker (benchmarks, rq parity tests): rq's ``SimpleWorker``, its command
 channel polled every 0.2 s.
 
-rq 2.12 subscribes each worker to its command channel with a pubsub thread that polls
+rq (2.12, 3.0) subscribes each worker to its command channel with a pubsub thread polling
 every 60 s, and at teardown unsubscribes, then stops the thread. redis-py 8.2's
 ``PubSubWorkerThread.stop()`` joins the thread without a bound, and once the unsubscribe
 is confirmed the thread waits its whole poll interval for a subscription that never

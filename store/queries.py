@@ -65,12 +65,12 @@ def _parse(text: str) -> dict[str, str]:
     for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in blocks:
             raise RuntimeError(f"duplicate SQL block {name!r}")
-        blocks[name] = compact(body)
+        blocks[name] = body.strip()
     return blocks
 
 
-@cache
-def _all() -> dict[str, str]:
+def written() -> dict[str, str]:
+    """Every named block as its file has it, documentation included, by ``file.NAME``."""
     queries: dict[str, str] = {}
     for entry in resources.files("runfleet.store.sql").iterdir():
         if entry.name.endswith(".sql"):
@@ -78,6 +78,11 @@ def _all() -> dict[str, str]:
             for name, body in _parse(entry.read_text()).items():
                 queries[f"{prefix}.{name}"] = body
     return queries
+
+
+@cache
+def _all() -> dict[str, str]:
+    return {name: compact(body) for name, body in written().items()}
 
 
 def q(name: str) -> str:

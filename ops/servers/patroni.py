@@ -231,22 +231,21 @@ class PatroniNode(Throwaway):
         except (OSError, ValueError, IndexError):
             return None
 
-    def _postgres_tree(self) -> list[int]:
-        """This node's Postgres processes: the postmaster first, then every backend.
+    def _postmaster(self) -> int:
+        pid = self.postmaster_pid()
+        assert pid is not None and _alive(pid), f"{self.member} has no running postmaster"
+        return pid
+
+    def _signal_postgres(self, sig: signal.Signals) -> list[int]:
+        """Stop the postmaster (a stopped one forks no child we would miss), then send
+        ``sig`` to each backend and to the postmaster; the pids signalled.
 
         Not the postmaster's process group: each child Postgres forks calls ``setsid``
         (so the postmaster can signal a child's own children), so a signal to the
         postmaster's group reaches the postmaster alone. A backend SIGSTOPped (a paused
         WAL sender) then outlived its killed postmaster, stopped, for good.
         """
-        pid = self.postmaster_pid()
-        assert pid is not None and _alive(pid), f"{self.member} has no running postmaster"
-        return [pid, *_descendants(pid)]
-
-    def _signal_postgres(self, sig: signal.Signals) -> list[int]:
-        """Stop the postmaster (a stopped one forks no child we would miss), then send
-        ``sig`` to each backend and to the postmaster; the pids signalled."""
-        postmaster = self._postgres_tree()[0]
+        postmaster = self._postmaster()
         os.kill(postmaster, signal.SIGSTOP)
         tree = [postmaster, *_descendants(postmaster)]
         for pid in [*tree[1:], postmaster]:

@@ -156,6 +156,7 @@ def _rq_side(url: str) -> Side:
         kwargs.setdefault("connection", conn)
         return rq.Queue(name, **kwargs)
 
+    from runfleet.ops.bench.rq_side import RQ_WORKER
     from runfleet.ops.bench.rq_worker import SimpleWorker
 
     def work(*queues: Any) -> None:
@@ -165,7 +166,7 @@ def _rq_side(url: str) -> Side:
         # rq's worker installs signal handlers: off the main thread it is a process
         rq_bin = Path(sys.executable).with_name("rq")
         command = [str(rq_bin), "worker", "--burst", "-u", url,
-                   "-w", "runfleet.ops.bench.rq_worker.SimpleWorker"]  # fmt: skip
+                   "-w", RQ_WORKER]  # fmt: skip
         return _Process(
             subprocess.Popen(
                 [*command, "-P", str(ROOT), *[q.name for q in queues]],

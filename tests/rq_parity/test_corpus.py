@@ -19,6 +19,7 @@ import redis
 import rq
 
 from runfleet import broker
+from runfleet.ops.bench.rq_side import RQ_WORKER
 from runfleet.store.config import Settings
 from tests.rq_parity.conftest import ThreadWorker
 from tests.rq_parity.snippets import SNIPPETS, Api
@@ -34,7 +35,7 @@ def rq_worker(redis_url: str) -> Iterator[str]:
     name = f"rqparity-{uuid.uuid4().hex[:8]}"
     rq_bin = Path(sys.executable).with_name("rq")
     command = [str(rq_bin), "worker", "-u", redis_url, "-s",
-               "-w", "runfleet.ops.bench.rq_worker.SimpleWorker"]  # fmt: skip
+               "-w", RQ_WORKER]  # fmt: skip
     proc = subprocess.Popen(
         [*command, "-P", str(ROOT), name],
         cwd=ROOT,

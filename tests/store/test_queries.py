@@ -6,7 +6,7 @@ import re
 
 from psycopg import _queries
 
-from runfleet.store.queries import _all, compact, q
+from runfleet.store.queries import _all, compact, q, written
 
 
 def test_comments_and_layout_go_and_the_first_line_of_the_documentation_stays() -> None:
@@ -51,19 +51,10 @@ def test_no_block_loses_sql() -> None:
     def bare(text: str) -> str:
         return re.sub(r"\s+", "", re.sub(r"--(?! \(How long)[^\n]*", "", text))
 
-    from importlib import resources
-
-    header = re.compile(r"^--\s*name:\s*([a-z_]+)\s*$", re.MULTILINE)
-    seen = 0
-    for entry in resources.files("runfleet.store.sql").iterdir():
-        if not entry.name.endswith(".sql"):
-            continue
-        parts = header.split(entry.read_text())
-        for name, body in zip(parts[1::2], parts[2::2], strict=True):
-            sent = q(f"{entry.name.removesuffix('.sql')}.{name}")
-            assert bare(sent) == bare(body), name
-            seen += 1
-    assert seen == len(_all())
+    blocks = written()
+    for name, body in blocks.items():
+        assert bare(q(name)) == bare(body), name
+    assert blocks.keys() == _all().keys()
 
 
 def test_the_claim_a_worker_sends_for_every_delivery_fits_psycopgs_conversion_cache() -> None:

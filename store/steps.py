@@ -131,25 +131,31 @@ class Steps:
         """
         if not writes:
             return []
-        texts = [self.encode(write) for write in writes]
-        payloads = [
-            jr.StepRecorded(key=w.key, kind=w.kind, position=w.position, epoch=w.epoch).dump()
-            for w in writes
-        ]
+        texts = [self.encode(write) for write in writes]  # all refused or none written
+        batch = []
+        for write, text in zip(writes, texts, strict=True):
+            payload = jr.StepRecorded(
+                key=write.key, kind=write.kind, position=write.position, epoch=write.epoch
+            ).dump()
+            batch.append(
+                {
+                    "run_id": write.run_id,
+                    "key": write.key,
+                    "name": write.name,
+                    "kind": write.kind,
+                    "position": write.position,
+                    "output": text,
+                    "digest": values.text_digest(text),
+                    "epoch": write.epoch,
+                    "compensate": write.compensate,
+                    "attempt": write.attempt,
+                    "seq": self._db.next_source_seq(),
+                    "payload": payload,
+                    "payload_digest": digest(payload),
+                }
+            )
         params = {
-            "run_ids": [w.run_id for w in writes],
-            "keys": [w.key for w in writes],
-            "names": [w.name for w in writes],
-            "kinds": [w.kind for w in writes],
-            "positions": [w.position for w in writes],
-            "outputs": texts,
-            "digests": [values.text_digest(text) for text in texts],
-            "epochs": [w.epoch for w in writes],
-            "compensates": [w.compensate for w in writes],
-            "attempts": [w.attempt for w in writes],
-            "seqs": [self._db.next_source_seq() for _ in writes],
-            "payloads": [Jsonb(payload) for payload in payloads],
-            "payload_digests": [digest(payload) for payload in payloads],
+            "batch": Jsonb(batch),
             "source_id": self._db.source_id,
             "journal_kind": Kind.STEP_RECORDED,
             **owner_params(me),
@@ -177,9 +183,9 @@ class Steps:
         rows = await self._db.all(
             "steps.attempt_start",
             {
-                "run_ids": [run_id for run_id, _, _ in steps],
-                "epochs": [epoch for _, epoch, _ in steps],
-                "keys": [key for _, _, key in steps],
+                "batch": Jsonb(
+                    [{"run_id": run_id, "key": key, "epoch": epoch} for run_id, epoch, key in steps]
+                ),
                 **owner_params(me),
             },
         )

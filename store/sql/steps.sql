@@ -13,16 +13,17 @@ SELECT run_id, key, name, kind, position, output::text AS output_text, digest, e
 -- The record, its journal entry and (for a step) the end of the attempt that
 -- produced it are one statement: one round trip, and all or nothing. The output is
 -- canonical JSON text kept verbatim by the json column; the digest is over that text.
--- Takes a batch (parallel arrays: the calls of several runs of one owner that became
--- ready together), each row fenced by its own run and epoch.
+-- Takes a batch (`batch`: one jsonb array of {run_id, key, name, kind, position, output,
+-- digest, epoch, compensate, attempt, seq, payload, payload_digest}, the calls of several
+-- runs of one owner that became ready together), each row fenced by its own run and epoch.
+-- One jsonb parameter rather than parallel arrays: the driver probes every element of
+-- every array for its type, which cost the worker more than the rest of the call
+-- (docs/producer.md, "The worker's batches as one jsonb parameter").
 WITH wanted AS (
-    SELECT * FROM unnest(%(run_ids)s::text[], %(keys)s::text[], %(names)s::text[],
-                         %(kinds)s::text[], %(positions)s::integer[], %(outputs)s::text[],
-                         %(digests)s::text[], %(epochs)s::bigint[], %(compensates)s::text[],
-                         %(attempts)s::integer[], %(seqs)s::bigint[], %(payloads)s::jsonb[],
-                         %(payload_digests)s::text[])
-        AS w(run_id, key, name, kind, position, output, digest, epoch, compensate, attempt,
-             seq, payload, payload_digest)
+    SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb)
+        AS w(run_id text, key text, name text, kind text, position integer, output text,
+             digest text, epoch bigint, compensate text, attempt integer, seq bigint,
+             payload jsonb, payload_digest text)
 ), recorded AS (
     INSERT INTO runfleet.steps (run_id, key, name, kind, position, output, digest, epoch,
                                 recorded_at_ms, compensate)
@@ -48,10 +49,10 @@ SELECT * FROM recorded;
 
 -- name: attempt_start
 -- Numbers and records the next attempt of each (run, step), fenced like a record; a
--- batch as parallel arrays. A row missing from the answer lost its fence.
+-- batch as one jsonb array of {run_id, key, epoch} (as `record`'s). A row missing from
+-- the answer lost its fence.
 WITH wanted AS (
-    SELECT * FROM unnest(%(run_ids)s::text[], %(keys)s::text[], %(epochs)s::bigint[])
-        AS w(run_id, key, epoch)
+    SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb) AS w(run_id text, key text, epoch bigint)
 )
 INSERT INTO runfleet.attempts (run_id, key, attempt, started_at_ms)
 SELECT w.run_id, w.key,

@@ -59,12 +59,16 @@ class Database:
             async with current.transaction():
                 yield current
             return
-        async with self.pool.connection() as conn, _discard_if_desynced(conn), conn.transaction():
-            token = self._current.set(conn)
+        async with self.pool.connection() as conn, _discard_if_desynced(conn):
             try:
-                yield conn
+                async with conn.transaction():
+                    token = self._current.set(conn)
+                    try:
+                        yield conn
+                    finally:
+                        self._current.reset(token)
             finally:
-                self._current.reset(token)
+                _returned_at[conn] = time.monotonic()
 
     @asynccontextmanager
     async def _statement(self) -> AsyncIterator[Conn]:
@@ -80,7 +84,10 @@ class Database:
             yield current
             return
         async with self.pool.connection() as conn, _discard_if_desynced(conn):
-            yield conn
+            try:
+                yield conn
+            finally:
+                _returned_at[conn] = time.monotonic()
 
     async def one(self, name: str, params: dict[str, Any] | None = None) -> DictRow | None:
         async with self._statement() as conn:
@@ -168,7 +175,6 @@ async def open_pool(
         kwargs=connection_kwargs(settings, statement_timeout_ms=statement_timeout_ms),
         connection_class=_Connection,
         check=_check_if_idle,
-        reset=_mark_returned,
         open=False,
         timeout=checkout_timeout,
         reconnect_timeout=RECONNECT_GIVE_UP_S,
@@ -372,10 +378,9 @@ CHECK_AFTER_IDLE_S = 0.5
 """A pooled connection idle longer than this is probed before it is handed out."""
 
 _returned_at: weakref.WeakKeyDictionary[Conn, float] = weakref.WeakKeyDictionary()
-
-
-async def _mark_returned(conn: Conn) -> None:
-    _returned_at[conn] = time.monotonic()
+"""When each connection was last handed back, stamped by ``Database``'s own checkouts as
+they end: a pool ``reset`` callback would return every connection through one of the
+pool's worker tasks (a queue hop and a task switch per statement)."""
 
 
 async def _check_if_idle(conn: Conn) -> None:

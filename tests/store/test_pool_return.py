@@ -1,0 +1,75 @@
+"""The store's pool takes a connection back in the task that used it, and still knows
+which connections sat idle long enough to be probed before reuse.
+
+A pool with a ``reset`` callback hands every returned connection to one of its worker
+tasks (psycopg_pool's ``ReturnConnection``): a queue hop and a task switch per statement,
+and the connection unavailable to the next checkout until that task ran. The stamp the
+idle check reads is taken by ``Database`` itself instead, as the sync face's is
+(docs/producer.md, "The worker's step writes as one jsonb parameter").
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+import runfleet.store.db as db_module
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from tests.store.helpers import create
+
+
+@pytest.fixture
+async def one_connection(settings: Settings) -> AsyncIterator[Store]:
+    opened = await Store.open(settings.model_copy(update={"pool_min": 1, "pool_max": 1}))
+    try:
+        await create(opened, "pooled")  # connected and prepared
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def _uses(store: Store) -> None:
+    """Three statements and a transaction, each its own checkout."""
+    for _ in range(3):
+        assert await store.runs.get("pooled") is not None
+    async with store.db.transaction():
+        assert await store.runs.get("pooled") is not None
+
+
+async def test_a_statement_returns_its_connection_without_a_pool_task(
+    one_connection: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = one_connection.db.pool
+    tasks: list[str] = []
+    real = pool.run_task
+
+    def run_task(task: Any) -> None:
+        tasks.append(type(task).__name__)
+        real(task)
+
+    monkeypatch.setattr(pool, "run_task", run_task)
+    await _uses(one_connection)
+    assert tasks == [], "a returned connection went through the pool's worker tasks"
+
+
+@pytest.mark.parametrize(("idle_after_s", "probes"), [(3600.0, 0), (-1.0, 4)])
+async def test_only_a_connection_idle_past_the_threshold_is_probed(
+    one_connection: Store, monkeypatch: pytest.MonkeyPatch, idle_after_s: float, probes: int
+) -> None:
+    """Back to back, every checkout finds the stamp its last use left: no probe. With a
+    threshold already passed, every checkout probes once."""
+    sent: list[object] = []
+    real = AsyncConnectionPool.check_connection
+
+    async def check_connection(conn: Any) -> None:
+        sent.append(conn)
+        await real(conn)
+
+    monkeypatch.setattr(db_module, "CHECK_AFTER_IDLE_S", idle_after_s)
+    monkeypatch.setattr(AsyncConnectionPool, "check_connection", staticmethod(check_connection))
+    await _uses(one_connection)
+    assert len(sent) == probes

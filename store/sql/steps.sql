@@ -17,8 +17,9 @@ SELECT run_id, key, name, kind, position, output::text AS output_text, digest, e
 -- digest, epoch, compensate, attempt, seq, payload, payload_digest}, the calls of several
 -- runs of one owner that became ready together), each row fenced by its own run and epoch.
 -- One jsonb parameter rather than parallel arrays: the driver probes every element of
--- every array for its type, which cost the worker more than the rest of the call
--- (docs/producer.md, "The worker's batches as one jsonb parameter").
+-- every array for its type and quotes it, at every call, which cost the worker about
+-- twice the rest of the call's client CPU (docs/producer.md, "The worker's step
+-- writes as one jsonb parameter").
 WITH wanted AS (
     SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb)
         AS w(run_id text, key text, name text, kind text, position integer, output text,

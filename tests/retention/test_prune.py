@@ -74,14 +74,18 @@ async def test_prune_deletes_settled_runs_and_keeps_open_lineages(
     lineage = await queue.enqueue(flows.hands_off)
     alone = await queue.enqueue(flows.waits)
     # 3 full runs with 2 children each, 2 held parents with 1 child each, 2 rounds, 1 alone.
+    # The four held runs (the two parents, the lineage's round 1, the lone waiter) must be
+    # parked, not merely open: a run still on its way to its park would change status
+    # between the snapshot below and the passes it is compared with.
     await wait_for(
         store,
         lambda s: (
             len(s) == 9 + 4 + 2 + 1
             and sum(v not in OPEN for v in s.values()) == 9 + 2 + 1
+            and sum(v == "suspended" for v in s.values()) == 4
             and all(s[r.id] == "suspended" for r in (held_child, held_spawn, alone))
         ),
-        "everything but the held runs to settle",
+        "everything but the held runs to settle and the held runs to park",
     )
     cutoff = await store.stats.now_ms()
     late = await queue.enqueue(flows.leaf, 7)  # settles after the cutoff: kept

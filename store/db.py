@@ -24,6 +24,7 @@ from typing import Any, Self, TypeVar
 import psycopg
 from psycopg import AsyncConnection
 from psycopg.adapt import AdaptersMap
+from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
@@ -59,16 +60,12 @@ class Database:
             async with current.transaction():
                 yield current
             return
-        async with self.pool.connection() as conn, _discard_if_desynced(conn):
+        async with self._pooled() as conn, conn.transaction():
+            token = self._current.set(conn)
             try:
-                async with conn.transaction():
-                    token = self._current.set(conn)
-                    try:
-                        yield conn
-                    finally:
-                        self._current.reset(token)
+                yield conn
             finally:
-                _returned_at[conn] = time.monotonic()
+                self._current.reset(token)
 
     @asynccontextmanager
     async def _statement(self) -> AsyncIterator[Conn]:
@@ -83,11 +80,30 @@ class Database:
         if current is not None:
             yield current
             return
-        async with self.pool.connection() as conn, _discard_if_desynced(conn):
-            try:
+        async with self._pooled() as conn:
+            yield conn
+
+    @asynccontextmanager
+    async def _pooled(self) -> AsyncIterator[Conn]:
+        """A pooled connection, handed back by this task as the block ends, stamped for
+        ``_check_if_idle`` (no pool ``reset`` callback, which would return every connection
+        through a pool worker task: a queue hop and a task switch per statement).
+
+        A connection that comes back mid-operation or mid-transaction (a cancelled
+        statement or commit) is rolled back or closed by the pool on return, which waits
+        on the server: that return runs shielded, so a second cancel of this task cannot
+        strand the connection outside the pool.
+        """
+        conn = await self.pool.getconn()
+        try:
+            async with _discard_if_desynced(conn):
                 yield conn
-            finally:
-                _returned_at[conn] = time.monotonic()
+        finally:
+            _returned_at[conn] = time.monotonic()
+            if conn.pgconn.transaction_status == TransactionStatus.IDLE:
+                await self.pool.putconn(conn)
+            else:
+                await asyncio.shield(self.pool.putconn(conn))
 
     async def one(self, name: str, params: dict[str, Any] | None = None) -> DictRow | None:
         async with self._statement() as conn:
@@ -378,9 +394,7 @@ CHECK_AFTER_IDLE_S = 0.5
 """A pooled connection idle longer than this is probed before it is handed out."""
 
 _returned_at: weakref.WeakKeyDictionary[Conn, float] = weakref.WeakKeyDictionary()
-"""When each connection was last handed back, stamped by ``Database``'s own checkouts as
-they end: a pool ``reset`` callback would return every connection through one of the
-pool's worker tasks (a queue hop and a task switch per statement)."""
+"""When each connection was last handed back (``Database._pooled``)."""
 
 
 async def _check_if_idle(conn: Conn) -> None:

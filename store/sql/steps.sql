@@ -19,7 +19,10 @@ SELECT run_id, key, name, kind, position, output::text AS output_text, digest, e
 -- One jsonb parameter rather than parallel arrays: the driver probes every element of
 -- every array for its type and quotes it, at every call, which cost the worker about
 -- twice the rest of the call's client CPU (docs/producer.md, "The worker's step
--- writes as one jsonb parameter").
+-- writes as one jsonb parameter"). Each row's run is read by its id alone (a LATERAL
+-- that OFFSET 0 keeps from being flattened, so the fence's conditions stay outside it):
+-- the planner, which takes the batch for 100 rows and the owner's runs for one, would
+-- otherwise read every run the owner holds by runs_owner_idx.
 WITH wanted AS (
     SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb)
         AS w(run_id text, key text, name text, kind text, position integer, output text,
@@ -30,7 +33,9 @@ WITH wanted AS (
                                 recorded_at_ms, compensate)
     SELECT w.run_id, w.key, w.name, w.kind, w.position, w.output::json, w.digest, w.epoch,
            runfleet.now_ms(), w.compensate
-      FROM wanted w JOIN runfleet.runs r ON r.id = w.run_id
+      FROM wanted w CROSS JOIN LATERAL (
+               SELECT r.status, r.owner_host, r.owner_pid, r.owner_nonce, r.epoch
+                 FROM runfleet.runs r WHERE r.id = w.run_id OFFSET 0) AS r
      WHERE r.status = 'running' AND r.owner_host = %(host)s
        AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s AND r.epoch = w.epoch
     ON CONFLICT DO NOTHING
@@ -50,8 +55,8 @@ SELECT * FROM recorded;
 
 -- name: attempt_start
 -- Numbers and records the next attempt of each (run, step), fenced like a record; a
--- batch as one jsonb array of {run_id, key, epoch} (as `record`'s). A row missing from
--- the answer lost its fence.
+-- batch as one jsonb array of {run_id, key, epoch}, each run read by its id alone (as
+-- `record`'s). A row missing from the answer lost its fence.
 WITH wanted AS (
     SELECT * FROM jsonb_to_recordset(%(batch)s::jsonb) AS w(run_id text, key text, epoch bigint)
 )
@@ -60,7 +65,9 @@ SELECT w.run_id, w.key,
        coalesce((SELECT max(a.attempt) FROM runfleet.attempts a
                   WHERE a.run_id = w.run_id AND a.key = w.key), 0) + 1,
        runfleet.now_ms()
-  FROM wanted w JOIN runfleet.runs r ON r.id = w.run_id
+  FROM wanted w CROSS JOIN LATERAL (
+           SELECT r.status, r.owner_host, r.owner_pid, r.owner_nonce, r.epoch
+             FROM runfleet.runs r WHERE r.id = w.run_id OFFSET 0) AS r
  WHERE r.status = 'running' AND r.owner_host = %(host)s
    AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s AND r.epoch = w.epoch
 RETURNING run_id, key, attempt;

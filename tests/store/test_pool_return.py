@@ -10,6 +10,8 @@ idle check reads is taken by ``Database`` itself instead, as the sync face's is
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -33,10 +35,11 @@ async def one_connection(settings: Settings) -> AsyncIterator[Store]:
 
 
 async def _uses(store: Store) -> None:
-    """Three statements and a transaction, each its own checkout."""
-    for _ in range(3):
-        assert await store.runs.get("pooled") is not None
+    """A transaction, then three statements, each its own checkout (each checkout reads
+    the stamp the one before it left, the transaction's included)."""
     async with store.db.transaction():
+        assert await store.runs.get("pooled") is not None
+    for _ in range(3):
         assert await store.runs.get("pooled") is not None
 
 
@@ -73,3 +76,36 @@ async def test_only_a_connection_idle_past_the_threshold_is_probed(
     monkeypatch.setattr(AsyncConnectionPool, "check_connection", staticmethod(check_connection))
     await _uses(one_connection)
     assert len(sent) == probes
+
+
+async def test_a_cancelled_return_still_puts_the_connection_back(
+    one_connection: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection handed back mid-transaction waits for the pool's rollback; cancelling
+    the task that returns it, twice, must not strand it: with one connection in the pool,
+    the next statement would wait for ever."""
+    pool = one_connection.db.pool
+    real = pool._reset_connection
+    rolling_back, release = asyncio.Event(), asyncio.Event()
+
+    async def slow_reset(conn: Any) -> None:
+        rolling_back.set()
+        await release.wait()
+        await real(conn)
+
+    monkeypatch.setattr(pool, "_reset_connection", slow_reset)
+
+    async def left_in_a_transaction() -> None:
+        async with one_connection.db._statement() as conn:
+            await conn.execute("BEGIN")
+
+    task = asyncio.create_task(left_in_a_transaction())
+    await asyncio.wait_for(rolling_back.wait(), 10)
+    task.cancel()
+    await asyncio.sleep(0)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    release.set()
+    assert await asyncio.wait_for(one_connection.runs.get("pooled"), 10) is not None
+    assert pool.get_stats()["pool_size"] == 1

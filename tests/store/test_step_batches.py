@@ -21,7 +21,7 @@ from psycopg.types.json import Jsonb
 from runfleet.store import Store
 from runfleet.store.queries import q
 from runfleet.store.steps import StepWrite
-from tests.store.helpers import OWNER_A, journal_kinds, make_running
+from tests.store.helpers import OWNER_A, make_running
 
 AWKWARD = 'a "quoted" \\ back\\slash, {braces}, NULL, é, ☃, \\u0000-lookalike, \t tab\nline'
 
@@ -39,10 +39,11 @@ async def test_texts_and_numbers_survive_the_step_batch(store: Store) -> None:
     runs at once: awkward keys, names, outputs and compensation names, large integers."""
     runs = [await make_running(store, f"sb-{i}") for i in range(3)]
     big = 2**53 + 7  # past a float's integers: a JSON number Postgres must keep exact
-    starts = await store.steps.start_attempts(
-        OWNER_A, [(run.id, run.epoch, f"step:{AWKWARD}#1") for run in runs]
-    )
-    assert starts == [1, 1, 1]
+    for attempt in (1, 2):  # the record ends attempt 2: distinct from the epoch (1)
+        starts = await store.steps.start_attempts(
+            OWNER_A, [(run.id, run.epoch, f"step:{AWKWARD}#1") for run in runs]
+        )
+        assert starts == [attempt] * 3
     outputs: list[Any] = [AWKWARD, {AWKWARD: [AWKWARD, big, -big, 1.5, None, True]}, big]
     writes = [
         StepWrite(
@@ -54,7 +55,7 @@ async def test_texts_and_numbers_survive_the_step_batch(store: Store) -> None:
             position,
             output,
             compensate=f"undo.{AWKWARD}",
-            attempt=1,
+            attempt=2,
         )
         for position, (run, output) in enumerate(zip(runs, outputs, strict=True))
     ]
@@ -67,20 +68,29 @@ async def test_texts_and_numbers_survive_the_step_batch(store: Store) -> None:
             assert seen.output == write.output and type(seen.output) is type(write.output)
             assert seen.compensate == write.compensate
             assert seen.intact, "the digest was taken over the text the row holds"
-        assert (await journal_kinds(store, write.run_id)).count("step-recorded") == 1
+        (journaled,) = [
+            r for r in await store.journal.records(write.run_id) if r.kind == "step-recorded"
+        ]
+        assert journaled.payload == {
+            "key": write.key, "kind": "step", "position": write.position, "epoch": write.epoch,
+        }  # fmt: skip
         attempts = await store.steps.attempts(write.run_id, write.key)
-        assert [a["finished_at_ms"] is not None for a in attempts] == [True]
+        assert [a["finished_at_ms"] is not None for a in attempts] == [False, True]
 
 
 RUNNING = 30_000
+OWNED = 500
+"""Runs ``OWNER_A`` holds besides the batch's: a worker's runs in flight."""
 IDS = [f"r-{n:06d}" for n in (5, RUNNING // 2, RUNNING - 5)]
 MAX_BUFFERS = 24
-"""Three primary-key probes touch a handful of buffers each; a scan of the table, ~1,000."""
+"""Three primary-key probes touch a handful of buffers each; the owner's 500 runs, ~500."""
 
 
 @pytest.fixture(params=["never analyzed", "analyzed"])
 async def running_table(database_url: str, request: pytest.FixtureRequest) -> str:
-    """30,000 running runs of 1,000 processes; the batch's three are ``OWNER_A``'s."""
+    """30,000 running runs of 1,000 processes, and ``OWNER_A`` holding the batch's three
+    and 500 more (a jsonb batch is planned as 100 rows: reading the owner's runs by
+    runs_owner_idx and hashing them looked cheaper than 100 primary-key probes)."""
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
         await conn.execute("ALTER TABLE runfleet.runs SET (autovacuum_enabled = false)")
         await conn.execute(
@@ -94,7 +104,12 @@ async def running_table(database_url: str, request: pytest.FixtureRequest) -> st
         await conn.execute(
             "UPDATE runfleet.runs SET owner_host = %(host)s, owner_pid = %(pid)s,"
             " owner_nonce = %(nonce)s WHERE id = ANY(%(ids)s)",
-            {"ids": IDS, "host": OWNER_A.host_id, "pid": OWNER_A.pid, "nonce": OWNER_A.nonce},
+            {
+                "ids": IDS + [f"r-{n:06d}" for n in range(1000, 1000 + OWNED)],
+                "host": OWNER_A.host_id,
+                "pid": OWNER_A.pid,
+                "nonce": OWNER_A.nonce,
+            },
         )
         if request.param == "analyzed":
             await conn.execute("ANALYZE runfleet.runs")
@@ -116,15 +131,24 @@ def _batch(ids: list[str]) -> dict[str, Any]:
          "seq": i, "payload": {"key": "step:a#1"}, "payload_digest": "p"}
         for i, run_id in enumerate(ids)
     ]  # fmt: skip
-    return {"batch": Jsonb(record), "source_id": "plans", "journal_kind": "step-recorded", **owner}
+    return {
+        "batch": Jsonb(record),
+        "source_id": "plans",
+        "journal_kind": "step-recorded",
+        **owner,
+    }
 
 
+@pytest.mark.parametrize("plans_mode", ["force_custom_plan", "force_generic_plan"])
 @pytest.mark.parametrize("name", ["steps.record", "steps.attempt_start"])
-async def test_a_step_batch_probes_only_its_runs(running_table: str, name: str) -> None:
-    """The batch's rows join ``runs`` by primary key, however many runs the table holds
-    (the planner takes a jsonb batch for 100 rows, where an array's length was known)."""
+async def test_a_step_batch_probes_only_its_runs(
+    running_table: str, name: str, plans_mode: str
+) -> None:
+    """The batch's rows read ``runs`` by primary key, however many runs the table and
+    the owner hold (one probe per row; fails if the fence's conditions reach the scan)."""
     explain = f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {q(name)}"
     async with await psycopg.AsyncConnection.connect(running_table, row_factory=dict_row) as conn:
+        await conn.execute(f"SET plan_cache_mode = {plans_mode}")
         async with conn.transaction(force_rollback=True):
             cur = await conn.execute(explain, _batch(IDS))
             row = await cur.fetchone()
@@ -134,6 +158,7 @@ async def test_a_step_batch_probes_only_its_runs(running_table: str, name: str) 
     assert scans, f"{name}: no scan of runs in {plan}"
     for scan in scans:
         assert scan["Node Type"] in ("Index Scan", "Index Only Scan"), (name, scan["Node Type"])
+        assert scan["Index Name"] == "runs_pkey", (name, scan["Index Name"])
         touched = scan.get("Shared Hit Blocks", 0) + scan.get("Shared Read Blocks", 0)
         assert touched <= MAX_BUFFERS, (name, scan["Index Name"], touched)
         assert scan["Actual Rows"] * scan["Actual Loops"] <= len(IDS), (name, scan["Index Name"])

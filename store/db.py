@@ -103,7 +103,10 @@ class Database:
             if conn.pgconn.transaction_status == TransactionStatus.IDLE:
                 await self.pool.putconn(conn)
             else:
-                await asyncio.shield(self.pool.putconn(conn))
+                returning = asyncio.ensure_future(self.pool.putconn(conn))
+                _returning.add(returning)  # held until done: a cancel leaves it unawaited
+                returning.add_done_callback(_returning.discard)
+                await asyncio.shield(returning)
 
     async def one(self, name: str, params: dict[str, Any] | None = None) -> DictRow | None:
         async with self._statement() as conn:
@@ -395,6 +398,10 @@ CHECK_AFTER_IDLE_S = 0.5
 
 _returned_at: weakref.WeakKeyDictionary[Conn, float] = weakref.WeakKeyDictionary()
 """When each connection was last handed back (``Database._pooled``)."""
+
+_returning: set[asyncio.Future[None]] = set()
+"""Shielded returns in flight (``Database._pooled``): the event loop keeps only a weak
+reference to a task, so one whose caller was cancelled is held here until it is done."""
 
 
 async def _check_if_idle(conn: Conn) -> None:

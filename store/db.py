@@ -91,8 +91,10 @@ class Database:
 
         A connection that comes back mid-operation or mid-transaction (a cancelled
         statement or commit) is rolled back or closed by the pool on return, which waits
-        on the server: that return runs shielded, so a second cancel of this task cannot
-        strand the connection outside the pool.
+        on the server. That return runs shielded and held (``_returning``): a cancel of
+        this task, arriving during the rollback, would otherwise be caught by the pool,
+        which closes the connection, opens another and swallows the cancel (and arriving
+        as the pool takes the connection back, could lose it).
         """
         conn = await self.pool.getconn()
         try:

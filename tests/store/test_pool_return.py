@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
@@ -55,8 +56,17 @@ async def test_a_statement_returns_its_connection_without_a_pool_task(
         real(task)
 
     monkeypatch.setattr(pool, "run_task", run_task)
+    real_future = asyncio.ensure_future
+
+    def ensure_future(aw: Any, **kwargs: Any) -> Any:
+        tasks.append(getattr(aw, "__qualname__", type(aw).__name__))
+        return real_future(aw, **kwargs)
+
+    # An idle connection goes back inline: no task of its own either (the shielded
+    # return is for a connection handed back mid-transaction).
+    monkeypatch.setattr(asyncio, "ensure_future", ensure_future)
     await _uses(one_connection)
-    assert tasks == [], "a returned connection went through the pool's worker tasks"
+    assert tasks == [], "a returned connection went through a task"
 
 
 @pytest.mark.parametrize(("idle_after_s", "probes"), [(3600.0, 0), (-1.0, 4)])
@@ -78,38 +88,44 @@ async def test_only_a_connection_idle_past_the_threshold_is_probed(
     assert len(sent) == probes
 
 
-async def test_a_cancelled_return_still_puts_the_connection_back(
+async def test_a_cancelled_return_keeps_its_rollback_and_its_connection(
     one_connection: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A connection handed back mid-transaction waits for the pool's rollback; cancelling
-    the task that returns it, twice, must not strand it: with one connection in the pool,
-    the next statement would wait for ever."""
+    """A connection handed back mid-transaction waits for the pool's rollback, in the
+    task that returns it. Cancelling that task must neither cut the rollback short (the
+    pool would close the connection and open another, and swallow the cancel) nor leave
+    the return unowned: the task ends cancelled, the store holds the return until it is
+    done, and the same connection serves the next statement."""
     pool = one_connection.db.pool
-    real = pool._reset_connection
+    real_rollback = psycopg.AsyncConnection.rollback
     rolling_back, release = asyncio.Event(), asyncio.Event()
 
-    async def slow_reset(conn: Any) -> None:
+    async def slow_rollback(conn: psycopg.AsyncConnection[Any]) -> None:
         rolling_back.set()
         await release.wait()
-        await real(conn)
+        await real_rollback(conn)
 
-    monkeypatch.setattr(pool, "_reset_connection", slow_reset)
+    monkeypatch.setattr(psycopg.AsyncConnection, "rollback", slow_rollback)
+    used: list[object] = []
 
     async def left_in_a_transaction() -> None:
         async with one_connection.db._statement() as conn:
+            used.append(conn)
             await conn.execute("BEGIN")
 
     task = asyncio.create_task(left_in_a_transaction())
     await asyncio.wait_for(rolling_back.wait(), 10)
     task.cancel()
-    await asyncio.sleep(0)
-    task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+    assert task.cancelled(), "the cancel was swallowed by the return"
     # Nobody awaits the return any more: the store holds it (the loop's reference to a
     # task is weak), and lets go once it is done.
     assert len(db_module._returning) == 1
     release.set()
     assert await asyncio.wait_for(one_connection.runs.get("pooled"), 10) is not None
-    assert pool.get_stats()["pool_size"] == 1
+    async with one_connection.db._statement() as conn:
+        assert conn is used[0], "the connection was closed and replaced"
+    stats = pool.get_stats()
+    assert stats["pool_size"] == 1 and stats.get("returns_bad", 0) == 0, stats
     assert not db_module._returning

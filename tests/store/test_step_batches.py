@@ -139,19 +139,49 @@ def _batch(ids: list[str]) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("plans_mode", ["force_custom_plan", "force_generic_plan"])
+def _prepared(name: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
+    """``name``'s text with its named placeholders as ``$n`` (for PREPARE), and the
+    values in that order."""
+    order: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match[1] not in order:
+            order.append(match[1])
+        return f"${order.index(match[1]) + 1}"
+
+    text = re.sub(r"%\((\w+)\)s", number, q(name))
+    return text, [params[key] for key in order]
+
+
+async def _explained(conn: psycopg.AsyncConnection[Any], name: str, generic: bool) -> Any:
+    """EXPLAIN ANALYZE of ``name`` on the batch of ``IDS``: with bound parameters (a
+    custom plan: Postgres plans for the values), or as a prepared statement planned
+    under ``force_generic_plan`` (the plan a connection settles on after five calls,
+    made without the values), executed with the same values."""
+    explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
+    if not generic:
+        cur = await conn.execute(explain + q(name), _batch(IDS))
+        return await cur.fetchone()
+    text, values = _prepared(name, _batch(IDS))
+    await conn.execute("SET plan_cache_mode = force_generic_plan")
+    await conn.execute(f"PREPARE step_batch AS {text}")
+    literal = psycopg.AsyncClientCursor(conn)  # EXECUTE's arguments as literals
+    marks = ", ".join(["%s"] * len(values))
+    await literal.execute(f"{explain}EXECUTE step_batch({marks})", values)
+    (row,) = await literal.fetchall()
+    return row
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom plan", "generic plan"])
 @pytest.mark.parametrize("name", ["steps.record", "steps.attempt_start"])
 async def test_a_step_batch_probes_only_its_runs(
-    running_table: str, name: str, plans_mode: str
+    running_table: str, name: str, generic: bool
 ) -> None:
     """The batch's rows read ``runs`` by primary key, however many runs the table and
     the owner hold (one probe per row; fails if the fence's conditions reach the scan)."""
-    explain = f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {q(name)}"
     async with await psycopg.AsyncConnection.connect(running_table, row_factory=dict_row) as conn:
-        await conn.execute(f"SET plan_cache_mode = {plans_mode}")
         async with conn.transaction(force_rollback=True):
-            cur = await conn.execute(explain, _batch(IDS))
-            row = await cur.fetchone()
+            row = await _explained(conn, name, generic)
     assert row is not None
     plan: dict[str, Any] = row["QUERY PLAN"][0]["Plan"]
     scans = _runs_scans(plan)

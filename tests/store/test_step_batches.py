@@ -10,6 +10,7 @@ parameter").
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -21,7 +22,7 @@ from psycopg.types.json import Jsonb
 from runfleet.store import Store
 from runfleet.store.queries import q
 from runfleet.store.steps import StepWrite
-from tests.store.helpers import OWNER_A, make_running
+from tests.store.helpers import OWNER_A, explain_every_statement, make_running
 
 AWKWARD = 'a "quoted" \\ back\\slash, {braces}, NULL, é, ☃, \\u0000-lookalike, \t tab\nline'
 
@@ -139,37 +140,24 @@ def _batch(ids: list[str]) -> dict[str, Any]:
     }
 
 
-def _prepared(name: str, params: dict[str, Any]) -> tuple[str, list[Any]]:
-    """``name``'s text with its named placeholders as ``$n`` (for PREPARE), and the
-    values in that order."""
-    order: list[str] = []
-
-    def number(match: re.Match[str]) -> str:
-        if match[1] not in order:
-            order.append(match[1])
-        return f"${order.index(match[1]) + 1}"
-
-    text = re.sub(r"%\((\w+)\)s", number, q(name))
-    return text, [params[key] for key in order]
-
-
 async def _explained(conn: psycopg.AsyncConnection[Any], name: str, generic: bool) -> Any:
-    """EXPLAIN ANALYZE of ``name`` on the batch of ``IDS``: with bound parameters (a
-    custom plan: Postgres plans for the values), or as a prepared statement planned
-    under ``force_generic_plan`` (the plan a connection settles on after five calls,
-    made without the values), executed with the same values."""
-    explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
-    if not generic:
-        cur = await conn.execute(explain + q(name), _batch(IDS))
-        return await cur.fetchone()
-    text, values = _prepared(name, _batch(IDS))
-    await conn.execute("SET plan_cache_mode = force_generic_plan")
-    await conn.execute(f"PREPARE step_batch AS {text}")
-    literal = psycopg.AsyncClientCursor(conn)  # EXECUTE's arguments as literals
-    marks = ", ".join(["%s"] * len(values))
-    await literal.execute(f"{explain}EXECUTE step_batch({marks})", values)
-    (row,) = await literal.fetchall()
-    return row
+    """The plan ``name`` runs on the batch of ``IDS`` as a worker's connection sends it
+    (a prepared statement), planned for its values (custom) or without them (generic:
+    the plan a connection may keep after five calls), read from auto_explain."""
+    notices: list[str] = []
+    mode = "force_generic_plan" if generic else "force_custom_plan"
+    await explain_every_statement(
+        conn,
+        notices,
+        "auto_explain.log_analyze = on",
+        "auto_explain.log_buffers = on",
+        "auto_explain.log_format = json",
+        f"plan_cache_mode = {mode}",
+        local=True,
+    )
+    await conn.execute(q(name), _batch(IDS), prepare=True)
+    (logged,) = [n for n in notices if "plan:" in n]
+    return json.loads(logged.split("plan:", 1)[1])
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom plan", "generic plan"])
@@ -182,8 +170,7 @@ async def test_a_step_batch_probes_only_its_runs(
     async with await psycopg.AsyncConnection.connect(running_table, row_factory=dict_row) as conn:
         async with conn.transaction(force_rollback=True):
             row = await _explained(conn, name, generic)
-    assert row is not None
-    plan: dict[str, Any] = row["QUERY PLAN"][0]["Plan"]
+    plan: dict[str, Any] = row["Plan"]
     scans = _runs_scans(plan)
     assert scans, f"{name}: no scan of runs in {plan}"
     for scan in scans:

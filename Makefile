@@ -32,7 +32,7 @@ test-fast: $(STAMP)
 # The docs site (mkdocs.yml, docs/): --strict fails on a broken link, a missing page or
 # an API reference that does not resolve; no network (no fonts, no CDN). Into build/site.
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # The dashboard's browser test drives Debian's Chromium headless. As root with apt, install
 # it when missing (`apt-get update` only if the first try fails); otherwise, or if that

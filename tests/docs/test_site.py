@@ -72,7 +72,7 @@ NETWORK_LOADS = [
 def test_the_built_site_loads_nothing_from_the_network(tmp_path: Path) -> None:
     site = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(site)],
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)],
         cwd=ROOT,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
         check=True,
@@ -85,3 +85,34 @@ def test_the_built_site_loads_nothing_from_the_network(tmp_path: Path) -> None:
         for pattern in NETWORK_LOADS:
             found = pattern.search(text)
             assert found is None, f"{page.relative_to(site)} loads {found[0]!r}"
+
+
+def _make_docs_arguments() -> list[str]:
+    """The arguments the Makefile's `docs` target passes to `mkdocs build`."""
+    recipe = re.search(r"^docs:.*\n\t(.*)$", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    assert recipe is not None, "the Makefile has no docs target"
+    command = recipe[1].split()
+    return command[command.index("build") + 1 :]
+
+
+def test_the_docs_build_fails_on_a_broken_link(tmp_path: Path) -> None:
+    """`make docs` (and so `make test`) fails when a page links to a page that is not there.
+
+    The same flags and the same validation settings as the project's, on a one-page site:
+    a flag that hides the warnings `--strict` counts (`--quiet`) makes this fail.
+    """
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "index.md").write_text("# Home\n\nSee [a page](missing.md).\n")
+    site_config = {"site_name": "probe", "validation": config["validation"]}
+    (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(site_config))
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", *_make_docs_arguments(), "-d", "site"],
+        cwd=tmp_path,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert built.returncode != 0, built.stderr
+    assert "missing.md" in built.stderr

@@ -66,7 +66,7 @@ class UnansweredXadds:
 
     An enqueue's wake is a hint (the lost-wake sweep covers one that never arrives) and
     its entry id is never read, so waiting for Redis's reply only kept the caller a round
-    trip longer (docs/producer.md, "The wake without its reply"). Each ``send`` writes its
+    trip longer (docs/explanation/admission-path.md). Each ``send`` writes its
     commands to a connection of this object's own and returns; the replies are read at a
     later ``send`` once they have arrived (or, past ``MAX_UNREAD``, waited for), and at
     ``close`` (which a ``Queue`` does when closed, collected or at interpreter exit). An

@@ -307,7 +307,7 @@ class Streams:
             # entry to a blocked consumer when it arrives, so a reader frozen at that moment
             # (SIGSTOP, a GC pause, a partition) would hold the wake in its pending list
             # until the reclaim (3 x stale_after) while other workers sit idle
-            # (tests/broker/test_idle_read.py; docs/producer.md).
+            # (tests/broker/test_idle_read.py; docs/explanation/admission-path.md).
             rang = await self._redis.xread(
                 dict(zip(streams, tails, strict=True)), count=1, block=block
             )

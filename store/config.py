@@ -45,12 +45,13 @@ class Settings(BaseSettings):
     """The sweeper ANALYZEs each runfleet table whose committed rows at least doubled
     since Postgres last counted them (``runfleet.analyze_grown``): plans cached on a young
     table are made again instead of reading a grown table by sequential scans until
-    autovacuum's next ANALYZE (docs/producer.md, "Plans made on a young table")."""
+    autovacuum's next ANALYZE (docs/explanation/admission-path.md)."""
     idle_peek: bool = False
     """An idle worker claims a run straight from its doorbell's entry (one Redis round trip
-    less per idle start, docs/producer.md). Off by default: every idle worker's doorbell
-    rings, so each claims the run in Postgres (all but one lose: N-1 statements per start
-    in a fleet of N idle workers) and the fastest host takes all idle work."""
+    less per idle start, docs/explanation/admission-path.md). Off by default: every idle
+    worker's doorbell rings, so each claims the run in Postgres (all but one lose: N-1
+    statements per start in a fleet of N idle workers) and the fastest host takes all idle
+    work."""
 
     @property
     def heartbeat_interval_ms(self) -> int:
@@ -153,7 +154,7 @@ class Settings(BaseSettings):
         when its readers reached it (at once for an idle queue, a flushed or deleted stream,
         a refused publish on a caught-up queue): the publish grace, then a sample, its
         witness one claim grace later, the next sample (two of the longest ticks) and the
-        next lost-pending cycle (docs/backlog.md)."""
+        next lost-pending cycle (docs/explanation/backlogs.md)."""
         return (
             self.wake_publish_grace_ms
             + self.wake_claim_grace_ms

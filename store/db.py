@@ -342,7 +342,7 @@ def connection_kwargs(
         # JIT off: runfleet's statements are short index lookups whose estimated cost
         # grows with the table (a 100,000-run backlog, statistics stale after a bulk
         # admission) past jit_above_cost, and then every settle paid a multi-second
-        # compile for a 70 ms statement (docs/backlog.md).
+        # compile for a 70 ms statement (docs/explanation/backlogs.md).
         pairs.append(("jit", "off"))
     options = " ".join(f"-c {name}={value}" for name, value in pairs)
     kwargs: dict[str, Any] = {

@@ -115,7 +115,7 @@ class InlineDatabase(Database):
         thread, and not by a pool ``reset`` callback: a pool with ``reset`` hands every
         returned connection to its worker thread, so the next checkout waited for that
         thread to wake and put the connection back (a thread hop per statement, which the
-        inline face exists to avoid; docs/producer.md, "The pool's return hop").
+        inline face exists to avoid; docs/explanation/admission-path.md).
         """
         with self.blocking_pool.connection() as conn:
             try:

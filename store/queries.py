@@ -10,7 +10,7 @@ server's log); the rest of the documentation stays in the file. The statement a 
 sends for every delivered run (``runs.claim_if_fresh``) was 6.1 KB with its comments, and
 psycopg converts a query's ``%(name)s`` placeholders again at every call once its text
 is longer than 4 KB (its conversion cache's limit): the claim took 139–167 µs of client
-CPU a call, and 79–84 µs compacted (docs/producer.md).
+CPU a call, and 79–84 µs compacted (docs/explanation/admission-path.md).
 """
 
 from __future__ import annotations

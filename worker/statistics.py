@@ -1,5 +1,6 @@
-"""The planner's statistics kept up with a young fleet's tables (docs/producer.md,
-"Plans made on a young table").
+"""The planner's statistics kept up with a young fleet's tables.
+
+See docs/explanation/admission-path.md, "Plans that do not grow with the table".
 
 A worker's connections prepare their statements while ``runs`` is young; Postgres plans a
 table it believes to be one page as a sequential scan and keeps that plan until the

@@ -6,7 +6,7 @@ already carries its admission time on the Postgres clock, and this module turns 
 worker reads of its queues' streams into a per-queue Postgres time, the **wake mark**,
 before which every admission's message has been delivered or destroyed.
 
-The argument (docs/backlog.md gives it with the bound):
+The argument (docs/explanation/backlogs.md gives it with the bound):
 
 1. A sample is (P, W_lane): P = ``runfleet.now_ms()`` read first, then each lane's last
    generated stream id W. An admission committed at Postgres time c publishes its message

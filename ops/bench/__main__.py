@@ -294,7 +294,7 @@ def fleet(
             "--backlog-depths",
             help="Instead of the phases above: drain a standing backlog of each depth "
             "(comma-separated, e.g. 1000,10000,100000) with runfleet, rq and Celery side by "
-            "side; runs/s from 10%% to 100%% done (docs/backlog.md).",
+            "side; runs/s from 10%% to 100%% done (docs/explanation/backlogs.md).",
         ),
     ] = "",
     backlog_systems: Annotated[

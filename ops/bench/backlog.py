@@ -15,8 +15,8 @@ throwaway with ``fsync``, ``synchronous_commit`` and ``full_page_writes`` on, or
 server ``--database-url`` names, as configured; the output says which). Runfleet also
 reports the stream messages it wrote per run (both lanes' ``entries-added``: 1.0 when no
 wake was duplicated), the claims that lost a race, the churn on ``runfleet.runs``
-(updates, HOT updates, dead tuples left; see docs/backlog.md) and what each run cost the
-server (WAL records and bytes, WAL flushes, commits).
+(updates, HOT updates, dead tuples left; see docs/explanation/backlogs.md) and what
+each run cost the server (WAL records and bytes, WAL flushes, commits).
 """
 
 from __future__ import annotations

@@ -171,7 +171,7 @@ async def test_a_sync_enqueue_returns_its_connection_in_the_callers_thread(
 ) -> None:
     """No pool worker takes part in a sync enqueue: a pool with a ``reset`` callback hands
     every returned connection to its worker thread, and the next checkout waited for it
-    (a thread hop per statement, docs/producer.md "The pool's return hop")."""
+    (a thread hop per statement, docs/explanation/admission-path.md)."""
 
     def admit() -> list[str]:
         with traced(settings) as (queue, _wire):

@@ -152,8 +152,8 @@ async def test_a_single_admission_with_a_held_key_probes_its_holder(backlog: str
 async def test_the_batch_admission_is_not_planned_again_per_call(backlog: str) -> None:
     """PL/pgSQL kept a custom plan for each of runfleet.admit's statements, planned again on
     every call (for a one-element array it always looks cheaper than the generic plan),
-    which cost more than executing them (docs/producer.md). With 0022 the plans are the
-    generic ones from the first call: auto_explain prints the function's variable, not
+    which cost more than executing them (docs/explanation/admission-path.md). With 0022 the
+    plans are the generic ones from the first call: auto_explain prints the function's variable, not
     the call's values, in the index condition. (Timing is the bench's; this is the plan.)
     A custom plan would also hash the arrays a generic one searches linearly: 0023 keeps
     the generic plans and tests no membership in an array variable per row
@@ -249,8 +249,8 @@ async def test_a_batch_admission_compares_in_proportion_to_its_size(backlog: str
     In its generic plans an array variable is a parameter, which Postgres searches
     linearly per row (only a constant array is hashed): 0022's records filter
     (``b.id = ANY (v_visible) AND NOT b.id = ANY (v_recorded)``) made a batch of n runs
-    do n * n comparisons, 1 ms a run in a batch of 8,000 (docs/producer.md). Read from
-    the plans, not timed: every plan line that filters or joins by ``= ANY`` would be
+    do n * n comparisons, 1 ms a run in a batch of 8,000 (docs/explanation/admission-path.md).
+    Read from the plans, not timed: every plan line that filters or joins by ``= ANY`` would be
     such a search (an index condition by ``= ANY`` is the index's probes, which stay)."""
     notices: list[str] = []
     async with await psycopg.AsyncConnection.connect(backlog, autocommit=True) as conn:

@@ -5,7 +5,7 @@ psycopg's text format writes a list as an array literal, quoting each element wi
 regular expression: 20 us per jsonb or JSON-text element, ~1.3 ms per array of a 64-run
 batch, a third of a draining worker's CPU with the batch's five arrays of JSON. A binary
 array (``%(name)b``) carries each element as its own bytes, so nothing is quoted and
-nothing can be mis-quoted (docs/backlog.md, "Where a worker's CPU goes").
+nothing can be mis-quoted (docs/explanation/backlogs.md).
 """
 
 from __future__ import annotations

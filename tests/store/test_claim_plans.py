@@ -7,7 +7,7 @@ pending partial index's predicate ("pending, not waiting, not claimed") took tha
 for empty and walked all of it for the one id it wanted: `claim_if_fresh`'s priority
 look-ahead read 100,000 entries (~210 ms a claim at a 100,000-run backlog, a semi join
 driven by a scan of runs_ready_priority_idx) and `claim_and_activate` scanned
-runs_runnable_pending_idx for its id (docs/backlog.md). Every scan of `runs` in these
+runs_runnable_pending_idx for its id (docs/explanation/backlogs.md). Every scan of `runs` in these
 statements must be a bounded index scan: a handful of buffers, never one proportional to
 the pending rows.
 """
@@ -152,8 +152,8 @@ async def test_the_batch_claim_probes_its_rows_whatever_the_backlog(
     planned as a nested loop over a sequential scan of all of ``runs`` (estimated one
     row), joined to the chosen ids row by row: 30,000 rows × 64 ids (1.9 million join
     filter evaluations), ~2 s a claim at a 30,000-run backlog in the drain benchmark
-    (docs/backlog.md). Every scan of ``runs`` must be an index scan of the batch's rows,
-    in the plan a worker's connection runs: psycopg prepares a statement after its fifth
+    (docs/explanation/backlogs.md). Every scan of ``runs`` must be an index scan of the batch's
+    rows, in the plan a worker's connection runs: psycopg prepares a statement after its fifth
     execution and Postgres plans it for the values given (custom) or keeps a generic plan:
     both are forced in turn, and the plan is read from the server's own ``auto_explain``
     output of the statement as the driver sent it.

@@ -2,8 +2,8 @@
 
 Every terminal settlement (``settle_many``, ``transition_owned``) and every cancel asks
 which unsettled runs its lineage reaches through attached edges
-(``runfleet.attached_descendants``, migration 0024; docs/producer.md, "The settlement's
-descendant walk"). Each rule here failed once:
+(``runfleet.attached_descendants``, migration 0024; docs/explanation/admission-path.md).
+Each rule here failed once:
 
 - the recursive step joined ``run_parents`` to ``runs`` as plain joins, which the planner
   drove from a sequential scan of every row of ``runs``: 3 ms a settlement beside 1,500

@@ -5,7 +5,7 @@ A pool with a ``reset`` callback hands every returned connection to one of its w
 tasks (psycopg_pool's ``ReturnConnection``): a queue hop and a task switch per statement,
 and the connection unavailable to the next checkout until that task ran. The stamp the
 idle check reads is taken by ``Database`` itself instead, as the sync face's is
-(docs/producer.md, "The worker's step writes as one jsonb parameter").
+(docs/explanation/admission-path.md).
 """
 
 from __future__ import annotations

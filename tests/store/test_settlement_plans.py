@@ -6,7 +6,7 @@ sequential scan and keeps that plan until the table's statistics change, which
 autovacuum does once a minute at best. In the user's loop, a settlement beside 8,000
 runs then read all of them twice (its row lock's ``id = ANY`` and the parents'
 hand-over, 1.5-2 ms each, growing with the table; auto_explain in the loop,
-docs/producer.md, "Plans made on a young table"). The sweeper now has Postgres ANALYZE
+docs/explanation/admission-path.md). The sweeper now has Postgres ANALYZE
 each runfleet table whose committed rows at least doubled since they were last counted
 (``runfleet.analyze_grown``, migration 0025), and the cached plans are made again. The
 transaction's own counters say what the statements read (no timing).

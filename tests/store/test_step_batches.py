@@ -4,8 +4,7 @@ parameter, carry every text and number through it intact, and probe only their o
 With parallel arrays (13 for a record, 3 for a start) psycopg probed each element of each
 array for its type and quoted it with a regular expression on every call: in a worker's
 CPU profile of the three-step flows loop the record's calls were a fifth of the process,
-most of it that dumping (docs/producer.md, "The worker's step writes as one jsonb
-parameter").
+most of it that dumping (docs/explanation/admission-path.md).
 """
 
 from __future__ import annotations

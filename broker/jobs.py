@@ -62,6 +62,8 @@ def job_status(row: RunRow, deferred: bool = False) -> JobStatus:
             return JobStatus.CANCELED
         if deferred:
             return JobStatus.DEFERRED
+    if row.status is RunStatus.FAILED and row.state.get("canceled"):
+        return JobStatus.CANCELED  # rq's cancel of a failed job (``Job.cancel``)
     if row.status is RunStatus.PENDING:
         waiting = row.waiting
         if (
@@ -456,13 +458,19 @@ class Job:
 
         InvalidJobOperation (rq's) if it is canceled already. ``enqueue_dependents``: its
         dependents no longer wait for it (rq enqueues them: they run as if it completed).
+        A failed job moves to the canceled registry, as rq's does: the run stays failed
+        (terminal is never left) and carries a ``canceled`` marker that rq's reads follow.
         """
         refuse_pipeline(pipeline)
         if self.get_status() is JobStatus.CANCELED:
             raise InvalidJobOperation(f"Cannot cancel already canceled job: {self.id}")
-        outcome = self._queue.cancel(self._current.id, actor=actor)
+        row = self._current
+        if row.status is RunStatus.FAILED:
+            self._queue._rq.mark("canceled", [row.id])
+        outcome = self._queue.cancel(row.id, actor=actor)
         if enqueue_dependents:
-            self._queue._rq.mark("dependents_released", [self._current.id])
+            self._queue._rq.mark("dependents_released", [row.id])
+        self._row = None
         return outcome
 
     def delete(

@@ -425,8 +425,10 @@ class AsyncQueue:
 
     async def queued_ids(self, limit: int = 100_000) -> list[str]:
         """Runs waiting in this queue to be started (rq's ``job_ids``), oldest first."""
-        jobs = Jobs(self.store)
-        return await self.session.available(lambda: jobs.queued_ids(self.name, self.scopes, limit))
+        registries = Registries(self.store)
+        return await self.session.available(
+            lambda: registries.queued(self.name, self.scopes, limit)
+        )
 
     async def failed_ids(self, limit: int = 100_000) -> list[str]:
         """Runs of this queue that failed and were not requeued (rq's failed registry)."""

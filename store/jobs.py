@@ -38,11 +38,6 @@ class Jobs:
         self._store = store
         self._db = store.db
 
-    async def queued_ids(self, queue: str, scopes: Sequence[str], limit: int) -> list[str]:
-        """Pending runs of ``queue`` nobody started yet and not scheduled or deferred."""
-        params = {"queue": queue, "scopes": Jsonb(sorted(scopes)), "limit": limit}
-        return [r["id"] for r in await self._db.all("jobs.queued_ids", params)]
-
     async def failed_ids(self, queue: str, scopes: Sequence[str], limit: int) -> list[str]:
         params = {"queue": queue, "scopes": Jsonb(sorted(scopes)), "limit": limit}
         return [r["id"] for r in await self._db.all("jobs.failed_ids", params)]

@@ -34,7 +34,7 @@ class RegistryKind(StrEnum):
     CANCELED = "canceled"
 
 
-MARKERS = ("deleted", "dependents_released")
+MARKERS = ("deleted", "dependents_released", "canceled")
 
 
 class RegistryEntry(NamedTuple):
@@ -82,8 +82,14 @@ class Registries:
         return found
 
     async def queued(self, queue: str, scopes: Sequence[str], limit: int = 100_000) -> list[str]:
+        """rq's queue contents, oldest first: a dependent only once its dependencies are met."""
         params = {"queue": queue, "scopes": Jsonb(sorted(scopes)), "limit": limit}
-        return [r["rq_id"] for r in await self._db.all("registries.queued", params)]
+        found = []
+        for r in await self._db.all("registries.queued", params):
+            ids = r["depends_on"] if isinstance(r["depends_on"], list) else []
+            if not ids or (await self.dependencies_met(ids, r["allow_failure"])).met:
+                found.append(r["rq_id"])
+        return found
 
     async def queues(self, scopes: Sequence[str]) -> list[str]:
         rows = await self._db.all("registries.queues", {"scopes": Jsonb(sorted(scopes))})
@@ -119,9 +125,10 @@ class Registries:
 
         Met when every dependency completed, or failed with ``allow_failure``, or was
         deleted (rq: a missing dependency is met), or was cancelled with
-        ``cancel(enqueue_dependents=True)``. A cancelled one otherwise, or a failed one
-        without ``allow_failure``, is not met (rq leaves the dependent deferred) and
-        "broken": only a requeue of it can change that.
+        ``cancel(enqueue_dependents=True)`` (met at once, before the cancel settles).
+        A cancelled one otherwise, or a failed one without ``allow_failure``, is not met
+        (rq leaves the dependent deferred) and "broken": only a requeue of it can change
+        that.
         """
         met, broken = True, False
         for run_id in run_ids:
@@ -129,11 +136,11 @@ class Registries:
             if row is None:
                 continue
             status = row.status
+            if row.state.get("dependents_released"):
+                continue  # cancelled (or its cancel requested) with enqueue_dependents
             if status is RunStatus.COMPLETED:
                 continue
-            if status is RunStatus.FAILED and allow_failure:
-                continue
-            if status is RunStatus.CANCELLED and row.state.get("dependents_released"):
+            if status is RunStatus.FAILED and allow_failure and not row.state.get("canceled"):
                 continue
             met = False
             broken = broken or status in (RunStatus.FAILED, RunStatus.CANCELLED)

@@ -2,24 +2,12 @@
 -- failed registry, a job's meta. Scoped reads name only runs whose scopes the
 -- caller's cover (row-level security narrows them again for scoped roles).
 
--- name: queued_ids
--- rq's "jobs in the queue": pending runs nobody has started, not waiting on a timer
--- still in the future or on dependencies, oldest first (rq's FIFO order).
-SELECT r.id FROM runfleet.runs r
- WHERE r.queue = %(queue)s AND r.status = 'pending'
-   AND r.cancel_requested_at_ms IS NULL
-   AND (r.waiting_reason IS NULL
-        OR (r.waiting_reason = 'timer' AND r.waiting_wake_at_ms <= runfleet.now_ms()))
-   AND NOT (r.state ? 'depends_on')  -- rq lists a dependent only once released
-   AND coalesce(r.state->'scopes', '[]'::jsonb) <@ %(scopes)s::jsonb
- ORDER BY r.created_at_ms, r.id
- LIMIT %(limit)s;
-
 -- name: failed_ids
 -- rq's FailedJobRegistry: runs of the queue that settled failed and were not requeued,
 -- oldest failure first.
 SELECT r.id FROM runfleet.runs r
  WHERE r.queue = %(queue)s AND r.status = 'failed' AND NOT (r.state ? 'requeued_as')
+   AND NOT (r.state ? 'canceled')
    AND coalesce(r.state->'scopes', '[]'::jsonb) <@ %(scopes)s::jsonb
  ORDER BY r.updated_at_ms, r.id
  LIMIT %(limit)s;

@@ -24,8 +24,9 @@ SELECT CASE WHEN r.state ? 'requeued_from' THEN r.lineage_id ELSE r.id END AS rq
    AND coalesce(r.state->'scopes', '[]'::jsonb) <@ %(scopes)s::jsonb
    AND CASE %(kind)s
          WHEN 'finished' THEN r.status = 'completed' AND NOT (r.state ? 'handed_off_to')
-         WHEN 'failed' THEN r.status = 'failed'
+         WHEN 'failed' THEN r.status = 'failed' AND NOT (r.state ? 'canceled')
          WHEN 'canceled' THEN r.status = 'cancelled'
+              OR (r.status = 'failed' AND r.state ? 'canceled')
               OR (r.status IN ('pending', 'running', 'suspended')
                   AND r.cancel_requested_at_ms IS NOT NULL)
          WHEN 'scheduled' THEN r.status = 'pending' AND r.cancel_requested_at_ms IS NULL
@@ -41,16 +42,19 @@ SELECT CASE WHEN r.state ? 'requeued_from' THEN r.lineage_id ELSE r.id END AS rq
  LIMIT %(limit)s;
 
 -- name: queued
--- rq's queue contents: pending runs nobody started, not waiting on a future timer or on
--- dependencies, oldest first; their rq ids. (jobs.queued_ids without deleted runs and
--- with a requeued round's lineage id.)
-SELECT CASE WHEN r.state ? 'requeued_from' THEN r.lineage_id ELSE r.id END AS rq_id
+-- rq's queue contents: pending runs nobody started, not waiting on a future timer,
+-- oldest first; their rq ids (a requeued round answers with its lineage's id). A run with
+-- dependencies is a candidate: the caller keeps it once they are met (rq enqueues a
+-- dependent when its last dependency finishes, or is cancelled with enqueue_dependents).
+SELECT CASE WHEN r.state ? 'requeued_from' THEN r.lineage_id ELSE r.id END AS rq_id,
+       r.state->'depends_on' AS depends_on,
+       coalesce((r.state->>'allow_failure')::boolean, false) AS allow_failure
   FROM runfleet.runs r
  WHERE r.queue = %(queue)s AND r.status = 'pending'
    AND r.cancel_requested_at_ms IS NULL
    AND (r.waiting_reason IS NULL
         OR (r.waiting_reason = 'timer' AND r.waiting_wake_at_ms <= runfleet.now_ms()))
-   AND NOT (r.state ? 'depends_on') AND NOT (r.state ? 'deleted')
+   AND NOT (r.state ? 'deleted')
    -- past its deadline (rq's ttl): the deadline sweep cancels it; rq's expired job is gone
    AND coalesce((r.state->>'deadline_ms')::bigint > runfleet.now_ms(), true)
    AND coalesce(r.state->'scopes', '[]'::jsonb) <@ %(scopes)s::jsonb
@@ -68,8 +72,9 @@ SELECT DISTINCT r.queue FROM runfleet.runs r
  ORDER BY r.queue;
 
 -- name: mark
--- rq's delete (``deleted``), Queue.delete (``queue_deleted``) and cancel's
--- enqueue_dependents (``dependents_released``): one marker key in the run's state.
+-- rq's delete (``deleted``), Queue.delete (``queue_deleted``), cancel's
+-- enqueue_dependents (``dependents_released``) and the cancel of a failed job
+-- (``canceled``: the run stays failed, rq reads it canceled): one marker key in its state.
 -- updated_at_ms is left alone: it is a settled run's settlement time (job.ended_at).
 UPDATE runfleet.runs SET state = state || jsonb_build_object(%(key)s::text, true)
  WHERE id = ANY(%(ids)s)

@@ -365,25 +365,12 @@ class Job:
                 pass
         if self._row is None or self._row.status is not RunStatus.COMPLETED:
             self.refresh()  # only a completed run never changes (a failed one may be requeued)
-        row = self._current
-        when = _when(row.updated_at_ms)
-        if row.status is RunStatus.COMPLETED:
-            return Result(self.id, ResultType.SUCCESSFUL, row.result, None, when)
-        if row.status is RunStatus.FAILED:
-            return Result(self.id, ResultType.FAILED, None, self.exc_info, when)
-        if row.status is RunStatus.CANCELLED:
-            return Result(self.id, ResultType.STOPPED, None, None, when)
-        return None
+        return _result_of(self.id, self._current)
 
     @property
     def exc_info(self) -> str | None:
         """The failure's traceback text (rq's ``exc_info``), None unless the run failed."""
-        row = self._current
-        error = row.error
-        if row.status is not RunStatus.FAILED or not isinstance(error, dict):
-            return None
-        text = error.get("traceback") or f"{error.get('type')}: {error.get('message')}"
-        return str(text)
+        return _exc_text(self._current)
 
     # ---- meta --------------------------------------------------------------
 
@@ -653,9 +640,41 @@ class Job:
         return again
 
     def results(self) -> list[Result]:
-        """rq's ``results()``: the results, newest first (one per settled round here)."""
-        latest = self.latest_result()
-        return [] if latest is None else [latest]
+        """rq's ``results()``: one per execution that settled, newest first: a failed run
+        that was requeued keeps its failure beside the round that replaced it."""
+        queue = self._queue._async
+
+        async def rounds() -> list[RunRow]:
+            row = await queue.authorized(self.id)
+            found = [row]
+            while row.status is RunStatus.FAILED and row.requeued_as:
+                row = await queue.authorized(row.requeued_as)
+                found.append(row)
+            return found
+
+        rows: list[RunRow] = self._queue._call(rounds())
+        found = (_result_of(self.id, row) for row in reversed(rows))
+        return [result for result in found if result is not None]
+
+
+def _exc_text(row: RunRow) -> str | None:
+    """A failed run's traceback text (rq's ``exc_info``), None unless it failed."""
+    error = row.error
+    if row.status is not RunStatus.FAILED or not isinstance(error, dict):
+        return None
+    return str(error.get("traceback") or f"{error.get('type')}: {error.get('message')}")
+
+
+def _result_of(job_id: str, row: RunRow) -> Result | None:
+    """rq's ``Result`` of one settled round, None while it is open."""
+    when = _when(row.updated_at_ms)
+    if row.status is RunStatus.COMPLETED:
+        return Result(job_id, ResultType.SUCCESSFUL, row.result, None, when)
+    if row.status is RunStatus.FAILED:
+        return Result(job_id, ResultType.FAILED, None, _exc_text(row), when)
+    if row.status is RunStatus.CANCELLED:
+        return Result(job_id, ResultType.STOPPED, None, None, when)
+    return None
 
 
 def resolve_loaded(name: str) -> Any:

@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 from runfleet.broker.current import current_job
 from runfleet.broker.jobs import JobStatus, job_status
-from runfleet.broker.rq_api import JobTimeoutException
+from runfleet.broker.rq_api import JobTimeoutException, refuse_pipeline
 from runfleet.store.registries import Registries
 from runfleet.worker.context import Context
 from runfleet.worker.durable import Retry
@@ -119,6 +119,13 @@ class CallbackJob:
         from runfleet.store.jobs import Jobs
 
         self._run(lambda: Jobs(store).save_meta(self.id, self.meta))
+
+    def save(self, pipeline: Any = None, include_meta: bool = True) -> None:
+        """rq's ``job.save()`` inside a job: what a job may change of itself is its ``meta``
+        (its arguments and options are the durable admission), so it saves that."""
+        refuse_pipeline(pipeline)
+        if include_meta:
+            self.save_meta()
 
     def dependencies_are_met(self) -> bool:
         store = self._ctx.store if self._ctx is not None else None

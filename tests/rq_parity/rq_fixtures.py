@@ -75,6 +75,24 @@ def modify_self(meta: dict[str, Any]) -> None:
     job.save_meta()
 
 
+def modify_self_and_save(meta: dict[str, Any]) -> str:
+    """rq code that saves its job whole (``save()``, not ``save_meta()``)."""
+    job = rq.get_current_job() or broker.get_current_job()
+    assert job is not None
+    job.meta.update(meta)
+    job.save()
+    return "saved"
+
+
+def fail_once(name: str) -> str:
+    """Fails on its first call for ``name``, then returns ``"second time"``."""
+    marker = _out(f"fail_once:{name}")
+    if not marker.exists():
+        marker.write_text("failed")
+        raise ValueError("first time")
+    return "second time"
+
+
 def save_result(job: Any, connection: Any, result: Any) -> None:
     _out(f"success_callback:{job.id}").write_text(str(result))
 

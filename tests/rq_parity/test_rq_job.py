@@ -293,3 +293,14 @@ def test_job_decorator_delay(rqx: Side) -> None:
     rqx.work(q)
     assert job.return_value() == "Hi there, Ann!"
     assert hello("direct") == "direct"
+
+
+def test_save_inside_a_job_keeps_its_meta(rqx: Side) -> None:
+    """rq code saves its running job with ``save()`` as often as with ``save_meta()``."""
+    queue = rqx.Queue()
+    job = queue.enqueue(fixtures.modify_self_and_save, {"progress": 1})
+    rqx.work(queue)
+    job = rqx.Job.fetch(job.id, connection=rqx.connection)
+    assert job.get_status() == rqx.JobStatus.FINISHED
+    assert job.meta["progress"] == 1
+    assert job.return_value() == "saved"

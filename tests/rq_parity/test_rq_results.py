@@ -93,3 +93,20 @@ def test_job_return_value_result_ttl_infinity(rqx: Side) -> None:
     rqx.work(queue)
     assert job.return_value() == "Hi there, Stranger!"
     assert job in queue.finished_job_registry
+
+
+def test_results_keep_every_execution_of_a_requeued_job(rqx: Side) -> None:
+    """rq's ``job.results()``: one Result per execution, newest first, across a requeue."""
+    queue = rqx.Queue()
+    job = queue.enqueue(fixtures.fail_once, f"results-{rqx.name}-{time.time()}")
+    rqx.work(queue)
+    assert job.get_status() == rqx.JobStatus.FAILED
+    job.requeue()
+    rqx.work(queue)
+    assert job.get_status() == rqx.JobStatus.FINISHED
+
+    results = job.results()
+    assert [r.type for r in results] == [results[0].Type.SUCCESSFUL, results[0].Type.FAILED]
+    assert results[0].return_value == "second time"
+    assert "ValueError" in results[1].exc_string
+    assert job.latest_result().return_value == "second time"

@@ -179,6 +179,18 @@ class Retry:
             f"Retry(max={self.max}, interval={shown!r}, enqueue_at_front={self.enqueue_at_front})"
         )
 
+    @classmethod
+    def get_interval(
+        cls, count: int, intervals: int | float | Sequence[int | float] | None
+    ) -> int | float:
+        """rq's ``Retry.get_interval``: the seconds before retry number ``count`` (from 0):
+        one number as it is, a list's entry at ``count`` (its last past the end), 0 for none."""
+        if isinstance(intervals, int | float):
+            return intervals
+        if not intervals:
+            return 0
+        return list(intervals)[min(len(intervals) - 1, count)]
+
 
 class Callback:
     """rq's ``Callback(func, timeout=)`` for ``on_success`` / ``on_failure``.

@@ -21,7 +21,7 @@ from runfleet.broker.rq_api import InvalidJobOperation, refuse_pipeline
 from runfleet.broker.run import AsyncRun, outcome
 from runfleet.broker.trust import already_loaded
 from runfleet.store.errors import RunNotFound
-from runfleet.store.jobs import Jobs
+from runfleet.store.jobs import Activation, Jobs
 from runfleet.store.registries import Registries
 from runfleet.store.types import CancelOutcome, RunRow, RunStatus, WaitingReason
 
@@ -114,7 +114,24 @@ class Result:
     return_value: Any = None
     exc_string: str | None = None
     created_at: datetime | None = None
+    worker_name: str | None = None
+    """The worker process that settled it (its owner key, ``host:pid:nonce``)."""
     Type: ClassVar[builtins.type[ResultType]] = ResultType
+
+    @classmethod
+    def fetch_latest(cls, job: Job, serializer: Any = None, timeout: float = 0) -> Result | None:
+        """rq's ``Result.fetch_latest(job)``: ``job.latest_result(timeout)``."""
+        return job.latest_result(timeout)
+
+    @classmethod
+    def all(cls, job: Job, serializer: Any = None) -> list[Result]:
+        """rq's ``Result.all(job)``: every execution's result, newest first."""
+        return job.results()
+
+    @classmethod
+    def count(cls, job: Job) -> int:
+        """rq's ``Result.count(job)``: how many executions have settled."""
+        return len(job.results())
 
 
 class JobRead(NamedTuple):
@@ -124,6 +141,8 @@ class JobRead(NamedTuple):
     """The row that answers for the rq id."""
     started_ms: int | None
     """When it first started, or None."""
+    worker: str | None
+    """The worker process that started it last (its owner key), or None."""
     deferred: bool
     """Waiting for its dependencies (rq's deferred registry)."""
 
@@ -144,7 +163,7 @@ async def read_job(queue: AsyncQueue, run_id: str) -> JobRead:
     if row.state.get("deleted") or _expired(row):
         raise RunNotFound(run_id)  # rq's delete() or ttl: the job is gone (the row awaits prune)
     jobs = Jobs(queue.store)
-    started, deferred = None, False
+    activation, deferred = Activation(None, None), False
     if row.depends_on and not row.status.terminal:
         ids = list(row.depends_on)
         registries = Registries(queue.store)
@@ -152,8 +171,8 @@ async def read_job(queue: AsyncQueue, run_id: str) -> JobRead:
         gate = await queue.session.available(lambda: registries.dependencies_met(ids, allow))
         deferred = not gate.met
     if row.status is not RunStatus.PENDING and not deferred:
-        started = await queue.session.available(lambda: jobs.started_at_ms(row.id))
-    return JobRead(row, started, deferred)
+        activation = await queue.session.available(lambda: jobs.activation(row.id))
+    return JobRead(row, activation.started_ms, activation.worker, deferred)
 
 
 async def settled_row(queue: AsyncQueue, run_id: str) -> RunRow | None:
@@ -230,6 +249,7 @@ class Job:
         self.id = job_id
         self._row: RunRow | None = None
         self._started_ms: int | None = None
+        self._worker: str | None = None
         self._deferred = False
         self._meta: dict[str, Any] | None = None
 
@@ -278,6 +298,7 @@ class Job:
         """Re-read the run (rq's ``refresh()``): status, meta and timestamps."""
         read = self._queue._now(lambda q: read_job(q, self.id))
         self._row, self._started_ms, self._deferred = read.row, read.started_ms, read.deferred
+        self._worker = read.worker
         self._meta = self._row.meta
 
     @property
@@ -365,7 +386,14 @@ class Job:
                 pass
         if self._row is None or self._row.status is not RunStatus.COMPLETED:
             self.refresh()  # only a completed run never changes (a failed one may be requeued)
-        return _result_of(self.id, self._current)
+        return _result_of(self.id, self._current, self.worker_name)
+
+    @property
+    def worker_name(self) -> str | None:
+        """rq's ``job.worker_name``: the worker process that runs or ran it (its owner key,
+        ``host:pid:nonce``), None before any worker started it."""
+        owner = self._current.owner
+        return owner.key if owner is not None else self._worker
 
     @property
     def exc_info(self) -> str | None:
@@ -644,17 +672,21 @@ class Job:
         that was requeued keeps its failure beside the round that replaced it."""
         queue = self._queue._async
 
-        async def rounds() -> list[RunRow]:
+        async def rounds() -> list[Result | None]:
+            jobs = Jobs(queue.store)
             row = await queue.authorized(self.id)
-            found = [row]
+            rows = [row]
             while row.status is RunStatus.FAILED and row.requeued_as:
                 row = await queue.authorized(row.requeued_as)
-                found.append(row)
+                rows.append(row)
+            found = []
+            for each in reversed(rows):
+                worker = (await jobs.activation(each.id)).worker
+                found.append(_result_of(self.id, each, worker))
             return found
 
-        rows: list[RunRow] = self._queue._call(rounds())
-        found = (_result_of(self.id, row) for row in reversed(rows))
-        return [result for result in found if result is not None]
+        results: list[Result | None] = self._queue._call(rounds())
+        return [result for result in results if result is not None]
 
 
 def _exc_text(row: RunRow) -> str | None:
@@ -665,15 +697,15 @@ def _exc_text(row: RunRow) -> str | None:
     return str(error.get("traceback") or f"{error.get('type')}: {error.get('message')}")
 
 
-def _result_of(job_id: str, row: RunRow) -> Result | None:
-    """rq's ``Result`` of one settled round, None while it is open."""
+def _result_of(job_id: str, row: RunRow, worker: str | None) -> Result | None:
+    """rq's ``Result`` of one settled round (``worker``: its process), None while open."""
     when = _when(row.updated_at_ms)
     if row.status is RunStatus.COMPLETED:
-        return Result(job_id, ResultType.SUCCESSFUL, row.result, None, when)
+        return Result(job_id, ResultType.SUCCESSFUL, row.result, None, when, worker)
     if row.status is RunStatus.FAILED:
-        return Result(job_id, ResultType.FAILED, None, _exc_text(row), when)
+        return Result(job_id, ResultType.FAILED, None, _exc_text(row), when, worker)
     if row.status is RunStatus.CANCELLED:
-        return Result(job_id, ResultType.STOPPED, None, None, when)
+        return Result(job_id, ResultType.STOPPED, None, None, when, worker)
     return None
 
 

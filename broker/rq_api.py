@@ -89,7 +89,8 @@ class Dependency:
 
 
 class job:
-    """rq's ``@job(queue, connection=..., **enqueue options)``: ``f.delay(*args)`` enqueues.
+    """rq's ``@job(queue, connection=..., **enqueue options)``: ``f.delay(*args)`` (or rq 3's
+    ``f.enqueue(*args)``) enqueues.
 
     ``queue`` is a runfleet ``Queue`` or a queue name (then ``connection`` is a ``Queue``
     whose settings it uses). Calling ``f`` directly still runs it here, as in rq.
@@ -113,6 +114,7 @@ class job:
             return queue.enqueue(f, *args, **self.options, **kwargs)
 
         f.delay = delay  # type: ignore[attr-defined]  # rq's @job adds .delay to the decorated function
+        f.enqueue = delay  # type: ignore[attr-defined]  # rq 3's name for .delay
         return f
 
 

@@ -8,7 +8,7 @@ the queue", "which jobs failed") in rq's terms; ``broker`` is the only caller.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -33,6 +33,14 @@ CARRIED = (
 """rq options a requeued round keeps from the failed one."""
 
 
+
+class Activation(NamedTuple):
+    """``Jobs.activation``'s answer (rq's ``started_at`` and ``worker_name``)."""
+
+    started_ms: int | None
+    worker: str | None
+    """The owner key (``host:pid:nonce``) of the last activation's worker process."""
+
 class Jobs:
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -53,9 +61,12 @@ class Jobs:
         except psycopg.errors.CheckViolation as exc:
             raise (validate.database_refusal(exc) or exc) from exc
 
-    async def started_at_ms(self, run_id: str) -> int | None:
+    async def activation(self, run_id: str) -> Activation:
+        """When the run first started and which worker process started it last."""
         row = await self._db.one("jobs.started_at", {"id": run_id})
-        return None if row is None or row["at_ms"] is None else int(row["at_ms"])
+        if row is None or row["at_ms"] is None:
+            return Activation(None, None)
+        return Activation(int(row["at_ms"]), row["worker"])
 
     async def requeue(self, run_id: str, *, actor: str | None) -> RunRow:
         """Admit the next round of a failed run's lineage with its flow and arguments.

@@ -21,8 +21,11 @@ UPDATE runfleet.runs SET state = jsonb_set(state, '{meta}', %(meta)s::jsonb)
 RETURNING id;
 
 -- name: started_at
--- When the run was first activated (rq's job.started_at), from its journal.
-SELECT min(j.at_ms) AS at_ms FROM runfleet.journal j
+-- When the run was first activated (rq's job.started_at) and the worker process that
+-- activated it last (rq's job.worker_name), from its journal.
+SELECT min(j.at_ms) AS at_ms,
+       (array_agg(j.payload->>'owner' ORDER BY j.seq DESC))[1] AS worker
+  FROM runfleet.journal j
  WHERE j.run_id = %(id)s
    AND j.kind IN ('claimed-and-activated', 'activated', 'stolen-and-activated');
 

@@ -85,6 +85,7 @@ class Side:
     """Called, a queue on this side's connection; otherwise the class (``Queue.all``)."""
     Job: Any
     JobStatus: Any
+    Result: Any
     Retry: Any
     Callback: Any
     Dependency: Any
@@ -145,6 +146,7 @@ def _rq_side(url: str) -> Side:
     import rq.exceptions
     import rq.job
     import rq.registry
+    import rq.results
     from redis import Redis
 
     # redis-py 8 reads with a 5 s socket timeout by default: rq's blocking
@@ -182,6 +184,7 @@ def _rq_side(url: str) -> Side:
         Queue=_QueueClass(rq.Queue, queue),
         Job=rq.job.Job,
         JobStatus=rq.job.JobStatus,
+        Result=rq.results.Result,
         Retry=rq.Retry,
         Callback=rq.Callback,
         Dependency=rq.job.Dependency,
@@ -228,6 +231,7 @@ def _runfleet_side(settings: Settings, opened: list[Any]) -> Side:
         Queue=_QueueClass(runfleet.broker.Queue, queue),
         Job=runfleet.broker.Job,
         JobStatus=runfleet.broker.JobStatus,
+        Result=runfleet.broker.Result,
         Retry=runfleet.broker.Retry,
         Callback=runfleet.broker.Callback,
         Dependency=runfleet.broker.Dependency,

@@ -295,6 +295,15 @@ def test_job_decorator_delay(rqx: Side) -> None:
     assert hello("direct") == "direct"
 
 
+def test_job_decorator_enqueue(rqx: Side) -> None:
+    """rq 3's name for ``.delay``: ``@job(queue)`` adds ``.enqueue`` (rq's test_decorator)."""
+    q = rqx.Queue()
+    wrapped = rqx.job(q, connection=rqx.connection)(fixtures.say_hello)
+    job = wrapped.enqueue("Bo")
+    rqx.work(q)
+    assert job.return_value() == "Hi there, Bo!"
+
+
 def test_save_inside_a_job_keeps_its_meta(rqx: Side) -> None:
     """rq code saves its running job with ``save()`` as often as with ``save_meta()``."""
     queue = rqx.Queue()

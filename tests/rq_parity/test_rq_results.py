@@ -110,3 +110,24 @@ def test_results_keep_every_execution_of_a_requeued_job(rqx: Side) -> None:
     assert results[0].return_value == "second time"
     assert "ValueError" in results[1].exc_string
     assert job.latest_result().return_value == "second time"
+
+
+def test_result_class_reads_and_worker_name(rqx: Side) -> None:
+    """rq's tests/test_results.py (test_getting_results, test_count) with a worker writing
+    the results: ``Result.fetch_latest``, ``Result.all``, ``Result.count``, and the
+    ``worker_name`` of the job and of its result."""
+    queue = rqx.Queue()
+    job = queue.enqueue(fixtures.say_hello)
+    assert rqx.Result.count(job) == 0
+    assert rqx.Result.fetch_latest(job) is None
+    assert not job.worker_name
+    rqx.work(queue)
+
+    job = rqx.Job.fetch(job.id, connection=rqx.connection)
+    latest = rqx.Result.fetch_latest(job)
+    assert latest is not None and latest.type == latest.Type.SUCCESSFUL
+    assert latest.return_value == "Hi there, Stranger!"
+    assert [r.return_value for r in rqx.Result.all(job)] == ["Hi there, Stranger!"]
+    assert rqx.Result.count(job) == 1
+    assert job.worker_name
+    assert latest.worker_name == job.worker_name

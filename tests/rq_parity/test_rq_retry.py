@@ -77,3 +77,14 @@ def test_retry_then_success(rqx: Side, tmp_path: object) -> None:
     rqx.work(queue)
     assert job.get_status() == rqx.JobStatus.FINISHED
     assert job.return_value() == 3
+
+
+def test_get_interval(rqx: Side) -> None:
+    """rq's tests/test_retry.py: ``Retry.get_interval(count, intervals)``."""
+    assert rqx.Retry.get_interval(0, [1, 2, 3]) == 1
+    assert rqx.Retry.get_interval(1, [1, 2, 3]) == 2
+    assert rqx.Retry.get_interval(3, [1, 2, 3]) == 3
+    assert rqx.Retry.get_interval(4, [1, 2, 3]) == 3
+    assert rqx.Retry.get_interval(4, 5) == 5
+    assert rqx.Retry.get_interval(0, []) == 0
+    assert rqx.Retry.get_interval(0, None) == 0

@@ -432,6 +432,18 @@ class Job:
         return self._current.func_name or flow.replace(":", ".")
 
     @property
+    def func(self) -> Any:
+        """rq's ``job.func``: the function, from a module this process has already loaded
+        (a producer imports nothing a row names); None when it is not loaded here."""
+        return resolve_loaded(self._current.flow)
+
+    @property
+    def instance(self) -> None:
+        """rq's ``job.instance`` (the object of a method job): runfleet enqueues functions
+        and flows, never bound methods, so there is none."""
+        return None
+
+    @property
     def args(self) -> tuple[Any, ...]:
         """The positional arguments, a tuple as rq's."""
         payload = self._current.payload
@@ -467,12 +479,19 @@ class Job:
     # ---- changes -----------------------------------------------------------
 
     def cancel(
-        self, *, actor: str | None = None, enqueue_dependents: bool = False, pipeline: Any = None
+        self,
+        *,
+        actor: str | None = None,
+        enqueue_dependents: bool = False,
+        pipeline: Any = None,
+        remove_from_dependencies: bool = False,
     ) -> CancelOutcome:
         """Durably cancel the run (rq's ``cancel``; a running body is interrupted too).
 
         InvalidJobOperation (rq's) if it is canceled already. ``enqueue_dependents``: its
         dependents no longer wait for it (rq enqueues them: they run as if it completed).
+        ``remove_from_dependencies``: its dependencies no longer list it among their
+        ``dependent_ids``.
         A failed job moves to the canceled registry, as rq's does: the run stays failed
         (terminal is never left) and carries a ``canceled`` marker that rq's reads follow.
         """
@@ -485,6 +504,8 @@ class Job:
         outcome = self._queue.cancel(row.id, actor=actor)
         if enqueue_dependents:
             self._queue._rq.mark("dependents_released", [row.id])
+        if remove_from_dependencies:
+            self._queue._rq.mark("removed_from_dependencies", [row.id])
         self._row = None
         return outcome
 

@@ -34,7 +34,7 @@ class RegistryKind(StrEnum):
     CANCELED = "canceled"
 
 
-MARKERS = ("deleted", "dependents_released", "canceled")
+MARKERS = ("deleted", "dependents_released", "canceled", "removed_from_dependencies")
 
 
 class RegistryEntry(NamedTuple):

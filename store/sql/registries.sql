@@ -73,8 +73,9 @@ SELECT DISTINCT r.queue FROM runfleet.runs r
 
 -- name: mark
 -- rq's delete (``deleted``), Queue.delete (``queue_deleted``), cancel's
--- enqueue_dependents (``dependents_released``) and the cancel of a failed job
--- (``canceled``: the run stays failed, rq reads it canceled): one marker key in its state.
+-- enqueue_dependents (``dependents_released``) and remove_from_dependencies
+-- (``removed_from_dependencies``), the cancel of a failed job (``canceled``: the run stays
+-- failed, rq reads it canceled): one marker key in its state.
 -- updated_at_ms is left alone: it is a settled run's settlement time (job.ended_at).
 UPDATE runfleet.runs SET state = state || jsonb_build_object(%(key)s::text, true)
  WHERE id = ANY(%(ids)s)
@@ -86,9 +87,11 @@ UPDATE runfleet.runs SET state = state || '{"queue_deleted": true}'::jsonb
    AND coalesce(state->'scopes', '[]'::jsonb) <@ %(scopes)s::jsonb;
 
 -- name: dependents
--- Runs that name ``id`` in depends_on (rq's job.dependent_ids), oldest first.
+-- Runs that name ``id`` in depends_on (rq's job.dependent_ids), oldest first; not those
+-- deleted or cancelled with remove_from_dependencies.
 SELECT r.id FROM runfleet.runs r
  WHERE r.state->'depends_on' ? %(id)s AND NOT (r.state ? 'deleted')
+   AND NOT (r.state ? 'removed_from_dependencies')
  ORDER BY r.created_at_ms, r.id;
 
 -- name: work_left

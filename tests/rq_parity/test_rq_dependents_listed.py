@@ -57,3 +57,16 @@ def test_cancelling_a_failed_job_cancels_it(rqx: Side) -> None:
     assert job.id in canceled.get_job_ids()
     failed = rqx.registry.FailedJobRegistry(queue=q, connection=rqx.connection)
     assert job.id not in failed.get_job_ids()
+
+
+def test_cancel_remove_from_dependencies(rqx: Side) -> None:
+    """rq's tests/test_job.py: a dependent cancelled with ``remove_from_dependencies`` leaves
+    its dependency's ``dependent_ids``; one cancelled without it stays there."""
+    q = rqx.Queue()
+    dependency = q.enqueue(fixtures.say_hello)
+    kept = q.enqueue(fixtures.say_hello, depends_on=dependency)
+    removed = q.enqueue(fixtures.say_hello, depends_on=dependency)
+    kept.cancel()
+    removed.cancel(remove_from_dependencies=True)
+    dependency.refresh()
+    assert dependency.dependent_ids == [kept.id]

@@ -313,3 +313,13 @@ def test_save_inside_a_job_keeps_its_meta(rqx: Side) -> None:
     assert job.get_status() == rqx.JobStatus.FINISHED
     assert job.meta["progress"] == 1
     assert job.return_value() == "saved"
+
+
+def test_func_and_instance(rqx: Side) -> None:
+    """rq's tests/test_job.py: a fetched job's ``func`` is the function, ``instance`` None."""
+    q = rqx.Queue()
+    job = q.enqueue(fixtures.some_calculation, 3, 4, z=2)
+    job = rqx.Job.fetch(job.id, connection=rqx.connection)
+    assert job.func is fixtures.some_calculation
+    assert job.instance is None
+    assert job.func(*job.args, **job.kwargs) == fixtures.some_calculation(3, 4, z=2)

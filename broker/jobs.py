@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import enum
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -134,6 +135,15 @@ class Result:
         return len(job.results())
 
 
+class CreatedCall(NamedTuple):
+    """What ``Job.create`` holds until ``Queue.enqueue_job`` admits it."""
+
+    func: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    options: dict[str, Any]
+
+
 class JobRead(NamedTuple):
     """``read_job``'s answer."""
 
@@ -250,6 +260,7 @@ class Job:
         self._row: RunRow | None = None
         self._started_ms: int | None = None
         self._worker: str | None = None
+        self._created: CreatedCall | None = None
         self._deferred = False
         self._meta: dict[str, Any] | None = None
 
@@ -281,6 +292,35 @@ class Job:
         """rq's ``Job.fetch``; ``connection`` is a runfleet ``Queue``. NoSuchJobError if absent."""
         job = cls(connection, id)
         job.refresh()
+        return job
+
+    @classmethod
+    def create(
+        cls,
+        func: Any,
+        args: Iterable[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        connection: Queue | None = None,
+        *,
+        id: str | None = None,
+        timeout: Any = None,
+        serializer: Any = None,
+        **options: Any,
+    ) -> Job:
+        """rq's ``Job.create``: a job not yet enqueued; ``queue.enqueue_job(job)`` admits it.
+
+        ``connection`` is a runfleet ``Queue``; ``options`` are enqueue's rq options
+        (``meta``, ``description``, ``depends_on``, ``result_ttl``, ...), ``timeout`` is
+        rq's ``job_timeout``. Nothing is written until it is enqueued.
+        """
+        if connection is None:
+            raise TypeError("Job.create(..., connection=<runfleet Queue>)")
+        options.pop("origin", None)  # rq's: the queue it is enqueued on decides
+        options.pop("status", None)
+        if timeout is not None:
+            options["job_timeout"] = timeout
+        job = cls(connection, id or uuid.uuid4().hex)
+        job._created = CreatedCall(func, tuple(args or ()), dict(kwargs or {}), options)
         return job
 
     @classmethod

@@ -300,6 +300,22 @@ class Queue:
         """rq's ``enqueue_call``: arguments as a tuple and a dict, options as keywords."""
         return self._wrap(self._now(lambda q: q.enqueue_call(func, args, kwargs, **options)))
 
+    def enqueue_job(self, job: Job, pipeline: Any = None, at_front: bool = False) -> Job:
+        """rq's ``enqueue_job``: admit a job made by ``Job.create`` on this queue."""
+        refuse_pipeline(pipeline)
+        created = job._created
+        if created is None:
+            raise InvalidInput("job", f"{job.id} was not made by Job.create or is enqueued already")
+        options = dict(created.options)
+        if at_front:
+            options["at_front"] = True
+        enqueued = self.enqueue_call(
+            created.func, created.args, created.kwargs, job_id=job.id, **options
+        )
+        job._created = None
+        job._row = None
+        return enqueued
+
     def enqueue_at(self, when: datetime, f: Any, *args: Any, **kwargs: Any) -> Job:
         return self._wrap(self._now(lambda q: q.enqueue_at(when, f, *args, **kwargs)))
 

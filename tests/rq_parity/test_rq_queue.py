@@ -420,3 +420,20 @@ def test_enqueue_unique_allows_requeue_after_job_deleted(rqx: Side) -> None:
     job1.delete()
     job2 = queue.enqueue(fixtures.say_hello, job_id="requeue-job", unique=True)
     assert job2.id == "requeue-job"
+
+
+def test_create_then_enqueue_job(rqx: Side) -> None:
+    """rq's tests/test_queue.py (test_enqueue_job): ``Job.create`` then ``enqueue_job``."""
+    q = rqx.Queue()
+    job = rqx.Job.create(
+        fixtures.say_hello, args=("Nick",), connection=rqx.connection, meta={"k": "v"}
+    )
+    assert q.job_ids == []
+    enqueued = q.enqueue_job(job)
+    assert enqueued.id == job.id
+    assert q.job_ids == [job.id]
+    assert enqueued.get_status() == rqx.JobStatus.QUEUED
+    rqx.work(q)
+    fetched = rqx.Job.fetch(job.id, connection=rqx.connection)
+    assert fetched.return_value() == "Hi there, Nick!"
+    assert fetched.meta == {"k": "v"}

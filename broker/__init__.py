@@ -20,6 +20,7 @@ from runfleet.broker.rq_api import (
     cancel_job,
     job,
     requeue_job,
+    send_stop_job_command,
 )
 from runfleet.broker.run import AsyncRun, RunCancelled, RunFailed
 from runfleet.broker.sync import Queue, Run
@@ -66,4 +67,5 @@ __all__ = [
     "get_current_job",
     "job",
     "requeue_job",
+    "send_stop_job_command",
 ]

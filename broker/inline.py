@@ -73,7 +73,12 @@ class InlineJob(Job):
         """Kept on this object (an inline job has no row to write)."""
 
     def cancel(
-        self, *, actor: str | None = None, enqueue_dependents: bool = False, pipeline: Any = None
+        self,
+        *,
+        actor: str | None = None,
+        enqueue_dependents: bool = False,
+        pipeline: Any = None,
+        remove_from_dependencies: bool = False,
     ) -> Any:
         raise InvalidInput("job", "an is_async=False job has already run")
 

@@ -44,6 +44,7 @@ class JobStatus(enum.StrEnum):
     CANCELED = "canceled"
     SCHEDULED = "scheduled"
     DEFERRED = "deferred"
+    STOPPED = "stopped"
 
 
 def job_status(row: RunRow, deferred: bool = False) -> JobStatus:
@@ -58,6 +59,10 @@ def job_status(row: RunRow, deferred: bool = False) -> JobStatus:
     on a wait: it has started) → started; completed → finished; failed → failed;
     cancelled → canceled.
     """
+    if row.state.get("stopped") and (
+        row.status is RunStatus.CANCELLED or row.cancel_requested_at_ms is not None
+    ):
+        return JobStatus.STOPPED  # ``send_stop_job_command``: cancelled while it ran
     if not row.status.terminal:
         if row.cancel_requested_at_ms is not None:
             return JobStatus.CANCELED
@@ -351,8 +356,12 @@ class Job:
     # ---- status ------------------------------------------------------------
 
     def get_status(self, refresh: bool = True) -> JobStatus:
+        """rq's ``get_status``; InvalidJobOperation (rq's) once the job was deleted."""
         if refresh or self._row is None:
-            self.refresh()
+            try:
+                self.refresh()
+            except NoSuchJobError:
+                raise InvalidJobOperation(f"Failed to retrieve status for job: {self.id}") from None
         return job_status(self._current, self._deferred)
 
     @property
@@ -374,6 +383,11 @@ class Job:
     @property
     def is_canceled(self) -> bool:
         return self.get_status() is JobStatus.CANCELED
+
+    @property
+    def is_stopped(self) -> bool:
+        """rq's: stopped while it ran (``send_stop_job_command``)."""
+        return self.get_status() is JobStatus.STOPPED
 
     @property
     def is_scheduled(self) -> bool:

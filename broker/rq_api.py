@@ -125,6 +125,23 @@ def cancel_job(job_id: str, connection: Queue, enqueue_dependents: bool = False)
     Job.fetch(job_id, connection=connection).cancel(enqueue_dependents=enqueue_dependents)
 
 
+def send_stop_job_command(connection: Queue, job_id: str, serializer: Any = None) -> None:
+    """rq's ``send_stop_job_command``: stop a job that is executing now.
+
+    NoSuchJobError for an unknown id, InvalidJobOperation (rq's) unless it is executing.
+    The run is cancelled durably (its worker interrupts the body at once, ``on_stopped``
+    runs) and reads ``stopped``.
+    """
+    from runfleet.broker.jobs import Job, JobStatus
+
+    job = Job.fetch(job_id, connection=connection)
+    if job.get_status() is not JobStatus.STARTED:
+        raise InvalidJobOperation("Job is not currently executing")
+    run_id = job._current.id
+    connection._rq.mark("stopped", [run_id])
+    connection.cancel(run_id, actor="stop-job")
+
+
 def requeue_job(job_id: str, connection: Queue) -> Job:
     """rq's ``requeue_job``."""
     from runfleet.broker.jobs import Job

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
         get_current_job,
         job,
         requeue_job,
+        send_stop_job_command,
     )
     from runfleet.store.config import Settings
     from runfleet.store.errors import DuplicateRun, InvalidInput, RunfleetError, Unavailable
@@ -117,6 +118,7 @@ _WHERE: dict[str, tuple[str, str]] = {
             "get_current_job",
             "job",
             "requeue_job",
+            "send_stop_job_command",
         )
     },
     **{
@@ -197,6 +199,7 @@ __all__ = [
     "get_current_job",
     "job",
     "requeue_job",
+    "send_stop_job_command",
 ]
 
 

@@ -34,7 +34,13 @@ class RegistryKind(StrEnum):
     CANCELED = "canceled"
 
 
-MARKERS = ("deleted", "dependents_released", "canceled", "removed_from_dependencies")
+MARKERS = (
+    "deleted",
+    "dependents_released",
+    "canceled",
+    "removed_from_dependencies",
+    "stopped",
+)
 
 
 class RegistryEntry(NamedTuple):

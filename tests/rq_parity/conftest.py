@@ -4,6 +4,7 @@ can run in the test's thread while the worker executes the runs."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import subprocess
 import sys
@@ -98,10 +99,13 @@ class Side:
     """The ``@job`` decorator."""
     cancel_job: Callable[..., Any]
     requeue_job: Callable[..., Any]
+    send_stop_job_command: Callable[..., Any]
     work: Callable[..., None]
     """Burst-work the queues in this thread until they are drained."""
     work_in_background: Callable[..., Any]
     """Burst-work the queues in the background; ``.join()`` the answer."""
+    work_forking_in_background: Callable[..., Any]
+    """The same with rq's forking ``Worker`` (what ``stop-job`` needs) on rq's side."""
 
 
 class _QueueClass:
@@ -142,6 +146,7 @@ def rq_redis() -> Iterator[str]:
 
 def _rq_side(url: str) -> Side:
     import rq
+    import rq.command
     import rq.decorators
     import rq.exceptions
     import rq.job
@@ -164,11 +169,12 @@ def _rq_side(url: str) -> Side:
     def work(*queues: Any) -> None:
         SimpleWorker(list(queues), connection=conn).work(burst=True)
 
-    def work_in_background(*queues: Any) -> _Process:
+    def work_in_background(*queues: Any, forking: bool = False) -> _Process:
         # rq's worker installs signal handlers: off the main thread it is a process
         rq_bin = Path(sys.executable).with_name("rq")
-        command = [str(rq_bin), "worker", "--burst", "-u", url,
-                   "-w", RQ_WORKER]  # fmt: skip
+        command = [str(rq_bin), "worker", "--burst", "-u", url]
+        if not forking:
+            command += ["-w", RQ_WORKER]
         return _Process(
             subprocess.Popen(
                 [*command, "-P", str(ROOT), *[q.name for q in queues]],
@@ -194,8 +200,10 @@ def _rq_side(url: str) -> Side:
         job=rq.decorators.job,
         cancel_job=rq.cancel_job,
         requeue_job=rq.requeue_job,
+        send_stop_job_command=rq.command.send_stop_job_command,
         work=work,
         work_in_background=work_in_background,
+        work_forking_in_background=functools.partial(work_in_background, forking=True),
     )
 
 
@@ -241,8 +249,10 @@ def _runfleet_side(settings: Settings, opened: list[Any]) -> Side:
         job=runfleet.broker.job,
         cancel_job=runfleet.broker.cancel_job,
         requeue_job=runfleet.broker.requeue_job,
+        send_stop_job_command=runfleet.broker.send_stop_job_command,
         work=work,
         work_in_background=work_in_background,
+        work_forking_in_background=work_in_background,
     )
 
 

@@ -323,3 +323,16 @@ def test_func_and_instance(rqx: Side) -> None:
     assert job.func is fixtures.some_calculation
     assert job.instance is None
     assert job.func(*job.args, **job.kwargs) == fixtures.some_calculation(3, 4, z=2)
+
+
+def test_get_status_of_a_deleted_job(rqx: Side) -> None:
+    """rq's tests/test_job.py (test_get_status_fails_when_job_deleted_from_redis): a deleted
+    job's status cannot be read: InvalidJobOperation; fetching it: NoSuchJobError."""
+    q = rqx.Queue()
+    job = q.enqueue(fixtures.say_hello)
+    job_id = job.id
+    job.delete()
+    with pytest.raises(rqx.exceptions.InvalidJobOperation):
+        job.get_status(refresh=True)
+    with pytest.raises(rqx.exceptions.NoSuchJobError):
+        rqx.Job.fetch(job_id, connection=rqx.connection)

@@ -39,7 +39,13 @@ from runfleet.worker.flows import Flow
 from runfleet.worker.outcomes import Cause, Decision, DriveOutcome
 from runfleet.worker.replay import Interrupted, Replay
 from runfleet.worker.retry import is_transient, with_retry
-from runfleet.worker.rq_compat import call_rq_style, running_job, wants_rq_call
+from runfleet.worker.rq_compat import (
+    asking_retry,
+    call_rq_style,
+    retrying_returned,
+    running_job,
+    wants_rq_call,
+)
 from runfleet.worker.settle import AnnounceFn, Settlement
 from runfleet.worker.step_timeouts import ABANDONED
 from runfleet.worker.sync_context import SyncContext
@@ -285,11 +291,13 @@ class Driver:
         if flow.is_async and flow.takes_context:
             return await flow.fn(ctx, *args, **kwargs)
         if flow.is_async:  # a plain coroutine function: rq's get_current_job() answers
+            call_async = asking_retry(flow.fn)
             with running_job(flow, ctx):
-                return await flow.fn(*args, **kwargs)
+                return await retrying_returned(ctx, lambda: call_async(*args, **kwargs))
         if not flow.takes_context:  # a plain function: rq's get_current_job() answers
+            call = asking_retry(flow.fn)
             with running_job(flow, ctx):
-                return await in_thread(flow.fn, *args, **kwargs)
+                return await retrying_returned(ctx, lambda: in_thread(call, *args, **kwargs))
         return await in_thread(
             flow.fn, SyncContext(ctx, asyncio.get_running_loop()), *args, **kwargs
         )

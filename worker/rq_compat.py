@@ -282,6 +282,61 @@ def _quiet(fn: Any) -> Any:
     return call
 
 
+class MaxRetriesExceeded(Exception):
+    """rq's: a job kept returning ``Retry`` past that ``Retry``'s ``max``: it fails."""
+
+
+_RETRY_ASKED = "__rq_retry__"
+"""The key of what a call that returned ``Retry`` answers (a step records it as JSON)."""
+
+
+def _asking(result: Any) -> Any:
+    """A returned rq ``Retry`` (runfleet's or rq's own: ``max`` and ``intervals``) as a
+    JSON answer the retry loop reads; anything else as it is."""
+    max_retries = getattr(result, "max", None)
+    intervals = getattr(result, "intervals", None)
+    if type(result).__name__ != "Retry" or not isinstance(max_retries, int):
+        return result
+    if not isinstance(intervals, list | tuple):
+        intervals = [0]
+    return {_RETRY_ASKED: {"max": max_retries, "intervals": [float(i) for i in intervals]}}
+
+
+def asking_retry(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` answering a returned ``Retry`` as the retry loop's JSON request."""
+    if inspect.iscoroutinefunction(fn):
+
+        async def call_async(*args: Any, **kwargs: Any) -> Any:
+            return _asking(await fn(*args, **kwargs))
+
+        return call_async
+
+    def call_sync(*args: Any, **kwargs: Any) -> Any:
+        return _asking(fn(*args, **kwargs))
+
+    return call_sync
+
+
+async def retrying_returned(ctx: Context, call: Callable[[], Awaitable[Any]]) -> Any:
+    """rq's job that returns ``Retry(max=, interval=)``: run it again after the interval
+    (a durable sleep) until it returns anything else; once it asked ``max`` times, the run
+    fails with ``MaxRetriesExceeded``."""
+    retries = 0
+    while True:
+        result = await call()
+        asked = result.get(_RETRY_ASKED) if isinstance(result, dict) else None
+        if not isinstance(asked, dict):
+            return result
+        max_retries = int(asked.get("max", 0))
+        if retries >= max_retries:
+            raise MaxRetriesExceeded(f"the job returned Retry(max={max_retries}) once too often")
+        intervals = [float(i) for i in asked.get("intervals") or [0]]
+        interval = intervals[min(retries, len(intervals) - 1)]
+        retries += 1
+        if interval > 0:
+            await ctx.sleep(interval)
+
+
 async def call_rq_style(flow: Flow, ctx: Context) -> Any:
     state = ctx.run.state
     callbacks = state.get("callbacks") or {}
@@ -290,8 +345,11 @@ async def call_rq_style(flow: Flow, ctx: Context) -> Any:
         await await_dependencies(ctx, list(ctx.run.depends_on), bool(state.get("allow_failure")))
     try:
         with running_job(flow, ctx):
-            call = timed(flow.fn, _job_timeout(state))
-            result = await ctx.step("call", call, *ctx.args, retry=rq_retry(state), **ctx.kwargs)
+            call = asking_retry(timed(flow.fn, _job_timeout(state)))
+            retry, args, kwargs = rq_retry(state), ctx.args, ctx.kwargs
+            result = await retrying_returned(
+                ctx, lambda: ctx.step("call", call, *args, retry=retry, **kwargs)
+            )
     except BaseException as exc:
         if not isinstance(exc, Exception) and not ctx.raised_by_user(exc):
             if ctx.interrupted is Cause.CANCELLED and callbacks.get("on_stopped"):

@@ -93,6 +93,18 @@ def fail_once(name: str) -> str:
     return "second time"
 
 
+def returns_retry(name: str, times: int, max_retries: int = 3) -> Any:
+    """Returns ``Retry(max=max_retries)`` on its first ``times`` calls for ``name`` (rq's
+    class on rq's side, runfleet's on runfleet's), then ``"done after N"``."""
+    marker = _out(f"returns_retry:{name}")
+    calls = int(marker.read_text()) + 1 if marker.exists() else 1
+    marker.write_text(str(calls))
+    if calls > times:
+        return f"done after {calls}"
+    on_runfleet = broker.get_current_job() is not None
+    return (broker.Retry if on_runfleet else rq.Retry)(max=max_retries)
+
+
 def save_result(job: Any, connection: Any, result: Any) -> None:
     _out(f"success_callback:{job.id}").write_text(str(result))
 

@@ -88,3 +88,18 @@ def test_get_interval(rqx: Side) -> None:
     assert rqx.Retry.get_interval(4, 5) == 5
     assert rqx.Retry.get_interval(0, []) == 0
     assert rqx.Retry.get_interval(0, None) == 0
+
+
+def test_a_job_returning_retry_runs_again(rqx: Side) -> None:
+    """rq's tests/test_retry.py (a job returns ``Retry``): it runs again until it returns
+    something else; past the Retry's ``max`` it fails."""
+    q = rqx.Queue()
+    job = q.enqueue(fixtures.returns_retry, f"again-{rqx.name}", 2)
+    rqx.work(q)
+    assert job.get_status() == rqx.JobStatus.FINISHED
+    assert job.return_value() == "done after 3"
+
+    exhausted = q.enqueue(fixtures.returns_retry, f"exhausted-{rqx.name}", 10, 1)
+    rqx.work(q)
+    assert exhausted.get_status() == rqx.JobStatus.FAILED
+    assert fixtures.saved(f"returns_retry:exhausted-{rqx.name}") == "2"

@@ -79,6 +79,8 @@ def job_status(row: RunRow, deferred: bool = False) -> JobStatus:
         ):
             return JobStatus.SCHEDULED
         return JobStatus.QUEUED
+    if retry_scheduled(row):
+        return JobStatus.SCHEDULED
     return {
         RunStatus.RUNNING: JobStatus.STARTED,
         RunStatus.SUSPENDED: JobStatus.STARTED,
@@ -138,6 +140,17 @@ class Result:
     def count(cls, job: Job) -> int:
         """rq's ``Result.count(job)``: how many executions have settled."""
         return len(job.results())
+
+
+def retry_scheduled(row: RunRow) -> bool:
+    """A job with rq's ``retry=`` parked on its retry interval (rq: scheduled)."""
+    waiting = row.waiting
+    return (
+        row.status is RunStatus.SUSPENDED
+        and bool(row.state.get("retry"))
+        and waiting is not None
+        and waiting.reason == WaitingReason.TIMER
+    )
 
 
 class CreatedCall(NamedTuple):

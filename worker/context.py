@@ -244,17 +244,21 @@ class Context:
                             "delay_s": round(delay, 3),
                         },
                     )
-                    await self._backoff(key, attempt, delay)
+                    await self._backoff(key, attempt, delay, policy.park_over)
                     continue
                 await self.replay.record(
                     position, key, name, "step", output, compensate=undo, attempt=attempt
                 )
                 return output
 
-    async def _backoff(self, key: str, attempt: int, delay: float) -> None:
+    async def _backoff(
+        self, key: str, attempt: int, delay: float, park_over: float | None
+    ) -> None:
         """Wait before a retry: in-process if short, else park on a durable timer."""
         assert self.replay.settings is not None
-        if delay <= self.replay.settings.park_backoff_over:
+        if park_over is None:
+            park_over = self.replay.settings.park_backoff_over
+        if delay <= park_over:
             await asyncio.sleep(delay)
             return
         clock = f"{key}:retry{attempt}"

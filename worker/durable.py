@@ -74,6 +74,9 @@ class Retry:
     max_backoff: float = 60.0
     retry_on: tuple[type[BaseException], ...] = (Exception,)
     jitter: float = 0.1
+    park_over: float | None = None
+    """A wait longer than this many seconds parks the run on a durable timer (freeing its
+    slot); a shorter one is slept in-process. None: ``RUNFLEET_PARK_BACKOFF_OVER``."""
 
     def should_retry(self, exc: BaseException, attempt: int) -> bool:
         if attempt >= self.attempts:

@@ -61,7 +61,10 @@ def rq_retry(state: dict[str, Any]) -> Retry | None:
     if not isinstance(spec, dict):
         return None
     intervals = tuple(float(i) for i in spec.get("intervals") or [0]) or (0.0,)
-    return IntervalRetry(attempts=int(spec.get("max", 0)) + 1, intervals=intervals, jitter=0.0)
+    # Any interval parks the run on a timer, as rq schedules the retry: it reads
+    # ``scheduled`` and sits in the scheduled registry until then, and frees its slot.
+    attempts = int(spec.get("max", 0)) + 1
+    return IntervalRetry(attempts=attempts, intervals=intervals, jitter=0.0, park_over=0.0)
 
 
 T = TypeVar("T")

@@ -29,11 +29,15 @@ SELECT CASE WHEN r.state ? 'requeued_from' THEN r.lineage_id ELSE r.id END AS rq
               OR (r.status = 'failed' AND r.state ? 'canceled')
               OR (r.status IN ('pending', 'running', 'suspended')
                   AND r.cancel_requested_at_ms IS NOT NULL)
-         WHEN 'scheduled' THEN r.status = 'pending' AND r.cancel_requested_at_ms IS NULL
+         WHEN 'scheduled' THEN r.cancel_requested_at_ms IS NULL AND ((r.status = 'pending'
               AND r.waiting_reason = 'timer' AND r.waiting_wake_at_ms > runfleet.now_ms()
-              AND NOT (r.state ? 'depends_on')
+              AND NOT (r.state ? 'depends_on'))
+              -- rq's retry= parked on its interval (broker.jobs.retry_scheduled)
+              OR (r.status = 'suspended' AND r.waiting_reason = 'timer' AND r.state ? 'retry'))
          WHEN 'started' THEN r.status IN ('running', 'suspended')
               AND r.cancel_requested_at_ms IS NULL
+              AND NOT (r.status = 'suspended' AND r.waiting_reason = 'timer'
+                       AND r.state ? 'retry')
          WHEN 'deferred' THEN r.status IN ('pending', 'running', 'suspended')
               AND r.cancel_requested_at_ms IS NULL AND r.state ? 'depends_on'
          ELSE false

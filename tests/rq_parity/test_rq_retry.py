@@ -6,6 +6,7 @@ import pytest
 
 from tests.rq_parity import rq_fixtures as fixtures
 from tests.rq_parity.conftest import Side
+from tests.support.polling import until_sync
 
 
 def test_retry_class(rqx: Side) -> None:
@@ -103,3 +104,20 @@ def test_a_job_returning_retry_runs_again(rqx: Side) -> None:
     rqx.work(q)
     assert exhausted.get_status() == rqx.JobStatus.FAILED
     assert fixtures.saved(f"returns_retry:exhausted-{rqx.name}") == "2"
+
+
+def test_a_job_waiting_out_its_retry_interval_is_scheduled(rqx: Side) -> None:
+    """rq's tests/test_worker.py (retry with an interval): between a failure and its retry
+    the job reads ``scheduled`` and is in the scheduled registry, not the started one."""
+    q = rqx.Queue()
+    job = q.enqueue(fixtures.div_by_zero, retry=rqx.Retry(max=1, interval=30))
+    worker = rqx.work_in_background(q)
+    until_sync(lambda: job.get_status() == rqx.JobStatus.SCHEDULED, 30, "the retry's schedule")
+    scheduled = rqx.registry.ScheduledJobRegistry(queue=q, connection=rqx.connection)
+    started = rqx.registry.StartedJobRegistry(queue=q, connection=rqx.connection)
+    assert job.id in scheduled.get_job_ids()
+    assert job.id not in started.get_job_ids()
+    assert job.id not in q.job_ids
+    if rqx.name == "runfleet":
+        rqx.cancel_job(job.id, connection=rqx.connection)  # lets the burst worker end
+    worker.join(60)

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from runfleet.broker.names import load_from_path
-from runfleet.broker.rq_api import InvalidJobOperation, refuse_pipeline
+from runfleet.broker.rq_api import DEFAULT_JOB_TIMEOUT, InvalidJobOperation, refuse_pipeline
 from runfleet.broker.run import AsyncRun, outcome
 from runfleet.broker.trust import already_loaded
 from runfleet.store.errors import RunNotFound
@@ -607,9 +607,14 @@ class Job:
 
     @property
     def timeout(self) -> int | float | None:
-        """rq's ``job.timeout`` in seconds as given (``job_timeout=``), else None."""
-        value = self._current.state.get("job_timeout")
-        return value if isinstance(value, int | float) else None
+        """rq's ``job.timeout`` in seconds: as given (``job_timeout=`` or the queue's
+        ``default_timeout``), else rq's ``DEFAULT_JOB_TIMEOUT`` for a plain function (its
+        name is ``module:function``) and None for a flow."""
+        row = self._current
+        value = row.state.get("job_timeout")
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return value
+        return DEFAULT_JOB_TIMEOUT if ":" in row.flow else None
 
     @property
     def result_ttl(self) -> int | None:

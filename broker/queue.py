@@ -107,8 +107,12 @@ class AsyncQueue:
         redis_url: str | None = None,
         scopes: Iterable[str] = (),
         late_binding: bool = False,
+        default_timeout: Any = None,
     ) -> None:
         self.late_binding = late_binding
+        self.default_timeout = default_timeout
+        """rq's ``Queue(default_timeout=)``: the ``job_timeout`` of this queue's plain
+        functions enqueued without one (None: ``DEFAULT_JOB_TIMEOUT``, 180 s)."""
         overrides = {
             k: v for k, v in (("database_url", database_url), ("redis_url", redis_url)) if v
         }
@@ -217,6 +221,10 @@ class AsyncQueue:
             for k, v in spec.options.items()
             if k not in ("at_front", "depends_on", "unique", *QUEUE_OPTIONS)
         }
+        plain = fn is not None and not takes_ctx
+        if plain and self.default_timeout is not None:
+            if options.get("job_timeout") is None and options.get("timeout") is None:
+                options["job_timeout"] = self.default_timeout
         if spec.options.get("unique"):
             if spec.run_id is None:
                 raise InvalidInput("unique", "needs job_id= (rq's rule)")

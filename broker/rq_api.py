@@ -24,6 +24,11 @@ class InvalidJobOperation(RunfleetError):
     not fail."""
 
 
+DEFAULT_JOB_TIMEOUT = 180
+"""rq's default ``job_timeout`` in seconds: a plain function enqueued without one (nor a
+queue ``default_timeout``) fails with ``JobTimeoutException`` past it."""
+
+
 class JobTimeoutException(Exception):
     """rq's ``JobTimeoutException``: a job ran past its ``job_timeout``; the job fails with
     it (in ``exc_info`` and the failed registry), as in rq."""

@@ -42,7 +42,7 @@ from runfleet.broker.registries import (
     ScheduledJobRegistry,
     StartedJobRegistry,
 )
-from runfleet.broker.rq_api import refuse_pipeline
+from runfleet.broker.rq_api import DEFAULT_JOB_TIMEOUT, refuse_pipeline
 from runfleet.broker.rq_queue import RqReads
 from runfleet.broker.run import AsyncRun
 from runfleet.store import inline
@@ -171,6 +171,9 @@ def _shutdown(driver: _Driver, blocking: _Inline) -> None:
 class Queue:
     """Enqueue runs from synchronous code, as with ``rq.Queue``."""
 
+    DEFAULT_TIMEOUT = DEFAULT_JOB_TIMEOUT
+    """rq's ``Queue.DEFAULT_TIMEOUT``: a plain function's job timeout when none is given."""
+
     def __init__(
         self,
         name: str = "default",
@@ -184,6 +187,7 @@ class Queue:
         is_async: bool = True,
         job_class: Any = None,
         serializer: Any = None,
+        default_timeout: Any = None,
     ) -> None:
         """``connection``: another runfleet ``Queue`` whose settings, URLs, scopes and
         late binding this one takes (rq's ``connection=Redis(...)``). ``is_async=False``:
@@ -210,6 +214,7 @@ class Queue:
             redis_url=redis_url,
             scopes=scopes,
             late_binding=late_binding,
+            default_timeout=default_timeout,
         )
         self.name: str = name
         self.is_async = is_async
@@ -218,7 +223,13 @@ class Queue:
         resolved = self._async.settings
 
         def twin() -> AsyncQueue:  # no reference to self: the finalizer owns _inline
-            return AsyncQueue(name, settings=resolved, scopes=scopes, late_binding=late_binding)
+            return AsyncQueue(
+                name,
+                settings=resolved,
+                scopes=scopes,
+                late_binding=late_binding,
+                default_timeout=default_timeout,
+            )
 
         self._inline = _Inline(twin, resolved)
         self._finalizer = weakref.finalize(self, _shutdown, self._driver, self._inline)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
+from runfleet.broker.rq_api import DEFAULT_JOB_TIMEOUT
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.journal_records import ReleaseCause
@@ -44,6 +45,7 @@ from runfleet.worker.rq_compat import (
     call_rq_style,
     retrying_returned,
     running_job,
+    timed,
     wants_rq_call,
 )
 from runfleet.worker.settle import AnnounceFn, Settlement
@@ -291,11 +293,11 @@ class Driver:
         if flow.is_async and flow.takes_context:
             return await flow.fn(ctx, *args, **kwargs)
         if flow.is_async:  # a plain coroutine function: rq's get_current_job() answers
-            call_async = asking_retry(flow.fn)
+            call_async = asking_retry(timed(flow.fn, DEFAULT_JOB_TIMEOUT))
             with running_job(flow, ctx):
                 return await retrying_returned(ctx, lambda: call_async(*args, **kwargs))
         if not flow.takes_context:  # a plain function: rq's get_current_job() answers
-            call = asking_retry(flow.fn)
+            call = asking_retry(timed(flow.fn, DEFAULT_JOB_TIMEOUT))
             with running_job(flow, ctx):
                 return await retrying_returned(ctx, lambda: in_thread(call, *args, **kwargs))
         return await in_thread(

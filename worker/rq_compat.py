@@ -26,9 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import heapq
 import inspect
+import itertools
 import logging
 import threading
+import time
 import traceback
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -37,7 +40,7 @@ from typing import Any, TypeVar
 
 from runfleet.broker.current import current_job
 from runfleet.broker.jobs import JobStatus, job_status
-from runfleet.broker.rq_api import JobTimeoutException, refuse_pipeline
+from runfleet.broker.rq_api import DEFAULT_JOB_TIMEOUT, JobTimeoutException, refuse_pipeline
 from runfleet.store.registries import Registries
 from runfleet.worker.context import Context
 from runfleet.worker.durable import Retry
@@ -170,18 +173,95 @@ def running_job(flow: Flow, ctx: Context) -> Iterator[None]:
 
 def wants_rq_call(flow: Flow, ctx: Context) -> bool:
     state = ctx.run.state
-    options = ("retry", "callbacks", "depends_on")
-    return not flow.takes_context and (
-        any(state.get(k) for k in options) or _job_timeout(state) is not None
-    )
+    options = ("retry", "callbacks", "depends_on", "job_timeout")
+    return not flow.takes_context and any(state.get(k) for k in options)
 
 
-def _job_timeout(state: dict[str, Any]) -> float | None:
-    """rq's ``job_timeout`` of a plain function in seconds (None: none; rq's -1 too)."""
+def job_timeout(state: dict[str, Any]) -> float | None:
+    """rq's ``job_timeout`` of a plain function in seconds: the one it was enqueued with
+    (None for rq's -1: none), else rq's default, ``DEFAULT_JOB_TIMEOUT``."""
     value = state.get("job_timeout")
+    if value is None:
+        return float(DEFAULT_JOB_TIMEOUT)
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         return None
     return float(value)
+
+
+class _Deadline:
+    """One sync call's job timeout, armed in ``Deadlines``."""
+
+    __slots__ = ("done", "thread_id")
+
+    def __init__(self, thread_id: int) -> None:
+        self.thread_id = thread_id
+        self.done = False
+
+
+class Deadlines:
+    """The job timeouts of this process's sync calls, watched by one thread.
+
+    A thread per call (``threading.Timer``) costs more than a no-op job; here arming is a
+    heap push under a lock. At its deadline a call still running gets
+    ``JobTimeoutException`` raised in its thread. Disarmed entries leave the heap when
+    they reach its top, or all at once when they are most of it.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, _Deadline]] = []
+        self._seq = itertools.count()
+        self._disarmed = 0
+        self._thread: threading.Thread | None = None
+
+    def arm(self, seconds: float) -> _Deadline:
+        deadline = _Deadline(threading.get_ident())
+        with self._cond:
+            due = time.monotonic() + seconds
+            heapq.heappush(self._heap, (due, next(self._seq), deadline))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._watch, name="runfleet-job-timeouts", daemon=True
+                )
+                self._thread.start()
+            if self._heap[0][2] is deadline:
+                self._cond.notify()
+        return deadline
+
+    def disarm(self, deadline: _Deadline) -> None:
+        """The call ended: its deadline can no longer fire (under the same lock)."""
+        with self._cond:
+            if deadline.done:
+                return
+            deadline.done = True
+            self._disarmed += 1
+            if self._disarmed > 64 and self._disarmed * 2 > len(self._heap):
+                self._heap = [entry for entry in self._heap if not entry[2].done]
+                heapq.heapify(self._heap)
+                self._disarmed = 0
+
+    def _watch(self) -> None:
+        with self._cond:
+            while True:
+                while self._heap and self._heap[0][2].done:
+                    heapq.heappop(self._heap)
+                    self._disarmed = max(0, self._disarmed - 1)
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                due, _, deadline = self._heap[0]
+                wait = due - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                heapq.heappop(self._heap)
+                deadline.done = True
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(deadline.thread_id), ctypes.py_object(JobTimeoutException)
+                )
+
+
+DEADLINES = Deadlines()
 
 
 def timed(fn: Callable[..., Any], seconds: float | None) -> Callable[..., Any]:
@@ -199,35 +279,21 @@ def timed(fn: Callable[..., Any], seconds: float | None) -> Callable[..., Any]:
 
         async def run_async(*args: Any, **kwargs: Any) -> Any:
             try:
-                return await asyncio.wait_for(fn(*args, **kwargs), seconds)
+                async with asyncio.timeout(seconds):
+                    return await fn(*args, **kwargs)
             except TimeoutError:
                 raise _timeout_error(seconds) from None
 
         return run_async
 
     def run_sync(*args: Any, **kwargs: Any) -> Any:
-        thread_id = threading.get_ident()
-        state = {"done": False}
-        lock = threading.Lock()
-
-        def expire() -> None:
-            with lock:
-                if not state["done"]:
-                    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                        ctypes.c_ulong(thread_id), ctypes.py_object(JobTimeoutException)
-                    )
-
-        timer = threading.Timer(seconds, expire)
-        timer.daemon = True
-        timer.start()
+        deadline = DEADLINES.arm(seconds)
         try:
             return fn(*args, **kwargs)
         except JobTimeoutException:
             raise _timeout_error(seconds) from None
         finally:
-            with lock:
-                state["done"] = True
-            timer.cancel()
+            DEADLINES.disarm(deadline)
 
     return run_sync
 
@@ -348,7 +414,7 @@ async def call_rq_style(flow: Flow, ctx: Context) -> Any:
         await await_dependencies(ctx, list(ctx.run.depends_on), bool(state.get("allow_failure")))
     try:
         with running_job(flow, ctx):
-            call = asking_retry(timed(flow.fn, _job_timeout(state)))
+            call = asking_retry(timed(flow.fn, job_timeout(state)))
             retry, args, kwargs = rq_retry(state), ctx.args, ctx.kwargs
             result = await retrying_returned(
                 ctx, lambda: ctx.step("call", call, *args, retry=retry, **kwargs)

@@ -11,7 +11,8 @@ import pytest
 from runfleet.broker import Job, JobStatus, Queue
 from runfleet.store.config import Settings
 from tests.rq_parity import jobs
-from tests.rq_parity.conftest import ThreadWorker
+from tests.rq_parity import rq_fixtures as fixtures
+from tests.rq_parity.conftest import Side, ThreadWorker
 from tests.support.polling import until_sync
 
 
@@ -117,3 +118,21 @@ def test_rq_options_are_options_not_arguments(q: Queue) -> None:
     with pytest.raises(Exception, match="repeat"):
         q.enqueue(jobs.echo, repeat=5)
     assert q.enqueue(jobs.echo, ttl=5).ttl == 5
+
+
+def test_the_default_job_timeout_is_enforced_without_rq_options(
+    rf: Side, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain function enqueued with no option at all runs on the worker's plain path;
+    rq's default job timeout (``DEFAULT_JOB_TIMEOUT``, shortened here) still applies there,
+    and the jobs that end in time are unaffected."""
+    from runfleet.worker import driver
+
+    monkeypatch.setattr(driver, "DEFAULT_JOB_TIMEOUT", 1)
+    q = rf.Queue()
+    slow = q.enqueue(fixtures.long_running_job, 4)
+    quick = q.enqueue(fixtures.say_hello)
+    rf.work(q)
+    assert slow.get_status() == rf.JobStatus.FAILED
+    assert "JobTimeoutException" in (slow.exc_info or "")
+    assert quick.return_value() == "Hi there, Stranger!"

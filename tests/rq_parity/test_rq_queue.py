@@ -437,3 +437,17 @@ def test_create_then_enqueue_job(rqx: Side) -> None:
     fetched = rqx.Job.fetch(job.id, connection=rqx.connection)
     assert fetched.return_value() == "Hi there, Nick!"
     assert fetched.meta == {"k": "v"}
+
+
+def test_default_timeout(rqx: Side) -> None:
+    """rq's tests/test_queue.py: a job's timeout is the queue's ``default_timeout``, else
+    ``Queue.DEFAULT_TIMEOUT`` (180 s); past it the job fails with JobTimeoutException."""
+    assert rqx.Queue.DEFAULT_TIMEOUT == 180
+    assert rqx.Queue().enqueue(fixtures.say_hello).timeout == 180
+    q = rqx.Queue("short", default_timeout=1)
+    assert q.enqueue(fixtures.say_hello, job_timeout=30).timeout == 30
+    job = q.enqueue(fixtures.long_running_job, 4)
+    assert job.timeout == 1
+    rqx.work(q)
+    assert job.get_status() == rqx.JobStatus.FAILED
+    assert "JobTimeoutException" in (job.exc_info or "")

@@ -105,6 +105,17 @@ def returns_retry(name: str, times: int, max_retries: int = 3) -> Any:
     return (broker.Retry if on_runfleet else rq.Retry)(max=max_retries)
 
 
+def modify_self_and_error(meta: dict[str, Any]) -> None:
+    """rq's fixture: saves meta in the job, then fails."""
+    modify_self(meta)
+    raise ValueError("modified myself, then failed")
+
+
+def create_file(name: str) -> None:
+    """rq's fixture: evidence that the job ran."""
+    _out(f"created:{name}").write_text("ran")
+
+
 def save_result(job: Any, connection: Any, result: Any) -> None:
     _out(f"success_callback:{job.id}").write_text(str(result))
 

@@ -1,0 +1,109 @@
+"""rq's tests/test_worker.py, the cases a producer's code observes, ported: each test runs
+on real rq and on runfleet (``rqx``). Only the import, the connection and the worker
+differ; rq's ``job.result`` property is read as ``return_value()`` (rq's own spelling of
+that value; runfleet's ``job.result`` is the waiting call)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from tests.rq_parity import rq_fixtures as fixtures
+from tests.rq_parity.conftest import Side
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+
+
+def test_job_times(rqx: Side) -> None:
+    q = rqx.Queue("foo")
+    before = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
+    job = q.enqueue(fixtures.say_hello)
+    assert job.enqueued_at is not None
+    assert job.started_at is None
+    assert job.ended_at is None
+    rqx.work(q)
+    assert job.return_value() == "Hi there, Stranger!"
+    after = datetime.now(UTC) + timedelta(seconds=1)
+    job.refresh()
+    assert before <= _utc(job.enqueued_at) <= after
+    assert before <= _utc(job.started_at) <= after
+    assert before <= _utc(job.ended_at) <= after
+    assert _utc(job.started_at) <= _utc(job.ended_at)
+
+
+def test_worker_sets_job_status(rqx: Side) -> None:
+    q = rqx.Queue()
+    job = q.enqueue(fixtures.say_hello)
+    assert job.get_status() == rqx.JobStatus.QUEUED
+    assert job.is_queued and not job.is_finished and not job.is_failed
+    rqx.work(q)
+    job = rqx.Job.fetch(job.id, connection=rqx.connection)
+    assert job.get_status() == rqx.JobStatus.FINISHED
+    assert not job.is_queued and job.is_finished and not job.is_failed
+
+    job = q.enqueue(fixtures.div_by_zero, args=(1,))
+    rqx.work(q)
+    job = rqx.Job.fetch(job.id, connection=rqx.connection)
+    assert job.get_status() == rqx.JobStatus.FAILED
+    assert not job.is_queued and not job.is_finished and job.is_failed
+
+
+def test_work_fails(rqx: Side) -> None:
+    q = rqx.Queue()
+    assert q.count == 0
+    job = q.enqueue(fixtures.div_by_zero)
+    assert q.count == 1
+    enqueued_at = job.enqueued_at
+    rqx.work(q)
+    assert q.count == 0
+    failed = rqx.registry.FailedJobRegistry(queue=q, connection=rqx.connection)
+    assert job in failed
+    job = rqx.Job.fetch(job.id, connection=rqx.connection)
+    assert job.origin == q.name
+    assert _utc(job.enqueued_at).timestamp() == _utc(enqueued_at).timestamp()
+    result = job.latest_result()
+    assert result.exc_string
+    assert result.type == result.Type.FAILED
+    assert result.worker_name
+
+
+def test_self_modification_persistence_with_error(rqx: Side) -> None:
+    q = rqx.Queue()
+    job = q.enqueue(
+        fixtures.modify_self_and_error,
+        meta={"foo": "bar", "baz": 42},
+        args=[{"baz": 10, "newinfo": "waka"}],
+    )
+    rqx.work(q)
+    assert q.count == 0
+    assert job in rqx.registry.FailedJobRegistry(queue=q, connection=rqx.connection)
+    checked = rqx.Job.fetch(job.id, connection=rqx.connection)
+    assert checked.meta["foo"] == "bar"
+    assert checked.meta["baz"] == 10
+    assert checked.meta["newinfo"] == "waka"
+
+
+def test_cancel_dependent_job(rqx: Side) -> None:
+    q = rqx.Queue("low")
+    parent = q.enqueue(fixtures.long_running_job, 1, job_id="parent_job")
+    job = q.enqueue(fixtures.say_hello, depends_on=parent, job_id="job1")
+    job2 = q.enqueue(fixtures.say_hello, depends_on=job, job_id="job2")
+    job.cancel()
+    rqx.work(q)
+    assert job.is_canceled
+    assert parent.return_value() is not None
+    assert job.get_status() == rqx.JobStatus.CANCELED
+    assert job.return_value() is None
+    assert job2.return_value() is None
+    assert job2.get_status() == rqx.JobStatus.DEFERRED
+    assert q.count == 0
+
+
+def test_deleted_jobs_arent_executed(rqx: Side) -> None:
+    q = rqx.Queue()
+    job = q.enqueue(fixtures.create_file, "deleted")
+    job.delete()
+    rqx.work(q)
+    assert q.count == 0
+    assert fixtures.saved("created:deleted") is None

@@ -25,11 +25,11 @@ def test_job_times(rqx: Side) -> None:
     rqx.work(q)
     assert job.return_value() == "Hi there, Stranger!"
     after = datetime.now(UTC) + timedelta(seconds=1)
-    job.refresh()
-    assert before <= _utc(job.enqueued_at) <= after
-    assert before <= _utc(job.started_at) <= after
-    assert before <= _utc(job.ended_at) <= after
-    assert _utc(job.started_at) <= _utc(job.ended_at)
+    done = rqx.Job.fetch(job.id, connection=rqx.connection)
+    assert before <= _utc(done.enqueued_at) <= after
+    assert before <= _utc(done.started_at) <= after
+    assert before <= _utc(done.ended_at) <= after
+    assert _utc(done.started_at) <= _utc(done.ended_at)
 
 
 def test_worker_sets_job_status(rqx: Side) -> None:

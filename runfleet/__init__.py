@@ -62,7 +62,13 @@ if TYPE_CHECKING:
         requeue_job,
     )
     from runfleet.store.config import Settings
-    from runfleet.store.errors import DuplicateRun, InvalidInput, RunfleetError, Unavailable
+    from runfleet.store.errors import (
+        DuplicateRun,
+        InvalidInput,
+        NotImportable,
+        RunfleetError,
+        Unavailable,
+    )
     from runfleet.worker import (
         ChildFailed,
         Context,
@@ -140,6 +146,7 @@ _WHERE: dict[str, tuple[str, str]] = {
     "Settings": ("runfleet.store.config", "Settings"),
     "DuplicateRun": ("runfleet.store.errors", "DuplicateRun"),
     "InvalidInput": ("runfleet.store.errors", "InvalidInput"),
+    "NotImportable": ("runfleet.store.errors", "NotImportable"),
     "RunfleetError": ("runfleet.store.errors", "RunfleetError"),
     "Unavailable": ("runfleet.store.errors", "Unavailable"),
 }
@@ -175,6 +182,7 @@ __all__ = [
     "JobTimeoutException",
     "NoSuchJobError",
     "NonDeterminism",
+    "NotImportable",
     "Queue",
     "Result",
     "Retry",

@@ -10,10 +10,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from runfleet.broker.names import importable_name, load_from_path
+from runfleet.broker.names import (
+    importable_name,
+    load_from_path,
+    main_module_name,
+    qualified_name,
+)
 from runfleet.broker.trust import already_loaded
 from runfleet.store import validate
-from runfleet.store.errors import InvalidInput, UnknownFlow
+from runfleet.store.errors import InvalidInput, NotImportable, UnknownFlow
 from runfleet.store.types import OnDuplicate
 
 
@@ -30,13 +35,17 @@ class FlowTarget(NamedTuple):
     """Whether it is a ``@flow`` (its body takes ``ctx``), not a plain function."""
 
 
-def flow_target(target: Any) -> FlowTarget:
+def flow_target(target: Any, *, elsewhere: bool = True) -> FlowTarget:
     """The flow name, its declared queue, the function to check arguments against, and
     whether it takes ``ctx``.
 
     Accepts a ``@flow`` object (recognised by its ``runfleet_flow`` attribute, so
     the broker never imports the worker), a plain function (rq-style implicit
-    single-step flow) or a ``"module:function"`` name (late binding).
+    single-step flow) or a ``"module:function"`` name (late binding). A plain function
+    a worker could not import by its name is refused with ``NotImportable`` (a lambda,
+    a nested function, one of the producer's ``__main__``), unless ``elsewhere`` is
+    False: it runs in this very process (rq's ``is_async=False``). A function of a
+    ``__main__`` run as ``python -m pkg.mod`` is named by that module.
     """
     declared = getattr(target, "runfleet_flow", None)
     if declared is not None:
@@ -48,7 +57,14 @@ def flow_target(target: Any) -> FlowTarget:
     if callable(target) and hasattr(target, "__module__") and hasattr(target, "__qualname__"):
         name = importable_name(target)
         if name is None:
-            raise InvalidInput("flow", f"{target.__qualname__} is not importable by a worker")
+            lambda_ = getattr(target, "__name__", None) == "<lambda>"
+            why = "is a lambda" if lambda_ else "is defined inside another function"
+            raise NotImportable(qualified_name(target), why)
+        if elsewhere and target.__module__ == "__main__":
+            main = main_module_name()
+            if main is None:
+                raise NotImportable(name, "is defined in __main__, the script being run")
+            name = f"{main}:{target.__qualname__}"
         return FlowTarget(name, None, target, False)
     raise InvalidInput(
         "flow", f"cannot enqueue {reprlib.repr(target)}: pass a flow, a function or 'mod:fn'"
@@ -274,7 +290,7 @@ def callback_name(field: str, fn: Any) -> str | None:
     if not inspect.isfunction(fn) and getattr(fn, "runfleet_flow", None) is None:
         # rq: "Callback `func` must be a function or builtin" (a bound method is neither)
         raise InvalidInput(field, f"{reprlib.repr(fn)} is not a function")
-    name = flow_target(fn).name
+    name = flow_target(fn, elsewhere=False).name  # a callback keeps the name it had
     if getattr(fn, "runfleet_flow", None) is not None:
         raise InvalidInput(field, "a callback is a plain function, not a flow")
     return name

@@ -12,6 +12,7 @@ modules (``worker.flows``).
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -32,6 +33,16 @@ def importable_name(target: object) -> str | None:
     if "<locals>" in qualname or qualname == "<lambda>":
         return None
     return f"{module}:{qualname}"
+
+
+def main_module_name() -> str | None:
+    """The name ``__main__`` can be imported by in another process: its module's when it
+    was run as ``python -m pkg.mod`` (``__spec__``), None for a script, a REPL or a
+    notebook (nothing else could import those)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    name = getattr(spec, "name", None)
+    return name if isinstance(name, str) and name and name != "__main__" else None
 
 
 def load_from_path(name: str, load: Callable[[str], ModuleType | None]) -> Any | None:

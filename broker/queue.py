@@ -198,10 +198,13 @@ class AsyncQueue:
 
     # ---- admission -----------------------------------------------------------
 
-    async def _new_run(self, spec: EnqueueSpec, delay_until_ms: int | None = None) -> NewRun:
+    async def _new_run(
+        self, spec: EnqueueSpec, delay_until_ms: int | None = None, *, inline: bool = False
+    ) -> NewRun:
+        """``inline``: rq's ``is_async=False``, run in this process (any function will do)."""
         if spec.run_id is not None:
             producer_run_id(spec.run_id)  # never an id in the derived namespace
-        target = flow_target(spec.target)
+        target = flow_target(spec.target, elsewhere=not inline)
         name, fn, takes_ctx = target.name, target.fn, target.takes_ctx
         args, kwargs = list(spec.args), dict(spec.kwargs)
         check_signature(fn, takes_ctx, args, kwargs)

@@ -53,5 +53,5 @@ class RqReads:
     def run_inline(self, spec: EnqueueSpec) -> InlineJob:
         from runfleet.broker.inline import run_inline
 
-        new = self._queue._call(self._queue._async._new_run(spec))
+        new = self._queue._call(self._queue._async._new_run(spec, inline=True))
         return run_inline(self._queue, new)

@@ -277,6 +277,7 @@ StuckKind = Literal[
     "reactivated-often",
     "timer-not-fired",
     "quarantined",
+    "no-worker-can-run",
     "pending-too-long",
 ]
 

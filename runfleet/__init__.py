@@ -63,7 +63,13 @@ if TYPE_CHECKING:
         send_stop_job_command,
     )
     from runfleet.store.config import Settings
-    from runfleet.store.errors import DuplicateRun, InvalidInput, RunfleetError, Unavailable
+    from runfleet.store.errors import (
+        DuplicateRun,
+        InvalidInput,
+        NotImportable,
+        RunfleetError,
+        Unavailable,
+    )
     from runfleet.worker import (
         ChildFailed,
         Context,
@@ -142,6 +148,7 @@ _WHERE: dict[str, tuple[str, str]] = {
     "Settings": ("runfleet.store.config", "Settings"),
     "DuplicateRun": ("runfleet.store.errors", "DuplicateRun"),
     "InvalidInput": ("runfleet.store.errors", "InvalidInput"),
+    "NotImportable": ("runfleet.store.errors", "NotImportable"),
     "RunfleetError": ("runfleet.store.errors", "RunfleetError"),
     "Unavailable": ("runfleet.store.errors", "Unavailable"),
 }
@@ -177,6 +184,7 @@ __all__ = [
     "JobTimeoutException",
     "NoSuchJobError",
     "NonDeterminism",
+    "NotImportable",
     "Queue",
     "Result",
     "Retry",

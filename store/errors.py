@@ -16,6 +16,22 @@ class InvalidInput(RunfleetError, ValueError):
         self.problem = problem
 
 
+class NotImportable(InvalidInput):
+    """A function no worker could import by its name was enqueued; nothing was written.
+
+    A lambda, a function defined inside another (``<locals>``), or one defined in the
+    producer's ``__main__`` (the script being run: a worker's ``__main__`` is another
+    program). ``function`` is its ``module:qualname``."""
+
+    def __init__(self, function: str, why: str) -> None:
+        super().__init__(
+            "flow",
+            f"{function} {why}: no worker could import it; move it into an importable "
+            "module (tasks.py, app/tasks.py) and enqueue it from there",
+        )
+        self.function = function
+
+
 class RunNotFound(RunfleetError):
     """No run with this id is visible to the caller: never admitted, deleted by retention,
     or hidden by row security (an invisible run and an unused id are told apart nowhere).

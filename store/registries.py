@@ -10,7 +10,7 @@ and ``work_left`` for ``runfleet worker --burst``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -152,11 +152,14 @@ class Registries:
             broken = broken or status in (RunStatus.FAILED, RunStatus.CANCELLED)
         return DependencyGate(met, broken)
 
-    async def work_left(self, queues: Sequence[str], horizon_ms: int) -> bool:
-        """Whether a burst worker of ``queues`` has anything left to run."""
-        params = {"queues": list(queues), "horizon_ms": horizon_ms}
+    async def work_left(
+        self, queues: Sequence[str], horizon_ms: int, excluding: Sequence[str] = ()
+    ) -> AsyncIterator[str]:
+        """The runs (at most 200) a burst worker of ``queues`` may still have to run, but
+        ``excluding``; one at a time, as the caller decides from the first which it can
+        execute (a dependent's dependencies are read only when it gets that far)."""
+        params = {"queues": list(queues), "horizon_ms": horizon_ms, "excluding": list(excluding)}
         for r in await self._db.all("registries.work_left", params):
             ids = r["depends_on"] if isinstance(r["depends_on"], list) else []
             if not ids or (await self.dependencies_met(ids, r["allow_failure"])).met:
-                return True
-        return False
+                yield r["id"]

@@ -4,6 +4,9 @@ explain`` names the live workers that carry a waiting run's version or instance)
 
 Two info fields, each a compact JSON object keyed by flow name (absent when empty):
 ``versions`` (``{flow: [version, *compatible]}``) and ``instances`` (``{flow: [name...]}``).
+Two more, each a JSON list: ``flows`` (the registered flow names) and ``imports`` (the
+modules and ``--allow-import`` prefixes whose plain functions it may run), so ``runfleet
+stuck`` can name a pending run no live worker of its queue could run (``can_run``).
 They are computed once, when the worker starts (flows and instances are made at import
 of its ``--flows`` modules), and bounded: past ``LIMIT`` characters the rest is left out
 (``truncated`` says so), so a key stays far below ``MAX_VALUE_BYTES``.
@@ -15,7 +18,7 @@ import json
 
 from runfleet.broker.liveness_keys import InfoValue
 from runfleet.worker import instances
-from runfleet.worker.flows import registered
+from runfleet.worker.flows import flow_modules, import_prefixes, registered
 
 LIMIT = 4096
 """The characters each field may take."""
@@ -48,7 +51,42 @@ def advertised() -> dict[str, InfoValue]:
             out[field] = text
         if cut:
             out["truncated"] = True
+    imports = sorted({*flow_modules(), *import_prefixes()})
+    for field, names in (("flows", sorted(registered())), ("imports", imports)):
+        listed = json.dumps(names, separators=(",", ":"))
+        if len(listed) > LIMIT:
+            out["truncated"] = True  # a partial list would name runs nobody could run
+            continue
+        out[field] = listed
     return out
+
+
+def can_run(info: dict[str, InfoValue], flow: str) -> bool | None:
+    """Whether a worker that advertised ``info`` may run ``flow``: a flow it registered,
+    or a ``module:function`` of a module it may import. None: it did not say (an older
+    worker, a truncated or garbled list). A flow name it has may still be refused for a
+    version or an instance (``explain`` tells those); a module may still fail to import
+    (its ``flow.import_failed`` line)."""
+    if info.get("truncated"):
+        return None
+    flows, imports = _names(info, "flows"), _names(info, "imports")
+    if flows is None or imports is None:
+        return None
+    if flow in flows:
+        return True
+    module = flow.partition(":")[0] if ":" in flow else None
+    return module is not None and any(module == p or module.startswith(p + ".") for p in imports)
+
+
+def _names(info: dict[str, InfoValue], field: str) -> list[str] | None:
+    raw = info.get(field)
+    if not isinstance(raw, str):
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return [str(x) for x in value] if isinstance(value, list) else None
 
 
 def read(info: dict[str, InfoValue], field: str) -> dict[str, list[str]] | None:

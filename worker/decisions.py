@@ -48,6 +48,7 @@ from runfleet.worker.flows import Flow, resolve, runnable
 from runfleet.worker.instances import for_run
 from runfleet.worker.outcomes import Decision, DriveOutcome
 from runfleet.worker.takeover import Takeover
+from runfleet.worker.unrunnable import Unrunnable
 from runfleet.worker.versions import version_carried
 from runfleet.worker.wake_hints import HintFn
 
@@ -92,7 +93,8 @@ class Decider:
         """Park the wake of a run its queue's limit refused (``broker.gate``)."""
         self._rate_due = rate_due
         """A rate-refused queue's next token is due in so many ms (``worker.rate_pump``)."""
-        self._warned_unknown: set[str] = set()
+        self.unrunnable = Unrunnable()
+        """Runs this process cannot execute, and why (each logged once; ``worker.burst``)."""
         self._rehinted: dict[str, float] = {}
         self.closed = False
         """The worker is stopping: no claim by any path (``Driver.close``)."""
@@ -257,22 +259,26 @@ class Decider:
         await self._hint(row)
         return DriveOutcome.NOT_SERVED
 
+    def cannot_run(self, row: RunRow) -> str | None:
+        """Why this process cannot execute ``row`` (logged once per run); None if it can.
+        A run with a cancel request can always be closed here, its flow or not."""
+        if row.cancel_requested_at_ms is not None or self._flow(row) is not None:
+            return None
+        return self.unrunnable.why(row.id) or f"flow {row.flow!r} cannot run here"
+
     def _flow(self, row: RunRow) -> Flow | None:
         try:
             found = resolve(row.flow)
         except UnknownFlow as exc:
-            if row.id not in self._warned_unknown:
-                if len(self._warned_unknown) > 10_000:
-                    self._warned_unknown.clear()  # bounded memory; a rare repeat warning is fine
-                self._warned_unknown.add(row.id)
+            if self.unrunnable.first(row.id, str(exc)):
                 log.warning(
                     "run.unknown_flow",
                     extra={"run_id": row.id, "flow": row.flow, "error": str(exc)},
                 )
             return None
-        if not version_carried(found, row, self._warned_unknown):
+        if not version_carried(found, row, self.unrunnable):
             return None
-        return for_run(found, row, self._warned_unknown)
+        return for_run(found, row, self.unrunnable)
 
     async def _claim(self, row: RunRow, flow: Flow | None) -> Decision:
         if row.waiting is not None:

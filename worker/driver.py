@@ -198,6 +198,7 @@ class Driver:
                 # Interrupted between its activation and its body: the body never starts.
                 await self._unstarted(row, execution.cause or Cause.SHUTDOWN)
                 return
+            self.settlement.began(row)  # run.started
             execution.task = tracing.start_task(  # an activation span when tracing is on
                 self._call(flow, ctx), row, self.owner, name=f"run:{row.id}"
             )
@@ -211,6 +212,7 @@ class Driver:
         finally:
             if deadline is not None:
                 deadline.cancel()
+            self.settlement.ended(row.id)
             self.owned.pop(row.id, None)
             metrics.RUNS_IN_FLIGHT.dec()
             if row.limited and self._slot_freed is not None:

@@ -14,6 +14,7 @@ import importlib
 import inspect
 import logging
 import os
+import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from types import MethodType, ModuleType
@@ -233,25 +234,73 @@ def load_flows(modules: Sequence[str], prefixes: Iterable[str]) -> None:
     allow_imports(modules, prefixes)
 
 
+def import_prefixes() -> list[str]:
+    """The ``--allow-import`` prefixes in force (else ``RUNFLEET_ALLOW_IMPORT``'s)."""
+    if _PREFIXES is not None:
+        return list(_PREFIXES)
+    env = os.environ.get("RUNFLEET_ALLOW_IMPORT", "")
+    return [p.strip().rstrip(".") for p in env.split(",") if p.strip()]
+
+
+def flow_modules() -> list[str]:
+    """The modules whose plain functions run here: ``--flows`` ones and those that
+    registered a flow."""
+    return sorted(_FLOW_MODULES)
+
+
 def import_allowed(module_name: str) -> bool:
     """Whether a plain function of ``module_name`` may run in this worker."""
     if module_name in _FLOW_MODULES:
         return True
-    prefixes = _PREFIXES
-    if prefixes is None:
-        env = os.environ.get("RUNFLEET_ALLOW_IMPORT", "")
-        prefixes = tuple(p.strip().rstrip(".") for p in env.split(",") if p.strip())
+    prefixes = _PREFIXES if _PREFIXES is not None else import_prefixes()
     return any(module_name == p or module_name.startswith(p + ".") for p in prefixes)
+
+
+_IMPORT_FAILED: dict[str, str] = {}
+"""Allowed modules whose import raised, and what it raised (``Type: message``)."""
+IMPORT_FAILURES_KEPT = 1_000
+
+
+def import_failure(module_name: str) -> str | None:
+    """What importing ``module_name`` raised in this process the last time it was tried;
+    None if it never failed or was imported since."""
+    return _IMPORT_FAILED.get(module_name)
 
 
 def _allowed_module(module_name: str) -> ModuleType | None:
     if not import_allowed(module_name):
         return None
     try:
-        return importlib.import_module(module_name)
-    except Exception:  # a module that fails to import names nothing runnable
-        log.warning("flow.import_failed", extra={"module": module_name}, exc_info=True)
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # a module that fails to import names nothing runnable
+        _import_failed(module_name, exc)
         return None
+    _IMPORT_FAILED.pop(module_name, None)
+    return module
+
+
+def _import_failed(module_name: str, exc: Exception) -> None:
+    """One line per module and failure: each run of it tries the import again, and a
+    traceback per run (every lost-wake sweep) would bury everything else in the log.
+    The line names the module, the error and where it was raised (the innermost frame,
+    for an error inside the module's own code)."""
+    error = f"{type(exc).__name__}: {exc}"
+    if _IMPORT_FAILED.get(module_name) == error:
+        return
+    if len(_IMPORT_FAILED) >= IMPORT_FAILURES_KEPT:
+        _IMPORT_FAILED.clear()  # bounded memory; a repeated line now and then is fine
+    _IMPORT_FAILED[module_name] = error
+    fields = {"module_name": module_name, "error": error}
+    frames = [  # the module's own code: not this function's frame, nor the import machinery
+        f
+        for f in traceback.extract_tb(exc.__traceback__)[1:]
+        if not f.filename.startswith("<frozen") and f"{os.sep}importlib{os.sep}" not in f.filename
+    ]
+    if isinstance(exc, SyntaxError) and exc.filename:
+        fields["raised_at"] = f"{exc.filename}:{exc.lineno}"
+    elif frames:
+        fields["raised_at"] = f"{frames[-1].filename}:{frames[-1].lineno}"
+    log.warning("flow.import_failed", extra=fields)
 
 
 def resolve(name: str, *, allow_import: bool = True) -> Flow:
@@ -268,6 +317,10 @@ def resolve(name: str, *, allow_import: bool = True) -> Flow:
         raise UnknownFlow(name, "not registered in this process")
     target = load_from_path(name, _allowed_module)
     if target is None:
+        module_name = name.partition(":")[0]
+        failed = import_failure(module_name) if import_allowed(module_name) else None
+        if failed is not None:
+            raise UnknownFlow(name, f"its module {module_name} failed to import: {failed}")
         raise UnknownFlow(
             name,
             "not registered, and not a function of a --flows module or of a module "

@@ -41,6 +41,7 @@ __all__ = ["INSTANCE_STATE_KEY", "FlowInstance", "for_run", "instance"]
 
 if TYPE_CHECKING:
     from runfleet.worker.flows import Flow
+    from runfleet.worker.unrunnable import Unrunnable
 
 log = logging.getLogger("runfleet.worker.flows")
 
@@ -92,7 +93,7 @@ def admitted_instance(row: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def for_run(flow: Flow, row: Any, warned: set[str]) -> Flow | None:
+def for_run(flow: Flow, row: Any, warned: Unrunnable) -> Flow | None:
     """``flow`` as it runs ``row``: itself for a flow of no class, else bound to the
     instance the run was admitted for; None (logged ``run.instance_unknown`` once per
     run) when this process has no such instance, or the run names none."""
@@ -102,10 +103,8 @@ def for_run(flow: Flow, row: Any, warned: set[str]) -> Flow | None:
     found = instance(flow.owner, name) if name is not None else None
     if found is not None:
         return flow.bound_to(found)
-    if row.id not in warned:
-        if len(warned) > 10_000:
-            warned.clear()
-        warned.add(row.id)
+    why = f"admitted for instance {name}, which this worker did not make"
+    if warned.first(row.id, why if name is not None else "admitted for no instance"):
         log.warning(
             "run.instance_unknown",
             extra={

@@ -31,11 +31,17 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
+    """``time LEVEL event k=v ...``; a ``traceback`` field (``run.failed``) follows on the
+    lines below, as a logged exception's does."""
+
     def format(self, record: logging.LogRecord) -> str:
         base = super().format(record)
         extras = {k: v for k, v in vars(record).items() if k not in _STANDARD}
+        trace = extras.pop("traceback", None)
         if extras:
             base += " " + " ".join(f"{k}={v}" for k, v in extras.items())
+        if trace:
+            base += "\n" + str(trace).rstrip("\n")
         return base
 
 

@@ -28,7 +28,7 @@ from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import Owner
 from runfleet.worker import metrics, otel_metrics, tracing
-from runfleet.worker.burst import stop_when_drained
+from runfleet.worker.burst import EXIT_DRAINED, EXIT_LEFT_BEHIND, stop_when_drained
 from runfleet.worker.carried import advertised
 from runfleet.worker.containment import contain_tasks
 from runfleet.worker.coordinator import Coordinator
@@ -97,8 +97,16 @@ class Worker:
         self._sweeper: Sweeper | None = None
         self._gate = LeaseGate(settings)
         self.burst = burst
+        self.left_behind: dict[str, str] = {}
+        """``burst``: the runs it drained without, as it cannot execute them, and why."""
 
     # ---- service surface -----------------------------------------------------
+
+    @property
+    def exit_code(self) -> int:
+        """The process's exit status once ``run`` returned: 0, or ``--burst``'s
+        ``EXIT_LEFT_BEHIND`` when it drained without runs it cannot execute."""
+        return EXIT_LEFT_BEHIND if self.left_behind else EXIT_DRAINED
 
     def stop(self, *, hard: bool = False) -> None:
         """First call: graceful stop. A second call (or ``hard``): release now. Idempotent.
@@ -142,16 +150,9 @@ class Worker:
                     service.start(tg)  # a service that crashes ends this group
                 reader = tg.create_task(self.intake.read_loop(self._stopping), name="reader")
                 if self.burst:
-                    tg.create_task(stop_when_drained(self), name="burst")
+                    tg.create_task(stop_when_drained(self, self._stopping), name="burst")
                 self.started.set()
-                log.info(
-                    "worker.started",
-                    extra={
-                        "owner": self.owner.key,
-                        "queues": self.queues,
-                        "concurrency": self.concurrency,
-                    },
-                )
+                self._announce()
                 await self._stopping.wait()
                 await reader
                 await self._drain()
@@ -160,6 +161,30 @@ class Worker:
         finally:
             self.watchdog.stop()
             await self._close()
+
+    def _announce(self) -> None:
+        """The start line: what this process serves and what it may run (Celery's
+        ``[tasks]``), so a worker started without its flows says so at once."""
+        from runfleet.worker.flows import flow_modules, import_prefixes, registered
+
+        flows, modules, prefixes = sorted(registered()), flow_modules(), import_prefixes()
+        log.info(
+            "worker.started",
+            extra={
+                "owner": self.owner.key,
+                "queues": self.queues,
+                "concurrency": self.concurrency,
+                "burst": self.burst,
+                "flows": flows,
+                "modules": modules,
+                "allow_import": prefixes,
+            },
+        )
+        if not (flows or modules or prefixes):
+            log.warning(
+                "worker.runs_nothing",
+                extra={"hint": "pass --flows app.flows (or --allow-import app)"},
+            )
 
     async def _assemble(self) -> list[Service]:
         """Build every collaborator of this process, once; the services to start."""

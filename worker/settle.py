@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, assert_never
 
 from runfleet.broker.queue import check_signature, flow_target
 from runfleet.runtime.batching import GroupCommit
@@ -106,6 +107,22 @@ class Settlement:
             if group_commit
             else None
         )
+        self._began: dict[str, float] = {}
+        """When each run executing here started (``began``): its ending line's ``ms``."""
+
+    def began(self, row: RunRow) -> None:
+        """A run's body starts in this process: log ``run.started`` (one line per
+        activation; a resume after a wait or a takeover logs it again)."""
+        self._began[row.id] = time.monotonic()
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "run.started",
+                extra={"run_id": row.id, "flow": row.flow, "queue": row.queue, "epoch": row.epoch},
+            )
+
+    def ended(self, run_id: str) -> None:
+        """The run's execution here is over (settled, parked, released or lost)."""
+        self._began.pop(run_id, None)
 
     async def result(self, row: RunRow, epoch: int, result: Any, max_rounds: int | None) -> None:
         """Settle a body's return value: a result, or a handoff.
@@ -128,6 +145,7 @@ class Settlement:
     async def finish(self, row: RunRow, item: Settle) -> None:
         """Commit ``item`` (one ``store.settlements`` ending) and act on its outcome."""
         epoch, status = item.epoch, item.status
+        error = item.patch.get("error") if status is RunStatus.FAILED else None
         try:
             outcome = await self._transition(item)
         except UnstorableValue as exc:
@@ -137,10 +155,11 @@ class Settlement:
                 "run.unstorable",
                 extra={"run_id": row.id, "field": exc.field, "problem": exc.problem},
             )
-            failure = item.patch.get("error") if status is RunStatus.FAILED else None
+            failure = error
             status = RunStatus.FAILED
             outcome = await self._fail_unstorable(row, epoch, exc, failure)
-        await self._after(row, epoch, status, outcome)
+            error = error or error_of(exc)
+        await self._after(row, epoch, status, outcome, error)
 
     async def _transition(self, item: Settle) -> TransitionOutcome:
         batch = self._batch
@@ -179,22 +198,31 @@ class Settlement:
         return await self._transition(settlements.failed(row.id, epoch, errors[-1]))
 
     async def _after(
-        self, row: RunRow, epoch: int, status: RunStatus, outcome: TransitionOutcome
+        self,
+        row: RunRow,
+        epoch: int,
+        status: RunStatus,
+        outcome: TransitionOutcome,
+        error: Any = None,
     ) -> None:
         match outcome:
             case Transitioned():
                 metrics.SETTLEMENTS.labels(status.value).inc()
-                await self._settled(row, status, outcome)
+                await self._settled(row, status, outcome, error)
             case GuardFailed():
                 await self.cancelled(row, epoch)
             case NotOwner() | NotFound():
                 log.warning("run.fence_lost", extra={"run_id": row.id, "epoch": epoch})
 
-    async def _settled(self, row: RunRow, status: RunStatus, moved: Transitioned) -> None:
-        """Announce a settlement; hint the parents it woke (of every round of this lineage)
-        and the descendants it asked to cancel, so each closes through its own cancel
-        path now rather than at the next sweep. A parent it did not wake is not hinted:
-        it is running (and reads the deferred when it waits) or still waits on others."""
+    async def _settled(
+        self, row: RunRow, status: RunStatus, moved: Transitioned, error: Any = None
+    ) -> None:
+        """Log and announce a settlement; hint the parents it woke (of every round of this
+        lineage) and the descendants it asked to cancel, so each closes through its own
+        cancel path now rather than at the next sweep. A parent it did not wake is not
+        hinted: it is running (and reads the deferred when it waits) or still waits on
+        others."""
+        self._log_settled(row, status, error)
         if self._announce is not None:
             await self._announce(row.id, status.value)
         if self._hint is None:
@@ -206,6 +234,36 @@ class Settlement:
         for other in await self._store.runs.get_many(list(moved.cascaded)):
             if not other.status.terminal:
                 await self._hint(other)
+
+    def _log_settled(self, row: RunRow, status: RunStatus, error: Any) -> None:
+        """One line per settlement: ``run.completed`` / ``run.cancelled`` (info) with the
+        milliseconds since its body started here, ``run.failed`` (warning) with the error's
+        ``Type: message`` and its traceback, so a failing job leaves its trace in the
+        worker's own output."""
+        began = self._began.pop(row.id, None)
+        level = logging.WARNING if status is RunStatus.FAILED else logging.INFO
+        if not log.isEnabledFor(level):
+            return
+        fields: dict[str, Any] = {"run_id": row.id, "flow": row.flow}
+        if began is not None:
+            fields["ms"] = round((time.monotonic() - began) * 1000)
+        if status is RunStatus.FAILED:
+            failure = error if isinstance(error, dict) else {}
+            kind, message = failure.get("type", "Error"), failure.get("message", "")
+            fields["error"] = f"{kind}: {message}" if message else str(kind)
+            if failure.get("traceback"):
+                fields["traceback"] = failure["traceback"]
+        match status:
+            case RunStatus.COMPLETED:
+                log.info("run.completed", extra=fields)
+            case RunStatus.FAILED:
+                log.warning("run.failed", extra=fields)
+            case RunStatus.CANCELLED:
+                log.info("run.cancelled", extra=fields)
+            case RunStatus.PENDING | RunStatus.RUNNING | RunStatus.SUSPENDED:
+                pass  # not a settlement
+            case _:
+                assert_never(status)
 
     async def cancelled(self, row: RunRow, epoch: int, *, found_at: str | None = None) -> None:
         """Close a run cancelled: compensations of completed steps in reverse, then the CAS.

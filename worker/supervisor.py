@@ -13,6 +13,7 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Coroutine
@@ -40,8 +41,9 @@ class WorkerOptions:
     """Exit once the queues hold nothing to run now (rq's ``--burst``)."""
 
 
-def run_foreground(settings: Settings, options: WorkerOptions) -> None:
-    """Run one worker in this process until signalled."""
+def run_foreground(settings: Settings, options: WorkerOptions) -> int:
+    """Run one worker in this process until signalled (or drained: ``--burst``); its exit
+    status (``Worker.exit_code``)."""
     from runfleet.worker.flows import load_flows
     from runfleet.worker.logs import configure
     from runfleet.worker.process import Worker
@@ -52,10 +54,13 @@ def run_foreground(settings: Settings, options: WorkerOptions) -> None:
     if options.metrics_port:
         serve(health, options.metrics_port)  # /metrics, /healthz, /readyz
 
+    made: list[Worker] = []
+
     async def main() -> None:
         worker = Worker(
             settings, queues=options.queues, concurrency=options.concurrency, burst=options.burst
         )
+        made.append(worker)
         loop = asyncio.get_running_loop()
         # Ready once started with a confirmed, unlapsed lease (LeaseGate.open: I/O-free).
         health.ready_when(lambda: worker.started.is_set() and worker.lease.gate.open())
@@ -70,6 +75,7 @@ def run_foreground(settings: Settings, options: WorkerOptions) -> None:
         await worker.run()
 
     run_loop(main(), settings.event_loop)
+    return made[0].exit_code if made else 0
 
 
 def run_loop(main: Coroutine[Any, Any, None], loop: str = "uvloop") -> None:
@@ -94,7 +100,8 @@ PARENT_POLL_S = 0.5
 def _child(settings_json: str, options: WorkerOptions, port: int | None, parent: int) -> None:
     settings = Settings.model_validate_json(settings_json)
     exit_with_parent(parent, settings.grace_period)
-    run_foreground(settings, WorkerOptions(**{**options.__dict__, "metrics_port": port}))
+    code = run_foreground(settings, WorkerOptions(**{**options.__dict__, "metrics_port": port}))
+    sys.exit(code)
 
 
 def exit_with_parent(parent: int, grace_period: float, poll_s: float = PARENT_POLL_S) -> None:
@@ -120,7 +127,13 @@ def exit_with_parent(parent: int, grace_period: float, poll_s: float = PARENT_PO
 
 
 def supervise(settings: Settings, options: WorkerOptions, processes: int) -> int:
-    """Start ``processes`` children; restart crashed ones; forward stop signals."""
+    """Start ``processes`` children; restart crashed ones; forward stop signals.
+
+    ``--burst``: a child that exits drained (``EXIT_DRAINED`` or ``EXIT_LEFT_BEHIND``) is
+    done, not restarted; the supervisor exits once every child is done, with the highest
+    status any of them exited with."""
+    from runfleet.worker.burst import EXIT_DRAINED, EXIT_LEFT_BEHIND
+
     ctx = mp.get_context("spawn")
     stopping = {"signals": 0}
 
@@ -150,6 +163,7 @@ def supervise(settings: Settings, options: WorkerOptions, processes: int) -> int
     for slot in range(processes):
         children[slot] = start(slot)
     restarts: dict[int, list[float]] = {slot: [] for slot in children}
+    drained: dict[int, int] = {}
     while True:
         time.sleep(0.2)
         if stopping["signals"]:
@@ -158,8 +172,13 @@ def supervise(settings: Settings, options: WorkerOptions, processes: int) -> int
             if all(not p.is_alive() for p in children.values()):
                 break
             continue
+        if len(drained) == len(children):
+            break
         for slot, proc in list(children.items()):
-            if proc.is_alive():
+            if proc.is_alive() or slot in drained:
+                continue
+            if options.burst and proc.exitcode in (EXIT_DRAINED, EXIT_LEFT_BEHIND):
+                drained[slot] = proc.exitcode
                 continue
             log.warning(
                 "supervisor.child_died",
@@ -172,7 +191,7 @@ def supervise(settings: Settings, options: WorkerOptions, processes: int) -> int
                 break  # a stop arrived during the backoff: start nothing new
             restarts[slot] = [*recent, time.monotonic()]
             children[slot] = start(slot)
-    return 0
+    return max(drained.values(), default=EXIT_DRAINED)
 
 
 def parse_csv(value: str) -> tuple[str, ...]:

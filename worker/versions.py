@@ -25,6 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 from runfleet.store import validate
 
+if TYPE_CHECKING:
+    from runfleet.worker.unrunnable import Unrunnable
+
 log = logging.getLogger("runfleet.worker.flows")
 
 AUTO = "auto"
@@ -87,16 +90,14 @@ def admitted_version(row: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def version_carried(flow: Any, row: Any, warned: set[str]) -> bool:
+def version_carried(flow: Any, row: Any, warned: Unrunnable) -> bool:
     """Whether this process's ``flow`` may run ``row``; logs ``run.version_not_carried``
     once per run (``warned`` bounds the memory of that, as for unknown flows)."""
     version = admitted_version(row)
     if flow.accepts(version):
         return True
-    if row.id not in warned:
-        if len(warned) > 10_000:
-            warned.clear()
-        warned.add(row.id)
+    carried = ", ".join(v for v in (flow.version, *flow.compatible) if v)
+    if warned.first(row.id, f"admitted with version {version}; this worker carries {carried}"):
         log.warning(
             "run.version_not_carried",
             extra={

@@ -92,11 +92,17 @@ def worker(
     burst: Annotated[
         bool,
         typer.Option(
-            "--burst", "-b", help="exit once the queues hold nothing to run now (rq's --burst)"
+            "--burst",
+            "-b",
+            help="exit once the queues hold nothing it can run now (rq's --burst); exit "
+            "status 3 if runs it cannot execute were left for another worker",
         ),
     ] = False,
 ) -> None:
-    """Run worker processes until SIGTERM/SIGINT (twice: release runs immediately)."""
+    """Run worker processes until SIGTERM/SIGINT (twice: release runs immediately).
+
+    Exit status: 0; with --burst, 3 when it drained its queues but left runs it cannot
+    execute (each named in a run.left_behind line) for a worker that can."""
     from runfleet.worker.supervisor import WorkerOptions, parse_csv, run_foreground, supervise
 
     if metrics_port is not None and metrics_port + processes - 1 > PORT_MAX:
@@ -117,8 +123,7 @@ def worker(
     )
     cfg = settings()
     if processes == 1:
-        run_foreground(cfg, options)
-        return
+        raise typer.Exit(run_foreground(cfg, options))
     from runfleet.worker.logs import configure
 
     configure(log_level, json_lines=log_json)

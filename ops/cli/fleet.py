@@ -32,6 +32,7 @@ from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.inspect import DEFAULT_REACTIVATED_OVER
 from runfleet.store.types import Owner, RunRow, WaitingReason
+from runfleet.worker.carried import can_run
 
 
 def register(app: typer.Typer) -> None:
@@ -307,6 +308,8 @@ async def _stuck(
                     "recorded output or re-run the step)",
                 )
             )
+        if live is not None:
+            items += await _unrunnable(store, live, min(pending_ms, cfg.stale_after_ms), limit)
         for row in await store.inspect.pending_older(pending_ms, limit=limit):
             items.append(
                 _item(
@@ -323,6 +326,39 @@ async def _stuck(
     # timer); the first, more specific, kind wins.
     unique = {i.run.id: i for i in reversed(items)}
     return StuckView(now_ms=now, items=[i for i in items if unique[i.run.id] is i])
+
+
+async def _unrunnable(store: Store, live: Liveness, older_ms: int, limit: int) -> list[StuckItem]:
+    """Pending runs that live workers serve the queue of, none of which may run the flow
+    (by what each advertised: ``worker.carried``). Reported after ``stale_after``, not
+    ``--pending-for``: waiting will not help them. A queue no live worker serves is left
+    to ``pending-too-long``, and a worker that advertised nothing is given the benefit."""
+    members = [m for m in await live.fleet(await store.stats.now_ms()) if m.live]
+    if not members:
+        return []
+    items: list[StuckItem] = []
+    for row in await store.inspect.pending_older(older_ms, limit=limit):
+        serving = [m for m in members if row.queue in m.queues]
+        if not serving or any(can_run(m.info, row.flow) is not False for m in serving):
+            continue
+        module = row.flow.partition(":")[0] if ":" in row.flow else None
+        if module is not None:
+            why = f"no function of module {module} may be imported"
+            fix = f"--allow-import {module} (or --flows {module})"
+        else:
+            why = f"flow {row.flow} is not registered"
+            fix = "--flows naming the module that registers it"
+        items.append(
+            _item(
+                "no-worker-can-run",
+                row,
+                row.now_ms - row.created_at_ms,
+                f"{len(serving)} live worker(s) serve queue {row.queue}, and by each: {why}",
+                f"start a worker with --queues {row.queue} {fix}; or cancel it "
+                f"(`runfleet cancel {row.id}`)",
+            )
+        )
+    return items
 
 
 async def _stale(cfg: Settings, store: Store, live: Liveness | None, limit: int) -> list[StuckItem]:

@@ -102,10 +102,13 @@ SELECT r.id FROM runfleet.runs r
 -- What a burst worker still has to do in its queues: runs that may start (or wake)
 -- now or within the horizon, and every open dependent (the caller checks whether its
 -- dependencies are met: a dependent of an unfinished job does not keep a burst alive).
+-- ``excluding``: runs the worker found it cannot execute, left out so they never fill
+-- the limit ahead of runs it can.
 SELECT r.id, r.state->'depends_on' AS depends_on,
        coalesce((r.state->>'allow_failure')::boolean, false) AS allow_failure
   FROM runfleet.runs r
  WHERE r.queue = ANY(%(queues)s) AND r.status IN ('pending', 'running', 'suspended')
+   AND NOT (r.id = ANY(%(excluding)s::text[]))
    AND (r.status = 'running'
         OR r.state ? 'depends_on'
         OR r.waiting_reason IS NULL

@@ -37,6 +37,7 @@ from runfleet.worker.decisions import REHINTS_KEPT, Decider
 from runfleet.worker.driver import Driver, Execution
 from runfleet.worker.outcomes import Decision, DriveOutcome
 from runfleet.worker.takeover import Takeover
+from runfleet.worker.unrunnable import Unrunnable
 from tests.seed_rules import flows as sr
 from tests.store.helpers import (
     OWNER_B,
@@ -200,12 +201,14 @@ async def test_an_unknown_flow_is_warned_about_once_per_run_and_the_memory_is_bo
     (line,) = [r for r in caplog.records if r.getMessage() == "run.unknown_flow"]
     assert (line.__dict__["run_id"], line.__dict__["flow"]) == ("u", "nobody.runs.this")
     assert "nobody.runs.this" in line.__dict__["error"]
-    mine.decider._warned_unknown.clear()
-    mine.decider._warned_unknown.update(f"other-{i}" for i in range(10_000))
+    unrunnable = mine.decider.unrunnable = Unrunnable()
+    for i in range(10_000):
+        unrunnable.first(f"other-{i}", "test")
     mine.decider._flow(row)
-    assert len(mine.decider._warned_unknown) == 10_001, "at the bound nothing is forgotten yet"
+    assert len(unrunnable) == 10_001, "at the bound nothing is forgotten yet"
     mine.decider._flow(replace(row, id="u2"))
-    assert mine.decider._warned_unknown == {"u2"}, "past the bound the memory starts again"
+    assert unrunnable.ids() == ["u2"], "past the bound the memory starts again"
+    assert "nobody.runs.this" in (unrunnable.why("u2") or "")
     assert mine.decider._flow(await _registered(store)) is sr.waiter
 
 

@@ -21,10 +21,22 @@ import rq
 POLL_S = 0.2
 
 
+def _subscribe(worker: rq.Worker | rq.SimpleWorker) -> None:
+    worker.pubsub = worker.connection.pubsub()
+    worker.pubsub.subscribe(**{worker.pubsub_channel_name: worker.handle_payload})
+    worker.pubsub_thread = worker.pubsub.run_in_thread(  # type: ignore[assignment]  # rq annotates it None
+        sleep_time=POLL_S, daemon=True, exception_handler=worker._pubsub_exception_handler
+    )
+
+
 class SimpleWorker(rq.SimpleWorker):
     def subscribe(self) -> None:
-        self.pubsub = self.connection.pubsub()
-        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
-        self.pubsub_thread = self.pubsub.run_in_thread(  # type: ignore[assignment]  # rq annotates it None
-            sleep_time=POLL_S, daemon=True, exception_handler=self._pubsub_exception_handler
-        )
+        _subscribe(self)
+
+
+class Worker(rq.Worker):
+    """rq's forking ``Worker`` (what ``send_stop_job_command`` needs: a work horse to
+    kill), with the same poll."""
+
+    def subscribe(self) -> None:
+        _subscribe(self)

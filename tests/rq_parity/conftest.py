@@ -172,9 +172,8 @@ def _rq_side(url: str) -> Side:
     def work_in_background(*queues: Any, forking: bool = False) -> _Process:
         # rq's worker installs signal handlers: off the main thread it is a process
         rq_bin = Path(sys.executable).with_name("rq")
-        command = [str(rq_bin), "worker", "--burst", "-u", url]
-        if not forking:
-            command += ["-w", RQ_WORKER]
+        worker_class = "runfleet.ops.bench.rq_worker.Worker" if forking else RQ_WORKER
+        command = [str(rq_bin), "worker", "--burst", "-u", url, "-w", worker_class]
         return _Process(
             subprocess.Popen(
                 [*command, "-P", str(ROOT), *[q.name for q in queues]],

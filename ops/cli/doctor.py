@@ -39,6 +39,11 @@ ASYNC_LOSS = (
     "saw succeed; step records, so those steps run again): set synchronous_standby_names "
     "(Patroni: synchronous_mode: true) with synchronous_commit = on"
 )
+UNKNOWN_SYNC = (
+    "whether a commit waits for a standby is unknown, grant pg_monitor: this role cannot "
+    "read the standbys' sync state (pg_stat_replication shows it only to pg_monitor "
+    "members and superusers); GRANT pg_monitor TO <this role>"
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -310,7 +315,7 @@ def topology_verdict(seen: Topology) -> tuple[Literal["ok", "warn", "fail"], str
             for s in seen.standbys:
                 lag = "?" if s.replay_lag_s is None else f"{s.replay_lag_s:.2f} s"
                 behind = "" if s.replay_behind_bytes is None else f", {s.replay_behind_bytes} B"
-                parts.append(f"{s.name or s.client} {s.sync_state or '?'} {s.state} "
+                parts.append(f"{s.name or s.client} {s.sync_state or '?'} {s.state or '?'} "
                              f"(replay lag {lag}{behind})")  # fmt: skip
             detail = (
                 f"primary{timeline}; standbys: {'; '.join(parts)}; synchronous_commit="
@@ -319,6 +324,8 @@ def topology_verdict(seen: Topology) -> tuple[Literal["ok", "warn", "fail"], str
             )
             if seen.commits_wait_for_standby:
                 return "ok", f"{detail}: a commit waits for a synchronous standby"
+            if not seen.standbys_readable and seen.may_wait_for_standby:
+                return "warn", f"{detail}: {UNKNOWN_SYNC}"
             return "warn", f"{detail}: replication is asynchronous; {ASYNC_LOSS}"
         case _ as never:
             assert_never(never)

@@ -382,3 +382,47 @@ class PruneResult(_Model):
     consumers_note: str | None = None
     keys_pruned: int | None = None
     """Concurrency keys deleted (no open run, bucket full again); None in a dry run."""
+
+
+class QueueInfoLine(_Model):
+    """One queue in ``runfleet info``."""
+
+    queue: str
+    pending: int
+    """Ready to start (pending, its start time reached)."""
+    scheduled: int
+    """Pending until a start time (``enqueue_in`` / ``enqueue_at``)."""
+    running: int
+    waiting: int
+    """Suspended on a durable wait (timer, event, approval, child, quota, released)."""
+    dead: int
+    """Parked ``dead`` after too many recoveries (``runfleet resume``)."""
+    failed: int
+    """Failed and not requeued yet (``runfleet requeue --all-failed``)."""
+    workers: int | None
+    """Live worker processes serving the queue; None when Redis did not answer."""
+
+
+class InfoView(_Model):
+    """``runfleet info``: rq's ``rq info`` — every queue at a glance, and the fleet."""
+
+    now_ms: int
+    queues: list[QueueInfoLine]
+    workers: int | None
+    """Live worker processes (not lapsed, not suspect); None when Redis did not answer."""
+    failed: int
+    """Failed runs not requeued yet, every queue."""
+    redis_error: str | None = None
+
+
+class RequeueResult(_Model):
+    """``runfleet requeue --all-failed``: the failed runs requeued (or, dry, that would be)."""
+
+    queue: str
+    flow: str | None
+    dry_run: bool
+    requeued: dict[str, str]
+    """Failed run id → the round that runs it again (``lineage@n``); with ``dry_run`` the
+    failed runs that would be, each mapped to itself."""
+    refused: dict[str, str] = {}
+    """Failed run id → why it was not requeued (scopes, changed meanwhile)."""

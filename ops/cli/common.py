@@ -45,6 +45,13 @@ AsJson = Annotated[
     bool,
     typer.Option("--json", help="Print JSON (validates against the runfleet.ops.models model)."),
 ]
+Wide = Annotated[
+    bool,
+    typer.Option(
+        "--wide",
+        help="One whole line per row, whatever the terminal's width (piped output always is).",
+    ),
+]
 CONNECT_TIMEOUT_S = 5
 _NO_SCHEMA = (
     psycopg.errors.UndefinedTable,

@@ -14,13 +14,13 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Literal, assert_never
 
 import typer
-from rich.table import Table
 
 from runfleet.broker.codec import FIELD, MalformedMessage, decode
 from runfleet.broker.liveness import FleetMember, Liveness
 from runfleet.broker.streams import Lane, Streams
 from runfleet.ops.cli import common as c
 from runfleet.ops.cli.text import add_row, show, styled
+from runfleet.ops.cli.text import table as table_of
 from runfleet.ops.models import Check, DoctorView
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrations, schema_version
@@ -55,16 +55,17 @@ def doctor(
         list[str] | None, typer.Option(help="Also measure this queue's stream lag (repeatable).")
     ] = None,
     as_json: c.AsJson = False,
+    wide: c.Wide = False,
 ) -> None:
     """Connectivity, pooler, schema version, clock skew, stream lag per queue, live workers."""
     view = c.run(Doctor(c.settings(), queue or []).run())
     if as_json:
         c.emit(view)
     else:
-        table = Table("check", "status", "detail", box=None)
+        table = table_of("check", "status", "detail")
         for check in view.checks:
             add_row(table, check.name, styled(check.status, STYLE[check.status]), check.detail)
-        show(table)
+        show(table, wide=wide)
     if not view.ok:
         raise typer.Exit(1)
 

@@ -66,6 +66,8 @@ class RunSummary(_Model):
     parent_run_id: str | None
     created_at_ms: int
     updated_at_ms: int
+    requeued_as: str | None = None
+    """A failed run requeued (``runfleet retry``/``requeue``): the round that replaced it."""
 
     @classmethod
     def of(cls, row: RunRow, deferred: str | None = None) -> RunSummary:
@@ -93,6 +95,7 @@ class RunSummary(_Model):
             parent_run_id=row.parent_run_id,
             created_at_ms=row.created_at_ms,
             updated_at_ms=row.updated_at_ms,
+            requeued_as=row.requeued_as,
         )
 
 
@@ -324,7 +327,8 @@ class CancelResult(_Model):
 
 
 class AnswerResult(_Model):
-    """What ``resume``, ``approve``, ``deny`` and ``complete`` did to a run.
+    """What ``resume``, ``approve``, ``deny``, ``complete`` and the dashboard's ``retry``
+    did to a run (``retried``: ``run_id`` is the round that runs it again).
 
     ``complete``'s actions: ``completed`` (this value), ``already-completed`` (an earlier
     answer with this very value stands), ``answered-otherwise`` (another value won),
@@ -332,6 +336,7 @@ class AnswerResult(_Model):
 
     run_id: str
     action: Literal[
+        "retried",
         "resumed",
         "approved",
         "denied",

@@ -28,7 +28,7 @@ class RunFailed(RunfleetError):
     (``error`` is the whole record). A run that raised a builtin exception raises here as
     an instance of that type too (``except ValueError`` catches it, as DBOS re-raises the
     workflow's own error); every failure is a ``RunFailed``. Only builtins are used: a
-    type named by a row is never imported (docs/explanation/trust.md).
+    type named by a row is never imported (docs/explanation/trust-model.md).
     """
 
     def __new__(cls, run_id: str, error: Any) -> RunFailed:
@@ -80,7 +80,11 @@ def _text(value: Any) -> str | None:
 
 
 def _with_builtin(record: dict[str, Any]) -> type[RunFailed]:
-    """``RunFailed`` mixed with the builtin exception type the run raised, if it was one."""
+    """``RunFailed`` mixed with the builtin exception type the run raised, if it was one.
+
+    A record without ``module`` (written before the worker recorded it) is taken as a
+    builtin when its type name is one; a builtin that needs more than a message to be
+    made (``UnicodeDecodeError``) stays a plain ``RunFailed``."""
     name, module = record.get("type"), record.get("module", "builtins")
     if not isinstance(name, str) or module != "builtins" or name.startswith("_"):
         return RunFailed

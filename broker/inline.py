@@ -107,7 +107,12 @@ def run_inline(queue: Queue, new: NewRun) -> InlineJob:
             current_job.reset(token)
     except Exception as exc:
         text = "".join(traceback.format_exception(exc))
-        state["error"] = {"type": type(exc).__name__, "message": str(exc), "traceback": text}
+        state["error"] = {
+            "type": type(exc).__name__,
+            "module": type(exc).__module__,
+            "message": str(exc),
+            "traceback": text,
+        }
         job._row = _row(new, RunStatus.FAILED, state, now, int(time.time() * 1000))
         if callbacks.get("on_failure"):
             _function(callbacks["on_failure"])(job, None, type(exc), exc, text)

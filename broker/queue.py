@@ -20,6 +20,7 @@ delegates to; the run handle is ``AsyncRun`` (``broker.run``).
 from __future__ import annotations
 
 import functools
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -60,8 +61,9 @@ from runfleet.store.errors import InvalidInput, Unavailable
 from runfleet.store.events import EventRow, SendOutcome
 from runfleet.store.forks import Deleted
 from runfleet.store.jobs import Jobs
+from runfleet.store.reach import producer_pool_name
 from runfleet.store.registries import Registries
-from runfleet.store.transient import is_transient, service_of
+from runfleet.store.transient import is_transient
 from runfleet.store.types import CancelOutcome, CreateOutcome, EventAnswer, NewRun, RunRow
 
 __all__ = [
@@ -145,12 +147,19 @@ class AsyncQueue:
         if not self.session.connected:
             try:
                 budget = self.settings.producer_retry_for
+                pool_name = producer_pool_name()
+                started = time.monotonic()
                 store = await Store.open(
-                    self.settings, min_size=1, checkout_timeout=max(0.5, min(2.0, budget))
+                    self.settings,
+                    min_size=1,
+                    checkout_timeout=max(0.5, min(2.0, budget)),
+                    pool_name=pool_name,
+                    open_timeout=max(1.0, budget),
                 )
             except Exception as exc:  # the pool waits up to 30 s for a first connection
                 if is_transient(exc):
-                    raise Unavailable(service_of(exc), exc) from exc
+                    waited = time.monotonic() - started
+                    raise self.session.unavailable(exc, waited, pool_name) from None
                 raise
             self._attach(store=store, redis=connect(self.settings))
         return self

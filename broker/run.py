@@ -8,7 +8,9 @@ run the producer's scopes do not cover.
 
 from __future__ import annotations
 
+import builtins
 import math
+import textwrap
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -20,12 +22,88 @@ if TYPE_CHECKING:
 
 
 class RunFailed(RunfleetError):
-    """The run settled ``failed``; ``error`` is what the worker recorded."""
+    """The run settled ``failed``; it reads as the run's own error, first line ``Type: message``.
+
+    ``exc_type``, ``exc_message`` and ``remote_traceback`` are what the worker recorded
+    (``error`` is the whole record). A run that raised a builtin exception raises here as
+    an instance of that type too (``except ValueError`` catches it, as DBOS re-raises the
+    workflow's own error); every failure is a ``RunFailed``. Only builtins are used: a
+    type named by a row is never imported (docs/explanation/trust-model.md).
+    """
+
+    def __new__(cls, run_id: str, error: Any) -> RunFailed:
+        if cls is RunFailed:
+            cls = _with_builtin(_record(error))
+        return super().__new__(cls, run_id, error)
 
     def __init__(self, run_id: str, error: Any) -> None:
-        super().__init__(f"run {run_id!r} failed: {error}")
+        record = _record(error)
         self.run_id = run_id
         self.error = error
+        self.exc_type: str | None = _text(record.get("type"))
+        self.exc_module: str | None = _text(record.get("module"))
+        self.exc_message: str = _text(record.get("message")) or ""
+        self.remote_traceback: str | None = _text(record.get("traceback"))
+        self._text = self._describe()
+        super().__init__(self._text)
+
+    def __str__(self) -> str:
+        return self._text  # not KeyError's repr of its argument, nor OSError's errno form
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RunFailed, (self.run_id, self.error))
+
+    def _describe(self) -> str:
+        if self.exc_type:
+            head = f"{self.exc_type}: {self.exc_message}" if self.exc_message else self.exc_type
+        elif self.error is None:
+            head = "the run failed with no error recorded"
+        else:
+            head = str(self.error)
+        tail = f"run {self.run_id!r} failed"
+        if self.remote_traceback:
+            trace = textwrap.indent(self.remote_traceback.rstrip("\n"), "    ")
+            tail += f"; its traceback on the worker:\n{trace}"
+        return f"{head}\n{tail}"
+
+
+_UNMIXED = (StopIteration, StopAsyncIteration)  # generators turn these into RuntimeError
+_MIXED: dict[type[Exception], type[RunFailed]] = {}
+
+
+def _record(error: Any) -> dict[str, Any]:
+    return error if isinstance(error, dict) else {}
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _with_builtin(record: dict[str, Any]) -> type[RunFailed]:
+    """``RunFailed`` mixed with the builtin exception type the run raised, if it was one.
+
+    A record without ``module`` (written before the worker recorded it) is taken as a
+    builtin when its type name is one; a builtin that needs more than a message to be
+    made (``UnicodeDecodeError``) stays a plain ``RunFailed``."""
+    name, module = record.get("type"), record.get("module", "builtins")
+    if not isinstance(name, str) or module != "builtins" or name.startswith("_"):
+        return RunFailed
+    builtin = getattr(builtins, name, None)
+    if (
+        not isinstance(builtin, type)
+        or not issubclass(builtin, Exception)
+        or issubclass(builtin, _UNMIXED)
+    ):
+        return RunFailed
+    mixed = _MIXED.get(builtin)
+    if mixed is None:
+        try:
+            mixed = type("RunFailed", (RunFailed, builtin), {"__module__": __name__})
+            mixed(run_id="probe", error={"type": name})
+        except Exception:  # a layout or constructor that cannot take a message alone
+            mixed = RunFailed
+        _MIXED[builtin] = mixed
+    return mixed
 
 
 class RunCancelled(RunfleetError):

@@ -18,9 +18,11 @@ A test builds one over an open store and a Redis client (``attach``), with no qu
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import NamedTuple, TypeVar
 
+from psycopg_pool import PoolTimeout
 from redis.asyncio import Redis
 
 from runfleet.broker.blocking import UnansweredXadds
@@ -29,7 +31,7 @@ from runfleet.broker.notify import Notifier
 from runfleet.broker.streams import Lane, Streams, lane_for
 from runfleet.broker.trust import producer_scopes
 from runfleet.broker.wake_reasons import WakeReason
-from runfleet.store import Store, validate
+from runfleet.store import Store, reach, validate
 from runfleet.store.config import Settings
 from runfleet.store.errors import RunNotFound, ScopeDenied, Unavailable
 from runfleet.store.transient import is_transient, retrying, service_of
@@ -124,14 +126,33 @@ class ProducerSession:
                 extra={"attempt": attempt, "service": service_of(exc), "error": repr(exc)},
             )
 
+        started = time.monotonic()
         try:
             return await retrying(
                 call, give_up_after=self.settings.producer_retry_for, on_retry=on_retry
             )
         except Exception as exc:
             if is_transient(exc):
-                raise Unavailable(service_of(exc), exc) from exc
+                raise self.unavailable(exc, time.monotonic() - started) from None
             raise
+
+    def unavailable(
+        self, exc: BaseException, waited: float, pool_name: str | None = None
+    ) -> Unavailable:
+        """The give-up after ``waited`` s: the service, its host:port, the cause, the fix.
+
+        A ``PoolTimeout`` only says no connection was handed out in time; the cause is
+        the pool's last failed connection attempt (``store.reach``), named instead."""
+        service = service_of(exc)
+        cause: BaseException = exc
+        url = self.settings.redis_url
+        if service == "postgres":
+            url = self.settings.database_url
+            if pool_name is None and self._store is not None:
+                pool_name = self._store.db.pool_name
+            if isinstance(exc, PoolTimeout) and pool_name is not None:
+                cause = reach.last_attempt(pool_name) or exc
+        return Unavailable(service, exc, reach.explain(service, url, cause, waited))
 
     async def authorized(self, run_id: str) -> RunRow:
         """The run's row, if it exists and this producer's scopes cover the run's."""

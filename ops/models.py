@@ -66,6 +66,8 @@ class RunSummary(_Model):
     parent_run_id: str | None
     created_at_ms: int
     updated_at_ms: int
+    requeued_as: str | None = None
+    """A failed run requeued (``runfleet retry``/``requeue``): the round that replaced it."""
 
     @classmethod
     def of(cls, row: RunRow, deferred: str | None = None) -> RunSummary:
@@ -93,6 +95,7 @@ class RunSummary(_Model):
             parent_run_id=row.parent_run_id,
             created_at_ms=row.created_at_ms,
             updated_at_ms=row.updated_at_ms,
+            requeued_as=row.requeued_as,
         )
 
 
@@ -325,7 +328,8 @@ class CancelResult(_Model):
 
 
 class AnswerResult(_Model):
-    """What ``resume``, ``approve``, ``deny`` and ``complete`` did to a run.
+    """What ``resume``, ``approve``, ``deny``, ``complete`` and the dashboard's ``retry``
+    did to a run (``retried``: ``run_id`` is the round that runs it again).
 
     ``complete``'s actions: ``completed`` (this value), ``already-completed`` (an earlier
     answer with this very value stands), ``answered-otherwise`` (another value won),
@@ -333,6 +337,7 @@ class AnswerResult(_Model):
 
     run_id: str
     action: Literal[
+        "retried",
         "resumed",
         "approved",
         "denied",
@@ -383,3 +388,47 @@ class PruneResult(_Model):
     consumers_note: str | None = None
     keys_pruned: int | None = None
     """Concurrency keys deleted (no open run, bucket full again); None in a dry run."""
+
+
+class QueueInfoLine(_Model):
+    """One queue in ``runfleet info``."""
+
+    queue: str
+    pending: int
+    """Ready to start (pending, its start time reached)."""
+    scheduled: int
+    """Pending until a start time (``enqueue_in`` / ``enqueue_at``)."""
+    running: int
+    waiting: int
+    """Suspended on a durable wait (timer, event, approval, child, quota, released)."""
+    dead: int
+    """Parked ``dead`` after too many recoveries (``runfleet resume``)."""
+    failed: int
+    """Failed and not requeued yet (``runfleet requeue --all-failed``)."""
+    workers: int | None
+    """Live worker processes serving the queue; None when Redis did not answer."""
+
+
+class InfoView(_Model):
+    """``runfleet info``: rq's ``rq info`` — every queue at a glance, and the fleet."""
+
+    now_ms: int
+    queues: list[QueueInfoLine]
+    workers: int | None
+    """Live worker processes (not lapsed, not suspect); None when Redis did not answer."""
+    failed: int
+    """Failed runs not requeued yet, every queue."""
+    redis_error: str | None = None
+
+
+class RequeueResult(_Model):
+    """``runfleet requeue --all-failed``: the failed runs requeued (or, dry, that would be)."""
+
+    queue: str
+    flow: str | None
+    dry_run: bool
+    requeued: dict[str, str]
+    """Failed run id → the round that runs it again (``lineage@n``); with ``dry_run`` the
+    failed runs that would be, each mapped to itself."""
+    refused: dict[str, str] = {}
+    """Failed run id → why it was not requeued (scopes, changed meanwhile)."""

@@ -65,6 +65,8 @@ class Store:
         statement_timeout_ms: int | None = None,
         checkout_timeout: float = 30.0,
         serves: Collection[str] | None = None,
+        pool_name: str = "runfleet",
+        open_timeout: float = 30.0,
     ) -> Store:
         """Open a pool and the store over it; ``statement_timeout_ms`` overrides the setting
         for this store's connections only, ``checkout_timeout`` bounds the wait for one
@@ -76,6 +78,8 @@ class Store:
             max_size=max_size,
             statement_timeout_ms=statement_timeout_ms,
             checkout_timeout=checkout_timeout,
+            name=pool_name,
+            open_timeout=open_timeout,
         )
         return cls(Database(pool, source_id or default_source_id()), settings, serves=serves)
 

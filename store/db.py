@@ -53,6 +53,11 @@ class Database:
     def next_source_seq(self) -> int:
         return next(self._seq)
 
+    @property
+    def pool_name(self) -> str:
+        """The pool's name in psycopg_pool's log lines (``store.reach``)."""
+        return self.pool.name
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Conn]:
         current = self._current.get()
@@ -181,13 +186,15 @@ async def open_pool(
     statement_timeout_ms: int | None = None,
     checkout_timeout: float = 30.0,
     name: str = "runfleet",
+    open_timeout: float = 30.0,
 ) -> AsyncConnectionPool[Conn]:
     """The store's pool; every connection gets ``connection_kwargs`` (timeouts, prepare).
 
     ``statement_timeout_ms`` overrides ``RUNFLEET_STATEMENT_TIMEOUT`` for this pool (a
     heartbeat pool wants a renewal to fail in under a second, not in thirty).
     ``checkout_timeout`` bounds the wait for a free (or re-established) connection:
-    a producer with a 10 s retry budget must not sit 30 s in one checkout.
+    a producer with a 10 s retry budget must not sit 30 s in one checkout, nor
+    ``open_timeout`` s for its first connection.
     """
     pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
         settings.database_url,
@@ -202,7 +209,7 @@ async def open_pool(
         reconnect_failed=_reconnect_again,
         name=name,
     )
-    await pool.open(wait=True, timeout=30)
+    await pool.open(wait=True, timeout=open_timeout)
     return pool
 
 

@@ -128,12 +128,13 @@ class Unavailable(RunfleetError):
     """A service stayed unreachable for the whole retry budget; ``service`` names which.
 
     Raised to producers (``enqueue``, ``result``, ``cancel``, ...) after
-    ``RUNFLEET_PRODUCER_RETRY_FOR`` seconds of transient errors; ``error`` is the last one.
+    ``RUNFLEET_PRODUCER_RETRY_FOR`` seconds of transient errors; ``error`` is the last one,
+    and the message names the host:port, the cause and the fix (``store.reach.explain``).
     Whether a write happened is unknown: repeat it with the same run id (idempotent).
     """
 
-    def __init__(self, service: str, error: BaseException) -> None:
-        super().__init__(f"{service} unavailable: {error!r}")
+    def __init__(self, service: str, error: BaseException, message: str = "") -> None:
+        super().__init__(message or f"{service} unavailable: {error!r}")
         self.service = service
         self.error = error
 

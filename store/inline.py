@@ -44,6 +44,7 @@ from runfleet.store.db import (
     refuses_options,
 )
 from runfleet.store.queries import q
+from runfleet.store.reach import producer_pool_name
 from runfleet.store.transient import blocking_caller, end_blocking_caller
 
 log = logging.getLogger("runfleet.store.inline")
@@ -81,6 +82,10 @@ class InlineDatabase(Database):
         self._inline_current: contextvars.ContextVar[BlockingConn | None] = contextvars.ContextVar(
             f"runfleet_inline_tx_{id(self)}", default=None
         )
+
+    @property
+    def pool_name(self) -> str:
+        return self.blocking_pool.name
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Any]:
@@ -209,7 +214,7 @@ def open_store(settings: Settings, *, checkout_timeout: float) -> Store:
         open=False,
         timeout=checkout_timeout,
         reconnect_timeout=RECONNECT_GIVE_UP_S,
-        name="runfleet-inline",
+        name=producer_pool_name(),
     )
     pool.open(wait=False)
     return Store(InlineDatabase(pool, default_source_id()), settings)

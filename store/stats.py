@@ -6,9 +6,25 @@ benchmarks and schedules all count and tell time here.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from runfleet.store.db import Database
 from runfleet.store.rows import journal_record
 from runfleet.store.types import JournalRecord, Owner, RunStatus
+
+
+@dataclass(frozen=True)
+class QueueOverview:
+    """One queue's line of ``runfleet info``: open runs by what they wait for, and the
+    failed runs no requeue has replaced yet."""
+
+    queue: str
+    pending: int
+    scheduled: int
+    running: int
+    waiting: int
+    dead: int
+    failed: int
 
 
 class Stats:
@@ -40,6 +56,22 @@ class Stats:
         return {
             Owner(r["owner_host"], int(r["owner_pid"]), r["owner_nonce"]): int(r["n"]) for r in rows
         }
+
+    async def queue_overview(self) -> list[QueueOverview]:
+        """Every queue with an open or unretried failed run (the caller's rows only)."""
+        rows = await self._db.all("stats.queue_overview")
+        return [
+            QueueOverview(
+                queue=str(r["queue"]),
+                pending=int(r["pending"]),
+                scheduled=int(r["scheduled"]),
+                running=int(r["running"]),
+                waiting=int(r["waiting"]),
+                dead=int(r["dead"]),
+                failed=int(r["failed"]),
+            )
+            for r in rows
+        ]
 
     async def now_ms(self) -> int:
         """Database time (``runfleet.now_ms()``), the one clock the fleet agrees on."""

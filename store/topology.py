@@ -34,9 +34,11 @@ class Role(enum.StrEnum):
 class Standby:
     name: str
     client: str
-    state: str
-    sync_state: str
-    """``sync``, ``potential``, ``quorum`` or ``async`` (pg_stat_replication)."""
+    state: str | None
+    sync_state: str | None
+    """``sync``, ``potential``, ``quorum`` or ``async`` (pg_stat_replication); None when
+    the role may not read it (without pg_monitor, Postgres shows another session's
+    replication columns as NULL): unknown, never taken for ``async``."""
     replay_lag_s: float | None
     replay_behind_bytes: int | None
 
@@ -61,13 +63,22 @@ class Topology:
     """None when the role may not read it."""
 
     @property
+    def standbys_readable(self) -> bool:
+        """Whether this role can see each standby's sync state (pg_monitor, or superuser)."""
+        return all(s.sync_state is not None for s in self.standbys)
+
+    @property
     def commits_wait_for_standby(self) -> bool:
         """Whether an acknowledged commit is on a synchronous standby too (no loss on
         failover to it): a sync standby streams and commits wait for it."""
-        return (
-            self.synchronous_commit in WAITING_COMMITS
-            and bool(self.synchronous_standby_names.strip())
-            and any(s.synchronous for s in self.standbys)
+        return self.may_wait_for_standby and any(s.synchronous for s in self.standbys)
+
+    @property
+    def may_wait_for_standby(self) -> bool:
+        """Whether the settings ask commits to wait for a synchronous standby (whether one
+        streams is what ``standbys`` says)."""
+        return self.synchronous_commit in WAITING_COMMITS and bool(
+            self.synchronous_standby_names.strip()
         )
 
 
@@ -81,8 +92,8 @@ async def read_topology(db: Database) -> Topology:
             Standby(
                 name=str(r["name"]),
                 client=str(r["client"]),
-                state=str(r["state"]),
-                sync_state=str(r["sync_state"]),
+                state=_str(r["state"]),
+                sync_state=_str(r["sync_state"]),
                 replay_lag_s=_float(r["replay_lag_s"]),
                 replay_behind_bytes=_int(r["replay_behind_bytes"]),
             )
@@ -111,6 +122,10 @@ async def missing_runs(db: Database, ids: Sequence[str]) -> list[str]:
         return []
     present = {str(r["id"]) for r in await db.all("topology.present_runs", {"ids": list(ids)})}
     return sorted(set(ids) - present)
+
+
+def _str(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 def _float(value: object) -> float | None:

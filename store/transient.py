@@ -29,6 +29,8 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from runfleet.store.errors import RunfleetError
+
 T = TypeVar("T")
 
 POSTGRES_TYPES: tuple[type[BaseException], ...] = (
@@ -75,6 +77,8 @@ def is_transient(exc: BaseException) -> bool:
     """Whether the same call, made again once the service recovers, may well succeed."""
     if isinstance(exc, psycopg_pool.PoolClosed):
         return False  # closed on purpose by this process (an OperationalError subclass)
+    if isinstance(exc, RunfleetError):
+        return False  # an answer (a run that failed with a TimeoutError is a RunFailed too)
     if isinstance(exc, psycopg.Error):
         return _postgres_transient(exc)
     if isinstance(exc, psycopg_pool.PoolTimeout | psycopg_pool.TooManyRequests):

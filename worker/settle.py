@@ -80,6 +80,7 @@ def error_of(exc: BaseException) -> dict[str, Any]:
         trace = f"<traceback of {type(exc).__name__} could not be formatted>"
     error: dict[str, Any] = {
         "type": type(exc).__name__,
+        "module": _storable(type(exc).__module__, 200),
         "message": _storable(message, 8000),
         "traceback": _storable(trace, 4000, keep_end=True),
     }

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated
 
 import typer
 
 from runfleet.ops.cli import doctor, fleet, flows, history, produce, roles, runs
-from runfleet.ops.cli.common import fail, settings
+from runfleet.ops.cli.common import check_database_url, fail, run, settings
 from runfleet.ops.cli.options import CONCURRENCY_MAX, PORT_MAX, PROCESSES_MAX
 from runfleet.ops.cli.text import say
 
@@ -47,16 +46,28 @@ def migrate(
         str | None, typer.Option(help="defaults to RUNFLEET_DATABASE_URL")
     ] = None,
 ) -> None:
-    """Apply the schema migrations (idempotent; safe to run from many hosts at once)."""
+    """Apply the schema migrations (idempotent; safe to run from many hosts at once).
+
+    Needs a role that owns the database (or may create in it) and, the first time on a
+    server, CREATEROLE: migration 0005 creates runfleet's four group roles."""
     import psycopg
 
     from runfleet.store.migrate import migrate as run_migrations
 
     url = database_url or settings().database_url
-    try:
-        applied = asyncio.run(run_migrations(url))
-    except psycopg.OperationalError as exc:
-        fail(f"cannot reach the database: {str(exc).strip().splitlines()[0]}")
+    check_database_url("--database-url", url)
+
+    async def migrating() -> list[int]:
+        try:
+            return await run_migrations(url)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            why = str(exc).strip().splitlines()[0]
+            fail(
+                f"the database role may not migrate: {why} (`runfleet migrate` needs a role "
+                "that owns the database and has CREATEROLE: docs/how-to/roles.md)"
+            )
+
+    applied = run(migrating())
     say(f"migrations applied: {applied or 'none (up to date)'}")
 
 
@@ -123,7 +134,17 @@ def worker(
     )
     cfg = settings()
     if processes == 1:
-        raise typer.Exit(run_foreground(cfg, options))
+        import psycopg
+        import psycopg_pool
+
+        from runfleet.store.reach import address
+
+        try:
+            status = run_foreground(cfg, options)
+        except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
+            where = address("postgres", cfg.database_url)
+            fail(f"cannot reach the database at {where}: {str(exc).strip().splitlines()[0]}")
+        raise typer.Exit(status)
     from runfleet.worker.logs import configure
 
     configure(log_level, json_lines=log_json)
@@ -133,7 +154,7 @@ def worker(
 def _mount() -> None:
     """Command groups live in their own modules; this file only assembles them."""
     from runfleet.ops.bench.__main__ import app as bench_app
-    from runfleet.ops.cli import dashboard, prune, queues, retry, schedule
+    from runfleet.ops.cli import dashboard, info, prune, queues, retry, schedule
 
     runs.register(app)
     produce.register(app)
@@ -146,6 +167,7 @@ def _mount() -> None:
     dashboard.register(app)
     schedule.register(app)
     retry.register(app)
+    app.command("info")(info.info)
     queues.register(app)
     app.add_typer(bench_app, name="bench")
 

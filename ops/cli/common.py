@@ -20,8 +20,10 @@ from typing import Annotated, Any, Literal, NoReturn, TypeVar
 import psycopg
 import psycopg_pool
 import typer
+from psycopg.conninfo import conninfo_to_dict
 from pydantic import BaseModel, ValidationError
 from redis.asyncio import Redis
+from redis.connection import parse_url as parse_redis_url
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -42,6 +44,13 @@ T = TypeVar("T")
 AsJson = Annotated[
     bool,
     typer.Option("--json", help="Print JSON (validates against the runfleet.ops.models model)."),
+]
+Wide = Annotated[
+    bool,
+    typer.Option(
+        "--wide",
+        help="One whole line per row, whatever the terminal's width (piped output always is).",
+    ),
 ]
 CONNECT_TIMEOUT_S = 5
 _NO_SCHEMA = (
@@ -73,17 +82,43 @@ def _first_line(exc: BaseException) -> str:
 
 def settings() -> Settings:
     try:
-        return Settings()
+        cfg = Settings()
     except ValidationError as exc:
         problem = exc.errors()[0]
         field = ".".join(str(p) for p in problem["loc"])
         fail(f"bad setting RUNFLEET_{field.upper()}: {problem['msg']}")
+    check_database_url("RUNFLEET_DATABASE_URL", cfg.database_url)
+    if cfg.read_database_url:
+        check_database_url("RUNFLEET_READ_DATABASE_URL", cfg.read_database_url)
+    check_redis_url("RUNFLEET_REDIS_URL", cfg.redis_url)
+    return cfg
+
+
+def check_database_url(name: str, url: str) -> None:
+    """A URL libpq cannot parse ends here as one line naming the setting, not as a
+    ``ProgrammingError`` traceback from deep inside the first connection attempt."""
+    try:
+        parts = conninfo_to_dict(url)
+    except psycopg.Error as exc:
+        fail(f"bad {name}: {_first_line(exc)} (expected postgresql://user@host:port/database)")
+    ports = str(parts.get("port") or "5432").split(",")
+    if not all(port.strip().isdigit() for port in ports):
+        fail(f"bad {name}: port {parts.get('port')!r} is not a number")
+
+
+def check_redis_url(name: str, url: str) -> None:
+    try:
+        parse_redis_url(url)  # type: ignore[no-untyped-call]  # redis-py leaves parse_url unannotated
+    except ValueError as exc:
+        fail(f"bad {name}: {_first_line(exc)} (expected redis://host:port/db)")
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run a command's coroutine; turn the errors a user can cause into one line."""
     try:
         return asyncio.run(coro)
+    except RunfleetError as exc:  # first: a RunFailed may also be the run's TimeoutError
+        fail(str(exc))
     except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
         fail(f"cannot reach the database: {_first_line(exc)}")
     except (RedisConnectionError, RedisTimeoutError, ConnectionError, TimeoutError) as exc:
@@ -98,8 +133,6 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         fail(f"invalid input: {_first_line(exc)}")
     except UnicodeEncodeError:  # a lone surrogate in an argument: not encodable as UTF-8
         fail("invalid input: an argument is not valid UTF-8 text (a lone surrogate)")
-    except RunfleetError as exc:
-        fail(str(exc))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 

@@ -14,13 +14,13 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Literal, assert_never
 
 import typer
-from rich.table import Table
 
 from runfleet.broker.codec import FIELD, MalformedMessage, decode
 from runfleet.broker.liveness import FleetMember, Liveness
 from runfleet.broker.streams import Lane, Streams
 from runfleet.ops.cli import common as c
 from runfleet.ops.cli.text import add_row, show, styled
+from runfleet.ops.cli.text import table as table_of
 from runfleet.ops.models import Check, DoctorView
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrations, schema_version
@@ -39,6 +39,11 @@ ASYNC_LOSS = (
     "saw succeed; step records, so those steps run again): set synchronous_standby_names "
     "(Patroni: synchronous_mode: true) with synchronous_commit = on"
 )
+UNKNOWN_SYNC = (
+    "whether a commit waits for a standby is unknown, grant pg_monitor: this role cannot "
+    "read the standbys' sync state (pg_stat_replication shows it only to pg_monitor "
+    "members and superusers); GRANT pg_monitor TO <this role>"
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -50,16 +55,17 @@ def doctor(
         list[str] | None, typer.Option(help="Also measure this queue's stream lag (repeatable).")
     ] = None,
     as_json: c.AsJson = False,
+    wide: c.Wide = False,
 ) -> None:
     """Connectivity, pooler, schema version, clock skew, stream lag per queue, live workers."""
     view = c.run(Doctor(c.settings(), queue or []).run())
     if as_json:
         c.emit(view)
     else:
-        table = Table("check", "status", "detail", box=None)
+        table = table_of("check", "status", "detail")
         for check in view.checks:
             add_row(table, check.name, styled(check.status, STYLE[check.status]), check.detail)
-        show(table)
+        show(table, wide=wide)
     if not view.ok:
         raise typer.Exit(1)
 
@@ -310,7 +316,7 @@ def topology_verdict(seen: Topology) -> tuple[Literal["ok", "warn", "fail"], str
             for s in seen.standbys:
                 lag = "?" if s.replay_lag_s is None else f"{s.replay_lag_s:.2f} s"
                 behind = "" if s.replay_behind_bytes is None else f", {s.replay_behind_bytes} B"
-                parts.append(f"{s.name or s.client} {s.sync_state or '?'} {s.state} "
+                parts.append(f"{s.name or s.client} {s.sync_state or '?'} {s.state or '?'} "
                              f"(replay lag {lag}{behind})")  # fmt: skip
             detail = (
                 f"primary{timeline}; standbys: {'; '.join(parts)}; synchronous_commit="
@@ -319,6 +325,8 @@ def topology_verdict(seen: Topology) -> tuple[Literal["ok", "warn", "fail"], str
             )
             if seen.commits_wait_for_standby:
                 return "ok", f"{detail}: a commit waits for a synchronous standby"
+            if not seen.standbys_readable and seen.may_wait_for_standby:
+                return "warn", f"{detail}: {UNKNOWN_SYNC}"
             return "warn", f"{detail}: replication is asynchronous; {ASYNC_LOSS}"
         case _ as never:
             assert_never(never)

@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from runfleet.broker.liveness import FleetMember, Liveness, Probe
 from runfleet.ops.cli import common as c
 from runfleet.ops.cli.options import LIST_MAX, RESTARTS_MAX, duration_option
 from runfleet.ops.cli.text import add_row, say, show, styled
+from runfleet.ops.cli.text import table as table_of
 from runfleet.ops.explain.predict import dead_words
 from runfleet.ops.models import (
     FleetMemberView,
@@ -54,6 +54,7 @@ def fleet(
         ),
     ] = False,
     as_json: c.AsJson = False,
+    wide: c.Wide = False,
 ) -> None:
     """Live worker processes (from their liveness keys) and the runs each owns.
 
@@ -67,7 +68,7 @@ def fleet(
     if as_json:
         c.emit(view)
         return
-    table = Table("host", "pid", "up", "lease confirmed", "runs", "lapsed", "queues", box=None)
+    table = table_of("host", "pid", "up", "lease confirmed", "runs", "lapsed", "queues")
     for w in view.workers:
         runs = "?" if w.runs_owned is None else str(w.runs_owned)
         suspect = w.suspect is not None
@@ -81,7 +82,7 @@ def fleet(
             styled("LAPSED", "red") if w.lapsed else "no",
             ",".join(w.queues),
         )
-    show(table)
+    show(table, wide=wide)
     for w in view.workers:
         if w.suspect is not None:
             say(
@@ -221,6 +222,7 @@ def stuck(
         int, typer.Option(min=1, max=LIST_MAX, help="At most this many per kind.")
     ] = 200,
     as_json: c.AsJson = False,
+    wide: c.Wide = False,
 ) -> None:
     """Runs that need a person: live owners not renewing, runs restarted again and again,
     unfired timers, quarantine, …"""
@@ -231,7 +233,7 @@ def stuck(
     if not view.items:
         say("nothing stuck: the sweeps handle everything else.")
         return
-    table = Table("kind", "run", "flow / queue", "for", "what", "do", box=None)
+    table = table_of("kind", "run", "flow / queue", "for", "what", "do", ids=("run",))
     for item in view.items:
         add_row(
             table,
@@ -242,7 +244,7 @@ def stuck(
             item.detail,
             item.action,
         )
-    show(table)
+    show(table, wide=wide)
 
 
 async def _stuck(

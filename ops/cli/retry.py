@@ -1,4 +1,5 @@
-"""``runfleet retry RUN``: run a failed run again, as rq's ``failed_job_registry.requeue``.
+"""``runfleet retry RUN`` and ``runfleet requeue --all-failed``: run failed runs again, as
+rq's ``failed_job_registry.requeue`` (one, or every one of a queue: django-rq's bulk action).
 
 A failed run stays failed (terminal is never left); the retry is the next round of
 its lineage with the same flow and arguments (``broker.AsyncQueue.requeue``), and
@@ -16,9 +17,13 @@ from pydantic import BaseModel, ConfigDict
 
 from runfleet.broker import AsyncQueue
 from runfleet.ops.cli import common as c
+from runfleet.ops.cli.options import LIST_MAX
 from runfleet.ops.cli.produce import Scopes, actor
 from runfleet.ops.cli.text import say
+from runfleet.ops.models import RequeueResult
 from runfleet.store.config import Settings
+from runfleet.store.errors import InvalidInput, RunNotFound, ScopeDenied
+from runfleet.store.registries import Registries, RegistryKind
 from runfleet.store.types import RunStatus, WaitingReason
 
 
@@ -36,6 +41,7 @@ class RetryResult(BaseModel):
 
 def register(app: typer.Typer) -> None:
     app.command("retry")(retry)
+    app.command("requeue")(requeue)
 
 
 def retry(
@@ -68,3 +74,65 @@ async def _retry(cfg: Settings, run_id: str, scopes: list[str]) -> RetryResult:
         again = await q.requeue(run_id, actor=actor())
         row = await again.fetch()
     return RetryResult(run_id=run_id, retry_id=row.id, status=row.status)
+
+
+def requeue(
+    queue: Annotated[str, typer.Option(help="The queue whose failed runs run again.")],
+    all_failed: Annotated[
+        bool,
+        typer.Option(
+            "--all-failed", help="Every failed run of the queue not requeued yet (required)."
+        ),
+    ] = False,
+    flow: Annotated[str | None, typer.Option(help="Only failed runs of this flow.")] = None,
+    limit: Annotated[
+        int, typer.Option(min=1, max=LIST_MAX, help="At most this many, oldest first.")
+    ] = 1000,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="List what would be requeued; change nothing.")
+    ] = False,
+    scope: Scopes = None,
+    as_json: c.AsJson = False,
+) -> None:
+    """Requeue a queue's failed runs: each as ``runfleet retry`` does (a new round, journaled)."""
+    if not all_failed:
+        raise typer.BadParameter("say which runs: --all-failed", param_hint="'--all-failed'")
+    result = c.run(_requeue(c.settings(), queue, flow, limit, dry_run, scope or []))
+    if as_json:
+        c.emit(result)
+        return
+    for failed, again in result.requeued.items():
+        say(f"{failed} would be requeued" if dry_run else f"{failed} requeued as {again}")
+    for failed, why in result.refused.items():
+        say(f"{failed} not requeued: {why}")
+    what = "would be requeued" if dry_run else "requeued"
+    say(f"{len(result.requeued)} failed run(s) of queue {queue} {what}")
+
+
+async def _requeue(
+    cfg: Settings, queue: str, flow: str | None, limit: int, dry_run: bool, scopes: list[str]
+) -> RequeueResult:
+    """The failed registry of ``queue`` (``store.registries``: no requeued or deleted run),
+    each requeued through ``AsyncQueue.requeue``: the same round, checks and journal
+    record as ``runfleet retry``, so a repeat (or a crash half-way) joins, never doubles."""
+    await c.check_database(cfg.database_url)
+    requeued: dict[str, str] = {}
+    refused: dict[str, str] = {}
+    async with AsyncQueue(queue, settings=cfg, scopes=scopes) as q:
+        entries = await Registries(q.store).ids(RegistryKind.FAILED, queue, q.scopes, limit)
+        for entry in entries:
+            try:
+                row = await q.authorized(entry.rq_id)
+                if flow is not None and row.flow != flow:
+                    continue
+                if dry_run:
+                    requeued[entry.rq_id] = entry.rq_id
+                    continue
+                again = await q.requeue(entry.rq_id, actor=actor())
+            except (ScopeDenied, InvalidInput, RunNotFound) as exc:
+                refused[entry.rq_id] = str(exc)
+                continue
+            requeued[entry.rq_id] = again.id
+    return RequeueResult(
+        queue=queue, flow=flow, dry_run=dry_run, requeued=requeued, refused=refused
+    )

@@ -84,17 +84,18 @@ def runs(
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=LIST_MAX, help="At most this many.")] = 50,
     as_json: c.AsJson = False,
+    wide: c.Wide = False,
 ) -> None:
-    """List runs, newest first."""
+    """List runs, newest first (ids whole: on a narrow terminal other cells fold)."""
     listing = c.run(_runs(c.settings(), status, flow, queue, since, limit))
     if as_json:
         c.emit(listing)
         return
-    table = Table("id", "flow", "queue", "status", "age", "where", box=None)
+    table = t.table("id", "flow", "queue", "status", "age", "where", ids=("id",))
     for run in listing.runs:
         age = c.seconds(listing.now_ms - run.created_at_ms)
         t.add_row(table, run.id, run.flow, run.queue, _status(run.status), age, _where(run))
-    t.show(table)
+    t.show(table, wide=wide)
     t.say(t.styled(f"{len(listing.runs)} run(s)", "dim"))
 
 

@@ -22,7 +22,7 @@ again where they are printed).
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 from rich.tree import Tree
 
@@ -99,6 +99,17 @@ def add_row(table: Table, *cells: Part) -> None:
     table.add_row(*(line(cell) for cell in cells))
 
 
+def table(*headers: str, ids: tuple[str, ...] = ()) -> Table:
+    """A listing whose cells are never cut: on a narrow terminal a long cell folds onto
+    more lines, and an ``ids`` column is never folded either (an id is pasted whole into
+    ``explain`` or a script; ``show`` widens it to its longest id)."""
+    return Table(*(Column(h, overflow="fold", no_wrap=h in ids) for h in headers), box=None)
+
+
+WIDE = 1_000_000
+"""The width a listing is laid out in when it is not for a terminal (piped, ``--wide``)."""
+
+
 def tree(*label: Part) -> Tree:
     return Tree(line(*label))
 
@@ -107,6 +118,23 @@ def branch(parent: Tree, *label: Part) -> Tree:
     return parent.add(line(*label))
 
 
-def show(renderable: Table | Tree) -> None:
-    """Print a table or tree built with ``add_row`` / ``tree`` / ``branch``."""
+def show(renderable: Table | Tree, *, wide: bool = False) -> None:
+    """Print a table or tree built with ``add_row`` / ``tree`` / ``branch``.
+
+    Laid out for the terminal's width only on a terminal and without ``wide``: piped
+    (``| cat``, ``| grep``) or with ``--wide``, every row is one whole line."""
+    if isinstance(renderable, Table):
+        for column in renderable.columns:
+            if column.no_wrap:  # an id column: as wide as its longest id
+                widest = 0
+                for cell in column.cells:
+                    if isinstance(cell, Text):
+                        widest = max(widest, cell.cell_len)
+                column.min_width = max(widest, len(str(column.header)))
+    if wide or not out.is_terminal:
+        whole = Console(
+            width=WIDE, highlight=False, emoji=False, force_terminal=out.is_terminal or None
+        )
+        whole.print(renderable)
+        return
     out.print(renderable)

@@ -1,4 +1,5 @@
-"""The dashboard's buttons: cancel, approve, deny, resume — the CLI's calls on the same queue.
+"""The dashboard's buttons: cancel, approve, deny, resume, retry — the CLI's calls on the
+same queue, each shown only on a run whose state it fits (``fitting``).
 
 Each goes through ``broker.AsyncQueue`` with the scopes the dashboard was started with
 (``runfleet dashboard --scope``), so a run whose scopes they do not cover is refused
@@ -13,13 +14,13 @@ import getpass
 import json
 import socket
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, assert_never
 
 from runfleet.broker import AsyncQueue
 from runfleet.ops.cli import common as c
 from runfleet.ops.cli.produce import cancel_on
-from runfleet.ops.models import AnswerResult, CancelResult
-from runfleet.store.types import WaitingReason
+from runfleet.ops.models import AnswerResult, CancelResult, RunSummary
+from runfleet.store.types import RunStatus, WaitingReason
 
 
 class Action(StrEnum):
@@ -27,6 +28,28 @@ class Action(StrEnum):
     APPROVE = "approve"
     DENY = "deny"
     RESUME = "resume"
+    RETRY = "retry"
+
+
+def fitting(run: RunSummary) -> frozenset[Action]:
+    """The buttons a run in this state can take: cancel an open run not yet asked to stop,
+    answer an approval it waits for, resume it from quarantine or dead, retry it failed
+    (once: a requeued run is retried through the round that replaced it)."""
+    reason = run.waiting.reason if run.waiting is not None else None
+    match run.status:
+        case RunStatus.PENDING | RunStatus.RUNNING | RunStatus.SUSPENDED:
+            fits = set() if run.cancel_requested_at_ms is not None else {Action.CANCEL}
+            if reason == WaitingReason.APPROVAL:
+                fits |= {Action.APPROVE, Action.DENY}
+            if reason in (WaitingReason.QUARANTINE, WaitingReason.DEAD):
+                fits.add(Action.RESUME)
+            return frozenset(fits)
+        case RunStatus.FAILED:
+            return frozenset() if run.requeued_as else frozenset({Action.RETRY})
+        case RunStatus.COMPLETED | RunStatus.CANCELLED:
+            return frozenset()
+        case _ as never:
+            assert_never(never)
 
 
 def actor() -> str:
@@ -53,7 +76,7 @@ async def perform(
     """Carry out one button press; caller errors raise (ScopeDenied, InvalidInput, …)."""
     who = actor()
     reason = form.get("reason", "").strip() or None
-    done: Literal["approved", "denied", "resumed"]
+    done: Literal["approved", "denied", "resumed", "retried"]
     match action:
         case Action.CANCEL:
             return await cancel_on(q, run_id, who)
@@ -72,5 +95,8 @@ async def perform(
             else:
                 await q.resume(run_id, accept_recorded=rerun is None, rerun_step=rerun, actor=who)
             done = "resumed"
+        case Action.RETRY:  # runfleet retry: a new round of the failed run's lineage
+            again = await (await q.requeue(run_id, actor=who)).fetch()
+            return AnswerResult(run_id=again.id, action="retried", status=again.status)
     row = await q.authorized(run_id)
     return AnswerResult(run_id=run_id, action=done, status=row.status)

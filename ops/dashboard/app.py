@@ -32,11 +32,11 @@ from runfleet.ops.cli.options import LIST_MAX, since
 from runfleet.ops.cli.runs import detail_view, list_view, tree_view
 from runfleet.ops.cli.text import literal
 from runfleet.ops.dashboard import data, security, svg
-from runfleet.ops.dashboard.actions import Action, perform
+from runfleet.ops.dashboard.actions import Action, fitting, perform
 from runfleet.ops.dashboard.lifecycle import lifecycle
 from runfleet.ops.dashboard.urls import action_id, api_id, page_id, run_url
 from runfleet.ops.explain.report import explain, gather
-from runfleet.ops.models import ReadAnswer
+from runfleet.ops.models import AnswerResult, ReadAnswer
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput, RunfleetError, RunNotFound, ScopeDenied, Unavailable
 from runfleet.store.topology import Role, Topology, read_topology
@@ -229,6 +229,7 @@ async def run(request: Request) -> Response:
         timeline=timeline,
         done=done if done in _DONE_WORDS else None,
         done_words=_DONE_WORDS,
+        actions=fitting(detail.run),
     )
 
 
@@ -290,6 +291,7 @@ _DONE_WORDS = {
     "approved": "approved",
     "denied": "denied",
     "resumed": "resumed: released from quarantine, or moved on from dead",
+    "retried": "retried: this round runs the failed run again",
     "completed": "completed",
     "already-completed": "already completed",
 }
@@ -325,7 +327,8 @@ async def act(request: Request) -> Response:
     if "application/json" in request.headers.get("accept", ""):
         return _json(result)
     outcome = getattr(result, "outcome", None) or getattr(result, "action", "")
-    return RedirectResponse(run_url(run_id, done=outcome), status_code=303)
+    shown = result.run_id if isinstance(result, AnswerResult) else run_id  # a retry's round
+    return RedirectResponse(run_url(shown, done=outcome), status_code=303)
 
 
 def create_app(

@@ -25,3 +25,23 @@ SELECT runfleet.now_ms() AS now_ms;
 SELECT owner_host, owner_pid, owner_nonce, count(*) AS n FROM runfleet.runs
  WHERE status = 'running'
  GROUP BY owner_host, owner_pid, owner_nonce;
+
+-- name: queue_overview
+-- Per queue, what `runfleet info` shows (rq's `rq info`): open runs by what they wait
+-- for, and the failed runs not yet requeued (rq's failed registry: no `requeued_as`, not
+-- deleted). Scheduled = pending on its start time (enqueue_in/at); dead = parked `dead`.
+SELECT queue,
+       count(*) FILTER (WHERE status = 'pending' AND NOT (waiting_reason IS NOT DISTINCT FROM
+                        'timer' AND waiting_wake_at_ms > runfleet.now_ms())) AS pending,
+       count(*) FILTER (WHERE status = 'pending' AND waiting_reason = 'timer'
+                        AND waiting_wake_at_ms > runfleet.now_ms()) AS scheduled,
+       count(*) FILTER (WHERE status = 'running') AS running,
+       count(*) FILTER (WHERE status = 'suspended'
+                        AND waiting_reason IS DISTINCT FROM 'dead') AS waiting,
+       count(*) FILTER (WHERE status = 'suspended' AND waiting_reason = 'dead') AS dead,
+       count(*) FILTER (WHERE status = 'failed' AND NOT (state ? 'requeued_as')
+                        AND NOT (state ? 'deleted')) AS failed
+  FROM runfleet.runs
+ WHERE status IN ('pending', 'running', 'suspended', 'failed')
+ GROUP BY queue
+ ORDER BY queue;

@@ -26,10 +26,12 @@ SELECT timeline_id AS timeline FROM pg_control_checkpoint();
 
 -- name: standbys
 -- The standbys streaming from this primary, with how far behind each one replays.
+-- `state` and `sync_state` stay NULL where the role may not read them (no pg_monitor):
+-- unknown, which is not the same as `async`.
 SELECT coalesce(application_name, '') AS name,
        coalesce(client_addr::text, 'local') AS client,
-       coalesce(state, '') AS state,
-       coalesce(sync_state, '') AS sync_state,
+       state,
+       sync_state,
        extract(epoch FROM replay_lag)::float8 AS replay_lag_s,
        CASE WHEN replay_lsn IS NOT NULL
             THEN pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::bigint

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from tests.broker.conftest import closed_port
@@ -68,3 +72,48 @@ async def test_unmigrated_database(cli: Cli, new_empty_database: NewDatabase) ->
     assert _one_line(result.stderr) == (
         "error: the database has no runfleet schema: run `runfleet migrate`"
     )
+
+
+def _runfleet(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The installed command as a user types it: its own process, its own stderr."""
+    return subprocess.run(
+        [sys.executable, "-m", "runfleet", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "message"),
+    [
+        ("RUNFLEET_DATABASE_URL", "postgres://%zz", "error: bad RUNFLEET_DATABASE_URL: invalid"),
+        ("RUNFLEET_DATABASE_URL", "not a url", "error: bad RUNFLEET_DATABASE_URL: missing"),
+        (
+            "RUNFLEET_DATABASE_URL",
+            "postgresql://u@127.0.0.1:notaport/db",
+            "error: bad RUNFLEET_DATABASE_URL: port 'notaport' is not a number",
+        ),
+        ("RUNFLEET_REDIS_URL", "localhost:6379", "error: bad RUNFLEET_REDIS_URL: Redis URL"),
+    ],
+)
+@pytest.mark.parametrize("command", [["runs"], ["worker", "--burst"]])
+def test_malformed_urls_in_the_real_cli(
+    setting: str, value: str, message: str, command: list[str]
+) -> None:
+    done = _runfleet(*command, **{setting: value})
+    assert done.returncode == 1, done
+    assert "Traceback" not in done.stderr and "╭" not in done.stderr, done.stderr
+    assert _one_line(done.stderr).startswith(message), done.stderr
+
+
+def test_malformed_and_unreachable_urls_for_migrate() -> None:
+    done = _runfleet("migrate", "--database-url", "postgres://%zz")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert _one_line(done.stderr).startswith("error: bad --database-url: invalid percent")
+    url = f"postgresql://postgres@127.0.0.1:{closed_port()}/postgres"
+    for args in (["migrate", "--database-url", url], ["enqueue", "a:b"], ["dashboard"]):
+        done = _runfleet(*args, RUNFLEET_DATABASE_URL=url)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, (args, done.stderr)
+        assert _one_line(done.stderr).startswith("error: cannot reach the database"), args

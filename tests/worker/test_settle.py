@@ -431,7 +431,7 @@ def test_an_error_keeps_its_traceback_as_formatted_or_says_it_could_not(
 @pytest.mark.parametrize(
     ("limit", "stored"),
     [
-        (300, {"type": "UnstorableValue", "traceback": ""}),
+        (300, {"type": "UnstorableValue", "module": "runfleet.store.values", "traceback": ""}),
         (60, {"type": "UnstorableValue"}),
     ],
 )

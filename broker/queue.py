@@ -61,6 +61,7 @@ from runfleet.store.events import EventRow, SendOutcome
 from runfleet.store.forks import Deleted
 from runfleet.store.jobs import Jobs
 from runfleet.store.registries import Registries
+from runfleet.store.steps import StepEntry
 from runfleet.store.transient import is_transient, service_of
 from runfleet.store.types import CancelOutcome, CreateOutcome, EventAnswer, NewRun, RunRow
 
@@ -506,6 +507,16 @@ class AsyncQueue:
     ) -> SendOutcome:
         """``broker.messages.RunMessages.send``: to the run's ``ctx.recv(topic)``."""
         return await self.messages.send(run_id, topic, value, message_id=message_id)
+
+    async def list_steps(self, run_id: str) -> list[StepEntry]:
+        """The run's steps (DBOS ``list_workflow_steps``): every recorded call, and every
+        step attempted and never recorded (``failed`` with its last error, or
+        ``unfinished``), each with its attempt count (``store.steps.Steps.listing``)."""
+        await self.authorized(run_id)
+        listed: list[StepEntry] = await self.session.available(
+            lambda: self.store.steps.listing(run_id)
+        )
+        return listed
 
     async def resume_run(self, run_id: str, *, actor: str | None = None) -> AsyncRun:
         """``broker.history.RunHistory.resume_run``: a new round from the recorded calls."""

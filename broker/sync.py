@@ -50,6 +50,7 @@ from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput
 from runfleet.store.events import SendOutcome
 from runfleet.store.forks import Deleted
+from runfleet.store.steps import StepEntry
 from runfleet.store.types import CancelOutcome, EventAnswer
 
 T = TypeVar("T")
@@ -469,6 +470,9 @@ class Queue:
         return self._call(self._async.send(run_id, topic, value, message_id=message_id))
 
     # ---- a run's history (broker.history) ------------------------------------
+
+    def list_steps(self, run_id: str) -> list[StepEntry]:
+        return self._call(self._async.list_steps(run_id))
 
     def resume_run(self, run_id: str, *, actor: str | None = None) -> Job:
         return self._wrap(self._call(self._async.resume_run(run_id, actor=actor)))

@@ -192,3 +192,10 @@ async def zero_wait(ctx: Context) -> Any:
     except TimeoutError:
         await ctx.wait_for("after")  # parks, so a replay has to decide "now" again
         return "timed out"
+
+
+@flow(name="t.failing_step")
+async def failing_step(ctx: Context, tag: str) -> str:
+    await ctx.step("a", count, f"{tag}:a")
+    out: str = await ctx.step("b", flaky, f"{tag}:b", 5, retry=Retry(attempts=2, backoff=0.01))
+    return out

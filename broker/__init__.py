@@ -21,7 +21,7 @@ from runfleet.broker.rq_api import (
     job,
     requeue_job,
 )
-from runfleet.broker.run import AsyncRun, RunCancelled, RunFailed
+from runfleet.broker.run import AsyncRun, RunCancelled, RunDead, RunFailed
 from runfleet.broker.sync import Queue, Run
 from runfleet.store.errors import RunNotFound
 from runfleet.store.types import (
@@ -58,6 +58,7 @@ __all__ = [
     "Retry",
     "Run",
     "RunCancelled",
+    "RunDead",
     "RunFailed",
     "RunNotFound",
     "ScheduledJobRegistry",

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from runfleet.broker.names import load_from_path
 from runfleet.broker.rq_api import InvalidJobOperation, refuse_pipeline
-from runfleet.broker.run import AsyncRun, outcome
+from runfleet.broker.run import AsyncRun, is_dead, outcome
 from runfleet.broker.trust import already_loaded
 from runfleet.store.errors import RunNotFound
 from runfleet.store.jobs import Jobs
@@ -43,6 +43,8 @@ class JobStatus(enum.StrEnum):
     CANCELED = "canceled"
     SCHEDULED = "scheduled"
     DEFERRED = "deferred"
+    DEAD = "dead"
+    """Not rq's: parked ``dead`` at the recovery limit (a resume or a cancel moves it)."""
 
 
 def job_status(row: RunRow, deferred: bool = False) -> JobStatus:
@@ -53,15 +55,17 @@ def job_status(row: RunRow, deferred: bool = False) -> JobStatus:
     instant by the worker that closes it, which must not read as started). Otherwise
     pending → queued, or scheduled while its start time (enqueue_at/in) is in the
     future; any open run is deferred (``deferred``: the caller read its dependencies)
-    while a ``depends_on`` dependency has not completed; running and suspended (parked
-    on a wait: it has started) → started; completed → finished; failed → failed;
-    cancelled → canceled.
+    while a ``depends_on`` dependency has not completed; a run parked dead → dead; running
+    and suspended (parked on a wait: it has started) → started; completed → finished;
+    failed → failed; cancelled → canceled.
     """
     if not row.status.terminal:
         if row.cancel_requested_at_ms is not None:
             return JobStatus.CANCELED
         if deferred:
             return JobStatus.DEFERRED
+    if is_dead(row):
+        return JobStatus.DEAD
     if row.status is RunStatus.PENDING:
         waiting = row.waiting
         if (

@@ -33,14 +33,16 @@ class RunHistory:
         """Resume a failed or cancelled run from its recorded calls (DBOS resume_workflow).
 
         A new round of its lineage replays them and runs on from the first one not
-        recorded; the settled round stays settled (``resumed_as``). Resuming again while
-        that round is open joins it.
+        recorded; the settled round stays settled (``resumed_as``: terminal is never left,
+        DESIGN §3), and the handle returned is the id the caller holds, which answers
+        through that round (``ProducerSession.answering``). Resuming again while that
+        round is open joins it.
         """
         await self._session.authorized(run_id)
         forks = Forks(self._session.store)
         new: RunRow = await self._session.available(lambda: forks.resume(run_id, actor=actor))
         await self._session.publish_ready([new], lane=Lane.NORMAL)
-        return self._handle(new.id)
+        return self._handle(run_id)
 
     async def fork(
         self,

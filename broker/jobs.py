@@ -167,6 +167,8 @@ async def settled_row(queue: AsyncQueue, run_id: str) -> RunRow | None:
         return None
     if row.status is RunStatus.FAILED and row.requeued_as:
         return None
+    if row.resumed_as:  # resumed: the id answers through the round that resumed it
+        return None
     return row
 
 

@@ -63,7 +63,15 @@ from runfleet.store.jobs import Jobs
 from runfleet.store.registries import Registries
 from runfleet.store.steps import StepEntry
 from runfleet.store.transient import is_transient, service_of
-from runfleet.store.types import CancelOutcome, CreateOutcome, EventAnswer, NewRun, RunRow
+from runfleet.store.types import (
+    CancelOutcome,
+    CreateOutcome,
+    EventAnswer,
+    NewRun,
+    RunRow,
+    RunStatus,
+    WaitingReason,
+)
 
 __all__ = [
     "AsyncQueue",
@@ -519,8 +527,25 @@ class AsyncQueue:
         return listed
 
     async def resume_run(self, run_id: str, *, actor: str | None = None) -> AsyncRun:
-        """``broker.history.RunHistory.resume_run``: a new round from the recorded calls."""
-        return await self.history.resume_run(run_id, actor=actor)
+        """Resume the run under the id the caller holds (DBOS ``resume_workflow``).
+
+        A failed or cancelled run continues in a new round replaying its recorded calls
+        (``broker.history.RunHistory.resume_run``); the id keeps answering for it (status,
+        result, events, messages follow the round). A run parked dead moves on in place
+        (``resume``). A run that is open or completed has nothing to resume: the handle
+        is returned and nothing changes, so resuming twice is harmless. A quarantined run
+        needs a choice (``resume(accept_recorded=|rerun_step=)``): refused with the reason.
+        """
+        row = await self.session.answering(run_id)
+        if row.waiting is not None and row.waiting.reason in (
+            WaitingReason.DEAD,
+            WaitingReason.QUARANTINE,
+        ):
+            await self.control.resume(row.id, actor=actor)
+            return self.run(run_id)
+        if row.status in (RunStatus.FAILED, RunStatus.CANCELLED):
+            await self.history.resume_run(run_id, actor=actor)
+        return self.run(run_id)
 
     async def fork(
         self,

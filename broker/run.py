@@ -67,8 +67,13 @@ class AsyncRun:
     async def fetch(self) -> RunRow:
         return await self._queue.authorized(self.id)
 
+    async def current(self) -> RunRow:
+        """The row that answers for this id now: the run, or the round that resumed it
+        (``resume_run``: the id a caller holds is the run it resumed)."""
+        return await self._queue.session.answering(self.id)
+
     async def get_status(self) -> RunStatus:
-        return (await self.fetch()).status
+        return (await self.current()).status
 
     async def return_value(self) -> Any:
         """The result if the run completed, else None (rq's meaning; never waits)."""
@@ -104,11 +109,15 @@ class AsyncRun:
                 await watch.wait(min(remaining, 0.5))
 
     async def _last_round(self, row: RunRow) -> RunRow:
-        """A run that handed off is answered by the last round of its lineage."""
-        while row.status is RunStatus.COMPLETED and row.handed_off_to:
-            successor = await self._queue.authorized(row.handed_off_to)
-            row = successor
-        return row
+        """A run that handed off is answered by the last round of its lineage; one that
+        was resumed, by the round that resumed it."""
+        while True:
+            if row.status is RunStatus.COMPLETED and row.handed_off_to:
+                row = await self._queue.authorized(row.handed_off_to)
+            elif row.status in (RunStatus.FAILED, RunStatus.CANCELLED) and row.resumed_as:
+                row = await self._queue.authorized(row.resumed_as)
+            else:
+                return row
 
     async def cancel(self, *, actor: str | None = None) -> CancelOutcome:
         return await self._queue.cancel(self.id, actor=actor)

@@ -10,10 +10,11 @@ import time
 import pytest
 
 from runfleet.broker import AsyncQueue, JobStatus, Queue, RunDead, RunFailed
-from runfleet.store import Store
+from runfleet.store import Kind, Store
 from runfleet.store import journal_records as jr
 from runfleet.store.config import Settings
 from runfleet.store.types import DeadLettered
+from tests.fleet.procs import records
 from tests.store.helpers import OWNER_B, extra_stores, make_running, wait_db_time_past
 
 
@@ -50,3 +51,16 @@ async def test_awaiting_a_dead_run_raises_at_once_and_its_status_reads_dead(
             return job.get_status()
 
     assert await asyncio.to_thread(sync_side) is JobStatus.DEAD
+
+
+async def test_resume_run_moves_a_dead_run_on_in_place_and_twice_is_harmless(
+    settings: Settings, store: Store, queue: AsyncQueue
+) -> None:
+    await _dead(settings, store, "poison-2")
+    resumed = await queue.resume_run("poison-2")
+    assert resumed.id == "poison-2"
+    row = await store.runs.get("poison-2")
+    assert row is not None and row.waiting is None and row.recoveries == 0
+    again = await queue.resume_run("poison-2")  # open now: nothing to resume
+    assert again.id == "poison-2"
+    assert len(await records(store, "poison-2", Kind.RESUMED)) == 1

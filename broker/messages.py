@@ -70,6 +70,18 @@ class RunMessages:
             await asyncio.sleep(min(pause, left))
             pause = min(POLL_MAX_S, pause * 2)
 
+    async def get_events(self, run_id: str) -> dict[str, Any]:
+        """Every event the run set, by key, with its latest value (DBOS
+        ``get_all_events``); empty for a run that set none or an id never used."""
+        try:
+            run_id = (await self._session.answering(run_id)).id
+        except RunNotFound:
+            return {}
+        rows: list[EventRow] = await self._session.available(
+            lambda: self._session.store.events.of_run(run_id)
+        )
+        return {row.key: row.value for row in rows}
+
     async def send(
         self, run_id: str, topic: str, value: Any = None, *, message_id: str | None = None
     ) -> SendOutcome:

@@ -507,6 +507,10 @@ class AsyncQueue:
         """``broker.messages.RunMessages.get_event``: the run's event ``key``, or None."""
         return await self.messages.get_event(run_id, key, timeout)
 
+    async def get_events(self, run_id: str) -> dict[str, Any]:
+        """``broker.messages.RunMessages.get_events``: every event of the run, by key."""
+        return await self.messages.get_events(run_id)
+
     async def get_event_row(self, run_id: str, key: str, timeout: float = 0.0) -> EventRow | None:
         return await self.messages.get_event_row(run_id, key, timeout)
 

@@ -464,6 +464,9 @@ class Queue:
     def get_event(self, run_id: str, key: str, timeout: float = 0.0) -> Any:
         return self._call(self._async.get_event(run_id, key, timeout))
 
+    def get_events(self, run_id: str) -> dict[str, Any]:
+        return self._call(self._async.get_events(run_id))
+
     def send(
         self, run_id: str, topic: str, value: Any = None, *, message_id: str | None = None
     ) -> SendOutcome:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from runfleet.broker.run import AsyncRun
 from runfleet.broker.session import ProducerSession
 from runfleet.broker.streams import Lane
+from runfleet.store.errors import RunNotFound
 from runfleet.store.forks import Deleted, Forks
 from runfleet.store.types import RunRow
 
@@ -63,8 +64,12 @@ class RunHistory:
         return self._handle(new.id)
 
     async def delete_run(self, run_id: str, *, actor: str | None = None) -> Deleted:
-        """Delete a settled run — every round of its lineage — and all that is theirs."""
-        await self._session.authorized(run_id)
+        """Delete a settled run — every round of its lineage — and all that is theirs.
+        An id that names no run (never used, or deleted already) deletes nothing."""
+        try:
+            await self._session.authorized(run_id)
+        except RunNotFound:
+            return Deleted((), 0, 0)
         forks = Forks(self._session.store)
         done: Deleted = await self._session.available(lambda: forks.delete(run_id))
         log.info(

@@ -326,6 +326,16 @@ class Job:
     def is_deferred(self) -> bool:
         return self.get_status() is JobStatus.DEFERRED
 
+    @property
+    def priority(self) -> int:
+        """The run's priority as admitted (not rq's: docs/queues.md)."""
+        return self._current.priority
+
+    @property
+    def dedup_key(self) -> str | None:
+        """The ``dedup_key`` the run was admitted with, or None (not rq's)."""
+        return self._current.dedup_key
+
     # ---- results -----------------------------------------------------------
 
     @property

@@ -60,6 +60,7 @@ from runfleet.store.errors import InvalidInput, Unavailable
 from runfleet.store.events import EventRow, SendOutcome
 from runfleet.store.forks import Deleted
 from runfleet.store.jobs import Jobs
+from runfleet.store.queues import QueueSettings
 from runfleet.store.registries import Registries
 from runfleet.store.steps import StepEntry
 from runfleet.store.transient import is_transient, service_of
@@ -520,6 +521,31 @@ class AsyncQueue:
         """``broker.messages.RunMessages.send``: to the run's ``ctx.recv(topic)``."""
         return await self.messages.send(run_id, topic, value, message_id=message_id)
 
+    async def configure(
+        self,
+        *,
+        concurrency: int | None = None,
+        rate: float | None = None,
+        default_priority: int | None = None,
+        note: str | None = None,
+    ) -> QueueSettings:
+        """Set this queue's fleet-wide limits from Python (``runfleet queue set`` does the
+        same): ``concurrency`` runs at once, ``rate`` starts per second (a token bucket),
+        ``default_priority``; 0 lifts a limit, None leaves a setting as it is. Journaled
+        with the authenticated role (``store.queues.Queues.set``); the next claim of every
+        worker obeys it. Needs a role that may write the queue settings (the operator's)."""
+        name = self.name
+        settings: QueueSettings = await self.session.available(
+            lambda: self.store.queues.set(
+                name,
+                concurrency=concurrency,
+                rate_per_s=rate,
+                default_priority=default_priority,
+                note=note,
+            )
+        )
+        return settings
+
     async def list_steps(self, run_id: str) -> list[StepEntry]:
         """The run's steps (DBOS ``list_workflow_steps``): every recorded call, and every
         step attempted and never recorded (``failed`` with its last error, or
@@ -563,5 +589,7 @@ class AsyncQueue:
         return await self.history.fork(run_id, from_step, new_run_id=new_run_id, actor=actor)
 
     async def delete_run(self, run_id: str, *, actor: str | None = None) -> Deleted:
-        """``broker.history.RunHistory.delete_run``: a settled run and all that is theirs."""
+        """``broker.history.RunHistory.delete_run``: a settled run and all that is theirs.
+        An id never used (or deleted already) deletes nothing (DBOS's answer): an empty
+        ``Deleted``, so deleting twice is harmless."""
         return await self.history.delete_run(run_id, actor=actor)

@@ -72,6 +72,14 @@ class AsyncRun:
         (``resume_run``: the id a caller holds is the run it resumed)."""
         return await self._queue.session.answering(self.id)
 
+    async def get_priority(self) -> int:
+        """The run's priority as admitted (the call's, the flow's or the queue's default)."""
+        return (await self.fetch()).priority
+
+    async def get_dedup_key(self) -> str | None:
+        """The ``dedup_key`` the run was admitted with, or None."""
+        return (await self.fetch()).dedup_key
+
     async def get_status(self) -> RunStatus:
         return (await self.current()).status
 

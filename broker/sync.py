@@ -50,6 +50,7 @@ from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput
 from runfleet.store.events import SendOutcome
 from runfleet.store.forks import Deleted
+from runfleet.store.queues import QueueSettings
 from runfleet.store.steps import StepEntry
 from runfleet.store.types import CancelOutcome, EventAnswer
 
@@ -463,6 +464,21 @@ class Queue:
 
     def get_event(self, run_id: str, key: str, timeout: float = 0.0) -> Any:
         return self._call(self._async.get_event(run_id, key, timeout))
+
+    def configure(
+        self,
+        *,
+        concurrency: int | None = None,
+        rate: float | None = None,
+        default_priority: int | None = None,
+        note: str | None = None,
+    ) -> QueueSettings:
+        """``AsyncQueue.configure``: this queue's limits, from Python."""
+        return self._call(
+            self._async.configure(
+                concurrency=concurrency, rate=rate, default_priority=default_priority, note=note
+            )
+        )
 
     def get_events(self, run_id: str) -> dict[str, Any]:
         return self._call(self._async.get_events(run_id))

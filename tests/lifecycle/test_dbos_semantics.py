@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+import tests.queues.flows as qf
 from runfleet.broker import AsyncQueue, JobStatus, Queue, RunDead, RunFailed
 from runfleet.store import Kind, Store
 from runfleet.store import journal_records as jr
@@ -64,3 +65,26 @@ async def test_resume_run_moves_a_dead_run_on_in_place_and_twice_is_harmless(
     again = await queue.resume_run("poison-2")  # open now: nothing to resume
     assert again.id == "poison-2"
     assert len(await records(store, "poison-2", Kind.RESUMED)) == 1
+
+
+async def test_queue_limits_from_python_and_priority_and_dedup_read_back(
+    settings: Settings, store: Store, queue: AsyncQueue
+) -> None:
+    configured = await queue.configure(concurrency=2, rate=5, note="from python")
+    assert (configured.concurrency, configured.rate_per_s) == (2, 5)
+    (change, *_) = await store.queues.changes("default")
+    assert change.change == {"concurrency": 2, "rate_per_s": 5} and change.note == "from python"
+    lifted = await queue.configure(concurrency=0)
+    assert (lifted.concurrency, lifted.rate_per_s) == (None, 5)
+
+    run = await queue.enqueue(qf.nap, 1, priority=3, dedup_key="order-9")
+    assert await run.get_priority() == 3
+    assert await run.get_dedup_key() == "order-9"
+
+    def sync_side() -> tuple[int, str | None, float | None]:
+        with Queue("default", settings=settings) as q:
+            job = q.fetch_job(run.id)
+            assert job is not None
+            return job.priority, job.dedup_key, q.configure(rate=0).rate_per_s
+
+    assert await asyncio.to_thread(sync_side) == (3, "order-9", None)

@@ -115,6 +115,12 @@ async def test_delete_removes_a_settled_run_and_refuses_an_open_one(
     assert await store.events.of_run(run.id) == []
     assert await store.events.messages_of_run(run.id) == []
     assert await store.journal.records(run.id) == []
+    # DBOS's answers for an id that names no run: deleting again, or an id never used,
+    # deletes nothing; its events read None.
+    again = await queue.delete_run(run.id)
+    assert again.run_ids == () and again.journal == again.steps == 0
+    assert (await queue.delete_run("never-used")).run_ids == ()
+    assert await queue.get_event("never-used", "stage") is None
 
 
 @pytest.mark.chaos

@@ -226,3 +226,10 @@ async def pinged(ctx: Context) -> dict[str, Any]:
     except WaitTimeout:
         pass
     return {"first": first, "more": more}
+
+
+@flow(name="t.sync_sender")
+def sync_sender(ctx: Any, target: str) -> dict[str, Any]:
+    """The same calls from a ``def`` flow (``SyncContext``)."""
+    sent = ctx.send(target, "ping", {"n": 2})
+    return {"sent": sent, "seen": ctx.get_event(target, "ready", timeout=10)}

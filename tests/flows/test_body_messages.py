@@ -33,3 +33,11 @@ async def test_the_body_sets_sends_and_reads_events_as_durable_calls(
         ("set_event:seen#1", 5),
     ]
     assert await queue.get_events("no-such-run") == {}
+
+
+async def test_a_sync_flow_sends_and_reads_events_too(worker: Worker, queue: AsyncQueue) -> None:
+    target = await queue.enqueue(f.pinged)
+    run = await queue.enqueue(f.sync_sender, target.id)
+    assert await run.result(timeout=20) == {"sent": True, "seen": "yes"}
+    assert await target.result(timeout=20) == {"first": {"n": 2}, "more": 0}
+    assert [s.key for s in await queue.list_steps(run.id)] == ["send:ping#1", "get_event:ready#1"]

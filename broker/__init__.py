@@ -22,7 +22,7 @@ from runfleet.broker.rq_api import (
     requeue_job,
     send_stop_job_command,
 )
-from runfleet.broker.run import AsyncRun, RunCancelled, RunFailed
+from runfleet.broker.run import AsyncRun, RunCancelled, RunDead, RunFailed
 from runfleet.broker.sync import Queue, Run
 from runfleet.store.errors import RunNotFound
 from runfleet.store.types import (
@@ -59,6 +59,7 @@ __all__ = [
     "Retry",
     "Run",
     "RunCancelled",
+    "RunDead",
     "RunFailed",
     "RunNotFound",
     "ScheduledJobRegistry",

@@ -55,6 +55,23 @@ class Gate:
                 pipe.zremrangebyrank(key, GATE_CAP, -1)  # the newest beyond the cap
             await pipe.execute()
 
+    async def unpark(self, entries: Iterable[tuple[str, str, str]]) -> None:
+        """Drop the parked wakes of runs that started (``(queue, run_id, flow)`` each).
+
+        A run refused once and started later by another path (a higher priority taking a
+        delivered run's slot, a re-published wake) leaves its entry behind; popped at the
+        next freed slot, that stale wake would start nothing and the slot would stay
+        empty until the lost-wake sweep, however many runs wait behind it."""
+        by_queue: dict[str, list[bytes]] = {}
+        for queue, run_id, flow in entries:
+            by_queue.setdefault(queue, []).append(f"{run_id}\n{flow}".encode())
+        if not by_queue:
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for queue, members in by_queue.items():
+                pipe.zrem(self._keys.gate(queue), *members)
+            await pipe.execute()
+
     async def open(self, queues: Iterable[str]) -> int:
         """A slot of each of ``queues`` freed (one entry per freed slot): move that many
         parked wakes to their queue's recovery lane. Returns how many moved."""

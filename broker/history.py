@@ -15,6 +15,7 @@ from collections.abc import Callable
 from runfleet.broker.run import AsyncRun
 from runfleet.broker.session import ProducerSession
 from runfleet.broker.streams import Lane
+from runfleet.store.errors import RunNotFound
 from runfleet.store.forks import Deleted, Forks
 from runfleet.store.types import RunRow
 
@@ -33,14 +34,16 @@ class RunHistory:
         """Resume a failed or cancelled run from its recorded calls (DBOS resume_workflow).
 
         A new round of its lineage replays them and runs on from the first one not
-        recorded; the settled round stays settled (``resumed_as``). Resuming again while
-        that round is open joins it.
+        recorded; the settled round stays settled (``resumed_as``: terminal is never left,
+        DESIGN §3), and the handle returned is the id the caller holds, which answers
+        through that round (``ProducerSession.answering``). Resuming again while that
+        round is open joins it.
         """
         await self._session.authorized(run_id)
         forks = Forks(self._session.store)
         new: RunRow = await self._session.available(lambda: forks.resume(run_id, actor=actor))
         await self._session.publish_ready([new], lane=Lane.NORMAL)
-        return self._handle(new.id)
+        return self._handle(run_id)
 
     async def fork(
         self,
@@ -61,8 +64,12 @@ class RunHistory:
         return self._handle(new.id)
 
     async def delete_run(self, run_id: str, *, actor: str | None = None) -> Deleted:
-        """Delete a settled run — every round of its lineage — and all that is theirs."""
-        await self._session.authorized(run_id)
+        """Delete a settled run — every round of its lineage — and all that is theirs.
+        An id that names no run (never used, or deleted already) deletes nothing."""
+        try:
+            await self._session.authorized(run_id)
+        except RunNotFound:
+            return Deleted((), 0, 0)
         forks = Forks(self._session.store)
         done: Deleted = await self._session.available(lambda: forks.delete(run_id))
         log.info(

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from runfleet.broker.names import load_from_path
 from runfleet.broker.rq_api import DEFAULT_JOB_TIMEOUT, InvalidJobOperation, refuse_pipeline
-from runfleet.broker.run import AsyncRun, outcome
+from runfleet.broker.run import AsyncRun, is_dead, outcome
 from runfleet.broker.trust import already_loaded
 from runfleet.store.errors import RunNotFound
 from runfleet.store.jobs import Activation, Jobs
@@ -45,6 +45,8 @@ class JobStatus(enum.StrEnum):
     SCHEDULED = "scheduled"
     DEFERRED = "deferred"
     STOPPED = "stopped"
+    DEAD = "dead"
+    """Not rq's: parked ``dead`` at the recovery limit (a resume or a cancel moves it)."""
 
 
 def job_status(row: RunRow, deferred: bool = False) -> JobStatus:
@@ -55,9 +57,9 @@ def job_status(row: RunRow, deferred: bool = False) -> JobStatus:
     instant by the worker that closes it, which must not read as started). Otherwise
     pending → queued, or scheduled while its start time (enqueue_at/in) is in the
     future; any open run is deferred (``deferred``: the caller read its dependencies)
-    while a ``depends_on`` dependency has not completed; running and suspended (parked
-    on a wait: it has started) → started; completed → finished; failed → failed;
-    cancelled → canceled.
+    while a ``depends_on`` dependency has not completed; a run parked dead → dead; running
+    and suspended (parked on a wait: it has started) → started; completed → finished;
+    failed → failed; cancelled → canceled.
     """
     if row.state.get("stopped") and (
         row.status is RunStatus.CANCELLED or row.cancel_requested_at_ms is not None
@@ -70,6 +72,8 @@ def job_status(row: RunRow, deferred: bool = False) -> JobStatus:
             return JobStatus.DEFERRED
     if row.status is RunStatus.FAILED and row.state.get("canceled"):
         return JobStatus.CANCELED  # rq's cancel of a failed job (``Job.cancel``)
+    if is_dead(row):
+        return JobStatus.DEAD
     if row.status is RunStatus.PENDING:
         waiting = row.waiting
         if (
@@ -211,6 +215,8 @@ async def settled_row(queue: AsyncQueue, run_id: str) -> RunRow | None:
     if not row.status.terminal or row.handed_off_to:
         return None
     if row.status is RunStatus.FAILED and row.requeued_as:
+        return None
+    if row.resumed_as:  # resumed: the id answers through the round that resumed it
         return None
     return row
 
@@ -409,6 +415,16 @@ class Job:
     @property
     def is_deferred(self) -> bool:
         return self.get_status() is JobStatus.DEFERRED
+
+    @property
+    def priority(self) -> int:
+        """The run's priority as admitted (not rq's: docs/queues.md)."""
+        return self._current.priority
+
+    @property
+    def dedup_key(self) -> str | None:
+        """The ``dedup_key`` the run was admitted with, or None (not rq's)."""
+        return self._current.dedup_key
 
     # ---- results -----------------------------------------------------------
 

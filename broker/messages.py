@@ -15,7 +15,7 @@ from typing import Any
 
 from runfleet.broker.session import ProducerSession
 from runfleet.broker.wake_reasons import WakeReason
-from runfleet.store.errors import InvalidInput
+from runfleet.store.errors import InvalidInput, RunNotFound
 from runfleet.store.events import EventRead, EventRow, MessageSent, SendOutcome
 
 POLL_FIRST_S = 0.02
@@ -49,7 +49,10 @@ class RunMessages:
             raise InvalidInput(
                 "timeout", f"must be a finite number of seconds >= 0, got {timeout!r}"
             )
-        await self._session.authorized(run_id)
+        try:  # the round that answers for the id (a resumed run's: its events were copied)
+            run_id = (await self._session.answering(run_id)).id
+        except RunNotFound:
+            return None  # an id never used, or deleted: no event (DBOS answers None)
         deadline = time.monotonic() + timeout
         pause = POLL_FIRST_S
         while True:
@@ -67,6 +70,18 @@ class RunMessages:
             await asyncio.sleep(min(pause, left))
             pause = min(POLL_MAX_S, pause * 2)
 
+    async def get_events(self, run_id: str) -> dict[str, Any]:
+        """Every event the run set, by key, with its latest value (DBOS
+        ``get_all_events``); empty for a run that set none or an id never used."""
+        try:
+            run_id = (await self._session.answering(run_id)).id
+        except RunNotFound:
+            return {}
+        rows: list[EventRow] = await self._session.available(
+            lambda: self._session.store.events.of_run(run_id)
+        )
+        return {row.key: row.value for row in rows}
+
     async def send(
         self, run_id: str, topic: str, value: Any = None, *, message_id: str | None = None
     ) -> SendOutcome:
@@ -76,7 +91,8 @@ class RunMessages:
         ``MessageSent(duplicate=True)``. A settled run takes nothing: ``MessageRunSettled``.
         A run not started yet keeps the message until its recv reaches it.
         """
-        row = await self._session.authorized(run_id)
+        row = await self._session.answering(run_id)  # a resumed run's open round takes it
+        run_id = row.id
         sent = await self._session.available(
             lambda: self._session.store.events.send(run_id, topic, value, message_id=message_id)
         )

@@ -61,10 +61,20 @@ from runfleet.store.errors import InvalidInput, Unavailable
 from runfleet.store.events import EventRow, SendOutcome
 from runfleet.store.forks import Deleted
 from runfleet.store.jobs import Jobs
+from runfleet.store.queues import QueueSettings
 from runfleet.store.reach import producer_pool_name
 from runfleet.store.registries import Registries
+from runfleet.store.steps import StepEntry
 from runfleet.store.transient import is_transient
-from runfleet.store.types import CancelOutcome, CreateOutcome, EventAnswer, NewRun, RunRow
+from runfleet.store.types import (
+    CancelOutcome,
+    CreateOutcome,
+    EventAnswer,
+    NewRun,
+    RunRow,
+    RunStatus,
+    WaitingReason,
+)
 
 __all__ = [
     "AsyncQueue",
@@ -520,6 +530,10 @@ class AsyncQueue:
         """``broker.messages.RunMessages.get_event``: the run's event ``key``, or None."""
         return await self.messages.get_event(run_id, key, timeout)
 
+    async def get_events(self, run_id: str) -> dict[str, Any]:
+        """``broker.messages.RunMessages.get_events``: every event of the run, by key."""
+        return await self.messages.get_events(run_id)
+
     async def get_event_row(self, run_id: str, key: str, timeout: float = 0.0) -> EventRow | None:
         return await self.messages.get_event_row(run_id, key, timeout)
 
@@ -529,9 +543,61 @@ class AsyncQueue:
         """``broker.messages.RunMessages.send``: to the run's ``ctx.recv(topic)``."""
         return await self.messages.send(run_id, topic, value, message_id=message_id)
 
+    async def configure(
+        self,
+        *,
+        concurrency: int | None = None,
+        rate: float | None = None,
+        default_priority: int | None = None,
+        note: str | None = None,
+    ) -> QueueSettings:
+        """Set this queue's fleet-wide limits from Python (``runfleet queue set`` does the
+        same): ``concurrency`` runs at once, ``rate`` starts per second (a token bucket),
+        ``default_priority``; 0 lifts a limit, None leaves a setting as it is. Journaled
+        with the authenticated role (``store.queues.Queues.set``); the next claim of every
+        worker obeys it. Needs a role that may write the queue settings (the operator's)."""
+        name = self.name
+        settings: QueueSettings = await self.session.available(
+            lambda: self.store.queues.set(
+                name,
+                concurrency=concurrency,
+                rate_per_s=rate,
+                default_priority=default_priority,
+                note=note,
+            )
+        )
+        return settings
+
+    async def list_steps(self, run_id: str) -> list[StepEntry]:
+        """The run's steps (DBOS ``list_workflow_steps``): every recorded call, and every
+        step attempted and never recorded (``failed`` with its last error, or
+        ``unfinished``), each with its attempt count (``store.steps.Steps.listing``)."""
+        await self.authorized(run_id)
+        listed: list[StepEntry] = await self.session.available(
+            lambda: self.store.steps.listing(run_id)
+        )
+        return listed
+
     async def resume_run(self, run_id: str, *, actor: str | None = None) -> AsyncRun:
-        """``broker.history.RunHistory.resume_run``: a new round from the recorded calls."""
-        return await self.history.resume_run(run_id, actor=actor)
+        """Resume the run under the id the caller holds (DBOS ``resume_workflow``).
+
+        A failed or cancelled run continues in a new round replaying its recorded calls
+        (``broker.history.RunHistory.resume_run``); the id keeps answering for it (status,
+        result, events, messages follow the round). A run parked dead moves on in place
+        (``resume``). A run that is open or completed has nothing to resume: the handle
+        is returned and nothing changes, so resuming twice is harmless. A quarantined run
+        needs a choice (``resume(accept_recorded=|rerun_step=)``): refused with the reason.
+        """
+        row = await self.session.answering(run_id)
+        if row.waiting is not None and row.waiting.reason in (
+            WaitingReason.DEAD,
+            WaitingReason.QUARANTINE,
+        ):
+            await self.control.resume(row.id, actor=actor)
+            return self.run(run_id)
+        if row.status in (RunStatus.FAILED, RunStatus.CANCELLED):
+            await self.history.resume_run(run_id, actor=actor)
+        return self.run(run_id)
 
     async def fork(
         self,
@@ -545,5 +611,7 @@ class AsyncQueue:
         return await self.history.fork(run_id, from_step, new_run_id=new_run_id, actor=actor)
 
     async def delete_run(self, run_id: str, *, actor: str | None = None) -> Deleted:
-        """``broker.history.RunHistory.delete_run``: a settled run and all that is theirs."""
+        """``broker.history.RunHistory.delete_run``: a settled run and all that is theirs.
+        An id never used (or deleted already) deletes nothing (DBOS's answer): an empty
+        ``Deleted``, so deleting twice is harmless."""
         return await self.history.delete_run(run_id, actor=actor)

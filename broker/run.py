@@ -1,9 +1,10 @@
 """A producer's handle on one run (``AsyncRun``) and how a settled run answers ``result``.
 
-A completed run answers with its result, a cancelled one raises ``RunCancelled`` and a
-failed one ``RunFailed``; a run that handed off answers with the last round of its
-lineage. Every read goes through ``AsyncQueue.authorized``, so a handle never shows a
-run the producer's scopes do not cover.
+A completed run answers with its result, a cancelled one raises ``RunCancelled``, a
+failed one ``RunFailed`` and one parked dead ``RunDead`` (a ``RunFailed``, at once); a run
+that handed off answers with the last round of its lineage. Every read goes through
+``AsyncQueue.authorized``, so a handle never shows a run the producer's scopes do not
+cover.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from runfleet.store.errors import InvalidInput, RunfleetError
-from runfleet.store.types import CancelOutcome, RunRow, RunStatus
+from runfleet.store.types import CancelOutcome, RunRow, RunStatus, WaitingReason
 
 if TYPE_CHECKING:
     from runfleet.broker.queue import AsyncQueue  # broker.queue imports this module
@@ -106,6 +107,25 @@ def _with_builtin(record: dict[str, Any]) -> type[RunFailed]:
     return mixed
 
 
+class RunDead(RunFailed):
+    """The run is parked ``dead``: its executions kept ending in a lost process until the
+    recovery limit (docs/how-to/failure-handling.md). Nothing moves it but a resume
+    (``q.resume_run(run_id)``) or a cancel, so waiting for it is pointless: ``result``
+    raises this at once. A ``RunFailed``, so code written for a failed run handles it."""
+
+    def __init__(self, run_id: str, evidence: Any) -> None:
+        RunfleetError.__init__(
+            self, f"run {run_id!r} is parked dead (recovery limit reached): resume or cancel it"
+        )
+        self.run_id = run_id
+        self.error = evidence
+
+
+def is_dead(row: RunRow) -> bool:
+    """A run parked ``dead`` (not terminal: a resume moves it on)."""
+    return row.waiting is not None and row.waiting.reason == WaitingReason.DEAD
+
+
 class RunCancelled(RunfleetError):
     def __init__(self, run_id: str) -> None:
         super().__init__(f"run {run_id!r} was cancelled")
@@ -125,8 +145,21 @@ class AsyncRun:
     async def fetch(self) -> RunRow:
         return await self._queue.authorized(self.id)
 
+    async def current(self) -> RunRow:
+        """The row that answers for this id now: the run, or the round that resumed it
+        (``resume_run``: the id a caller holds is the run it resumed)."""
+        return await self._queue.session.answering(self.id)
+
+    async def get_priority(self) -> int:
+        """The run's priority as admitted (the call's, the flow's or the queue's default)."""
+        return (await self.fetch()).priority
+
+    async def get_dedup_key(self) -> str | None:
+        """The ``dedup_key`` the run was admitted with, or None."""
+        return (await self.fetch()).dedup_key
+
     async def get_status(self) -> RunStatus:
-        return (await self.fetch()).status
+        return (await self.current()).status
 
     async def return_value(self) -> Any:
         """The result if the run completed, else None (rq's meaning; never waits)."""
@@ -149,12 +182,12 @@ class AsyncRun:
             raise InvalidInput("timeout", f"must be a finite number of seconds >= 0: {timeout!r}")
         deadline = time.monotonic() + timeout
         row = await self._last_round(await self.fetch())
-        if row.status.terminal:  # settled: one indexed read, no subscription
+        if row.status.terminal or is_dead(row):  # one indexed read, no subscription
             return outcome(row)
         async with self._queue.notifier.watch_settled(self.id) as watch:
             while True:  # read again once subscribed: a settle in between is not missed
                 row = await self._last_round(await self.fetch())
-                if row.status.terminal:
+                if row.status.terminal or is_dead(row):
                     return outcome(row)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -162,18 +195,26 @@ class AsyncRun:
                 await watch.wait(min(remaining, 0.5))
 
     async def _last_round(self, row: RunRow) -> RunRow:
-        """A run that handed off is answered by the last round of its lineage."""
-        while row.status is RunStatus.COMPLETED and row.handed_off_to:
-            successor = await self._queue.authorized(row.handed_off_to)
-            row = successor
-        return row
+        """A run that handed off is answered by the last round of its lineage; one that
+        was resumed, by the round that resumed it."""
+        while True:
+            if row.status is RunStatus.COMPLETED and row.handed_off_to:
+                row = await self._queue.authorized(row.handed_off_to)
+            elif row.status in (RunStatus.FAILED, RunStatus.CANCELLED) and row.resumed_as:
+                row = await self._queue.authorized(row.resumed_as)
+            else:
+                return row
 
     async def cancel(self, *, actor: str | None = None) -> CancelOutcome:
         return await self._queue.cancel(self.id, actor=actor)
 
 
 def outcome(row: RunRow) -> Any:
-    """What ``result`` answers for a settled row: its result, or the error it settled with."""
+    """What ``result`` answers for a settled row: its result, or the error it settled with
+    (a run parked dead raises ``RunDead``, with the wait's evidence)."""
+    if is_dead(row):
+        assert row.waiting is not None
+        raise RunDead(row.id, row.waiting.request)
     if row.status is RunStatus.COMPLETED:
         return row.result
     if row.status is RunStatus.CANCELLED:

@@ -165,6 +165,17 @@ class ProducerSession:
             raise ScopeDenied(run_id, missing)
         return row
 
+    async def answering(self, run_id: str) -> RunRow:
+        """The row that answers for ``run_id`` now, scope-checked: the run itself, or the
+        round that resumed it (``resume_run`` resumes under the id the caller holds, as
+        DBOS does; the settled round stays settled, DESIGN §3), followed to the newest."""
+        row = await self.authorized(run_id)
+        seen = {row.id}
+        while row.status.terminal and row.resumed_as and row.resumed_as not in seen:
+            row = await self.authorized(row.resumed_as)
+            seen.add(row.id)
+        return row
+
     async def hint(self, run_id: str, reason: WakeReason, row: RunRow | None = None) -> None:
         """Wake the run's queue after a committed change; never fails the producer call.
 

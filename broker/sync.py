@@ -50,6 +50,8 @@ from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput
 from runfleet.store.events import SendOutcome
 from runfleet.store.forks import Deleted
+from runfleet.store.queues import QueueSettings
+from runfleet.store.steps import StepEntry
 from runfleet.store.types import CancelOutcome, EventAnswer
 
 T = TypeVar("T")
@@ -490,12 +492,33 @@ class Queue:
     def get_event(self, run_id: str, key: str, timeout: float = 0.0) -> Any:
         return self._call(self._async.get_event(run_id, key, timeout))
 
+    def configure(
+        self,
+        *,
+        concurrency: int | None = None,
+        rate: float | None = None,
+        default_priority: int | None = None,
+        note: str | None = None,
+    ) -> QueueSettings:
+        """``AsyncQueue.configure``: this queue's limits, from Python."""
+        return self._call(
+            self._async.configure(
+                concurrency=concurrency, rate=rate, default_priority=default_priority, note=note
+            )
+        )
+
+    def get_events(self, run_id: str) -> dict[str, Any]:
+        return self._call(self._async.get_events(run_id))
+
     def send(
         self, run_id: str, topic: str, value: Any = None, *, message_id: str | None = None
     ) -> SendOutcome:
         return self._call(self._async.send(run_id, topic, value, message_id=message_id))
 
     # ---- a run's history (broker.history) ------------------------------------
+
+    def list_steps(self, run_id: str) -> list[StepEntry]:
+        return self._call(self._async.list_steps(run_id))
 
     def resume_run(self, run_id: str, *, actor: str | None = None) -> Job:
         return self._wrap(self._call(self._async.resume_run(run_id, actor=actor)))

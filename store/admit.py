@@ -86,6 +86,11 @@ def _deduplicated(new: NewRun, holder: RunRow | None) -> Joined:
     return Joined(holder)
 
 
+INSTANCE_KEY = "flow_instance"
+"""The run-state key of a class-bound flow's instance (``broker.admission.INSTANCE_STATE_KEY``):
+part of the run's identity, since it decides which configured instance's code runs."""
+
+
 def _identity(row: RunRow) -> list[tuple[str, Any]]:
     return [
         ("flow", row.flow),
@@ -94,6 +99,7 @@ def _identity(row: RunRow) -> list[tuple[str, Any]]:
         ("lineage_id", row.lineage_id),
         ("round_ordinal", row.round_ordinal),
         ("parent", row.state.get("parent")),
+        ("instance", row.state.get(INSTANCE_KEY)),
     ]
 
 
@@ -456,6 +462,7 @@ class Admission:
             ("lineage_id", new.lineage_id or new.id),
             ("round_ordinal", new.round_ordinal),
             ("parent", new.parent_id),
+            ("instance", state.get(INSTANCE_KEY)),
         ]
         for (field, have), (_, want) in zip(_identity(existing), wanted, strict=True):
             if field == "parent" and not parent:

@@ -321,6 +321,8 @@ class Runs:
         *,
         stale_after_ms: int | None = None,
         counted: bool = True,
+        max_recoveries: int | None = None,
+        dead_letter: bool = True,
     ) -> StealOutcome:
         """Take over a running row whose lease is stale by database time.
 
@@ -332,6 +334,9 @@ class Runs:
         ``Settings.max_recoveries`` is parked ``dead`` instead (``DeadLettered``, journaled
         ``dead-lettered`` with the owners it lost), in the same transaction and under the
         same precondition, so the count is decided in Postgres whoever else steals.
+        ``max_recoveries``: the run's flow's own limit (``@flow(max_recoveries=)``; None:
+        the fleet's); ``dead_letter=False``: the flow never dead-letters, every counted
+        takeover proceeds (the count still rises, for ``explain``).
         """
         previous = expected.owner
         if expected.status is not RunStatus.RUNNING or previous is None:
@@ -341,13 +346,19 @@ class Runs:
             "id": run_id,
             "stale_after_ms": stale,
             "counted": counted,
-            "max_recoveries": self._settings.max_recoveries,
+            "max_recoveries": (
+                None
+                if not dead_letter
+                else self._settings.max_recoveries
+                if max_recoveries is None
+                else validate.count("max_recoveries", max_recoveries)
+            ),
             **_expected(expected),
             **self._serving(),
         }
         async with self._db.transaction():
             row = await self._db.one("runs.steal", {**cas, **owner_params(me)})
-            if row is None and counted:
+            if row is None and counted and dead_letter:
                 buried = await self._bury(run_id, previous, me, cas, evidence)
                 if buried is not None:
                     return buried
@@ -384,7 +395,7 @@ class Runs:
     ) -> DeadLettered | None:
         """Park a poison run ``dead`` if the steal's precondition holds and it is at the
         limit (``runs.bury``); None when it is not (the steal's own outcome applies)."""
-        limit = self._settings.max_recoveries
+        limit = int(cas["max_recoveries"])
         lost = await self._db.all("runs.lost_owners", {"id": run_id, "limit": max(1, limit)})
         owners = [previous.key, *(str(r["owner"]) for r in lost if r["owner"])]
         request: dict[str, Any] = {

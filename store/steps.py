@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -69,6 +70,61 @@ def _record(row: Row) -> StepRecord:
     )
 
 
+class StepState(enum.StrEnum):
+    """Where a listed step stands (``Steps.listing``)."""
+
+    COMPLETED = "completed"
+    """Recorded: replay returns its output."""
+    FAILED = "failed"
+    """Never recorded; its last attempt ended with an error (retries exhausted, or the run
+    ended before the next one)."""
+    UNFINISHED = "unfinished"
+    """Never recorded; its last attempt has no end (in flight, or cut off by a crash)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepEntry:
+    """One step of a run's listing: a recorded call, or a step attempted and not recorded."""
+
+    key: str
+    """``kind:name#occurrence`` (``step:charge#1``)."""
+    name: str
+    kind: str
+    state: StepState
+    position: int | None
+    """Its place among the run's durable calls; None for a step never recorded."""
+    output: JsonValue
+    error: str | None
+    """The last attempt's error (a completed step's is None)."""
+    attempts: int
+    recorded_at_ms: int | None
+    compensated_at_ms: int | None
+
+
+def _entry(row: Row) -> StepEntry:
+    key = str(row["key"])
+    if row["position"] is not None:
+        kind, name = str(row["kind"]), str(row["name"])
+        state = StepState.COMPLETED
+    else:  # only attempted: the key names it (kind:name#occurrence)
+        kind, _, rest = key.partition(":")
+        name = rest.rpartition("#")[0] or rest
+        finished = row["last_finished_at_ms"] is not None and row["last_error"] is not None
+        state = StepState.FAILED if finished else StepState.UNFINISHED
+    return StepEntry(
+        key=key,
+        name=name,
+        kind=kind,
+        state=state,
+        position=None if row["position"] is None else int(row["position"]),
+        output=None if row["output_text"] is None else values.decode(row["output_text"]),
+        error=None if state is StepState.COMPLETED else row["last_error"],
+        attempts=int(row["attempts"]),
+        recorded_at_ms=row["recorded_at_ms"],
+        compensated_at_ms=row["compensated_at_ms"],
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class StepWrite:
     """One call's output to record (``Steps.record_many``)."""
@@ -92,6 +148,11 @@ class Steps:
 
     async def of_run(self, run_id: str) -> list[StepRecord]:
         return [_record(r) for r in await self._db.all("steps.of_run", {"run_id": run_id})]
+
+    async def listing(self, run_id: str) -> list[StepEntry]:
+        """The run's steps as a user lists them: recorded calls, then steps attempted and
+        never recorded (failed or unfinished), each with its attempts and last error."""
+        return [_entry(r) for r in await self._db.all("steps.listing", {"run_id": run_id})]
 
     async def record(
         self,

@@ -35,6 +35,13 @@ def priority(value: object, field: str = "priority") -> int:
     return value
 
 
+def count(field: str, value: object) -> int:
+    """A whole number >= 0 (not a bool); InvalidInput otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInput(field, f"must be a whole number >= 0, got {value!r}")
+    return value
+
+
 def identifier(field: str, value: object) -> str:
     if not isinstance(value, str):
         raise InvalidInput(field, f"must be a string, got {type(value).__name__}")

@@ -53,7 +53,7 @@ class Context:
         self.hint = hint
         self._waits = Waits(replay)
         self._children = Children(replay, hint)
-        self._messages = Messages(replay)
+        self._messages = Messages(replay, hint)
         self._versions = Versions(replay)
         self.log = logging.LoggerAdapter(log, {"run_id": replay.run.id, "flow": replay.run.flow})
 
@@ -174,6 +174,14 @@ class Context:
     async def recv(self, topic: str, timeout: float | None = None) -> Any:
         """The next message sent to this run on ``topic`` (``Queue.send``), in send order."""
         return await self._messages.recv(topic, timeout)
+
+    async def send(self, run_id: str, topic: str, value: Any = None) -> bool:
+        """Send ``value`` to run ``run_id``'s ``recv(topic)``, once; False if it had settled."""
+        return await self._messages.send(run_id, topic, value)
+
+    async def get_event(self, run_id: str, key: str, timeout: float = 0.0) -> Any:
+        """Run ``run_id``'s event ``key`` (None if unset), waiting up to ``timeout`` s."""
+        return await self._messages.get_event(run_id, key, timeout)
 
     # ---- versions (worker.versions) --------------------------------------------
 

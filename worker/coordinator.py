@@ -140,7 +140,8 @@ class Coordinator:
                     finally:
                         if on_decided is not None:
                             on_decided()
-                    await self._driver.run_decided(decision)
+                    if not self._hand_over(run_id, decision):
+                        await self._driver.run_decided(decision)
                 except asyncio.CancelledError:
                     raise
                 except Exception:
@@ -155,6 +156,44 @@ class Coordinator:
         finally:
             self._active.pop(run_id, None)
             self.changed.set()
+
+    def _hand_over(self, run_id: str, decision: Decision) -> bool:
+        """Execute a run that took ``run_id``'s slot (a higher priority, docs/queues.md)
+        under a drive of its own; True if handed over.
+
+        ``run_id`` stays pending and its wake was re-published: that wake must start a
+        drive of ``run_id`` now, not coalesce into this one while it executes another
+        run (the displaced run would then be decided only after that run settled, late
+        and by whatever rule that later drive applies). Kept here when a drive of the
+        other run is already under way in this process (it finds the run owned here).
+        """
+        activation = decision.activation
+        if activation is None or activation.row.id == run_id:
+            return False
+        other = activation.row.id
+        if other in self._active:
+            return False
+        self._active[other] = asyncio.create_task(
+            self._execute(other, decision), name=f"drive:{other}"
+        )
+        self.changed.set()
+        return True
+
+    async def _execute(self, run_id: str, decision: Decision) -> None:
+        """The drive of a run activated in another's place: execute it, then decide it
+        again if a wake for it arrived meanwhile (as ``_run`` does)."""
+        try:
+            await self._driver.run_decided(decision)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("run.drive_failed", extra={"run_id": run_id})
+        finally:
+            self._active.pop(run_id, None)
+            self.changed.set()
+        if not self.closed and run_id in self._again:
+            self._again.discard(run_id)
+            self.drive(run_id)
 
     async def join(self, timeout: float | None = None) -> bool:
         """Wait for every active drive; True if all finished within ``timeout``."""

@@ -78,6 +78,7 @@ class Decider:
         hint: HintFn | None = None,
         hint_front: HintFn | None = None,
         gate: HintFn | None = None,
+        started: HintFn | None = None,
         rate_due: Callable[[str, int], None] | None = None,
     ) -> None:
         self.store = store
@@ -91,6 +92,8 @@ class Decider:
         """A displaced run's wake, ahead of the backlog (``_took_slot``)."""
         self._gate = gate
         """Park the wake of a run its queue's limit refused (``broker.gate``)."""
+        self._started = started
+        """A limited queue's run started: drop its parked wake (``Gate.unpark``)."""
         self._rate_due = rate_due
         """A rate-refused queue's next token is due in so many ms (``worker.rate_pump``)."""
         self.unrunnable = Unrunnable()
@@ -299,6 +302,16 @@ class Decider:
             row = fresh
         if self.closed:  # the worker began to stop while this drive read the row
             return await self._hand_back_wake(row)
+        if fresh_admission(row) and row.cancel_requested_at_ms is None:
+            # The priority rule holds on this path too (docs/queues.md): a run driven
+            # again (its wake coalesced, a displaced run's re-published wake, a sweep's
+            # find) offers its slot to the queue's best fresh admission, as a delivery does.
+            offered = await self.store.runs.claim_if_fresh(
+                row.id, row.flow, self.owner, ahead_flows=runnable()
+            )
+            if offered.outcome is not None:
+                return await self._claimed(row, flow, offered.outcome)
+            # No longer a fresh admission: the snapshot claim below answers why.
         outcome = await self.store.runs.claim_and_activate(row.id, row.snapshot, self.owner)
         return await self._claimed(row, flow, outcome)
 
@@ -316,6 +329,8 @@ class Decider:
             case Activated(row=activated):
                 if activated.id != row.id:
                     flow = await self._took_slot(row, activated)
+                if activated.limited and self._started is not None:
+                    await self._started(activated)
                 if activated.epoch == 1:
                     metrics.ENQUEUE_TO_START.observe(
                         max(0, activated.now_ms - activated.created_at_ms) / 1000

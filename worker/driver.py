@@ -79,6 +79,7 @@ class Driver:
         hint: HintFn | None = None,
         hint_front: HintFn | None = None,
         gate: HintFn | None = None,
+        started: HintFn | None = None,
         slot_freed: Callable[[str], None] | None = None,
         rate_due: Callable[[str, int], None] | None = None,
         lease_ok: Callable[[], bool] | None = None,
@@ -110,6 +111,7 @@ class Driver:
             hint=hint,
             hint_front=hint_front,
             gate=gate,
+            started=started,
             rate_due=rate_due,
         )
         self.settlement = Settlement(store, owner, hint=hint, announce=on_settled)

@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from types import MethodType, ModuleType
-from typing import Any, overload
+from typing import Any, Literal, overload
 
 from runfleet.broker.admission import check_signature
 from runfleet.broker.names import load_from_path, qualified_name
@@ -29,6 +29,9 @@ from runfleet.worker import instances
 from runfleet.worker.versions import declared as declared_version
 
 log = logging.getLogger("runfleet.worker.flows")
+
+NEVER: Literal["never"] = "never"
+"""``@flow(max_recoveries=NEVER)``: the flow's runs are never parked dead."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,9 @@ class Flow:
     """The ``FlowInstance`` class whose method this is (``worker.instances``); None: none."""
     instance: str | None = None
     """The instance this flow object is bound to (``instance.method``); None: unbound."""
+    max_recoveries: int | Literal["never"] | None = None
+    """Takeovers after lost processes in a row before a run is parked dead (the fleet's
+    ``RUNFLEET_MAX_RECOVERIES`` when None; ``NEVER``: never dead-lettered)."""
 
     def __set_name__(self, owner: type, attribute: str) -> None:
         """A ``@flow`` in a ``FlowInstance`` class's body becomes a class-bound flow."""
@@ -131,6 +137,7 @@ def flow(
     priority: int | None = None,
     version: str | None = None,
     compatible: Sequence[str] = (),
+    max_recoveries: int | Literal["never"] | None = None,
 ) -> Callable[[Callable[..., Any]], Flow]: ...
 
 
@@ -150,6 +157,7 @@ def flow(
     priority: int | None = None,
     version: str | None = None,
     compatible: Sequence[str] = (),
+    max_recoveries: int | Literal["never"] | None = None,
 ) -> Flow | Callable[[Callable[..., Any]], Flow]:
     """Register ``fn`` as a flow; usable as ``@flow`` or ``@flow(name=..., queue=...)``.
 
@@ -157,8 +165,11 @@ def flow(
     with ``schedule_kwargs``; a bad expression, time zone, policy or argument raises
     ``InvalidSchedule`` / ``InvalidInput`` here, at import (docs/how-to/schedules.md).
     ``version`` (or ``"auto"``: a digest of the code) and ``compatible``: which runs this
-    code may take (``worker.versions``, docs/lifecycle.md).
+    code may take (``worker.versions``, docs/lifecycle.md). ``max_recoveries``: this
+    flow's own poison-run limit (``NEVER``: never parked dead; docs/how-to/failure-handling.md).
     """
+    if max_recoveries is not None and max_recoveries != NEVER:
+        validate.count("max_recoveries", max_recoveries)
 
     def register(target: Callable[..., Any]) -> Flow:
         flow_name = name or qualified_name(target)
@@ -186,6 +197,7 @@ def flow(
             priority=None if priority is None else validate.priority(priority),
             version=declared_version(target, version),
             compatible=tuple(validate.identifier("compatible", v) for v in compatible),
+            max_recoveries=max_recoveries,
         )
         existing = _REGISTRY.get(registered.name)
         if existing is not None and existing.fn is not target:

@@ -1,4 +1,5 @@
-"""A flow's events and messages: ``ctx.set_event`` and ``ctx.recv`` (store/events.py decides).
+"""A flow's events and messages: ``ctx.set_event``, ``ctx.recv``, ``ctx.send`` and
+``ctx.get_event`` (store/events.py decides).
 
 ``Messages`` is one of ``worker.context.Context``'s parts, built with the execution's
 ``worker.replay.Replay``, as ``Waits`` and ``Children`` are. Both calls take a position
@@ -10,10 +11,13 @@ twice nor lost.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import time
 from typing import Any
 
 from runfleet.store import validate
-from runfleet.store.events import MESSAGE_TOKEN, Received
+from runfleet.store.events import MESSAGE_TOKEN, MessageSent, Received
 from runfleet.store.steps import StepRecord, StepWrite
 from runfleet.store.types import (
     AlreadySatisfied,
@@ -28,14 +32,31 @@ from runfleet.worker import tracing
 from runfleet.worker.durable import WaitTimeout
 from runfleet.worker.outcomes import Cause
 from runfleet.worker.replay import Replay
+from runfleet.worker.step_timeouts import checked_timeout
 from runfleet.worker.waits import _timeout_at
+from runfleet.worker.wake_hints import HintFn
+
+
+def _message_id(run_id: str, key: str) -> str:
+    """The idempotency key of a ``ctx.send``: this run and the call's key (a digest when
+    that would pass the identifier limit)."""
+    plain = f"{run_id}/{key}"
+    if len(plain) <= validate.MAX_ID_LENGTH:
+        return plain
+    return "send-" + hashlib.sha256(plain.encode()).hexdigest()
+
+
+def _recorded_flag(record: StepRecord, field: str) -> bool:
+    output = record.output
+    return bool(output.get(field)) if isinstance(output, dict) else False
 
 
 class Messages:
     """``Context``'s events and messages (``ctx.set_event``, ``ctx.recv`` call these)."""
 
-    def __init__(self, replay: Replay) -> None:
+    def __init__(self, replay: Replay, hint: HintFn | None = None) -> None:
         self._replay = replay
+        self._hint = hint
 
     async def set_event(self, key: str, value: Any) -> None:
         """Publish ``value`` as this run's event ``key`` (``Queue.get_event`` reads it).
@@ -64,6 +85,72 @@ class Messages:
                 raise self._replay.stop(Cause.CANCELLED)
             case NotOwner() | NotFound():
                 raise self._replay.stop(Cause.LOST_FENCE)
+
+    async def send(self, run_id: str, topic: str, value: Any = None) -> bool:
+        """Send ``value`` to run ``run_id``'s ``ctx.recv(topic)`` (DBOS ``DBOS.send`` in a
+        workflow); True if stored, False if that run had settled (nothing can take it).
+
+        A durable call of its own (``send:<topic>#n``): the message carries an idempotency
+        key derived from this run and that key, so a crash between the send and its record
+        re-sends nothing (the store answers the first send as a duplicate), and a replay
+        returns the record without sending.
+        """
+        validate.identifier("run_id", run_id)
+        validate.identifier("topic", topic)
+        call = await self._replay.next("send", topic)
+        if call.record is not None:
+            return _recorded_flag(call.record, "stored")
+        store = self._replay.store
+        message_id = _message_id(self._replay.run.id, call.key)
+        sent = await self._replay.durable(
+            "events.send",
+            lambda: store.events.send(run_id, topic, value, message_id=message_id),
+        )
+        stored = isinstance(sent, MessageSent)
+        if isinstance(sent, MessageSent) and sent.woke and self._hint is not None:
+            target = await self._replay.durable("runs.get", lambda: store.runs.get(run_id))
+            if target is not None:
+                await self._hint(target)
+        await self._replay.record(
+            call.position, call.key, topic, "send", {"to": run_id, "stored": stored}
+        )
+        return stored
+
+    async def get_event(self, run_id: str, key: str, timeout: float = 0.0) -> Any:
+        """Run ``run_id``'s event ``key`` (DBOS ``DBOS.get_event`` in a workflow), or None.
+
+        Waits up to ``timeout`` seconds for a first value (in this execution: the slot is
+        held meanwhile), answering at once if that run settled without one. A durable
+        call of its own (``get_event:<key>#n``): the answer is recorded, so a replay
+        returns the same value whatever the event holds by then.
+        """
+        validate.identifier("run_id", run_id)
+        validate.identifier("event key", key)
+        limit = 0.0 if timeout == 0 and not isinstance(timeout, bool) else checked_timeout(timeout)
+        call = await self._replay.next("get_event", key)
+        if call.record is not None:
+            output = call.record.output
+            return output.get("value") if isinstance(output, dict) else None
+        store = self._replay.store
+        deadline = time.monotonic() + limit
+        pause = 0.02
+        value: Any = None
+        while True:
+            read = await self._replay.durable("events.get", lambda: store.events.get(run_id, key))
+            if read is None:
+                break  # no such run: no event
+            if read.event is not None:
+                value = read.event.value
+                break
+            left = deadline - time.monotonic()
+            if read.status.terminal or left <= 0:
+                break
+            await asyncio.sleep(min(pause, left))
+            pause = min(0.25, pause * 2)
+        await self._replay.record(
+            call.position, call.key, key, "get_event", {"run_id": run_id, "value": value}
+        )
+        return value
 
     async def recv(self, topic: str, timeout: float | None = None) -> Any:
         """The next message sent to this run on ``topic`` (``Queue.send``), in send order.

@@ -62,6 +62,7 @@ class Outbox:
         self._front_wakes: Coalesce[RunRow] = Coalesce(self._publish_front, name="front-wakes")
         self._gated: Coalesce[RunRow] = Coalesce(self._park_gated, name="gated")
         self._freed: Coalesce[str] = Coalesce(self._open_gates, name="freed-slots")
+        self._started: Coalesce[RunRow] = Coalesce(self._unpark_started, name="ungated")
 
     def ack(self, delivery: Delivery) -> None:
         """Acknowledge a delivery whose drive has decided."""
@@ -80,6 +81,10 @@ class Outbox:
         """Park the wake of a run its queue's concurrency limit refused (``broker.gate``)."""
         self._gated.add(row)
 
+    async def started(self, row: RunRow) -> None:
+        """A run of a limited queue started here: a wake of it parked at the gate is stale."""
+        self._started.add(row)
+
     def slot_freed(self, queue: str) -> None:
         """An execution of a limited queue ended here: one gated wake of it may move."""
         self._freed.add(queue)
@@ -96,6 +101,7 @@ class Outbox:
             self._wakes,
             self._front_wakes,
             self._gated,
+            self._started,
             self._freed,
         )
         for pending in pendings:
@@ -117,6 +123,14 @@ class Outbox:
             await self._gate.park((row.queue, row.id, row.flow) for row in rows)
         except BROKER_ERRORS as exc:
             log.warning("gate.park_failed", extra={"runs": len(rows), "error": repr(exc)})
+
+    async def _unpark_started(self, rows: list[RunRow]) -> None:
+        if self._gate is None:
+            return
+        try:
+            await self._gate.unpark((row.queue, row.id, row.flow) for row in rows)
+        except BROKER_ERRORS as exc:  # a stale entry costs one wasted slot offer
+            log.warning("gate.unpark_failed", extra={"runs": len(rows), "error": repr(exc)})
 
     async def _open_gates(self, queues: list[str]) -> None:
         if self._gate is None:

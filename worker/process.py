@@ -230,6 +230,7 @@ class Worker:
             hint=self.outbox.hint,
             hint_front=self.outbox.hint_front,
             gate=self.outbox.gate,
+            started=self.outbox.started,
             slot_freed=self.outbox.slot_freed,
             rate_due=self.rate_pump.due,
             lease_ok=gate.open,

@@ -105,6 +105,12 @@ class SyncContext:
     def recv(self, topic: str, timeout: float | None = None) -> Any:
         return self._call(self._ctx.recv(topic, timeout))
 
+    def send(self, run_id: str, topic: str, value: Any = None) -> bool:
+        return self._call(self._ctx.send(run_id, topic, value))
+
+    def get_event(self, run_id: str, key: str, timeout: float = 0.0) -> Any:
+        return self._call(self._ctx.get_event(run_id, key, timeout))
+
     def quota(self, wake_at: datetime | int) -> None:
         self._call(self._ctx.quota(wake_at))
 

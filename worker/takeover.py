@@ -25,7 +25,7 @@ from runfleet.store.types import (
 )
 from runfleet.worker import metrics
 from runfleet.worker.evidence import RefusalLadder, journal_evidence
-from runfleet.worker.flows import Flow
+from runfleet.worker.flows import NEVER, Flow
 from runfleet.worker.outcomes import Decision, DriveOutcome
 
 log = logging.getLogger("runfleet.worker.takeover")
@@ -97,8 +97,15 @@ class Takeover:
         # Taking back a run this process orphaned is not a lost process: it never counts
         # toward the run's recoveries in a row (a poison run's walk through the fleet).
         counted = probe.evidence != "self-orphaned"
+        limit = None if flow is None else flow.max_recoveries  # the flow's own, if it says
         stealing = self._store.runs.steal(
-            row.id, row.snapshot, self._owner, evidence, counted=counted
+            row.id,
+            row.snapshot,
+            self._owner,
+            evidence,
+            counted=counted,
+            max_recoveries=limit if isinstance(limit, int) else None,
+            dead_letter=limit != NEVER,
         )
         match await stealing:
             case DeadLettered(evidence=dead):

@@ -145,8 +145,8 @@ def resume(
                         f"run {run_id!r} is {row.status.value}: it resumes from its recorded "
                         "calls; --accept-recorded and --rerun-step are for a quarantined run",
                     )
-                new = await q.resume_run(run_id, actor=note)
-                fresh = await q.authorized(new.id)
+                resumed = await q.resume_run(run_id, actor=note)
+                fresh = await resumed.current()
                 return HistoryResult(
                     run_id=run_id,
                     action="resumed-as",

@@ -393,6 +393,8 @@ RETURNING r.*, runfleet.now_ms() AS now_ms;
 -- one (docs/how-to/failure-handling.md). A poison run records nothing new before it
 -- ends its process again, so it still reaches the limit.
 -- A row at the limit is not stolen: the caller buries it (`bury`, same transaction).
+-- The limit is the run's flow's (`@flow(max_recoveries=)`) or the fleet's; NULL for a
+-- flow that never dead-letters.
 UPDATE runfleet.runs AS r SET
     owner_host = %(host)s, owner_pid = %(pid)s, owner_nonce = %(nonce)s,
     epoch = r.epoch + 1, heartbeat_at_ms = runfleet.now_ms(),
@@ -406,7 +408,7 @@ UPDATE runfleet.runs AS r SET
    AND r.heartbeat_at_ms = %(exp_heartbeat_at_ms)s
    AND (%(exp_epoch)s::bigint IS NULL OR r.epoch = %(exp_epoch)s)
    AND r.heartbeat_at_ms < runfleet.now_ms() - %(stale_after_ms)s
-   AND (NOT %(counted)s
+   AND (NOT %(counted)s OR %(max_recoveries)s::integer IS NULL  -- NULL: never dead-letters
         OR runfleet.recoveries_in_a_row(r.id, r.epoch, r.recoveries) < %(max_recoveries)s)
    AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[]))
 RETURNING r.*, runfleet.now_ms() AS now_ms,

@@ -8,6 +8,27 @@ SELECT run_id, key, name, kind, position, output::text AS output_text, digest, e
        recorded_at_ms, compensate, compensated_at_ms
   FROM runfleet.steps WHERE run_id = %(run_id)s ORDER BY position;
 
+-- name: listing
+-- A run's steps as a user lists them (DBOS list_workflow_steps): every recorded call, and
+-- every step that was attempted and never recorded (it failed, or its attempt was cut
+-- off), each with its attempt count and its last attempt's error. Recorded calls first, by
+-- position; the others by their first attempt.
+WITH tried AS (
+    SELECT a.key, count(*) AS attempts, min(a.started_at_ms) AS first_started_at_ms,
+           (array_agg(a.error ORDER BY a.attempt DESC))[1] AS last_error,
+           (array_agg(a.finished_at_ms ORDER BY a.attempt DESC))[1] AS last_finished_at_ms
+      FROM runfleet.attempts a WHERE a.run_id = %(run_id)s GROUP BY a.key
+), recorded AS (
+    SELECT s.key, s.name, s.kind, s.position, s.output::text AS output_text, s.recorded_at_ms,
+           s.compensated_at_ms
+      FROM runfleet.steps s WHERE s.run_id = %(run_id)s
+)
+SELECT coalesce(r.key, t.key) AS key, r.name, r.kind, r.position, r.output_text,
+       r.recorded_at_ms, r.compensated_at_ms, coalesce(t.attempts, 0) AS attempts,
+       t.last_error, t.last_finished_at_ms, t.first_started_at_ms
+  FROM recorded r FULL JOIN tried t ON t.key = r.key
+ ORDER BY r.position NULLS LAST, t.first_started_at_ms, coalesce(r.key, t.key);
+
 -- name: record
 -- Owner+epoch fenced: a process that lost the run can never record a call for it.
 -- The record, its journal entry and (for a step) the end of the attempt that

@@ -206,6 +206,11 @@ class RunRow:
         return _str_or_none(self.state.get("requeued_as"))
 
     @property
+    def resumed_as(self) -> str | None:
+        """The round that resumed this failed or cancelled one (``resume_run``)."""
+        return _str_or_none(self.state.get("resumed_as"))
+
+    @property
     def deadline_ms(self) -> int | None:
         """Database time past which the run is cancelled (``deadline``/``timeout``)."""
         return _int_or_none(self.state.get("deadline_ms"))

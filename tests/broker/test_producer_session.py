@@ -107,5 +107,4 @@ async def test_the_collaborators_are_built_with_a_session_alone(
         raise AssertionError(f"no run was made, yet a handle on {run_id!r} was asked for")
 
     history = RunHistory(session, no_handle)
-    with pytest.raises(RunNotFound):
-        await history.delete_run("ghost")
+    assert (await history.delete_run("ghost")).run_ids == ()  # DBOS's answer: nothing to do

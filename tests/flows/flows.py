@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 
 from runfleet.worker import Context, Handoff, Retry, flow
-from runfleet.worker.durable import ChildFailed
+from runfleet.worker.durable import ChildFailed, WaitTimeout
 
 CALLS: dict[str, int] = {}
 """In-process call counts (in-process workers only): proves recorded steps never re-run."""
@@ -192,3 +192,44 @@ async def zero_wait(ctx: Context) -> Any:
     except TimeoutError:
         await ctx.wait_for("after")  # parks, so a replay has to decide "now" again
         return "timed out"
+
+
+@flow(name="t.failing_step")
+async def failing_step(ctx: Context, tag: str) -> str:
+    await ctx.step("a", count, f"{tag}:a")
+    out: str = await ctx.step("b", flaky, f"{tag}:b", 5, retry=Retry(attempts=2, backoff=0.01))
+    return out
+
+
+@flow(name="t.publisher")
+async def publisher(ctx: Context, target: str) -> dict[str, Any]:
+    """DBOS-style events and messages from the body: each is one durable call."""
+    await ctx.set_event("stage", "one")
+    sent = await ctx.send(target, "ping", {"n": 1})
+    seen = await ctx.get_event(target, "ready", timeout=10)
+    await ctx.wait_for("go")  # parks: the body replays the calls above on its resume
+    await ctx.set_event("stage", "two")
+    await ctx.set_event("seen", seen)
+    return {"sent": sent, "seen": seen}
+
+
+@flow(name="t.pinged")
+async def pinged(ctx: Context) -> dict[str, Any]:
+    """Sets ``ready``, takes the first ping, then counts any more for 1.5 s."""
+    await ctx.set_event("ready", "yes")
+    first = await ctx.recv("ping", timeout=30)
+    more = 0
+    try:
+        while True:
+            await ctx.recv("ping", timeout=1.5)
+            more += 1
+    except WaitTimeout:
+        pass
+    return {"first": first, "more": more}
+
+
+@flow(name="t.sync_sender")
+def sync_sender(ctx: Any, target: str) -> dict[str, Any]:
+    """The same calls from a ``def`` flow (``SyncContext``)."""
+    sent = ctx.send(target, "ping", {"n": 2})
+    return {"sent": sent, "seen": ctx.get_event(target, "ready", timeout=10)}

@@ -11,6 +11,7 @@ import tests.flows.flows as f
 from runfleet.broker import AsyncQueue, RunCancelled, RunFailed
 from runfleet.store import Store
 from runfleet.store.errors import InvalidInput, UnknownFlow
+from runfleet.store.steps import StepState
 from runfleet.worker.process import Worker
 from tests.flows.conftest import parked
 from tests.support.polling import until
@@ -121,3 +122,22 @@ async def test_bad_payloads_and_unknown_names_are_refused_at_enqueue(
         run = await late.enqueue("t.not-a-flow")
     assert (await store.runs.get(run.id)) is not None
     assert await store.stats.status_counts()  # nothing else was half-written
+
+
+async def test_a_failed_step_is_listed_with_its_error_and_attempts(
+    worker: Worker, queue: AsyncQueue
+) -> None:
+    """DBOS ``list_workflow_steps`` lists a step that raised: so does ``list_steps``."""
+    t = tag()
+    run = await queue.enqueue(f.failing_step, t)
+    with pytest.raises(RunFailed):
+        await run.result(timeout=20)
+    listed = await queue.list_steps(run.id)
+    assert [(s.key, s.state, s.attempts) for s in listed] == [
+        ("step:a#1", StepState.COMPLETED, 1),
+        ("step:b#1", StepState.FAILED, 2),
+    ]
+    a, b = listed
+    assert (a.name, a.position, a.output, a.error) == ("a", 0, 1, None)
+    assert (b.name, b.kind, b.position, b.output) == ("b", "step", None, None)
+    assert b.error is not None and f"{t}:b attempt 2" in b.error

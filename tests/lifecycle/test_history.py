@@ -41,19 +41,26 @@ async def test_a_failed_run_resumes_from_its_recorded_steps(
         await run.result(timeout=20)
     flag.unlink()
     resumed = await queue.resume_run(run.id, actor="ops")
-    again = await queue.resume_run(run.id)  # while it is open: the same round
-    assert again.id == resumed.id == f"{run.id}@1"
+    again = await queue.resume_run(run.id)  # while it is open: harmless, the same round
+    # Resumed under the id the caller holds (DBOS): it answers through the new round.
+    assert again.id == resumed.id == run.id
+    round_id = f"{run.id}@1"
+    assert (await resumed.current()).id == round_id
     result = await resumed.result(timeout=20)
     assert [r["i"] for r in result] == [0, 1, 2, 3]
+    assert await run.get_status() is RunStatus.COMPLETED
     # s0 and s1 ran once, on the failed round; s2 failed there and ran again here.
     assert await _executed(ledger) == ["step0", "step1", "step2", "step2", "step3"]
-    assert (await store.runs.get(run.id)).status is RunStatus.FAILED  # type: ignore[union-attr]  # the run exists: it was just enqueued
+    assert (await store.runs.get(run.id)).status is RunStatus.FAILED  # type: ignore[union-attr]  # the settled round stays settled (DESIGN §3)
     (mark,) = await records(store, run.id, "resumed-as")
-    assert mark.payload == {"to": resumed.id, "calls": 3, "actor": "postgres", "note": "ops"}
-    (copied,) = await records(store, resumed.id, "history-copied")
+    assert mark.payload == {"to": round_id, "calls": 3, "actor": "postgres", "note": "ops"}
+    (copied,) = await records(store, round_id, "history-copied")
     assert copied.payload["from"] == run.id
-    with pytest.raises(InvalidInput, match="only a failed or cancelled run"):
-        await queue.resume_run(resumed.id)
+    # Resuming a run that completed is harmless: nothing new is admitted.
+    assert (await queue.resume_run(run.id)).id == run.id
+    assert (await queue.resume_run(round_id)).id == round_id
+    assert len(await records(store, run.id, "resumed-as")) == 1
+    assert await store.runs.get(f"{run.id}@2") is None
 
 
 async def test_a_cancelled_run_resumes_and_waits_where_it_stopped(
@@ -65,9 +72,10 @@ async def test_a_cancelled_run_resumes_and_waits_where_it_stopped(
     await queue.cancel(run.id)
     await until(lambda: run.get_status(), 20, "cancel", accept=lambda s: s.terminal)
     resumed = await queue.resume_run(run.id)
-    await parked(store, resumed.id, "event", timeout=20)
-    await queue.send(resumed.id, "go", 7)
-    assert await resumed.result(timeout=20) == ["first", 7]
+    assert resumed.id == run.id
+    await parked(store, f"{run.id}@1", "event", timeout=20)
+    await queue.send(run.id, "go", 7)  # the id the caller holds: its open round takes it
+    assert await run.result(timeout=20) == ["first", 7]
     assert await _executed(ledger) == ["first"]
 
 
@@ -107,6 +115,12 @@ async def test_delete_removes_a_settled_run_and_refuses_an_open_one(
     assert await store.events.of_run(run.id) == []
     assert await store.events.messages_of_run(run.id) == []
     assert await store.journal.records(run.id) == []
+    # DBOS's answers for an id that names no run: deleting again, or an id never used,
+    # deletes nothing; its events read None.
+    again = await queue.delete_run(run.id)
+    assert again.run_ids == () and again.journal == again.steps == 0
+    assert (await queue.delete_run("never-used")).run_ids == ()
+    assert await queue.get_event("never-used", "stage") is None
 
 
 @pytest.mark.chaos

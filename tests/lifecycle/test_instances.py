@@ -13,7 +13,7 @@ import pytest
 import tests.lifecycle.tenants_all as tenants
 from runfleet.broker import AsyncQueue
 from runfleet.store import Store
-from runfleet.store.errors import InvalidInput
+from runfleet.store.errors import ExecutionIdentityConflict, InvalidInput
 from runfleet.store.types import RunStatus
 from runfleet.worker import FlowInstance, flow
 from runfleet.worker.flows import registered, runnable
@@ -71,6 +71,22 @@ async def test_a_class_level_flow_names_no_instance_and_is_refused(queue: AsyncQ
 
     refused = caught.value if isinstance(caught.value, InvalidInput) else caught.value.__cause__
     assert isinstance(refused, InvalidInput) and "a schedule names no instance" in str(refused)
+
+
+async def test_a_run_id_reused_with_another_instance_is_a_conflict(
+    queue: AsyncQueue, store: Store
+) -> None:
+    """The instance decides which configured code runs: re-using a run id with another
+    instance is another run (``ExecutionIdentityConflict(field="instance")``), not a join
+    of the first instance's run; the same instance joins."""
+    first = await queue.enqueue(tenants.ACME.welcome, "/dev/null", "ann", 0, run_id="inst-1")
+    again = await queue.enqueue(tenants.ACME.welcome, "/dev/null", "ann", 0, run_id="inst-1")
+    assert again.id == first.id
+    with pytest.raises(ExecutionIdentityConflict) as caught:
+        await queue.enqueue(tenants.GLOBEX.welcome, "/dev/null", "ann", 0, run_id="inst-1")
+    assert caught.value.field == "instance"
+    row = await store.runs.get("inst-1")
+    assert row is not None and row.state["flow_instance"] == "acme"
 
 
 @pytest.mark.chaos

@@ -30,3 +30,23 @@ async def test_park_once_then_move_oldest_first(redis_url: str, redis_prefix: st
         assert await gate.open(["serial"]) == 0  # a stranger's bytes: dropped, logged
     finally:
         await client.aclose()
+
+
+async def test_a_started_run_leaves_the_gate_so_a_freed_slot_wakes_a_waiting_one(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """A run refused once and started by another path (it took a displaced run's slot)
+    drops its entry: the next freed slot wakes a run still waiting, not the started one."""
+    client = Redis.from_url(redis_url)
+    try:
+        streams = Streams(client, redis_prefix)
+        gate = Gate(client, redis_prefix, streams)
+        await gate.park([("serial", "started", "f")])
+        await gate.park([("serial", "waiting", "f")])
+        await gate.unpark([("serial", "started", "f"), ("serial", "never-parked", "f")])
+        assert await gate.open(["serial"]) == 1
+        entries: list[Any] = await client.xrange(streams.stream_key("serial", Lane.RECOVERY)) or []
+        assert [decode(fields[b"m"]).run for _id, fields in entries] == ["waiting"]
+        await gate.unpark([])  # nothing to do
+    finally:
+        await client.aclose()

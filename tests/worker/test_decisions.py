@@ -695,12 +695,16 @@ async def test_a_keyed_run_is_claimed_by_the_batch_and_its_key_holds_its_limit(
     assert (await must_get(store, "k2")).status is RunStatus.PENDING
 
 
-@pytest.mark.parametrize(("front", "batch"), [(True, False), (False, False), (True, True)])
+@pytest.mark.parametrize(
+    ("front", "path"),
+    [(True, "delivered"), (False, "delivered"), (True, "batch"), (True, "read")],
+)
 async def test_a_run_that_took_the_delivered_slot_re_wakes_the_delivered_one_ahead(
-    store: Store, settings: Settings, caplog: pytest.LogCaptureFixture, front: bool, batch: bool
+    store: Store, settings: Settings, caplog: pytest.LogCaptureFixture, front: bool, path: str
 ) -> None:
     """A delivery is a slot offered to its queue: a fresh run of a higher priority takes
-    it (a single delivery's statement and a batch's alike), and the delivered run is woken
+    it (a single delivery's statement, a batch's, and a drive from a read alike: a
+    displaced run driven again must not skip the rule), and the delivered run is woken
     again ahead of the backlog."""
     caplog.set_level(logging.INFO, logger="runfleet.worker.decisions")
     hints, ahead = Hints(), Hints()
@@ -714,8 +718,10 @@ async def test_a_run_that_took_the_delivered_slot_re_wakes_the_delivered_one_ahe
     )
     await create(store, "low", flow="sr.waiter")
     await create(store, "high", flow="sr.waiter", priority=5)
-    if batch:
+    if path == "batch":
         decided = (await decider.decide_many(["low"]))["low"]
+    elif path == "read":
+        decided = await decider.decide("low")
     else:
         decided = await decider.delivered("low", "sr.waiter")
     assert decided.outcome is DriveOutcome.ACTIVATED and decided.activation is not None

@@ -148,3 +148,31 @@ async def test_a_failed_batch_decision_leaves_each_run_to_its_own_drive(
     assert await coordinator.join(timeout=20)
     rows = await store.runs.get_many(ids)
     assert {r.status for r in rows} == {RunStatus.COMPLETED}, "each decided and run alone"
+
+
+@flow(name="driver.hold")
+async def hold_a_moment(ctx: Context) -> str:
+    """Holds its slot long enough for the test to look at the drives under way."""
+    await asyncio.sleep(1.0)
+    return "held"
+
+
+async def test_a_run_that_took_anothers_slot_executes_under_a_drive_of_its_own(
+    store: Store, settings: Settings
+) -> None:
+    """The delivered run whose slot a higher priority took is no longer in a drive: its
+    re-published wake starts a fresh drive at once, instead of coalescing into a drive
+    busy executing the other run (and being decided only after that run settled)."""
+    coordinator = Coordinator(Driver(store, ME, settings))
+    await create(store, "low", flow="driver.hold")
+    await create(store, "high", flow="driver.hold", priority=5)
+    assert coordinator.drive("low", None, "driver.hold")
+
+    async def high_runs_alone() -> bool:
+        return coordinator.driving("high") and not coordinator.driving("low")
+
+    await until(high_runs_alone, 5, "the high run to execute under its own drive")
+    assert coordinator.drive("low", None, "driver.hold"), "a fresh drive, not coalesced"
+    assert await coordinator.join(timeout=20)
+    rows = await store.runs.get_many(["low", "high"])
+    assert {r.status for r in rows} == {RunStatus.COMPLETED}

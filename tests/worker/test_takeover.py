@@ -14,7 +14,9 @@ from prometheus_client import REGISTRY
 from runfleet.broker.liveness import Probe
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
+from runfleet.store.errors import InvalidInput
 from runfleet.store.types import Claimed, Owner, RunRow
+from runfleet.worker.flows import flow
 from runfleet.worker.outcomes import Decision, DriveOutcome
 from runfleet.worker.takeover import UNKNOWN_PROBE, Takeover
 from tests.seed_rules import flows as sr
@@ -293,3 +295,30 @@ async def test_a_stale_run_at_its_recovery_limit_is_dead_lettered_counted_and_lo
         assert line.__dict__["lost_owners"] == [THEM.key]
     finally:
         await limited.close()
+
+
+async def test_a_flows_own_recovery_limit_overrides_the_fleets_and_never_means_never(
+    store: Store, settings: Settings
+) -> None:
+    """``@flow(max_recoveries=0)`` dead-letters at its first lost process though the fleet
+    allows five; ``@flow(max_recoveries="never")`` is taken over though the fleet allows
+    none; a bad limit is refused where the flow is declared."""
+    strict = settings.model_copy(update={"max_recoveries": 0})
+    limited = await Store.open(strict, min_size=1, max_size=2)
+    try:
+        for run_id in ("own-limit", "never"):
+            await make_running(store, run_id, THEM, flow="sr.waiter")
+        zero = replace(sr.waiter, max_recoveries=0)
+        row = await stale(store, settings, "own-limit")
+        lenient = Takeover(store, ME, settings, Probes(DEAD))  # the fleet's limit: 5
+        assert await lenient.steal(row, zero) == Decision(DriveOutcome.DEAD_LETTERED)
+        never = replace(sr.waiter, max_recoveries="never")
+        row = await stale(store, settings, "never")
+        takeover = Takeover(limited, ME, strict, Probes(DEAD))  # the fleet's limit: 0
+        assert (await takeover.steal(row, never)).outcome is DriveOutcome.STOLEN
+        stolen = await must_get(store, "never")
+        assert stolen.owner == ME and stolen.recoveries == 1
+    finally:
+        await limited.close()
+    with pytest.raises(InvalidInput, match="max_recoveries"):
+        flow(name="t.bad_limit", max_recoveries=-1)(lambda ctx: None)

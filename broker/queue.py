@@ -63,6 +63,7 @@ from runfleet.store.jobs import Jobs
 from runfleet.store.registries import Registries
 from runfleet.store.transient import is_transient, service_of
 from runfleet.store.types import CancelOutcome, CreateOutcome, EventAnswer, NewRun, RunRow
+from runfleet.store.urls import resolve
 
 __all__ = [
     "AsyncQueue",
@@ -112,9 +113,10 @@ class AsyncQueue:
         overrides = {
             k: v for k, v in (("database_url", database_url), ("redis_url", redis_url)) if v
         }
-        base = settings or Settings()
+        # No URL anywhere: the embedded pair, or NoServers naming both ways out.
+        base = resolve((settings or Settings()).model_copy(update=overrides))
         self.name = name
-        self.session = ProducerSession(base.model_copy(update=overrides), scopes)
+        self.session = ProducerSession(base, scopes)
         self.control = RunControl(self.session)
         self.messages = RunMessages(self.session)
         self.history = RunHistory(self.session, self.run)

@@ -31,6 +31,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from runfleet.store.config import Settings
 from runfleet.store.queries import q
+from runfleet.store.urls import require
 
 Conn = AsyncConnection[DictRow]
 
@@ -190,7 +191,7 @@ async def open_pool(
     a producer with a 10 s retry budget must not sit 30 s in one checkout.
     """
     pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
-        settings.database_url,
+        require(settings.database_url, "database"),
         min_size=min_size or settings.pool_min,
         max_size=max_size or settings.pool_max,
         kwargs=connection_kwargs(settings, statement_timeout_ms=statement_timeout_ms),

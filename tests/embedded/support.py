@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,8 +43,7 @@ class User:
 
     @classmethod
     def fresh(cls, tmp: Path) -> User:
-        home, app = tmp / "home", tmp / "app"
-        home.mkdir()
+        home, app = fresh_home(), tmp / "app"
         app.mkdir()
         (app / "tasks.py").write_text(TASKS)
         (app / "produce.py").write_text(PRODUCE)
@@ -102,3 +103,12 @@ class User:
         """Stop the app's processes, then the pair (never left running after a test)."""
         self.stop_processes()
         self.cli("dev", "stop")
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+def fresh_home() -> Path:
+    """An empty HOME directly under the temp dir, not under pytest's ``tmp_path``: as root
+    the embedded Postgres runs as ``nobody`` and must traverse every folder above its data,
+    and each new pytest session on the machine makes ``/tmp/pytest-of-<user>`` 0700 again,
+    which would lock a running server out of its own files."""
+    return Path(tempfile.mkdtemp(prefix="rf-home-"))

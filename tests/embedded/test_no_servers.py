@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -59,11 +60,19 @@ def test_one_url_without_the_other_names_the_missing_one(
     assert str(caught.value).startswith("RUNFLEET_DATABASE_URL is not set"), caught.value
 
 
+@pytest.fixture
+def user(tmp_path: Path) -> Iterator[User]:
+    found = User.fresh(tmp_path)
+    try:
+        yield found
+    finally:
+        found.close()
+
+
 @pytest.mark.parametrize("command", [["runs"], ["migrate"], ["worker", "--burst"]])
 def test_the_cli_without_urls_or_the_extra_says_both_ways_out_in_one_line(
-    tmp_path: Path, command: list[str]
+    user: User, command: list[str]
 ) -> None:
-    user = User.fresh(tmp_path)
     done = subprocess.run(
         [sys.executable, "-c",
          f"{WITHOUT_EXTRA}; sys.argv = ['runfleet', *{command!r}]\n"
@@ -78,9 +87,8 @@ def test_the_cli_without_urls_or_the_extra_says_both_ways_out_in_one_line(
 
 
 def test_a_worker_given_urls_never_starts_the_embedded_pair(
-    tmp_path: Path, database_url: str, redis_url: str, redis_prefix: str
+    user: User, database_url: str, redis_url: str, redis_prefix: str
 ) -> None:
-    user = User.fresh(tmp_path)
     env = {
         **user.env(),
         "RUNFLEET_DATABASE_URL": database_url,

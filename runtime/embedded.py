@@ -5,10 +5,12 @@ server binaries, no system package) and no URL configured, the first runfleet pr
 user starts both servers on free loopback ports, under a per-user data directory
 (``$XDG_DATA_HOME/runfleet/dev``, else ``~/.local/share/runfleet/dev``); every later
 process finds them there. Several processes starting at once agree on one pair: all of
-them take an exclusive ``flock`` on ``lock`` in that directory, and the one holding it reads
-``state.json`` (ports and pids), checks each server it names (the pid is alive and is that
-server, the port answers) and starts only what is missing. The servers are daemons, so
-they outlive the process that started them; ``runfleet dev stop|status|reset`` manage them.
+them take an exclusive ``flock`` on ``lock`` in that directory, and the one holding it
+checks each server where the server itself records it (``postmaster.pid``, ``redis.pid``:
+the pid is alive and is that server, the port answers) and starts only what is missing,
+on the port ``state.json`` recorded for it when that port is free (URLs stay the same
+across restarts). The servers are daemons, so they outlive the process that started
+them; ``runfleet dev stop|status|reset`` manage them.
 
 Postgres refuses to run as root. Started by root, the server runs as ``nobody`` (as the
 test suites' throwaway servers do), owns its own folder, and every folder above the data
@@ -94,15 +96,18 @@ def ensure(root: Path | None = None) -> Servers:
     with _locked(root):
         state = _read_state(root)
         started: list[Kind] = []
-        pg = state.get("postgres")
-        if pg is None or not _postgres_alive(root, pg):
-            pg = _start_postgres(root, postgres_bin, pg.port if pg else None)
+        recorded = state.get("postgres")
+        pg = _postmaster(root)  # the one on the data dir, even if the state file lost it
+        if pg is None:
+            pg = _start_postgres(root, postgres_bin, recorded.port if recorded else None)
             started.append("postgres")
-        rd = state.get("redis")
-        if rd is None or not _redis_alive(rd):
-            rd = _start_redis(root, redis_bin, rd.port if rd else None)
+        recorded_redis = state.get("redis")
+        rd = _redis_running(root)
+        if rd is None:
+            port = recorded_redis.port if recorded_redis else None
+            rd = _start_redis(root, redis_bin, port)
             started.append("redis")
-        if started:
+        if started or recorded != pg or recorded_redis != rd:
             _write_state(root, {"postgres": pg, "redis": rd})
         return Servers(pg, rd, root, tuple(started))
 
@@ -113,12 +118,7 @@ def status(root: Path | None = None) -> dict[Kind, Server | None]:
     if not root.exists():
         return {"postgres": None, "redis": None}
     with _locked(root):
-        state = _read_state(root)
-        pg, rd = state.get("postgres"), state.get("redis")
-        return {
-            "postgres": pg if pg is not None and _postgres_alive(root, pg) else None,
-            "redis": rd if rd is not None and _redis_alive(rd) else None,
-        }
+        return {"postgres": _postmaster(root), "redis": _redis_running(root)}
 
 
 def stop(root: Path | None = None) -> list[Kind]:
@@ -184,11 +184,6 @@ def _write_state(root: Path, state: dict[Kind, Server]) -> None:
 # ---- Postgres ---------------------------------------------------------------------------
 
 
-def _postgres_alive(root: Path, server: Server) -> bool:
-    """The recorded pid is this data directory's postmaster and the port accepts."""
-    return _postmaster(root) == server
-
-
 def _postmaster(root: Path) -> Server | None:
     """The postmaster running on the data directory now, whatever the state file says
     (``postmaster.pid``: its pid, then its port on the fourth line)."""
@@ -204,9 +199,6 @@ def _postmaster(root: Path) -> Server | None:
 def _start_postgres(root: Path, bindir: Path, port: int | None) -> Server:
     home = root / "postgres"
     data = home / "data"
-    running = _postmaster(root)
-    if running is not None:  # a state file lost or rewritten while the server ran on
-        return running
     user = _server_user()
     home.mkdir(mode=0o700, exist_ok=True)
     if user is not None:
@@ -240,6 +232,19 @@ def _start_postgres(root: Path, bindir: Path, port: int | None) -> Server:
 
 
 # ---- Redis ------------------------------------------------------------------------------
+
+
+def _redis_running(root: Path) -> Server | None:
+    """The redis-server of the pid file, if it runs and answers: its port is in its
+    process title (``redis-server 127.0.0.1:PORT``), so a lost state file loses nothing."""
+    try:
+        pid = int((root / "redis" / "redis.pid").read_text().strip())
+        title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        port = int(title.rsplit(b":", 1)[1].split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    server = Server(port, pid)
+    return server if _redis_alive(server) else None
 
 
 def _redis_alive(server: Server) -> bool:
@@ -284,9 +289,8 @@ def _start_redis(root: Path, binary: Path, port: int | None) -> Server:
 
 
 def _stop_locked(root: Path) -> list[Kind]:
-    state = _read_state(root)
     stopped: list[Kind] = []
-    rd = state.get("redis")
+    rd = _redis_running(root)
     pg = _postmaster(root)  # the one running on the data directory, recorded or not
     if pg is not None:
         bindir = _postgres_bindir()
@@ -297,7 +301,7 @@ def _stop_locked(root: Path) -> list[Kind]:
             )  # fmt: skip
         _end(pg.pid, b"postgres", signal.SIGINT)
         stopped.append("postgres")
-    if rd is not None and _redis_alive(rd):
+    if rd is not None:
         _end(rd.pid, b"redis-server", signal.SIGTERM)
         stopped.append("redis")
     (root / "state.json").unlink(missing_ok=True)

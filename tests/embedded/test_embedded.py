@@ -154,3 +154,22 @@ def test_dev_status_stop_reset_and_a_stale_state_file(user: User) -> None:
     assert [p.name for p in user.data_dir.iterdir()] == ["lock"]
     missing = user.cli("explain", "kept")  # a fresh pair: the run is gone
     assert missing.returncode == 1 and "no run with id 'kept'" in missing.stderr
+
+
+def test_a_lost_state_file_finds_the_running_pair_again(user: User) -> None:
+    """The servers themselves say where they run: deleting ``state.json`` starts nothing
+    twice and leaks nothing (the next process finds both, ``dev stop`` stops both)."""
+    assert user.cli("dev", "start").returncode == 0
+    before = _state(user)
+    (user.data_dir / "state.json").unlink()
+    again = user.cli("dev", "start")
+    assert again.returncode == 0, again.stderr
+    assert "runfleet: using embedded Postgres" in again.stderr
+    assert _state(user) == before
+    stopped = user.cli("dev", "stop")
+    assert "postgres" in stopped.stdout and "redis" in stopped.stdout
+    for server in before.values():
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{server['pid']}").exists():
+            assert time.monotonic() < deadline, f"pid {server['pid']} still runs"
+            time.sleep(0.1)

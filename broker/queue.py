@@ -75,6 +75,7 @@ from runfleet.store.types import (
     RunStatus,
     WaitingReason,
 )
+from runfleet.store.urls import resolve
 
 __all__ = [
     "AsyncQueue",
@@ -128,9 +129,10 @@ class AsyncQueue:
         overrides = {
             k: v for k, v in (("database_url", database_url), ("redis_url", redis_url)) if v
         }
-        base = settings or Settings()
+        # No URL anywhere: the embedded pair, or NoServers naming both ways out.
+        base = resolve((settings or Settings()).model_copy(update=overrides))
         self.name = name
-        self.session = ProducerSession(base.model_copy(update=overrides), scopes)
+        self.session = ProducerSession(base, scopes)
         self.control = RunControl(self.session)
         self.messages = RunMessages(self.session)
         self.history = RunHistory(self.session, self.run)

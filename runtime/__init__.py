@@ -2,7 +2,8 @@
 
 ``runtime.service``: the service lifecycle (start, stop, wait for either edge) and the
 ``Signal``s tests wait on; ``runtime.batching``: group commit (``GroupCommit``) and
-coalesced hints (``Coalesce``). Both import nothing of runfleet, so every package may
-import them (``store`` does not need to): the dependency rule is
+coalesced hints (``Coalesce``); ``runtime.embedded``: the embedded Postgres and Redis a
+user's processes share on one machine. They import nothing of runfleet, so every package
+may import them (``store.urls`` starts the embedded pair): the dependency rule is
 ``ops → worker → broker → store``, with ``runtime`` beside them all.
 """

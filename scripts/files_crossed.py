@@ -62,8 +62,9 @@ def _ours(filename: str) -> str | None:
 async def main(show: bool) -> None:
     from runfleet.store.config import Settings
     from runfleet.store.migrate import migrate
+    from runfleet.store.urls import resolve
 
-    base = Settings()
+    base = resolve(Settings())  # the URLs, else the embedded pair
     admin = base.database_url
     name = f"rf_files_{secrets.token_hex(4)}"
     async with await psycopg.AsyncConnection.connect(admin, autocommit=True) as conn:

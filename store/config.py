@@ -21,12 +21,17 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="RUNFLEET_", extra="ignore")
 
-    database_url: str = "postgresql://postgres@127.0.0.1:5432/runfleet"
+    database_url: str = ""
+    """Unset (empty) means no database is configured: a process then uses the embedded
+    pair when the ``embedded`` extra is installed (``store.urls.resolve``), and refuses
+    with ``NoServers`` otherwise. Never a default host: a database nobody named is one
+    somebody else's data may live in."""
     read_database_url: str | None = None
     """A replica for operators' reads (``runs``, ``show``, ``journal``, ``tree``,
     ``explain``, ``fleet``, the dashboard's pages): never for a decision. Unset: they
     read ``database_url``."""
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = ""
+    """Unset (empty): as ``database_url``. Both are set, or neither."""
     redis_prefix: str = "runfleet"
     host_id: str = Field(default_factory=socket.gethostname)
     heartbeat_interval: float = Field(default=1.0, gt=0)

@@ -31,6 +31,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from runfleet.store.config import Settings
 from runfleet.store.queries import q
+from runfleet.store.urls import require
 
 Conn = AsyncConnection[DictRow]
 
@@ -197,7 +198,7 @@ async def open_pool(
     ``open_timeout`` s for its first connection.
     """
     pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
-        settings.database_url,
+        require(settings.database_url, "database"),
         min_size=min_size or settings.pool_min,
         max_size=max_size or settings.pool_max,
         kwargs=connection_kwargs(settings, statement_timeout_ms=statement_timeout_ms),

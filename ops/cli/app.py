@@ -154,7 +154,7 @@ def worker(
 def _mount() -> None:
     """Command groups live in their own modules; this file only assembles them."""
     from runfleet.ops.bench.__main__ import app as bench_app
-    from runfleet.ops.cli import dashboard, info, prune, queues, retry, schedule
+    from runfleet.ops.cli import dashboard, dev, info, prune, queues, retry, schedule
 
     runs.register(app)
     produce.register(app)
@@ -169,6 +169,7 @@ def _mount() -> None:
     retry.register(app)
     app.command("info")(info.info)
     queues.register(app)
+    dev.register(app)
     app.add_typer(bench_app, name="bench")
 
 

@@ -35,9 +35,10 @@ from runfleet.ops.cli.options import UserError as UserError
 from runfleet.ops.cli.text import Part, err, json_text, say, styled
 from runfleet.store import Store
 from runfleet.store.config import Settings
-from runfleet.store.errors import RunfleetError, RunNotFound
+from runfleet.store.errors import NoServers, RunfleetError, RunNotFound
 from runfleet.store.topology import Role, Topology, read_topology
 from runfleet.store.types import Owner, RunRow
+from runfleet.store.urls import resolve
 
 T = TypeVar("T")
 
@@ -81,12 +82,16 @@ def _first_line(exc: BaseException) -> str:
 
 
 def settings() -> Settings:
+    """The settings with both URLs: the configured ones, else the embedded pair (started
+    and migrated if need be), else one line naming both ways out (``store.urls``)."""
     try:
-        cfg = Settings()
+        cfg = resolve(Settings())
     except ValidationError as exc:
         problem = exc.errors()[0]
         field = ".".join(str(p) for p in problem["loc"])
         fail(f"bad setting RUNFLEET_{field.upper()}: {problem['msg']}")
+    except NoServers as exc:
+        fail(str(exc))
     check_database_url("RUNFLEET_DATABASE_URL", cfg.database_url)
     if cfg.read_database_url:
         check_database_url("RUNFLEET_READ_DATABASE_URL", cfg.read_database_url)

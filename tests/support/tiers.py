@@ -44,6 +44,10 @@ SERIAL: dict[str, str] = {
     "tests/worker/test_lease_unit.py::test_renewals_keep_their_interval_when_each_takes_a_while": (
         "renewals keep their interval within 0.8 x a slow renewal"
     ),
+    "tests/embedded/test_embedded.py::"
+    "test_a_worker_and_a_producer_reach_a_first_result_cold_and_warm": (
+        "a first result within 30 s of a cold data directory, 15 s warm"
+    ),
     "tests/flows/test_waits.py::test_long_sleep_parks_on_a_durable_clock": (
         "a 2.5 s durable sleep wakes within 1.5 s of its timer"
     ),

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from runfleet.ops.servers.resolve import Endpoints
 from tests.broker.conftest import closed_port
 from tests.conftest import NewDatabase
 from tests.ops.conftest import Cli
@@ -102,18 +103,23 @@ def _runfleet(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 def test_malformed_urls_in_the_real_cli(
     setting: str, value: str, message: str, command: list[str]
 ) -> None:
-    done = _runfleet(*command, **{setting: value})
+    # both URLs set (one URL alone is refused before either is read), one of them malformed
+    both = {
+        "RUNFLEET_DATABASE_URL": f"postgresql://postgres@127.0.0.1:{closed_port()}/postgres",
+        "RUNFLEET_REDIS_URL": f"redis://127.0.0.1:{closed_port()}/0",
+    }
+    done = _runfleet(*command, **{**both, setting: value})
     assert done.returncode == 1, done
     assert "Traceback" not in done.stderr and "╭" not in done.stderr, done.stderr
     assert _one_line(done.stderr).startswith(message), done.stderr
 
 
-def test_malformed_and_unreachable_urls_for_migrate() -> None:
+def test_malformed_and_unreachable_urls_for_migrate(services: Endpoints) -> None:
     done = _runfleet("migrate", "--database-url", "postgres://%zz")
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert _one_line(done.stderr).startswith("error: bad --database-url: invalid percent")
     url = f"postgresql://postgres@127.0.0.1:{closed_port()}/postgres"
     for args in (["migrate", "--database-url", url], ["enqueue", "a:b"], ["dashboard"]):
-        done = _runfleet(*args, RUNFLEET_DATABASE_URL=url)
+        done = _runfleet(*args, RUNFLEET_DATABASE_URL=url, RUNFLEET_REDIS_URL=services.redis_url)
         assert done.returncode == 1 and "Traceback" not in done.stderr, (args, done.stderr)
         assert _one_line(done.stderr).startswith("error: cannot reach the database"), args

@@ -9,7 +9,8 @@ flush reaches every caller of that batch (a caller that retries submits again, i
 a later batch).
 
 One implementation serves both sides: producers' concurrent enqueues (``AsyncQueue``,
-one instance per stream lane) and the worker's settlements, step records and Redis
+one instance per stream lane; ``ThreadGroupCommit`` below is its twin for the threads
+sharing one sync ``Queue``) and the worker's settlements, step records and Redis
 hints (``worker/settle.py``, ``worker/bookkeeping.py``, ``worker/outbox.py``).
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
@@ -152,3 +154,98 @@ class Coalesce(Generic[T]):
         """Wait until everything added so far has been sent (or failed)."""
         while self._runner is not None and not self._runner.done():
             await asyncio.shield(self._runner)
+
+
+SyncFlush = Callable[[Sequence[T]], Sequence[R | BaseException]]
+
+
+class _Slot(Generic[T, R]):
+    """One thread's item, and what its thread is woken with: its answer, or the lead."""
+
+    __slots__ = ("answer", "error", "item", "lead", "ready")
+
+    def __init__(self, item: T) -> None:
+        self.item = item
+        self.ready = threading.Event()
+        self.lead = False
+        self.answer: R | None = None
+        self.error: BaseException | None = None
+
+
+class ThreadGroupCommit(Generic[T, R]):
+    """``GroupCommit`` for threads: a leader flushes, the threads that queued meanwhile follow.
+
+    The first thread to ``submit`` leads: it takes every item pending (its own first)
+    and calls ``flush`` at once, in its own thread, with no window to wait out. Threads
+    that submit while a flush is in flight queue up and block; when the flush returns,
+    each thread of the batch is woken with its own answer, and the first thread still
+    queued is woken to lead the next batch (with everything queued by then). A lone
+    thread therefore pays a lock and a list, never a hop or a wait. As with
+    ``GroupCommit``, an answer that is an exception is raised to its own caller only,
+    and an error of the whole flush reaches every caller of that batch.
+
+    ``flush`` runs in a fresh context (not the leading caller's: its transaction, its
+    log fields).
+    """
+
+    def __init__(
+        self, flush: SyncFlush[T, R], *, max_items: int = 256, name: str = "batch"
+    ) -> None:
+        if max_items < 1:
+            raise ValueError("max_items must be >= 1")
+        self._flush = flush
+        self._max = max_items
+        self._name = name
+        self._lock = threading.Lock()
+        self._pending: list[_Slot[T, R]] = []
+        self._leading = False
+        self.flushes = 0
+        """Batches flushed so far (a figure for tests and benchmarks)."""
+
+    def submit(self, item: T) -> R:
+        """``item``'s own answer once the batch it joined has been flushed."""
+        slot: _Slot[T, R] = _Slot(item)
+        with self._lock:
+            self._pending.append(slot)
+            slot.lead = not self._leading
+            self._leading = True
+        if not slot.lead:
+            slot.ready.wait()
+        if slot.lead:
+            self._lead()
+        if slot.error is not None:
+            raise slot.error
+        return slot.answer  # type: ignore[return-value]  # set with no error: an R
+
+    def _lead(self) -> None:
+        """Flush the pending items (this thread's first), answer them, pass the lead on."""
+        with self._lock:
+            batch, self._pending = self._pending[: self._max], self._pending[self._max :]
+        answers: Sequence[R | BaseException] = ()
+        failed: BaseException | None = None
+        try:
+            self.flushes += 1
+            answers = contextvars.Context().run(self._flush, [slot.item for slot in batch])
+            if len(answers) != len(batch):
+                raise RuntimeError(f"{self._name}: {len(answers)} answers for {len(batch)}")
+        except BaseException as exc:  # every caller of this batch gets the error
+            failed = exc
+        finally:
+            with self._lock:
+                if self._pending:
+                    self._pending[0].lead = True
+                    self._pending[0].ready.set()
+                else:
+                    self._leading = False
+        for i, slot in enumerate(batch):
+            answer = failed if failed is not None else answers[i]
+            if i and failed is not None and not isinstance(failed, Exception):
+                # an interrupt of the leading thread is its own; the others learn their
+                # items' fate is unknown (a retry with the same id joins what committed)
+                answer = RuntimeError(f"{self._name}: the batch was interrupted ({failed!r})")
+            slot.lead = False
+            if isinstance(answer, BaseException):
+                slot.error = answer
+            else:
+                slot.answer = answer
+            slot.ready.set()

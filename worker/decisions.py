@@ -97,7 +97,8 @@ class Decider:
         self.unrunnable = Unrunnable()
         """Runs this process cannot execute, and why (each logged once; ``worker.burst``)."""
         self._rehinted: dict[str, float] = {}
-        self._hand_on = HandOn(hint) if hint is not None else None
+        handed = hint_front or hint  # ahead of the backlog: the run keeps its place
+        self._hand_on = HandOn(handed) if handed is not None else None
         """Wakes of runs of a version this process does not carry (``worker.hand_on``)."""
         self.closed = False
         """The worker is stopping: no claim by any path (``Driver.close``)."""

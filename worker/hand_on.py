@@ -2,8 +2,10 @@
 
 During a rolling deploy workers of two versions read the same stream, and a run's wake
 reaches whichever is reading. A worker that cannot run the run's version
-(``worker.versions``: ``run.version_not_carried``) publishes the wake again at once, so
-a worker that carries the version takes the run now rather than at the lost-wake sweep.
+(``worker.versions``: ``run.version_not_carried``) publishes the wake again at once, on
+the recovery lane that every worker reads before its backlog (the run keeps its place
+in line), so a worker that carries the version takes the run now rather than at the
+lost-wake sweep.
 Bounded so that workers of the wrong version cannot pass a run between them at full
 speed while none of the right one is reading: this process hands a given run on at
 once the first time, then after 50 ms, 100 ms, ... doubling up to ``MAX_DELAY_S``, and

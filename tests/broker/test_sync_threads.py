@@ -157,4 +157,4 @@ def test_a_failed_batch_reaches_its_callers_and_the_next_thread_leads(
     assert isinstance(out[0], KeyboardInterrupt if lead_interrupted else OSError)
     assert out[1] == 10 and out[2] == 20
     assert isinstance(out[3], ValueError)
-    assert group._leading is False and group._pending == []
+    assert group._leaders == 0 and group._pending == []

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import os
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
@@ -187,7 +188,8 @@ class ThreadGroupCommit(Generic[T, R]):
     only, and an error of the whole flush reaches every caller of that batch.
 
     ``flush`` runs in a fresh context (not the leading caller's: its transaction, its
-    log fields).
+    log fields). A forked child starts with no batch in flight (a flush in flight in
+    the parent at the fork has no thread in the child to finish it).
     """
 
     def __init__(
@@ -207,12 +209,16 @@ class ThreadGroupCommit(Generic[T, R]):
         self._lock = threading.Lock()
         self._pending: list[_Slot[T, R]] = []
         self._leaders = 0
+        self._pid = os.getpid()
         self.flushes = 0
         """Batches flushed so far (a figure for tests and benchmarks)."""
 
     def submit(self, item: T) -> R:
         """``item``'s own answer once the batch it joined has been flushed."""
         slot: _Slot[T, R] = _Slot(item)
+        if self._pid != os.getpid():  # a forked child: the parent's threads are not here
+            self._lock, self._pending, self._leaders = threading.Lock(), [], 0
+            self._pid = os.getpid()
         with self._lock:
             lead = self._leaders < self._flights
             if lead:

@@ -158,3 +158,37 @@ def test_a_failed_batch_reaches_its_callers_and_the_next_thread_leads(
     assert out[1] == 10 and out[2] == 20
     assert isinstance(out[3], ValueError)
     assert group._leaders == 0 and group._pending == []
+
+
+def test_a_forked_child_does_not_wait_for_its_parents_batch() -> None:
+    """A process forked while a thread's batch is in flight (a pre-forking server that
+    enqueued at import) admits its own runs: it does not queue behind a leader it lacks."""
+    import os
+
+    from runfleet.runtime.batching import ThreadGroupCommit
+
+    release = threading.Event()
+
+    def flush(items: Any) -> list[int]:
+        if os.getpid() == parent:
+            release.wait(5)
+        return [i * 10 for i in items]
+
+    parent = os.getpid()
+    group: ThreadGroupCommit[int, int] = ThreadGroupCommit(flush, name="t")
+    leader = threading.Thread(target=group.submit, args=(1,))
+    leader.start()
+    while group._leaders == 0:
+        time.sleep(0.001)
+    pid = os.fork()
+    if pid == 0:  # the child: its submit must not queue behind the parent's leader
+        answer = threading.Thread(target=lambda: os._exit(0 if group.submit(2) == 20 else 1))
+        answer.start()
+        answer.join(5)
+        os._exit(2)
+    try:
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        leader.join(5)
+    assert os.waitstatus_to_exitcode(status) == 0

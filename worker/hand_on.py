@@ -57,18 +57,18 @@ class HandOn:
         hops = self._hops.get(row.id, 0)
         self._hops[row.id] = hops + 1
         delay = self.delay(hops)
-        log.log(
-            logging.INFO if hops == 0 else logging.DEBUG,
-            "run.version_handed_on",
-            extra={
-                "run_id": row.id,
-                "flow": row.flow,
-                "version": admitted_version(row),
-                "carried": carried,
-                "hop": hops + 1,
-                "delay_s": delay,
-            },
-        )
+        fields = {
+            "run_id": row.id,
+            "flow": row.flow,
+            "version": admitted_version(row),
+            "carried": carried,
+            "hop": hops + 1,
+            "delay_s": delay,
+        }
+        if hops == 0:
+            log.info("run.version_handed_on", extra=fields)
+        else:
+            log.debug("run.version_handed_on", extra=fields)
         task = asyncio.get_running_loop().create_task(self._send(row, delay))
         self._scheduled[row.id] = task
         task.add_done_callback(lambda _t: self._scheduled.pop(row.id, None))

@@ -10,7 +10,9 @@ Bounded so that workers of the wrong version cannot pass a run between them at f
 speed while none of the right one is reading: this process hands a given run on at
 once the first time, then after 50 ms, 100 ms, ... doubling up to ``MAX_DELAY_S``, and
 holds at most one hand-on per run at a time (a wake arriving meanwhile is dropped: the
-scheduled one covers it). ``run.version_handed_on`` is logged at the first hand-on of
+scheduled one covers it), and no more than ``PER_SECOND`` hand-ons a second in all
+(past that, a wake is left to the lost-wake sweep, as before hand-ons existed).
+``run.version_handed_on`` is logged at the first hand-on of
 a run (then at debug level).
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 from runfleet.store.types import RunRow, RunStatus
@@ -32,6 +35,10 @@ MAX_DELAY_S = 1.0
 """The longest wait between two hand-ons of one run from this process."""
 KEPT = 10_000
 """Runs whose hand-on count this process remembers (forgotten all at once past it)."""
+PER_SECOND = 100
+"""The most hand-ons this process sends a second, all runs together (a burst of as many):
+a backlog of runs of a version no live worker carries costs the fleet a bounded trickle
+of wakes and reads, and the lost-wake sweep covers the runs past it."""
 
 
 class HandOn:
@@ -41,6 +48,8 @@ class HandOn:
         self._hint = hint
         self._hops: dict[str, int] = {}
         self._scheduled: dict[str, asyncio.Task[None]] = {}
+        self._tokens = float(PER_SECOND)
+        self._refilled = time.monotonic()
 
     def delay(self, hops: int) -> float:
         """How long the hand-on after ``hops`` earlier ones waits."""
@@ -50,7 +59,7 @@ class HandOn:
         """Hand on the wake of ``row`` (a version this process does not carry)."""
         if row.status is not RunStatus.PENDING or row.waiting is not None:
             return  # only a run ready to be claimed: a waiting one is woken by its cause
-        if row.id in self._scheduled:
+        if row.id in self._scheduled or not self._spend():
             return
         if len(self._hops) >= KEPT:
             self._hops.clear()
@@ -72,6 +81,16 @@ class HandOn:
         task = asyncio.get_running_loop().create_task(self._send(row, delay))
         self._scheduled[row.id] = task
         task.add_done_callback(lambda _t: self._scheduled.pop(row.id, None))
+
+    def _spend(self) -> bool:
+        """Take one hand-on from this process's budget (``PER_SECOND``); False if spent."""
+        now = time.monotonic()
+        self._tokens = min(PER_SECOND, self._tokens + (now - self._refilled) * PER_SECOND)
+        self._refilled = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
 
     async def _send(self, row: RunRow, delay: float) -> None:
         if delay:

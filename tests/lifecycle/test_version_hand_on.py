@@ -107,3 +107,19 @@ async def test_one_run_is_handed_on_at_once_then_ever_more_slowly_never_twice_at
     await asyncio.sleep(0.01)
     assert len(sent) == 5
     handing.close()
+
+
+async def test_hand_ons_of_many_runs_are_bounded_per_second() -> None:
+    """A backlog of runs of a version no live worker carries: a bounded trickle of wakes
+    from each process, the rest left to the lost-wake sweep."""
+    sent: list[str] = []
+
+    async def hint(row: RunRow) -> None:
+        sent.append(row.id)
+
+    handing = HandOn(hint)
+    for i in range(5 * hand_on.PER_SECOND):
+        handing.wake(_row(f"r{i}"), ["v1"])
+    await asyncio.sleep(0.01)
+    assert hand_on.PER_SECOND <= len(sent) <= hand_on.PER_SECOND + 2
+    handing.close()

@@ -54,8 +54,8 @@ from runfleet.broker.session import ProducerSession
 from runfleet.broker.streams import Lane, Streams
 from runfleet.broker.trace_context import with_carrier
 from runfleet.broker.trust import producer_run_id
-from runfleet.runtime.batching import GroupCommit
-from runfleet.store import Store, validate
+from runfleet.runtime.batching import GroupCommit, ThreadGroupCommit
+from runfleet.store import Store, inline, validate
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput, Unavailable
 from runfleet.store.events import EventRow, SendOutcome
@@ -137,6 +137,7 @@ class AsyncQueue:
         self.messages = RunMessages(self.session)
         self.history = RunHistory(self.session, self.run)
         self._group_commit = True
+        self._thread_groups: dict[Lane, ThreadGroupCommit[NewRun, AsyncRun]] = {}
         # One batch per stream lane (rq's at_front runs go to the recovery lane).
         self._groups: dict[Lane, GroupCommit[NewRun, AsyncRun]] = {
             lane: GroupCommit(
@@ -184,11 +185,29 @@ class AsyncQueue:
         group_commit: bool = True,
         unanswered: UnansweredXadds | None = None,
     ) -> None:
-        """Use ``store`` and ``redis``. Without ``group_commit`` each enqueue is admitted
-        on its own (``broker.sync``'s blocking face, whose calls never wait for a batch);
+        """Use ``store`` and ``redis``. Without ``group_commit`` (``broker.sync``'s blocking
+        face, driven in its callers' threads) an enqueue never waits for a batch to form:
+        a lone thread's goes out at once, and threads that enqueue while it is in flight
+        share the next statement (``ThreadGroupCommit``);
         with ``unanswered`` its wake is sent without waiting for Redis's reply."""
         self.session.attach(store=store, redis=redis, unanswered=unanswered)
         self._group_commit = group_commit
+        self._thread_groups = (
+            {}
+            if group_commit
+            else {
+                lane: ThreadGroupCommit(
+                    functools.partial(self._admit_driven, lane=lane),
+                    max_items=ADMIT_GROUP,
+                    name=f"enqueue:{lane.value}",
+                )
+                for lane in Lane
+            }
+        )
+
+    def _admit_driven(self, news: Sequence[NewRun], *, lane: Lane) -> list[AsyncRun | Exception]:
+        """``_admit_each`` driven in the calling thread (the blocking face's batch)."""
+        return inline.drive(self._admit_each(news, lane=lane))
 
     async def close(self) -> None:
         for group in self._groups.values():
@@ -369,10 +388,9 @@ class AsyncQueue:
         new = await self._new_run(spec, delay_until_ms)  # checked before it joins a batch
         lane = _lane(bool(options.get("at_front")))
         if not self._group_commit:
-            (outcome,) = await self._admit_each([new], lane=lane)
-            if isinstance(outcome, Exception):
-                raise outcome
-            return outcome
+            # The blocking face: threads sharing this queue follow one leading thread's
+            # batch (the caller's thread is blocked here, this coroutine being driven).
+            return self._thread_groups[lane].submit(new)
         return await self._groups[lane].submit(new)
 
     async def enqueue_call(

@@ -45,11 +45,12 @@ from runfleet.store.types import (
 from runfleet.worker import metrics
 from runfleet.worker.evidence import journal_evidence
 from runfleet.worker.flows import Flow, resolve, runnable
+from runfleet.worker.hand_on import HandOn
 from runfleet.worker.instances import for_run
 from runfleet.worker.outcomes import Decision, DriveOutcome
 from runfleet.worker.takeover import Takeover
 from runfleet.worker.unrunnable import Unrunnable
-from runfleet.worker.versions import version_carried
+from runfleet.worker.versions import admitted_version, version_carried
 from runfleet.worker.wake_hints import HintFn
 
 log = logging.getLogger("runfleet.worker.decisions")
@@ -99,11 +100,16 @@ class Decider:
         self.unrunnable = Unrunnable()
         """Runs this process cannot execute, and why (each logged once; ``worker.burst``)."""
         self._rehinted: dict[str, float] = {}
+        handed = hint_front or hint  # ahead of the backlog: the run keeps its place
+        self._hand_on = HandOn(handed) if handed is not None else None
+        """Wakes of runs of a version this process does not carry (``worker.hand_on``)."""
         self.closed = False
         """The worker is stopping: no claim by any path (``Driver.close``)."""
 
     def close(self) -> None:
         self.closed = True
+        if self._hand_on is not None:
+            self._hand_on.close()
 
     async def decide(self, run_id: str) -> Decision:
         """Read the run's row and decide from it."""
@@ -229,6 +235,7 @@ class Decider:
             return Decision(await self._not_served(row))
         flow = self._flow(row)
         if flow is None and row.cancel_requested_at_ms is None:
+            self._hand_on_other_version(row)
             return Decision(DriveOutcome.UNKNOWN_FLOW)
         if row.status is RunStatus.RUNNING:
             if row.owner == self.owner and row.id in self.owned:
@@ -268,6 +275,18 @@ class Decider:
         if row.cancel_requested_at_ms is not None or self._flow(row) is not None:
             return None
         return self.unrunnable.why(row.id) or f"flow {row.flow!r} cannot run here"
+
+    def _hand_on_other_version(self, row: RunRow) -> None:
+        """A run of a flow this process has, of a version it does not carry: its wake goes
+        back to the stream for a worker that does (a rolling deploy, docs/lifecycle.md)."""
+        if self._hand_on is None:
+            return
+        try:
+            found = resolve(row.flow)
+        except UnknownFlow:
+            return
+        if not found.accepts(admitted_version(row)):
+            self._hand_on.wake(row, [v for v in (found.version, *found.compatible) if v])
 
     def _flow(self, row: RunRow) -> Flow | None:
         try:

@@ -9,7 +9,8 @@ the function's code), and the versions it can still replay (``compatible=("v1",)
   enqueued by name alone has none and is any worker's).
 - A worker takes only runs of a version it carries: ``Flow.accepts``. A run of another
   version is left to the workers that carry it (``run.version_not_carried``, logged once
-  per run), never claimed, stolen or woken here; ``runfleet explain`` says it waits for one.
+  per run), never claimed, stolen or woken here; its wake is handed on to them
+  (``worker.hand_on``); ``runfleet explain`` says it waits for one.
 - ``ctx.patched("id")`` (Temporal's model) branches old and new histories safely: True in
   a new execution (it records a marker), and on replay True only where the history has
   that marker. Where an old history has another call, it answers False and takes no

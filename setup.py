@@ -37,6 +37,7 @@ LAB = {
         "producer_bench",  # `bench producer`: runfleet beside rq and DBOS
         "backlog",  # `bench fleet --backlog-depths`: runfleet beside rq and Celery
         "celery_app",  # the Celery peer adapter
+        "threads_admission",  # threads sharing one Queue, beside rq's threads
     },
     # The test suites' own servers: a Patroni cluster (tests/ha) and TLS-only Postgres and
     # Redis (tests/tls). The demo and `bench capacity`/`limits` keep the plain throwaways.

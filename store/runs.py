@@ -477,6 +477,9 @@ class Runs:
     ) -> Heartbeat:
         """Renew every listed run ``me`` owns in one statement; report the confirmed set.
 
+        Never waits on a row lock: a run whose row another transaction holds locked is
+        answered in ``skipped`` (still ours, not renewed this beat).
+
         With ``reconfirm`` (the first renewal after a lapse), the same statement journals
         ``lease-reconfirmed`` on each run it renewed at the epoch ``reconfirm`` names."""
         epochs = dict(reconfirm.epochs) if reconfirm is not None else {}
@@ -500,6 +503,7 @@ class Runs:
             cancel_requested=frozenset(r["id"] for r in renewed if r["cancel_requested"]),
             now_ms=int(rows[0]["now_ms"]),
             reconfirmed=frozenset(r["id"] for r in renewed if r["reconfirmed"]),
+            skipped=frozenset(rows[0]["skipped"]),
         )
 
 

@@ -222,6 +222,9 @@ class Heartbeat:
     now_ms: int
     reconfirmed: frozenset[str] = frozenset()
     """Runs this renewal journaled ``lease-reconfirmed`` on (a ``Reconfirmation``'s)."""
+    skipped: frozenset[str] = frozenset()
+    """Runs still ours whose rows another transaction held locked: not renewed this beat
+    (the statement skips locked rows rather than wait), not lost either."""
 
 
 @dataclass(frozen=True, slots=True)

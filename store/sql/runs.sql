@@ -506,7 +506,8 @@ SELECT * FROM moved;
 -- owner, in one statement: runfleet.settle_owned (migration 0025; the statement, its
 -- rules, and why it is a function with generic plans). Each row keeps its own fence
 -- (owner and the epoch it was activated at) and its own cancel guard, its own record and
--- its clocks closed; rows are locked in id order first (see heartbeat). A row missing
+-- its clocks closed; rows are locked in id order first, SKIP LOCKED (migration 0028: a
+-- row locked elsewhere is left out and answered RowLocked, settled alone). A row missing
 -- from the answer lost its fence or its guard: the caller reads it to learn which.
 SELECT (s.run).*, s.now_ms
   FROM runfleet.settle_owned(%(ids)b::text[], %(epochs)b::bigint[], %(statuses)b::text[],

@@ -172,6 +172,15 @@ class NotOwner:
 
 
 @dataclass(frozen=True, slots=True)
+class RowLocked:
+    """A batch settlement left the run out: still ours at its epoch, no cancel asked, but
+    its row was locked by another transaction (its producer may hold it ``FOR UPDATE``),
+    and a batch never waits on one row. The caller settles it alone."""
+
+    current: RunRow
+
+
+@dataclass(frozen=True, slots=True)
 class CancelRequested:
     """``row`` is the round the request reached (the live one when the id handed off);
     ``rounds`` every round it reached; ``cascaded`` the attached descendants asked too."""

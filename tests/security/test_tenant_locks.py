@@ -77,6 +77,48 @@ async def test_a_producer_locking_its_own_running_run_never_lapses_the_worker(
     assert "lease.renew_skipped" in log, log[-3000:]
 
 
+async def test_a_producer_locking_its_settling_run_does_not_hold_other_settlements(
+    login: MakeLogin, spawn: Spawn
+) -> None:
+    """Tenant A locks its running run's row before its body ends, beside two runs of
+    tenant B ending at the same time: B's settle while A still holds the row (a batch
+    settlement leaves the locked row out), and A's settles once the row is free. (A lease
+    of 10 s, so that A's run does not lapse alone while its row is held: its settlement
+    is what is tried here.)"""
+    fleet = await login(GroupRole.WORKER)
+    a = await login(GroupRole.PRODUCER, "s1")
+    b = await login(GroupRole.PRODUCER, "s2")
+    worker = spawn(
+        flows="tests.security.flows",
+        database_url=fleet.url,
+        concurrency=8,
+        heartbeat_interval=1.0,
+        stale_after=10.0,
+    )
+    await worker.wait_started()
+    async with (
+        AsyncQueue("default", settings=a.settings, scopes=["s1"]) as qa,
+        AsyncQueue("default", settings=b.settings, scopes=["s2"]) as qb,
+    ):
+        own = await qa.enqueue("sec.slow", 1.5, run_id="a-ends")
+        others = [await qb.enqueue("sec.slow", 1.5, run_id=f"b-{i}") for i in range(2)]
+        for run in (own, *others):
+            await until(running(run), 10, f"{run.id} to start")
+        async with await psycopg.AsyncConnection.connect(a.url) as raw:
+            await raw.execute(LOCK_OWN_ROW, ("a-ends",))
+            for run in others:  # while A still holds its row
+                assert await run.result(timeout=4) == "rested"
+            assert (await own.fetch()).status is RunStatus.RUNNING
+            await raw.rollback()
+        assert await own.result(timeout=20) == "rested"
+        for run in (own, *others):
+            journal = await kinds(qa if run is own else qb, run.id)
+            assert journal.count(Kind.CLAIMED_AND_ACTIVATED) == 1, journal
+    log = worker.log()
+    assert "lease.lapsed" not in log, log[-3000:]
+    assert "run.settle_alone_locked" in log, log[-3000:]  # the batch left it out
+
+
 async def test_a_locked_pending_run_does_not_hold_another_tenants_claims(
     login: MakeLogin, spawn: Spawn, store: Store
 ) -> None:

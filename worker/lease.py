@@ -206,7 +206,7 @@ class Lease(Service):
                 continue
             if self._driver.interrupt(run_id, Cause.LOST_FENCE):
                 log.warning("run.fence_lost", extra={"run_id": run_id, "via": "heartbeat"})
-        self.check_lapse()
+        self._lapse_skipped()
         for run_id in beat.cancel_requested:
             self._driver.interrupt(run_id, Cause.CANCELLED)
         if self.gate.lapsed:

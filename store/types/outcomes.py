@@ -173,9 +173,11 @@ class NotOwner:
 
 @dataclass(frozen=True, slots=True)
 class RowLocked:
-    """A batch settlement left the run out: still ours at its epoch, no cancel asked, but
-    its row was locked by another transaction (its producer may hold it ``FOR UPDATE``),
-    and a batch never waits on one row. The caller settles it alone."""
+    """A batch statement left the run out because another transaction held its row
+    locked (its producer may hold it ``FOR UPDATE``; another worker may be claiming it):
+    a batch never waits on one row. A settlement's: still ours at its epoch, no cancel
+    asked; the caller settles it alone. A claim's: the row as read, unchanged, on a queue
+    with no limit (on a limited one it reads as ``AtLimit``, its wake gated)."""
 
     current: RunRow
 
@@ -252,7 +254,9 @@ class Reconfirmation:
 
 CreateOutcome: TypeAlias = Created | Joined
 ClaimOutcome: TypeAlias = Claimed | SnapshotChanged | NotServed | NotFound
-ActivateOutcome: TypeAlias = Activated | SnapshotChanged | NotServed | AtLimit | NotFound
+ActivateOutcome: TypeAlias = (
+    Activated | SnapshotChanged | NotServed | AtLimit | RowLocked | NotFound
+)
 StealOutcome: TypeAlias = (
     Stolen | DeadLettered | SnapshotChanged | LeaseFresh | NotServed | NotFound
 )

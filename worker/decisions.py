@@ -341,7 +341,7 @@ class Decider:
                 # producer's lock): the batch went on without it. Nothing is journaled: a
                 # claimer that commits journals its own activation; a run still pending
                 # once its row is free is woken by the lost-wake sweep.
-                return Decision(DriveOutcome.CLAIM_LOST)
+                return Decision(DriveOutcome.ROW_LOCKED)
             case NotFound():
                 return Decision(DriveOutcome.NOT_FOUND)
 

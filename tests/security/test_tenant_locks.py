@@ -180,3 +180,32 @@ async def test_no_producer_or_operator_login_can_stop_the_sweeps(
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 async with raw.transaction():
                     await raw.execute(take)
+
+
+async def test_more_locked_pending_runs_than_slots_do_not_take_every_slot(
+    login: MakeLogin, spawn: Spawn
+) -> None:
+    """Tenant A holds 8 of its pending runs locked, twice the worker's 4 slots: no claim
+    waits on them (batch or single), so tenant B's 3 runs start at once; A's start once
+    their rows are free (the lost-wake sweep brings them back)."""
+    fleet = await login(GroupRole.WORKER)
+    a = await login(GroupRole.PRODUCER, "s1")
+    b = await login(GroupRole.PRODUCER, "s2")
+    async with (  # admitted before any worker registered the flow
+        AsyncQueue("default", settings=a.settings, scopes=["s1"], late_binding=True) as qa,
+        AsyncQueue("default", settings=b.settings, scopes=["s2"], late_binding=True) as qb,
+    ):
+        held = [await qa.enqueue("sec.slow", 0.1, run_id=f"a-{i}") for i in range(8)]
+        async with await psycopg.AsyncConnection.connect(a.url) as raw:
+            await raw.execute(
+                "SELECT id FROM runfleet.runs WHERE id = ANY(%s) FOR UPDATE",
+                ([run.id for run in held],),
+            )
+            worker = spawn(flows="tests.security.flows", database_url=fleet.url, concurrency=4)
+            await worker.wait_started()
+            others = [await qb.enqueue("sec.slow", 0.2, run_id=f"b-{i}") for i in range(3)]
+            for run in others:  # while A still holds its rows
+                assert await run.result(timeout=10) == "rested"
+            await raw.rollback()
+        for run in held:
+            assert await run.result(timeout=40) == "rested"  # delayed, not lost

@@ -70,7 +70,7 @@ class Settings(BaseSettings):
     def sweep_lock_idle_ms(self) -> int:
         """How long a sweep tick's transaction may sit idle before Postgres ends its session.
 
-        A tick holds its kind's advisory lock for the whole transaction, so every other
+        A tick holds its kind's lease for the whole transaction, so every other
         worker skips that kind while it lasts. A tick's own gaps between statements are
         its Python (milliseconds); a tick that goes quiet for longer belongs to a worker
         cut off from Postgres mid-tick, whose session the server would otherwise keep,
@@ -79,6 +79,17 @@ class Settings(BaseSettings):
         least a second: within ``stale_after`` of the cut-off, at the default settings.
         """
         return int(max(1.0, 2 * self.heartbeat_interval) * 1000)
+
+    @property
+    def worker_lock_wait_ms(self) -> int:
+        """How long a sweep's statement may wait on a row lock before its row is skipped.
+
+        Any producer may hold its own run's row locked (``SELECT ... FOR UPDATE``): a
+        sweep that waited on it would hold its kind for the whole fleet. A quarter of a
+        heartbeat interval, at least 50 ms: far below the lease it protects, and far
+        above a worker's own row writes, which hold a lock for one statement.
+        """
+        return max(50, self.heartbeat_interval_ms // 4)
 
     @property
     def lapse_after(self) -> float:

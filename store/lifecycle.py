@@ -33,6 +33,7 @@ from runfleet.store.types import (
     NotFound,
     NotOwner,
     Owner,
+    RowLocked,
     RunRow,
     RunStatus,
     Settle,
@@ -212,7 +213,7 @@ class Lifecycle:
 
     async def settle_many(
         self, me: Owner, batch: Sequence[Settle | CheckedSettle]
-    ) -> list[TransitionOutcome]:
+    ) -> list[TransitionOutcome | RowLocked]:
         """Commit a batch of terminal settlements ``me`` owns in one transaction.
 
         Each item keeps ``transition_owned``'s rules and answers its own outcome, in
@@ -225,7 +226,10 @@ class Lifecycle:
         autocommitted (``runs.settle_alone``); one that has is undone inside the
         statement and settled again the long way. A value that cannot be stored raises
         UnstorableValue for the whole batch and writes nothing (``check`` each item first,
-        and pass what it answered: the batch then encodes nothing again).
+        and pass what it answered: the batch then encodes nothing again). The batch never
+        waits on a row lock: a run whose row another transaction holds (a producer may
+        lock its own run's row) is left out and answered ``RowLocked``, for the caller to
+        settle alone (``settle``), so one locked row never holds the others.
         """
         if not batch:
             return []
@@ -282,13 +286,18 @@ class Lifecycle:
         moved: dict[str, RunRow],
         cascaded: dict[str, list[str]],
         woke: dict[str, list[RunRow]],
-    ) -> list[TransitionOutcome]:
+    ) -> list[TransitionOutcome | RowLocked]:
         """Each item's outcome, in order; an item not moved is read to say why."""
-        outcomes: list[TransitionOutcome] = []
+        outcomes: list[TransitionOutcome | RowLocked] = []
         for item in items:
             done = moved.get(item.run_id)
             if done is None:
-                outcomes.append(await self._refusal(item.run_id, me, item.epoch))
+                refused = await self._refusal(item.run_id, me, item.epoch)
+                if isinstance(refused, NotOwner) and _owned(refused.current, me, item.epoch):
+                    # Still ours, no cancel asked: only a row lock held elsewhere (SKIP LOCKED)
+                    outcomes.append(RowLocked(refused.current))
+                else:
+                    outcomes.append(refused)
                 continue
             outcomes.append(
                 Transitioned(
@@ -316,10 +325,7 @@ class Lifecycle:
         current = await self._get(run_id)
         if current is None:
             return NotFound(run_id)
-        owned = (
-            current.status is RunStatus.RUNNING and current.owner == me and current.epoch == epoch
-        )
-        if owned and current.cancel_requested_at_ms is not None:
+        if _owned(current, me, epoch) and current.cancel_requested_at_ms is not None:
             return GuardFailed(current)
         return NotOwner(current)
 
@@ -411,3 +417,8 @@ class Lifecycle:
         (``found_at``: the interrupt whose release found the request, as in
         ``settlements.cancelled``)."""
         return await self.settle(me, settlements.cancelled(run_id, epoch, me, found_at=found_at))
+
+
+def _owned(row: RunRow, me: Owner, epoch: int) -> bool:
+    """``row`` is running under ``me`` at ``epoch``: the fence a settlement needs."""
+    return row.status is RunStatus.RUNNING and row.owner == me and row.epoch == epoch

@@ -33,6 +33,7 @@ from runfleet.store.types import (
     NotServed,
     Owner,
     Reconfirmation,
+    RowLocked,
     RunRow,
     RunStatus,
     Snapshot,
@@ -140,7 +141,7 @@ class Runs:
 
     def _not_activated(
         self, run_id: str, current: RunRow | None, expected: Snapshot
-    ) -> SnapshotChanged | NotServed | AtLimit | NotFound:
+    ) -> SnapshotChanged | NotServed | AtLimit | RowLocked | NotFound:
         """``_lost`` for an activating claim: with nothing the caller's snapshot names moved
         and the row still runnable, only its queue's concurrency limit refused it."""
         if (
@@ -156,14 +157,18 @@ class Runs:
         return self._lost(run_id, current)
 
     async def _waited(
-        self, outcome: SnapshotChanged | NotServed | AtLimit | NotFound
-    ) -> SnapshotChanged | NotServed | AtLimit | NotFound:
+        self, outcome: SnapshotChanged | NotServed | AtLimit | RowLocked | NotFound
+    ) -> SnapshotChanged | NotServed | AtLimit | RowLocked | NotFound:
         """An AtLimit with when its queue's rate next allows a start (one read, refusals
-        only; the claim itself stays one statement)."""
+        only; the claim itself stays one statement). On a queue with no limit at all the
+        unchanged row was not refused by one: a batch claim skipped it, locked elsewhere
+        (``RowLocked``)."""
         if not isinstance(outcome, AtLimit):
             return outcome
         row = outcome.current
         wait = await self._db.one("queues.wait", {"name": row.queue})
+        if wait is None or not wait["limited"]:
+            return RowLocked(row)
         waits = [] if wait is None or wait["wait_ms"] is None else [int(wait["wait_ms"])]
         if row.concurrency_key is not None:  # its key's rate (docs/queues.md), a keyed run only
             key = await self._db.one(
@@ -488,6 +493,9 @@ class Runs:
     ) -> Heartbeat:
         """Renew every listed run ``me`` owns in one statement; report the confirmed set.
 
+        Never waits on a row lock: a run whose row another transaction holds locked is
+        answered in ``skipped`` (still ours, not renewed this beat).
+
         With ``reconfirm`` (the first renewal after a lapse), the same statement journals
         ``lease-reconfirmed`` on each run it renewed at the epoch ``reconfirm`` names."""
         epochs = dict(reconfirm.epochs) if reconfirm is not None else {}
@@ -511,6 +519,7 @@ class Runs:
             cancel_requested=frozenset(r["id"] for r in renewed if r["cancel_requested"]),
             now_ms=int(rows[0]["now_ms"]),
             reconfirmed=frozenset(r["id"] for r in renewed if r["reconfirmed"]),
+            skipped=frozenset(rows[0]["skipped"]),
         )
 
 

@@ -1,8 +1,8 @@
-"""The bounded, keyset-cursor reads the sweeps drive, their cursors, and the per-kind lock.
+"""The bounded, keyset-cursor reads the sweeps drive, their cursors, and the per-kind lease.
 
 Each read returns rows strictly after a ``SweepCursor`` in its keyset order; once it
 has dispatched them, the sweeper stores the last key it dispatched in
-``runfleet.sweep_cursors`` under the kind's advisory lock (``advance_cursor``: only if
+``runfleet.sweep_cursors`` under the kind's lease (``advance_cursor``: only if
 the cursor is still where its tick read it), so whichever worker wins the next
 tick continues from there (a cursor kept in one process would be skipped whenever
 another process won the tick). Rows nobody can take therefore cost one batch slot
@@ -30,7 +30,7 @@ MAX_KEY = 2**63 - 1
 
 
 class SweepKind(enum.IntEnum):
-    """A sweep kind: its advisory-lock key (the value) and its cursor (the name)."""
+    """A sweep kind: its row of ``runfleet.sweep_leases`` (the value) and its cursor (the name)."""
 
     PARKED = 1  # runs parked `released` (parked-cancelled are PENDING_CANCELLATIONS' rows)
     STALE_RUNNING = 2
@@ -174,14 +174,21 @@ class Sweeps:
         return ROW_WRITTEN
 
     async def try_lock(self, kind: SweepKind) -> bool:
-        """Take this tick's advisory lock for a sweep kind; only inside a transaction.
+        """Take this tick's lease of a sweep kind; only inside a transaction.
 
-        The lock is transaction-scoped, so it is released when the sweeper's
-        transaction ends (including when its connection dies), and the transaction may
-        not sit idle past ``Settings.sweep_lock_idle_ms``: a tick cut off from Postgres
-        midway hands the kind back to the fleet within that bound.
+        The lease is the kind's row of ``runfleet.sweep_leases``, locked SKIP LOCKED: only
+        the worker role may lock it (no producer or operator login can hold a sweep
+        off). It is transaction-scoped, so it is released when the sweeper's transaction
+        ends (including when its connection dies), and the transaction may not sit idle
+        past ``Settings.sweep_lock_idle_ms``: a tick cut off from Postgres midway hands
+        the kind back to the fleet within that bound. Its statements wait on a row lock
+        at most ``Settings.worker_lock_wait_ms``.
         """
-        params = {"kind": int(kind), "idle_ms": self._settings.sweep_lock_idle_ms}
+        params = {
+            "kind": int(kind),
+            "idle_ms": self._settings.sweep_lock_idle_ms,
+            "lock_ms": self._settings.worker_lock_wait_ms,
+        }
         row = await self._db.one("sweeps.try_sweep_lock", params)
         return bool(row and row["locked"])
 

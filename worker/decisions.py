@@ -37,6 +37,7 @@ from runfleet.store.types import (
     NotFound,
     NotServed,
     Owner,
+    RowLocked,
     RunRow,
     RunStatus,
     SnapshotChanged,
@@ -375,6 +376,12 @@ class Decider:
                 if retry_after_ms is not None and self._rate_due is not None:
                     self._rate_due(current.queue, retry_after_ms)  # worker.rate_pump
                 return Decision(DriveOutcome.AT_LIMIT)
+            case RowLocked():
+                # Another transaction holds the row (a claim in flight elsewhere, or its
+                # producer's lock): the batch went on without it. Nothing is journaled: a
+                # claimer that commits journals its own activation; a run still pending
+                # once its row is free is woken by the lost-wake sweep.
+                return Decision(DriveOutcome.ROW_LOCKED)
             case NotFound():
                 return Decision(DriveOutcome.NOT_FOUND)
 

@@ -13,6 +13,16 @@ Three loops, none waiting on another (DESIGN §5, rules learnt from partitions):
   renewal reached the database, which is later still;
 - liveness: the Redis key is written on its own loop with a bound well under one
   interval; Redis being slow or gone never delays a renewal or a lapse.
+
+A renewal never waits on a row lock (``runs.heartbeat`` skips locked rows): any
+producer may ``SELECT ... FOR UPDATE`` its own run's row, and a renewal that waited on
+it would lapse the whole process and every other tenant's run in it. A skipped run is
+still ours, so it is not a lost fence; the process's lease is confirmed (the database
+answered). The run alone was not renewed: that is logged (``lease.renew_skipped`` once,
+``lease.renew_resumed`` when a renewal takes it again) and retried every beat, and if it
+stays unrenewed for ``lapse_after`` that run alone lapses: it is interrupted and released
+(journaled ``interrupt-released``, cause ``lease-lapsed``) once its row is free, as the
+whole process would be, so nobody may steal it while it still executes here.
 """
 
 from __future__ import annotations
@@ -128,6 +138,10 @@ class Lease(Service):
         self.last_confirmed_ms = 0
         self._inflight: asyncio.Task[Heartbeat] | None = None
         self._publish_now = asyncio.Event()
+        self._skipped_since: dict[str, float] = {}
+        """Runs whose renewal skipped their locked row -> monotonic send time of the
+        newest renewal that did renew them (a run lapses alone ``lapse_after`` later)."""
+        self._lapsed_alone: set[str] = set()
 
     @property
     def lapsed(self) -> bool:
@@ -183,11 +197,16 @@ class Lease(Service):
             if self._signals is not None:
                 self._signals.renewed.fire(None)
             return None
+        renewed_before = self.gate.confirmed_sent
         self.gate.confirm(sent)
         self.last_confirmed_ms = beat.now_ms
+        self._note_skipped(owned, beat, renewed_before if renewed_before is not None else sent)
         for run_id in owned:
-            if run_id not in beat.confirmed and self._driver.interrupt(run_id, Cause.LOST_FENCE):
+            if run_id in beat.confirmed or run_id in beat.skipped:
+                continue
+            if self._driver.interrupt(run_id, Cause.LOST_FENCE):
                 log.warning("run.fence_lost", extra={"run_id": run_id, "via": "heartbeat"})
+        self._lapse_skipped()
         for run_id in beat.cancel_requested:
             self._driver.interrupt(run_id, Cause.CANCELLED)
         if self.gate.lapsed:
@@ -217,8 +236,48 @@ class Lease(Service):
             raise TimeoutError("renewal not confirmed within one interval")
         return task.result()
 
+    def _note_skipped(self, owned: list[str], beat: Heartbeat, renewed_before: float) -> None:
+        """Keep, per run, since when its renewals have skipped its locked row."""
+        for run_id in beat.skipped:
+            if run_id not in self._skipped_since:
+                self._skipped_since[run_id] = renewed_before
+                metrics.LEASE_SKIPS.inc()
+                log.warning(
+                    "lease.renew_skipped", extra={"run_id": run_id, "owner": self._owner.key}
+                )
+        for run_id in list(self._skipped_since):
+            if run_id in beat.skipped:
+                continue
+            since = self._skipped_since.pop(run_id)
+            self._lapsed_alone.discard(run_id)
+            if run_id in beat.confirmed:
+                log.info(
+                    "lease.renew_resumed",
+                    extra={"run_id": run_id, "skipped_ms": _ms(time.monotonic() - since)},
+                )
+        still = set(owned)
+        self._lapsed_alone &= still
+
+    def _lapse_skipped(self) -> None:
+        """A run whose row stayed locked for ``lapse_after`` lapses alone: interrupted now,
+        released by its drive once the row is free (before anyone may steal it)."""
+        now = time.monotonic()
+        for run_id, since in list(self._skipped_since.items()):
+            if run_id in self._lapsed_alone or now - since < self._settings.lapse_after:
+                continue
+            self._lapsed_alone.add(run_id)
+            if self._driver.interrupt(run_id, Cause.LEASE_LAPSED):
+                metrics.LEASE_RUN_LAPSES.inc()
+                log.error(
+                    "lease.run_lapsed",
+                    extra={"run_id": run_id, "unrenewed_ms": _ms(now - since)},
+                )
+
     def check_lapse(self) -> None:
-        """Lapse once the newest confirmed renewal is ``lapse_after`` old: stop every run."""
+        """Lapse once the newest confirmed renewal is ``lapse_after`` old: stop every run.
+
+        Also lapses, alone, each run whose locked row no renewal could take for as long."""
+        self._lapse_skipped()
         if self.gate.lapsed or not self.gate.expired():
             return
         self.gate.lapsed = True

@@ -19,6 +19,14 @@ DEAD_LETTERED = Counter(
 )
 RELEASES = Counter("runfleet_releases_total", "Runs released unsettled, by cause.", ["cause"])
 LEASE_LAPSES = Counter("runfleet_lease_lapses_total", "Times this process's lease lapsed.")
+LEASE_SKIPS = Counter(
+    "runfleet_lease_skips_total",
+    "Runs whose renewal skipped their row, locked by another transaction (once per episode).",
+)
+LEASE_RUN_LAPSES = Counter(
+    "runfleet_lease_run_lapses_total",
+    "Runs that lapsed alone: their row stayed locked past the lapse margin.",
+)
 INFRA_ERRORS = Counter(
     "runfleet_infrastructure_errors_total",
     "Database/Redis errors survived with a retry, by component.",

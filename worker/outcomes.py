@@ -42,6 +42,10 @@ class DriveOutcome(enum.StrEnum):
     """Its queue runs as many as its fleet-wide concurrency allows: gated until a slot frees."""
     CLAIM_LOST = "claim_lost"
     """Someone else changed the row first (journaled as evidence)."""
+    ROW_LOCKED = "row_locked"
+    """A batch claim skipped the row, held by another transaction (a claim in flight
+    elsewhere, or its producer's ``SELECT ... FOR UPDATE``): not waited on; the lost-wake
+    sweep brings it back."""
     CLAIM_PENDING = "claim_pending"
     """Another claimant's claim is recent: left to it."""
     CLAIMANT_ALIVE = "claimant_alive"

@@ -27,6 +27,7 @@ from runfleet.store.types import (
     NotFound,
     NotOwner,
     Owner,
+    RowLocked,
     RunRow,
     RunStatus,
     Settle,
@@ -103,7 +104,7 @@ class Settlement:
         self._owner = owner
         self._hint = hint
         self._announce = announce
-        self._batch: GroupCommit[CheckedSettle, TransitionOutcome] | None = (
+        self._batch: GroupCommit[CheckedSettle, TransitionOutcome | RowLocked] | None = (
             GroupCommit(self._settle_many, name="settle", isolate=(UnstorableValue,))
             if group_commit
             else None
@@ -169,9 +170,17 @@ class Settlement:
                 "settle", lambda: self._store.lifecycle.settle(self._owner, item)
             )
         checked = self._store.lifecycle.check(item)  # an unstorable value fails this run alone
-        return await with_retry("settle", lambda: batch.submit(checked))
+        outcome = await with_retry("settle", lambda: batch.submit(checked))
+        if not isinstance(outcome, RowLocked):
+            return outcome
+        # Its row was locked elsewhere (its producer may hold it) and the batch went on
+        # without it: settled alone, this run waits for its own row, and nothing else does.
+        log.info("run.settle_alone_locked", extra={"run_id": item.run_id})
+        return await with_retry("settle", lambda: self._store.lifecycle.settle(self._owner, item))
 
-    async def _settle_many(self, items: Sequence[CheckedSettle]) -> list[TransitionOutcome]:
+    async def _settle_many(
+        self, items: Sequence[CheckedSettle]
+    ) -> list[TransitionOutcome | RowLocked]:
         """Commit the settlements ready together as one transaction (``GroupCommit``: an
         item whose data Postgres refuses fails alone; an outage reaches every caller,
         whose retry submits again)."""

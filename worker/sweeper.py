@@ -1,6 +1,7 @@
 """The sweeps (DESIGN §7): how runs that no message will ever mention get driven.
 
-Every tick, each sweep kind takes a transaction-scoped advisory lock so normally
+Every tick, each sweep kind takes a transaction-scoped lease (its row of
+``runfleet.sweep_leases``, which only the worker role may lock) so normally
 one worker of the fleet performs it (the CAS keeps overlapping sweeps correct
 anyway), reads one batch strictly after the kind's cursor and commits; then it
 dispatches each run: a wake message on its queue's stream (the recovery lane for runs

@@ -66,14 +66,15 @@ SELECT r.queue, count(*) AS running FROM runfleet.runs r
 
 -- name: wait
 -- How long until the queue's rate bucket holds a whole token, as the claim statement
--- would refill it now (0: a token is there; NULL: no rate).
+-- would refill it now (0: a token is there; NULL: no rate); ``limited``: any limit at all.
 SELECT CASE WHEN q.rate_per_s IS NULL THEN NULL
             ELSE greatest(0, ceil((1 - least(greatest(q.rate_per_s, 1),
                                              coalesce(q.rate_tokens, greatest(q.rate_per_s, 1))
                                              + greatest(runfleet.now_ms()
                                                         - coalesce(q.rate_at_ms, runfleet.now_ms()), 0)
                                                * q.rate_per_s / 1000.0))
-                                  * 1000.0 / q.rate_per_s))::bigint END AS wait_ms
+                                  * 1000.0 / q.rate_per_s))::bigint END AS wait_ms,
+       q.concurrency IS NOT NULL OR q.rate_per_s IS NOT NULL OR q.keyed AS limited
   FROM runfleet.queues q WHERE q.name = %(name)s;
 
 -- name: flow_keys

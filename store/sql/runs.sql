@@ -198,13 +198,17 @@ SELECT false AS activated, s.*, (SELECT free FROM slots) IS NOT NULL AS limited 
 -- claim_and_activate for every fresh admission a stream read delivered, in one statement:
 -- only a row still pending, never started by anyone (no owner, no lease, no claim, no
 -- wait) and at the epoch the caller read qualifies, each with its own record. Rows are
--- locked in id order first, so two workers handed overlapping batches (a redelivery)
--- cannot deadlock. A row missing from the answer lost its race: the caller reads it.
+-- locked in id order first, SKIP LOCKED: the statement never waits on a row lock, so a
+-- run its producer holds locked (`SELECT ... FOR UPDATE` with its own login) is left out
+-- of the batch instead of holding everyone's runs in it, and two workers handed
+-- overlapping batches (a redelivery) cannot deadlock. A row missing from the answer lost
+-- its race or was locked: the caller reads it (still fresh: ``AtLimit``, its wake comes
+-- back through the queue's gate or the lost-wake sweep).
 --
 -- Priorities (docs/queues.md), as in claim_if_fresh: per queue, the delivered runs in
 -- ascending effective order (lowest priority, newest first) are paired with the queue's
 -- best fresh admissions of a higher priority than the lowest delivered one, best first
--- (``ahead``: SKIP LOCKED, taken after every named row is locked, so no cycle); a pair
+-- (``ahead``: SKIP LOCKED, like the named rows); a pair
 -- whose candidate has the higher priority and a smaller rank_ms claims the candidate in
 -- the delivered run's place. ``named_id`` says whose slot each activated row took.
 --
@@ -246,7 +250,7 @@ WITH wanted AS (
            AND (SELECT m.keyed FROM limits m WHERE m.queue = r.queue) AS keyed
       FROM runfleet.runs r
      WHERE r.id = ANY(%(ids)b::text[]) AND (SELECT count(*) FROM limits) >= 0  -- after limits
-     ORDER BY r.id FOR UPDATE
+     ORDER BY r.id FOR UPDATE SKIP LOCKED
 ), named AS MATERIALIZED (
     SELECT l.*, row_number() OVER (PARTITION BY l.queue
                                    ORDER BY l.priority, l.rank_ms DESC, l.id DESC) AS k
@@ -504,7 +508,8 @@ SELECT * FROM moved;
 -- owner, in one statement: runfleet.settle_owned (migration 0025; the statement, its
 -- rules, and why it is a function with generic plans). Each row keeps its own fence
 -- (owner and the epoch it was activated at) and its own cancel guard, its own record and
--- its clocks closed; rows are locked in id order first (see heartbeat). A row missing
+-- its clocks closed; rows are locked in id order first, SKIP LOCKED (migration 0028: a
+-- row locked elsewhere is left out and answered RowLocked, settled alone). A row missing
 -- from the answer lost its fence or its guard: the caller reads it to learn which.
 SELECT (s.run).*, s.now_ms
   FROM runfleet.settle_owned(%(ids)b::text[], %(epochs)b::bigint[], %(statuses)b::text[],
@@ -536,8 +541,11 @@ SELECT d.root, d.id FROM runfleet.attached_descendants(%(ids)b::text[]) AS d
 -- name: heartbeat
 -- One statement renews every run a process owns; the answer is the confirmed
 -- set (a run missing from it lost its fence) plus which of them a cancel hit.
--- Rows are locked in id order, as a batch settlement locks them: the process's own
--- renewal and its own settlement batch never wait on each other in a cycle.
+-- Rows are locked in id order, SKIP LOCKED: the renewal never waits on a row lock,
+-- whoever holds it (a producer may `SELECT ... FOR UPDATE` its own run; docs/explanation/
+-- trust-model.md). A row still ours in this statement's snapshot but locked elsewhere is
+-- answered in ``skipped``: not renewed this beat, not lost either (the caller retries it
+-- next beat and lapses that run alone if it stays locked; worker/lease.py).
 -- A renewal sent after a lapse (re_ids non-empty) journals lease-reconfirmed in this
 -- same statement, and only on the runs it renewed at the epoch the process holds them
 -- at (re_epochs[i] for re_ids[i], at address re_seqs[i]): a run stolen meanwhile is not
@@ -546,7 +554,12 @@ WITH locked AS MATERIALIZED (
     SELECT r.id FROM runfleet.runs r
      WHERE r.id = ANY(%(ids)s) AND r.status = 'running'
        AND r.owner_host = %(host)s AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s
-     ORDER BY r.id FOR UPDATE
+     ORDER BY r.id FOR UPDATE SKIP LOCKED
+), skipped AS MATERIALIZED (
+    SELECT coalesce(array_agg(r.id ORDER BY r.id), '{}') AS ids FROM runfleet.runs r
+     WHERE r.id = ANY(%(ids)s) AND r.status = 'running'
+       AND r.owner_host = %(host)s AND r.owner_pid = %(pid)s AND r.owner_nonce = %(nonce)s
+       AND r.id NOT IN (SELECT l.id FROM locked l)
 ), t AS MATERIALIZED (
     -- One instant for the whole renewal, read after the locks: every heartbeat it writes,
     -- every lease-reconfirmed record's confirmed_ms and the now_ms it answers agree.
@@ -574,8 +587,8 @@ WITH locked AS MATERIALIZED (
     RETURNING run_id
 )
 SELECT renewed.id, renewed.cancel_requested, t.now_ms,
-       renewed.id IN (SELECT run_id FROM reconfirmed) AS reconfirmed
-  FROM t LEFT JOIN renewed ON true;
+       renewed.id IN (SELECT run_id FROM reconfirmed) AS reconfirmed, skipped.ids AS skipped
+  FROM t CROSS JOIN skipped LEFT JOIN renewed ON true;
 
 -- name: request_cancel
 -- A cancel is asked of the logical run: every unsettled round of the run's lineage gets

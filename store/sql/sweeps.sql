@@ -82,13 +82,21 @@ SELECT id, claim_host, claim_pid, claim_nonce, claimed_at_ms FROM runfleet.runs
  ORDER BY claimed_at_ms, id LIMIT %(limit)s;
 
 -- name: try_sweep_lock
--- The kind's lock, and a bound on how long this transaction may then sit idle
--- (``Settings.sweep_lock_idle_ms``): a worker cut off from Postgres mid-tick loses its
--- session, and the lock with it, after that long instead of holding the kind for the
--- whole fleet until idle_in_transaction_session_timeout. Local to the transaction
--- (``set_config(..., true)``), so a pooled connection keeps its own setting after it.
+-- The kind's lease for this tick: its row of runfleet.sweep_leases, locked FOR UPDATE SKIP
+-- LOCKED (migration 0028). Locking it needs UPDATE on that table, which only the worker
+-- role has: a producer's or an operator's login cannot take it, so none can stop a sweep
+-- (an advisory lock, which any login may take, decided this before). Two bounds on the
+-- rest of the transaction, local to it (``set_config(..., true)``), so a pooled
+-- connection keeps its own settings after it: how long it may sit idle
+-- (``Settings.sweep_lock_idle_ms``: a worker cut off from Postgres mid-tick loses its
+-- session, and the lease with it, after that long instead of holding the kind for the
+-- whole fleet until idle_in_transaction_session_timeout), and how long any of its
+-- statements may wait on a row lock (``Settings.worker_lock_wait_ms``: a row a producer
+-- holds locked fails that row's write alone, in its savepoint, and the sweep goes on).
 SELECT set_config('idle_in_transaction_session_timeout', %(idle_ms)s::text, true) AS idle_ms,
-       pg_try_advisory_xact_lock(732011, %(kind)s::int) AS locked;
+       set_config('lock_timeout', %(lock_ms)s::text, true) AS lock_ms,
+       EXISTS (SELECT FROM runfleet.sweep_leases l WHERE l.kind = %(kind)s::int
+                  FOR UPDATE SKIP LOCKED) AS locked;
 
 -- name: runnable_suspended
 -- Suspended rows whose wait was cleared but that nobody resumed (the wake message
@@ -165,10 +173,14 @@ SELECT queue, delivered_through_ms, updated_at_ms FROM runfleet.wake_marks ORDER
 -- The lost-pending sweep's dispatch is the row's latest wake: a later cycle counts the run
 -- lost again only once the queue's mark passes this write (its new message is delivered or
 -- destroyed too), not while that message still waits in a deep stream. Only rows still
--- never started: a reader that already claimed one has written it itself.
+-- never started: a reader that already claimed one has written it itself. A row locked
+-- elsewhere (a claim in flight, or its producer's `FOR UPDATE`) is skipped, not waited
+-- on: it stays counted as lost, and the next cycle wakes it again.
 UPDATE runfleet.runs SET updated_at_ms = runfleet.now_ms()
- WHERE id = ANY(%(ids)s::text[]) AND status = 'pending' AND claim_host IS NULL
-   AND owner_host IS NULL AND waiting_reason IS NULL;
+ WHERE id IN (SELECT l.id FROM runfleet.runs l WHERE l.id = ANY(%(ids)s::text[])
+               ORDER BY l.id FOR UPDATE SKIP LOCKED)
+   AND status = 'pending' AND claim_host IS NULL AND owner_host IS NULL
+   AND waiting_reason IS NULL;
 
 -- name: analyze_grown
 -- The table whose statistics runfleet.analyze_grown (migration 0025) refreshed, if any:

@@ -172,6 +172,17 @@ class NotOwner:
 
 
 @dataclass(frozen=True, slots=True)
+class RowLocked:
+    """A batch statement left the run out because another transaction held its row
+    locked (its producer may hold it ``FOR UPDATE``; another worker may be claiming it):
+    a batch never waits on one row. A settlement's: still ours at its epoch, no cancel
+    asked; the caller settles it alone. A claim's: the row as read, unchanged, on a queue
+    with no limit (on a limited one it reads as ``AtLimit``, its wake gated)."""
+
+    current: RunRow
+
+
+@dataclass(frozen=True, slots=True)
 class CancelRequested:
     """``row`` is the round the request reached (the live one when the id handed off);
     ``rounds`` every round it reached; ``cascaded`` the attached descendants asked too."""
@@ -222,6 +233,9 @@ class Heartbeat:
     now_ms: int
     reconfirmed: frozenset[str] = frozenset()
     """Runs this renewal journaled ``lease-reconfirmed`` on (a ``Reconfirmation``'s)."""
+    skipped: frozenset[str] = frozenset()
+    """Runs still ours whose rows another transaction held locked: not renewed this beat
+    (the statement skips locked rows rather than wait), not lost either."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +254,9 @@ class Reconfirmation:
 
 CreateOutcome: TypeAlias = Created | Joined
 ClaimOutcome: TypeAlias = Claimed | SnapshotChanged | NotServed | NotFound
-ActivateOutcome: TypeAlias = Activated | SnapshotChanged | NotServed | AtLimit | NotFound
+ActivateOutcome: TypeAlias = (
+    Activated | SnapshotChanged | NotServed | AtLimit | RowLocked | NotFound
+)
 StealOutcome: TypeAlias = (
     Stolen | DeadLettered | SnapshotChanged | LeaseFresh | NotServed | NotFound
 )

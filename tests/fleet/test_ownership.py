@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import psycopg
 import pytest
 
 import tests.fleet.flows as flows
@@ -191,19 +190,19 @@ async def test_full_partition_lapses_before_takeover(
 
 
 async def test_lapsed_worker_claims_nothing_until_reconfirmed(
-    settings: Settings, store: Store, spawn: Any, ledger: Path
+    settings: Settings, store: Store, spawn: Any, ledger: Path, proxied: Proxy
 ) -> None:
-    """One hung renewal (a lock on an owned row) lapses A; A then claims no new run."""
-    a = spawn(concurrency=4)
+    """Hung renewals (A's Postgres link frozen) lapse A; A then claims no new run until a
+    renewal is confirmed again. (A row lock no longer hangs a renewal: it skips the row.)"""
+    proxy, database_a = await proxied(settings.database_url)
+    a = spawn(concurrency=4, database_url=database_a)
     b: WorkerProc | None = None
     await a.wait_started()
-    lock = await psycopg.AsyncConnection.connect(settings.database_url)
     try:
         async with AsyncQueue("default", settings=settings) as queue:
             held = await queue.enqueue(flows.ledger_steps, str(ledger), 40, 100, run_id="held")
             await until(lambda: _running(store, "held"), 15, "held run on A")
-            # Lock A's run row: A's one-statement renewal now waits on it, unconfirmed.
-            await lock.execute("SELECT 1 FROM runfleet.runs WHERE id = %s FOR UPDATE", ["held"])
+            proxy.freeze()  # A's renewals now hang, unconfirmed
             await until(lambda: _true(lambda: "lease.lapsed" in a.log()), 15, "A to lapse")
             b = spawn(concurrency=4)
             await b.wait_started()
@@ -215,7 +214,7 @@ async def test_lapsed_worker_claims_nothing_until_reconfirmed(
                 (claim,) = await records(store, run_id, "claimed-and-activated")
                 claimant = Owner.parse(str(claim.payload["owner"]))
                 assert claimant is not None and claimant.pid == b.pid, f"lapsed A claimed {run_id}"
-            await lock.rollback()
+            proxy.thaw()
             await until(lambda: all_settled(store, [held.id]), 30, "held run to settle")
             # Reconfirmed, A takes work again.
             again = [
@@ -232,7 +231,7 @@ async def test_lapsed_worker_claims_nothing_until_reconfirmed(
         dump(await store.journal.records("held"), a, b)
         raise
     finally:
-        await lock.close()
+        proxy.thaw()
 
 
 async def test_sync_step_thread_is_not_released_while_running(

@@ -30,6 +30,7 @@ RLS: LiteralString = """
 FLEET_TABLES = {
     "flows",
     "sweep_cursors",
+    "sweep_leases",
     "schema_migrations",
     "limits",
     "queues",

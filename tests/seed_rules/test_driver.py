@@ -7,7 +7,8 @@ down), other owners simulated only by their rows' owner columns.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 
 import psycopg
@@ -25,6 +26,7 @@ from tests.seed_rules import flows as sr
 from tests.seed_rules.test_lineage import in_lock_order
 from tests.store.helpers import (
     OWNER_B,
+    LockGate,
     activate,
     create,
     db_now,
@@ -32,7 +34,6 @@ from tests.store.helpers import (
     make_parked,
     make_running,
     must_get,
-    row_lock_gate,
 )
 from tests.support.polling import until
 
@@ -218,8 +219,9 @@ async def test_cancelled_runs_of_an_unregistered_flow_are_closed_when_stale_runn
 async def test_a_lapsed_lease_releases_with_cause_lease_lapsed(
     store: Store, settings: Settings
 ) -> None:
-    """End to end, wired as a worker wires it: renewals stall in Postgres itself (a row
-    lock the heartbeat statement queues behind), the lapse loop interrupts the body on its
+    """End to end, wired as a worker wires it: renewals stall in Postgres itself (a lock on
+    the runs table the heartbeat statement queues behind; a row lock would not stall it,
+    it skips locked rows), the lapse loop interrupts the body on its
     own timer, and the drive hands the run back journaled ``lease-lapsed``, fenced at the
     epoch it ran, as soon as the database answers again. Nothing here calls ``release``."""
     sr.STARTED.clear()
@@ -236,7 +238,7 @@ async def test_a_lapsed_lease_releases_with_cause_lease_lapsed(
             await until(
                 lambda: _true_if(sr.STARTED == ["r"]), 10.0, "the body to start", every=0.005
             )
-            async with row_lock_gate(settings.database_url, "r") as lock:
+            async with _runs_table_gate(settings.database_url) as lock:
                 lease.start()
                 await signals.lapsed.wait(settings.stale_after * 5)
                 assert lease.lapsed and not gate.open()
@@ -459,3 +461,16 @@ async def test_a_lost_steal_leaves_activation_lost_evidence(
     ), "addressed by the lease it lost to: a repeat is a duplicate, not a second record"
     steals = [r for r in records if r.kind == Kind.STOLEN_AND_ACTIVATED]
     assert [s.payload["owner"] for s in steals] == [ME.key], "only the winner activated"
+
+
+@contextlib.asynccontextmanager
+async def _runs_table_gate(database_url: str) -> AsyncIterator[LockGate]:
+    """Hold ``runfleet.runs`` locked ACCESS EXCLUSIVE until the block ends: every
+    statement on it, the renewal's included, queues behind the lock."""
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        async with conn.transaction():
+            await conn.execute("LOCK TABLE runfleet.runs IN ACCESS EXCLUSIVE MODE")
+            async with await psycopg.AsyncConnection.connect(
+                database_url, autocommit=True
+            ) as observer:
+                yield LockGate(observer)

@@ -565,3 +565,37 @@ def test_a_gap_is_whole_milliseconds_from_the_newest_confirmed_send(settings: Se
     assert gate.gap_ms(5.0) == 0, "no time since the confirmed send: no gap"
     assert gate.gap_ms(5.0009) == 0, "under a millisecond rounds down"
     assert gate.gap_ms(5.25) == 250
+
+
+async def test_a_renewal_skips_a_locked_row_and_only_that_run_lapses_at_the_margin(
+    rig: Rig, clock: Clock, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another transaction holds one run's row (a producer may ``SELECT ... FOR UPDATE``
+    its own run): the renewal skips it instead of waiting, the process stays confirmed,
+    and at ``lapse_after`` from its last renewal that run alone lapses; it is released
+    once its row is free."""
+    caplog.set_level(logging.INFO, logger="runfleet.worker.lease")
+    for run_id in ("kept", "locked"):
+        await rig.hold(run_id)
+    clock.now = 500.0
+    assert await rig.lease.tick() is not None
+    async with await psycopg.AsyncConnection.connect(database_url) as other:
+        await other.execute("SELECT id FROM runfleet.runs WHERE id = 'locked' FOR UPDATE")
+        clock.now = 500.0 + rig.settings.lapse_after - 0.001
+        beat = await asyncio.wait_for(rig.lease.tick(), 5)
+        assert beat is not None, "the renewal answered without waiting on the lock"
+        assert beat.confirmed == {"kept"} and beat.skipped == {"locked"}
+        assert rig.cause("locked") is None, "skipped is not a lost fence"
+        assert rig.lease.gate.open() and not rig.lease.lapsed
+        clock.now = 500.0 + rig.settings.lapse_after
+        assert await rig.lease.tick() is not None
+        assert rig.cause("locked") is Cause.LEASE_LAPSED, "at the margin, that run alone"
+        assert rig.cause("kept") is None and rig.lease.gate.open()
+        assert not rig.drives["locked"].done(), "its release waits for its own row"
+        await other.rollback()
+    await asyncio.wait_for(rig.drives["locked"], 10)
+    row = await must_get(rig.store, "locked")
+    assert row.status is RunStatus.SUSPENDED and row.owner is None
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages.count("lease.renew_skipped") == 1 and "lease.run_lapsed" in messages
+    assert "lease.lapsed" not in messages

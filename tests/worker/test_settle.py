@@ -27,6 +27,7 @@ from runfleet.store.types import (
     CheckedSettle,
     OnParentExit,
     Owner,
+    RowLocked,
     RunRow,
     RunStatus,
     Settle,
@@ -524,7 +525,9 @@ async def test_an_unstorable_settlement_in_a_group_commit_fails_alone(
     flushes: list[list[str]] = []
     real_many = store.lifecycle.settle_many
 
-    async def seen(owner: Owner, items: Sequence[CheckedSettle]) -> list[TransitionOutcome]:
+    async def seen(
+        owner: Owner, items: Sequence[CheckedSettle]
+    ) -> list[TransitionOutcome | RowLocked]:
         flushes.append([c.item.run_id for c in items])
         return await real_many(owner, items)
 

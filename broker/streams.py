@@ -499,6 +499,42 @@ class Streams:
             out[lane] = LanePosition(written, delivered, first)
         return out
 
+    async def deliverable(self, published: Sequence[tuple[str, Lane, str]]) -> list[bool]:
+        """For each (queue, lane, entry id) just published: whether the group will still
+        deliver it, i.e. has not delivered past it (one round trip).
+
+        A group ahead of its stream (``XGROUP SETID`` to a future id) takes every append
+        and delivers none of it, so an entry id is only a wake while the group's last
+        delivered id is below it. A stream without the group counts as deliverable (the
+        next read recreates the group from id 0); a stream gone or of another type does
+        not. Read after the append, not atomically with it: a reader that took the entry
+        in between makes it look undeliverable, which costs the caller a second drive
+        (the claim is a CAS), never a lost one.
+        """
+        keys = list(dict.fromkeys(self.stream_key(q, lane) for q, lane, _ in published))
+        if not keys:
+            return []
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.xinfo_groups(key)
+            replies = await pipe.execute(raise_on_error=False)
+        delivered: dict[str, EntryId | None] = {}
+        gone: set[str] = set()
+        for key, groups in zip(keys, replies, strict=True):
+            if isinstance(groups, Exception):
+                gone.add(key)
+                continue
+            delivered[key] = None
+            for group in groups:
+                if _text(group["name"]) == GROUP:
+                    delivered[key] = EntryId.parse(group["last-delivered-id"])
+        out = []
+        for queue, lane, entry_id in published:
+            key = self.stream_key(queue, lane)
+            at = delivered.get(key)
+            out.append(key not in gone and (at is None or at < EntryId.parse(entry_id)))
+        return out
+
     async def lag(self, queue: str) -> int:
         """Entries waiting for a worker in both lanes: undelivered plus delivered-but-unacked."""
         return sum([(await self.depth(queue, lane)).total for lane in Lane])

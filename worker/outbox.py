@@ -36,18 +36,20 @@ def lane_of(row: RunRow) -> Lane:
     return lane_for(row.epoch)
 
 
-async def publish_wakes(streams: Streams, rows: list[RunRow], reason: WakeReason) -> None:
+async def publish_wakes(
+    streams: Streams, rows: list[RunRow], reason: WakeReason
+) -> list[tuple[RunRow, Lane, str]]:
     """One wake per run on its queue's stream, recovery lane for runs that already started
-    (they resume ahead of the backlog); one pipeline per lane. Raises BROKER_ERRORS."""
+    (they resume ahead of the backlog); one pipeline per lane. Returns each run with the
+    lane and entry id of its wake. Raises BROKER_ERRORS."""
+    published: list[tuple[RunRow, Lane, str]] = []
     for lane in Lane:
-        await streams.publish_many(
-            [
-                (row.queue, message_for(row.id, row.flow, reason))
-                for row in rows
-                if lane_of(row) is lane
-            ],
-            lane,
+        laned = [row for row in rows if lane_of(row) is lane]
+        ids = await streams.publish_many(
+            [(row.queue, message_for(row.id, row.flow, reason)) for row in laned], lane
         )
+        published.extend((row, lane, entry_id) for row, entry_id in zip(laned, ids, strict=True))
+    return published
 
 
 class Outbox:

@@ -27,7 +27,11 @@ from runfleet.broker import hostile
 from runfleet.broker.client import require_binary, socket_timeout_of
 from runfleet.broker.codec import FIELD, MalformedMessage, StreamMessage, decode, encode
 from runfleet.broker.keys import DEFAULT_PREFIX, GROUP, Keys
-from runfleet.broker.stream_scripts import PUBLISH_SCRIPT, READ_SCRIPT
+from runfleet.broker.stream_scripts import (
+    PUBLISH_CHECKED_SCRIPT,
+    PUBLISH_SCRIPT,
+    READ_SCRIPT,
+)
 
 log = logging.getLogger("runfleet.broker.streams")
 
@@ -147,6 +151,7 @@ class Streams:
         self.maxlen = maxlen
         self._read_script = redis.register_script(READ_SCRIPT)
         self._publish_script = redis.register_script(PUBLISH_SCRIPT)
+        self._publish_checked_script = redis.register_script(PUBLISH_CHECKED_SCRIPT)
         self._reclaim_cursor: dict[str, str] = {}
         self._caught_up: tuple[str, tuple[str, ...], list[str]] | None = None
         """(consumer, streams, tails) of the last read script call that delivered fewer
@@ -499,40 +504,32 @@ class Streams:
             out[lane] = LanePosition(written, delivered, first)
         return out
 
-    async def deliverable(self, published: Sequence[tuple[str, Lane, str]]) -> list[bool]:
-        """For each (queue, lane, entry id) just published: whether the group will still
-        deliver it, i.e. has not delivered past it (one round trip).
+    async def publish_checked(
+        self, items: Sequence[tuple[str, StreamMessage]], lane: Lane = Lane.NORMAL
+    ) -> list[bool]:
+        """Append like ``publish_many``, and say for each message whether its queue's group
+        will deliver it: its group has not delivered past the new entry's id.
 
         A group ahead of its stream (``XGROUP SETID`` to a future id) takes every append
-        and delivers none of it, so an entry id is only a wake while the group's last
-        delivered id is below it. A stream without the group counts as deliverable (the
-        next read recreates the group from id 0); a stream gone or of another type does
-        not. Read after the append, not atomically with it: a reader that took the entry
-        in between makes it look undeliverable, which costs the caller a second drive
-        (the claim is a CAS), never a lost one.
+        and delivers none of it, so an entry is a wake only while the group's last
+        delivered id is below the id its ``XADD`` returned; a stream without the group
+        counts as delivering (the next read recreates the group from id 0). Checked in the
+        script that appends (``PUBLISH_CHECKED_SCRIPT``): no reader runs in between.
         """
-        keys = list(dict.fromkeys(self.stream_key(q, lane) for q, lane, _ in published))
-        if not keys:
-            return []
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for key in keys:
-                pipe.xinfo_groups(key)
-            replies = await pipe.execute(raise_on_error=False)
-        delivered: dict[str, EntryId | None] = {}
-        gone: set[str] = set()
-        for key, groups in zip(keys, replies, strict=True):
-            if isinstance(groups, Exception):
-                gone.add(key)
-                continue
-            delivered[key] = None
-            for group in groups:
-                if _text(group["name"]) == GROUP:
-                    delivered[key] = EntryId.parse(group["last-delivered-id"])
-        out = []
-        for queue, lane, entry_id in published:
-            key = self.stream_key(queue, lane)
-            at = delivered.get(key)
-            out.append(key not in gone and (at is None or at < EntryId.parse(entry_id)))
+        packed = self.pack(items, lane)
+        by_key: dict[str, list[int]] = {}
+        for i, (key, _data) in enumerate(packed):
+            by_key.setdefault(key, []).append(i)
+        out = [False] * len(packed)
+        for key, positions in by_key.items():
+            for start in range(0, len(positions), PUBLISH_CHUNK):
+                chunk = positions[start : start + PUBLISH_CHUNK]
+                ids, delivered = await self._publish_checked_script(
+                    keys=[key], args=[self._maxlen, GROUP, FIELD, *(packed[i][1] for i in chunk)]
+                )
+                at = EntryId.parse(delivered) if delivered else None
+                for i, entry_id in zip(chunk, ids, strict=True):
+                    out[i] = at is None or at < EntryId.parse(entry_id)
         return out
 
     async def lag(self, queue: str) -> int:

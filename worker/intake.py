@@ -21,7 +21,7 @@ from runfleet.store.config import Settings
 from runfleet.store.types import Owner, RunStatus
 from runfleet.worker import metrics
 from runfleet.worker.coordinator import Coordinator
-from runfleet.worker.outbox import BROKER_ERRORS, Outbox, lane_of, publish_wakes
+from runfleet.worker.outbox import BROKER_ERRORS, Outbox, lane_of, publish_checked_wakes
 
 log = logging.getLogger("runfleet.worker.intake")
 
@@ -209,14 +209,9 @@ class Intake:
             return dispatched
         rows.sort(key=lambda row: lane_of(row) is not Lane.RECOVERY)  # recovered runs first
         try:
-            published = await publish_wakes(self._streams, rows, reason)
-            delivers = await self._streams.deliverable(
-                [(row.queue, lane, entry_id) for row, lane, entry_id in published]
-            )
-            dispatched |= {
-                row.id for (row, _, _), ok in zip(published, delivers, strict=True) if ok
-            }
-            rows = [row for (row, _, _), ok in zip(published, delivers, strict=True) if not ok]
+            passed = await publish_checked_wakes(self._streams, rows, reason)
+            dispatched |= {row.id for row in rows} - {row.id for row in passed}
+            rows = passed
             if not rows:
                 return dispatched
             # A wake the group will never deliver (its delivered id is past the entry's:

@@ -36,20 +36,36 @@ def lane_of(row: RunRow) -> Lane:
     return lane_for(row.epoch)
 
 
-async def publish_wakes(
-    streams: Streams, rows: list[RunRow], reason: WakeReason
-) -> list[tuple[RunRow, Lane, str]]:
+async def publish_wakes(streams: Streams, rows: list[RunRow], reason: WakeReason) -> None:
     """One wake per run on its queue's stream, recovery lane for runs that already started
-    (they resume ahead of the backlog); one pipeline per lane. Returns each run with the
-    lane and entry id of its wake. Raises BROKER_ERRORS."""
-    published: list[tuple[RunRow, Lane, str]] = []
+    (they resume ahead of the backlog); one pipeline per lane. Raises BROKER_ERRORS."""
+    for lane in Lane:
+        await streams.publish_many(
+            [
+                (row.queue, message_for(row.id, row.flow, reason))
+                for row in rows
+                if lane_of(row) is lane
+            ],
+            lane,
+        )
+
+
+async def publish_checked_wakes(
+    streams: Streams, rows: list[RunRow], reason: WakeReason
+) -> list[RunRow]:
+    """``publish_wakes`` for a sweep's finds; returns the runs whose wake the group will not
+    deliver (it delivered past the entry: ``Streams.publish_checked``). Raises
+    BROKER_ERRORS."""
+    passed: list[RunRow] = []
     for lane in Lane:
         laned = [row for row in rows if lane_of(row) is lane]
-        ids = await streams.publish_many(
+        if not laned:
+            continue
+        delivers = await streams.publish_checked(
             [(row.queue, message_for(row.id, row.flow, reason)) for row in laned], lane
         )
-        published.extend((row, lane, entry_id) for row, entry_id in zip(laned, ids, strict=True))
-    return published
+        passed.extend(row for row, ok in zip(laned, delivers, strict=True) if not ok)
+    return passed
 
 
 class Outbox:

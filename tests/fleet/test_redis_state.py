@@ -165,6 +165,9 @@ async def test_a_queue_survives_any_redis_command(
             await asyncio.sleep(0.2)
             later = await queue.enqueue(flows.sleepy, 1, "later")
             delays += await _await_starts(store, settings, [later.id])
+        print(
+            f"{command}: started {delays} ms after admission (bound {settings.lost_wake_within_ms})"
+        )
         assert max(delays) <= settings.lost_wake_within_ms + SLACK_MS, (
             delays,
             settings.lost_wake_within_ms,
@@ -207,6 +210,7 @@ async def test_a_group_held_ahead_does_not_stop_the_sweep(
         finally:
             stop.set()
             await holder
+        print(f"held ahead: started {delays} ms after admission")
         assert max(delays) <= settings.lost_wake_within_ms + SLACK_MS, delays
         assert "stream.repaired" in worker.log(), worker.log()[-3000:]
     finally:

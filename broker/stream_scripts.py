@@ -59,3 +59,35 @@ for i = 3, #ARGV do
 end
 return ids
 """
+
+# Why a script for a sweep's wakes: the dispatch must know whether the group will deliver
+# what it appended (a group moved past the stream's ids takes every append and delivers
+# none: broker.stream_health). Read after the append in a second round trip, an idle
+# reader's doorbell could take the entry in between and make it look passed; inside the
+# script nothing runs between the appends and the reading.
+PUBLISH_CHECKED_SCRIPT = """
+--[[ runfleet: append each of ARGV[4..n] to the stream KEYS[1], then read its group.
+ARGV[1]    = approximate MAXLEN of the stream
+ARGV[2]    = the consumer group name
+ARGV[3]    = the entry's one field name
+ARGV[4..n] = the entries' values (encoded messages)
+Returns    { ids, delivered }
+  ids       = the new entries' ids, in order
+  delivered = the group's last delivered id after the appends ('' without the group: the
+              next read recreates it from id 0 and delivers everything)
+]]
+local ids = {}
+for i = 4, #ARGV do
+  ids[#ids + 1] = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', ARGV[3], ARGV[i])
+end
+local delivered = ''
+for _, group in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local name, last = nil, nil
+  for j = 1, #group, 2 do
+    if group[j] == 'name' then name = group[j + 1] end
+    if group[j] == 'last-delivered-id' then last = group[j + 1] end
+  end
+  if name == ARGV[2] then delivered = last end
+end
+return { ids, delivered }
+"""

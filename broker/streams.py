@@ -27,7 +27,11 @@ from runfleet.broker import hostile
 from runfleet.broker.client import require_binary, socket_timeout_of
 from runfleet.broker.codec import FIELD, MalformedMessage, StreamMessage, decode, encode
 from runfleet.broker.keys import DEFAULT_PREFIX, GROUP, Keys
-from runfleet.broker.stream_scripts import PUBLISH_SCRIPT, READ_SCRIPT
+from runfleet.broker.stream_scripts import (
+    PUBLISH_CHECKED_SCRIPT,
+    PUBLISH_SCRIPT,
+    READ_SCRIPT,
+)
 
 log = logging.getLogger("runfleet.broker.streams")
 
@@ -153,6 +157,7 @@ class Streams:
         self.maxlen = maxlen
         self._read_script = redis.register_script(READ_SCRIPT)
         self._publish_script = redis.register_script(PUBLISH_SCRIPT)
+        self._publish_checked_script = redis.register_script(PUBLISH_CHECKED_SCRIPT)
         self._reclaim_cursor: dict[str, str] = {}
         self._caught_up: tuple[str, tuple[str, ...], list[str]] | None = None
         """(consumer, streams, tails) of the last read script call that delivered fewer
@@ -503,6 +508,34 @@ class Streams:
             elif not _no_such_key(groups):
                 raise groups
             out[lane] = LanePosition(written, delivered, first)
+        return out
+
+    async def publish_checked(
+        self, items: Sequence[tuple[str, StreamMessage]], lane: Lane = Lane.NORMAL
+    ) -> list[bool]:
+        """Append like ``publish_many``, and say for each message whether its queue's group
+        will deliver it: its group has not delivered past the new entry's id.
+
+        A group ahead of its stream (``XGROUP SETID`` to a future id) takes every append
+        and delivers none of it, so an entry is a wake only while the group's last
+        delivered id is below the id its ``XADD`` returned; a stream without the group
+        counts as delivering (the next read recreates the group from id 0). Checked in the
+        script that appends (``PUBLISH_CHECKED_SCRIPT``): no reader runs in between.
+        """
+        packed = self.pack(items, lane)
+        by_key: dict[str, list[int]] = {}
+        for i, (key, _data) in enumerate(packed):
+            by_key.setdefault(key, []).append(i)
+        out = [False] * len(packed)
+        for key, positions in by_key.items():
+            for start in range(0, len(positions), PUBLISH_CHUNK):
+                chunk = positions[start : start + PUBLISH_CHUNK]
+                ids, delivered = await self._publish_checked_script(
+                    keys=[key], args=[self._maxlen, GROUP, FIELD, *(packed[i][1] for i in chunk)]
+                )
+                at = EntryId.parse(delivered) if delivered else None
+                for i, entry_id in zip(chunk, ids, strict=True):
+                    out[i] = at is None or at < EntryId.parse(entry_id)
         return out
 
     async def lag(self, queue: str) -> int:

@@ -39,6 +39,17 @@ class QueueSettings:
     """At most this many starts per second per key (None: no per-key rate)."""
 
 
+NO_KEY = ""
+"""The key every unkeyed run of a keyed queue shares (migration 0029): it takes its turn,
+its K and its per-key rate like any key. No payload or scope yields it (an empty value
+is no key), so no tenant's runs share it by chance."""
+
+
+def key_label(key: str) -> str:
+    """A key as an operator reads it: the no-key bucket is ``(no key)``."""
+    return "(no key)" if key == NO_KEY else key
+
+
 @dataclass(frozen=True, slots=True)
 class KeyState:
     """One concurrency key of a keyed queue, as ``Queues.keys`` reads it."""
@@ -51,6 +62,10 @@ class KeyState:
     """Its fresh admissions not started yet."""
     wait_ms: int | None
     """Until the key's rate allows a start (0: now; None: no key rate)."""
+
+    @property
+    def label(self) -> str:
+        return key_label(self.key)
 
 
 FLOW_KEY_EXPRESSION = re.compile(r"scope|kwargs\.[A-Za-z_][A-Za-z0-9_]{0,99}|args\.[0-9]{1,3}")

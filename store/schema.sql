@@ -1693,5 +1693,32 @@ BEGIN
          WHERE c.run_id = m.id AND c.completed_at_ms IS NULL
     )
     SELECT m.run, m.now_ms FROM moved m;
+
+-- v29 (0029_unkeyed_turn.sql): unkeyed runs of a keyed queue share the empty key.
+ALTER TABLE runfleet.runs DROP CONSTRAINT runs_concurrency_key_check;
+ALTER TABLE runfleet.runs ADD CONSTRAINT runs_concurrency_key_check
+    CHECK (length(concurrency_key) <= 255) NOT VALID;
+
+CREATE OR REPLACE FUNCTION runfleet.run_concurrency_key() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
+$$
+DECLARE
+    v_expr text;
+    v_key text;
+BEGIN
+    SELECT f.expression INTO v_expr FROM runfleet.flow_keys f WHERE f.flow = NEW.flow;
+    IF v_expr = 'scope' THEN
+        v_key := NEW.state -> 'scopes' ->> 0;
+    ELSIF v_expr LIKE 'kwargs.%' THEN
+        v_key := NEW.payload::jsonb -> 'kwargs' ->> substr(v_expr, 8);
+    ELSIF v_expr IS NOT NULL THEN
+        v_key := NEW.payload::jsonb -> 'args' ->> substr(v_expr, 6)::integer;
+    END IF;
+    NEW.concurrency_key := left(nullif(v_key, ''), 255);
+    IF NEW.concurrency_key IS NULL
+       AND EXISTS (SELECT FROM runfleet.queues q WHERE q.name = NEW.queue AND q.keyed) THEN
+        NEW.concurrency_key := '';  -- the no-key bucket: one key for every unkeyed run
+    END IF;
+    RETURN NEW;
 END
 $$;

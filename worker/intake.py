@@ -21,7 +21,7 @@ from runfleet.store.config import Settings
 from runfleet.store.types import Owner, RunStatus
 from runfleet.worker import metrics
 from runfleet.worker.coordinator import Coordinator
-from runfleet.worker.outbox import BROKER_ERRORS, Outbox, lane_of, publish_wakes
+from runfleet.worker.outbox import BROKER_ERRORS, Outbox, lane_of, publish_checked_wakes
 
 log = logging.getLogger("runfleet.worker.intake")
 
@@ -182,9 +182,10 @@ class Intake:
 
     async def dispatch(self, run_ids: list[str], reason: WakeReason) -> set[str]:
         """Get runs a sweep found driven: a wake on their queue's stream, or a local drive
-        without Redis. Returns the ids dispatched (the sweep's cursor moves past those
-        only): a wake published, a drive started here or already under way, or nothing
-        left to do (the row is gone). A stopping worker drives nothing.
+        without Redis or where the stream's group will not deliver the wake. Returns the
+        ids dispatched (the sweep's cursor moves past those only): a wake published that
+        the group will deliver, a drive started here or already under way, or nothing left
+        to do (the row is gone). A stopping worker drives nothing.
 
         A cancel request on a run nobody executes (pending or parked) is closed here,
         without a reader (DESIGN §7.1, §7.4): a wake on a queue no worker reads would
@@ -208,8 +209,17 @@ class Intake:
             return dispatched
         rows.sort(key=lambda row: lane_of(row) is not Lane.RECOVERY)  # recovered runs first
         try:
-            await publish_wakes(self._streams, rows, reason)
-            return dispatched | {row.id for row in rows}
+            passed = await publish_checked_wakes(self._streams, rows, reason)
+            dispatched |= {row.id for row in rows} - {row.id for row in passed}
+            rows = passed
+            if not rows:
+                return dispatched
+            # A wake the group will never deliver (its delivered id is past the entry's:
+            # broker.stream_health) is no wake: drive here, or leave it to the next tick.
+            log.warning(
+                "stream.wake_undeliverable",
+                extra={"runs": len(rows), "queues": sorted({row.queue for row in rows})},
+            )
         except BROKER_ERRORS as exc:
             log.warning("stream.publish_failed", extra={"runs": len(rows), "error": repr(exc)})
         for row in rows:

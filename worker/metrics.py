@@ -32,6 +32,11 @@ INFRA_ERRORS = Counter(
     "Database/Redis errors survived with a retry, by component.",
     ["component"],
 )
+STREAM_REPAIRS = Counter(
+    "runfleet_stream_repairs_total",
+    "Queue lanes this process found unable to deliver and repaired, by fault.",
+    ["fault"],
+)
 SWEEP_DURATION = Histogram(
     "runfleet_sweep_duration_seconds", "Duration of one sweep of one kind.", ["kind"]
 )

@@ -50,6 +50,24 @@ async def publish_wakes(streams: Streams, rows: list[RunRow], reason: WakeReason
         )
 
 
+async def publish_checked_wakes(
+    streams: Streams, rows: list[RunRow], reason: WakeReason
+) -> list[RunRow]:
+    """``publish_wakes`` for a sweep's finds; returns the runs whose wake the group will not
+    deliver (it delivered past the entry: ``Streams.publish_checked``). Raises
+    BROKER_ERRORS."""
+    passed: list[RunRow] = []
+    for lane in Lane:
+        laned = [row for row in rows if lane_of(row) is lane]
+        if not laned:
+            continue
+        delivers = await streams.publish_checked(
+            [(row.queue, message_for(row.id, row.flow, reason)) for row in laned], lane
+        )
+        passed.extend(row for row, ok in zip(laned, delivers, strict=True) if not ok)
+    return passed
+
+
 class Outbox:
     def __init__(self, streams: Streams, notifier: Notifier, gate: Gate | None = None) -> None:
         self._streams = streams

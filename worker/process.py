@@ -22,6 +22,7 @@ from runfleet.broker.client import connect
 from runfleet.broker.gate import Gate
 from runfleet.broker.liveness import Liveness
 from runfleet.broker.notify import Notice, Notifier
+from runfleet.broker.stream_health import StreamHealth
 from runfleet.broker.streams import Streams
 from runfleet.runtime.service import Service
 from runfleet.store import Store
@@ -268,7 +269,9 @@ class Worker:
             self.store,
             settings,
             self.intake.dispatch,
-            marks=WakeMarks(self.store, self.streams, self.queues, settings),
+            marks=WakeMarks(
+                self.store, self.streams, self.queues, settings, StreamHealth(self._redis)
+            ),
         )
         if self._stopping.is_set():  # stopped while assembling
             self._claim_nothing()

@@ -34,6 +34,12 @@ gets none: its runs were admitted after every sample its readers have caught up 
 If this worker cannot read its streams at all (Redis down), a message could not be
 delivered anyway: the sweep falls back to the age rule (``lost_pending_after_ms``) for
 as long as that lasts, and its dispatch drives the runs locally.
+
+The same reading checks the lanes (``broker.stream_health``): a group ahead of its stream,
+a group or stream gone, a key of another type at the stream's name is repaired on the
+tick that sees it and logged ``stream.repaired``. A group ahead reads as "delivered" here,
+so the marks pass the runs it hid and the lost-pending sweep dispatches them again; the
+dispatch counts a wake only where the group will deliver it (``worker.intake``).
 """
 
 from __future__ import annotations
@@ -42,7 +48,10 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from runfleet.broker.streams import ZERO_ID, Lane, LanePosition, Streams
+from redis.exceptions import ResponseError
+
+from runfleet.broker.stream_health import StreamHealth
+from runfleet.broker.streams import ZERO_ID, EntryId, Lane, LanePosition, Streams
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.sweeps import MIN_KEY
@@ -125,10 +134,20 @@ class WakeMarks:
     """Samples this worker's queues every sweep tick and advances their wake marks."""
 
     def __init__(
-        self, store: Store, streams: Streams, queues: Sequence[str], settings: Settings
+        self,
+        store: Store,
+        streams: Streams,
+        queues: Sequence[str],
+        settings: Settings,
+        health: StreamHealth | None = None,
     ) -> None:
         self._store = store
         self._streams = streams
+        self._health = health
+        """Repairs the lanes a reading finds unable to deliver (None: only marks)."""
+        self._delivered: dict[tuple[str, Lane], EntryId] = {}
+        """Each lane's last delivered id in its last sound reading: where a group found
+        ahead is rewound to, so what the fault hid is delivered again at once."""
         self._queues = list(dict.fromkeys(queues))
         self._settings = settings
         self._books = {
@@ -160,7 +179,7 @@ class WakeMarks:
         readings: list[tuple[str, Sample]] = []
         try:
             for queue in self._queues:
-                readings.append((queue, Sample(at_ms, await self._streams.positions(queue))))
+                readings.append((queue, Sample(at_ms, await self._checked(queue))))
         except Exception as exc:  # BROKER_ERRORS, or replies a hostile writer shaped
             if not self.redis_unreachable:
                 log.warning("wake_marks.redis_unreachable", extra={"error": repr(exc)})
@@ -178,3 +197,61 @@ class WakeMarks:
                 self._books[queue].mark_ms = None
                 log.warning("wake_marks.failed", extra={"queue": queue, "error": repr(exc)})
                 metrics.INFRA_ERRORS.labels("wake_marks").inc()
+
+    async def _checked(self, queue: str) -> dict[Lane, LanePosition]:
+        """``queue``'s lane positions, after repairing any lane they show unable to deliver.
+
+        A reading is only a trigger: the positions are read without atomicity (a busy lane
+        can show a delivered id past the written one it read a moment before), and the
+        repair script checks again atomically before changing anything.
+        """
+        try:
+            lanes = await self._streams.positions(queue)
+        except ResponseError as exc:
+            if self._health is None or not str(exc).startswith("WRONGTYPE"):
+                raise
+            await self._repair(queue, list(Lane))
+            return await self._streams.positions(queue)
+        if self._health is None:
+            return lanes
+        suspect = [lane for lane, at in lanes.items() if _suspect(at)]
+        for lane, at in lanes.items():
+            if lane not in suspect and at.delivered is not None:
+                self._delivered[(queue, lane)] = at.delivered
+        if not suspect:
+            return lanes
+        if await self._repair(queue, suspect):
+            return await self._streams.positions(queue)
+        return lanes
+
+    async def _repair(self, queue: str, lanes: list[Lane]) -> bool:
+        """Repair ``queue``'s ``lanes`` where the script finds a fault; whether it found one."""
+        assert self._health is not None
+        repaired = False
+        for lane in lanes:
+            rewind = self._delivered.get((queue, lane))
+            found = await self._health.repair(
+                self._streams.stream_key(queue, lane), str(rewind) if rewind else ""
+            )
+            if found.fault is None:
+                continue
+            repaired = True
+            metrics.STREAM_REPAIRS.labels(found.fault.value).inc()
+            log.warning(
+                "stream.repaired",
+                extra={
+                    "queue": queue,
+                    "lane": lane.value,
+                    "fault": found.fault.value,
+                    "delivered": found.delivered,
+                    "written": found.written,
+                    "found": found.found,
+                },
+            )
+        return repaired
+
+
+def _suspect(at: LanePosition) -> bool:
+    """Whether a reading shows a lane that may not deliver: no group (or no stream), or a
+    group that delivered past what the stream was written to."""
+    return at.delivered is None or at.delivered > at.written

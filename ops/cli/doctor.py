@@ -17,6 +17,7 @@ import typer
 
 from runfleet.broker.codec import FIELD, MalformedMessage, decode
 from runfleet.broker.liveness import FleetMember, Liveness
+from runfleet.broker.stream_health import Fault, LaneHealth, StreamHealth
 from runfleet.broker.streams import Lane, Streams
 from runfleet.ops.cli import common as c
 from runfleet.ops.cli.text import add_row, show, styled
@@ -81,6 +82,7 @@ class Doctor:
         self.live: int | None = None
         self.fleet: list[FleetMember] | None = None
         self.active_queues: list[str] = []
+        self.stranded: set[str] = set()
 
     def add(self, name: str, status: Literal["ok", "warn", "fail"], detail: str) -> None:
         self.checks.append(Check(name=name, status=status, detail=detail))
@@ -103,6 +105,7 @@ class Doctor:
         redis_ok = await self.guarded("redis", self._redis)
         if redis_ok:
             await self.guarded("workers", self._workers)
+            await self.guarded("streams", self._streams)
             await self.guarded("stream lag", self._lag)
             if postgres_ok and self.version is not None:
                 await self.guarded("lost admissions", self._lost_admissions)
@@ -237,10 +240,48 @@ class Doctor:
         else:
             self.add("workers", "ok", detail)
 
+    def _queues_in_use(self) -> list[str]:
+        """The queues asked for, the ones live workers read, and the ones runs name."""
+        read = {q for m in self.fleet or [] if m.live for q in m.queues}
+        return list(dict.fromkeys([*self.queues, *sorted(read), *self.active_queues]))
+
+    async def _streams(self) -> None:
+        """Whether each queue's lanes can deliver what is written to them (read-only).
+
+        A group ahead of its stream or another type of key at a stream's name strands
+        the queue's wakes (``broker.stream_health``): workers repair it within a sweep
+        tick, and until then runs start only by the lost-wake sweep. Named as a failure:
+        something other than runfleet wrote to these keys. A stream without its group is
+        a warning: the next worker read recreates the group from id 0.
+        """
+        queues = self._queues_in_use()
+        client = c.redis_client(self.cfg)
+        found: list[tuple[str, Lane, LaneHealth]] = []
+        try:
+            streams = Streams(client, self.cfg.redis_prefix)
+            health = StreamHealth(client)
+            for queue in queues:
+                for lane in Lane:
+                    lane_health = await health.check(streams.stream_key(queue, lane))
+                    if lane_health.fault not in (None, Fault.MISSING):
+                        found.append((queue, lane, lane_health))
+        finally:
+            await client.aclose()
+        for queue, lane, lane_health in found:
+            assert lane_health.fault is not None
+            if lane_health.fault.strands:
+                self.stranded.add(queue)
+                detail = f"STRANDED: {stranding(lane, lane_health)}"
+                self.add(f"streams {queue}", "fail", detail)
+            else:
+                self.add(f"streams {queue}", "warn", stranding(lane, lane_health))
+        if not found:
+            self.add("streams", "ok", f"{len(queues)} queue(s): every lane can deliver")
+
     async def _lag(self) -> None:
         fleet = self.fleet or []
         read = {q for m in fleet if m.live for q in m.queues}
-        queues = list(dict.fromkeys([*self.queues, *sorted(read), *self.active_queues]))
+        queues = [q for q in self._queues_in_use() if q not in self.stranded]
         client = c.redis_client(self.cfg)
         try:
             streams = Streams(client, self.cfg.redis_prefix)
@@ -297,6 +338,29 @@ class Doctor:
         else:
             detail = f"every run named by {len(ids)} recent wake(s) exists"
             self.add("lost admissions", "ok", detail)
+
+
+def stranding(lane: Lane, found: LaneHealth) -> str:
+    """What keeps one lane from delivering, in words (``runfleet doctor``)."""
+    assert found.fault is not None
+    where = f"{lane.value} lane {found.key}"
+    match found.fault:
+        case Fault.GROUP_AHEAD:
+            return (
+                f"{where}: group delivered up to {found.delivered}, past the stream's last id "
+                f"{found.written}; nothing written up to there is delivered"
+            )
+        case Fault.NO_GROUP:
+            return (
+                f"{where}: the stream has no consumer group (the next worker read recreates "
+                "it from id 0)"
+            )
+        case Fault.WRONG_TYPE:
+            return f"{where}: a key of type {found.found} holds the stream's name"
+        case Fault.MISSING:
+            return f"{where}: no stream"
+        case _:
+            assert_never(found.fault)
 
 
 def topology_verdict(seen: Topology) -> tuple[Literal["ok", "warn", "fail"], str]:

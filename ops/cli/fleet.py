@@ -31,6 +31,7 @@ from runfleet.ops.models import (
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.inspect import DEFAULT_REACTIVATED_OVER
+from runfleet.store.queues import key_label
 from runfleet.store.types import Owner, RunRow, WaitingReason
 from runfleet.worker.carried import can_run
 
@@ -103,7 +104,7 @@ def fleet(
         say(f"queue {q.name}: {limit}{rate}{keyed}, default priority {q.default_priority}")
         for k in q.keys:
             token = "" if not k.next_token_ms else f", next token in {k.next_token_ms} ms"
-            say(f"  key {k.key}: {k.running} running, {k.waiting} waiting{token}")
+            say(f"  key {key_label(k.key)}: {k.running} running, {k.waiting} waiting{token}")
     suspects = sum(w.suspect is not None for w in view.workers)
     also = f", {suspects} suspect" if suspects else ""
     say(styled(f"{len(view.workers)} worker process(es){also}", "dim"))

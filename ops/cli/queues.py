@@ -18,7 +18,7 @@ from runfleet.ops.cli import common as c
 from runfleet.ops.cli.text import say
 from runfleet.store.config import Settings
 from runfleet.store.errors import RunfleetError
-from runfleet.store.queues import QueueSettings
+from runfleet.store.queues import QueueSettings, key_label
 
 queue_app = typer.Typer(
     no_args_is_help=True, help="Queues that shape load: fleet-wide concurrency, priorities."
@@ -222,7 +222,7 @@ async def _show(cfg: Settings, name: str | None, as_json: bool) -> None:
             say(f"  keys: {by or '(no flow keyed yet)'}; round-robin, next turn first:")
             for k in info.keys:
                 token = "" if k.next_token_ms is None else f", next token in {k.next_token_ms} ms"
-                say(f"    {k.key}: {k.running} running, {k.waiting} waiting{token}")
+                say(f"    {key_label(k.key)}: {k.running} running, {k.waiting} waiting{token}")
         for ch in info.changes:
             say(f"  {ch.at}  {ch.changed_by}: {ch.change}" + (f" ({ch.note})" if ch.note else ""))
 

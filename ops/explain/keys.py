@@ -14,13 +14,13 @@ def key_wait(row: RunRow, queue: QueueSettings | None, key: KeyState | None) -> 
         return None
     if key.wait_ms and queue.key_rate_per_s is not None:
         return (
-            f"waiting for the rate limit of key {key.key} of queue {row.queue} "
+            f"waiting for the rate limit of key {key.label} of queue {row.queue} "
             f"({queue.key_rate_per_s:g}/s per key): next token in {seconds(key.wait_ms)}."
         )
     limit = queue.key_concurrency
     if limit is not None and key.running >= limit:
         return (
-            f"waiting for a slot of key {key.key} of queue {row.queue}: {key.running} of "
+            f"waiting for a slot of key {key.label} of queue {row.queue}: {key.running} of "
             f"{limit} in use; it starts when one of them settles or parks "
             f"({key.waiting} of the key's runs wait, oldest first; the queue's free slots go "
             "round-robin across keys)."

@@ -6,6 +6,9 @@ import pytest
 
 import tests.fleet.flows as flows
 from runfleet.broker import AsyncQueue
+from runfleet.broker.client import connect
+from runfleet.broker.keys import Keys
+from runfleet.broker.streams import Streams
 from runfleet.ops.models import DoctorView
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrations
@@ -78,3 +81,47 @@ async def test_unreachable_database_fails(cli: Cli) -> None:
     assert result.code == 1
     status = _status(_view(result))
     assert status["postgres"] == "fail" and "schema" not in status and status["redis"] == "ok"
+
+
+@pytest.mark.parametrize(
+    ("command", "named"),
+    [
+        (("XGROUP", "SETID", "{key}", "workers", "99999999999999-0"), "past the stream's last id"),
+        (("SET", "{key}", "x"), "a key of type string"),
+    ],
+)
+async def test_a_stranded_queue_fails_and_is_named(
+    settings: Settings, cli: Cli, command: tuple[str, ...], named: str
+) -> None:
+    """A queue whose group is ahead of its stream, or whose stream's name holds another
+    type of key, delivers nothing: doctor names it and does not say ok."""
+    async with AsyncQueue("default", settings=settings) as queue:
+        await queue.enqueue(flows.sleepy, 10)
+    key = Keys(settings.redis_prefix).stream("default")
+    client = connect(settings)
+    try:
+        await Streams(client, settings.redis_prefix).ensure_groups(["default"])
+        if command[0] == "SET":
+            await client.delete(key)
+        await client.execute_command(*(a.format(key=key) for a in command))  # type: ignore[no-untyped-call]  # redis-py's execute_command is unannotated
+    finally:
+        await client.aclose()
+    result = await cli("doctor", "--json")
+    assert result.code == 1, result
+    view = _view(result)
+    assert not view.ok
+    check = next(ch for ch in view.checks if ch.name == "streams default")
+    assert check.status == "fail" and "STRANDED" in check.detail and named in check.detail, check
+    text = await cli("doctor")
+    assert text.code == 1 and "STRANDED" in text.stdout, text
+
+
+async def test_a_stream_without_its_group_is_a_warning(settings: Settings, cli: Cli) -> None:
+    """A producer's first append makes the stream before any worker made its group: the
+    next read recreates it, so that is no failure."""
+    async with AsyncQueue("default", settings=settings) as queue:
+        await queue.enqueue(flows.sleepy, 10)
+    result = await cli("doctor", "--json")
+    assert result.code == 0, result
+    status = _status(_view(result))
+    assert status["streams default"] == "warn", status

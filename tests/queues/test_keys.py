@@ -14,6 +14,7 @@ from runfleet.ops.dashboard.data import JournalTail, overview
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput
+from runfleet.store.queues import NO_KEY
 from runfleet.store.types import Activated, AtLimit, NewRun, Owner, RunRow, RunStatus, Transitioned
 from tests.ops.conftest import cli_env, invoke
 
@@ -39,7 +40,12 @@ async def test_the_database_keys_runs_from_the_flows_expression(store: Store) ->
     other = await store.admission.create(
         NewRun(id="n0", flow="tests.queues.flows:other", queue="shared", payload={"args": []})
     )
-    assert other.row.concurrency_key is None  # a flow with no expression has no key
+    # A flow with no expression on a keyed queue: the no-key bucket, one key for them all.
+    assert other.row.concurrency_key == NO_KEY
+    plain = await store.admission.create(
+        NewRun(id="p0", flow="tests.queues.flows:other", queue="plain", payload={"args": []})
+    )
+    assert plain.row.concurrency_key is None  # a queue that is not keyed keys nothing
     await store.queues.set("shared", key_flow=(FLOW, "args.0"))
     assert (await admit(store, "a1", "acme")).concurrency_key == "1"
     with pytest.raises(InvalidInput):
@@ -47,6 +53,35 @@ async def test_the_database_keys_runs_from_the_flows_expression(store: Store) ->
     (changed, *_) = await store.queues.changes("shared")
     assert changed.change == {"key": {"flow": FLOW, "expression": "args.0"}}
     assert changed.changed_by
+
+
+async def test_unkeyed_runs_take_one_turn_between_them(store: Store) -> None:
+    """Runs of a flow with no key expression on a keyed queue share the no-key bucket: a
+    delivery of one of them is a slot offered to the queue, and a keyed run whose turn
+    is older takes it, in the single claim and in the batch claim."""
+    unkeyed = "tests.queues.flows:other"
+    await store.queues.set("shared", key_flow=(FLOW, "kwargs.t"))
+    for i in range(6):
+        await store.admission.create(
+            NewRun(id=f"u{i}", flow=unkeyed, queue="shared", payload={"args": []})
+        )
+    await admit(store, "b0", "bolt")
+    await admit(store, "c0", "cold")
+    flows = [FLOW, unkeyed]
+
+    async def claim_named(run_id: str) -> object:
+        return (await store.runs.claim_if_fresh(run_id, unkeyed, ME, ahead_flows=flows)).outcome
+
+    first = await claim_named("u0")  # the bucket's turn ('' sorts first among new keys)
+    assert isinstance(first, Activated) and first.row.id == "u0"
+    took = await claim_named("u1")  # bolt has the older turn now: it takes u1's slot
+    assert isinstance(took, Activated) and took.row.id == "b0", took
+    u = [await store.runs.get(f"u{i}") for i in (2, 3, 4)]
+    batch = await store.runs.claim_and_activate_many(
+        [r for r in u if r is not None], ME, ahead_flows=flows
+    )
+    started = sorted(a.row.id for a in batch.values() if isinstance(a, Activated))
+    assert started == ["c0", "u1", "u2"], started  # one of each key with work per pass
 
 
 async def test_at_most_k_per_key_and_the_oldest_key_takes_the_slot(store: Store) -> None:

@@ -1693,6 +1693,8 @@ BEGIN
          WHERE c.run_id = m.id AND c.completed_at_ms IS NULL
     )
     SELECT m.run, m.now_ms FROM moved m;
+END
+$$;
 
 -- v29 (0029_unkeyed_turn.sql): unkeyed runs of a keyed queue share the empty key.
 ALTER TABLE runfleet.runs DROP CONSTRAINT runs_concurrency_key_check;

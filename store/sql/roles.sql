@@ -4,8 +4,8 @@
 -- a superuser, after every migration (a new table gets its privileges here).
 --   runfleet_migrator  owns the schema: DDL, grants; not subject to row-level security
 --   runfleet_worker    every run (policies `true`), every row it needs; not `grants`
---   runfleet_producer  admit, read, cancel and answer (runfleet.answer only) runs of its
---                      granted scopes, within runfleet.limits
+--   runfleet_producer  admit, read, cancel, answer (runfleet.answer only) and, once
+--                      settled, delete runs of its granted scopes, within runfleet.limits
 --   runfleet_operator  read runs of its granted scopes; writes nothing
 
 -- name: privileges
@@ -106,6 +106,11 @@ BEGIN
         ON runfleet.run_messages TO runfleet_producer;
     -- resume a quarantined run: accept the recorded output, or drop it to re-run the step
     GRANT UPDATE (digest), DELETE ON runfleet.steps TO runfleet_producer;
+    -- delete a settled run of its own and all that is its (delete_run; the RESTRICTIVE
+    -- policies of migration 0030 hold it to settled runs, the scope policies to its own)
+    GRANT DELETE ON runfleet.runs, runfleet.journal, runfleet.attempts, runfleet.deferreds,
+        runfleet.clocks, runfleet.run_events, runfleet.run_messages, runfleet.run_parents
+        TO runfleet_producer;
 
     -- Statistics that count every scope's rows (per-table tuple counters and scans, table
     -- and database sizes, database-wide commit counts) are readable by PUBLIC in a stock

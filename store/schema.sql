@@ -1648,42 +1648,55 @@ CREATE POLICY journal_producer_depth ON runfleet.journal AS RESTRICTIVE FOR INSE
     TO runfleet_producer
     WITH CHECK (runfleet.depth_ok('payload', payload));
 
--- A producer deletes a run only once it is settled, and what belongs to a run only while
--- that run is there and settled (one statement deletes both: it sees the run). The scope
--- policies decide which runs it sees at all.
-CREATE POLICY runs_producer_deletes ON runfleet.runs AS RESTRICTIVE FOR DELETE
-    TO runfleet_producer
-    USING (status IN ('completed', 'failed', 'cancelled'));
-CREATE POLICY journal_producer_deletes ON runfleet.journal AS RESTRICTIVE FOR DELETE
-    TO runfleet_producer
-    USING (EXISTS (SELECT FROM runfleet.runs r WHERE r.id = journal.run_id
-                      AND r.status IN ('completed', 'failed', 'cancelled')));
-CREATE POLICY steps_producer_deletes ON runfleet.steps AS RESTRICTIVE FOR DELETE
-    TO runfleet_producer
-    USING (EXISTS (SELECT FROM runfleet.runs r WHERE r.id = steps.run_id
-                      AND r.status IN ('completed', 'failed', 'cancelled')));
-CREATE POLICY attempts_producer_deletes ON runfleet.attempts AS RESTRICTIVE FOR DELETE
-    TO runfleet_producer
-    USING (EXISTS (SELECT FROM runfleet.runs r WHERE r.id = attempts.run_id
-                      AND r.status IN ('completed', 'failed', 'cancelled')));
-CREATE POLICY deferreds_producer_deletes ON runfleet.deferreds AS RESTRICTIVE FOR DELETE
-    TO runfleet_producer
-    USING (EXISTS (SELECT FROM runfleet.runs r WHERE r.id = deferreds.run_id
-                      AND r.status IN ('completed', 'failed', 'cancelled')));
-CREATE POLICY clocks_producer_deletes ON runfleet.clocks AS RESTRICTIVE FOR DELETE
-    TO runfleet_producer
-    USING (EXISTS (SELECT FROM runfleet.runs r WHERE r.id = clocks.run_id
-                      AND r.status IN ('completed', 'failed', 'cancelled')));
-CREATE POLICY run_events_producer_deletes ON runfleet.run_events AS RESTRICTIVE FOR DELETE
-    TO runfleet_producer
-    USING (EXISTS (SELECT FROM runfleet.runs r WHERE r.id = run_events.run_id
-                      AND r.status IN ('completed', 'failed', 'cancelled')));
-CREATE POLICY run_messages_producer_deletes ON runfleet.run_messages AS RESTRICTIVE FOR DELETE
-    TO runfleet_producer
-    USING (EXISTS (SELECT FROM runfleet.runs r WHERE r.id = run_messages.run_id
-                      AND r.status IN ('completed', 'failed', 'cancelled')));
-CREATE POLICY run_parents_producer_deletes ON runfleet.run_parents AS RESTRICTIVE FOR DELETE
-    TO runfleet_producer
-    USING (EXISTS (SELECT FROM runfleet.runs r
-                    WHERE r.id IN (run_parents.child_id, run_parents.parent_id)
-                      AND r.status IN ('completed', 'failed', 'cancelled')));
+-- Deleting settled runs and all that is theirs, for whoever may see them: what
+-- delete_run (store/forks.py) calls. SECURITY DEFINER, so a producer holds no DELETE on
+-- any table (its raw SQL still cannot erase a record or a step of a run it keeps); the
+-- rules are checked here instead, with the caller's grants as row-level security reads
+-- them: every run named must be visible to the authenticated role and settled, or
+-- nothing is deleted. Operators are not granted it (they read, they write nothing).
+CREATE FUNCTION runfleet.delete_settled(p_ids text[])
+    RETURNS TABLE (deleted_runs bigint, deleted_records bigint, deleted_steps bigint)
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS
+$$
+DECLARE
+    v_who name := session_user;
+    v_granted jsonb;
+    v_open text;
+BEGIN
+    IF NOT (EXISTS (SELECT FROM pg_roles WHERE rolname = v_who AND (rolsuper OR rolbypassrls))
+            OR pg_has_role(v_who, 'runfleet_migrator', 'MEMBER')
+            OR pg_has_role(v_who, 'runfleet_worker', 'MEMBER')) THEN
+        SELECT coalesce(jsonb_agg(DISTINCT g.scope), '[]'::jsonb) INTO v_granted
+          FROM runfleet.grants g WHERE pg_has_role(v_who, g.role::oid, 'MEMBER');
+        IF EXISTS (SELECT FROM runfleet.runs r
+                    WHERE r.id = ANY (p_ids)
+                      AND NOT (v_granted ? '*'
+                               OR (jsonb_typeof(r.state -> 'scopes') = 'array'
+                                   AND jsonb_array_length(r.state -> 'scopes') > 0
+                                   AND v_granted @> (r.state -> 'scopes')))) THEN
+            RAISE EXCEPTION 'permission denied: % may not delete these runs', v_who
+                USING ERRCODE = 'insufficient_privilege';
+        END IF;
+    END IF;
+    SELECT r.id INTO v_open FROM runfleet.runs r
+     WHERE r.id = ANY (p_ids) AND r.status NOT IN ('completed', 'failed', 'cancelled')
+     LIMIT 1 FOR UPDATE;
+    IF FOUND THEN
+        PERFORM runfleet.refuse('run_id', format('run %s is not settled', quote_literal(v_open)));
+    END IF;
+    RETURN QUERY
+    WITH doomed AS (SELECT unnest(p_ids) AS id),
+    j AS (DELETE FROM runfleet.journal WHERE run_id IN (SELECT id FROM doomed) RETURNING 1),
+    s AS (DELETE FROM runfleet.steps WHERE run_id IN (SELECT id FROM doomed) RETURNING 1),
+    a AS (DELETE FROM runfleet.attempts WHERE run_id IN (SELECT id FROM doomed) RETURNING 1),
+    d AS (DELETE FROM runfleet.deferreds WHERE run_id IN (SELECT id FROM doomed) RETURNING 1),
+    c AS (DELETE FROM runfleet.clocks WHERE run_id IN (SELECT id FROM doomed) RETURNING 1),
+    e AS (DELETE FROM runfleet.run_events WHERE run_id IN (SELECT id FROM doomed) RETURNING 1),
+    m AS (DELETE FROM runfleet.run_messages WHERE run_id IN (SELECT id FROM doomed) RETURNING 1),
+    p AS (DELETE FROM runfleet.run_parents
+           WHERE child_id IN (SELECT id FROM doomed) OR parent_id IN (SELECT id FROM doomed)
+          RETURNING 1),
+    r AS (DELETE FROM runfleet.runs WHERE id IN (SELECT id FROM doomed) RETURNING 1)
+    SELECT (SELECT count(*) FROM r), (SELECT count(*) FROM j), (SELECT count(*) FROM s);
+END
+$$;

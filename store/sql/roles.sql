@@ -106,11 +106,12 @@ BEGIN
         ON runfleet.run_messages TO runfleet_producer;
     -- resume a quarantined run: accept the recorded output, or drop it to re-run the step
     GRANT UPDATE (digest), DELETE ON runfleet.steps TO runfleet_producer;
-    -- delete a settled run of its own and all that is its (delete_run; the RESTRICTIVE
-    -- policies of migration 0030 hold it to settled runs, the scope policies to its own)
-    GRANT DELETE ON runfleet.runs, runfleet.journal, runfleet.attempts, runfleet.deferreds,
-        runfleet.clocks, runfleet.run_events, runfleet.run_messages, runfleet.run_parents
-        TO runfleet_producer;
+    -- delete a settled run it can see and all that is its: runfleet.delete_settled (0030)
+    -- checks both; no DELETE on any table for producers.
+    REVOKE ALL ON FUNCTION runfleet.delete_settled(text[])
+        FROM PUBLIC, runfleet_worker, runfleet_producer, runfleet_operator;
+    GRANT EXECUTE ON FUNCTION runfleet.delete_settled(text[])
+        TO runfleet_worker, runfleet_producer;
 
     -- Statistics that count every scope's rows (per-table tuple counters and scans, table
     -- and database sizes, database-wide commit counts) are readable by PUBLIC in a stock

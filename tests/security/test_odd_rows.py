@@ -157,17 +157,26 @@ async def test_a_worker_fails_the_odd_run_and_its_tenant_deletes_it(
         assert await q.store.runs.get("odd") is None
         with pytest.raises(InvalidInput, match="not settled"):
             await q.delete_run(plain.id)
-        # Cancelled by the tenant: settled by the sweep (no worker serves the queue, none
-        # needs to), then deleted.
-        await q.cancel(plain.id)
-    # Raw SQL with the tenant's login deletes only settled runs of its own, and their records
-    # only with them.
+    # Raw SQL with the tenant's login: no table's rows directly, and through the function
+    # only settled runs it can see, all or nothing.
     for query in (
         "DELETE FROM runfleet.runs WHERE id = 'theirs'",
         "DELETE FROM runfleet.journal WHERE run_id = 'plain'",
-        "DELETE FROM runfleet.journal WHERE run_id = 'theirs'",
+        "DELETE FROM runfleet.attempts",
     ):
-        assert await _raw(me.url, query) == 0, query
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            await _raw(me.url, query)
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="may not delete these runs"):
+        await _raw(me.url, "SELECT * FROM runfleet.delete_settled(ARRAY['theirs', 'plain'])")
+    with pytest.raises(psycopg.errors.CheckViolation, match="run 'plain' is not settled"):
+        await _raw(me.url, "SELECT * FROM runfleet.delete_settled(ARRAY['plain'])")
+    # Cancelled by the tenant: closed by a worker's sweep, then deleted by the tenant.
+    async with AsyncQueue("nowhere", settings=me.settings, scopes=["s1"]) as q:
+        await q.cancel(plain.id)
+        row = await until(lambda: _settled(q, plain.id), 20, "the cancelled run to settle")
+        assert row.status is RunStatus.CANCELLED, row
+        await q.delete_run(plain.id)
+        assert await q.store.runs.get(plain.id) is None
     left = await _raw(database_url, "SELECT count(*) FROM runfleet.journal WHERE run_id = 'odd'")
     assert left[0][0] == 0
     theirs = await _raw(database_url, "SELECT count(*) FROM runfleet.runs WHERE id = 'theirs'")

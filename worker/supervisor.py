@@ -17,10 +17,11 @@ import threading
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from runfleet.store.config import Settings
 from runfleet.worker.health import Health, serve
+from runfleet.worker.stopping import StopGuard, exit_now
 
 log = logging.getLogger("runfleet.worker.supervisor")
 
@@ -40,8 +41,9 @@ class WorkerOptions:
     """Exit once the queues hold nothing to run now (rq's ``--burst``)."""
 
 
-def run_foreground(settings: Settings, options: WorkerOptions) -> None:
-    """Run one worker in this process until signalled."""
+def run_foreground(settings: Settings, options: WorkerOptions) -> NoReturn:
+    """Run one worker in this process until signalled, then end the process (StopGuard:
+    within ``Settings.stop_deadline`` of the first stop, whatever the runs left)."""
     from runfleet.worker.flows import load_flows
     from runfleet.worker.logs import configure
     from runfleet.worker.process import Worker
@@ -65,11 +67,24 @@ def run_foreground(settings: Settings, options: WorkerOptions) -> None:
             health.stopping()
             worker.stop()
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_stop)
-        await worker.run()
+        guard = StopGuard(loop, on_stop, settings.stop_deadline)
+        guard.install()
+        try:
+            await worker.run()
+        finally:
+            guard.arm()  # stopped by itself (--burst) or crashed: the loop's cleanup is bounded too
+            guard.close()
 
-    run_loop(main(), settings.event_loop)
+    code = 0
+    try:
+        run_loop(main(), settings.event_loop)
+    except SystemExit as exc:  # raised past every containment: keep its status
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # the process ends here either way: say why, then go
+        log.exception("worker.crashed")
+        code = 1
+    # Never the interpreter's exit: it joins every non-daemon thread a run's code left.
+    exit_now(code)
 
 
 def run_loop(main: Coroutine[Any, Any, None], loop: str = "uvloop") -> None:
@@ -122,10 +137,11 @@ def exit_with_parent(parent: int, grace_period: float, poll_s: float = PARENT_PO
 def supervise(settings: Settings, options: WorkerOptions, processes: int) -> int:
     """Start ``processes`` children; restart crashed ones; forward stop signals."""
     ctx = mp.get_context("spawn")
-    stopping = {"signals": 0}
+    stopping: dict[str, float] = {"signals": 0}
 
     def on_signal(signum: int, _frame: object) -> None:
         stopping["signals"] += 1
+        stopping.setdefault("since", time.monotonic())
         for proc in children.values():
             if proc.is_alive() and proc.pid:
                 try:
@@ -157,6 +173,8 @@ def supervise(settings: Settings, options: WorkerOptions, processes: int) -> int
             # (every one fail-stopped on the same partition) are restarted like one.
             if all(not p.is_alive() for p in children.values()):
                 break
+            if time.monotonic() - stopping["since"] > settings.stop_deadline + KILL_AFTER_S:
+                _kill_left(children)  # each child ends itself by its deadline; a backstop
             continue
         for slot, proc in list(children.items()):
             if proc.is_alive():
@@ -173,6 +191,20 @@ def supervise(settings: Settings, options: WorkerOptions, processes: int) -> int
             restarts[slot] = [*recent, time.monotonic()]
             children[slot] = start(slot)
     return 0
+
+
+KILL_AFTER_S = 2.0
+"""How long past a child's own stop deadline the supervisor waits before it SIGKILLs it."""
+
+
+def _kill_left(children: dict[int, mp.process.BaseProcess]) -> None:
+    for slot, proc in children.items():
+        if proc.is_alive() and proc.pid:
+            log.error("supervisor.child_killed", extra={"slot": slot, "pid": proc.pid})
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def parse_csv(value: str) -> tuple[str, ...]:

@@ -52,6 +52,8 @@ class Flow:
     """The ``FlowInstance`` class whose method this is (``worker.instances``); None: none."""
     instance: str | None = None
     """The instance this flow object is bound to (``instance.method``); None: unbound."""
+    instance_scopes: tuple[str, ...] | None = None
+    """The run scopes that instance was declared for (``FlowInstance(scopes=...)``)."""
 
     def __set_name__(self, owner: type, attribute: str) -> None:
         """A ``@flow`` in a ``FlowInstance`` class's body becomes a class-bound flow."""
@@ -76,7 +78,12 @@ class Flow:
 
     def bound_to(self, obj: instances.FlowInstance) -> Flow:
         """This class-bound flow calling ``fn`` on ``obj``, admitted for its name."""
-        return replace(self, fn=MethodType(self.fn, obj), instance=obj.instance_name)
+        return replace(
+            self,
+            fn=MethodType(self.fn, obj),
+            instance=obj.instance_name,
+            instance_scopes=obj.scopes,
+        )
 
     @property
     def runfleet_needs_instance(self) -> bool:

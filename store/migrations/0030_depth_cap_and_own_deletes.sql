@@ -39,6 +39,27 @@ CREATE POLICY journal_producer_depth ON runfleet.journal AS RESTRICTIVE FOR INSE
     TO runfleet_producer
     WITH CHECK (runfleet.depth_ok('payload', payload));
 
+-- Answers and messages are values a worker hands to a flow: held to the same depth. An
+-- answer is written only by runfleet.answer (a definer, which row-level security does
+-- not hold), so a trigger checks the deferreds it writes (those with `answered_by`);
+-- a producer's message, by a policy beside 0015's.
+CREATE FUNCTION runfleet.answer_depth_ok() RETURNS trigger
+    LANGUAGE plpgsql AS
+$$
+BEGIN
+    IF octet_length(NEW.value::text) >= 130 THEN
+        PERFORM runfleet.depth_ok('value', NEW.value::jsonb);
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER deferreds_answer_depth BEFORE INSERT ON runfleet.deferreds
+    FOR EACH ROW WHEN (NEW.metadata ? 'answered_by')
+    EXECUTE FUNCTION runfleet.answer_depth_ok();
+CREATE POLICY run_messages_producer_depth ON runfleet.run_messages AS RESTRICTIVE FOR INSERT
+    TO runfleet_producer
+    WITH CHECK (octet_length(value::text) < 130 OR runfleet.depth_ok('value', value::jsonb));
+
 -- Deleting settled runs and all that is theirs, for whoever may see them: what
 -- delete_run (store/forks.py) calls. SECURITY DEFINER, so a producer holds no DELETE on
 -- any table (its raw SQL still cannot erase a record or a step of a run it keeps); the

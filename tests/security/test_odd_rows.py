@@ -27,6 +27,7 @@ from runfleet.store.types import RunRow, RunStatus
 from tests.dashboard.conftest import BASE
 from tests.ops.conftest import CliResult, cli_env, invoke
 from tests.security.conftest import Login, MakeLogin
+from tests.security.test_roles import waiting_for_event
 from tests.support.polling import until
 
 pytestmark = pytest.mark.usefixtures("role_worker")
@@ -38,6 +39,10 @@ ADMIT: LiteralString = (
     " %s::jsonb, %s::json, %s, runfleet.now_ms(), runfleet.now_ms())"
 )
 SCOPES: LiteralString = '{"scopes": ["s1"]}'
+ANSWER: LiteralString = (
+    "SELECT outcome FROM runfleet.answer(%s, %s, NULL, false, %s::json, NULL, %s, %s,"
+    " 'raw-sql', %s)"
+)
 
 
 async def _raw(url: str, query: LiteralString, params: tuple[Any, ...] = ()) -> Any:
@@ -79,12 +84,36 @@ async def test_a_producer_cannot_store_a_value_nested_past_the_cap(login: MakeLo
             " at_ms) VALUES ('deep-64', 'note', 'me', 1, %s::jsonb, 'd', 0)",
             (DEEP,),
         )
+    # An answer (through runfleet.answer, the only way one lands) and a message: the values
+    # a worker hands to a flow.
+    async with AsyncQueue("default", settings=me.settings, scopes=["s1"]) as q:
+        asking = await q.enqueue("sec.full", "x", run_id="asking")
+        await waiting_for_event(q, asking.id)
+    with pytest.raises(psycopg.errors.CheckViolation, match="runfleet refuses value: nested"):
+        await _raw(me.url, ANSWER, ("asking", "go", DEEP, None, 1000, 1))
+    with pytest.raises(psycopg.errors.CheckViolation, match="runfleet refuses value: nested"):
+        await _raw(
+            me.url,
+            "INSERT INTO runfleet.run_messages (run_id, topic, message_id, value, digest,"
+            " sent_at_ms) VALUES ('asking', 't', 'm1', %s::json, 'd', runfleet.now_ms())",
+            (DEEP,),
+        )
+    async with AsyncQueue("default", settings=me.settings, scopes=["s1"]) as q:
+        assert await q.store.deferreds.deferred("asking", "go") is None
+        assert await q.complete("asking", "go", [[["fine"]]])
+        assert (await q.run("asking").result(timeout=20))["answer"] == [[["fine"]]]
 
 
 async def _odd_row(database_url: str, me: Login) -> None:
     """The row as the probe left it: 3,000 levels deep, in the tenant's scope. Written by the
     schema's owner, as a row from before the cap would be (a producer no longer can)."""
     await _raw(database_url, ADMIT, ("odd", SCOPES, DEEP, "odd"))
+    await _raw(
+        database_url,
+        "INSERT INTO runfleet.journal (run_id, kind, source_id, source_seq, payload, digest,"
+        " at_ms) VALUES ('odd', 'created', 'old', 1, %s::jsonb, 'd', runfleet.now_ms())",
+        (DEEP,),
+    )
     async with AsyncQueue("default", settings=me.settings, scopes=["s1"]) as q:
         await q.enqueue("sec.leaf", 1, run_id="plain")
 
@@ -106,11 +135,19 @@ async def test_every_reader_renders_the_odd_row_and_goes_on(
     table = await cli("runs")
     assert table.clean and table.code == 0 and "odd" in table.stdout and "plain" in table.stdout
 
-    for args in (("show", "odd"), ("show", "odd", "--json"), ("explain", "odd")):
+    for args in (
+        ("show", "odd"),
+        ("show", "odd", "--json"),
+        ("explain", "odd"),
+        ("explain", "odd", "--json"),
+        ("journal", "odd"),
+        ("journal", "odd", "--json"),
+        ("tree", "odd"),
+        ("stuck",),
+    ):
         out = await cli(*args)
         assert out.clean and out.code == 0, (args, out.stdout, out.stderr, out.exception)
-        assert "odd" in out.stdout
-        if args[0] == "show":  # explain names no payload
+        if args[0] in ("show", "journal"):
             assert "<undecodable: nested deeper than Python decodes" in out.stdout, out.stdout
 
     app = create_app(settings, allowed_hosts=("testserver",))

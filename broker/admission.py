@@ -18,7 +18,8 @@ from runfleet.broker.names import (
 )
 from runfleet.broker.trust import already_loaded
 from runfleet.store import validate
-from runfleet.store.errors import InvalidInput, NotImportable, UnknownFlow
+from runfleet.store.errors import InstanceNotAllowed, InvalidInput, NotImportable, UnknownFlow
+from runfleet.store.roles import WILDCARD
 from runfleet.store.types import OnDuplicate
 
 
@@ -76,9 +77,14 @@ INSTANCE_STATE_KEY = "flow_instance"
 (``worker.instances``)."""
 
 
-def admission_state(target: Any) -> dict[str, str]:
+def admission_state(target: Any, scopes: Sequence[str] | None = None) -> dict[str, str]:
     """The run-state key a class-bound ``@flow`` admits a run with: the instance's name
-    for a bound one (``instance.method``); a class-level one names no instance: refused."""
+    for a bound one (``instance.method``); a class-level one names no instance: refused.
+
+    ``scopes``: the run's; an instance declared for other scopes refuses it here
+    (``InstanceNotAllowed``), as every worker does again before it runs it
+    (``worker.instances.for_run``: the worker's own instance decides, not the producer's).
+    """
     if getattr(target, "runfleet_needs_instance", False):
         raise InvalidInput(
             "flow",
@@ -86,7 +92,24 @@ def admission_state(target: Any) -> dict[str, str]:
             "enqueue it from an instance (instance.method)",
         )
     name = getattr(target, "instance", None)
-    return {INSTANCE_STATE_KEY: name} if isinstance(name, str) else {}
+    if not isinstance(name, str):
+        return {}
+    allowed = getattr(target, "instance_scopes", None)
+    if scopes is not None and isinstance(allowed, tuple) and not instance_allows(allowed, scopes):
+        raise InstanceNotAllowed(name, allowed, scopes)
+    return {INSTANCE_STATE_KEY: name}
+
+
+def instance_allows(allowed: Sequence[str], scopes: object) -> bool:
+    """Whether an instance declared for ``allowed`` may run a run of ``scopes``: every
+    scope of the run is allowed (``*`` allows any run, unscoped ones too), and a run of
+    no scopes only by ``*``. A run's scopes name who reads and controls it: a run readable
+    by another tenant never uses this tenant's instance."""
+    if WILDCARD in allowed:
+        return True
+    if not isinstance(scopes, list | tuple) or not scopes:
+        return False
+    return all(isinstance(s, str) and s in allowed for s in scopes)
 
 
 def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:

@@ -304,7 +304,7 @@ class AsyncQueue:
         version = getattr(spec.target, "version", None)  # a versioned @flow's code
         if isinstance(version, str):
             extra["flow_version"] = version
-        extra.update(admission_state(spec.target))  # a class-bound @flow's instance
+        extra.update(admission_state(spec.target, self.scopes))  # a class-bound @flow's instance
         declared = getattr(spec.target, "timeout", None)  # a @flow's timeout, in seconds
         if job_timeout_ms is None and isinstance(declared, int | float):
             job_timeout_ms = validate.timeout_ms(declared)

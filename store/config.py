@@ -124,6 +124,16 @@ class Settings(BaseSettings):
         return self.heartbeat_interval / 4
 
     @property
+    def stop_deadline(self) -> float:
+        """Seconds from a worker process's first stop to its hard exit (worker/stopping.py).
+
+        The grace period, then room for the release that follows it (two intervals, at
+        least two seconds): past it nothing a run's code left behind (a thread, a hung
+        body) keeps the process alive, and what it still owns goes to takeover.
+        """
+        return self.grace_period + max(2.0, 2 * self.heartbeat_interval)
+
+    @property
     def renew_timeout(self) -> float:
         """How long one renewal may take before it counts as unconfirmed (one interval)."""
         return self.heartbeat_interval

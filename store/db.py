@@ -32,6 +32,7 @@ from psycopg_pool import AsyncConnectionPool
 from runfleet.store.config import Settings
 from runfleet.store.queries import q
 from runfleet.store.urls import require
+from runfleet.store.values import Undecodable
 
 Conn = AsyncConnection[DictRow]
 
@@ -300,14 +301,18 @@ def load_json(data: str | bytes) -> Any:
     The same value for every input: Postgres sends UTF-8 (so no encoding to detect: that
     alone was a third of each load, eight loads per run) and a value whose text is not
     exactly one JSON document (whitespace around a ``json`` column's text, or not JSON)
-    goes to ``json.loads`` itself, which answers or raises as it always did.
+    goes to ``json.loads`` itself, which answers or raises as it always did. A value
+    nested deeper than Python decodes comes back as an ``Undecodable`` text.
     """
     text = data if isinstance(data, str) else data.decode("utf-8", "surrogatepass")
     try:
-        value, end = _DECODER.raw_decode(text)
-    except ValueError:
-        return json.loads(text)
-    return value if end == len(text) else json.loads(text)
+        try:
+            value, end = _DECODER.raw_decode(text)
+        except ValueError:
+            return json.loads(text)
+        return value if end == len(text) else json.loads(text)
+    except RecursionError as exc:  # valid JSON to Postgres, too deep for Python: one row
+        return Undecodable.of(text, exc)  # must not take every reader of it down
 
 
 ADAPTERS = AdaptersMap(psycopg.adapters)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class RunfleetError(Exception):
     """Base of every error runfleet raises on purpose."""
@@ -30,6 +32,19 @@ class NotImportable(InvalidInput):
             "module (tasks.py, app/tasks.py) and enqueue it from there",
         )
         self.function = function
+
+
+class InstanceNotAllowed(InvalidInput):
+    """A run's scopes are not all among those a flow instance was declared for
+    (``FlowInstance(..., scopes=...)``): it is never admitted for, nor run on, that instance."""
+
+    def __init__(self, instance: str, allowed: Sequence[str], scopes: Sequence[str]) -> None:
+        super().__init__(
+            "scopes",
+            f"instance {instance!r} serves runs of scopes {sorted(allowed)}; "
+            f"a run of scopes {sorted(scopes)} may not use it",
+        )
+        self.instance = instance
 
 
 class RunNotFound(RunfleetError):

@@ -35,6 +35,8 @@ def run_row(row: Row) -> RunRow:
             request=row["waiting_request"],
         )
     state = row["state"] or {}
+    if not isinstance(state, dict):  # an Undecodable (store/values.py): shown, never run
+        state = {"state": state}
     # The exact texts of the payload and the result (store/values.py), decoded; rows
     # written before those columns existed keep theirs in ``state``. One copy of the
     # decoded state at most (three row conversions per run on a worker's hot path).

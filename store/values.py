@@ -168,6 +168,24 @@ def encode_canonical(value: Any, limit: int, where: str, at: Sequence[str | int]
     return text
 
 
+class Undecodable(str):
+    """A stored JSON value this process cannot turn into Python, as its readers show it.
+
+    Postgres accepts nesting far deeper than Python's ``json`` (which gives up past
+    ~1,000 levels), so a row written before the depth cap (migration 0030), or by a role
+    the cap does not hold, may carry one. Every reader renders it (``<undecodable: ...>``)
+    and goes on; a worker fails a run whose payload is one (store/rows.py, worker/context.py)
+    rather than run it with a string in place of its arguments.
+    """
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, text: str, exc: BaseException) -> Undecodable:
+        why = "nested deeper than Python decodes" if isinstance(exc, RecursionError) else exc
+        return cls(f"<undecodable: {why}; {len(text.encode('utf-8', 'surrogatepass'))} bytes>")
+
+
 def decode(text: str) -> Any:
     """The value a stored canonical text holds (floats stay floats, big ints stay ints)."""
     return json.loads(text)

@@ -13,18 +13,26 @@ context that raised them tells them apart (``Context.raised_by_runfleet``).
 
 Tasks a body creates are covered by a task factory (``contain_tasks``): their
 ``SystemExit`` / ``KeyboardInterrupt`` end the task with ``UserBaseException`` instead of
-the loop. Signals are not exceptions here: the worker handles SIGTERM/SIGINT on the loop
-(``worker.supervisor``), so a ``KeyboardInterrupt`` inside a run is always the run's own.
+the loop. Callbacks it schedules on the loop (``loop.call_soon(sys.exit, 7)``, ``call_later``,
+``call_at``, ``call_soon_threadsafe``) are covered by ``contain_callbacks``: their
+``SystemExit`` / ``KeyboardInterrupt`` fails the run that scheduled them (its task is
+stopped and ends with ``UserBaseException``), or, the run already over, is logged and
+dropped; the loop goes on. Signals are not exceptions here: the worker handles SIGTERM/SIGINT
+on the loop (``worker.stopping``), so a ``KeyboardInterrupt`` inside a run is always the run's
+own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Coroutine, Generator
+import logging
+from collections.abc import Callable, Coroutine, Generator
 from typing import Any
 
 from runfleet.store.errors import RunfleetError
+
+log = logging.getLogger("runfleet.worker.containment")
 
 _IN_RUN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "runfleet_in_run", default=None
@@ -118,3 +126,84 @@ def contain_tasks(loop: asyncio.AbstractEventLoop) -> None:
 
     factory.runfleet_contains = True  # type: ignore[attr-defined]  # a marker attribute on the task factory function
     loop.set_task_factory(factory)
+
+
+_TASKS: dict[str, asyncio.Task[Any]] = {}
+"""Each executing run's task, while its body runs (``watch``/``unwatch``)."""
+_ESCAPED: dict[str, BaseException] = {}
+"""The first ``SystemExit`` / ``KeyboardInterrupt`` a run's loop callback raised."""
+
+
+def watch(run_id: str, task: asyncio.Task[Any]) -> None:
+    """``task`` executes ``run_id``'s body: a callback of the run that exits stops it."""
+    _TASKS[run_id] = task
+    _ESCAPED.pop(run_id, None)
+
+
+def unwatch(run_id: str) -> None:
+    _TASKS.pop(run_id, None)
+    _ESCAPED.pop(run_id, None)
+
+
+def escaped(run_id: str) -> BaseException | None:
+    """What a loop callback of ``run_id``'s code raised to end the process, if anything."""
+    return _ESCAPED.get(run_id)
+
+
+def _escape(run_id: str, exc: BaseException) -> None:
+    task = _TASKS.get(run_id)
+    live = task is not None and not task.done()
+    log.warning(
+        "run.callback_exit",
+        extra={"run_id": run_id, "exception": type(exc).__name__, "run_live": live},
+    )
+    if task is not None and live:
+        _ESCAPED.setdefault(run_id, exc)
+        task.cancel(msg="a loop callback of the run's code raised " + type(exc).__name__)
+
+
+def _guarded(callback: Callable[..., object], run_id: str) -> Callable[..., object]:
+    def call(*args: object) -> object:
+        try:
+            return callback(*args)
+        except (SystemExit, KeyboardInterrupt) as exc:
+            _escape(run_id, exc)
+            return None
+
+    return call
+
+
+def contain_callbacks(loop: asyncio.AbstractEventLoop) -> None:
+    """Make callbacks scheduled by run code unable to stop ``loop`` with ``SystemExit`` /
+    ``KeyboardInterrupt`` (the loop re-raises those two out of ``run_forever``: the worker
+    ended, its runs left ``running`` until stale). Callbacks scheduled outside any run
+    are left untouched; the loop's own (in C, under uvloop) never pass through here.
+    """
+    if getattr(loop, "runfleet_contains_callbacks", False):
+        return
+    # Instance attributes shadow the loop's methods (uvloop's Loop takes them too).
+    for name in ("call_soon", "call_soon_threadsafe"):
+        setattr(loop, name, _soon(getattr(loop, name)))
+    for name in ("call_later", "call_at"):
+        setattr(loop, name, _timed(getattr(loop, name)))
+    setattr(loop, "runfleet_contains_callbacks", True)  # noqa: B010 - a marker, not an API
+
+
+def _soon(schedule: Callable[..., Any]) -> Callable[..., Any]:
+    def soon(callback: Callable[..., object], *args: Any, context: Any = None) -> Any:
+        run_id = _IN_RUN.get()
+        if run_id is not None:
+            callback = _guarded(callback, run_id)
+        return schedule(callback, *args, context=context)
+
+    return soon
+
+
+def _timed(schedule: Callable[..., Any]) -> Callable[..., Any]:
+    def timed(when: float, callback: Callable[..., object], *args: Any, context: Any = None) -> Any:
+        run_id = _IN_RUN.get()
+        if run_id is not None:
+            callback = _guarded(callback, run_id)
+        return schedule(when, callback, *args, context=context)
+
+    return timed

@@ -25,7 +25,9 @@ from typing import Any
 
 from runfleet.store import Store
 from runfleet.store.config import Settings
+from runfleet.store.errors import InvalidInput
 from runfleet.store.types import Owner, RunRow, Waiting, WaitingReason
+from runfleet.store.values import Undecodable
 from runfleet.worker import tracing
 from runfleet.worker.children import Children
 from runfleet.worker.containment import closed_from_outside, safe_str
@@ -86,11 +88,18 @@ class Context:
 
     @property
     def args(self) -> list[Any]:
-        return list((self.run.payload or {}).get("args") or [])
+        return list(self._payload().get("args") or [])
 
     @property
     def kwargs(self) -> dict[str, Any]:
-        return dict((self.run.payload or {}).get("kwargs") or {})
+        return dict(self._payload().get("kwargs") or {})
+
+    def _payload(self) -> dict[str, Any]:
+        """The run's arguments; a payload this process cannot decode fails the run, named."""
+        payload = self.run.payload
+        if isinstance(payload, Undecodable):
+            raise InvalidInput("payload", f"run {self.run.id!r}: {payload}")
+        return dict(payload or {})
 
     # ---- what the driver and the watchdog read ---------------------------------
 

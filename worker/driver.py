@@ -281,13 +281,20 @@ class Driver:
         shutdown) goes back to ``close()`` as Python requires: it is no code's failure.
         """
         token = containment.running(ctx.run.id)
+        task = asyncio.current_task()
+        assert task is not None
+        containment.watch(ctx.run.id, task)
         try:
             return await self._body(flow, ctx)
         except BaseException as exc:
+            escaped = containment.escaped(ctx.run.id)  # a loop callback of its own exited
+            if escaped is not None:
+                raise UserBaseException(escaped) from escaped
             if isinstance(exc, Exception) or not ctx.raised_by_user(exc):
                 raise
             raise UserBaseException(exc) from exc
         finally:
+            containment.unwatch(ctx.run.id)
             containment.done_running(token)
 
     async def _body(self, flow: Flow, ctx: Context) -> Any:

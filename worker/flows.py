@@ -59,6 +59,8 @@ class Flow:
     max_recoveries: int | Literal["never"] | None = None
     """Takeovers after lost processes in a row before a run is parked dead (the fleet's
     ``RUNFLEET_MAX_RECOVERIES`` when None; ``NEVER``: never dead-lettered)."""
+    instance_scopes: tuple[str, ...] | None = None
+    """The run scopes that instance was declared for (``FlowInstance(scopes=...)``)."""
 
     def __set_name__(self, owner: type, attribute: str) -> None:
         """A ``@flow`` in a ``FlowInstance`` class's body becomes a class-bound flow."""
@@ -83,7 +85,12 @@ class Flow:
 
     def bound_to(self, obj: instances.FlowInstance) -> Flow:
         """This class-bound flow calling ``fn`` on ``obj``, admitted for its name."""
-        return replace(self, fn=MethodType(self.fn, obj), instance=obj.instance_name)
+        return replace(
+            self,
+            fn=MethodType(self.fn, obj),
+            instance=obj.instance_name,
+            instance_scopes=obj.scopes,
+        )
 
     @property
     def runfleet_needs_instance(self) -> bool:

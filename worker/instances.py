@@ -7,7 +7,7 @@ named when it is made::
 
     class Billing(FlowInstance):
         def __init__(self, tenant: str, dsn: str) -> None:
-            super().__init__(instance_name=tenant)
+            super().__init__(instance_name=tenant, scopes=[tenant])
             self.dsn = dsn
 
         @flow(name="billing.charge")
@@ -25,6 +25,9 @@ named when it is made::
   first, a resume after a wait, and a takeover after a SIGKILL. A worker without that
   instance never claims, steals or wakes the run (``run.instance_unknown``, once per run);
   a worker that has it does.
+- An instance serves only the run scopes it was declared with: a run whose scopes are not
+  all among them is refused at admission (``InstanceNotAllowed``) and, whatever wrote its
+  row, never run on the instance by a worker (``run.instance_refused``, once per run).
 - Steps are the instance's methods passed to ``ctx.step`` (``self.post_charge``): they see
   the instance's configuration in whichever process runs the step.
 """
@@ -32,10 +35,12 @@ named when it is made::
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from runfleet.broker.admission import INSTANCE_STATE_KEY, admission_state
+from runfleet.broker.admission import INSTANCE_STATE_KEY, admission_state, instance_allows
 from runfleet.store import validate
+from runfleet.store.errors import InvalidInput
 
 __all__ = ["INSTANCE_STATE_KEY", "FlowInstance", "for_run", "instance"]
 
@@ -59,8 +64,14 @@ class FlowInstance:
     did not make it leaves the run alone (docs/lifecycle.md "Class-bound flows").
     """
 
-    def __init__(self, instance_name: str) -> None:
+    def __init__(self, instance_name: str, *, scopes: Sequence[str]) -> None:
+        """``scopes``: the run scopes allowed to use this instance (``["*"]``: any run).
+        A run of other scopes is refused at admission (``InstanceNotAllowed``) and never
+        run on it by a worker, whatever its row says."""
         self.instance_name = validate.identifier("instance_name", instance_name)
+        if isinstance(scopes, str) or not scopes:
+            raise InvalidInput("scopes", "name the run scopes allowed to use this instance")
+        self.scopes: tuple[str, ...] = tuple(validate.identifier("scopes", s) for s in scopes)
         for cls in type(self).__mro__:
             if cls is FlowInstance or not issubclass(cls, FlowInstance):
                 continue
@@ -96,13 +107,29 @@ def admitted_instance(row: Any) -> str | None:
 def for_run(flow: Flow, row: Any, warned: Unrunnable) -> Flow | None:
     """``flow`` as it runs ``row``: itself for a flow of no class, else bound to the
     instance the run was admitted for; None (logged ``run.instance_unknown`` once per
-    run) when this process has no such instance, or the run names none."""
+    run) when this process has no such instance, or the run names none; None too (logged
+    ``run.instance_refused``) when the run's scopes may not use that instance (a raw row
+    of one tenant naming another's instance)."""
     if flow.owner is None:
         return flow
     name = admitted_instance(row)
     found = instance(flow.owner, name) if name is not None else None
-    if found is not None:
+    if found is not None and instance_allows(found.scopes, row.state.get("scopes")):
         return flow.bound_to(found)
+    if found is not None:  # a row naming an instance its scopes may not use
+        why = f"its scopes may not use instance {name}"
+        if warned.first(row.id, why):
+            log.warning(
+                "run.instance_refused",
+                extra={
+                    "run_id": row.id,
+                    "flow": row.flow,
+                    "instance": name,
+                    "scopes": row.state.get("scopes"),
+                    "allowed": list(found.scopes),
+                },
+            )
+        return None
     why = f"admitted for instance {name}, which this worker did not make"
     if warned.first(row.id, why if name is not None else "admitted for no instance"):
         log.warning(

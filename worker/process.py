@@ -31,7 +31,7 @@ from runfleet.store.types import Owner
 from runfleet.worker import metrics, otel_metrics, tracing
 from runfleet.worker.burst import EXIT_DRAINED, EXIT_LEFT_BEHIND, stop_when_drained
 from runfleet.worker.carried import advertised
-from runfleet.worker.containment import contain_tasks
+from runfleet.worker.containment import contain_callbacks, contain_tasks
 from runfleet.worker.coordinator import Coordinator
 from runfleet.worker.driver import Driver
 from runfleet.worker.intake import Intake
@@ -137,6 +137,7 @@ class Worker:
             )
         )
         contain_tasks(loop)  # a task a run body creates cannot end the process either
+        contain_callbacks(loop)  # nor a callback it schedules on the loop
         services = await self._assemble()
         try:
             try:

@@ -13,15 +13,18 @@ import logging
 import multiprocessing as mp
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
+
+import psycopg
+import psycopg_pool
 
 from runfleet.store.config import Settings
 from runfleet.worker.health import Health, serve
+from runfleet.worker.stopping import StopGuard, exit_now
 
 log = logging.getLogger("runfleet.worker.supervisor")
 
@@ -41,9 +44,11 @@ class WorkerOptions:
     """Exit once the queues hold nothing to run now (rq's ``--burst``)."""
 
 
-def run_foreground(settings: Settings, options: WorkerOptions) -> int:
-    """Run one worker in this process until signalled (or drained: ``--burst``); its exit
-    status (``Worker.exit_code``)."""
+def run_foreground(settings: Settings, options: WorkerOptions) -> NoReturn:
+    """Run one worker in this process until signalled (or drained: ``--burst``), then end
+    the process with its exit status (``Worker.exit_code``); StopGuard ends it within
+    ``Settings.stop_deadline`` of the first stop, whatever the runs left. A database that
+    cannot be reached at start is raised to the caller (nothing ran: no thread to skip)."""
     from runfleet.worker.flows import load_flows
     from runfleet.worker.logs import configure
     from runfleet.worker.process import Worker
@@ -70,12 +75,31 @@ def run_foreground(settings: Settings, options: WorkerOptions) -> int:
             health.stopping()
             worker.stop()
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_stop)
-        await worker.run()
+        guard = StopGuard(loop, on_stop, settings.stop_deadline)
+        guard.install()
+        try:
+            await worker.run()
+        finally:
+            guard.arm()  # stopped by itself (--burst) or crashed: the loop's cleanup is bounded too
+            guard.close()
 
-    run_loop(main(), settings.event_loop)
-    return made[0].exit_code if made else 0
+    code = 0
+    try:
+        run_loop(main(), settings.event_loop)
+        code = made[0].exit_code if made else 0
+    except (psycopg.OperationalError, psycopg_pool.PoolTimeout):
+        if made and made[0].started.is_set():
+            log.exception("worker.crashed")
+            code = 1
+        else:
+            raise  # the CLI says it in one line (``cannot reach the database at ...``)
+    except SystemExit as exc:  # raised past every containment: keep its status
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # the process ends here either way: say why, then go
+        log.exception("worker.crashed")
+        code = 1
+    # Never the interpreter's exit: it joins every non-daemon thread a run's code left.
+    exit_now(code)
 
 
 def run_loop(main: Coroutine[Any, Any, None], loop: str = "uvloop") -> None:
@@ -100,8 +124,7 @@ PARENT_POLL_S = 0.5
 def _child(settings_json: str, options: WorkerOptions, port: int | None, parent: int) -> None:
     settings = Settings.model_validate_json(settings_json)
     exit_with_parent(parent, settings.grace_period)
-    code = run_foreground(settings, WorkerOptions(**{**options.__dict__, "metrics_port": port}))
-    sys.exit(code)
+    run_foreground(settings, WorkerOptions(**{**options.__dict__, "metrics_port": port}))
 
 
 def exit_with_parent(parent: int, grace_period: float, poll_s: float = PARENT_POLL_S) -> None:
@@ -135,10 +158,11 @@ def supervise(settings: Settings, options: WorkerOptions, processes: int) -> int
     from runfleet.worker.burst import EXIT_DRAINED, EXIT_LEFT_BEHIND
 
     ctx = mp.get_context("spawn")
-    stopping = {"signals": 0}
+    stopping: dict[str, float] = {"signals": 0}
 
     def on_signal(signum: int, _frame: object) -> None:
         stopping["signals"] += 1
+        stopping.setdefault("since", time.monotonic())
         for proc in children.values():
             if proc.is_alive() and proc.pid:
                 try:
@@ -171,6 +195,8 @@ def supervise(settings: Settings, options: WorkerOptions, processes: int) -> int
             # (every one fail-stopped on the same partition) are restarted like one.
             if all(not p.is_alive() for p in children.values()):
                 break
+            if time.monotonic() - stopping["since"] > settings.stop_deadline + KILL_AFTER_S:
+                _kill_left(children)  # each child ends itself by its deadline; a backstop
             continue
         if len(drained) == len(children):
             break
@@ -192,6 +218,20 @@ def supervise(settings: Settings, options: WorkerOptions, processes: int) -> int
             restarts[slot] = [*recent, time.monotonic()]
             children[slot] = start(slot)
     return max(drained.values(), default=EXIT_DRAINED)
+
+
+KILL_AFTER_S = 2.0
+"""How long past a child's own stop deadline the supervisor waits before it SIGKILLs it."""
+
+
+def _kill_left(children: dict[int, mp.process.BaseProcess]) -> None:
+    for slot, proc in children.items():
+        if proc.is_alive() and proc.pid:
+            log.error("supervisor.child_killed", extra={"slot": slot, "pid": proc.pid})
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def parse_csv(value: str) -> tuple[str, ...]:

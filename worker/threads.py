@@ -6,7 +6,8 @@ record a cancellation) while its step is still executing here, and another worke
 would start the same step at the same time. ``in_thread`` keeps the awaiting task
 alive until the thread has really ended, then re-raises the cancellation. If the
 thread cannot end before the lease could turn stale, the fail-stop watchdog
-(``worker.watchdog``) ends the whole process instead.
+(``worker.watchdog``) ends the whole process instead; on a stop, the process ends at
+its stop deadline (``worker.stopping``) and the run is taken over as after a kill.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from runfleet.store import validate
 from runfleet.store.errors import InvalidInput
 from runfleet.store.types import DeferredRow, Waiting, WaitingReason
+from runfleet.store.values import Undecodable
 from runfleet.store.waits import token_hash
 from runfleet.worker.durable import Decision, WaitTimeout
 from runfleet.worker.replay import Replay
@@ -128,6 +129,8 @@ class Waits:
             if done is not None:
                 if done.timed_out:
                     raise WaitTimeout(f"no event {name!r} within its timeout")
+                if isinstance(done.value, Undecodable):  # stored before the depth cap (0030)
+                    raise InvalidInput("value", f"the answer to event {name!r}: {done.value}")
                 return done.value
             await self._replay.park(
                 Waiting(reason=WaitingReason.EVENT, wake_at_ms=deadline, token=name), deferred=name

@@ -140,11 +140,10 @@ def worker(
         from runfleet.store.reach import address
 
         try:
-            status = run_foreground(cfg, options)
+            run_foreground(cfg, options)  # ends the process with the worker's status
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
             where = address("postgres", cfg.database_url)
             fail(f"cannot reach the database at {where}: {str(exc).strip().splitlines()[0]}")
-        raise typer.Exit(status)
     from runfleet.worker.logs import configure
 
     configure(log_level, json_lines=log_json)

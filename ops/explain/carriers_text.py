@@ -77,7 +77,7 @@ def instance_lines(row: RunRow, fleet: list[FleetMember] | None) -> list[str]:
         return []
     line = (
         f"instance: admitted for instance {name!r} of {row.flow}'s class; only a worker that "
-        f"made an instance named {name!r} runs it"
+        f"made an instance named {name!r}, declared for the run's scopes, runs it"
     )
     out = [line + "."]
     if row.status.terminal or fleet is None:
@@ -89,8 +89,8 @@ def instance_lines(row: RunRow, fleet: list[FleetMember] | None) -> list[str]:
         if made is None:
             continue
         (having if name in made else other).append(f"{who(m.owner)} has {_quoted(made)}")
-    if having:
-        out.append(f"workers: {_listing(having)} — they run it.")
+    if having:  # by name: an instance's scopes are not advertised (run.instance_refused)
+        out.append(f"workers: {_listing(having)} — they run it if its scopes allow.")
     elif _takeable(row):
         others = f" (live: {_listing(other)})" if other else ""
         out.append(f"workers: no live worker has instance {name!r} — it waits for one{others}.")

@@ -39,21 +39,10 @@ SELECT id, status FROM runfleet.runs WHERE lineage_id = %(lineage)s ORDER BY rou
    FOR UPDATE;
 
 -- name: delete_runs
--- Everything that belongs to these runs, then the runs (as retention's prune does).
-WITH doomed AS (SELECT unnest(%(ids)s::text[]) AS id),
-j AS (DELETE FROM runfleet.journal WHERE run_id IN (SELECT id FROM doomed) RETURNING 1),
-s AS (DELETE FROM runfleet.steps WHERE run_id IN (SELECT id FROM doomed) RETURNING 1),
-a AS (DELETE FROM runfleet.attempts WHERE run_id IN (SELECT id FROM doomed) RETURNING 1),
-d AS (DELETE FROM runfleet.deferreds WHERE run_id IN (SELECT id FROM doomed) RETURNING 1),
-c AS (DELETE FROM runfleet.clocks WHERE run_id IN (SELECT id FROM doomed) RETURNING 1),
-e AS (DELETE FROM runfleet.run_events WHERE run_id IN (SELECT id FROM doomed) RETURNING 1),
-m AS (DELETE FROM runfleet.run_messages WHERE run_id IN (SELECT id FROM doomed) RETURNING 1),
-p AS (DELETE FROM runfleet.run_parents
-       WHERE child_id IN (SELECT id FROM doomed) OR parent_id IN (SELECT id FROM doomed)
-      RETURNING 1),
-r AS (DELETE FROM runfleet.runs WHERE id IN (SELECT id FROM doomed) RETURNING 1)
-SELECT (SELECT count(*) FROM r) AS runs, (SELECT count(*) FROM j) AS journal,
-       (SELECT count(*) FROM s) AS steps;
+-- Everything that belongs to these runs, then the runs (as retention's prune does), by
+-- runfleet.delete_settled (0030): every run visible to the caller and settled, or nothing.
+SELECT d.deleted_runs AS runs, d.deleted_records AS journal, d.deleted_steps AS steps
+  FROM runfleet.delete_settled(%(ids)s::text[]) AS d;
 
 -- name: session_role
 -- Who asks for a resume or fork, for the journal: the authenticated role.

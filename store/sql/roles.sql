@@ -4,8 +4,8 @@
 -- a superuser, after every migration (a new table gets its privileges here).
 --   runfleet_migrator  owns the schema: DDL, grants; not subject to row-level security
 --   runfleet_worker    every run (policies `true`), every row it needs; not `grants`
---   runfleet_producer  admit, read, cancel and answer (runfleet.answer only) runs of its
---                      granted scopes, within runfleet.limits
+--   runfleet_producer  admit, read, cancel, answer (runfleet.answer only) and, once
+--                      settled, delete runs of its granted scopes, within runfleet.limits
 --   runfleet_operator  read runs of its granted scopes; writes nothing
 
 -- name: privileges
@@ -106,6 +106,12 @@ BEGIN
         ON runfleet.run_messages TO runfleet_producer;
     -- resume a quarantined run: accept the recorded output, or drop it to re-run the step
     GRANT UPDATE (digest), DELETE ON runfleet.steps TO runfleet_producer;
+    -- delete a settled run it can see and all that is its: runfleet.delete_settled (0030)
+    -- checks both; no DELETE on any table for producers.
+    REVOKE ALL ON FUNCTION runfleet.delete_settled(text[])
+        FROM PUBLIC, runfleet_worker, runfleet_producer, runfleet_operator;
+    GRANT EXECUTE ON FUNCTION runfleet.delete_settled(text[])
+        TO runfleet_worker, runfleet_producer;
 
     -- Statistics that count every scope's rows (per-table tuple counters and scans, table
     -- and database sizes, database-wide commit counts) are readable by PUBLIC in a stock

@@ -237,8 +237,12 @@ async def test_lapsed_worker_claims_nothing_until_reconfirmed(
 async def test_sync_step_thread_is_not_released_while_running(
     settings: Settings, store: Store, spawn: Any, ledger: Path
 ) -> None:
-    """Shutdown cannot stop a thread: the run is released only after its step ended."""
-    a = spawn(concurrency=2, grace_period=0.2)
+    """Shutdown cannot stop a thread: the run is released only after its step ended.
+
+    The grace (2 s) ends while the 2.5 s step runs, and the step ends inside the stop
+    deadline (grace + 2 s); a step still running at the deadline ends with its process
+    instead, and the run is taken over (tests/security/test_stop_always.py)."""
+    a = spawn(concurrency=2, grace_period=2.0)
     await a.wait_started()
     async with AsyncQueue("default", settings=settings) as queue:
         run = await queue.enqueue(flows.ledger_sync_steps, str(ledger), 2, 2500, run_id="t")

@@ -67,7 +67,7 @@ async def test_explain_names_who_carries_the_version_and_the_instance(
     lacks = _member(5, instances=json.dumps({"lifecycle.tenant.welcome": ["globex"]}))
     assert (
         instance_lines(brow, [has, lacks])[1]
-        == "workers: h pid 4 has 'acme', 'globex' — they run it."
+        == "workers: h pid 4 has 'acme', 'globex' — they run it if its scopes allow."
     )
     assert instance_lines(brow, [lacks])[1] == (
         "workers: no live worker has instance 'acme' — it waits for one "

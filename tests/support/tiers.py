@@ -57,6 +57,9 @@ SERIAL: dict[str, str] = {
     "tests/flows/test_waits.py::test_long_sleep_parks_on_a_durable_clock": (
         "a 2.5 s durable sleep wakes within 1.5 s of its timer"
     ),
+    "tests/security/test_stop_always.py": (
+        "a worker process exits within its stop deadline (grace 1 s + 2 s) of one SIGTERM"
+    ),
 }
 """Node-id prefixes of the tests that run alone, each with the bound that needs it."""
 

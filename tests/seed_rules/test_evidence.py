@@ -12,7 +12,7 @@ import logging
 
 import pytest
 
-from runfleet.broker.liveness import Probe
+from runfleet.broker.liveness import Evidence, Probe
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.errors import ExecutionIdentityConflict
@@ -82,7 +82,7 @@ async def test_a_lease_vouched_for_again_by_another_witness_is_recorded_and_expl
     row = await make_running(store, "r", OWNER, flow="sr.waiter")
     assert row.heartbeat_at_ms is not None
     await wait_db_time_past(store, row.heartbeat_at_ms + settings.stale_after_ms)
-    witness = ["cross-host-key-fresh"]
+    witness: list[Evidence] = ["cross-host-key-fresh"]
 
     async def vouching(_owner: Owner, _heartbeat: int | None) -> Probe:
         return Probe("alive", witness[0])

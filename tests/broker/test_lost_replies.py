@@ -63,11 +63,13 @@ async def test_an_approval_whose_reply_was_lost_is_not_refused(
     token = f.TOKENS[run.id]
     calls = reply_lost_once(monkeypatch, queue.store.deferreds, "answer_approval")
     answer = queue.approve if approved else queue.deny
-    await answer(run.id, token, {"limit": 5}, actor="alice")
+    await answer(run.id, token, {"limit": 5}, actor="alice", reason="budget")
     assert calls() == 2, "the first try's reply was lost and the call retried"
     kind = "approval-approved" if approved else "approval-denied"
-    assert len(await _kinds(store, run.id, kind)) == 1
-    assert (await run.result(timeout=10))["approved"] is approved
+    (decision,) = await _kinds(store, run.id, kind)
+    assert decision["reason"] == "budget", decision
+    result = await run.result(timeout=10)
+    assert result["approved"] is approved and result["value"] == {"limit": 5}, result
 
 
 def answered_first_by(

@@ -1,0 +1,54 @@
+"""A producer's calls on an existing run (``broker.control``): what each checks before it
+writes, and what it says when it refuses. Real Postgres and Redis, the production
+``AsyncQueue``; the runs are parked through the store, as a worker leaves them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from runfleet.broker import AsyncQueue
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.errors import CancelRequestFailed, ScopeDenied
+from runfleet.store.types import Waiting, WaitingReason
+from runfleet.store.waits import token_hash
+from tests.store.helpers import create, make_parked, must_get
+
+
+async def test_every_call_on_a_run_checks_the_producers_scopes_before_it_writes(
+    store: Store, settings: Settings
+) -> None:
+    """A producer whose scopes do not cover the run changes nothing, whatever it calls."""
+    approval = Waiting(WaitingReason.APPROVAL, token=token_hash("tok"))
+    await make_parked(store, "ap", approval, scopes=("tenant-a",), deferred="approval")
+    await make_parked(store, "ev", Waiting(WaitingReason.EVENT), scopes=("tenant-a",))
+    await make_parked(store, "dead", Waiting(WaitingReason.DEAD), scopes=("tenant-a",))
+    async with AsyncQueue("default", settings=settings, scopes=["tenant-b"]) as stranger:
+        with pytest.raises(ScopeDenied):
+            await stranger.approve("ap", "tok", actor="mallory")
+        with pytest.raises(ScopeDenied):
+            await stranger.deny("ap", "tok", actor="mallory")
+        with pytest.raises(ScopeDenied):
+            await stranger.complete("ev", "paid", 1)
+        with pytest.raises(ScopeDenied):
+            await stranger.resume("dead")
+        with pytest.raises(ScopeDenied):
+            await stranger.cancel("ev")
+    for run_id in ("ap", "ev", "dead"):
+        row = await must_get(store, run_id)
+        assert row.waiting is not None and row.cancel_requested_at_ms is None, run_id
+    kinds = {r.kind for run_id in ("ap", "ev", "dead") for r in await store.journal.records(run_id)}
+    assert not kinds & {"approval-approved", "approval-denied", "resumed", "cancel-requested"}
+
+
+async def test_an_unsafe_interrupt_is_refused_naming_the_run_and_the_way_to_cancel(
+    store: Store, queue: AsyncQueue
+) -> None:
+    await create(store, "r")
+    with pytest.raises(CancelRequestFailed) as info:
+        await queue.interrupt_unsafe("r")
+    assert info.value.code == "unsafe_interrupt_unsupported" and info.value.run_id == "r"
+    assert info.value.retryable is False
+    assert info.value.reason.startswith("use cancel(): it is durable"), info.value.reason
+    assert (await must_get(store, "r")).cancel_requested_at_ms is None

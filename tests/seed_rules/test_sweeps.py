@@ -7,8 +7,12 @@ dispatch records what each tick handed on.
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 import psycopg
 import pytest
+from prometheus_client import REGISTRY
 
 from runfleet.store import Store, SweepKind
 from runfleet.store.config import Settings
@@ -48,3 +52,111 @@ async def test_a_failing_sweep_kind_never_stops_the_others(
     assert ("sweep:deadline_passed", ["overdue"]) in dispatched, dispatched
     assert (await store.sweeps.cursor(SweepKind.STALE_RUNNING)).after == stale_before.after
     assert (await store.sweeps.cursor(SweepKind.DUE_WAITS)).after == waits_before.after
+
+
+def _errors(label: str) -> float:
+    return (
+        REGISTRY.get_sample_value("runfleet_infrastructure_errors_total", {"component": label})
+        or 0.0
+    )
+
+
+async def test_a_row_whose_write_fails_is_skipped_logged_and_counted(
+    store: Store,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One run's deadline cancel raises (injected): that run alone is not dispatched,
+    the others past their deadline are, and the failure is logged with the run and
+    counted as the deadline kind's infrastructure error."""
+    caplog.set_level(logging.WARNING, logger="runfleet.worker.sweeper")
+    for run_id in ("late-1", "late-2", "late-3"):
+        await create(store, run_id, deadline_ms=1)
+    real = store.lifecycle.request_cancel
+
+    async def refusing(run_id: str, **kwargs: Any) -> Any:
+        if run_id == "late-2":
+            raise psycopg.errors.DataError("a row Postgres refused")
+        return await real(run_id, **kwargs)
+
+    monkeypatch.setattr(store.lifecycle, "request_cancel", refusing)
+    dispatched: list[tuple[str, list[str]]] = []
+
+    async def dispatch(run_ids: list[str], reason: str) -> set[str]:
+        dispatched.append((reason, sorted(run_ids)))
+        return set(run_ids)
+
+    before = _errors("sweep:deadline_passed")
+    await Sweeper(store, settings, dispatch).tick()
+    assert ("sweep:deadline_passed", ["late-1", "late-3"]) in dispatched, dispatched
+    assert (await must_get(store, "late-2")).cancel_requested_at_ms is None
+    assert _errors("sweep:deadline_passed") == before + 1
+    (line,) = [r for r in caplog.records if r.getMessage() == "sweep.row_failed"]
+    assert line.__dict__["kind"] == "deadline_passed" and line.__dict__["run_id"] == "late-2"
+    assert "a row Postgres refused" in line.__dict__["error"]
+
+
+async def test_a_cursor_that_cannot_move_is_logged_and_its_stretch_read_again(
+    store: Store,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The cursor's move fails after a dispatch (injected): logged and counted; the next
+    tick reads the same stretch again (duplicates only, never a row skipped)."""
+    caplog.set_level(logging.WARNING, logger="runfleet.worker.sweeper")
+    for n in range(3):
+        await make_parked(store, f"rel-{n}", Waiting(WaitingReason.RELEASED))
+    small = settings.model_copy(update={"sweep_batch": 2})
+    offered: list[list[str]] = []
+
+    async def dispatch(run_ids: list[str], reason: str) -> set[str]:
+        if reason == "sweep:parked":
+            offered.append(sorted(run_ids))
+        return set(run_ids)
+
+    async def broken(*_args: object, **_kwargs: object) -> object:
+        raise ConnectionError("the cursor's write was lost")
+
+    sweeper = Sweeper(store, small, dispatch)
+    before = _errors("sweep:parked")
+    with monkeypatch.context() as patch:
+        patch.setattr(store.sweeps, "advance_locked", broken)
+        await sweeper.tick()
+    assert _errors("sweep:parked") == before + 1
+    failed = [
+        r
+        for r in caplog.records
+        if r.getMessage() == "sweep.cursor_failed" and r.__dict__["kind"] == "PARKED"
+    ]
+    assert len(failed) == 1, caplog.records
+    assert "the cursor's write was lost" in failed[0].__dict__["error"]
+    await sweeper.tick()
+    await sweeper.tick()
+    assert offered[:2] == [["rel-0", "rel-1"], ["rel-0", "rel-1"]], offered
+    assert "rel-2" in offered[2], offered
+
+
+async def test_pending_cancellations_are_walked_in_creation_order_across_ticks(
+    store: Store, settings: Settings
+) -> None:
+    """Cancelled runs nobody will execute, more than one batch of them: each tick closes
+    the next batch after the cursor (creation time, then id), so all are dispatched
+    within ceil(N / batch) ticks."""
+    ids = [f"pc-{n}" for n in range(5)]
+    for run_id in ids:
+        await create(store, run_id)
+        await store.lifecycle.request_cancel(run_id)
+    small = settings.model_copy(update={"sweep_batch": 2})
+    batches: list[list[str]] = []
+
+    async def dispatch(run_ids: list[str], reason: str) -> set[str]:
+        if reason == "sweep:pending_cancellations":
+            batches.append(list(run_ids))
+        return set(run_ids)
+
+    sweeper = Sweeper(store, small, dispatch)
+    for _ in range(3):
+        await sweeper.tick()
+    assert batches == [["pc-0", "pc-1"], ["pc-2", "pc-3"], ["pc-4", "pc-0"]], batches

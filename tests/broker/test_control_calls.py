@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 
 from runfleet.broker import AsyncQueue
+from runfleet.broker.control import RunControl
 from runfleet.store import Store
 from runfleet.store.config import Settings
-from runfleet.store.errors import CancelRequestFailed, ScopeDenied
+from runfleet.store.errors import CancelRequestFailed, InvalidInput, ScopeDenied
 from runfleet.store.types import Waiting, WaitingReason
 from runfleet.store.waits import token_hash
 from tests.store.helpers import create, make_parked, must_get
@@ -52,3 +53,38 @@ async def test_an_unsafe_interrupt_is_refused_naming_the_run_and_the_way_to_canc
     assert info.value.retryable is False
     assert info.value.reason.startswith("use cancel(): it is durable"), info.value.reason
     assert (await must_get(store, "r")).cancel_requested_at_ms is None
+
+
+async def test_a_dead_run_is_resumed_without_options_and_only_once(
+    store: Store, queue: AsyncQueue
+) -> None:
+    """A run parked ``dead`` takes neither quarantine option; resumed without one (the
+    collaborator's own defaults included), its wait is cleared and its resume journaled
+    with the caller's note; a second resume finds it no longer dead."""
+    await make_parked(store, "dead", Waiting(WaitingReason.DEAD))
+    for options in ({"accept_recorded": True}, {"rerun_step": "step:a#1"}):
+        with pytest.raises(InvalidInput) as refused:
+            await queue.resume("dead", **options)
+        assert refused.value.field == "resume", options
+        assert refused.value.problem == "run 'dead' is parked dead: resume it without options"
+    assert (await must_get(store, "dead")).waiting is not None, "nothing written"
+    await RunControl(queue.session).resume("dead", actor="ops")
+    revived = await must_get(store, "dead")
+    assert revived.waiting is None
+    (record,) = [r.payload for r in await store.journal.records("dead") if r.kind == "resumed"]
+    assert record["from"] == "dead" and record["note"] == "ops", record
+    with pytest.raises(InvalidInput) as again:
+        await queue.resume("dead")
+    assert again.value.field == "run_id"
+    assert again.value.problem == "run 'dead' is not quarantined or parked dead"
+
+
+async def test_a_run_neither_dead_nor_quarantined_is_not_resumed(
+    store: Store, queue: AsyncQueue
+) -> None:
+    await make_parked(store, "ev", Waiting(WaitingReason.EVENT))
+    with pytest.raises(InvalidInput) as refused:
+        await queue.resume("ev", accept_recorded=True)
+    assert refused.value.field == "run_id"
+    assert refused.value.problem == "run 'ev' is not quarantined"
+    assert (await must_get(store, "ev")).waiting is not None

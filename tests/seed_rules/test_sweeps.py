@@ -17,12 +17,15 @@ from prometheus_client import REGISTRY
 from runfleet.store import Store, SweepKind
 from runfleet.store.config import Settings
 from runfleet.store.types import Waiting, WaitingReason
-from runfleet.worker.sweeper import Sweeper
-from tests.store.helpers import create, make_parked, must_get
+from runfleet.worker.sweeper import Sweeper, SweeperSignals
+from tests.store.helpers import create, make_parked, make_running, must_get, wait_db_time_past
 
 
 async def test_a_failing_sweep_kind_never_stops_the_others(
-    store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
+    store: Store,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The first kind of a tick (stale running) and one in the middle (due waits) raise;
     the tick still ends normally, the kinds between and after them do their work in the
@@ -39,12 +42,23 @@ async def test_a_failing_sweep_kind_never_stops_the_others(
     async def broken(*_args: object, **_kwargs: object) -> list[object]:
         raise psycopg.errors.DataError("the kind's read failed")
 
+    caplog.set_level(logging.WARNING, logger="runfleet.worker.sweeper")
     stale_before = await store.sweeps.cursor(SweepKind.STALE_RUNNING)
     waits_before = await store.sweeps.cursor(SweepKind.DUE_WAITS)
     monkeypatch.setattr(store.sweeps, "stale_running", broken)
     monkeypatch.setattr(store.sweeps, "due_waits", broken)
-    sweeper = Sweeper(store, settings, dispatch)
+    signals = SweeperSignals()
+    sweeper = Sweeper(store, settings, dispatch, signals=signals)
+    counted = [_errors(f"sweep:{kind}") for kind in ("stale_running", "due_waits")]
     await sweeper.tick()  # raises nothing: each failure is logged and counted
+    await signals.swept.wait(0)  # and the tick says it ended
+    assert [_errors(f"sweep:{kind}") for kind in ("stale_running", "due_waits")] == [
+        n + 1 for n in counted
+    ]
+    failed = [r for r in caplog.records if r.getMessage() == "sweep.failed"]
+    assert [r.__dict__["kind"] for r in failed] == ["STALE_RUNNING", "DUE_WAITS"], failed
+    assert all("the kind's read failed" in r.__dict__["error"] for r in failed)
+    assert all(r.exc_info is not None for r in failed), "with the traceback"
 
     assert ("sweep:parked", ["released"]) in dispatched, dispatched
     overdue = await must_get(store, "overdue")
@@ -160,3 +174,30 @@ async def test_pending_cancellations_are_walked_in_creation_order_across_ticks(
     for _ in range(3):
         await sweeper.tick()
     assert batches == [["pc-0", "pc-1"], ["pc-2", "pc-3"], ["pc-4", "pc-0"]], batches
+
+
+async def test_the_sweeper_service_ticks_every_interval_and_sweeps_a_stale_lease(
+    store: Store, settings: Settings
+) -> None:
+    """Started as a service, the sweeper ticks on its own, one sweep interval apart
+    (jittered), until stopped; its stale-running kind hands on a run whose owner stopped
+    renewing, on the recovery reason of that kind."""
+    row = await make_running(store, "stale")
+    assert row.heartbeat_at_ms is not None
+    await wait_db_time_past(store, row.heartbeat_at_ms + settings.stale_after_ms)
+    dispatched: list[tuple[str, list[str]]] = []
+
+    async def dispatch(run_ids: list[str], reason: str) -> set[str]:
+        dispatched.append((reason, sorted(run_ids)))
+        return set(run_ids)
+
+    signals = SweeperSignals()
+    sweeper = Sweeper(store, settings, dispatch, signals=signals)
+    sweeper.start()
+    try:
+        for _ in range(3):
+            await signals.swept.wait(settings.sweep_interval * 20)
+    finally:
+        sweeper.stop()
+        assert await sweeper.wait_stopped(10)
+    assert ("sweep:stale_running", ["stale"]) in dispatched, dispatched

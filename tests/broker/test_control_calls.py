@@ -9,6 +9,8 @@ import pytest
 
 from runfleet.broker import AsyncQueue
 from runfleet.broker.control import RunControl
+from runfleet.broker.streams import Lane
+from runfleet.broker.wake_reasons import WakeReason
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.errors import CancelRequestFailed, InvalidInput, ScopeDenied
@@ -88,3 +90,25 @@ async def test_a_run_neither_dead_nor_quarantined_is_not_resumed(
     assert refused.value.field == "run_id"
     assert refused.value.problem == "run 'ev' is not quarantined"
     assert (await must_get(store, "ev")).waiting is not None
+
+
+@pytest.mark.parametrize("approved", [True, False])
+async def test_an_answered_approval_wakes_its_run_on_the_recovery_lane(
+    store: Store, queue: AsyncQueue, approved: bool
+) -> None:
+    """Approve or deny writes the decision, then wakes the run: one wake, on the recovery
+    lane (the run already started), for the run, with the approval's reason."""
+    approval = Waiting(WaitingReason.APPROVAL, token=token_hash("tok"))
+    await make_parked(store, "ap", approval, deferred="approval")
+    answer = queue.approve if approved else queue.deny
+    await answer("ap", "tok", {"limit": 5}, actor="alice", reason="budget")
+    kind = "approval-approved" if approved else "approval-denied"
+    (decision,) = [r.payload for r in await store.journal.records("ap") if r.kind == kind]
+    assert decision["reason"] == "budget" and decision["note"] == "alice", decision
+    (woken,) = await queue.streams.read("c1", [queue.name], count=4, block_ms=0)
+    assert (woken.message.run, woken.lane) == ("ap", Lane.RECOVERY)
+    assert woken.message.reason == WakeReason.APPROVAL
+    with pytest.raises(InvalidInput) as again:  # the token was the pending one: no longer
+        await answer("ap", "tok", actor="alice")
+    assert again.value.field == "token"
+    assert again.value.problem == "run 'ap' is not waiting for an approval with it"

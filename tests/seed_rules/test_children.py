@@ -269,6 +269,7 @@ async def test_a_cancel_write_failing_with_a_driver_error_is_no_untyped_error(
     with pytest.raises(CancelRequestFailed) as info:
         await queue.cancel("r")
     assert info.value.code == "cancel_request_failed" and info.value.retryable is False
+    assert info.value.run_id == "r" and "invalid input syntax" in info.value.reason
     assert isinstance(info.value.__cause__, psycopg.errors.DataError)
     assert calls == ["r"], "not retried: it is no outage"
     assert (await must_get(store, "r")).cancel_requested_at_ms is None  # nothing recorded

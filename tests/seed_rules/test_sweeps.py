@@ -201,3 +201,37 @@ async def test_the_sweeper_service_ticks_every_interval_and_sweeps_a_stale_lease
         sweeper.stop()
         assert await sweeper.wait_stopped(10)
     assert ("sweep:stale_running", ["stale"]) in dispatched, dispatched
+
+
+async def test_a_tick_with_nothing_to_sweep_fails_nothing(
+    store: Store, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An empty keyset for every kind, on the first tick and after it: nothing is
+    dispatched and no kind fails (a walk must not index an empty batch)."""
+    caplog.set_level(logging.WARNING, logger="runfleet.worker.sweeper")
+    offered: list[list[str]] = []
+
+    async def dispatch(run_ids: list[str], reason: str) -> set[str]:
+        offered.append(run_ids)
+        return set(run_ids)
+
+    sweeper = Sweeper(store, settings, dispatch)
+    for _ in range(2):
+        await sweeper.tick()
+    assert offered == []
+    assert [r.getMessage() for r in caplog.records] == []
+
+
+async def test_a_failed_dispatch_is_logged_with_its_kind(
+    store: Store, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="runfleet.worker.sweeper")
+    await make_parked(store, "released", Waiting(WaitingReason.RELEASED))
+
+    async def dispatch(run_ids: list[str], reason: str) -> set[str]:
+        raise ConnectionError("Redis refused the wakes")
+
+    await Sweeper(store, settings, dispatch).tick()
+    (line,) = [r for r in caplog.records if r.getMessage() == "sweep.dispatch_failed"]
+    assert line.__dict__["kind"] == "PARKED"
+    assert "Redis refused the wakes" in line.__dict__["error"]

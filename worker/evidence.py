@@ -1,7 +1,7 @@
 """Evidence about runs this process does not own: deduplicated, never fatal.
 
 A refused steal, a lost claim or a lost activation is journaled once per
-(run, owner, lease, kind) address; the steal-refusal backoff ladder keeps the
+(run, owner, lease, kind, witness) address; the steal-refusal backoff ladder keeps the
 driver from re-probing a vouched-for owner every tick.
 """
 
@@ -31,14 +31,19 @@ async def journal_evidence(
     """Write one evidence record at its derived address; failures are logged, not raised.
 
     The address is (run, owner, lease, journal kind, the payload's ``evidence`` and
-    ``observer``): one lease refused for two reasons (``lease-fresh``, then ``probe``)
-    makes two records, and the same refusal repeated every tick is one. The payload
-    must therefore be a pure function of that address (no ages, no retry delays: the
-    record's own time and the lease it names give those), so a repeat is a
-    ``Duplicate``, never a conflict.
+    ``observer``, and its ``probe`` when it names one): one lease refused for two reasons
+    (``lease-fresh``, then ``probe``) makes two records, one lease the probe vouched for
+    on two witnesses (``cross-host-key-fresh``, later ``same-host-pid-alive``) makes two,
+    and the same refusal repeated every tick is one. The payload must therefore be a pure
+    function of that address (no ages, no retry delays: the record's own time and the
+    lease it names give those), so a repeat is a ``Duplicate``, never a conflict.
     """
     kind, payload = record.KIND, record.dump()
-    qualifier = ":".join(str(payload.get(k, "")) for k in ("evidence", "observer"))
+    parts = [str(payload.get(k, "")) for k in ("evidence", "observer")]
+    witness = payload.get("probe")
+    if witness:  # absent from every other record: their addresses are as they were
+        parts.append(str(witness))
+    qualifier = ":".join(parts)
     address = evidence_address(run_id, owner, lease_ms, f"{kind}:{qualifier}")
     try:
         outcome = await store.journal.emit(run_id, record, source_id=address)

@@ -1,6 +1,6 @@
 """Taking over a run another process holds: the steal of a stale lease and the recovery of a
 stranded claim, each decided by database time and a liveness probe, with the evidence
-journaled (once per lease, observer and evidence) whether the takeover happens or not.
+journaled (once per lease, observer, evidence and witness) whether the takeover happens or not.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ class Takeover:
         *,
         probe: str | None = None,
     ) -> None:
-        """Journal a refused takeover once per (run, owner, lease, evidence, observer)."""
+        """Journal a refused takeover once per (run, owner, lease, evidence, observer, probe)."""
         payload = jr.StealRefusedOwnerAlive(
             evidence=evidence,
             observer=self._owner.key,

@@ -248,3 +248,30 @@ async def test_a_failed_cancel_write_is_a_typed_retryable_cancel_request_failed(
     assert (await must_get(store, "r")).cancel_requested_at_ms is None  # nothing recorded
     monkeypatch.setattr(queue.store.lifecycle, "request_cancel", real)
     assert isinstance(await queue.cancel("r"), CancelRequested)  # asking again works
+
+
+async def test_a_cancel_write_failing_with_a_driver_error_is_no_untyped_error(
+    store: Store, queue: AsyncQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A driver error that is no outage (injected: data the server refuses) is not retried
+    and never becomes ``Unavailable``: it reaches the caller as CancelRequestFailed, not as
+    the raw psycopg error, marked not retryable (it would fail the same way), and nothing
+    was recorded."""
+    await create(store, "r")
+    real = queue.store.lifecycle.request_cancel
+    calls: list[str] = []
+
+    async def refused(run_id: str, **kwargs: object) -> object:
+        calls.append(run_id)
+        raise psycopg.errors.DataError("invalid input syntax")
+
+    monkeypatch.setattr(queue.store.lifecycle, "request_cancel", refused)
+    with pytest.raises(CancelRequestFailed) as info:
+        await queue.cancel("r")
+    assert info.value.code == "cancel_request_failed" and info.value.retryable is False
+    assert info.value.run_id == "r" and "invalid input syntax" in info.value.reason
+    assert isinstance(info.value.__cause__, psycopg.errors.DataError)
+    assert calls == ["r"], "not retried: it is no outage"
+    assert (await must_get(store, "r")).cancel_requested_at_ms is None  # nothing recorded
+    monkeypatch.setattr(queue.store.lifecycle, "request_cancel", real)
+    assert isinstance(await queue.cancel("r"), CancelRequested)

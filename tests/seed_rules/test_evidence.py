@@ -8,9 +8,11 @@ payload as a JSON value. Real Postgres, the production ``Driver`` and ``Takeover
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
-from runfleet.broker.liveness import Probe
+from runfleet.broker.liveness import Evidence, Probe
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.errors import ExecutionIdentityConflict
@@ -18,6 +20,7 @@ from runfleet.store.journal_records import RefusalEvidence
 from runfleet.store.types import Created, Joined, NewRun, Owner
 from runfleet.worker.driver import Driver
 from runfleet.worker.takeover import Takeover
+from tests.ops.conftest import cli_env, invoke
 from tests.seed_rules import flows as sr
 from tests.store.helpers import make_running, must_get, wait_db_time_past
 
@@ -67,6 +70,38 @@ async def test_refusals_are_addressed_by_run_owner_lease_evidence_and_observer(
         "heartbeat_at_ms": lease,
         "probe": "cross-host-key-fresh",
     }
+
+
+async def test_a_lease_vouched_for_again_by_another_witness_is_recorded_and_explained(
+    store: Store, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The witness is part of the address: the same stale lease, refused first because
+    the owner's liveness key was fresh and later because its pid was alive on this host,
+    is two records, not one and a conflict, and ``runfleet explain`` shows both."""
+    caplog.set_level(logging.INFO, logger="runfleet.worker.evidence")
+    row = await make_running(store, "r", OWNER, flow="sr.waiter")
+    assert row.heartbeat_at_ms is not None
+    await wait_db_time_past(store, row.heartbeat_at_ms + settings.stale_after_ms)
+    witness: list[Evidence] = ["cross-host-key-fresh"]
+
+    async def vouching(_owner: Owner, _heartbeat: int | None) -> Probe:
+        return Probe("alive", witness[0])
+
+    watcher = Driver(store, WATCHER, settings, probe=vouching)
+    assert await watcher.drive("r") == "steal_refused_owner_alive"
+    watcher.ladder.forget("r")  # re-probed at once (the ladder's next rung, without the wait)
+    assert await watcher.drive("r") == "steal_refused_owner_alive"  # the same witness
+    witness[0] = "same-host-pid-alive"
+    watcher.ladder.forget("r")
+    assert await watcher.drive("r") == "steal_refused_owner_alive"
+    refusals = [p for _, p in await _refusals(store, "r")]
+    assert [p["probe"] for p in refusals] == ["cross-host-key-fresh", "same-host-pid-alive"]
+    assert {p["heartbeat_at_ms"] for p in refusals} == {row.heartbeat_at_ms}
+    assert "journal.evidence_conflict" not in caplog.text
+    text = await invoke(cli_env(settings), "explain", "r")
+    assert text.code == 0, text
+    assert "its liveness key is fresh and matches the lease" in text.stdout, text.stdout
+    assert "its pid is running on the same host" in text.stdout, text.stdout
 
 
 async def test_a_wake_refused_by_a_fresh_lease_is_journaled(

@@ -12,11 +12,15 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import (
     AlreadyRequested,
     CancelRequested,
+    NewRun,
+    OnParentExit,
     RunRow,
     RunStatus,
     Transitioned,
@@ -165,3 +169,92 @@ async def test_the_successor_gets_the_target_flows_timeout_as_its_deadline(store
     other = await make_running(store, "M", flow="sr.lineage")
     await settlement(store).hand_off(other, other.epoch, Handoff(sr.timed, deadline=explicit), 10)
     assert (await must_get(store, "M@1")).state["deadline_ms"] == int(explicit.timestamp() * 1000)
+
+
+async def test_a_handoff_to_a_flow_this_worker_does_not_run_still_opens_the_round(
+    store: Store,
+) -> None:
+    """The next leg may run on other workers only: its name alone is enough to admit the
+    round (no deadline this process could read from the flow; an explicit one is kept)."""
+    root = await make_running(store, "L", flow="sr.lineage")
+    await settlement(store).hand_off(root, root.epoch, Handoff("billing.settle", (7,)), 10)
+    handed = await must_get(store, "L")
+    assert handed.status is RunStatus.COMPLETED and handed.state["handed_off_to"] == "L@1"
+    successor = await must_get(store, "L@1")
+    assert successor.status is RunStatus.PENDING and successor.flow == "billing.settle"
+    assert successor.deadline_ms is None
+    assert "round-invalid" not in await journal_kinds(store, "L")
+
+
+async def _refused_rounds(store: Store, prefix: str) -> list[tuple[str, RunRow, Handoff]]:
+    """Two running rounds whose handoff is refused: one past its lineage's budget
+    (``lineage-exhausted``), one whose arguments the next flow does not take
+    (``round-invalid``)."""
+    exhausted = await make_running(store, f"{prefix}-x", flow="sr.lineage", max_rounds=1)
+    invalid = await make_running(store, f"{prefix}-i", flow="sr.lineage")
+    return [
+        ("lineage-exhausted", exhausted, Handoff(sr.lineage, (1,))),
+        ("round-invalid", invalid, Handoff(sr.lineage, (1, 2, 3))),
+    ]
+
+
+async def test_a_refused_round_keeps_its_cancel_guard(store: Store) -> None:
+    """A cancel asked while the round ran wins over its refused handoff: the round closes
+    ``cancelled`` (through its own cancel path), not ``failed``."""
+    for kind, row, handoff in await _refused_rounds(store, "g"):
+        asked = await store.lifecycle.request_cancel(row.id)
+        assert isinstance(asked, CancelRequested), asked
+        await settlement(store).hand_off(row, row.epoch, handoff, 10)
+        closed = await must_get(store, row.id)
+        assert closed.status is RunStatus.CANCELLED, (kind, closed.status, closed.state)
+        assert kind not in await journal_kinds(store, row.id)
+
+
+async def test_a_refused_round_ends_the_children_of_its_whole_lineage(store: Store) -> None:
+    """A refused handoff is the lineage's last settlement: the attached children of every
+    round, the first round's included, are asked to cancel; a detached one is left."""
+    for kind, row, handoff in await _refused_rounds(store, "c"):
+        first = row.id
+        await create(store, f"{first}-kid", parent_id=first)
+        await create(store, f"{first}-free", parent_id=first, on_parent_exit=OnParentExit.DETACH)
+        if kind == "round-invalid":  # a later round refused: the first round's kid too
+            row = await handed_off(store, row, Handoff(sr.lineage, (0,)))
+            await create(store, f"{row.id}-kid", parent_id=row.id)
+        await settlement(store).hand_off(row, row.epoch, handoff, 10)
+        refused = await must_get(store, row.id)
+        assert refused.status is RunStatus.FAILED and kind in await journal_kinds(store, row.id)
+        kids = [f"{first}-kid"] + ([f"{row.id}-kid"] if row.id != first else [])
+        for kid in kids:
+            asked = await must_get(store, kid)
+            assert asked.cancel_requested_at_ms is not None, (kind, kid)
+        free = await must_get(store, f"{first}-free")
+        assert free.cancel_requested_at_ms is None, kind
+
+
+async def test_a_handoff_settles_the_round_and_admits_the_next_or_neither(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The successor's admission fails once after the round's settlement was written
+    (injected: the connection drops there, as a SIGKILL or an outage would leave it).
+    Nothing of that try stays: the retry settles the round and admits the successor
+    together, and the round names the successor it admitted."""
+    root = await make_running(store, "L", flow="sr.lineage")
+    real = store.admission.create
+    failures = [ConnectionError("connection lost after the round's update")]
+
+    async def create_once_failing(run: NewRun) -> object:
+        settled = await store.runs.get("L")  # read on the handoff's own connection
+        assert settled is not None and settled.status is RunStatus.COMPLETED
+        if failures:
+            raise failures.pop()
+        return await real(run)
+
+    monkeypatch.setattr(store.admission, "create", create_once_failing)
+    await settlement(store).hand_off(root, root.epoch, Handoff(sr.lineage, (0,)), 10)
+    monkeypatch.undo()
+    assert failures == [], "the admission failed once"
+    handed = await must_get(store, "L")
+    assert handed.status is RunStatus.COMPLETED and handed.state["handed_off_to"] == "L@1"
+    successor = await must_get(store, "L@1")
+    assert successor.status is RunStatus.PENDING and successor.lineage_id == "L"
+    assert (await journal_kinds(store, "L")).count("handed-off") == 1

@@ -8,11 +8,14 @@ from __future__ import annotations
 import pytest
 
 from runfleet.broker import AsyncQueue, RunCancelled
-from runfleet.store import Store
-from runfleet.store.types import CancelRequested, EventRunSettled, RunStatus
+from runfleet.store import Kind, Store
+from runfleet.store.config import Settings
+from runfleet.store.types import CancelRequested, EventRunSettled, JournalRecord, RunStatus
 from runfleet.worker.process import Worker
 from tests.flows.conftest import parked
 from tests.seed_rules import flows as sr
+from tests.store.helpers import row_lock_gate
+from tests.support.polling import until
 
 
 async def test_cascaded_children_close_through_their_own_cancel_path(
@@ -60,3 +63,33 @@ async def test_a_settled_run_answers_false_to_a_late_completion(
     assert isinstance(await queue.complete(run.id, "go", {"late": True}), EventRunSettled)
     assert await store.deferreds.deferred(run.id, "go") is None
     assert [r.kind for r in await store.journal.records(run.id)] == before
+
+
+async def test_a_worker_journals_how_long_its_lease_went_unconfirmed_when_it_lapses(
+    worker: Worker, queue: AsyncQueue, store: Store, settings: Settings
+) -> None:
+    """The worker's own wiring of the lapse gap: its renewals stall in Postgres (a row lock
+    the heartbeat statement queues behind), its lease lapses, and the release its drive
+    writes once the database answers records how long the lease had gone unconfirmed."""
+    sr.STARTED.clear()
+    sr.STOPPED.clear()
+    run = await queue.enqueue(sr.holds)
+    await until(lambda: _true_if(run.id in sr.STARTED), 10, "the body to start on the worker")
+    async with row_lock_gate(settings.database_url, run.id):
+        await until(lambda: _true_if(run.id in sr.STOPPED), 10, "the lapse to stop the body")
+    released = await until(
+        lambda: _records(store, run.id, Kind.INTERRUPT_RELEASED),
+        10,
+        "the lapse release to be written",
+        accept=bool,
+    )
+    assert released[0].payload["cause"] == "lease-lapsed", released[0].payload
+    assert released[0].payload["unconfirmed_ms"] >= settings.lapse_after * 1000, released[0]
+
+
+async def _true_if(value: bool) -> bool:
+    return value
+
+
+async def _records(store: Store, run_id: str, kind: str) -> list[JournalRecord]:
+    return [r for r in await store.journal.records(run_id) if r.kind == kind]

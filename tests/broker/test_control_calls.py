@@ -1,0 +1,114 @@
+"""A producer's calls on an existing run (``broker.control``): what each checks before it
+writes, and what it says when it refuses. Real Postgres and Redis, the production
+``AsyncQueue``; the runs are parked through the store, as a worker leaves them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from runfleet.broker import AsyncQueue
+from runfleet.broker.control import RunControl
+from runfleet.broker.streams import Lane
+from runfleet.broker.wake_reasons import WakeReason
+from runfleet.store import Store
+from runfleet.store.config import Settings
+from runfleet.store.errors import CancelRequestFailed, InvalidInput, ScopeDenied
+from runfleet.store.types import Waiting, WaitingReason
+from runfleet.store.waits import token_hash
+from tests.store.helpers import create, make_parked, must_get
+
+
+async def test_every_call_on_a_run_checks_the_producers_scopes_before_it_writes(
+    store: Store, settings: Settings
+) -> None:
+    """A producer whose scopes do not cover the run changes nothing, whatever it calls."""
+    approval = Waiting(WaitingReason.APPROVAL, token=token_hash("tok"))
+    await make_parked(store, "ap", approval, scopes=("tenant-a",), deferred="approval")
+    await make_parked(store, "ev", Waiting(WaitingReason.EVENT), scopes=("tenant-a",))
+    await make_parked(store, "dead", Waiting(WaitingReason.DEAD), scopes=("tenant-a",))
+    async with AsyncQueue("default", settings=settings, scopes=["tenant-b"]) as stranger:
+        with pytest.raises(ScopeDenied):
+            await stranger.approve("ap", "tok", actor="mallory")
+        with pytest.raises(ScopeDenied):
+            await stranger.deny("ap", "tok", actor="mallory")
+        with pytest.raises(ScopeDenied):
+            await stranger.complete("ev", "paid", 1)
+        with pytest.raises(ScopeDenied):
+            await stranger.resume("dead")
+        with pytest.raises(ScopeDenied):
+            await stranger.cancel("ev")
+    for run_id in ("ap", "ev", "dead"):
+        row = await must_get(store, run_id)
+        assert row.waiting is not None and row.cancel_requested_at_ms is None, run_id
+    kinds = {r.kind for run_id in ("ap", "ev", "dead") for r in await store.journal.records(run_id)}
+    assert not kinds & {"approval-approved", "approval-denied", "resumed", "cancel-requested"}
+
+
+async def test_an_unsafe_interrupt_is_refused_naming_the_run_and_the_way_to_cancel(
+    store: Store, queue: AsyncQueue
+) -> None:
+    await create(store, "r")
+    with pytest.raises(CancelRequestFailed) as info:
+        await queue.interrupt_unsafe("r")
+    assert info.value.code == "unsafe_interrupt_unsupported" and info.value.run_id == "r"
+    assert info.value.retryable is False
+    assert info.value.reason.startswith("use cancel(): it is durable"), info.value.reason
+    assert (await must_get(store, "r")).cancel_requested_at_ms is None
+
+
+async def test_a_dead_run_is_resumed_without_options_and_only_once(
+    store: Store, queue: AsyncQueue
+) -> None:
+    """A run parked ``dead`` takes neither quarantine option; resumed without one (the
+    collaborator's own defaults included), its wait is cleared and its resume journaled
+    with the caller's note; a second resume finds it no longer dead."""
+    await make_parked(store, "dead", Waiting(WaitingReason.DEAD))
+    for options in ({"accept_recorded": True}, {"rerun_step": "step:a#1"}):
+        with pytest.raises(InvalidInput) as refused:
+            await queue.resume("dead", **options)
+        assert refused.value.field == "resume", options
+        assert refused.value.problem == "run 'dead' is parked dead: resume it without options"
+    assert (await must_get(store, "dead")).waiting is not None, "nothing written"
+    await RunControl(queue.session).resume("dead", actor="ops")
+    revived = await must_get(store, "dead")
+    assert revived.waiting is None
+    (record,) = [r.payload for r in await store.journal.records("dead") if r.kind == "resumed"]
+    assert record["from"] == "dead" and record["note"] == "ops", record
+    with pytest.raises(InvalidInput) as again:
+        await queue.resume("dead")
+    assert again.value.field == "run_id"
+    assert again.value.problem == "run 'dead' is not quarantined or parked dead"
+
+
+async def test_a_run_neither_dead_nor_quarantined_is_not_resumed(
+    store: Store, queue: AsyncQueue
+) -> None:
+    await make_parked(store, "ev", Waiting(WaitingReason.EVENT))
+    with pytest.raises(InvalidInput) as refused:
+        await queue.resume("ev", accept_recorded=True)
+    assert refused.value.field == "run_id"
+    assert refused.value.problem == "run 'ev' is not quarantined"
+    assert (await must_get(store, "ev")).waiting is not None
+
+
+@pytest.mark.parametrize("approved", [True, False])
+async def test_an_answered_approval_wakes_its_run_on_the_recovery_lane(
+    store: Store, queue: AsyncQueue, approved: bool
+) -> None:
+    """Approve or deny writes the decision, then wakes the run: one wake, on the recovery
+    lane (the run already started), for the run, with the approval's reason."""
+    approval = Waiting(WaitingReason.APPROVAL, token=token_hash("tok"))
+    await make_parked(store, "ap", approval, deferred="approval")
+    answer = queue.approve if approved else queue.deny
+    await answer("ap", "tok", {"limit": 5}, actor="alice", reason="budget")
+    kind = "approval-approved" if approved else "approval-denied"
+    (decision,) = [r.payload for r in await store.journal.records("ap") if r.kind == kind]
+    assert decision["reason"] == "budget" and decision["note"] == "alice", decision
+    (woken,) = await queue.streams.read("c1", [queue.name], count=4, block_ms=0)
+    assert (woken.message.run, woken.lane) == ("ap", Lane.RECOVERY)
+    assert woken.message.reason == WakeReason.APPROVAL
+    with pytest.raises(InvalidInput) as again:  # the token was the pending one: no longer
+        await answer("ap", "tok", actor="alice")
+    assert again.value.field == "token"
+    assert again.value.problem == "run 'ap' is not waiting for an approval with it"

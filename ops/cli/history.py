@@ -110,6 +110,8 @@ def delete(
         await c.check_database(cfg.database_url)
         async with AsyncQueue("default", settings=cfg, scopes=scope or []) as q:
             done = await q.delete_run(run_id, actor=who or actor())
+        if not done.run_ids:  # the API answers nothing (DBOS's); a command says so
+            c.fail(f"no run {run_id} to delete (none by that id this role can see)")
         return HistoryResult(
             run_id=run_id,
             action="deleted",

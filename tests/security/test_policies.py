@@ -18,6 +18,9 @@ from runfleet.store.roles import GroupRole
 from tests.ops.conftest import cli_env, invoke
 from tests.security.conftest import MakeLogin
 
+UNUSED_REDIS = "redis://127.0.0.1:1/0"
+"""The roles commands touch only Postgres; the CLI still wants both URLs set."""
+
 NewDatabase = Callable[[], Awaitable[str]]
 
 POLICIES: LiteralString = """
@@ -149,7 +152,7 @@ ACLS: LiteralString = """
 
 
 async def test_roles_apply_is_idempotent_and_prints_what_it_runs(database_url: str) -> None:
-    env = cli_env(Settings(database_url=database_url))
+    env = cli_env(Settings(database_url=database_url, redis_url=UNUSED_REDIS))
     first = await invoke(env, "roles", "--apply")
     assert first.code == 0, first
     after_first = await _rows(database_url, ACLS)
@@ -255,7 +258,7 @@ async def test_grant_names_roles_exactly_and_scopes_by_the_stores_rule(
     database_url: str, login: MakeLogin
 ) -> None:
     me = await login(GroupRole.OPERATOR)
-    env = cli_env(Settings(database_url=database_url))
+    env = cli_env(Settings(database_url=database_url, redis_url=UNUSED_REDIS))
     for argv, message in (
         (("grant", "no such role", "s"), "role 'no such role' does not exist"),
         (("grant", me.name.upper(), "s"), f"role '{me.name.upper()}' does not exist"),

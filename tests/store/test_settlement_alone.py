@@ -6,8 +6,9 @@ edge on its lineage or an open attached descendant. If so the statement undoes i
 settlement (a savepoint inside it: no error) and answers ``refused``, and the batch is
 settled again in a transaction with the walk and the hand-over. These tests check which
 way each batch goes (the statements it ran, by name), that the refused attempt leaves
-nothing behind, and that a parent joining while the settlement waits for the run's row
-is handed the outcome (the race made to happen: the joiner holds the row).
+nothing behind, and that a parent joining while the settlement is in flight is handed
+the outcome (the race made to happen: the joiner holds the row, the batch leaves the run
+out, RowLocked, migration 0028, and the run settled alone waits for its row).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from runfleet.store.config import Settings
 from runfleet.store.types import (
     Owner,
     Parked,
+    RowLocked,
     RunRow,
     RunStatus,
     Settle,
@@ -162,24 +164,32 @@ async def test_a_parent_joining_while_the_settlement_waits_is_handed_the_outcome
     store: Store, settings: Settings, round_no: int
 ) -> None:
     """The joiner records its edge and locks the run's row (``deliver_settled``: the run
-    is still running, so nothing is delivered) and holds its transaction open; the
-    settlement then waits on that row. When the joiner commits, the settlement's
-    question after its row locks sees the edge and the batch goes the long way: the
-    joiner gets its ``child:`` deferred. Asked in the same snapshot as the settlement,
-    or before it, the question would miss the edge and nobody would hand it over."""
+    is still running, so nothing is delivered) and holds its transaction open. The batch
+    settlement does not wait on that row (migration 0028, SKIP LOCKED): it writes nothing
+    and answers ``RowLocked``. The run is then settled alone, as the worker does
+    (worker/settle.py), and that settlement waits on the joiner's lock. When the joiner
+    commits, the settlement's statements after its row lock see the edge: the joiner gets
+    its ``child:`` deferred. Skipped and not settled again, or asked in a snapshot taken
+    before the joiner committed, nobody would hand the outcome over."""
     child = await make_running(store, "solo")
     await make_running(store, "late", OWNER_B)
+    item = _done("solo", child.epoch)
     async with extra_stores(settings, 1) as (joiner,):
         async with joiner.db.transaction():
             await joiner.dag.record_parent("solo", "late")
             assert await joiner.dag.deliver_settled("solo", "late") == []
-            settling = asyncio.create_task(
-                store.lifecycle.settle_many(OWNER_A, [_done("solo", child.epoch)])
-            )
+            # The batch never waits on the held row: it leaves the run out, unwritten.
+            (left_out,) = await asyncio.wait_for(store.lifecycle.settle_many(OWNER_A, [item]), 10)
+            assert isinstance(left_out, RowLocked), left_out
+            assert left_out.current.status is RunStatus.RUNNING
+            assert "transitioned" not in await journal_kinds(store, "solo")
+            # Settled alone, the run waits for its own row, held by the joiner.
+            settling = asyncio.create_task(store.lifecycle.settle(OWNER_A, item))
             await _until_waiting_on_a_lock(joiner)
             assert not settling.done()
-        (outcome,) = await settling
-    assert isinstance(outcome, Transitioned)
+        outcome = await asyncio.wait_for(settling, 10)
+    assert isinstance(outcome, Transitioned), outcome
+    assert outcome.row.status is RunStatus.COMPLETED
     handed = await store.deferreds.deferred("late", "child:solo")
     assert handed is not None, "the joiner was never handed the outcome"
     assert (await journal_kinds(store, "solo")).count("transitioned") == 1

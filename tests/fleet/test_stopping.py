@@ -151,15 +151,25 @@ async def test_a_claim_in_flight_when_the_stop_begins_is_released_before_its_bod
     is handed back at once instead of running a body the worker would then wait for."""
     driver = Driver(store, Owner.for_this_process(settings.host_id), settings)
     await store.admission.create(NewRun(id="r", flow="tests.forever"))
-    real = store.runs.claim_and_activate
+    sent: list[str] = []
 
-    async def claim_then_stop(*args: Any, **kwargs: Any) -> Any:
-        outcome = await real(*args, **kwargs)
-        driver.close()  # the stop arrives while the claim's answer is on its way
-        return outcome
+    def then_stop(name: str) -> Any:
+        real = getattr(store.runs, name)
 
-    store.runs.claim_and_activate = claim_then_stop  # type: ignore[method-assign]  # a stand-in for the claim statement
+        async def claim_then_stop(*args: Any, **kwargs: Any) -> Any:
+            outcome = await real(*args, **kwargs)
+            sent.append(name)
+            driver.close()  # the stop arrives while the claim's answer is on its way
+            return outcome
+
+        return claim_then_stop
+
+    # Stand-ins for the claim statements: a fresh admission is claimed by
+    # ``claim_if_fresh`` (the priority look-ahead), any other row by ``claim_and_activate``.
+    for name in ("claim_if_fresh", "claim_and_activate"):
+        setattr(store.runs, name, then_stop(name))
     assert await asyncio.wait_for(driver.drive("r"), 10) == "activated"
+    assert sent == ["claim_if_fresh"], sent  # the stop began after exactly one claim was sent
     assert driver.executing == set() and driver.owned == {}
     row = await store.runs.get("r")
     assert row is not None and row.waiting is not None and row.waiting.reason == "released"

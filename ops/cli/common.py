@@ -28,6 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from runfleet.broker.client import cluster_url
 from runfleet.broker.client import connect as connect_redis
 from runfleet.broker.liveness import Liveness
 from runfleet.broker.streams import Streams
@@ -113,7 +114,8 @@ def check_database_url(name: str, url: str) -> None:
 
 def check_redis_url(name: str, url: str) -> None:
     try:
-        parse_redis_url(url)  # type: ignore[no-untyped-call]  # redis-py leaves parse_url unannotated
+        # a cluster URL (redis+cluster://) is checked as the plain URL its client is given
+        parse_redis_url(cluster_url(url) or url)  # type: ignore[no-untyped-call]  # redis-py leaves parse_url unannotated
     except ValueError as exc:
         fail(f"bad {name}: {_first_line(exc)} (expected redis://host:port/db)")
 

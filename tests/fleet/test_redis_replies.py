@@ -43,7 +43,8 @@ async def test_wrongtype_stream_key_neither_kills_the_worker_nor_strands_runs(
             await client.delete(keys.stream("default"), keys.recovery_stream("default"))
             again = await queue.enqueue(flows.sleepy, 10, "healed")
             assert (await again.result(timeout=30))["tag"] == "healed"
-        assert "stream.read_failed" in worker.log()
+        # the worker met the broken key: a failed read, or the tick's repair got there first
+        assert "stream.read_failed" in worker.log() or "stream.repaired" in worker.log()
         await until(lambda: _alive(worker), 1, "worker alive at the end")
     finally:
         await client.aclose()

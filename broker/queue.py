@@ -361,6 +361,7 @@ class AsyncQueue:
     async def enqueue(
         self,
         f: Any,
+        /,
         *args: Any,
         run_id: str | None = None,
         job_id: str | None = None,
@@ -414,6 +415,7 @@ class AsyncQueue:
         self,
         when: datetime,
         f: Any,
+        /,
         *args: Any,
         run_id: str | None = None,
         job_id: str | None = None,
@@ -434,6 +436,7 @@ class AsyncQueue:
         self,
         delay: timedelta,
         f: Any,
+        /,
         *args: Any,
         run_id: str | None = None,
         job_id: str | None = None,

@@ -295,7 +295,7 @@ class Queue:
 
     # ---- admission (rq's keyword arguments: see AsyncQueue.enqueue) ---------
 
-    def enqueue(self, f: Any, *args: Any, **kwargs: Any) -> Job:
+    def enqueue(self, f: Any, /, *args: Any, **kwargs: Any) -> Job:
         if not self.is_async:
             run_id, job_id = kwargs.pop("run_id", None), kwargs.pop("job_id", None)
             call = split_rq_call(args, kwargs)
@@ -329,10 +329,10 @@ class Queue:
         job._row = None
         return enqueued
 
-    def enqueue_at(self, when: datetime, f: Any, *args: Any, **kwargs: Any) -> Job:
+    def enqueue_at(self, when: datetime, f: Any, /, *args: Any, **kwargs: Any) -> Job:
         return self._wrap(self._now(lambda q: q.enqueue_at(when, f, *args, **kwargs)))
 
-    def enqueue_in(self, delay: timedelta, f: Any, *args: Any, **kwargs: Any) -> Job:
+    def enqueue_in(self, delay: timedelta, f: Any, /, *args: Any, **kwargs: Any) -> Job:
         return self._wrap(self._now(lambda q: q.enqueue_in(delay, f, *args, **kwargs)))
 
     def enqueue_many(self, specs: Sequence[EnqueueSpec]) -> list[Job]:

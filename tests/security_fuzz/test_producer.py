@@ -66,6 +66,7 @@ def _judge(exc: BaseException | None, *fields: str) -> None:
 @example(args=[math.nan], kwargs={})
 @example(args=[2**70], kwargs={})
 @example(args=[], kwargs={LONE_SURROGATE: 1})
+@example(args=[], kwargs={"f": 1})  # enqueue's own parameter name, as a keyword of the call
 async def test_enqueue_payloads(q: AsyncQueue, args: list[Any], kwargs: dict[str, Any]) -> None:
     exc = await _settles(q.enqueue(tf.leaf, *args, **kwargs))
     _judge(exc, "payload", "args", "kwargs")

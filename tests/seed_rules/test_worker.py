@@ -5,6 +5,10 @@ Real Postgres and Redis; the worker is the production ``Worker`` in this event l
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
+import psycopg
 import pytest
 
 from runfleet.broker import AsyncQueue, RunCancelled
@@ -14,7 +18,6 @@ from runfleet.store.types import CancelRequested, EventRunSettled, JournalRecord
 from runfleet.worker.process import Worker
 from tests.flows.conftest import parked
 from tests.seed_rules import flows as sr
-from tests.store.helpers import row_lock_gate
 from tests.support.polling import until
 
 
@@ -68,14 +71,15 @@ async def test_a_settled_run_answers_false_to_a_late_completion(
 async def test_a_worker_journals_how_long_its_lease_went_unconfirmed_when_it_lapses(
     worker: Worker, queue: AsyncQueue, store: Store, settings: Settings
 ) -> None:
-    """The worker's own wiring of the lapse gap: its renewals stall in Postgres (a row lock
-    the heartbeat statement queues behind), its lease lapses, and the release its drive
-    writes once the database answers records how long the lease had gone unconfirmed."""
+    """The worker's own wiring of the lapse gap: its renewals stall in Postgres (the runs
+    table locked: a row lock no longer stalls the renewal, which skips locked rows), its
+    lease lapses, and the release its drive writes once the database answers records how
+    long the lease had gone unconfirmed."""
     sr.STARTED.clear()
     sr.STOPPED.clear()
     run = await queue.enqueue(sr.holds)
     await until(lambda: _true_if(run.id in sr.STARTED), 10, "the body to start on the worker")
-    async with row_lock_gate(settings.database_url, run.id):
+    async with _runs_table_locked(settings.database_url):
         await until(lambda: _true_if(run.id in sr.STOPPED), 10, "the lapse to stop the body")
     released = await until(
         lambda: _records(store, run.id, Kind.INTERRUPT_RELEASED),
@@ -85,6 +89,15 @@ async def test_a_worker_journals_how_long_its_lease_went_unconfirmed_when_it_lap
     )
     assert released[0].payload["cause"] == "lease-lapsed", released[0].payload
     assert released[0].payload["unconfirmed_ms"] >= settings.lapse_after * 1000, released[0]
+
+
+@contextlib.asynccontextmanager
+async def _runs_table_locked(database_url: str) -> AsyncIterator[None]:
+    """Hold ``runfleet.runs`` ACCESS EXCLUSIVE: every statement on it queues behind."""
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        async with conn.transaction():
+            await conn.execute("LOCK TABLE runfleet.runs IN ACCESS EXCLUSIVE MODE")
+            yield
 
 
 async def _true_if(value: bool) -> bool:

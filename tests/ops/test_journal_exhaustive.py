@@ -33,8 +33,12 @@ def _without_each_case(source: str) -> dict[str, str]:
 
 
 def _mypy(*files: Path) -> str:
+    # a cache of its own: the copies are top-level modules named alike in every run, and
+    # the project's cache answered for one of them from an earlier run's file
+    cache = files[0].parent / ".mypy_cache"
     run = subprocess.run(
-        [sys.executable, "-m", "mypy", "--no-error-summary", *map(str, files)],
+        [sys.executable, "-m", "mypy", "--no-error-summary", "--cache-dir", str(cache)]
+        + [str(f) for f in files],
         cwd=ROOT,
         capture_output=True,
         text=True,

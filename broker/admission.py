@@ -422,13 +422,13 @@ RQ_OPTIONS = (
     "ttl",
     "on_stopped",
     "unique",
-    # runfleet's own, not rq's (docs/queues.md)
+    # runfleet's own, not rq's (docs/how-to/queues.md)
     "priority",
     "dedup_key",
     "on_duplicate",
 )
 QUEUE_OPTIONS = ("priority", "dedup_key", "on_duplicate")
-"""Enqueue options that shape the queue (docs/queues.md), taken out before ``rq_options``."""
+"""Enqueue options that shape the queue (docs/how-to/queues.md), taken out before ``rq_options``."""
 
 
 def on_duplicate(value: Any) -> OnDuplicate:
@@ -461,7 +461,9 @@ def split_rq_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> RqCall:
     kwargs = dict(kwargs)
     for name in RQ_UNSUPPORTED:
         if name in kwargs:
-            raise InvalidInput(name, f"rq's {name}= is not supported (docs/moving-from-rq.md)")
+            raise InvalidInput(
+                name, f"rq's {name}= is not supported (docs/how-to/moving-from-rq.md)"
+            )
     options = {k: kwargs.pop(k) for k in RQ_OPTIONS if k in kwargs}
     if "args" in kwargs or "kwargs" in kwargs:
         if args:

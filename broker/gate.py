@@ -1,4 +1,4 @@
-"""The gate of a limited queue: wakes of runs refused for want of a slot (docs/queues.md).
+"""The gate of a limited queue: wakes of runs refused for want of a slot (docs/how-to/queues.md).
 
 Postgres decides the limit, in the claim statement (``runfleet.queue_free_slots``); a
 refused claim changes nothing and its delivery is acknowledged, so the run needs a new

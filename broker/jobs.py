@@ -224,7 +224,7 @@ async def settled_row(queue: AsyncQueue, run_id: str) -> RunRow | None:
 _RESULT_AS_VALUE = (
     "job.result is runfleet's blocking result(timeout) method, not rq's deprecated result "
     "property: call job.return_value() for rq's meaning (the value, or None), or "
-    "job.result(timeout) to wait for it (docs/moving-from-rq.md)"
+    "job.result(timeout) to wait for it (docs/how-to/moving-from-rq.md)"
 )
 
 
@@ -418,7 +418,7 @@ class Job:
 
     @property
     def priority(self) -> int:
-        """The run's priority as admitted (not rq's: docs/queues.md)."""
+        """The run's priority as admitted (not rq's: docs/how-to/queues.md)."""
         return self._current.priority
 
     @property

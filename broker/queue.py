@@ -297,7 +297,8 @@ class AsyncQueue:
             # around the call (worker/rq_compat.py), failing it with JobTimeoutException.
             job_timeout_ms = None
         ttl = extra.get("ttl")
-        if isinstance(ttl, int):  # rq's ttl: a deadline from admission (docs/moving-from-rq.md)
+        # rq's ttl: a deadline from admission (docs/how-to/moving-from-rq.md)
+        if isinstance(ttl, int):
             job_timeout_ms = min(job_timeout_ms or ttl * 1000, ttl * 1000)
         if self.settings.otel:  # the producer's current span becomes the run's parent
             extra = with_carrier(extra)
@@ -318,7 +319,7 @@ class AsyncQueue:
             timeout_ms=job_timeout_ms,
             max_rounds=getattr(spec.target, "max_rounds", None),
             extra=extra,
-            # docs/queues.md: the call's priority, else the @flow's, else the queue's
+            # docs/how-to/queues.md: the call's priority, else the @flow's, else the queue's
             priority=spec.options.get("priority", getattr(spec.target, "priority", None)),
             dedup_key=spec.options.get("dedup_key"),
             on_duplicate=on_duplicate(spec.options.get("on_duplicate", "join")),
@@ -371,7 +372,7 @@ class AsyncQueue:
 
         rq's option keywords (``job_timeout``, ``result_ttl``, ``failure_ttl``, ``retry``,
         ``on_success``, ``on_failure``, ``at_front``, ``meta``, ``description``) are
-        options, not arguments, as in rq (docs/moving-from-rq.md).
+        options, not arguments, as in rq (docs/how-to/moving-from-rq.md).
         """
         return await self._enqueue(f, args, kwargs, _chosen_id(run_id, job_id), None)
 

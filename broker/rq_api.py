@@ -61,7 +61,9 @@ def refuse_pipeline(pipeline: object) -> None:
     """rq's ``pipeline=``: runfleet's calls are Postgres transactions, not a Redis pipeline
     to join, so one passed is refused rather than silently ignored."""
     if pipeline is not None:
-        raise InvalidInput("pipeline", "rq's pipeline= is not supported (docs/moving-from-rq.md)")
+        raise InvalidInput(
+            "pipeline", "rq's pipeline= is not supported (docs/how-to/moving-from-rq.md)"
+        )
 
 
 class Dependency:

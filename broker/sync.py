@@ -199,7 +199,7 @@ class Queue:
             raise InvalidInput(
                 "serializer" if serializer is not None else "job_class",
                 "runfleet stores JSON and answers runfleet.broker.Job: rq's job_class=/serializer= "
-                "have no runfleet meaning (docs/moving-from-rq.md)",
+                "have no runfleet meaning (docs/how-to/moving-from-rq.md)",
             )
         if connection is not None:
             if not isinstance(connection, Queue):

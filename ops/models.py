@@ -238,7 +238,7 @@ class FleetMemberView(_Model):
 
 
 class QueueLimitView(_Model):
-    """A configured queue's fleet-wide limit and the slots in use (docs/queues.md)."""
+    """A configured queue's fleet-wide limit and the slots in use (docs/how-to/queues.md)."""
 
     name: str
     concurrency: int | None

@@ -326,7 +326,7 @@ class Settings(BaseSettings):
     max_steps_per_run: int = Field(default=100_000, gt=0)
     """Durable calls (steps, sleeps, waits, approvals, children) one run may record."""
     otel: bool = False
-    """OpenTelemetry traces of runs (the ``otel`` extra; docs/lifecycle.md): a producer
+    """OpenTelemetry traces of runs (the ``otel`` extra; docs/explanation/lifecycle.md): a producer
     carries its current span into the runs it admits, a worker records a span per
     activation, step, attempt, wait and child, and exports its metrics through the
     application's meter provider (``worker.otel_metrics``). Off: nothing is imported or

@@ -32,7 +32,7 @@ class QueueSettings:
     updated_by: str
     """The database role that made the latest change."""
     keyed: bool = False
-    """Its slots are shared round-robin across concurrency keys (docs/queues.md)."""
+    """Its slots are shared round-robin across concurrency keys (docs/how-to/queues.md)."""
     key_concurrency: int | None = None
     """At most this many runs of one key execute at once (None: no per-key limit)."""
     key_rate_per_s: float | None = None

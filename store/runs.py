@@ -170,7 +170,8 @@ class Runs:
         if wait is None or not wait["limited"]:
             return RowLocked(row)
         waits = [] if wait is None or wait["wait_ms"] is None else [int(wait["wait_ms"])]
-        if row.concurrency_key is not None:  # its key's rate (docs/queues.md), a keyed run only
+        # its key's rate (docs/how-to/queues.md), a keyed run only
+        if row.concurrency_key is not None:
             key = await self._db.one(
                 "queues.keys", {"name": row.queue, "key": row.concurrency_key, "limit": 1}
             )
@@ -239,7 +240,7 @@ class Runs:
         decides from ``seen``, the row as read (None: no such run).
 
         ``ahead_flows``: the flows the caller runs. Given, a fresh run of the same queue
-        with a higher priority takes the slot (docs/queues.md): ``outcome`` is then
+        with a higher priority takes the slot (docs/how-to/queues.md): ``outcome`` is then
         Activated with that run, and the named run stays pending (its wake is the
         caller's to re-publish). None: only the named run is claimed.
         """

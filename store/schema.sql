@@ -39,7 +39,7 @@ CREATE TABLE runfleet.runs (
     recoveries              integer NOT NULL DEFAULT 0 CHECK (recoveries >= 0),
         -- takeovers in a row after a lost process (migration 0012; parked `dead` past the max)
     priority                integer NOT NULL CHECK (priority BETWEEN -1000000 AND 1000000),
-        -- higher starts first; an admission naming none gets its queue's (docs/queues.md)
+        -- higher starts first; an admission naming none gets its queue's (docs/how-to/queues.md)
     dedup_key               text CHECK (length(dedup_key) BETWEEN 1 AND 255),
         -- at most one open run per (queue, dedup_key): runs_open_dedup_idx
     rank_ms                 bigint GENERATED ALWAYS AS (created_at_ms - priority::bigint * 60000) STORED,
@@ -71,7 +71,7 @@ CREATE INDEX runs_ready_priority_idx ON runfleet.runs (queue, priority DESC, ran
 CREATE UNIQUE INDEX runs_open_dedup_idx ON runfleet.runs (queue, dedup_key)
     WHERE dedup_key IS NOT NULL AND status IN ('pending', 'running', 'suspended');
 
--- Per-queue settings (docs/queues.md), changed live by `runfleet queue set`.
+-- Per-queue settings (docs/how-to/queues.md), changed live by `runfleet queue set`.
 CREATE TABLE runfleet.queues (
     name              text PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 255),
     default_priority  integer NOT NULL DEFAULT 0
@@ -694,7 +694,7 @@ $$;
 REVOKE ALL ON FUNCTION runfleet.answer(text, text, text, boolean, json, text, text, integer,
                                        text, bigint) FROM PUBLIC;
 
--- ---- events and messages (0016, docs/lifecycle.md) ----
+-- ---- events and messages (0016, docs/explanation/lifecycle.md) ----
 -- Events a flow publishes (ctx.set_event): one row per (run, key), the latest value wins.
 -- Written only by the run's owner, in the transaction that records the set_event call
 -- (store/events.py), so a replay never writes an older value over a newer one.
@@ -773,7 +773,7 @@ BEGIN
         INSERT INTO runfleet.runs AS r (
             id, flow, queue, status, state, payload, lineage_id, round_ordinal, parent_run_id,
             created_at_ms, updated_at_ms, waiting_reason, waiting_wake_at_ms,
-            priority, dedup_key)  -- docs/queues.md: NULL priority = the queue's default (trigger)
+            priority, dedup_key)  -- docs/how-to/queues.md: NULL priority = the queue's default (trigger)
         SELECT b.id, b.flow, b.queue, 'pending',
             b.state || CASE WHEN b.timeout_ms IS NULL THEN '{}'::jsonb  -- the earlier deadline
                        ELSE jsonb_build_object('deadline_ms', LEAST(t.now_ms + b.timeout_ms,
@@ -826,7 +826,7 @@ BEGIN
     -- changed them: they are not committed), and the joined ones as read above.
     RETURN QUERY SELECT true, v_new[i] FROM generate_subscripts(v_new, 1) AS i;
     RETURN QUERY SELECT false, v_joined[i] FROM generate_subscripts(v_joined, 1) AS i;
-    -- And the open run holding a batch run's dedup_key (docs/queues.md): the caller whose
+    -- And the open run holding a batch run's dedup_key (docs/how-to/queues.md): the caller whose
     -- insert that key's index skipped is answered with it, or refused. A probe of
     -- runs_open_dedup_idx per key (its predicate spelt out so the planner may use it),
     -- and none at all for a batch without keys: one OR'd with the id lookup read every
@@ -869,7 +869,7 @@ BEGIN
     INSERT INTO runfleet.runs AS r (
         id, flow, queue, status, state, payload, lineage_id, round_ordinal, parent_run_id,
         created_at_ms, updated_at_ms, waiting_reason, waiting_wake_at_ms,
-        priority, dedup_key)  -- docs/queues.md: NULL priority = the queue's default (trigger)
+        priority, dedup_key)  -- docs/how-to/queues.md: NULL priority = the queue's default (trigger)
     VALUES (p_id, p_flow, p_queue, 'pending',
         p_state || CASE WHEN p_timeout_ms IS NULL THEN '{}'::jsonb  -- the earlier deadline
                    ELSE jsonb_build_object('deadline_ms', LEAST(v_now + p_timeout_ms,
@@ -974,7 +974,7 @@ CREATE INDEX runs_ready_key_idx ON runfleet.runs (queue, concurrency_key, rank_m
     WHERE status = 'pending' AND waiting_reason IS NULL AND owner_host IS NULL
       AND claim_host IS NULL AND concurrency_key IS NOT NULL;
 -- Retention prunes a key's row once no run of it is open and its bucket is full again
--- (retention.prune_keys; docs/queues.md). A key's open runs, whatever their state:
+-- (retention.prune_keys; docs/how-to/queues.md). A key's open runs, whatever their state:
 CREATE INDEX runs_open_key_idx ON runfleet.runs (queue, concurrency_key)
     WHERE status IN ('pending', 'running', 'suspended') AND concurrency_key IS NOT NULL;
 

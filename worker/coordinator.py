@@ -158,7 +158,7 @@ class Coordinator:
             self.changed.set()
 
     def _hand_over(self, run_id: str, decision: Decision) -> bool:
-        """Execute a run that took ``run_id``'s slot (a higher priority, docs/queues.md)
+        """Execute a run that took ``run_id``'s slot (a higher priority, docs/how-to/queues.md)
         under a drive of its own; True if handed over.
 
         ``run_id`` stays pending and its wake was re-published: that wake must start a

@@ -279,7 +279,8 @@ class Decider:
 
     def _hand_on_other_version(self, row: RunRow) -> None:
         """A run of a flow this process has, of a version it does not carry: its wake goes
-        back to the stream for a worker that does (a rolling deploy, docs/lifecycle.md)."""
+        back to the stream for a worker that does (a rolling deploy,
+        docs/explanation/lifecycle.md)."""
         if self._hand_on is None:
             return
         try:
@@ -323,7 +324,7 @@ class Decider:
         if self.closed:  # the worker began to stop while this drive read the row
             return await self._hand_back_wake(row)
         if fresh_admission(row) and row.cancel_requested_at_ms is None:
-            # The priority rule holds on this path too (docs/queues.md): a run driven
+            # The priority rule holds on this path too (docs/how-to/queues.md): a run driven
             # again (its wake coalesced, a displaced run's re-published wake, a sweep's
             # find) offers its slot to the queue's best fresh admission, as a delivery does.
             offered = await self.store.runs.claim_if_fresh(
@@ -386,7 +387,7 @@ class Decider:
                 return Decision(DriveOutcome.NOT_FOUND)
 
     async def _took_slot(self, named: RunRow, activated: RunRow) -> Flow | None:
-        """A higher-priority run took the slot ``named``'s delivery offered (docs/queues.md):
+        """A higher-priority run took the slot ``named``'s delivery offered (docs/how-to/queues.md):
         ``named`` is still pending and its wake was used, so it gets a new one on its
         queue's recovery lane, read before the backlog, so it keeps its place at the head
         of its priority (a hint; the lost-wake sweep backs it up). The activated run's

@@ -45,7 +45,7 @@ class Flow:
     max_rounds: int | None = None
     timeout: float | None = None
     priority: int | None = None
-    """Its runs' priority when the enqueue names none (docs/queues.md); None: the queue's."""
+    """Its runs' priority when the enqueue names none (docs/how-to/queues.md); None: the queue's."""
     schedule: ScheduleSpec | None = None
     """Periodic runs (``@flow(schedule=...)``); workers write it at start (worker/scheduler.py)."""
     version: str | None = None
@@ -172,7 +172,7 @@ def flow(
     with ``schedule_kwargs``; a bad expression, time zone, policy or argument raises
     ``InvalidSchedule`` / ``InvalidInput`` here, at import (docs/how-to/schedules.md).
     ``version`` (or ``"auto"``: a digest of the code) and ``compatible``: which runs this
-    code may take (``worker.versions``, docs/lifecycle.md). ``max_recoveries``: this
+    code may take (``worker.versions``, docs/explanation/lifecycle.md). ``max_recoveries``: this
     flow's own poison-run limit (``NEVER``: never parked dead; docs/how-to/failure-handling.md).
     """
     if max_recoveries is not None and max_recoveries != NEVER:
@@ -228,9 +228,10 @@ RESOLVED_KEPT = 10_000
 def runnable() -> set[str]:
     """The flow names this process is known to run: its registered flows and the plain
     functions it has resolved so far. A claim's priority look-ahead takes a run in another
-    run's place only among these (docs/queues.md), so it never activates one it cannot run.
-    A versioned flow is left out: whether this process may run one of its runs depends on
-    the run's version, which only the usual read-then-decide path checks (docs/lifecycle.md).
+    run's place only among these (docs/how-to/queues.md), so it never activates one it cannot
+    run. A versioned flow is left out: whether this process may run one of its runs depends
+    on the run's version, which only the usual read-then-decide path checks
+    (docs/explanation/lifecycle.md).
     A class-bound flow is left out for the same reason (its run's instance is read first)."""
     return {name for name, f in _REGISTRY.items() if f.version is None and f.owner is None} | set(
         _RESOLVED

@@ -61,7 +61,7 @@ class FlowInstance:
     import of the worker's ``--flows`` modules. ``instance.method`` is the flow bound to
     that instance (enqueue it, or start it as a child); a worker runs the run on the
     instance of that name it made, on every activation, a takeover included; one that
-    did not make it leaves the run alone (docs/lifecycle.md "Class-bound flows").
+    did not make it leaves the run alone (docs/explanation/lifecycle.md "Class-bound flows").
     """
 
     def __init__(self, instance_name: str, *, scopes: Sequence[str]) -> None:

@@ -75,7 +75,7 @@ ABANDONED_STEP_THREADS = Gauge(
     "Sync step threads past their timeout that are still running (runfleet.worker.step_timeouts).",
 )
 
-# Queues that shape load (docs/queues.md), read by worker.queue_gauges every 5 s.
+# Queues that shape load (docs/how-to/queues.md), read by worker.queue_gauges every 5 s.
 QUEUE_LIMIT = Gauge(
     "runfleet_queue_limit",
     "A served queue's configured limit (concurrency, rate_per_s, key_concurrency, "

@@ -92,7 +92,7 @@ class Outbox:
 
     async def hint_front(self, row: RunRow) -> None:
         """Hint on the recovery lane, read before the backlog: a fresh run whose delivery a
-        higher-priority run took (docs/queues.md) keeps its place at the head of the line."""
+        higher-priority run took (docs/how-to/queues.md) keeps its place at the head of the line."""
         self._front_wakes.add(row)
 
     async def gate(self, row: RunRow) -> None:

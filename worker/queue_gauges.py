@@ -1,4 +1,4 @@
-"""The limits of the queues a worker serves, as Prometheus gauges (docs/queues.md).
+"""The limits of the queues a worker serves, as Prometheus gauges (docs/how-to/queues.md).
 
 Every 5 s, per served queue with settings: its limits, its slots in use fleet-wide, how
 many of its keys execute or wait, and how long its rate makes the next start wait. A

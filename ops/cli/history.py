@@ -1,5 +1,5 @@
 """A run's history from a shell: ``fork RUN --from-step N``, ``resume RUN`` (a failed or
-cancelled run), ``delete RUN`` (docs/lifecycle.md "Resume, fork, delete").
+cancelled run), ``delete RUN`` (docs/explanation/lifecycle.md "Resume, fork, delete").
 
 Each goes through ``broker.AsyncQueue`` as a producer's code would, under the caller's
 database role and its row-security policies: a run the role cannot see is refused

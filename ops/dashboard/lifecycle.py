@@ -1,6 +1,7 @@
 """The run page's lifecycle card: the version (and class-bound instance) a run was
 admitted with, the events it set, the messages sent to it, and the forks and resumes that
-link it to other runs (docs/lifecycle.md). ``/api/runs/<id>/lifecycle`` answers the same."""
+link it to other runs (docs/explanation/lifecycle.md). ``/api/runs/<id>/lifecycle`` answers
+the same."""
 
 from __future__ import annotations
 

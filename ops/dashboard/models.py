@@ -68,7 +68,7 @@ class OverviewView(ReadAnswer):
     """Runs parked ``dead`` (their executions kept ending in a lost process), oldest
     first: each needs a person (``runfleet explain``, then ``runfleet resume``)."""
     limits: list[QueueLimitView] = []
-    """Configured queues' limits, slots in use and keys (docs/queues.md)."""
+    """Configured queues' limits, slots in use and keys (docs/how-to/queues.md)."""
 
 
 class AttemptView(_Model):

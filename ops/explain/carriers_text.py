@@ -1,7 +1,7 @@
 """What ``explain`` says about who may take a versioned or class-bound run: the version
 (or instance) it was admitted with, whether it waits for a worker of it, and the live
 workers that carry which versions (or instances) of its flow, from their liveness keys
-(``worker.carried``; docs/lifecycle.md)."""
+(``worker.carried``; docs/explanation/lifecycle.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What a pending run of a keyed queue waits for (docs/queues.md "Concurrency keys"): its
+"""What a pending run of a keyed queue waits for (docs/how-to/queues.md "Concurrency keys"): its
 key's rate, or a slot of its key; said by ``ops.explain.predict`` beside the queue's own."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""What ``explain`` says about a run's events and messages (store/events.py, docs/lifecycle.md)."""
+"""What ``explain`` says about a run's events and messages (store/events.py,
+docs/explanation/lifecycle.md)."""
 
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ class Facts:
     deferred: str | None
     waiting_tree: list[WaitingRow]
     queue: QueueSettings | None = None
-    """The run's queue's settings (docs/queues.md); None: unlimited, priority 0."""
+    """The run's queue's settings (docs/how-to/queues.md); None: unlimited, priority 0."""
     queue_running: int = 0
     """Runs of the queue executing now (the slots in use of a limited one)."""
     rate_wait_ms: int | None = None

@@ -1,4 +1,4 @@
--- runfleet schema: queues that shape load (docs/queues.md) — run priorities with aging,
+-- runfleet schema: queues that shape load (docs/how-to/queues.md) — run priorities with aging,
 -- a default priority per queue, and deduplication keys.
 --
 -- priority: higher starts first. A worker's claim statement lets a fresh pending run of

@@ -1,5 +1,5 @@
 -- runfleet schema v16: the workflow lifecycle — events a flow publishes and messages sent
--- to a run (docs/lifecycle.md).
+-- to a run (docs/explanation/lifecycle.md).
 
 -- Events a flow publishes (ctx.set_event): one row per (run, key), the latest value wins.
 -- Written only by the run's owner, in the transaction that records the set_event call

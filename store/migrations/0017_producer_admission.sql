@@ -36,7 +36,7 @@ BEGIN
         INSERT INTO runfleet.runs AS r (
             id, flow, queue, status, state, payload, lineage_id, round_ordinal, parent_run_id,
             created_at_ms, updated_at_ms, waiting_reason, waiting_wake_at_ms,
-            priority, dedup_key)  -- docs/queues.md: NULL priority = the queue's default (trigger)
+            priority, dedup_key)  -- docs/how-to/queues.md: NULL priority = the queue's default (trigger)
         SELECT b.id, b.flow, b.queue, 'pending',
             b.state || CASE WHEN b.timeout_ms IS NULL THEN '{}'::jsonb  -- the earlier deadline
                        ELSE jsonb_build_object('deadline_ms', LEAST(t.now_ms + b.timeout_ms,
@@ -77,7 +77,7 @@ BEGIN
 
     -- Every batch run as it is now: the new rows, and the existing ones a re-admission
     -- joins (committed by anyone before this statement); and the open run holding a batch
-    -- run's dedup_key (docs/queues.md): the caller whose insert that key's index skipped is
+    -- run's dedup_key (docs/how-to/queues.md): the caller whose insert that key's index skipped is
     -- answered with it, or refused.
     RETURN QUERY
     SELECT r.id = ANY (v_inserted), r FROM runfleet.runs r

@@ -1,4 +1,4 @@
--- runfleet schema: concurrency keys (docs/queues.md "Concurrency keys") — fairness across
+-- runfleet schema: concurrency keys (docs/how-to/queues.md "Concurrency keys") — fairness across
 -- the tenants of a queue: at most K runs per key executing at once, per-key rate limits,
 -- and free slots shared round-robin across keys, all decided in the claim statement.
 --

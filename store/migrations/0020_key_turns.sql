@@ -1,4 +1,4 @@
--- runfleet schema: a keyed queue's turns for a whole claim batch (docs/queues.md
+-- runfleet schema: a keyed queue's turns for a whole claim batch (docs/how-to/queues.md
 -- "Concurrency keys"). The batch claim now takes keyed runs, so a stream read of n keyed
 -- runs is one claim statement, not n; the turn rule (K per key, round-robin across keys,
 -- per-key rates, priority within a key) is runfleet.key_pick_many, and the single claims'
@@ -169,7 +169,7 @@ $$
 $$;
 
 -- Retention prunes a key's row once no run of it is open and its bucket is full again
--- (retention.prune_keys; docs/queues.md). A key's open runs, whatever their state:
+-- (retention.prune_keys; docs/how-to/queues.md). A key's open runs, whatever their state:
 CREATE INDEX runs_open_key_idx ON runfleet.runs (queue, concurrency_key)
     WHERE status IN ('pending', 'running', 'suspended') AND concurrency_key IS NOT NULL;
 

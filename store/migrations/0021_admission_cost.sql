@@ -53,7 +53,7 @@ BEGIN
         INSERT INTO runfleet.runs AS r (
             id, flow, queue, status, state, payload, lineage_id, round_ordinal, parent_run_id,
             created_at_ms, updated_at_ms, waiting_reason, waiting_wake_at_ms,
-            priority, dedup_key)  -- docs/queues.md: NULL priority = the queue's default (trigger)
+            priority, dedup_key)  -- docs/how-to/queues.md: NULL priority = the queue's default (trigger)
         SELECT b.id, b.flow, b.queue, 'pending',
             b.state || CASE WHEN b.timeout_ms IS NULL THEN '{}'::jsonb  -- the earlier deadline
                        ELSE jsonb_build_object('deadline_ms', LEAST(t.now_ms + b.timeout_ms,
@@ -96,7 +96,7 @@ BEGIN
     -- joins (committed by anyone before this statement), by primary key.
     RETURN QUERY
     SELECT r.id = ANY (v_inserted), r FROM runfleet.runs r WHERE r.id = ANY (v_ids);
-    -- And the open run holding a batch run's dedup_key (docs/queues.md): the caller whose
+    -- And the open run holding a batch run's dedup_key (docs/how-to/queues.md): the caller whose
     -- insert that key's index skipped is answered with it, or refused. A probe of
     -- runs_open_dedup_idx per key (its predicate spelt out so the planner may use it),
     -- and none at all for a batch without keys: one OR'd with the id lookup read every

@@ -42,7 +42,7 @@ BEGIN
     INSERT INTO runfleet.runs AS r (
         id, flow, queue, status, state, payload, lineage_id, round_ordinal, parent_run_id,
         created_at_ms, updated_at_ms, waiting_reason, waiting_wake_at_ms,
-        priority, dedup_key)  -- docs/queues.md: NULL priority = the queue's default (trigger)
+        priority, dedup_key)  -- docs/how-to/queues.md: NULL priority = the queue's default (trigger)
     VALUES (p_id, p_flow, p_queue, 'pending',
         p_state || CASE WHEN p_timeout_ms IS NULL THEN '{}'::jsonb  -- the earlier deadline
                    ELSE jsonb_build_object('deadline_ms', LEAST(v_now + p_timeout_ms,

@@ -1,5 +1,5 @@
 -- runfleet schema v29: unkeyed runs of a keyed queue share one key, the empty key, and
--- take their turn with the others (docs/queues.md "Concurrency keys").
+-- take their turn with the others (docs/how-to/queues.md "Concurrency keys").
 --
 -- A run with no key (its flow has no key expression, or the expression finds nothing)
 -- was its own pick in every claim: on a queue keyed by tenant, a burst of 1,500 such

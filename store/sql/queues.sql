@@ -1,4 +1,4 @@
--- Per-queue settings (store/queues.py, docs/queues.md).
+-- Per-queue settings (store/queues.py, docs/how-to/queues.md).
 
 -- name: set
 -- Upsert the settings named (a NULL leaves one as it is) and journal the change with the

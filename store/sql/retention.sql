@@ -151,7 +151,7 @@ SELECT DISTINCT c.table_name FROM information_schema.columns c
 SELECT DISTINCT queue FROM runfleet.flows ORDER BY queue;
 
 -- name: prune_keys
--- Concurrency keys no open run needs (docs/queues.md "Concurrency keys"): up to %(limit)s
+-- Concurrency keys no open run needs (docs/how-to/queues.md "Concurrency keys"): up to %(limit)s
 -- rows of runfleet.queue_keys strictly after the keyset cursor whose key has no pending,
 -- running or suspended run (runs_open_key_idx) and whose per-key bucket, if any, is full
 -- again (so a key that comes back starts fresh without a start more than its rate: a full

@@ -45,7 +45,7 @@ SELECT b.id, b.flow, b.queue, 'pending',
     b.lineage_id, b.round_ordinal, b.previous_round_id, t.now_ms, t.now_ms,
     CASE WHEN b.inherit_cancel THEN coalesce(%(inherit_at_ms)s::bigint, t.now_ms) END,
     CASE WHEN b.delay_until_ms IS NOT NULL THEN 'timer' END, b.delay_until_ms,
-    b.priority, b.dedup_key  -- docs/queues.md: NULL priority = the queue's default
+    b.priority, b.dedup_key  -- docs/how-to/queues.md: NULL priority = the queue's default
   FROM (SELECT runfleet.now_ms() AS now_ms) AS t,  -- one admission instant per batch
        unnest(%(id)s::text[], %(flow)s::text[], %(queue)s::text[], %(state)s::jsonb[],
               %(payload)s::text[], %(lineage_id)s::text[], %(round_ordinal)s::integer[],
@@ -81,7 +81,7 @@ WITH activated AS (
    AND (%(exp_epoch)s::bigint IS NULL OR r.epoch = %(exp_epoch)s)
        AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[])
             OR (r.status = 'pending' AND r.cancel_requested_at_ms IS NOT NULL))
-       -- the queue's fleet-wide limit and its key's (docs/queues.md); a cancel closes
+       -- the queue's fleet-wide limit and its key's (docs/how-to/queues.md); a cancel closes
        -- without a slot
        AND (r.cancel_requested_at_ms IS NOT NULL OR CASE
             WHEN r.concurrency_key IS NULL  -- no key: the queue's own limit, from this row
@@ -113,7 +113,7 @@ SELECT * FROM activated;
 -- its row lock, then re-checks) leaves ``activated`` empty while ``seen`` still shows the
 -- row fresh: the caller's lost race. Both rows come back, told apart by ``activated``.
 --
--- Priorities (docs/queues.md): the delivery is a slot offered to the queue, not only to
+-- Priorities (docs/how-to/queues.md): the delivery is a slot offered to the queue, not only to
 -- the run it names. ``ahead`` is the queue's best fresh admission of a strictly higher
 -- priority (one probe of runs_ready_priority_idx: nothing when every priority is equal),
 -- among the flows the caller runs (``ahead_flows``; NULL: no look-ahead); it takes the
@@ -126,7 +126,7 @@ SELECT * FROM activated;
 WITH seen AS (
     SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r WHERE r.id = %(id)s
 ), slots AS MATERIALIZED (
-    -- The queue's fleet-wide limit (docs/queues.md), decided before any run row is locked.
+    -- The queue's fleet-wide limit (docs/how-to/queues.md), decided before any run row is locked.
     -- (a token of a rate is asked only for a fresh admission: the only row it can start)
     SELECT runfleet.queue_free_slots(
                s.queue, CASE WHEN s.status = 'pending' AND s.owner_host IS NULL
@@ -134,7 +134,7 @@ WITH seen AS (
                               AND s.cancel_requested_at_ms IS NULL THEN 1 ELSE 0 END) AS free
       FROM seen s
 ), keyed AS MATERIALIZED (
-    -- A keyed queue's turn (docs/queues.md "Concurrency keys"): the run its round-robin
+    -- A keyed queue's turn (docs/how-to/queues.md "Concurrency keys"): the run its round-robin
     -- across keys starts in the slot granted (the named one, another key's, or none).
     SELECT CASE WHEN s.concurrency_key IS NULL THEN s.id
                 WHEN coalesce(slots.free, 1) > 0 AND s.status = 'pending'
@@ -205,14 +205,14 @@ SELECT false AS activated, s.*, (SELECT free FROM slots) IS NOT NULL AS limited 
 -- its race or was locked: the caller reads it (still fresh: ``AtLimit``, its wake comes
 -- back through the queue's gate or the lost-wake sweep).
 --
--- Priorities (docs/queues.md), as in claim_if_fresh: per queue, the delivered runs in
+-- Priorities (docs/how-to/queues.md), as in claim_if_fresh: per queue, the delivered runs in
 -- ascending effective order (lowest priority, newest first) are paired with the queue's
 -- best fresh admissions of a higher priority than the lowest delivered one, best first
 -- (``ahead``: SKIP LOCKED, like the named rows); a pair
 -- whose candidate has the higher priority and a smaller rank_ms claims the candidate in
 -- the delivered run's place. ``named_id`` says whose slot each activated row took.
 --
--- Concurrency keys (docs/queues.md): a keyed queue's keyed runs do not look ahead by
+-- Concurrency keys (docs/how-to/queues.md): a keyed queue's keyed runs do not look ahead by
 -- priority; the slots granted to them go to their keys' turns, one runfleet.key_pick_many
 -- call per keyed queue of the batch (``turns``, after every named row is locked; its
 -- picks are locked SKIP LOCKED, like ``ahead``): K per key, round-robin across keys, the
@@ -231,7 +231,7 @@ WITH wanted AS (
     SELECT w.id, w.epoch, w.seq
       FROM unnest(%(ids)b::text[], %(epochs)b::bigint[], %(seqs)b::bigint[]) AS w(id, epoch, seq)
 ), limits AS MATERIALIZED (
-    -- Each queue's fleet-wide limit (docs/queues.md), its lock taken before any run row's,
+    -- Each queue's fleet-wide limit (docs/how-to/queues.md), its lock taken before any run row's,
     -- in queue order (two batches lock the same queues in the same order).
     SELECT q.queue, runfleet.queue_free_slots(q.queue, q.want::integer) AS free,
            EXISTS (SELECT FROM runfleet.queues k WHERE k.name = q.queue AND k.keyed) AS keyed
@@ -356,7 +356,7 @@ UPDATE runfleet.runs AS r SET
    AND r.claimed_at_ms = %(claimed_at_ms)s
    AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[])
         OR (r.status = 'pending' AND r.cancel_requested_at_ms IS NOT NULL))
-   -- the queue's fleet-wide limit and its key's (docs/queues.md); a cancel closes
+   -- the queue's fleet-wide limit and its key's (docs/how-to/queues.md); a cancel closes
    -- without a slot
    AND (r.cancel_requested_at_ms IS NOT NULL OR CASE
             WHEN r.concurrency_key IS NULL  -- no key: the queue's own limit, from this row
@@ -416,7 +416,7 @@ UPDATE runfleet.runs AS r SET
         OR runfleet.recoveries_in_a_row(r.id, r.epoch, r.recoveries) < %(max_recoveries)s)
    AND (%(serves)s::text[] IS NULL OR r.queue = ANY(%(serves)s::text[]))
 RETURNING r.*, runfleet.now_ms() AS now_ms,
-          -- a takeover keeps the run's slot of a limited queue (docs/queues.md)
+          -- a takeover keeps the run's slot of a limited queue (docs/how-to/queues.md)
           EXISTS (SELECT FROM runfleet.queues q
                    WHERE q.name = r.queue AND q.concurrency IS NOT NULL) AS limited;
 

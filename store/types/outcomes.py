@@ -81,7 +81,7 @@ class NotServed:
 @dataclass(frozen=True, slots=True)
 class AtLimit:
     """The run's queue has as many runs executing as its fleet-wide concurrency allows, or
-    its rate has no token (docs/queues.md): nothing changed; the run starts when a slot
+    its rate has no token (docs/how-to/queues.md): nothing changed; the run starts when a slot
     frees or, for a rate, after ``retry_after_ms``."""
 
     current: RunRow

@@ -149,11 +149,11 @@ class RunRow:
     """Takeovers in a row that re-activated the run after its process was lost; at
     ``Settings.max_recoveries`` the next one parks it ``dead`` instead (migration 0012)."""
     priority: int = 0
-    """Higher starts first within its queue, with aging (docs/queues.md)."""
+    """Higher starts first within its queue, with aging (docs/how-to/queues.md)."""
     dedup_key: str | None = None
-    """At most one open run of the queue holds it (docs/queues.md)."""
+    """At most one open run of the queue holds it (docs/how-to/queues.md)."""
     concurrency_key: str | None = None
-    """Its fairness key, from its flow's key expression at admission (docs/queues.md)."""
+    """Its fairness key, from its flow's key expression at admission (docs/how-to/queues.md)."""
     limited: bool = False
     """Its queue has a fleet-wide concurrency limit (as the claim that returned it saw)."""
 
@@ -278,7 +278,7 @@ class NewRun:
     """Deadline relative to admission, on the database clock (``@flow(timeout=...)``)."""
     extra: dict[str, JsonValue] = field(default_factory=dict)
     priority: int | None = None
-    """Higher starts first within the queue (docs/queues.md); None: the queue's default."""
+    """Higher starts first within the queue (docs/how-to/queues.md); None: the queue's default."""
     dedup_key: str | None = None
     """While a run of the queue with this key is open, admission answers that run
     (``on_duplicate``): unlike the run id, the key is free again once the run settles."""

@@ -1,5 +1,5 @@
 """The overview shows each configured queue's limits, slots in use and its keys' next turns
-(page and JSON; docs/queues.md)."""
+(page and JSON; docs/how-to/queues.md)."""
 
 from __future__ import annotations
 

@@ -23,9 +23,9 @@ from tests.embedded.support import fresh_home
 
 PAGES = {
     "quickstart": ROOT / "README.md",
-    "tutorial": ROOT / "docs" / "tutorial.md",
-    "rq": ROOT / "docs" / "moving-from-rq.md",
-    "celery": ROOT / "docs" / "moving-from-celery.md",
+    "tutorial": ROOT / "docs" / "tutorial" / "first-fleet.md",
+    "rq": ROOT / "docs" / "how-to" / "moving-from-rq.md",
+    "celery": ROOT / "docs" / "how-to" / "moving-from-celery.md",
 }
 EMBEDDED = ("quickstart", "tutorial")
 """The pages that start with the embedded path, also run that way."""

@@ -1,4 +1,4 @@
-"""docs/moving-from-celery.md's "Chain and group", as written: its module, its worker
+"""docs/how-to/moving-from-celery.md's "Chain and group", as written: its module, its worker
 command and its producer script, in a fresh folder, with a real worker process."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from runfleet.store.config import Settings
 from tests.fleet.procs import ROOT, settings_env
 
-PAGE = ROOT / "docs" / "moving-from-celery.md"
+PAGE = ROOT / "docs" / "how-to" / "moving-from-celery.md"
 
 
 def _blocks() -> list[tuple[str, str]]:

@@ -1,4 +1,4 @@
-"""What a DBOS user's code expects of a run (docs/moving-from-dbos.md), against real
+"""What a DBOS user's code expects of a run (docs/how-to/moving-from-dbos.md), against real
 Postgres and Redis: a run parked dead answers at once, resume keeps the id the user holds,
 unknown ids answer None or nothing."""
 

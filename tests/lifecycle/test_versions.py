@@ -99,7 +99,7 @@ async def _logged(log: str, event: str) -> bool:
 
 
 def test_a_versioned_flow_is_never_a_priority_look_ahead() -> None:
-    """A claim's look-ahead (docs/queues.md) may take a fresh run of any flow runnable()
+    """A claim's look-ahead (docs/how-to/queues.md) may take a fresh run of any flow runnable()
     names in a lower-priority run's place, before its version is read; so a versioned
     flow is left out, and its runs are decided by the path that checks the version."""
     from runfleet.worker.flows import runnable

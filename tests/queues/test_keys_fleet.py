@@ -1,6 +1,6 @@
 """Fairness across real worker processes: one key's 5,000-run burst and another key's 10
 runs admitted later share a queue's slots round-robin, so the 10 start within a bound
-while the burst is still draining (docs/queues.md "Concurrency keys")."""
+while the burst is still draining (docs/how-to/queues.md "Concurrency keys")."""
 
 from __future__ import annotations
 
@@ -92,13 +92,13 @@ async def test_unkeyed_runs_cannot_starve_a_keyed_one(
     """A queue keyed by ``scope``; 1,500 runs of a flow with no key expression are
     admitted first; a keyed run of a tenant admitted later starts within the bound while
     most of the burst still waits: unkeyed runs share the no-key bucket, which takes its
-    turn like any key (docs/queues.md)."""
+    turn like any key (docs/how-to/queues.md)."""
     await store.queues.set("tenants", key_flow=(FLOW, "scope"))
     proc = spawn(flows="tests.queues.flows", queues="tenants", concurrency=UNKEYED_SLOTS)
     await proc.wait_started()
     async with AsyncQueue("tenants", settings=settings, scopes=["warm"]) as warm:
         # The worker resolves the keyed plain function once: a key's turn starts only runs
-        # of flows the worker runs (docs/queues.md).
+        # of flows the worker runs (docs/how-to/queues.md).
         await (await warm.enqueue(qf.tenant_nap, kwargs={"t": "warm", "ms": 1})).result(30)
     async with AsyncQueue("tenants", settings=settings) as q:
         burst = await q.enqueue_many(

@@ -1,6 +1,6 @@
 """Race: priorities on a queue limited to one slot, across two real worker processes.
 
-Every slot a gated wake offers goes to the queue's best waiting run (docs/queues.md), so a
+Every slot a gated wake offers goes to the queue's best waiting run (docs/how-to/queues.md), so a
 lower-priority run's wake is displaced again and again; the displaced run is driven once
 more later, and that drive must obey the same rule. Several rounds of mixed priorities
 are admitted behind a blocker: the start order must be highest first and no run may

@@ -286,7 +286,7 @@ def rf(settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> I
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A ported rq test that names a difference runfleet keeps on purpose
-    (``@pytest.mark.rq_difference("why")``, listed in docs/moving-from-rq.md) still runs on
+    (``@pytest.mark.rq_difference("why")``, listed in docs/how-to/moving-from-rq.md) still runs on
     both sides: on rq it must pass, on runfleet it must fail (strict xfail), so the day
     runfleet starts passing it — or rq stops — the suite says so."""
     for item in items:

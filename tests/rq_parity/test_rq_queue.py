@@ -112,7 +112,7 @@ def test_jobs(rqx: Side) -> None:
 
 @pytest.mark.rq_difference(
     "runfleet checks arguments at enqueue: say_hello takes no foo= (InvalidInput); rq fails the job"
-    " when it runs (docs/moving-from-rq.md)"
+    " when it runs (docs/how-to/moving-from-rq.md)"
 )
 def test_enqueue(rqx: Side) -> None:
     q = rqx.Queue()
@@ -124,7 +124,7 @@ def test_enqueue(rqx: Side) -> None:
 
 @pytest.mark.rq_difference(
     "runfleet checks arguments at enqueue: say_hello takes no foo= (InvalidInput); rq fails the job"
-    " when it runs (docs/moving-from-rq.md)"
+    " when it runs (docs/how-to/moving-from-rq.md)"
 )
 def test_enqueue_sets_metadata(rqx: Side) -> None:
     q = rqx.Queue()
@@ -412,7 +412,7 @@ def test_enqueue_without_unique_allows_duplicate_ids(rqx: Side) -> None:
 
 @pytest.mark.rq_difference(
     "a run id is an idempotency key: a deleted job's id stays taken until runfleet prune"
-    " (docs/moving-from-rq.md)"
+    " (docs/how-to/moving-from-rq.md)"
 )
 def test_enqueue_unique_allows_requeue_after_job_deleted(rqx: Side) -> None:
     queue = rqx.Queue()

@@ -1,6 +1,6 @@
 """What runfleet refuses where rq would go on: each refusal is loud, at the call, and
 names what to change (issue 21: a difference rq code cannot trip over silently). rq accepts
-every call here, so this runs on runfleet only (``rf``); docs/moving-from-rq.md lists each
+every call here, so this runs on runfleet only (``rf``); docs/how-to/moving-from-rq.md lists each
 with its one-line change.
 """
 
@@ -29,7 +29,8 @@ def test_rq_options_without_a_runfleet_meaning_are_refused_by_name(rf: Side) -> 
     for option in ("pipeline", "repeat", "rate_limit", "webhooks"):
         with pytest.raises(InvalidInput) as refused:
             q.enqueue(fixtures.say_hello, **{option: object()})
-        assert refused.value.field == option and "docs/moving-from-rq.md" in str(refused.value)
+        assert refused.value.field == option
+        assert "docs/how-to/moving-from-rq.md" in str(refused.value)
     for option in ("job_class", "serializer"):
         with pytest.raises(InvalidInput) as refused:
             rf.Queue(**{option: object()})

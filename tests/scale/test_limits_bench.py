@@ -1,6 +1,6 @@
 """``runfleet bench limits`` at a tiny size: the claim statements it counts are real ones
 (each setting's runs were claimed), a limit that never binds adds no read beside them, and
-a keyed queue's runs are claimed in batches, several a statement (docs/queues.md "Cost")."""
+a keyed queue's runs are claimed in batches, several a statement (docs/how-to/queues.md "Cost")."""
 
 from __future__ import annotations
 

@@ -127,7 +127,7 @@ async def test_an_explicit_priority_and_no_key_are_kept_alike(store: Store, keye
     url = store.settings.database_url
     a, b = await _compared(url, "p-alone"), await _compared(url, "p-batched")
     assert a == b
-    # a run with no key on a keyed queue is in the no-key bucket ('': docs/queues.md)
+    # a run with no key on a keyed queue is in the no-key bucket ('': docs/how-to/queues.md)
     assert (a["priority"], a["concurrency_key"], a["waiting_reason"]) == (-3, "", None)
 
 

@@ -1,8 +1,8 @@
 """The store driven in a blocking caller's own thread: the same code, a blocking driver.
 
-A sync ``Queue`` call used to hop to a private event-loop thread and back: two thread
-wake-ups and an asyncio round per statement, about as much as the statement itself on a
-fast database. Here the store's own ``async`` methods run over a blocking psycopg pool.
+A sync ``Queue`` call does not hop to an event-loop thread and back (two thread wake-ups
+and an asyncio round per statement, about as much as the statement itself on a fast
+database): the store's own ``async`` methods run over a blocking psycopg pool instead.
 No method of ``InlineDatabase`` ever suspends, so a coroutine of the store (or of a
 queue over it) runs to completion on its first step: ``drive`` takes that step in the
 calling thread. The SQL, the rules and the outcome handling are the store's, unchanged

@@ -6,7 +6,7 @@ once; so does this module. A caller says which ending (``completed``, ``failed``
 and gets the status, state patch and typed journal record (``store.journal_records``,
 its kind with it) it implies, which ``Lifecycle.settle`` (one) or
 ``Lifecycle.settle_many`` (a batch) commits under the owner/epoch fence. No caller
-assembles ``transition_owned``'s keywords any more.
+assembles ``transition_owned``'s keywords itself.
 """
 
 from __future__ import annotations

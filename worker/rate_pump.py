@@ -1,12 +1,11 @@
 """The token pump of a rate-limited queue: gated wakes move when tokens are there.
 
 Postgres decides a rate (the token bucket of ``runfleet.queue_free_slots``); a run refused
-for want of a token has its wake parked at the queue's gate (``broker.gate``). Until
-now the refusing worker moved ONE gated wake when the next token was due: a timer that
-fired late (a loaded event loop) moved one wake for the several tokens accrued meanwhile,
-and once that wake started, nothing moved the rest until some execution of the queue
-ended. Every start the bucket allowed but no wake reached was lost (issue 24: 92 % of the
-rate under a full test run).
+for want of a token has its wake parked at the queue's gate (``broker.gate``). Moving one
+gated wake per due token would lose starts: a timer that fires late (a loaded event loop)
+would move one wake for the several tokens accrued meanwhile, and once that wake started,
+nothing would move the rest until some execution of the queue ended; every start the
+bucket allowed but no wake reached would be lost.
 
 The pump keeps going while the gate holds wakes: at each token's time it reads how many
 whole tokens the bucket holds now and moves that many (at least one), then waits one

@@ -1513,18 +1513,18 @@ $$;
 -- again.
 --
 -- A run whose executions keep ending in a lost process is parked `dead` after
--- Settings.max_recoveries takeovers in a row (0012). Until now only a clean end of an
--- execution (a park, a release, a settlement) started the count again, so a healthy
--- run that kept recording steps while workers were killed around it could be parked
--- as poison: five-step runs under 30 SIGKILLs over three workers were seen taken over
--- four times each, and once buried on the sixth (tests/flows/test_crash_ledger.py).
--- Now the execution the takeover replaces is asked whether it recorded anything (a row
--- of runfleet.steps at its epoch: a step, a clock, a child, an answer). If it did, the
--- losses before it are not in a row with this one: the count starts again, this loss
--- being the first. A poison run re-runs from its records and ends its process before
--- it records anything new, so it still reaches the limit after as many executions as
--- before. The steal and the bury (store/sql/runs.sql) both read the count through this
--- function, under the run's row lock, so they agree on it.
+-- Settings.max_recoveries takeovers in a row (0012). A clean end of an execution (a park,
+-- a release, a settlement) starts the count again, and so does progress: counting only
+-- clean ends would park as poison a healthy run that keeps recording steps while workers
+-- are killed around it (five-step runs under 30 SIGKILLs over three workers are taken
+-- over up to four times each: tests/flows/test_crash_ledger.py). The execution the
+-- takeover replaces is asked whether it recorded anything (a row of runfleet.steps at its
+-- epoch: a step, a clock, a child, an answer). If it did, the losses before it are not in
+-- a row with this one: the count starts again, this loss being the first. A poison run
+-- re-runs from its records and ends its process before it records anything new, so it
+-- still reaches the limit after as many executions as before. The steal and the bury
+-- (store/sql/runs.sql) both read the count through this function, under the run's row
+-- lock, so they agree on it.
 -- Invoker's rights: a worker reads the steps of any run (steps_fleet); one probe of the
 -- run's primary key range of runfleet.steps. A SQL function (its subquery keeps the
 -- planner from inlining it: planned at each takeover, which is rare).
@@ -1622,15 +1622,15 @@ $$;
 
 -- runfleet schema v28: who sweeps a kind is decided by a row only workers can lock.
 --
--- A sweep tick took pg_try_advisory_xact_lock(732011, kind): any login of the database
--- may take any advisory lock, so a producer's or the read-only operator's session that
--- held (732011, 1..8) stopped every sweep of the fleet (no takeover of a killed worker's
--- runs, no delayed run started) for as long as it liked. Now a tick locks its kind's row
--- of runfleet.sweep_leases, FOR UPDATE SKIP LOCKED: locking a row in any mode needs
--- UPDATE on its table, and only runfleet_worker (every table but `grants`,
--- store/sql/roles.sql) and the owner have it; producers and operators have no privilege
--- on this table at all. The lock is still the tick's transaction's, released when it
--- ends or its session dies; the CAS keeps overlapping sweeps correct as before.
+-- Not an advisory lock: any login of the database may take any advisory lock, so a
+-- producer's or the read-only operator's session holding the sweep's would stop every
+-- sweep of the fleet (no takeover of a killed worker's runs, no delayed run started) for
+-- as long as it liked. A tick locks its kind's row of runfleet.sweep_leases, FOR UPDATE
+-- SKIP LOCKED: locking a row in any mode needs UPDATE on its table, and only
+-- runfleet_worker (every table but `grants`, store/sql/roles.sql) and the owner have it;
+-- producers and operators have no privilege on this table at all. The lock is the
+-- tick's transaction's, released when it ends or its session dies; the CAS keeps
+-- overlapping sweeps correct.
 CREATE TABLE runfleet.sweep_leases (
     kind integer PRIMARY KEY,
     name text NOT NULL UNIQUE

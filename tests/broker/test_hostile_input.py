@@ -1,4 +1,4 @@
-"""Hostile bytes are dropped, not fatal: every broker decoder and loop (issue 8 item 10).
+"""Hostile bytes are dropped, not fatal: every broker decoder and loop.
 
 Anyone who can write to Redis can publish on the cancel/settled channels, append
 to a stream or overwrite a liveness key. The decoders are fuzzed with arbitrary

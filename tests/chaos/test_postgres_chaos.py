@@ -1,9 +1,9 @@
 """300 five-step flows on 2 workers while runfleet's Postgres restarts, crashes or loses
-every backend: 0 failed, 0 lost, 0 settled twice, no recorded step re-run (issue 14).
+every backend: 0 failed, 0 lost, 0 settled twice, no recorded step re-run.
 
-Before the fix a connection error inside ``ctx.step``/``ctx.sleep`` bookkeeping escaped
-into the flow body and the run was settled ``failed``; now it is retried while the
-lease holds, and a lapse releases the run to be resumed from its records.
+A connection error inside ``ctx.step``/``ctx.sleep`` bookkeeping never reaches the flow
+body (which would settle the run ``failed``): it is retried while the lease holds, and
+a lapse releases the run to be resumed from its records.
 """
 
 from __future__ import annotations
@@ -39,8 +39,7 @@ async def test_hard_stop_then_start_after_3s(
     Half the flows are plain ``def`` flows: their durable calls cross from a thread to
     the event loop, and a lapse must reach them there too. Concurrency stays below the
     default executor's size (``min(32, cpus + 4)``): a sync body holds a thread while its
-    sync step needs another, so with as many sync bodies as threads the worker starves
-    (found by this test; reported, not fixed here).
+    sync step needs another, so with as many sync bodies as threads the worker starves.
     """
 
     async def crash() -> None:

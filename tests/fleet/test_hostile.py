@@ -1,4 +1,4 @@
-"""Redis write access can delay runs, never decide or kill them (issue 8 items 10 and 11).
+"""Redis write access can delay runs, never decide or kill them.
 
 Real worker processes, real Postgres and Redis. A 200,000-deep JSON array on the
 cancel and settled channels once made every worker exit (RecursionError) and

@@ -1,4 +1,4 @@
-"""One owner at a time under partitions and stalls (issue 8, scenarios 1–4 and fail-stop).
+"""One owner at a time under partitions and stalls.
 
 Every test runs real worker processes whose Postgres and/or Redis traffic passes through
 a freezable TCP proxy (bytes stall both ways, as in a silent packet drop), and flows that
@@ -193,7 +193,7 @@ async def test_lapsed_worker_claims_nothing_until_reconfirmed(
     settings: Settings, store: Store, spawn: Any, ledger: Path, proxied: Proxy
 ) -> None:
     """Hung renewals (A's Postgres link frozen) lapse A; A then claims no new run until a
-    renewal is confirmed again. (A row lock no longer hangs a renewal: it skips the row.)"""
+    renewal is confirmed again. (A row lock does not hang a renewal: it skips the row.)"""
     proxy, database_a = await proxied(settings.database_url)
     a = spawn(concurrency=4, database_url=database_a)
     b: WorkerProc | None = None

@@ -1,4 +1,4 @@
-"""Redis error replies never stop a worker (issue 8, scenario 10): Redis only hints."""
+"""Redis error replies never stop a worker: Redis only hints."""
 
 from __future__ import annotations
 

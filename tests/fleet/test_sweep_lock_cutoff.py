@@ -1,11 +1,11 @@
 """A sweep tick cut off from Postgres midway hands its kind back to the fleet in bounded time.
 
-A tick holds its kind's advisory lock for its whole transaction. A worker partitioned
-from Postgres in the middle of one used to keep the lock for as long as the server kept
-its session, which for a silent client is ``idle_in_transaction_timeout`` (a minute):
-no other worker swept that kind meanwhile, so a stale lease elsewhere in the fleet went
-unswept (found while diagnosing a CI failure of `test_lease_lapse.py`, which had another
-cause). The tick's transaction now may not sit idle past ``Settings.sweep_lock_idle_ms``.
+A tick holds its kind's lock for its whole transaction. Left to the server, a worker
+partitioned from Postgres in the middle of one would keep the lock for as long as the
+server kept its session, which for a silent client is ``idle_in_transaction_timeout`` (a
+minute): no other worker would sweep that kind meanwhile, so a stale lease elsewhere in
+the fleet would go unswept. The tick's transaction may not sit idle past
+``Settings.sweep_lock_idle_ms``.
 """
 
 from __future__ import annotations

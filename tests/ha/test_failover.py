@@ -1,4 +1,4 @@
-"""A fleet on a Patroni cluster loses its primary mid-run (issue 26).
+"""A fleet on a Patroni cluster loses its primary mid-run.
 
 Synchronous replication (Patroni's ``synchronous_mode``): whether the primary's
 Postgres alone is SIGKILLed (Patroni restarts it in place) or the whole node is

@@ -1,4 +1,4 @@
-"""RUNFLEET_READ_DATABASE_URL against a real streaming replica (issue 26).
+"""RUNFLEET_READ_DATABASE_URL against a real streaming replica.
 
 The read commands answer from the replica and say how far it lags; a replica whose
 replay is paused shows the past (a run admitted since is not there), which is why the

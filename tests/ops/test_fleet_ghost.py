@@ -1,4 +1,4 @@
-"""``runfleet fleet`` does not count a ghost: a forged or leftover liveness key (issue 8 item 11).
+"""``runfleet fleet`` does not count a ghost: a forged or leftover liveness key.
 
 A key with no TTL and a confirmed time from 1970 was listed as "up 20787 d" and
 satisfied ``fleet --check`` (a container healthcheck) although no worker exists.

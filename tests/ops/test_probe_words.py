@@ -13,7 +13,7 @@ HB = 1_764_000_000_000
     ("detail", "words"),
     [
         ({"key": "absent"}, "key absent"),
-        ({"key": "missing"}, "key absent"),  # records written before issue 8
+        ({"key": "missing"}, "key absent"),  # the older word for absent, still read
         ({"key": "malformed", "error": "not msgpack: StackError"}, "key malformed: not msgpack"),
         ({"key": "without-ttl", "confirmed_ms": 0}, "key without TTL"),
         ({"key": "ttl-implausible", "ttl_ms": 10**9, "max_ttl_ms": 30_000}, "above the 30.0 s"),

@@ -1,7 +1,7 @@
 """A sync Queue garbage-collected, or left open at interpreter exit, shuts down quietly.
 
-Before the fix each producer process printed "Task was destroyed but it is pending!"
-once per pool worker task: the daemon loop thread died with the tasks still on it.
+No "Task was destroyed but it is pending!" per pool worker task, which is what a daemon
+loop thread dying with the tasks still on it prints.
 """
 
 from __future__ import annotations

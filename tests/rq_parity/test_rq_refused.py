@@ -1,5 +1,5 @@
 """What runfleet refuses where rq would go on: each refusal is loud, at the call, and
-names what to change (issue 21: a difference rq code cannot trip over silently). rq accepts
+names what to change (a difference rq code cannot trip over silently). rq accepts
 every call here, so this runs on runfleet only (``rf``); docs/how-to/moving-from-rq.md lists each
 with its one-line change.
 """

@@ -1,5 +1,5 @@
 """rq's deprecated ``job.result`` property is runfleet's ``result(timeout)`` method: rq code
-that reads it as a value must fail loudly, never go on with a bound method (issue 21).
+that reads it as a value must fail loudly, never go on with a bound method.
 
 Runs on both sides: on rq the same expressions read the value (the control), on runfleet
 each raises ``TypeError`` naming ``return_value()``; calling it is runfleet's wait.

@@ -1,4 +1,4 @@
-"""Where rq's reads come from on runfleet, which rq's own tests cannot show (issue 21).
+"""Where rq's reads come from on runfleet, which rq's own tests cannot show.
 
 The registries are reads of the run rows in Postgres, with no second list: a producer whose
 Redis answers nothing reads every registry exactly as one whose Redis works. A

@@ -10,7 +10,7 @@ under EXPLAIN ANALYZE (retention's prune_batch inside a transaction rolled back)
 ``Seq Scan`` over ``runfleet.runs`` or ``runfleet.journal`` anywhere in a plan fails,
 with every plan printed.
 
-Size: issue 10 speaks of 1,000,000 settled runs. Writing that and its 3,000,000 journal
+Size: the target is 1,000,000 settled runs. Writing that and its 3,000,000 journal
 records takes about a minute on a Postgres with fsync on (the suite's budget here is
 ~40 s), so the default is ``HISTORY_ROWS`` = 300,000 runs and 900,000 records;
 ``RUNFLEET_TEST_HISTORY_ROWS=1000000`` runs the full size. The statistics are real (the

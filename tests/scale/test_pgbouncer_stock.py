@@ -1,11 +1,11 @@
-"""A stock PgBouncer (no ``ignore_startup_parameters``) no longer crash-loops the fleet.
+"""A stock PgBouncer (no ``ignore_startup_parameters``) does not crash-loop the fleet.
 
 runfleet sends its server-side timeouts as the startup parameter ``options``, and a
 PgBouncer that does not list it in ``ignore_startup_parameters`` refuses every such
-connection (``unsupported startup parameter: options``): every worker logged hundreds
-of connection errors and exited, and a producer waited 30 s for ``PoolTimeout``. Now a
-process connects without the parameter once it is refused, and says so in one warning
-that names both fixes (issue 19 item 8).
+connection (``unsupported startup parameter: options``): a worker that insisted would
+log hundreds of connection errors and exit, and a producer would wait 30 s for
+``PoolTimeout``. A process connects without the parameter once it is refused, and says so in one warning
+that names both fixes.
 """
 
 from __future__ import annotations

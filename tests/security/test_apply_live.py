@@ -30,7 +30,7 @@ async def test_reapplying_privileges_waits_on_no_writer(database_url: str) -> No
             await writer.execute(
                 "LOCK TABLE runfleet.runs, runfleet.journal, runfleet.clocks IN ROW EXCLUSIVE MODE"
             )
-            # Before the fix, ALTER TABLE ... OWNER queued behind this writer every time.
+            # An ALTER TABLE ... OWNER would queue behind this writer.
             await asyncio.wait_for(roles.apply_privileges(database_url), 10)
 
 

@@ -1,4 +1,4 @@
-"""No producer or operator reads counters of the whole fleet (issue 19 item 5).
+"""No producer or operator reads counters of the whole fleet.
 
 Producers held USAGE on every sequence and read pg_stat_user_tables, so
 ``pg_sequences.last_value`` and the row counters told one tenant how busy every other

@@ -1,4 +1,4 @@
-"""Errors are printed literally, and odd numbers are refused by name (issue 19 items 6, 7).
+"""Errors are printed literally, and odd numbers are refused by name.
 
 An error message is text, never rich markup: a ``[...]`` in it (an install hint, a run
 id a tenant chose) must print as typed. A duration or count past what the CLI can

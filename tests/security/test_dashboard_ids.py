@@ -1,4 +1,4 @@
-"""Every run id a tenant may choose points at itself on the dashboard (issue 19 item 6).
+"""Every run id a tenant may choose points at itself on the dashboard.
 
 A producer admits runs whose ids a browser would misread in a raw link: ``?`` starts a
 query, ``#`` a fragment, ``\\`` is read as ``/`` and ``..`` climbs a level, so the

@@ -1,4 +1,4 @@
-"""A flow instance serves only the scopes it was declared for (issue 42 item 6).
+"""A flow instance serves only the scopes it was declared for.
 
 The documented pattern gives each tenant an instance of one class-bound flow (its own
 connection string). A tenant's producer could enqueue ``other_tenant.method`` — or write a

@@ -1,4 +1,4 @@
-"""No tenant chooses where a journal record sorts, or whose address it takes (issue 19 item 3).
+"""No tenant chooses where a journal record sorts, or whose address it takes.
 
 A producer could INSERT journal rows with a ``seq`` of its choice: rows just ahead of the
 sequence made the next appends anywhere in the fleet (another tenant's ``enqueue``, a

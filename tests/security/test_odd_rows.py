@@ -1,9 +1,9 @@
-"""Readers never die on one row, and Postgres caps depth as it caps size (issue 42 item 7).
+"""Readers never die on one row, and Postgres caps depth as it caps size.
 
-A producer's raw INSERT of a run whose payload nests 3,000 arrays deep (6 KB) was within
-every size cap; Python's ``json`` gives up past ~1,000 levels, so every reader of the row
-(``runfleet runs``, ``show``, ``explain``, ``cancel``, the dashboard's ``/runs``) died with
-a traceback, and the tenant could not delete the row. Now the database refuses such a value
+A payload that nests 3,000 arrays deep (6 KB) is within every size cap, and Python's
+``json`` gives up past ~1,000 levels, so every reader of such a row (``runfleet runs``,
+``show``, ``explain``, ``cancel``, the dashboard's ``/runs``) would die with a traceback
+and the tenant could not delete the row. The database refuses such a value
 from a producer (``runfleet refuses payload: nested deeper than 64 levels``), a row that
 holds one anyway (written before the cap, or by a role it does not hold) is shown as
 ``<undecodable: ...>`` beside the rest, and a tenant cancels and deletes its own runs.
@@ -106,7 +106,7 @@ async def test_a_producer_cannot_store_a_value_nested_past_the_cap(login: MakeLo
 
 async def _odd_row(database_url: str, me: Login) -> None:
     """The row as the probe left it: 3,000 levels deep, in the tenant's scope. Written by the
-    schema's owner, as a row from before the cap would be (a producer no longer can)."""
+    schema's owner, as a row from before the cap would be (a producer cannot)."""
     await _raw(database_url, ADMIT, ("odd", SCOPES, DEEP, "odd"))
     await _raw(
         database_url,

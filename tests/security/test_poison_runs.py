@@ -1,4 +1,4 @@
-"""Poison runs stop (issue 19): a run whose executions keep ending in a lost process is
+"""Poison runs stop: a run whose executions keep ending in a lost process is
 re-activated at most ``RUNFLEET_MAX_RECOVERIES`` times, then parked ``dead``.
 
 Real ``runfleet worker`` supervisors (``--processes 2``: a child that dies is restarted

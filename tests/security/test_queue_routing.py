@@ -1,9 +1,9 @@
-"""The row decides which pool executes a run, whatever a Redis message names (issue 19 item 2).
+"""The row decides which pool executes a run, whatever a Redis message names.
 
 A run's queue is chosen at admission and kept in Postgres; which worker pool (hardware,
 zone, credentials) executes it follows from that row alone. A well-formed ``schedule``
 message for a run of queue ``gpu``, added by a raw Redis client to another queue's
-stream, used to make that queue's workers claim and complete it. Now they drop it and the
+stream, is dropped by that queue's workers, never claimed and completed there, and the
 run waits for a worker of its own queue; and no claim statement (single delivery, batch,
 drive from the row, two-step claim, steal) takes a run of a queue its store does not serve.
 """
@@ -86,7 +86,7 @@ async def test_a_schedule_message_on_another_queues_stream_moves_nothing(
     # The cpu worker's one wake on gpu's stream (``Decider._not_served``) is written
     # before the trim: the trim destroys it too, and gpu's idle stream, emptied, gets no
     # entry that would move its group past the lost ones (the lost-wake sweep must see that
-    # the stream no longer holds them: it once waited for a delivery that never came).
+    # the stream no longer holds them, not wait for a delivery that never comes).
     await asyncio.sleep(0.5)
     await redis.xtrim(f"{prefix}:q:gpu", maxlen=0)
 

@@ -1,4 +1,4 @@
-"""Derived run ids are runfleet's, whatever client a producer uses (issue 19 item 4).
+"""Derived run ids are runfleet's, whatever client a producer uses.
 
 A child is ``<parent>/child:<flow>#<n>`` and a later round ``<lineage>@<n>``; only workers
 create them (and a producer's requeue of a failed round). The Queue API refused such ids,

@@ -1,4 +1,4 @@
-"""The size caps hold against raw SQL with a producer's own credentials (issue 19 item 4).
+"""The size caps hold against raw SQL with a producer's own credentials.
 
 ``RUNFLEET_MAX_PAYLOAD_BYTES`` (1 MB) bounded payloads, meta, answers and results only in
 Python: a producer's INSERT could store a 3 MB payload, and a raw call of runfleet.answer

@@ -1,4 +1,4 @@
-"""A stopping worker always stops, whatever its runs' code left behind (issue 42 items 8, 9).
+"""A stopping worker always stops, whatever its runs' code left behind.
 
 Real ``runfleet worker`` processes run bodies (tests/security/leftover_flows.py) that leave
 a non-daemon thread, ignore or block SIGTERM and SIGINT, hang in a thread, or schedule

@@ -1,4 +1,4 @@
-"""Text a tenant stored reaches the operator's terminal literally (issue 19 item 6, the CLI).
+"""Text a tenant stored reaches the operator's terminal literally (the CLI).
 
 A producer chooses a run id with a C1 control (CSI, ``\\x9b``) and a right-to-left
 override; its flow fails with an error whose text carries an OSC 8 hyperlink, a

@@ -1,4 +1,4 @@
-"""A run body can do anything to itself and nothing to its process (issue 19, item 1).
+"""A run body can do anything to itself and nothing to its process.
 
 Real ``runfleet worker`` processes, real Postgres and Redis. ``sys.exit()``,
 ``KeyboardInterrupt``, a ``CancelledError`` runfleet did not cause, ``GeneratorExit`` and

@@ -50,7 +50,8 @@ def typed(exc: BaseException) -> bool:
 # ---- the CLI's durations and counts -------------------------------------------------
 
 HUGE_DAYS = "99999999999999999999999d"
-"""issue 19's reproduction (``prune --settled-before``): an OverflowError once."""
+"""A duration past what ``timedelta`` holds (``prune --settled-before``): refused by name,
+no OverflowError."""
 durations = st.one_of(
     st.text(max_size=30),
     st.from_regex(r"\A\s?[0-9]{1,30}(\.[0-9]{1,6})?\s?(ms|s|m|min|h|d)?\s?\Z"),

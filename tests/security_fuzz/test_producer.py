@@ -1,5 +1,5 @@
 """The producer API under hostile input: success or a typed error, never a raw
-exception, a hang or a traceback (issue 9, "Typed errors everywhere")."""
+exception, a hang or a traceback."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ from tests.store.helpers import (
 
 async def test_the_cascade_has_no_arbitrary_depth_cap(store: Store) -> None:
     await create(store, "c0")
-    for depth in range(1, 81):  # deeper than the 64 the walk used to stop at
+    for depth in range(1, 81):  # deeper than 64, a depth a capped walk would stop at
         await create(store, f"c{depth}", parent_id=f"c{depth - 1}")
     outcome = await store.lifecycle.request_cancel("c0")
     assert isinstance(outcome, CancelRequested)

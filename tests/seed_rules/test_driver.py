@@ -1,4 +1,4 @@
-"""Seed rules the run driver and coordinator keep ("implemented but untested" in issue 15).
+"""Seed rules the run driver and coordinator keep, each tested by name.
 
 Real Postgres, the production ``Driver`` (no probe: no witness vouches, as with Redis
 down), other owners simulated only by their rows' owner columns.

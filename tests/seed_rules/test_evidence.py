@@ -1,4 +1,4 @@
-"""Seed rules about evidence and identity (issue 15, tested elsewhere first; here by name).
+"""Seed rules about evidence and identity (also tested elsewhere; here by name).
 
 Evidence is what a process journals about a run it does not own: a takeover it refused or
 lost. The seed addresses it so that the same observation is one record however often it is

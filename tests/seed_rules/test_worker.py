@@ -72,7 +72,7 @@ async def test_a_worker_journals_how_long_its_lease_went_unconfirmed_when_it_lap
     worker: Worker, queue: AsyncQueue, store: Store, settings: Settings
 ) -> None:
     """The worker's own wiring of the lapse gap: its renewals stall in Postgres (the runs
-    table locked: a row lock no longer stalls the renewal, which skips locked rows), its
+    table locked: a row lock does not stall the renewal, which skips locked rows), its
     lease lapses, and the release its drive writes once the database answers records how
     long the lease had gone unconfirmed."""
     sr.STARTED.clear()

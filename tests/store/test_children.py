@@ -1,6 +1,6 @@
 """A settling child hands its outcome to every parent and wakes those parked on it.
 
-Includes the interleaving that used to lose the wake: a parent parks on its child while
+Includes the interleaving that could lose the wake: a parent parks on its child while
 the child's settlement is committed-but-not-yet (the completion was invisible to the park
 and the settlement's wake found no parked row), and the race that makes it happen.
 """

@@ -1,8 +1,8 @@
 """Every connection the store opens runs with JIT off (``store.db.connection_kwargs``).
 
-A settle's statement over a 100,000-run table was estimated past ``jit_above_cost`` and
-paid ~4 s of JIT compilation for 70 ms of work (issue 28, docs/explanation/backlogs.md): the drain
-rate fell with the depth of the backlog.
+With JIT on, a settle's statement over a 100,000-run table is estimated past
+``jit_above_cost`` and pays ~4 s of JIT compilation for 70 ms of work
+(docs/explanation/backlogs.md): the drain rate falls with the depth of the backlog.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ runfleet sends its server-side timeouts as the startup parameter ``options``, an
 PgBouncer that does not list it in ``ignore_startup_parameters`` refuses every such
 connection (``unsupported startup parameter: options``): a worker that insisted would
 log hundreds of connection errors and exit, and a producer would wait 30 s for
-``PoolTimeout``. A process connects without the parameter once it is refused, and says so in one warning
-that names both fixes.
+``PoolTimeout``. A process connects without the parameter once it is refused, and says
+so in one warning that names both fixes.
 """
 
 from __future__ import annotations

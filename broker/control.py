@@ -128,7 +128,7 @@ class RunControl:
             retried=retried,
         )
         if done is None and retried and await self._journaled(run_id, token, actor, approved):
-            return  # our first try committed; its answer was lost with the connection
+            return  # the first try committed; its answer was lost with the connection
         if done is None:
             raise InvalidInput("token", f"run {run_id!r} is not waiting for an approval with it")
         if done.woke:

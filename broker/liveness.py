@@ -247,7 +247,7 @@ class Liveness:
         match seen.state:
             case "unverified":
                 if same_host:
-                    # The pid is alive and Redis cannot tell us its nonce. We vouch: on one
+                    # The pid is alive and Redis cannot tell its nonce. The probe vouches: on one
                     # host a live pid is strong evidence, a reused pid is rare, and a live
                     # owner whose lease went stale is a stuck process an operator must see.
                     # The refusal is re-probed on the backoff ladder.

@@ -137,7 +137,7 @@ def _text(value: bytes | str) -> str:
 
 
 def _is_nogroup(exc: ResponseError) -> bool:
-    """A missing stream or group, raised by a command or by one of our scripts: Redis 7
+    """A missing stream or group, raised by a command or by one of runfleet's scripts: Redis 7
     passes a script's error code on as the reply's, Redis 6.2 (the ``embedded`` extra's)
     wraps it (``Error running script (...): @user_script:19: NOGROUP ...``)."""
     text = str(exc)

@@ -107,7 +107,7 @@ class _Driver:
     def shutdown(self) -> None:
         if self.loop.is_closed():
             return
-        if threading.current_thread() is self.thread:  # collected on our own loop
+        if threading.current_thread() is self.thread:  # collected on its own loop
             task = self.loop.create_task(self._close())
             task.add_done_callback(lambda _t: self.loop.stop())
             return

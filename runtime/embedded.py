@@ -279,7 +279,7 @@ def _start_redis(root: Path, binary: Path, port: int | None) -> Server:
                 if _redis_alive(server):
                     return server
                 if not _is_process(server.pid, b"redis-server"):
-                    break  # it exited (the port was taken since we probed it)
+                    break  # it exited (the port was taken since the probe)
             time.sleep(0.02)
     tail = _tail(home / "server.log")
     raise EmbeddedUnavailable(f"the embedded Redis did not start (log {home}):\n{tail}")
@@ -364,7 +364,8 @@ def _binaries() -> tuple[Path, Path]:
 
 
 def _server_user() -> pwd.struct_passwd | None:
-    """Who runs Postgres: ``nobody`` when we are root (Postgres refuses root), else us."""
+    """Who runs Postgres: ``nobody`` when this process is root (Postgres refuses root), else
+this process's user (None)."""
     return pwd.getpwnam("nobody") if os.geteuid() == 0 else None
 
 

@@ -390,7 +390,7 @@ _pokes: set[asyncio.Task[None]] = set()
 
 
 def _reconnect_again(pool: AsyncConnectionPool[Any]) -> None:
-    """The pool gave up reconnecting: start afresh with one checkout of our own.
+    """The pool gave up reconnecting: start afresh with one checkout of its own.
 
     A caller already waiting does not restart the pool's growth (only a new checkout
     does), so without this it would sit out its whole checkout timeout.

@@ -34,7 +34,7 @@ class Path(StrEnum):
     DIRECT = "direct"
     TRANSACTION_POOLER = "transaction-pooler"
     MIDDLEMAN = "middleman"
-    """A session pooler or a TCP proxy: the backend is not talking to our socket."""
+    """A session pooler or a TCP proxy: the backend is not talking to this client's socket."""
     UNKNOWN = "unknown"
     """A Unix socket or a backend that hides ``client_port``: nothing to compare."""
 
@@ -94,7 +94,7 @@ async def _session(conn: Conn) -> DictRow:
 
 
 def _local_port(conn: Conn) -> int | None:
-    """Our end of the session's socket, None for a Unix socket."""
+    """This client's end of the session's socket, None for a Unix socket."""
     sock = socket.socket(fileno=conn.pgconn.socket)
     try:
         name = sock.getsockname()

@@ -2,7 +2,7 @@
 
 Every core manifest validates (strictly: an unknown field fails) against the Kubernetes
 OpenAPI schemas that the ``kubernetes-validate`` package ships, for the oldest and the
-newest version we claim; the CRD manifests (KEDA, Prometheus Operator) get structural
+newest version runfleet supports; the CRD manifests (KEDA, Prometheus Operator) get structural
 checks instead. Every ``runfleet`` command line parses with the real CLI (the compose
 test's parser), every ``RUNFLEET_*`` variable is a setting, images are pinned, the
 termination grace covers the worker's own, probes hit the paths and port the worker
@@ -43,7 +43,8 @@ AUTOSCALED = {"keda", "hpa-stream-lag"}
 OPTIONAL = {K8S / "secret.example.yaml", K8S / "servicemonitor.yaml"}
 """Manifests deliberately outside every kustomization: applied by hand, if at all."""
 VERSIONS = ("1.29", kubernetes_validate.latest_version())
-"""Oldest Kubernetes we claim (PDB unhealthyPodEvictionPolicy is on by default from 1.27)."""
+"""The oldest and newest Kubernetes runfleet supports (PDB unhealthyPodEvictionPolicy is on
+by default from 1.27)."""
 CRD_KINDS = {
     ("keda.sh/v1alpha1", "ScaledObject"),
     ("keda.sh/v1alpha1", "TriggerAuthentication"),

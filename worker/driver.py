@@ -236,7 +236,7 @@ class Driver:
         """A drive that fails while it may still hold the fence hands the run back now.
 
         Otherwise the activated row stays owned by this live process, which no longer
-        renews it, and every other worker's probe vouches for us: only our own
+        renews it, and every other worker's probe vouches for it: only its own
         ``self-orphaned`` steal would move it, after ``stale_after``. One try, fenced (a
         settlement that did commit makes it a no-op); if the store is down too, the
         steal stays the backstop and the drive's own error is what gets logged.

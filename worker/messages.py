@@ -213,7 +213,7 @@ class Messages:
                     and current.waiting is not None
                     and current.waiting.token == MESSAGE_TOKEN + topic
                 ):
-                    raise self._replay.suspend(WaitingReason.EVENT)  # our park committed unseen
+                    raise self._replay.suspend(WaitingReason.EVENT)  # its park committed unseen
                 case NotOwner() | NotFound():
                     raise self._replay.stop(Cause.LOST_FENCE)
         raise AssertionError("unreachable: a fired clock lets the next receive time out")

@@ -291,12 +291,12 @@ class Replay:
             case GuardFailed():
                 raise self.stop(Cause.CANCELLED)
             case NotOwner(current=current) if self._parked_by_us(current, waiting):
-                raise self.suspend(waiting.reason)  # a retry after our park committed unseen
+                raise self.suspend(waiting.reason)  # a retry after its park committed unseen
             case NotOwner() | NotFound():
                 raise self.stop(Cause.LOST_FENCE)
 
     def _parked_by_us(self, current: RunRow, waiting: Waiting) -> bool:
-        """Suspended at our epoch for our reason: only this tenure's park does that."""
+        """Suspended at this tenure's epoch for its reason: only this tenure's park does that."""
         return (
             current.status is RunStatus.SUSPENDED
             and current.epoch == self.epoch

@@ -237,7 +237,7 @@ class PatroniNode(Throwaway):
         return pid
 
     def _signal_postgres(self, sig: signal.Signals) -> list[int]:
-        """Stop the postmaster (a stopped one forks no child we would miss), then send
+        """Stop the postmaster (a stopped one forks no child the sweep would miss), then send
         ``sig`` to each backend and to the postmaster; the pids signalled.
 
         Not the postmaster's process group: each child Postgres forks calls ``setsid``

@@ -103,7 +103,7 @@ class Throwaway:
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
             return
-        proc.send_signal(signal.SIGSTOP)  # a stopped parent cannot fork a child we miss
+        proc.send_signal(signal.SIGSTOP)  # a stopped parent cannot fork a child this misses
         children = _children(proc.pid)
         with _adopting_orphans():
             proc.kill()
@@ -139,7 +139,7 @@ class Throwaway:
             self.kill()
 
     def _launch(self, workdir: Path, fresh: bool) -> None:
-        # A first start may meet a port taken since we probed it: pick another. A restart
+        # A first start may meet a port taken since it was probed: pick another. A restart
         # keeps its port and retries, since a killed predecessor may still be letting go.
         deadline = time.monotonic() + START_TIMEOUT
         log = workdir / "server.log"

@@ -83,7 +83,7 @@ async def test_same_host_live_pid_without_key_for_nonce_is_reused(
 ) -> None:
     mine = Owner(host_id, os.getpid(), nonce())
     await liveness.refresh(mine, confirmed_ms=HB, lapsed=False, ttl_s=3)
-    # The same pid under another nonce: an earlier process whose pid we now hold.
+    # The same pid under another nonce: an earlier process whose pid this one now holds.
     earlier = Owner(host_id, os.getpid(), nonce())
     probe = await liveness.probe(earlier, HB)
     assert (probe.verdict, probe.evidence) == ("dead", "same-host-pid-reused")

@@ -163,7 +163,7 @@ async def test_group_recreated_after_keys_vanish(
 ) -> None:
     await streams.ensure_groups(["default", "other"])
     await streams.publish("default", msg("lost"))
-    # What FLUSHALL does to this prefix (the server may be shared, so only our keys go).
+    # What FLUSHALL does to this prefix (the server may be shared, so only this prefix's keys go).
     await redis.delete(streams.stream_key("default"), streams.stream_key("other"))
     with caplog.at_level(logging.WARNING, logger="runfleet.broker.streams"):
         assert await streams.read("c1", ["default", "other"], count=5, block_ms=0) == []

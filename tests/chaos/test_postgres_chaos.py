@@ -59,7 +59,7 @@ async def test_hard_stop_then_start_after_3s(
 
 
 async def terminate_backends(admin_url: str, times: int = 3, gap: float = 0.3) -> int:
-    """``pg_terminate_backend`` every client backend but our own, ``times`` over."""
+    """``pg_terminate_backend`` every client backend but this connection's, ``times`` over."""
     killed = 0
     async with await psycopg.AsyncConnection.connect(admin_url, autocommit=True) as conn:
         for _ in range(times):

@@ -121,7 +121,7 @@ async def test_forged_liveness_key_does_not_block_a_takeover(
 ) -> None:
     """No TTL, confirmed in 1970: on another host, and on this host with a running pid."""
     cross = Owner("ghost-host", 4_000_000, uuid.uuid4().hex[:12])
-    same = Owner(settings.host_id, os.getpid(), uuid.uuid4().hex[:12])  # our pid is alive
+    same = Owner(settings.host_id, os.getpid(), uuid.uuid4().hex[:12])  # this test's pid is alive
     rows = [await _ghost_run(store, o) for o in (cross, same)]
     forged = msgpack.packb({"confirmed_ms": 0, "lapsed": False, "started_ms": 0})
     for owner in (cross, same):

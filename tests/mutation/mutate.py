@@ -1,6 +1,6 @@
 """``make mutate MODULE=worker/lease.py``: mutation testing of one module with mutmut.
 
-A developer tool, not part of ``make test``. One module at a time, against only the tests
+Not part of ``make test``. One module at a time, against only the tests
 ``tests/mutation/targets.toml`` maps it to, one mutant at a time: it is sized for a 2-core
 machine shared with other work (minutes per module, not hours).
 

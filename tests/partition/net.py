@@ -204,8 +204,8 @@ def _remove_slot(slot: int) -> None:
     """Delete this slot's namespaces, veths and bridges, whoever left them.
 
     A run killed outright (SIGKILL, OOM) leaves worker processes in the namespaces and
-    servers bound to the slot's bridge addresses: nobody else can be using them while
-    we hold the slot's lock, so they are killed first.
+    servers bound to the slot's bridge addresses: nothing else can be using them while
+    this process holds the slot's lock, so they are killed first.
     """
     _kill_leftovers(slot)
     links = ip("-o", "link", "show", check=False).stdout

@@ -148,7 +148,7 @@ async def test_an_own_orphaned_run_is_taken_back_without_asking_the_probe(
     decided = await Takeover(store, ME, settings, probes).steal(row, None)
     outcome, activated = decided.outcome, decided.activation
     assert outcome == DriveOutcome.STOLEN and activated is not None
-    assert activated.row.recoveries == row.recoveries, "taking back our own is no recovery"
+    assert activated.row.recoveries == row.recoveries, "taking back its own is no recovery"
     assert probes.asked == []
     (steal,) = await records(store, "r", Kind.STOLEN_AND_ACTIVATED)
     assert steal["probe"] == "self-orphaned"

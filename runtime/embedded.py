@@ -365,7 +365,7 @@ def _binaries() -> tuple[Path, Path]:
 
 def _server_user() -> pwd.struct_passwd | None:
     """Who runs Postgres: ``nobody`` when this process is root (Postgres refuses root), else
-this process's user (None)."""
+    this process's user (None)."""
     return pwd.getpwnam("nobody") if os.geteuid() == 0 else None
 
 

@@ -2,7 +2,7 @@
 
 A parentless run (the producer's case, one or a batch) is admitted by one statement
 (``store/sql/admit.sql``, a call of ``runfleet.admit``): one round trip and one implicit
-transaction, where a ``BEGIN``/insert/record/``COMMIT`` sequence took four. A child
+transaction, where a ``BEGIN``/insert/record/``COMMIT`` sequence would take four. A child
 keeps the transaction that locks its parent's row first, so no interleaving with the
 parent's cascade can leave it running unsupervised.
 

@@ -1,9 +1,9 @@
 """A stopping worker process always stops, whatever its runs' code left behind.
 
 Run bodies share the process, and two things they can do outlive them: a thread that is
-not a daemon (the interpreter's exit joins it, so the process lived on after its stop for
-as long as that thread did), and a signal disposition (``signal.signal(SIGTERM,
-SIG_IGN)`` from an async body, which runs on the loop's thread, took the worker's
+not a daemon (the interpreter's exit joins it, so the process would live on after its
+stop for as long as that thread did), and a signal disposition (``signal.signal(SIGTERM,
+SIG_IGN)`` from an async body, which runs on the loop's thread, would take the worker's
 shutdown away). ``StopGuard`` keeps the process's own answer to SIGTERM/SIGINT and ends
 it: it puts the worker's handlers back whenever it finds them changed or the signals
 blocked (checked every ``KEEP_S`` on the loop), and from the first stop (a signal, or the

@@ -5,7 +5,7 @@ The due-clock sweep wakes every parked timer, but only once per ``sweep_interval
 that parked a run knows when it is due: it asks for a wake (a stream message, like any
 other) at that moment. The hint is only a hint: if it is lost with the process, or
 arrives a moment before the database clock says the timer is due, the run stays parked
-and the sweep wakes it as before. A hint that arrives after the sweep is a no-op.
+and the sweep wakes it. A hint that arrives after the sweep is a no-op.
 """
 
 from __future__ import annotations

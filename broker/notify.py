@@ -114,9 +114,10 @@ def _notice_of(kind: ChannelKind, msg: Any) -> Notice | None:
 
 
 # Why a script: a worker settles runs in batches and announces each (one PUBLISH per run);
-# redis-py packs, sends and parses every command in Python, which was a tenth of a
-# draining worker's CPU. One script call carries a batch's notices, published in order;
-# subscribers receive exactly the messages single PUBLISHes would have sent.
+# redis-py packs, sends and parses every command in Python, a tenth of a draining
+# worker's CPU when each notice is its own PUBLISH. One script call carries a batch's
+# notices, published in order; subscribers receive exactly the messages single PUBLISHes
+# would have sent.
 SETTLED_SCRIPT = """
 --[[ runfleet: PUBLISH each of ARGV[1..n] on the channel KEYS[1], in order.
 KEYS[1]    = the settled channel ({prefix}:settled; named as a key so a cluster routes the

@@ -385,7 +385,7 @@ class Driver:
         (another owner took the run meanwhile), or it was cancelled instead.
         """
         outcome = await with_retry("release", lambda: self._park_released(row, cause))
-        if isinstance(outcome, GuardFailed):  # still ours at this epoch, and cancel was asked
+        if isinstance(outcome, GuardFailed):  # still owned at this epoch; cancel asked
             log.info("run.cancel_found_at_release", extra={"run_id": row.id, "cause": cause})
             await self.settlement.cancelled(row, row.epoch, found_at=cause)
             return False

@@ -68,7 +68,7 @@ class RatePump:
                         return  # nothing waits at the gate, and no refusal came meanwhile
                     # A refusal came while this tick looked: its ``due`` saw this pump still
                     # running and started none, and its wake may have been parked after the
-                    # gate was read. Stopping here left it with no pump (a stalled rate).
+                    # gate was read. Stopping here would leave it with no pump (a stalled rate).
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a hint: the lost-wake sweep backs it up

@@ -274,7 +274,7 @@ async def run(base: Settings, *, runs: int, concurrency: int, idle_s: float) -> 
 
 
 def _pid(server: ThrowawayPostgres | ThrowawayRedis) -> int:
-    proc = server._proc  # the harness keeps the server's Popen; the pid is all we read
+    proc = server._proc  # the harness keeps the server's Popen; the pid is all this reads
     if proc is None:
         raise BenchError(f"{server.name} is not running")
     return proc.pid

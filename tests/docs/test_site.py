@@ -69,6 +69,40 @@ NETWORK_LOADS = [
 ]
 
 
+SECTION_FOLDERS = {
+    "Tutorial": "tutorial",
+    "How-to guides": "how-to",
+    "Reference": "reference",
+    "Explanation": "explanation",
+    "Development": "development",
+}
+"""The folder under docs/ of each top-level section of the navigation."""
+
+
+def test_every_page_sits_in_the_folder_its_section_names() -> None:
+    """A page listed under a section of mkdocs.yml's nav lives in that section's folder;
+    only the home page is at the top of docs/."""
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    misplaced = []
+    for entry in config["nav"]:
+        section, value = next(iter(entry.items()))
+        if value == "index.md":
+            continue
+        assert section in SECTION_FOLDERS, f"nav section {section!r} names no folder"
+        pages = _nav([entry])
+        misplaced += [p for p in pages if not p.startswith(SECTION_FOLDERS[section] + "/")]
+    assert misplaced == [], "pages outside their section's folder"
+
+
+PAGE_LIMIT = 40 * 1024
+"""A page longer than this is a log, not a page: cut it to what is current."""
+
+
+def test_no_page_is_over_40_kb() -> None:
+    sizes = {str(p.relative_to(ROOT)): p.stat().st_size for p in _pages()}
+    assert {page: size for page, size in sizes.items() if size > PAGE_LIMIT} == {}
+
+
 def test_the_built_site_loads_nothing_from_the_network(tmp_path: Path) -> None:
     site = tmp_path / "site"
     subprocess.run(

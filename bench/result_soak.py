@@ -26,17 +26,12 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from bench import rq_side
+from bench.drain import FLOWS_MODULE, admit, journal_tail, wait_settled
+from bench.figures import percentile, rate, rss_mb
+from bench.noop import QUEUE, nap, noop_flow
 from runfleet.broker import AsyncQueue, EnqueueSpec, Queue
-from runfleet.ops.bench import rq_side
-from runfleet.ops.bench.drain import FLOWS_MODULE, admit, journal_tail, wait_settled
-from runfleet.ops.bench.fleet_procs import (
-    percentile,
-    rate,
-    rss_mb,
-    runfleet_worker,
-    wait_workers_started,
-)
-from runfleet.ops.bench.noop import QUEUE, nap, noop_flow
+from runfleet.ops.bench.procs import runfleet_worker, wait_workers_started
 from runfleet.ops.bench.scratch import BenchError
 from runfleet.store import Store
 from runfleet.store.config import Settings

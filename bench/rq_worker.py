@@ -11,7 +11,7 @@ comes: a burst of rq's own worker then returned after about a minute now and the
 the workers' exit would have charged rq that minute. Only the interval differs from rq's
 worker here; what the worker does with its commands is rq's. Lab equipment, as the rest
 of rq's side (setup.py's LAB): run it from a checkout (``--worker-class
-runfleet.ops.bench.rq_worker.SimpleWorker``).
+bench.rq_worker.SimpleWorker``).
 """
 
 from __future__ import annotations

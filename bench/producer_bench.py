@@ -1,4 +1,4 @@
-"""``runfleet bench producer``: the producer's path as a user writes it, beside rq and DBOS.
+"""``python -m bench producer``: the producer's path as a user writes it, beside its peers.
 
 A web handler enqueues one job per request; a script enqueues in a loop and then calls
 ``result()`` on each handle; a threaded or an asyncio service shares one queue among its

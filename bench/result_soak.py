@@ -8,10 +8,11 @@ read): runs/s from admission to the last result. Then the same call on runs alre
 settled, one at a time, in ms (rq: ``job.return_value(refresh=True)``, a read of the
 result it keeps in Redis).
 
-In flight: one worker's resident set idle and with ``--rss-runs`` naps executing at once.
+In flight: one worker's resident set idle and with the plan's ``memory.runs`` naps
+executing at once.
 
-Soak (opt-in, ``--soak-runs``): one worker drains no-op runs in batches of 10,000 and its
-resident set is read after each batch, while it is idle between batches; memory left
+Soak (opt-in, the plan's ``soak``): one worker drains no-op runs in batches of 10,000 and
+its resident set is read after each batch, while it is idle between batches; memory left
 behind per run shows up as growth from the first sample (after the warm-up batch) to
 the last.
 """

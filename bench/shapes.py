@@ -200,7 +200,9 @@ async def tasked(tasks: int, runs: int, one: Callable[[], Awaitable[Any]]) -> Ca
 def _rf_threaded(settings: Settings, threads: int, runs: int, mode: Mode) -> Calls:
     name = ADMIT_QUEUE if mode is Mode.ENQUEUE else TRIP_QUEUE
     with Queue(name, settings=settings) as queue:
-        queue.enqueue(noop_flow)  # connect outside the timed part
+        warm = queue.enqueue(noop_flow)  # connect (and wake the workers) untimed
+        if mode is Mode.ROUND_TRIP:
+            warm.result(timeout=RESULT_TIMEOUT)
 
         def one() -> None:
             job = queue.enqueue(noop_flow)
@@ -213,7 +215,9 @@ def _rf_threaded(settings: Settings, threads: int, runs: int, mode: Mode) -> Cal
 async def _rf_tasked(settings: Settings, tasks: int, runs: int, mode: Mode) -> Calls:
     name = ADMIT_QUEUE if mode is Mode.ENQUEUE else TRIP_QUEUE
     async with AsyncQueue(name, settings=settings) as queue:
-        await queue.enqueue(noop_flow)
+        warm = await queue.enqueue(noop_flow)
+        if mode is Mode.ROUND_TRIP:
+            await warm.result(timeout=RESULT_TIMEOUT)
 
         async def one() -> None:
             run = await queue.enqueue(noop_flow)

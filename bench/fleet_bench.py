@@ -40,7 +40,7 @@ TARGETS: dict[str, float] = {
     "enqueue, one call each >= 0.5x rq": 0.5,
     "enqueue_many >= 1x rq": 1.0,
 }
-"""Issue 10's ratios against rq, measured in the same invocation on the same machine."""
+"""The ratios against rq the run reports as targets, both sides in one invocation."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,7 @@ TARGETS: dict[str, float] = {
     "loop of enqueue then result(), no-op jobs >= 3x rq": 3.0,
     "loop of enqueue then result(), three-step flows >= 4x DBOS": 4.0,
 }
-"""Issue 27's ratios, measured in the same invocation on the same machine."""
+"""The ratios the run reports as targets, every side in one invocation."""
 
 ADMIT_QUEUE = "bench-admit"
 """The admission phases' queue: no worker serves it, so the runs they admit never become

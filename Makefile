@@ -8,7 +8,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.runfleet-installed
 
-.PHONY: test test-fast lint docs demo clean browser ha mutate
+.PHONY: test test-fast lint docs demo clean browser ha mutate bench
 
 # The suite in two passes, both always run and both must pass: every test not marked
 # `serial` on $(WORKERS) pytest-xdist workers (each with its own throwaway servers; whole
@@ -47,8 +47,8 @@ browser:
 	  || echo "browser: could not install $(BROWSER_PKGS); the browser test will skip"; \
 	else echo "browser: no chromium; the browser test will skip (apt-get install -y $(BROWSER_PKGS))"; fi
 
-# The failover suite (tests/ha) runs a throwaway Patroni cluster on etcd, both Debian
-# packages. As root with apt, install them when missing, as for the browser; otherwise
+# The failover suite (tests/ha) runs a throwaway Patroni cluster (tests/servers/patroni.py)
+# on etcd, both Debian packages. As root with apt, install them when missing, as for the browser; otherwise
 # only say so: the suite then skips naming the command. Never fails `make test`.
 HA_PKGS := patroni etcd-server
 ha:
@@ -65,6 +65,12 @@ ha:
 # local servers (ops/servers/resolve.py resolves them, as for the tests).
 demo: $(STAMP)
 	$(BIN)/python -m runfleet.ops.demo
+
+# The benchmarks beside runfleet's peers (bench/: rq, Celery, DBOS), from this checkout's
+# root and never from the wheel: `make bench ARGS="fleet --plan bench/plans/tiny.toml"`;
+# without ARGS, the commands. Not part of `make test` (its smoke runs are, tier `bench`).
+bench: $(STAMP)
+	$(BIN)/python -m bench $(or $(ARGS),--help)
 
 # Mutation testing of ONE module against the tests tests/mutation/targets.toml maps it to
 # (`make mutate MODULE=worker/lease.py`; `make mutate` lists the targets; ARGS=--retest

@@ -126,9 +126,9 @@ def rq(tmp: Path, redis_url: str, warm_runs: int) -> tuple[float, list[float]]:
     env = _env(tmp, app)
     queue = f"first-result-{uuid.uuid4().hex[:8]}"
     rq_bin = str(Path(sys.executable).parent / "rq")
-    # ops/bench/rq_worker.py: rq's SimpleWorker, its command poll 0.2 s instead of 60 (with
+    # bench/rq_worker.py: rq's SimpleWorker, its command poll 0.2 s instead of 60 (with
     # redis-py 8 rq's own otherwise stalls up to a minute in its teardown).
-    worker_class = "runfleet.ops.bench.rq_worker.SimpleWorker"
+    worker_class = "bench.rq_worker.SimpleWorker"
     worker = [rq_bin, "worker", "--url", redis_url, "--worker-class", worker_class, queue]
     producer = [sys.executable, "produce.py", redis_url, queue]
     cold = _timed(worker, producer, app, env)

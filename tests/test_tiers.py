@@ -50,7 +50,7 @@ def test_markers_by_place() -> None:
         "partition",
         "serial",
     }
-    assert tiers.markers_for("tests/test_bench_smoke.py::test_flows_bench_against_dbos") == {
+    assert tiers.markers_for("tests/bench/test_peers_smoke.py::test_flows_bench_against_dbos") == {
         "bench"
     }
     assert tiers.markers_for("tests/chaos/test_producers.py::test_sync[a]") == {"serial"}
@@ -65,7 +65,7 @@ def test_markers_by_place() -> None:
 def test_heavy_modules_go_first_and_the_rest_keep_their_order() -> None:
     ids = [
         "tests/broker/test_codec.py::test_a",
-        "tests/test_bench_smoke.py::test_b",
+        "tests/bench/test_peers_smoke.py::test_b",
         "tests/broker/test_codec.py::test_c",
         "tests/chaos/test_backlog_chaos.py::test_d",
     ]

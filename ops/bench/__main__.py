@@ -1,7 +1,14 @@
-"""``python -m ops.bench COMMAND``: each benchmark is one command of this typer app.
+"""``runfleet bench COMMAND``: what an operator measures on their own servers and machine.
 
-Add a benchmark as a module beside ``store_bench`` plus one ``@app.command`` here that
-parses options, calls it, and prints through ``_emit`` (a rich table, or ``--json``).
+``store`` (durable lifecycles against the server's own commit rate), ``capacity`` (what
+one run costs Postgres and Redis) and ``limits`` (what a queue's limits cost the claim
+path) are runfleet's. The benchmarks beside its peers (``fleet``, ``backlog``, ``flows``,
+``producer``) live in a checkout's bench/ folder: here they are thin entries that run it
+from a checkout, or say how.
+
+Add an operator's benchmark as a module beside ``store_bench`` plus one ``@app.command``
+here that parses options, calls it, and prints through ``_emit`` (a rich table, or
+``--json``).
 """
 
 from __future__ import annotations
@@ -9,24 +16,24 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import sys
 from collections.abc import Callable, Coroutine
-from enum import StrEnum
-from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from runfleet.ops.bench import store_bench
+from runfleet.ops.bench.procs import ROOT
 from runfleet.ops.bench.scratch import BenchError, server_url
-
-if TYPE_CHECKING:
-    from runfleet.ops.bench.backlog import BacklogResult
-    from runfleet.ops.bench.fleet_procs import Servers
 
 T = TypeVar("T")
 
-app = typer.Typer(help="runfleet benchmarks (each in a scratch database it drops).")
+app = typer.Typer(
+    help="runfleet benchmarks: your servers and machine (each in a scratch database it "
+    "drops); beside rq, Celery and DBOS from a checkout (python -m bench)."
+)
 
 DatabaseUrl = Annotated[
     str | None,
@@ -38,20 +45,8 @@ DatabaseUrl = Annotated[
 ]
 Concurrency = Annotated[int, typer.Option("--concurrency", "-k", min=1, help="Concurrent tasks.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
-Workers = Annotated[int, typer.Option("--workers", min=1, help="Processes per side.")]
 OneWorker = Annotated[
     int, typer.Option("--concurrency", "-k", min=1, help="Slots of the one worker.")
-]
-SkipFsync = Annotated[
-    bool,
-    typer.Option(
-        "--skip-fsync",
-        help="Skip the fsync on/off measurements (two throwaway servers the bench starts; "
-        "with --database-url: that server as it is, settings never changed).",
-    ),
-]
-SkipDbos = Annotated[
-    bool, typer.Option("--skip-dbos", help="Measure runfleet alone (no DBOS needed).")
 ]
 
 
@@ -65,26 +60,6 @@ def _emit(payload: dict[str, Any], table: Table, as_json: bool) -> None:
         typer.echo(json.dumps(payload, indent=2))
     else:
         Console().print(table)
-
-
-# The peer benchmarks (`fleet` beside rq, `flows` beside DBOS) are lab equipment: the
-# wheel leaves their modules out (setup.py's LAB), so they run from a checkout only.
-LAB_MISSING = (
-    "`runfleet bench {command}` compares runfleet with {peer}; its peer adapters are lab "
-    "equipment, not part of the installed package. Run it from a checkout of the runfleet "
-    "repository: pip install -e '.[dev,bench]' && runfleet bench {command}"
-)
-
-
-def _lab(command: str, peer: str, *modules: str) -> list[Any]:
-    """Import the lab modules a peer benchmark needs, or fail naming the checkout."""
-    try:
-        return [importlib.import_module(f"runfleet.ops.bench.{m}") for m in modules]
-    except ModuleNotFoundError as exc:
-        if not (exc.name or "").startswith("runfleet.ops.bench."):
-            raise
-        typer.echo(LAB_MISSING.format(command=command, peer=peer), err=True)
-        raise typer.Exit(code=2) from exc
 
 
 def _fail(exc: BenchError) -> typer.Exit:
@@ -113,40 +88,6 @@ def _measure_and_print(
     """Run ``bench`` (``_measured``), then print its result as ``table`` or JSON."""
     result = _measured(bench)
     _emit(result.as_json(), table(result), as_json)
-
-
-def _beside_dbos(command: str, peer: str, module: str, skip_dbos: bool) -> Any:
-    """The lab ``module`` of a benchmark beside DBOS (``_lab``); without DBOS installed it
-    exits 2 naming what to install, unless the run skips the DBOS side."""
-    dbos_side, bench = _lab(command, peer, "dbos_side", module)
-    if not skip_dbos and not dbos_side.available():
-        raise _fail(BenchError(dbos_side.DBOS_MISSING))
-    return bench
-
-
-def _listed(text: str, option: str, parse: Callable[[str], T]) -> tuple[T, ...]:
-    """A comma-separated option's values (``--scale 1,2,4``); a bad one is that option's
-    error, named."""
-    try:
-        return tuple(parse(item.strip()) for item in text.split(",") if item.strip())
-    except ValueError as exc:
-        raise typer.BadParameter(f"{option}: {exc}") from exc
-
-
-def _on_servers(
-    database_url: str | None,
-    redis_url: str | None,
-    bench: Callable[[Servers], Coroutine[Any, Any, T]],
-) -> T:
-    """Run ``bench`` on the servers the options name (``fleet_procs.servers``: the URLs,
-    the environment's, else throwaways stopped on the way out); a BenchError exits 2."""
-    from runfleet.ops.bench.fleet_procs import servers
-
-    try:
-        with servers(database_url, redis_url) as found:
-            return asyncio.run(bench(found))
-    except BenchError as exc:
-        raise _fail(exc) from exc
 
 
 @app.command("store")
@@ -206,331 +147,6 @@ def _store_table(result: store_bench.StoreBenchResult) -> Table:
     return table
 
 
-RedisUrl = Annotated[
-    str | None,
-    typer.Option(
-        "--redis-url",
-        help="Redis to benchmark; default RUNFLEET_REDIS_URL, else the services "
-        "runfleet.ops.servers.resolve starts for the app.",
-    ),
-]
-
-
-@app.command("fleet")
-def fleet(
-    runs: Annotated[
-        int, typer.Option("--runs", "-n", min=1, help="Runs per enqueue phase (drain: 2x).")
-    ] = 2000,
-    workers: Workers = 2,
-    concurrency: Annotated[
-        int, typer.Option("--concurrency", "-k", min=1, help="runfleet slots per worker.")
-    ] = 64,
-    latency_samples: Annotated[
-        int, typer.Option("--latency-samples", min=1, help="Idle enqueue->start samples.")
-    ] = 200,
-    kills: Annotated[int, typer.Option("--kills", min=1, help="SIGKILLs to time.")] = 3,
-    recovery_runs: Annotated[
-        int, typer.Option("--recovery-runs", min=1, help="10 s runs admitted before each kill.")
-    ] = 50,
-    rss_runs: Annotated[
-        int, typer.Option("--rss-runs", min=1, help="Runs in flight in the RSS phase.")
-    ] = 500,
-    skip_recovery: Annotated[
-        bool, typer.Option("--skip-recovery", help="Skip the SIGKILL recovery phase.")
-    ] = False,
-    skip_rss: Annotated[
-        bool, typer.Option("--skip-rss", help="Skip the 500-runs-in-flight RSS phase.")
-    ] = False,
-    backlog: Annotated[
-        int, typer.Option("--backlog", min=1, help="Runs pending behind each backlog kill.")
-    ] = 1000,
-    backlog_kills: Annotated[
-        int, typer.Option("--backlog-kills", min=1, help="SIGKILLs to time with a backlog.")
-    ] = 2,
-    backlog_concurrency: Annotated[
-        int, typer.Option("--backlog-concurrency", min=1, help="Slots per worker, backlog phase.")
-    ] = 8,
-    skip_backlog: Annotated[
-        bool, typer.Option("--skip-backlog", help="Skip the SIGKILL-with-backlog phase.")
-    ] = False,
-    scale: Annotated[
-        str,
-        typer.Option(
-            "--scale",
-            help="Process counts to drain 2 x --runs with, each side (comma-separated; '' skips).",
-        ),
-    ] = "1,2,4",
-    skip_fsync: SkipFsync = False,
-    history_rows: Annotated[
-        int,
-        typer.Option(
-            "--history-rows",
-            min=0,
-            help="Settled runs (+3 journal records each) written before the second "
-            "history drain; 0 skips the history case.",
-        ),
-    ] = 1_000_000,
-    result_runs: Annotated[
-        int, typer.Option("--result-runs", min=1, help="Runs whose result() the producer awaits.")
-    ] = 1000,
-    result_samples: Annotated[
-        int, typer.Option("--result-samples", min=1, help="result() calls on settled runs.")
-    ] = 200,
-    skip_results: Annotated[
-        bool, typer.Option("--skip-results", help="Skip the result() phases.")
-    ] = False,
-    soak_runs: Annotated[
-        int,
-        typer.Option(
-            "--soak-runs",
-            min=0,
-            help="Opt-in RSS soak: one worker drains this many runs, RSS sampled every "
-            "10,000 (issue 10: 100000). 0, the default, skips it.",
-        ),
-    ] = 0,
-    backlog_depths: Annotated[
-        str,
-        typer.Option(
-            "--backlog-depths",
-            help="Instead of the phases above: drain a standing backlog of each depth "
-            "(comma-separated, e.g. 1000,10000,100000) with runfleet, rq and Celery side by "
-            "side; runs/s from 10%% to 100%% done (docs/explanation/backlogs.md).",
-        ),
-    ] = "",
-    backlog_systems: Annotated[
-        str,
-        typer.Option(
-            "--backlog-systems", help="With --backlog-depths: which of runfleet,rq,celery."
-        ),
-    ] = "runfleet,rq,celery",
-    profile: Annotated[
-        bool,
-        typer.Option(
-            "--profile",
-            help="With --backlog-depths: preload pg_stat_statements on the bench's throwaway "
-            "Postgres and report each runfleet drain's costliest statements (ms and buffers "
-            "per call) and the pages of every index on runs before and after (--json).",
-        ),
-    ] = False,
-    database_url: DatabaseUrl = None,
-    redis_url: RedisUrl = None,
-    as_json: AsJson = False,
-) -> None:
-    """runfleet vs rq SimpleWorker: enqueue, drain (1/2/4 processes, fsync on/off, with
-    1,000,000 settled runs), result(), idle start latency; SIGKILL recovery (empty queue,
-    and behind a backlog with busy survivors), RSS (and, opt-in, RSS over a long soak).
-    With --backlog-depths: the backlog drain by depth beside rq and Celery, alone."""
-    if backlog_depths:
-        (backlog_bench,) = _lab("fleet --backlog-depths", "rq and Celery", "backlog")
-        drained = _backlog(
-            backlog_depths,
-            backlog_systems,
-            workers,
-            concurrency,
-            database_url,
-            redis_url,
-            profile=profile,
-        )
-        _emit(drained.as_json(), backlog_bench.table(drained), as_json)
-        return
-
-    (fleet_bench,) = _lab("fleet", "rq", "fleet_bench")
-
-    counts = _listed(scale, "--scale", int)
-    result = _on_servers(
-        database_url,
-        redis_url,
-        lambda found: fleet_bench.run(
-            found,
-            runs=runs,
-            workers=workers,
-            concurrency=concurrency,
-            latency_samples=latency_samples,
-            kills=kills,
-            recovery_runs=recovery_runs,
-            skip_recovery=skip_recovery,
-            skip_rss=skip_rss,
-            rss_runs=rss_runs,
-            skip_backlog=skip_backlog,
-            backlog=backlog,
-            backlog_kills=backlog_kills,
-            backlog_concurrency=backlog_concurrency,
-            scale=counts,
-            skip_fsync=skip_fsync,
-            history_rows=history_rows,
-            skip_results=skip_results,
-            result_runs=result_runs,
-            result_samples=result_samples,
-            soak_runs=soak_runs,
-        ),
-    )
-    _emit(result.as_json(), fleet_bench.table(result), as_json)
-
-
-def _backlog(
-    depths: str,
-    systems: str,
-    workers: int,
-    concurrency: int,
-    database_url: str | None,
-    redis_url: str | None,
-    *,
-    profile: bool = False,
-) -> BacklogResult:
-    from runfleet.ops.bench import backlog
-
-    counts = _listed(depths, "--backlog-depths", int)
-    chosen = _listed(systems, "--backlog-systems", str)
-    return _on_servers(
-        database_url,
-        redis_url,
-        lambda found: backlog.run(
-            found,
-            depths=counts,
-            workers=workers,
-            concurrency=concurrency,
-            systems=chosen,
-            profile=profile,
-        ),
-    )
-
-
-@app.command("flows")
-def flows(
-    count: Annotated[
-        int, typer.Option("--flows", "-n", min=1, help="Three-step flows per system.")
-    ] = 1000,
-    workers: Workers = 2,
-    concurrency: Annotated[
-        int, typer.Option("--concurrency", "-k", min=1, help="Flows in flight per process.")
-    ] = 32,
-    dbos_polling: Annotated[
-        str,
-        typer.Option(
-            "--dbos-polling", help="DBOS queue polling intervals to run, s (comma-separated)."
-        ),
-    ] = "1.0,0.05",
-    skip_dbos: SkipDbos = False,
-    sleep_runs: Annotated[
-        int, typer.Option("--sleep-runs", min=1, help="One-second sleeps per sleep mode.")
-    ] = 100,
-    sleep_gap: Annotated[
-        float,
-        typer.Option("--sleep-gap", min=0, help="Seconds between sleeps admitted (0: a burst)."),
-    ] = 0.02,
-    skip_sleep: Annotated[
-        bool, typer.Option("--skip-sleep", help="Skip the sleep-lateness phases.")
-    ] = False,
-    skip_fsync: SkipFsync = False,
-    skip_tracing: Annotated[
-        bool,
-        typer.Option("--skip-tracing", help="Skip the RUNFLEET_OTEL row (needs the otel extra)."),
-    ] = False,
-    database_url: DatabaseUrl = None,
-    redis_url: RedisUrl = None,
-    as_json: AsJson = False,
-) -> None:
-    """runfleet vs DBOS: three-step durable flows/s on one Postgres, and with fsync on and
-    off, and with tracing on; 1 s sleep lateness."""
-    flows_bench = _beside_dbos("flows", "DBOS", "flows_bench", skip_dbos)
-    polling = _listed(dbos_polling, "--dbos-polling", float)
-    result = _on_servers(
-        database_url,
-        redis_url,
-        lambda found: flows_bench.run(
-            found,
-            flows=count,
-            workers=workers,
-            concurrency=concurrency,
-            dbos_polling=polling,
-            skip_dbos=skip_dbos,
-            sleep_runs=sleep_runs,
-            sleep_gap=sleep_gap,
-            skip_sleep=skip_sleep,
-            skip_fsync=skip_fsync,
-            skip_tracing=skip_tracing,
-        ),
-    )
-    _emit(result.as_json(), flows_bench.table(result), as_json)
-
-
-class ProducerPhase(StrEnum):
-    """A phase ``bench producer --only`` runs alone."""
-
-    FLOWS = "flows"
-
-
-@app.command("producer")
-def producer(
-    runs: Annotated[int, typer.Option("--runs", "-n", min=1, help="Runs per phase.")] = 1000,
-    flows: Annotated[
-        int, typer.Option("--flows", min=1, help="Three-step flows per loop, each side.")
-    ] = 300,
-    workers: Workers = 2,
-    concurrency: Annotated[
-        int, typer.Option("--concurrency", "-k", min=1, help="Slots per runfleet/DBOS process.")
-    ] = 32,
-    samples: Annotated[
-        int, typer.Option("--samples", min=1, help="Settled reads and idle starts timed.")
-    ] = 200,
-    rounds: Annotated[
-        int, typer.Option("--rounds", min=1, help="Alternations of runfleet and its peer.")
-    ] = 3,
-    dbos_polling: Annotated[
-        float, typer.Option("--dbos-polling", min=0.001, help="DBOS queue polling interval, s.")
-    ] = 0.05,
-    skip_dbos: SkipDbos = False,
-    only: Annotated[
-        ProducerPhase | None,
-        typer.Option(
-            "--only",
-            help="Run one phase alone: 'flows' (the three-step flows loop, runfleet and "
-            "DBOS alternated round by round).",
-        ),
-    ] = None,
-    database_url: DatabaseUrl = None,
-    redis_url: RedisUrl = None,
-    as_json: AsJson = False,
-) -> None:
-    """The producer's path as users write it, vs rq and DBOS in one invocation: single
-    enqueue, enqueue_many, the loop of enqueue then result() (no-op jobs vs rq, three-step
-    flows vs DBOS), result() of a settled run, idle enqueue -> start; each target met or
-    missed."""
-    producer_bench = _beside_dbos("producer", "rq and DBOS", "producer_bench", skip_dbos)
-    if only is ProducerPhase.FLOWS:
-        alone = _on_servers(
-            database_url,
-            redis_url,
-            lambda found: producer_bench.run_flows_only(
-                found,
-                flows=flows,
-                workers=workers,
-                concurrency=concurrency,
-                rounds=rounds,
-                dbos_polling=dbos_polling,
-                skip_dbos=skip_dbos,
-            ),
-        )
-        _emit(alone.as_json(), producer_bench.flows_table(alone), as_json)
-        return
-    result = _on_servers(
-        database_url,
-        redis_url,
-        lambda found: producer_bench.run(
-            found,
-            runs=runs,
-            flows=flows,
-            workers=workers,
-            concurrency=concurrency,
-            samples=samples,
-            rounds=rounds,
-            dbos_polling=dbos_polling,
-            skip_dbos=skip_dbos,
-        ),
-    )
-    _emit(result.as_json(), producer_bench.table(result), as_json)
-
-
 @app.command("capacity")
 def capacity(
     runs: Annotated[int, typer.Option("--runs", "-n", min=1, help="Runs per batch.")] = 1000,
@@ -565,6 +181,66 @@ def limits(
 
     bench = lim.run(Settings(), runs=runs, concurrency=concurrency, rate_per_s=rate)
     _measure_and_print(bench, lim.table, as_json)
+
+
+# ---- the peer benchmarks: a checkout's bench/ folder -------------------------------------
+
+PEERS = {
+    "fleet": "rq",
+    "backlog": "rq and Celery",
+    "flows": "DBOS",
+    "producer": "rq, Celery and DBOS",
+}
+"""The benchmarks beside runfleet's peers: ``python -m bench COMMAND`` in a checkout."""
+
+CHECKOUT_ONLY = (
+    "`runfleet bench {command}` compares runfleet with {peer}. The peer benchmarks are not "
+    "part of the installed package: they live in the bench/ folder of the runfleet "
+    "repository and run from a checkout, from its root:\n"
+    "  pip install -e '.[dev,bench]'\n"
+    "  python -m bench {command} --help"
+)
+
+
+def peer_app() -> Any | None:
+    """bench/'s typer app when this runfleet runs from a checkout that has it, else None.
+
+    Looked up beside the folder runfleet/ is in (a checkout's root; site-packages has no
+    bench/ of runfleet's), never as whatever ``bench`` the path happens to hold.
+    """
+    checkout = ROOT
+    if not (checkout / "bench" / "__main__.py").is_file():
+        return None
+    if str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    try:
+        module = importlib.import_module("bench.__main__")
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] != "bench":
+            raise
+        return None
+    found: Any = getattr(module, "app", None)
+    return found
+
+
+def _peer_command(command: str, peer: str) -> None:
+    def run_peer(ctx: typer.Context) -> None:
+        peers = peer_app()
+        if peers is None:
+            typer.echo(CHECKOUT_ONLY.format(command=command, peer=peer), err=True)
+            raise typer.Exit(code=2)
+        peers(args=[command, *ctx.args], prog_name="python -m bench")
+
+    app.command(
+        command,
+        help=f"runfleet beside {peer}: python -m bench {command} in a checkout (bench/).",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        add_help_option=False,
+    )(run_peer)
+
+
+for _command, _peer in PEERS.items():
+    _peer_command(_command, _peer)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ import redis
 from rich.table import Table
 
 from runfleet.broker import AsyncQueue, EnqueueSpec
-from runfleet.ops.bench.fleet_procs import runfleet_worker, wait_workers_started
+from runfleet.ops.bench.procs import runfleet_worker, wait_workers_started
 from runfleet.ops.bench.scratch import BenchError
 from runfleet.ops.bench.three_steps import QUEUE, three_steps
 from runfleet.ops.servers.postgres import ThrowawayPostgres

@@ -1,6 +1,6 @@
 """``runfleet bench limits``: what a queue's limits cost the claim path, counted by Postgres.
 
-Issue 24's bound: the limits add at most one statement per claim batch. One worker
+The bound: the limits add at most one statement per claim batch. One worker
 process drains the same zero-step batch on its own throwaway servers (as ``bench
 capacity``) under four settings of the queue: unlimited; a concurrency and a rate that
 never bind (every claim takes the queue row's lock and a token); a rate that binds (the
@@ -23,7 +23,7 @@ from rich.table import Table
 
 from runfleet.broker import AsyncQueue, EnqueueSpec
 from runfleet.ops.bench.capacity import BATCH, FLOWS_MODULE, zero_steps
-from runfleet.ops.bench.fleet_procs import runfleet_worker, wait_workers_started
+from runfleet.ops.bench.procs import runfleet_worker, wait_workers_started
 from runfleet.ops.bench.scratch import BenchError
 from runfleet.ops.bench.three_steps import QUEUE
 from runfleet.ops.servers.postgres import ThrowawayPostgres

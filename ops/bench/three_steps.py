@@ -1,7 +1,9 @@
-"""The flows benchmark's work: a flow of three trivial steps, and a one-second sleep.
+"""A flow of three trivial steps, and a one-second sleep: the work ``bench capacity``
+costs per step, and the flows benchmarks run beside DBOS.
 
 The step functions are plain and shared: runfleet records them with ``ctx.step``, the
-DBOS side (``dbos_app``) wraps the very same functions with ``DBOS.step``.
+DBOS side (a checkout's ``bench/dbos_app.py``) wraps the very same functions with
+``DBOS.step``.
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ SELECT coalesce(sum(s.calls) FILTER (WHERE s.query ~ 'queue_free_slots|start_gra
  WHERE d.datname = current_database();
 
 -- name: statements_reset
--- `bench fleet --backlog-depths --profile`: forget this database's statement counters
+-- `python -m bench backlog --profile`: forget this database's statement counters
 -- (pg_stat_statements) before a drain, so the profile counts that drain alone.
 SELECT pg_stat_statements_reset(0, d.oid, 0) FROM pg_database d WHERE d.datname = current_database();
 

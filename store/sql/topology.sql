@@ -41,7 +41,7 @@ SELECT coalesce(application_name, '') AS name,
 
 -- name: walsender_pids
 -- The processes streaming WAL from this primary (the failover suite pauses them to hold
--- a standby behind: ops/servers/patroni.py).
+-- a standby behind: tests/servers/patroni.py).
 SELECT pid FROM pg_stat_replication;
 
 -- name: present_runs

@@ -16,8 +16,8 @@ import pytest
 import redis
 from rq import Queue as RqQueue
 
+from bench.rq_worker import SimpleWorker  # rq's, its command channel polled promptly
 from runfleet import broker
-from runfleet.ops.bench.rq_worker import SimpleWorker  # rq's, its command channel polled promptly
 from runfleet.store.config import Settings
 from runfleet.worker.process import Worker
 from tests.fleet.flows import add

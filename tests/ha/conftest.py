@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from runfleet.ops.servers.patroni import INSTALL_HINT, PatroniCluster, ha_binaries
+from tests.servers.patroni import INSTALL_HINT, PatroniCluster, ha_binaries
 
 
 @pytest.fixture

@@ -18,11 +18,11 @@ import psycopg
 
 import tests.chaos.flows as cf
 from runfleet.broker import AsyncQueue, EnqueueSpec
-from runfleet.ops.servers.patroni import PatroniCluster
 from runfleet.ops.servers.redis import ThrowawayRedis
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate
 from tests.fleet.procs import WorkerProc
+from tests.servers.patroni import PatroniCluster
 
 SEQUENTIAL = 300
 BATCHES = 5

@@ -28,11 +28,11 @@ import psycopg
 
 import tests.ha.flows as hf
 from runfleet.broker import AsyncQueue, EnqueueSpec
-from runfleet.ops.servers.patroni import PatroniCluster
 from runfleet.store.config import Settings
 from runfleet.store.errors import Unavailable
 from runfleet.store.migrate import migrate
 from tests.fleet.procs import WorkerProc
+from tests.servers.patroni import PatroniCluster
 
 FLOWS = "tests.ha.flows"
 WARM = 100

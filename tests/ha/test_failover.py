@@ -17,9 +17,9 @@ import pytest
 
 from runfleet.ops.cli.doctor import Doctor
 from runfleet.ops.models import Check
-from runfleet.ops.servers.patroni import PatroniCluster
 from runfleet.store.config import Settings
 from tests.ha.harness import Failover, run_failover
+from tests.servers.patroni import PatroniCluster
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(300)]  # a cluster per test, a failover each
 

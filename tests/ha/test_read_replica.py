@@ -19,10 +19,10 @@ import pytest
 import tests.chaos.flows as cf
 from runfleet.broker import AsyncQueue
 from runfleet.ops.dashboard.app import create_app
-from runfleet.ops.servers.patroni import PatroniCluster
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate
 from tests.ops.conftest import cli_env, invoke
+from tests.servers.patroni import PatroniCluster
 from tests.support.polling import until
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(300)]

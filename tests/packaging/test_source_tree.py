@@ -22,7 +22,8 @@ FIND = """
 import importlib.util, json, sys
 found = {}
 for name in ("runfleet", "runfleet.store", "runfleet.broker", "runfleet.worker",
-             "runfleet.ops", "runfleet.runtime", "runfleet.ops.bench.rq_side",
+             "runfleet.ops", "runfleet.runtime", "runfleet.ops.bench.store_bench",
+             "runfleet.bench",
              "runfleet.tests", "runfleet.pip",
              "runfleet.scripts", "store", "broker", "worker"):
     spec = importlib.util.find_spec(name)
@@ -44,8 +45,10 @@ def _assert_checkout(found: dict[str, str | None], checkout: Path) -> None:
         assert origin is not None, top
         # The symlink's path, which is the checkout's folder.
         assert Path(origin).resolve() == (checkout / top / "__init__.py").resolve(), found
-    # Lab equipment is there in a checkout; nothing else becomes runfleet.*.
-    assert found["runfleet.ops.bench.rq_side"] is not None
+    # The operator's own benchmarks are runfleet's; the peer benchmarks (bench/) and the
+    # test suites are the checkout's, never runfleet.*.
+    assert found["runfleet.ops.bench.store_bench"] is not None
+    assert found["runfleet.bench"] is None
     assert found["runfleet.tests"] is None and found["runfleet.pip"] is None
     assert found["runfleet.scripts"] is None
 

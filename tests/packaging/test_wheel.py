@@ -35,16 +35,26 @@ WHEELHOUSE = Path(
 TOPS = ("store", "broker", "worker", "ops", "runtime")
 
 
-def lab_modules() -> set[str]:
-    """setup.py's LAB: the dotted modules the wheel must leave out."""
-    tree = ast.parse((ROOT / "setup.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "LAB" for t in node.targets
-        ):
-            lab: dict[str, set[str]] = ast.literal_eval(node.value)
-            return {f"{package}.{module}" for package, mods in lab.items() for module in mods}
-    raise AssertionError("setup.py has no LAB")
+LAB = (ROOT / "bench", ROOT / "tests" / "servers")
+"""The checkout's lab equipment: the benchmarks beside runfleet's peers, and the servers
+only the test suites start (a Patroni cluster, TLS-only Postgres and Redis)."""
+
+LAB_IMPORTS = (
+    "bench", "bench.fleet_bench", "tests.servers.patroni",
+    "runfleet.bench", "runfleet.ops.bench.fleet_bench", "runfleet.ops.bench.rq_side",
+    "runfleet.ops.servers.patroni", "runfleet.ops.servers.tls",
+)  # fmt: skip
+"""Where the lab's modules are, or were once: none of them imports from the wheel."""
+
+
+def lab_files() -> dict[str, bytes]:
+    """Every file of the lab with content (relative path -> bytes), plans included."""
+    return {
+        str(path.relative_to(ROOT)): path.read_bytes()
+        for folder in LAB
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts and path.stat().st_size
+    }
 
 
 def _run(
@@ -111,19 +121,26 @@ def venv(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Iterator[Path
 
 
 def test_the_wheel_holds_runfleet_only_and_no_lab_equipment(wheel: Path) -> None:
-    names = zipfile.ZipFile(wheel).namelist()
+    archive = zipfile.ZipFile(wheel)
+    names = archive.namelist()
     tops = {name.split("/")[0] for name in names}
     assert tops == {"runfleet", f"runfleet-{runfleet.__version__}.dist-info"}, tops
-    modules = {n.removesuffix(".py").replace("/", ".") for n in names if n.endswith(".py")}
-    lab = lab_modules()
-    assert lab and not lab & modules, lab & modules
+    # Nothing of bench/ or tests/servers/ is in it, under any name: no file of the wheel
+    # has the content of a lab file, and no module bears a lab module's name.
+    lab = lab_files()
+    assert len(lab) > 20 and "bench/plans/tiny.toml" in lab, sorted(lab)
+    contents = {archive.read(name) for name in names}
+    assert not [path for path, body in lab.items() if body in contents]
+    stems = {Path(p).name for p in lab if Path(p).suffix == ".py"} - {"__init__.py", "__main__.py"}
+    assert not [n for n in names if Path(n).name in stems]
     for needed in (
         "runfleet/py.typed",
         "runfleet/store/schema.sql",
         "runfleet/store/migrations/0001_initial.sql",
         "runfleet/store/sql/runs.sql",
         "runfleet/ops/dashboard/templates/base.html",
-        "runfleet/ops/bench/capacity.py",
+        "runfleet/ops/bench/capacity.py",  # what an operator measures on their own servers
+        "runfleet/ops/bench/store_bench.py",
         "runfleet/ops/servers/resolve.py",  # the demo's and bench capacity's servers
     ):
         assert needed in names, needed
@@ -140,6 +157,11 @@ def test_the_sdist_builds_the_same_package(dist: Path) -> None:
 
 CHECK = """
 import importlib.util, json, sys
+def there(name):
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # its parent package is absent
+        return False
 import ops
 import runfleet
 from runfleet import AsyncQueue, Job, Queue, Retry, StepRetry, flow
@@ -149,7 +171,7 @@ print(json.dumps({
     "ops": ops.__file__, "charm": hasattr(ops, "CharmBase"),
     "runfleet": runfleet.__file__, "inner_ops": runfleet.ops.__name__,
     "tops": [n for n in ("store", "broker", "worker") if importlib.util.find_spec(n)],
-    "lab": [m for m in sys.argv[1:] if importlib.util.find_spec(m)],
+    "lab": [m for m in sys.argv[1:] if there(m)],
     "migrations": len(migrations()), "version": runfleet.__version__,
     "all": sorted(runfleet.__all__),
 }))
@@ -159,7 +181,7 @@ print(json.dumps({
 def test_runfleet_and_pypis_ops_both_import_from_the_wheel(venv: Path, tmp_path: Path) -> None:
     site = next((venv / "lib").glob("python3*/site-packages"))
     python = str(venv / "bin" / "python")
-    done = _run([python, "-c", CHECK, *sorted(lab_modules())], cwd=tmp_path)
+    done = _run([python, "-c", CHECK, *LAB_IMPORTS], cwd=tmp_path)
     found = json.loads(done.stdout)
     assert found["ops"] == str(site / "ops" / "__init__.py") and found["charm"], found
     assert found["runfleet"] == str(site / "runfleet" / "__init__.py"), found
@@ -181,9 +203,11 @@ async def test_the_console_script_works_from_the_wheel(
     url = await new_empty_database()
     migrated = _run([script, "migrate", "--database-url", url], cwd=tmp_path)
     assert "migrations applied" in migrated.stdout
-    # What a user benchmarks on their own servers is there; a peer benchmark names what is
-    # missing and where to get it, instead of a traceback.
-    for command in ("store", "capacity"):
+    # What a user benchmarks on their own servers is there; a peer benchmark says how to
+    # run it from a checkout, instead of a traceback.
+    for command in ("store", "capacity", "limits"):
         assert "--json" in _run([script, "bench", command, "--help"], cwd=tmp_path).stdout
-    peer = _run([script, "bench", "fleet"], cwd=tmp_path, code=2)
-    assert "lab equipment" in peer.stderr and "pip install -e '.[dev,bench]'" in peer.stderr
+    for command in ("fleet", "backlog", "flows", "producer"):
+        peer = _run([script, "bench", command, "--runs", "5"], cwd=tmp_path, code=2)
+        assert f"python -m bench {command} --help" in peer.stderr, peer.stderr
+        assert "pip install -e '.[dev,bench]'" in peer.stderr and "bench/" in peer.stderr

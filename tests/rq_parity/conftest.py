@@ -163,8 +163,8 @@ def _rq_side(url: str) -> Side:
         kwargs.setdefault("connection", conn)
         return rq.Queue(name, **kwargs)
 
-    from runfleet.ops.bench.rq_side import RQ_WORKER
-    from runfleet.ops.bench.rq_worker import SimpleWorker
+    from bench.rq_side import RQ_WORKER
+    from bench.rq_worker import SimpleWorker
 
     def work(*queues: Any) -> None:
         SimpleWorker(list(queues), connection=conn).work(burst=True)
@@ -172,7 +172,7 @@ def _rq_side(url: str) -> Side:
     def work_in_background(*queues: Any, forking: bool = False) -> _Process:
         # rq's worker installs signal handlers: off the main thread it is a process
         rq_bin = Path(sys.executable).with_name("rq")
-        worker_class = "runfleet.ops.bench.rq_worker.Worker" if forking else RQ_WORKER
+        worker_class = "bench.rq_worker.Worker" if forking else RQ_WORKER
         command = [str(rq_bin), "worker", "--burst", "-u", url, "-w", worker_class]
         return _Process(
             subprocess.Popen(

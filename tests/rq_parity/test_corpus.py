@@ -18,8 +18,8 @@ import pytest
 import redis
 import rq
 
+from bench.rq_side import RQ_WORKER
 from runfleet import broker
-from runfleet.ops.bench.rq_side import RQ_WORKER
 from runfleet.store.config import Settings
 from tests.rq_parity.conftest import ThreadWorker
 from tests.rq_parity.snippets import SNIPPETS, Api

@@ -110,7 +110,7 @@ def test_requeue(rqx: Side) -> None:
     queue = rqx.Queue()
     # rq's suite says failure_ttl=5; on a loaded two-core box rq's own side took longer
     # than that between the two works and its job hash expired (NoSuchJobError), and
-    # rq's worker once took a minute to return (its teardown's stall: ops/bench/rq_worker.py).
+    # rq's worker once took a minute to return (its teardown's stall: bench/rq_worker.py).
     # The TTL is not what this test is about.
     job = queue.enqueue(fixtures.div_by_zero, failure_ttl=3600)
     rqx.work(queue)

@@ -3,7 +3,7 @@
 A fleet that has run for months holds a great many settled runs and their journal
 records; no sweep may read them. The database here holds that history (settled runs,
 three journal records each: ``bench.history_runs``/``bench.history_journal``, the fill
-``runfleet bench fleet`` uses for its history case) around every kind of row a sweep
+``python -m bench fleet`` uses for its history case) around every kind of row a sweep
 must and must not take (``tests/store/test_sweep_plans.KINDS``, plus stale and fresh
 claims), vacuumed and analyzed as autovacuum would leave it. Each sweep query then runs
 under EXPLAIN ANALYZE (retention's prune_batch inside a transaction rolled back); a

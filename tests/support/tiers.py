@@ -67,8 +67,8 @@ TIERS: dict[str, tuple[str, ...]] = {
     "partition": ("tests/partition/",),
     "ha": ("tests/ha/",),
     "bench": (
-        "tests/test_bench_smoke.py",
-        "tests/test_backlog_bench_smoke.py",
+        "tests/bench/test_peers_smoke.py",
+        "tests/bench/test_backlog_smoke.py",
         "tests/scale/test_capacity_bench.py",
         "tests/scale/test_limits_bench.py",
     ),
@@ -80,8 +80,8 @@ FAST_EXCLUDES = ("chaos", "partition", "ha", "bench", "serial")
 
 HEAVY_FIRST: tuple[str, ...] = (
     "tests/chaos/test_backlog_chaos.py",
-    "tests/test_bench_smoke.py",
-    "tests/test_backlog_bench_smoke.py",
+    "tests/bench/test_peers_smoke.py",
+    "tests/bench/test_backlog_smoke.py",
     "tests/packaging/test_wheel.py",
 )
 """Modules that take a minute or more, handed to the xdist workers first.

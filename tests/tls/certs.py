@@ -10,7 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from runfleet.ops.servers.tls import TlsFiles
+from tests.servers.tls import TlsFiles
 
 EC_KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from runfleet.ops.servers.postgres import postgres_bindir
-from runfleet.ops.servers.tls import TlsFiles, TlsPostgres, TlsRedis, redis_tls_supported
 from runfleet.store.migrate import migrate_blocking
+from tests.servers.tls import TlsFiles, TlsPostgres, TlsRedis, redis_tls_supported
 from tests.tls.certs import make_ca, make_server, openssl_missing
 
 

@@ -17,11 +17,11 @@ import tests.tls.flows as flows
 from runfleet.broker import AsyncQueue
 from runfleet.broker.client import connect
 from runfleet.ops.models import DoctorView
-from runfleet.ops.servers.tls import TlsPostgres, TlsRedis
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.worker.process import Worker
 from tests.ops.conftest import invoke
+from tests.servers.tls import TlsPostgres, TlsRedis
 from tests.tls.conftest import Pki
 
 

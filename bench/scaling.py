@@ -1,13 +1,13 @@
 """How the fleet's drain scales: with processes, with disk flushes, with history.
 
-Every row is a drain of a standing backlog of no-op runs (``ops.bench.drain``), runfleet
+Every row is a drain of a standing backlog of no-op runs (``bench.drain``), runfleet
 beside rq where rq has an equivalent:
 
 - processes: the same backlog drained by 1, 2 and 4 worker processes on each side,
   one count after the other (rq, then runfleet), so a change in the machine's load
   hits both sides of a row alike;
 - fsync: runfleet's drain on a server that flushes every commit and on one that does
-  not (``ops.bench.durability``), each beside rq's drain at the same process count;
+  not (``bench.durability``), each beside rq's drain at the same process count;
 - history: the drain in a fresh database (after an untimed warm-up drain), then again
   after 1,000,000 settled runs and their journal records were written into it
   (``bench.history_*``: one INSERT ... SELECT generate_series each, then ANALYZE). The
@@ -24,12 +24,12 @@ from typing import Any
 import psycopg
 from rich.table import Table
 
-from runfleet.ops.bench import rq_side
-from runfleet.ops.bench.drain import drop_keys, runfleet_drain
-from runfleet.ops.bench.durability import Target, targets
-from runfleet.ops.bench.fleet_procs import Servers, bench_prefix
-from runfleet.ops.bench.noop import QUEUE, noop_flow
-from runfleet.ops.bench.rq_side import Drain
+from bench import rq_side
+from bench.drain import drop_keys, runfleet_drain
+from bench.durability import Target, targets
+from bench.noop import QUEUE, noop_flow
+from bench.rq_side import Drain
+from bench.servers import Servers, bench_prefix
 from runfleet.ops.bench.scratch import scratch_database
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate

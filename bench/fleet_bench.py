@@ -5,12 +5,12 @@ Redis; runfleet also writes every run to Postgres (row + journal) in a scratch d
 Figures are side by side and the verdicts against rq are ratios (see ``TARGETS``), never
 absolute thresholds a slower machine would fail. Then, side by side where rq has an
 equivalent: the drain with 1, 2 and 4 processes, with fsync on and off, with 1,000,000
-settled runs in the tables (``ops.bench.scaling``), and with a producer waiting on every
-result (``ops.bench.result_soak``). Runfleet alone: how soon a SIGKILLed worker's
+settled runs in the tables (``bench.scaling``), and with a producer waiting on every
+result (``bench.result_soak``). Runfleet alone: how soon a SIGKILLed worker's
 runs are re-activated elsewhere (database time, kill to each steal) on an empty queue and
-behind a 1,000-run backlog with busy survivors (``ops.bench.recovery_bench``), a
-worker's resident memory with 500 runs in flight, and (opt-in, ``--soak-runs``) over
-100,000 runs.
+behind a 1,000-run backlog with busy survivors (``bench.recovery_bench``), a
+worker's resident memory with 500 runs in flight, and (opt-in, the plan's ``soak``) over
+100,000 runs. ``bench.plan.FleetPlan`` says which phases run and how large.
 """
 
 from __future__ import annotations
@@ -22,15 +22,13 @@ from typing import Any
 
 from rich.table import Table
 
-from runfleet.ops.bench import result_soak, rq_side, runfleet_side, scaling
-from runfleet.ops.bench.drain import drop_keys
-from runfleet.ops.bench.fleet_procs import (
-    Servers,
-    bench_prefix,
-    percentile,
-)
-from runfleet.ops.bench.recovery_bench import Recovery, empty_queue, with_backlog
-from runfleet.ops.bench.scratch import BenchError, scratch_database
+from bench import result_soak, rq_side, runfleet_side, scaling
+from bench.drain import drop_keys
+from bench.figures import percentile
+from bench.plan import FleetPlan
+from bench.recovery_bench import Recovery, empty_queue, with_backlog
+from bench.servers import Servers, bench_prefix
+from runfleet.ops.bench.scratch import scratch_database
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate
@@ -42,14 +40,12 @@ TARGETS: dict[str, float] = {
     "enqueue, one call each >= 0.5x rq": 0.5,
     "enqueue_many >= 1x rq": 1.0,
 }
-"""Issue 10's ratios against rq, measured in the same invocation on the same machine."""
+"""The ratios against rq the run reports as targets, both sides in one invocation."""
 
 
 @dataclass(frozen=True, slots=True)
 class FleetBenchResult:
-    runs: int
-    workers: int
-    concurrency: int
+    plan: FleetPlan
     rq: rq_side.SideResult
     runfleet: rq_side.SideResult
     recovery: Recovery | None
@@ -124,9 +120,10 @@ class FleetBenchResult:
     def as_json(self) -> dict[str, Any]:
         return {
             "benchmark": "fleet",
-            "runs": self.runs,
-            "workers": self.workers,
-            "concurrency": self.concurrency,
+            "plan": self.plan.model_dump(mode="json"),
+            "runs": self.plan.runs,
+            "workers": self.plan.workers,
+            "concurrency": self.plan.concurrency,
             "load_average_before": list(self.load_before),
             "rq": self.rq.as_json(),
             "runfleet": self.runfleet.as_json(),
@@ -150,47 +147,19 @@ class FleetBenchResult:
         }
 
 
-async def run(
-    servers: Servers,
-    *,
-    runs: int,
-    workers: int = 2,
-    concurrency: int = 64,
-    latency_samples: int = 200,
-    gap_s: float = 0.02,
-    skip_recovery: bool = False,
-    kills: int = 3,
-    recovery_runs: int = 50,
-    nap_s: float = 10.0,
-    skip_rss: bool = False,
-    rss_runs: int = 500,
-    skip_backlog: bool = False,
-    backlog: int = 1000,
-    backlog_kills: int = 2,
-    backlog_concurrency: int = 8,
-    backlog_nap_ms: tuple[int, int] = (100, 200),
-    scale: tuple[int, ...] = (1, 2, 4),
-    skip_fsync: bool = False,
-    history_rows: int = 1_000_000,
-    skip_results: bool = False,
-    result_runs: int = 1000,
-    result_samples: int = 200,
-    soak_runs: int = 0,
-) -> FleetBenchResult:
-    """The whole benchmark; scratch databases and Redis keys are removed afterwards.
-
-    Every added drain (processes, fsync, history) drains 2 x ``runs``, as the headline
-    does; ``history_rows`` 0 skips the history case, ``soak_runs`` 0 the soak.
-    """
-    if runs < 1 or workers < 1 or concurrency < 1 or any(n < 1 for n in scale):
-        raise BenchError("runs, workers, concurrency and process counts must be >= 1")
+async def run(servers: Servers, plan: FleetPlan) -> FleetBenchResult:
+    """The whole benchmark as ``plan`` says; scratch databases and Redis keys are removed
+    afterwards. Every added drain (processes, fsync, history) drains 2 x ``plan.runs``, as
+    the headline does."""
+    runs, workers, concurrency = plan.runs, plan.workers, plan.concurrency
+    gap_s = plan.latency_gap_s
     load = os.getloadavg()
     rq = await asyncio.to_thread(
         rq_side.run,
         servers.redis_url,
         runs=runs,
         workers=workers,
-        latency_samples=latency_samples,
+        latency_samples=plan.latency_samples,
         gap_s=gap_s,
     )
     async with scratch_database(servers.database_url, "rf_bench_fleet") as url:
@@ -204,66 +173,70 @@ async def run(
                 runs=runs,
                 workers=workers,
                 concurrency=concurrency,
-                latency_samples=latency_samples,
+                latency_samples=plan.latency_samples,
                 gap_s=gap_s,
             )
             scaled = await scaling.process_counts(
-                settings, servers.redis_url, counts=scale, runs=2 * runs, concurrency=concurrency
-            )
+                settings, servers.redis_url, counts=plan.scale, runs=2 * runs,
+                concurrency=concurrency,
+            )  # fmt: skip
             results = None
-            if not skip_results:
+            if plan.results is not None:
                 results = await result_soak.results(
-                    settings, servers.redis_url, runs=result_runs, workers=workers,
-                    concurrency=concurrency, samples=result_samples,
+                    settings, servers.redis_url, runs=plan.results.runs, workers=workers,
+                    concurrency=concurrency, samples=plan.results.samples,
                 )  # fmt: skip
             store = await Store.open(settings, min_size=1, max_size=2)
             try:
                 recovery = None
-                if not skip_recovery:
+                if plan.recovery is not None:
                     recovery = await empty_queue(
-                        settings, store, workers=workers, kills=kills, per_kill=recovery_runs,
-                        nap_s=nap_s,
+                        settings, store, workers=workers, kills=plan.recovery.kills,
+                        per_kill=plan.recovery.runs, nap_s=plan.recovery.nap_s,
                     )  # fmt: skip
                 backlogged = None
-                if not skip_backlog:
+                if (behind := plan.backlog_recovery) is not None:
                     backlogged = await with_backlog(
-                        settings, store, survivors=workers, concurrency=backlog_concurrency,
-                        kills=backlog_kills, backlog=backlog, nap_ms=backlog_nap_ms,
+                        settings, store, survivors=workers, concurrency=behind.concurrency,
+                        kills=behind.kills, backlog=behind.backlog, nap_ms=behind.nap_ms,
                     )  # fmt: skip
                 memory = None
-                if not skip_rss:
+                if plan.memory is not None:
                     memory = await result_soak.in_flight(
-                        settings, store, concurrency=rss_runs, nap_s=nap_s / 2
+                        settings, store, concurrency=plan.memory.runs, nap_s=5.0
                     )
             finally:
                 await store.close()
             soaked = None
-            if soak_runs:
-                soaked = await result_soak.soak(settings, runs=soak_runs, concurrency=concurrency)
+            if plan.soak is not None:
+                soaked = await result_soak.soak(
+                    settings, runs=plan.soak.runs, concurrency=concurrency
+                )
         finally:
             await drop_keys(servers.redis_url, settings.redis_prefix)
     fsync: tuple[scaling.FsyncRow, ...] = ()
-    if not skip_fsync:
+    if plan.fsync:
         fsync = await scaling.fsync_rows(
             servers, runs=2 * runs, workers=workers, concurrency=concurrency
         )
     past = None
-    if history_rows:
+    if plan.history_rows:
         past = await scaling.history(
-            servers, rows=history_rows, runs=2 * runs, workers=workers, concurrency=concurrency
-        )
+            servers, rows=plan.history_rows, runs=2 * runs, workers=workers,
+            concurrency=concurrency,
+        )  # fmt: skip
     return FleetBenchResult(
-        runs, workers, concurrency, rq, ours, recovery, memory, load, backlogged,
-        settings.stale_after, scaled, fsync, past, results, soaked,
+        plan, rq, ours, recovery, memory, load, backlogged, settings.stale_after, scaled,
+        fsync, past, results, soaked,
     )  # fmt: skip
 
 
 def table(result: FleetBenchResult) -> Table:
     """The side-by-side table the ``fleet`` command prints."""
-    rq, rf = result.rq, result.runfleet
+    rq, rf, plan = result.rq, result.runfleet, result.plan
     title = (
-        f"fleet: {result.runs} runs x2 (single + enqueue_many), {result.workers} workers "
-        f"each; runfleet --concurrency {result.concurrency}; load before "
+        f"fleet: {plan.runs} runs x2 (single + enqueue_many), {plan.workers} workers "
+        f"each; runfleet concurrency {plan.concurrency}; load before "
         + " ".join(f"{x:.2f}" for x in result.load_before)
     )
     t = Table(title=title)
@@ -302,7 +275,7 @@ def table(result: FleetBenchResult) -> Table:
         )
     scaling.add_rows(
         t, scale=result.scale, fsync=result.fsync, rq_drain=rq.drain,
-        rq_workers=result.workers, past=result.history,
+        rq_workers=plan.workers, past=result.history,
     )  # fmt: skip
     if result.results is not None:
         res = result.results

@@ -1,6 +1,6 @@
 """A DBOS executor process: the peer's side of the flows benchmark.
 
-Run as ``python -m ops.bench.dbos_app`` with ``RF_BENCH_DBOS_URL`` (its system database),
+Run as ``python -m bench.dbos_app`` with ``RF_BENCH_DBOS_URL`` (its system database),
 ``RF_BENCH_DBOS_CONCURRENCY`` (workflows per process) and ``RF_BENCH_DBOS_POLLING``
 (queue polling interval, s). It registers the benchmark queue, launches DBOS, prints
 ``dbos.ready`` and runs until SIGTERM. The steps are the functions runfleet's flow

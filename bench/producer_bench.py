@@ -1,7 +1,8 @@
-"""``runfleet bench producer``: the producer's path as a user writes it, beside rq and DBOS.
+"""``python -m bench producer``: the producer's path as a user writes it, beside its peers.
 
 A web handler enqueues one job per request; a script enqueues in a loop and then calls
-``result()`` on each handle. Measured that way, in one invocation on one machine: single
+``result()`` on each handle; a threaded or an asyncio service shares one queue among its
+threads or tasks (``bench.shapes``). Measured that way, in one invocation on one machine: single
 ``enqueue`` (no workers), ``enqueue_many``, ``result()``/``return_value()`` of a settled
 run, the loop then ``result()`` of each with two idle worker processes each side (no-op
 jobs against rq ``SimpleWorker``s; three-step durable flows against DBOS executors on the
@@ -25,19 +26,14 @@ from typing import Any, cast
 
 from rich.table import Table
 
+from bench import dbos_side, rq_side, shapes
+from bench.drain import drop_keys
+from bench.figures import percentile, rate
+from bench.noop import QUEUE, noop, noop_flow
+from bench.servers import Servers, bench_prefix
+from bench.shapes import ShapesResult
 from runfleet.broker import EnqueueSpec, Queue
-from runfleet.ops.bench import dbos_side, rq_side
-from runfleet.ops.bench.drain import drop_keys
-from runfleet.ops.bench.fleet_procs import (
-    Proc,
-    Servers,
-    bench_prefix,
-    percentile,
-    rate,
-    runfleet_worker,
-    wait_workers_started,
-)
-from runfleet.ops.bench.noop import QUEUE, noop, noop_flow
+from runfleet.ops.bench.procs import Proc, runfleet_worker, wait_workers_started
 from runfleet.ops.bench.scratch import BenchError, scratch_database
 from runfleet.ops.bench.three_steps import QUEUE as FLOWS_QUEUE
 from runfleet.ops.bench.three_steps import three_steps
@@ -53,7 +49,7 @@ TARGETS: dict[str, float] = {
     "loop of enqueue then result(), no-op jobs >= 3x rq": 3.0,
     "loop of enqueue then result(), three-step flows >= 4x DBOS": 4.0,
 }
-"""Issue 27's ratios, measured in the same invocation on the same machine."""
+"""The ratios the run reports as targets, every side in one invocation."""
 
 ADMIT_QUEUE = "bench-admit"
 """The admission phases' queue: no worker serves it, so the runs they admit never become
@@ -142,6 +138,7 @@ class ProducerBenchResult:
     load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
     raw: dict[str, list[float]] = field(default_factory=dict)
     start_parts: StartParts = field(default_factory=StartParts)
+    shapes: ShapesResult | None = None
 
     def ratio(self, name: str) -> float:
         mine, theirs = getattr(self.runfleet, name), getattr(self.rq, name)
@@ -202,6 +199,7 @@ class ProducerBenchResult:
                 "flows_loop_vs_dbos": None if flows is None else round(flows, 3),
             },
             "idle_start_parts": self.start_parts.as_json(),
+            "shapes": None if self.shapes is None else self.shapes.as_json(),
             "rounds_raw": {k: [round(v, 1) for v in vs] for k, vs in self.raw.items()},
             "targets": {k: {"measured": v[0], "met": v[1]} for k, v in self.targets().items()},
         }
@@ -394,11 +392,11 @@ def _rq_round(redis_url: str, runs: int, workers: int, samples: int) -> tuple[Si
         procs = [rq_side._worker(redis_url, name, burst=False) for _ in range(workers)]
         try:
             for job in [queue.enqueue(noop) for _ in range(10)]:
-                _rq_result(job)
+                rq_side.wait_result(job)
             began = time.perf_counter()
             jobs = [queue.enqueue(noop) for _ in range(runs)]
             for job in jobs:
-                _rq_result(job)
+                rq_side.wait_result(job)
             loop = rate(runs, time.perf_counter() - began)
             reads = _samples(jobs[:samples], lambda j: j.return_value(refresh=True))
         finally:
@@ -410,21 +408,6 @@ def _rq_round(redis_url: str, runs: int, workers: int, samples: int) -> tuple[Si
         queue.empty()  # type: ignore[no-untyped-call]  # rq's Queue.empty is unannotated
         queue.delete(delete_jobs=True)
         conn.close()
-
-
-def _rq_result(job: Any, timeout: float = 120) -> None:
-    """rq's blocking ``latest_result``, in slices: a loaded box has seen a single long
-    XREAD BLOCK end in a socket timeout."""
-    import redis
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if job.latest_result(timeout=2) is not None:
-                return
-        except redis.exceptions.TimeoutError:
-            continue
-    raise BenchError(f"rq job {job.id} has no result after {timeout:.0f} s")
 
 
 def _rq_latency(redis_url: str, workers: int, samples: int, gap_s: float) -> list[float]:
@@ -449,8 +432,8 @@ async def _dbos_loop(admin_url: str, flows: int, workers: int, k: int, polling: 
     """DBOS's user loop: ``DBOSClient.enqueue`` per flow, then ``get_result()`` of each."""
     from dbos import DBOSClient
 
-    from runfleet.ops.bench.dbos_app import APP, VERSION, WORKFLOW
-    from runfleet.ops.bench.dbos_app import QUEUE as DBOS_QUEUE
+    from bench.dbos_app import APP, VERSION, WORKFLOW
+    from bench.dbos_app import QUEUE as DBOS_QUEUE
 
     async with scratch_database(admin_url, "rf_bench_dbos") as url:
         url = url if "://" in url else dbos_side._as_url(url)
@@ -620,8 +603,14 @@ async def run(
     rounds: int = 3,
     dbos_polling: float = 0.05,
     skip_dbos: bool = False,
+    threads: int = 16,
+    tasks: int = 64,
+    skip_shapes: bool = False,
+    skip_celery: bool = False,
 ) -> ProducerBenchResult:
-    """Every phase, rounds alternating runfleet and rq; scratch databases dropped after."""
+    """Every phase, rounds alternating runfleet and rq; then the producer shapes
+    (``bench.shapes``: ``threads`` threads, ``tasks`` asyncio tasks, beside rq and Celery)
+    unless ``skip_shapes``; scratch databases dropped after."""
     if min(runs, flows, workers, concurrency, samples, rounds) < 1:
         raise BenchError("runs, flows, workers, concurrency, samples and rounds must be >= 1")
     if not skip_dbos and not dbos_side.available():
@@ -654,9 +643,7 @@ async def run(
                 rq_reads += reads
                 # The loop's workers serve a queue of their own (the same flow).
                 if not procs:
-                    procs = _workers(
-                        settings, "runfleet.ops.bench.noop", "bench-loop", workers, concurrency
-                    )
+                    procs = _workers(settings, "bench.noop", "bench-loop", workers, concurrency)
                     procs += _workers(
                         settings,
                         "runfleet.ops.bench.three_steps",
@@ -680,7 +667,7 @@ async def run(
             for proc in procs:  # the idle start: fresh no-op workers on the admitted queue
                 proc.terminate()
                 proc.close()
-            procs = _workers(settings, "runfleet.ops.bench.noop", QUEUE, workers, concurrency)
+            procs = _workers(settings, "bench.noop", QUEUE, workers, concurrency)
             await wait_workers_started(settings, procs, timeout=60)
             starts, parts = await _rf_start_latency(settings, store, samples, gap_s)
         finally:
@@ -698,6 +685,12 @@ async def run(
         ]
         raw["dbos.flows_loop"] = dbos_rounds
         dbos = statistics.median(dbos_rounds)
+    shaped = None
+    if not skip_shapes:
+        shaped = await shapes.run(
+            servers, runs=runs, threads=threads, tasks=tasks, workers=workers,
+            concurrency=concurrency, rounds=rounds, celery=not skip_celery,
+        )  # fmt: skip
     med = {k: statistics.median(v) for k, v in raw.items()}
     ours = Side(
         med["runfleet.single_enqueue"], med["runfleet.enqueue_many"],
@@ -709,7 +702,7 @@ async def run(
     )  # fmt: skip
     return ProducerBenchResult(
         runs, flows, workers, rounds, ours, theirs, med["runfleet.flows_loop"], dbos, load,
-        os.getloadavg(), raw, parts,
+        os.getloadavg(), raw, parts, shaped,
     )  # fmt: skip
 
 

@@ -8,10 +8,11 @@ read): runs/s from admission to the last result. Then the same call on runs alre
 settled, one at a time, in ms (rq: ``job.return_value(refresh=True)``, a read of the
 result it keeps in Redis).
 
-In flight: one worker's resident set idle and with ``--rss-runs`` naps executing at once.
+In flight: one worker's resident set idle and with the plan's ``memory.runs`` naps
+executing at once.
 
-Soak (opt-in, ``--soak-runs``): one worker drains no-op runs in batches of 10,000 and its
-resident set is read after each batch, while it is idle between batches; memory left
+Soak (opt-in, the plan's ``soak``): one worker drains no-op runs in batches of 10,000 and
+its resident set is read after each batch, while it is idle between batches; memory left
 behind per run shows up as growth from the first sample (after the warm-up batch) to
 the last.
 """
@@ -26,17 +27,12 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from bench import rq_side
+from bench.drain import FLOWS_MODULE, admit, journal_tail, wait_settled
+from bench.figures import percentile, rate, rss_mb
+from bench.noop import QUEUE, nap, noop_flow
 from runfleet.broker import AsyncQueue, EnqueueSpec, Queue
-from runfleet.ops.bench import rq_side
-from runfleet.ops.bench.drain import FLOWS_MODULE, admit, journal_tail, wait_settled
-from runfleet.ops.bench.fleet_procs import (
-    percentile,
-    rate,
-    rss_mb,
-    runfleet_worker,
-    wait_workers_started,
-)
-from runfleet.ops.bench.noop import QUEUE, nap, noop_flow
+from runfleet.ops.bench.procs import runfleet_worker, wait_workers_started
 from runfleet.ops.bench.scratch import BenchError
 from runfleet.store import Store
 from runfleet.store.config import Settings

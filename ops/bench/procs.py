@@ -1,24 +1,20 @@
-"""What the fleet and flows benchmarks share: servers, worker processes, percentiles, RSS.
+"""The worker processes a benchmark starts, and how it waits for them to read their queues.
 
-Workers are real ``python -m ops worker`` processes configured only through ``RUNFLEET_*``
-environment variables built from one ``Settings`` (as the fleet tests start them), so
-a benchmark measures exactly what an operator would run.
+Workers are real ``python -m runfleet.ops worker`` processes configured only through
+``RUNFLEET_*`` environment variables built from one ``Settings`` (as the fleet tests start
+them), so a benchmark measures exactly what an operator would run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import runfleet
@@ -29,46 +25,6 @@ from runfleet.store.config import Settings
 
 # The folder runfleet/ is in (a checkout, or site-packages): what children import it from.
 ROOT = Path(runfleet.__file__).resolve().parents[1]
-
-
-@dataclass(frozen=True, slots=True)
-class Servers:
-    """An admin Postgres URL (CREATEDB rights) and a Redis URL on this machine."""
-
-    database_url: str
-    redis_url: str
-    database_given: bool = False
-    """The user named the Postgres server: its settings are never changed by the bench."""
-
-
-@contextmanager
-def servers(database_url: str | None, redis_url: str | None) -> Iterator[Servers]:
-    """Explicit URLs, else ``RUNFLEET_DATABASE_URL``/``RUNFLEET_REDIS_URL``, else throwaways.
-
-    Throwaway servers (``ops.servers.resolve.resolve("app")``) are stopped on the way out.
-    """
-    db = database_url or os.environ.get("RUNFLEET_DATABASE_URL")
-    rd = redis_url or os.environ.get("RUNFLEET_REDIS_URL")
-    if db and rd:
-        yield Servers(db, rd, database_given=True)
-        return
-    from runfleet.ops.servers.resolve import ServicesUnavailable, resolve
-
-    try:
-        endpoints = resolve("app")
-    except ServicesUnavailable as exc:
-        raise BenchError(str(exc)) from exc
-    try:
-        yield Servers(
-            db or endpoints.database_url, rd or endpoints.redis_url, database_given=bool(db)
-        )
-    finally:
-        endpoints.close()
-
-
-def bench_prefix(kind: str) -> str:
-    """A Redis key prefix no other run of any benchmark shares."""
-    return f"rf-bench-{kind}-{secrets.token_hex(4)}"
 
 
 def python_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -155,24 +111,3 @@ async def wait_workers_started(settings: Settings, procs: Sequence[Proc], timeou
             await asyncio.sleep(0.05)
     finally:
         await redis.aclose()
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (inclusive method); 0 for no values."""
-    if not values:
-        return 0.0
-    if len(values) == 1:
-        return float(values[0])
-    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
-
-
-def rss_mb(pid: int, field: str = "VmRSS") -> float:
-    """A process's resident set (``VmRSS``) or peak (``VmHWM``) in MiB, from /proc."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) / 1024
-    raise BenchError(f"/proc/{pid}/status has no {field}")
-
-
-def rate(count: int, seconds: float) -> float:
-    return count / seconds if seconds > 0 else float("inf")

@@ -9,9 +9,9 @@ comes: a burst of rq's own worker then returned after about a minute now and the
 (faulthandler caught it in ``unsubscribe``; CI failed twice on rq's side of
 ``test_requeue`` and ``test_blocking_result_fetch``), and a benchmark's burst drain timed to
 the workers' exit would have charged rq that minute. Only the interval differs from rq's
-worker here; what the worker does with its commands is rq's. Lab equipment, as the rest
-of rq's side (setup.py's LAB): run it from a checkout (``--worker-class
-runfleet.ops.bench.rq_worker.SimpleWorker``).
+worker here; what the worker does with its commands is rq's. Part of bench/, as the rest
+of rq's side: workers load it from a checkout (``--worker-class
+bench.rq_worker.SimpleWorker``, the checkout's root on their path).
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from runfleet.ops.bench.drain import durability
-from runfleet.ops.bench.fleet_procs import Servers
+from bench.drain import durability
+from bench.servers import Servers
 
 DURABLE = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
 NOT_DURABLE = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}

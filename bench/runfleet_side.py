@@ -12,16 +12,17 @@ import asyncio
 import time
 from collections.abc import Sequence
 
+from bench.figures import rate
+from bench.noop import QUEUE, noop_flow
+from bench.rq_side import Drain, SideResult
 from runfleet.broker import EnqueueSpec, Queue
-from runfleet.ops.bench.fleet_procs import Proc, rate, runfleet_worker, wait_workers_started
-from runfleet.ops.bench.noop import QUEUE, noop_flow
-from runfleet.ops.bench.rq_side import Drain, SideResult
+from runfleet.ops.bench.procs import Proc, runfleet_worker, wait_workers_started
 from runfleet.ops.bench.scratch import BenchError
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.types import RunStatus
 
-FLOWS_MODULE = "runfleet.ops.bench.noop"
+FLOWS_MODULE = "bench.noop"
 
 
 def _enqueue_phases(settings: Settings, runs: int) -> tuple[float, float, list[str]]:

@@ -1,7 +1,7 @@
 """Work the fleet benchmark runs: no-ops for throughput, naps for takeover and memory.
 
 Importable by both sides: rq workers import ``noop`` by its dotted path, runfleet workers
-import this module with ``--flows ops.bench.noop`` so the ``@flow`` decorators register.
+import this module with ``--flows bench.noop`` so the ``@flow`` decorators register.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The Celery side's app: one no-op task, Redis broker and result backend, late acks.
 
 ``make_app`` builds it for the benchmark's producer; the worker processes it spawns
-(``celery -A ops.bench.celery_app worker``) build the same from the environment:
+(``celery -A bench.celery_app worker``) build the same from the environment:
 ``RF_CELERY_REDIS`` (URL), ``RF_CELERY_QUEUE``, ``RF_CELERY_PREFIX`` (every key the run
 writes starts with it, so the benchmark removes them without touching anything else).
 """

@@ -15,7 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from runfleet.ops.bench.fleet_procs import Proc, python_env, rate
+from bench.figures import rate
+from runfleet.ops.bench.procs import Proc, python_env
 from runfleet.ops.bench.scratch import BenchError, scratch_database
 
 DBOS_MISSING = (
@@ -66,7 +67,7 @@ def _executor(url: str, concurrency: int, polling: float) -> Proc:
             "RF_BENCH_DBOS_POLLING": str(polling),
         }
     )
-    return Proc([sys.executable, "-m", "runfleet.ops.bench.dbos_app"], env)
+    return Proc([sys.executable, "-m", "bench.dbos_app"], env)
 
 
 async def _ready(procs: list[Proc], timeout: float = 60) -> None:
@@ -81,7 +82,7 @@ async def _ready(procs: list[Proc], timeout: float = 60) -> None:
 
 
 def _enqueue(client: Any, flows: int) -> None:
-    from runfleet.ops.bench.dbos_app import QUEUE, VERSION, WORKFLOW
+    from bench.dbos_app import QUEUE, VERSION, WORKFLOW
 
     options: Any = {"queue_name": QUEUE, "workflow_name": WORKFLOW, "app_version": VERSION}
     for i in range(flows):
@@ -89,7 +90,7 @@ def _enqueue(client: Any, flows: int) -> None:
 
 
 def _statuses(client: Any) -> list[Any]:
-    from runfleet.ops.bench.dbos_app import QUEUE
+    from bench.dbos_app import QUEUE
 
     return list(client.list_workflows(queue_name=QUEUE, load_input=False, load_output=False))
 
@@ -102,7 +103,7 @@ async def run(
         raise BenchError(DBOS_MISSING)
     from dbos import DBOSClient
 
-    from runfleet.ops.bench.dbos_app import APP
+    from bench.dbos_app import APP
 
     async with scratch_database(admin_url, "rf_bench_dbos") as url:
         url = url if "://" in url else _as_url(url)

@@ -40,19 +40,20 @@ import psycopg
 from psycopg.rows import dict_row
 from rich.table import Table
 
+from bench.drain import admit, drop_keys, journal_tail
+from bench.durability import Target, durable
+from bench.noop import QUEUE, noop
+from bench.rq_side import RQ_WORKER
+from bench.servers import Servers, bench_prefix
 from runfleet.broker.client import connect
 from runfleet.broker.streams import Lane, Streams
-from runfleet.ops.bench.drain import admit, drop_keys, journal_tail
-from runfleet.ops.bench.durability import Target, durable
-from runfleet.ops.bench.fleet_procs import Proc, Servers, bench_prefix, python_env, runfleet_worker
-from runfleet.ops.bench.noop import QUEUE, noop
-from runfleet.ops.bench.rq_side import RQ_WORKER
+from runfleet.ops.bench.procs import Proc, python_env, runfleet_worker
 from runfleet.ops.bench.scratch import BenchError, scratch_database
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate
 from runfleet.store.queries import q
 
-FLOWS_MODULE = "runfleet.ops.bench.noop"
+FLOWS_MODULE = "bench.noop"
 DEFAULT_DEPTHS = (1000, 10_000, 100_000)
 SYSTEMS = ("runfleet", "rq", "celery")
 
@@ -505,7 +506,7 @@ def celery_drain(redis_url: str, depth: int, workers: int, timeout: float) -> Dr
     ``workers`` children (late acks) drains them; completion times from the results."""
     import redis
 
-    from runfleet.ops.bench.celery_app import TASK, make_app
+    from bench.celery_app import TASK, make_app
 
     token = secrets.token_hex(4)
     env = {
@@ -523,7 +524,7 @@ def celery_drain(redis_url: str, depth: int, workers: int, timeout: float) -> Dr
                 ids.append(app.send_task(TASK, producer=producer).id)
         admitted = time.perf_counter()
         argv = [
-            sys.executable, "-m", "celery", "-A", "runfleet.ops.bench.celery_app", "worker",
+            sys.executable, "-m", "celery", "-A", "bench.celery_app", "worker",
             "--pool", "prefork", "--concurrency", str(workers), "--loglevel", "WARNING",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
             "--queues", env["RF_CELERY_QUEUE"],

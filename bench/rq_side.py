@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from runfleet.ops.bench.fleet_procs import Proc, percentile, python_env, rate
-from runfleet.ops.bench.noop import noop
+from bench.figures import percentile, rate
+from bench.noop import noop
+from runfleet.ops.bench.procs import Proc, python_env
 from runfleet.ops.bench.scratch import BenchError
 
-RQ_WORKER = "runfleet.ops.bench.rq_worker.SimpleWorker"
-"""rq's ``SimpleWorker``, its command channel polled promptly (ops/bench/rq_worker.py): a
+RQ_WORKER = "bench.rq_worker.SimpleWorker"
+"""rq's ``SimpleWorker``, its command channel polled promptly (bench/rq_worker.py): a
 burst worker's exit is not charged rq's teardown stall."""
 
 
@@ -233,3 +234,18 @@ def _wait_finished(conn: Any, ids: Sequence[str], procs: Sequence[Proc]) -> None
         if time.monotonic() > deadline:
             raise BenchError("rq jobs did not finish within 60 s")
         time.sleep(0.02)
+
+
+def wait_result(job: Any, timeout: float = 120) -> None:
+    """rq's blocking ``latest_result``, in slices: a loaded box has seen a single long
+    XREAD BLOCK end in a socket timeout."""
+    import redis
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if job.latest_result(timeout=2) is not None:
+                return
+        except redis.exceptions.TimeoutError:
+            continue
+    raise BenchError(f"rq job {job.id} has no result after {timeout:.0f} s")

@@ -1,4 +1,4 @@
-"""``runfleet bench fleet --backlog-depths`` runs end to end on tiny backlogs.
+"""``python -m bench backlog`` runs end to end on tiny backlogs.
 
 Figures are not judged here (a benchmark on a loaded box says nothing a test should
 assert); this proves the three sides drain, count and report, so a broken benchmark is
@@ -12,8 +12,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from runfleet.ops.bench.__main__ import app
-from runfleet.ops.bench.backlog import WindowStart, steady_rate, steady_window
+from bench.__main__ import app
+from bench.backlog import WindowStart, steady_rate, steady_window
 from runfleet.ops.servers.resolve import Endpoints
 
 
@@ -48,7 +48,7 @@ def test_the_steady_window_waits_for_the_last_worker_process_to_start() -> None:
 @pytest.mark.timeout(600)
 def test_backlog_bench_drains_every_depth_on_every_side(services: Endpoints) -> None:
     urls = ["--database-url", services.database_url, "--redis-url", services.redis_url]
-    args = ["fleet", "--backlog-depths", "20,40", "--concurrency", "8", *urls, "--json"]
+    args = ["backlog", "--depths", "20,40", "--concurrency", "8", *urls, "--json"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout[result.stdout.index("{") :])
@@ -71,7 +71,7 @@ def test_the_profile_names_each_statement_by_its_sql_block() -> None:
     text as psycopg sends it (``%(name)s`` become ``$n``) maps back to the block."""
     import re
 
-    from runfleet.ops.bench.backlog import statement_name
+    from bench.backlog import statement_name
     from runfleet.store.queries import q
 
     for name in ("runs.claim_and_activate_many", "runs.settle_many", "waits.notify_parents"):
@@ -84,7 +84,7 @@ def test_the_profile_names_each_statement_by_its_sql_block() -> None:
 
 def test_profile_refuses_a_server_without_pg_stat_statements(services: Endpoints) -> None:
     urls = ["--database-url", services.database_url, "--redis-url", services.redis_url]
-    args = ["fleet", "--backlog-depths", "20", "--backlog-systems", "runfleet", "--profile"]
+    args = ["backlog", "--depths", "20", "--systems", "runfleet", "--profile"]
     result = CliRunner().invoke(app, [*args, *urls])
     assert result.exit_code != 0
     assert "pg_stat_statements" in result.output

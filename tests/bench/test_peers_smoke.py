@@ -1,22 +1,24 @@
-"""The benchmark commands run end to end on tiny inputs (figures are not checked here).
+"""The peer benchmarks run end to end on tiny inputs (figures are not checked here).
 
 Performance is judged by running the benchmarks side by side with their peers, never by
-timing tests; these only prove that ``runfleet bench fleet`` and ``runfleet bench flows``
-still work, so a broken benchmark is found by CI rather than by the next person to run it.
+timing tests; these only prove that ``python -m bench fleet|flows|producer`` still work,
+so a broken benchmark is found by CI rather than by the next person to run it.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 from typer.testing import CliRunner
 
-from runfleet.ops.bench import dbos_side, scaling
-from runfleet.ops.bench.__main__ import app
-from runfleet.ops.bench.fleet_procs import Servers
+from bench import dbos_side, scaling, shapes
+from bench.__main__ import app
+from bench.plan import FleetPlan
+from bench.servers import Servers
 from runfleet.ops.servers.resolve import Endpoints
 
 
@@ -29,13 +31,20 @@ def _bench(services: Endpoints, *args: str) -> dict[str, Any]:
 
 
 def _producer_keys(services: Endpoints) -> list[bytes]:
-    """What the producer benchmark left on the Redis it was given (its prefix's keys)."""
+    """What the producer benchmark left on the Redis it was given (its prefixes' keys)."""
     client = redis.Redis.from_url(services.redis_url)
     try:
-        return list(client.scan_iter(match="rf-bench-producer-*", count=1000))
+        return [
+            key
+            for kind in ("producer", "shapes", "rq", "celery")
+            for key in client.scan_iter(match=f"rf-bench-{kind}-*", count=1000)
+        ]
     finally:
         client.close()
 
+
+TINY = Path(__file__).resolve().parents[2] / "bench" / "plans" / "tiny.toml"
+"""The plan file the docs name for a run of every phase at its smallest."""
 
 TARGETS = {"drain >= 3x rq SimpleWorker", "enqueue, one call each >= 0.5x rq",
            "enqueue_many >= 1x rq"}  # fmt: skip
@@ -45,12 +54,8 @@ TARGETS = {"drain >= 3x rq SimpleWorker", "enqueue, one call each >= 0.5x rq",
 def test_fleet_bench_runs_every_phase(services: Endpoints) -> None:
     """One invocation, every phase: the added ones (process counts, fsync on the given
     server as found, history, result(), soak) share the headline's enqueue and drain."""
-    out = _bench(
-        services, "fleet", "--runs", "20", "--latency-samples", "5", "--kills", "1",
-        "--recovery-runs", "4", "--rss-runs", "20", "--backlog", "40", "--backlog-kills", "1",
-        "--backlog-concurrency", "4", "--scale", "1", "--history-rows", "300",
-        "--result-runs", "10", "--result-samples", "5", "--soak-runs", "30",
-    )  # fmt: skip
+    out = _bench(services, "fleet", "--plan", str(TINY))
+    assert out["plan"] == json.loads(FleetPlan.read(TINY).model_dump_json())
     assert out["runfleet"]["drain"]["runs"] == 41  # two enqueue phases and one warm-up run
     assert out["rq"]["drain"]["runs"] == 40
     assert out["recovery"]["steals"] >= 1
@@ -116,7 +121,7 @@ def test_producer_bench_runs_every_phase(services: Endpoints) -> None:
     """One invocation: runfleet, rq and DBOS side by side, every target reported."""
     out = _bench(
         services, "producer", "--runs", "20", "--flows", "5", "--samples", "5",
-        "--rounds", "1",
+        "--rounds", "1", "--threads", "2", "--tasks", "4",
     )  # fmt: skip
     assert out["runfleet"]["settled_result_samples"] == 5
     assert out["runfleet"]["idle_start_samples"] == out["rq"]["idle_start_samples"] == 5
@@ -137,7 +142,36 @@ def test_producer_bench_runs_every_phase(services: Endpoints) -> None:
         "idle enqueue -> start p50 <= 3 ms",
         "idle enqueue -> start p99 <= 6 ms",
     }
+    assert out["shapes"]["threads"] == 2 and out["shapes"]["tasks"] == 4
+    assert set(out["shapes"]["shapes"]) == {"one_thread", "threads", "tasks"}
     assert _producer_keys(services) == []  # its streams are dropped with its database
+
+
+@pytest.mark.timeout(300)
+def test_producer_shapes_report_rate_and_percentiles_beside_the_peers(
+    services: Endpoints,
+) -> None:
+    """``--only shapes``: one thread, threads sharing one Queue and asyncio tasks sharing
+    one AsyncQueue, each enqueueing alone and enqueueing then waiting for the result; rq
+    and Celery beside runfleet where their producers have the shape (sync ones only)."""
+    out = _bench(
+        services, "producer", "--only", "shapes", "--runs", "24", "--threads", "3",
+        "--tasks", "6", "--rounds", "2",
+    )  # fmt: skip
+    assert out["only"] == "shapes" and out["threads"] == 3 and out["tasks"] == 6
+    peers = {"rq", "celery"} if shapes.celery_available() else {"rq"}
+    for shape, systems in (
+        ("one_thread", {"runfleet"} | peers),
+        ("threads", {"runfleet"} | peers),
+        ("tasks", {"runfleet"}),
+    ):
+        for mode in ("enqueue", "round_trip"):
+            figures = out["shapes"][shape][mode]
+            assert set(figures) == systems, (shape, mode, figures)
+            for system, figure in figures.items():
+                assert len(figure["rounds_per_s"]) == 2, (shape, mode, system)
+                assert figure["per_s"] > 0 and 0 < figure["p50_ms"] <= figure["p99_ms"], figure
+    assert _producer_keys(services) == []
 
 
 @pytest.mark.timeout(300)
@@ -158,8 +192,8 @@ def test_producer_bench_runs_the_flows_loop_alone(services: Endpoints) -> None:
 @pytest.mark.parametrize(
     ("args", "option"),
     [
-        (["fleet", "--scale", "1,two"], "--scale"),
-        (["fleet", "--backlog-depths", "10,x"], "--backlog-depths"),
+        (["fleet", "--skip", "recovery,sleep"], "--skip"),
+        (["backlog", "--depths", "10,x"], "--depths"),
         (["flows", "--skip-dbos", "--dbos-polling", "0.1,fast"], "--dbos-polling"),
     ],
 )

@@ -7,7 +7,7 @@ timestamps. DBOS polls its queue: it runs twice, at its default polling interval
 a short one (its best case here), and the ratio is taken against the better of the two.
 
 The fsync rows drain the same backlog on both systems again, on a server that flushes
-every commit to disk and on one that does not (``ops.bench.durability``: two throwaway
+every commit to disk and on one that does not (``bench.durability``: two throwaway
 servers the bench starts, or the server the user named, as it is), DBOS at its shortest
 polling interval of the run.
 
@@ -25,20 +25,15 @@ from typing import Any
 
 from rich.table import Table
 
+from bench import dbos_side
+from bench.dbos_side import Throughput
+from bench.drain import drop_keys
+from bench.durability import Target, targets
+from bench.figures import percentile
+from bench.runfleet_side import wait_completed
+from bench.servers import Servers, bench_prefix
 from runfleet.broker import AsyncQueue, EnqueueSpec
-from runfleet.ops.bench import dbos_side
-from runfleet.ops.bench.dbos_side import Throughput
-from runfleet.ops.bench.drain import drop_keys
-from runfleet.ops.bench.durability import Target, targets
-from runfleet.ops.bench.fleet_procs import (
-    Proc,
-    Servers,
-    bench_prefix,
-    percentile,
-    runfleet_worker,
-    wait_workers_started,
-)
-from runfleet.ops.bench.runfleet_side import wait_completed
+from runfleet.ops.bench.procs import Proc, runfleet_worker, wait_workers_started
 from runfleet.ops.bench.scratch import BenchError, scratch_database
 from runfleet.ops.bench.three_steps import QUEUE, sleep_once, three_steps
 from runfleet.store import Kind, Store
@@ -46,7 +41,7 @@ from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate
 
 FLOWS_MODULE = "runfleet.ops.bench.three_steps"
-TRACED_MODULE = "runfleet.ops.bench.three_steps_traced"
+TRACED_MODULE = "bench.three_steps_traced"
 """The same flows with OpenTelemetry's SDK installed (the tracing row, RUNFLEET_OTEL=1)."""
 SLEEP_KEY = "sleep:sleep#1"
 

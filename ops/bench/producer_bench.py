@@ -240,15 +240,15 @@ def _rf_admission(settings: Settings, runs: int) -> tuple[float, float]:
 def _rf_loop(
     settings: Settings, queue_name: str, target: Any, runs: int
 ) -> tuple[float, list[str]]:
-    """The user's script: ``enqueue`` in a loop, then ``result()`` of each handle."""
+    """The user's script: ``enqueue`` in a loop, then ``wait()`` for each handle."""
     with Queue(queue_name, settings=settings) as queue:
         warm = [queue.enqueue(target, *_args(target, i)) for i in range(10)]
         for job in warm:
-            job.result(timeout=120)
+            job.wait(timeout=120)
         began = time.perf_counter()
         jobs = [queue.enqueue(target, *_args(target, i)) for i in range(runs)]
         for job in jobs:
-            job.result(timeout=120)
+            job.wait(timeout=120)
         return rate(runs, time.perf_counter() - began), [j.id for j in jobs]
 
 
@@ -259,8 +259,8 @@ def _args(target: Any, i: int) -> tuple[Any, ...]:
 def _rf_settled_reads(settings: Settings, ids: Sequence[str]) -> tuple[list[float], list[float]]:
     with Queue(QUEUE, settings=settings) as queue:
         jobs = [queue.fetch(i) for i in ids]
-        jobs[0].result(timeout=5)  # connect
-        results = _samples(jobs, lambda j: j.result(timeout=5))
+        jobs[0].wait(timeout=5)  # connect
+        results = _samples(jobs, lambda j: j.wait(timeout=5))
         values = _samples(jobs, lambda j: j.return_value(refresh=True))
         return results, values
 
@@ -273,7 +273,7 @@ def _rf_spaced(settings: Settings, count: int, gap_s: float) -> list[str]:
             ids.append(queue.enqueue(noop_flow).id)
             time.sleep(gap_s)
         for run_id in ids:
-            queue.fetch(run_id).result(timeout=120)
+            queue.fetch(run_id).wait(timeout=120)
         return ids
 
 

@@ -61,7 +61,7 @@ def read_through_getattr(p: Probe) -> Any:
 
 
 def read_in_a_comprehension(p: Probe) -> Any:
-    return [q.result for q in [p]][0](30)
+    return next(q.result for q in [p])(30)
 
 
 def call_another_name(p: Probe) -> Any:

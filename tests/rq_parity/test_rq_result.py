@@ -191,9 +191,9 @@ def test_result_handed_on_uncalled_is_the_value(rf: Side) -> None:
     q = rf.Queue()
     job = q.enqueue(fixtures.say_hello)
     handed = read_result(job)
-    assert handed is None
     with pytest.raises(TypeError, match="not callable"):
         handed(30)
+    assert handed is None
     rf.work(q)
     assert read_result(job) == HELLO
     hand_on = job.wait

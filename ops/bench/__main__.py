@@ -271,13 +271,13 @@ def fleet(
         ),
     ] = 1_000_000,
     result_runs: Annotated[
-        int, typer.Option("--result-runs", min=1, help="Runs whose result() the producer awaits.")
+        int, typer.Option("--result-runs", min=1, help="Runs the producer waits for, each with wait().")
     ] = 1000,
     result_samples: Annotated[
-        int, typer.Option("--result-samples", min=1, help="result() calls on settled runs.")
+        int, typer.Option("--result-samples", min=1, help="wait() calls on settled runs.")
     ] = 200,
     skip_results: Annotated[
-        bool, typer.Option("--skip-results", help="Skip the result() phases.")
+        bool, typer.Option("--skip-results", help="Skip the wait() phases.")
     ] = False,
     soak_runs: Annotated[
         int,
@@ -317,7 +317,7 @@ def fleet(
     as_json: AsJson = False,
 ) -> None:
     """runfleet vs rq SimpleWorker: enqueue, drain (1/2/4 processes, fsync on/off, with
-    1,000,000 settled runs), result(), idle start latency; SIGKILL recovery (empty queue,
+    1,000,000 settled runs), wait(), idle start latency; SIGKILL recovery (empty queue,
     and behind a backlog with busy survivors), RSS (and, opt-in, RSS over a long soak).
     With --backlog-depths: the backlog drain by depth beside rq and Celery, alone."""
     if backlog_depths:
@@ -493,8 +493,8 @@ def producer(
     as_json: AsJson = False,
 ) -> None:
     """The producer's path as users write it, vs rq and DBOS in one invocation: single
-    enqueue, enqueue_many, the loop of enqueue then result() (no-op jobs vs rq, three-step
-    flows vs DBOS), result() of a settled run, idle enqueue -> start; each target met or
+    enqueue, enqueue_many, the loop of enqueue then wait() (no-op jobs vs rq, three-step
+    flows vs DBOS), wait() of a settled run, idle enqueue -> start; each target met or
     missed."""
     producer_bench = _beside_dbos("producer", "rq and DBOS", "producer_bench", skip_dbos)
     if only is ProducerPhase.FLOWS:

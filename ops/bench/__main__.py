@@ -271,7 +271,7 @@ def fleet(
         ),
     ] = 1_000_000,
     result_runs: Annotated[
-        int, typer.Option("--result-runs", min=1, help="Runs the producer waits for, each with wait().")
+        int, typer.Option("--result-runs", min=1, help="Runs the producer wait()s for.")
     ] = 1000,
     result_samples: Annotated[
         int, typer.Option("--result-samples", min=1, help="wait() calls on settled runs.")

@@ -163,7 +163,7 @@ def fleet(
     as_json: AsJson = False,
 ) -> None:
     """runfleet vs rq SimpleWorker: enqueue, drain (1/2/4 processes, fsync on/off, with
-    1,000,000 settled runs), result(), idle start latency; SIGKILL recovery (empty queue,
+    1,000,000 settled runs), wait(), idle start latency; SIGKILL recovery (empty queue,
     and behind a backlog with busy survivors), RSS (and, in the plan, over a long soak)."""
     plan = fleet_plan(plan_file, runs, workers, concurrency, skip)
     if show_plan:
@@ -339,7 +339,7 @@ def producer(
             "--only",
             help="Run one phase alone: 'flows' (the three-step flows loop, runfleet and "
             "DBOS alternated round by round) or 'shapes' (one thread, threads, tasks; "
-            "enqueue alone and enqueue then result(), beside rq and Celery).",
+            "enqueue alone and enqueue then wait(), beside rq and Celery).",
         ),
     ] = None,
     database_url: DatabaseUrl = None,
@@ -347,8 +347,8 @@ def producer(
     as_json: AsJson = False,
 ) -> None:
     """The producer's path as users write it, vs rq, Celery and DBOS in one invocation:
-    single enqueue, enqueue_many, the loop of enqueue then result() (no-op jobs vs rq,
-    three-step flows vs DBOS), result() of a settled run, idle enqueue -> start; then each
+    single enqueue, enqueue_many, the loop of enqueue then wait() (no-op jobs vs rq,
+    three-step flows vs DBOS), wait() of a settled run, idle enqueue -> start; then each
     service shape (one thread, threads, asyncio tasks) with its rate, p50 and p99."""
     from bench import producer_bench, shapes
 

@@ -287,7 +287,7 @@ def table(result: FleetBenchResult) -> Table:
         )
         for q in (50, 99):
             t.add_row(
-                f"result() of a settled run p{q} (ms; rq: return_value(refresh=True))",
+                f"wait() of a settled run p{q} (ms; rq: return_value(refresh=True))",
                 f"{percentile(res.runfleet_ms, q):.2f}",
                 f"{percentile(res.rq_ms, q):.2f}",
                 "",

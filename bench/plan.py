@@ -54,7 +54,7 @@ class Memory(Section):
 
 
 class Results(Section):
-    """A producer waiting on every result, and ``result()`` of settled runs."""
+    """A producer waiting on every result, and ``wait()`` of settled runs."""
 
     runs: Positive = 1000
     samples: Positive = 200

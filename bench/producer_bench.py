@@ -1,10 +1,10 @@
 """``python -m bench producer``: the producer's path as a user writes it, beside its peers.
 
 A web handler enqueues one job per request; a script enqueues in a loop and then calls
-``result()`` on each handle; a threaded or an asyncio service shares one queue among its
+``wait()`` on each handle; a threaded or an asyncio service shares one queue among its
 threads or tasks (``bench.shapes``). Measured that way, in one invocation on one machine: single
-``enqueue`` (no workers), ``enqueue_many``, ``result()``/``return_value()`` of a settled
-run, the loop then ``result()`` of each with two idle worker processes each side (no-op
+``enqueue`` (no workers), ``enqueue_many``, ``wait()``/``return_value()`` of a settled
+run, the loop then ``wait()`` of each with two idle worker processes each side (no-op
 jobs against rq ``SimpleWorker``s; three-step durable flows against DBOS executors on the
 same Postgres), and the idle enqueue -> start latency. Every runfleet run is durable
 before ``enqueue`` returns (row and ``created`` record committed), on the server as found.
@@ -46,8 +46,8 @@ TARGETS: dict[str, float] = {
     "single enqueue >= 1x rq": 1.0,
     "single enqueue >= 0.6x rq (the floor)": 0.6,
     "enqueue_many >= 1.5x rq": 1.5,
-    "loop of enqueue then result(), no-op jobs >= 3x rq": 3.0,
-    "loop of enqueue then result(), three-step flows >= 4x DBOS": 4.0,
+    "loop of enqueue then wait(), no-op jobs >= 3x rq": 3.0,
+    "loop of enqueue then wait(), three-step flows >= 4x DBOS": 4.0,
 }
 """The ratios the run reports as targets, every side in one invocation."""
 
@@ -156,11 +156,11 @@ class ProducerBenchResult:
             "single enqueue >= 1x rq": self.ratio("single_per_s"),
             "single enqueue >= 0.6x rq (the floor)": self.ratio("single_per_s"),
             "enqueue_many >= 1.5x rq": self.ratio("many_per_s"),
-            "loop of enqueue then result(), no-op jobs >= 3x rq": self.ratio("loop_per_s"),
+            "loop of enqueue then wait(), no-op jobs >= 3x rq": self.ratio("loop_per_s"),
         }
         flows = self.flows_ratio
         if flows is not None:
-            measured["loop of enqueue then result(), three-step flows >= 4x DBOS"] = flows
+            measured["loop of enqueue then wait(), three-step flows >= 4x DBOS"] = flows
         found = {
             name: (f"{measured[name]:.2f}x", measured[name] >= floor)
             for name, floor in TARGETS.items()
@@ -168,7 +168,7 @@ class ProducerBenchResult:
         }
         rf = self.runfleet
         read = percentile(rf.settled_read_ms, 50)
-        found["result() of a settled run p50 <= 0.5 ms"] = (f"{read:.3f} ms", read <= 0.5)
+        found["wait() of a settled run p50 <= 0.5 ms"] = (f"{read:.3f} ms", read <= 0.5)
         p50, p99 = percentile(rf.start_ms, 50), percentile(rf.start_ms, 99)
         found["idle enqueue -> start p50 <= 3 ms"] = (f"{p50:.1f} ms", p50 <= 3)
         found["idle enqueue -> start p99 <= 6 ms"] = (f"{p99:.1f} ms", p99 <= 6)
@@ -238,15 +238,15 @@ def _rf_admission(settings: Settings, runs: int) -> tuple[float, float]:
 def _rf_loop(
     settings: Settings, queue_name: str, target: Any, runs: int
 ) -> tuple[float, list[str]]:
-    """The user's script: ``enqueue`` in a loop, then ``result()`` of each handle."""
+    """The user's script: ``enqueue`` in a loop, then ``wait()`` for each handle."""
     with Queue(queue_name, settings=settings) as queue:
         warm = [queue.enqueue(target, *_args(target, i)) for i in range(10)]
         for job in warm:
-            job.result(timeout=120)
+            job.wait(timeout=120)
         began = time.perf_counter()
         jobs = [queue.enqueue(target, *_args(target, i)) for i in range(runs)]
         for job in jobs:
-            job.result(timeout=120)
+            job.wait(timeout=120)
         return rate(runs, time.perf_counter() - began), [j.id for j in jobs]
 
 
@@ -257,8 +257,8 @@ def _args(target: Any, i: int) -> tuple[Any, ...]:
 def _rf_settled_reads(settings: Settings, ids: Sequence[str]) -> tuple[list[float], list[float]]:
     with Queue(QUEUE, settings=settings) as queue:
         jobs = [queue.fetch(i) for i in ids]
-        jobs[0].result(timeout=5)  # connect
-        results = _samples(jobs, lambda j: j.result(timeout=5))
+        jobs[0].wait(timeout=5)  # connect
+        results = _samples(jobs, lambda j: j.wait(timeout=5))
         values = _samples(jobs, lambda j: j.return_value(refresh=True))
         return results, values
 
@@ -271,7 +271,7 @@ def _rf_spaced(settings: Settings, count: int, gap_s: float) -> list[str]:
             ids.append(queue.enqueue(noop_flow).id)
             time.sleep(gap_s)
         for run_id in ids:
-            queue.fetch(run_id).result(timeout=120)
+            queue.fetch(run_id).wait(timeout=120)
         return ids
 
 
@@ -488,7 +488,7 @@ class FlowsLoopResult:
 
     def as_json(self) -> dict[str, Any]:
         ratio = self.ratio
-        target = "loop of enqueue then result(), three-step flows >= 4x DBOS"
+        target = "loop of enqueue then wait(), three-step flows >= 4x DBOS"
         return {
             "benchmark": "producer",
             "only": "flows",
@@ -523,7 +523,7 @@ async def run_flows_only(
     dbos_polling: float = 0.05,
     skip_dbos: bool = False,
 ) -> FlowsLoopResult:
-    """The loop of enqueue then ``result()`` of three-step flows, each round runfleet then
+    """The loop of enqueue then ``wait()`` of three-step flows, each round runfleet then
     DBOS (the full run measures every DBOS round after the runfleet ones)."""
     if min(flows, workers, concurrency, rounds) < 1:
         raise BenchError("flows, workers, concurrency and rounds must be >= 1")
@@ -727,7 +727,7 @@ def table(result: ProducerBenchResult) -> Table:
     for label, name in (
         ("single enqueue, one call each (runs/s) vs rq", "single_per_s"),
         ("enqueue_many (runs/s) vs rq", "many_per_s"),
-        ("loop of enqueue, then result() of each (runs/s) vs rq", "loop_per_s"),
+        ("loop of enqueue, then wait() of each (runs/s) vs rq", "loop_per_s"),
     ):
         t.add_row(label, f"{getattr(rf, name):,.0f}", f"{getattr(rq, name):,.0f}",
                   f"{result.ratio(name):.2f}x")  # fmt: skip
@@ -740,7 +740,7 @@ def table(result: ProducerBenchResult) -> Table:
     )
     for pct in (50, 99):
         t.add_row(
-            f"result() of a settled run p{pct} (ms) vs rq return_value(refresh=True)",
+            f"wait() of a settled run p{pct} (ms) vs rq return_value(refresh=True)",
             f"{percentile(rf.settled_read_ms, pct):.3f}",
             f"{percentile(rq.settled_read_ms, pct):.3f}",
             "",

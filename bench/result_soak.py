@@ -1,9 +1,9 @@
 """A producer waiting on every result, and a worker's memory: runs in flight, long soak.
 
-``result()``: rq users enqueue and then wait for each job's result, and that traffic
+``wait()``: rq users enqueue and then wait for each job's result, and that traffic
 shares the servers with the workers. Both sides start idle workers, then the producer
 admits a backlog in one ``enqueue_many`` and waits for every run's result in turn
-(runfleet: the sync ``Job.result()``; rq: ``job.latest_result(timeout)``, its blocking
+(runfleet: the sync ``Job.wait()``; rq: ``job.latest_result(timeout)``, its blocking
 read): runs/s from admission to the last result. Then the same call on runs already
 settled, one at a time, in ms (rq: ``job.return_value(refresh=True)``, a read of the
 result it keeps in Redis).
@@ -156,16 +156,16 @@ def _runfleet_with_results(
     settings: Settings, runs: int, samples: int
 ) -> tuple[float, tuple[float, ...]]:
     with Queue(QUEUE, settings=settings) as queue:
-        queue.enqueue(noop_flow).result(timeout=60)  # connections, and a worker answering
+        queue.enqueue(noop_flow).wait(timeout=60)  # connections, and a worker answering
         began = time.perf_counter()
         jobs = queue.enqueue_many([EnqueueSpec(noop_flow)] * runs)
         for job in jobs:
-            job.result(timeout=120)
+            job.wait(timeout=120)
         per_s = rate(runs, time.perf_counter() - began)
         latency: list[float] = []
         for job in jobs[:samples]:
             began = time.perf_counter()
-            job.result(timeout=5)
+            job.wait(timeout=5)
             latency.append((time.perf_counter() - began) * 1000)
     return per_s, tuple(latency)
 

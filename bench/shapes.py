@@ -60,7 +60,7 @@ class Mode(StrEnum):
     """What each call waits for."""
 
     ENQUEUE = "enqueue"
-    ROUND_TRIP = "enqueue, then result()"
+    ROUND_TRIP = "enqueue, then wait()"
 
 
 class System(StrEnum):
@@ -202,12 +202,12 @@ def _rf_threaded(settings: Settings, threads: int, runs: int, mode: Mode) -> Cal
     with Queue(name, settings=settings) as queue:
         warm = queue.enqueue(noop_flow)  # connect (and wake the workers) untimed
         if mode is Mode.ROUND_TRIP:
-            warm.result(timeout=RESULT_TIMEOUT)
+            warm.wait(timeout=RESULT_TIMEOUT)
 
         def one() -> None:
             job = queue.enqueue(noop_flow)
             if mode is Mode.ROUND_TRIP:
-                job.result(timeout=RESULT_TIMEOUT)
+                job.wait(timeout=RESULT_TIMEOUT)
 
         return threaded(threads, runs, one)
 
@@ -217,12 +217,12 @@ async def _rf_tasked(settings: Settings, tasks: int, runs: int, mode: Mode) -> C
     async with AsyncQueue(name, settings=settings) as queue:
         warm = await queue.enqueue(noop_flow)
         if mode is Mode.ROUND_TRIP:
-            await warm.result(timeout=RESULT_TIMEOUT)
+            await warm.wait(timeout=RESULT_TIMEOUT)
 
         async def one() -> None:
             run = await queue.enqueue(noop_flow)
             if mode is Mode.ROUND_TRIP:
-                await run.result(timeout=RESULT_TIMEOUT)
+                await run.wait(timeout=RESULT_TIMEOUT)
 
         return await tasked(tasks, runs, one)
 

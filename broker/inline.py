@@ -22,6 +22,7 @@ from runfleet.broker.admission import callback_name
 from runfleet.broker.current import current_job
 from runfleet.broker.jobs import Job
 from runfleet.broker.names import load_from_path
+from runfleet.broker.run import outcome
 from runfleet.broker.trust import already_loaded
 from runfleet.store.errors import InvalidInput, UnknownFlow
 from runfleet.store.types import NewRun, RunRow, RunStatus
@@ -71,6 +72,15 @@ class InlineJob(Job):
 
     def save_meta(self) -> None:
         """Kept on this object (an inline job has no row to write)."""
+
+    def return_value(self, refresh: bool = False) -> Any:
+        """The outcome held here (nothing stored to re-read)."""
+        row = self._current
+        return row.result if row.status is RunStatus.COMPLETED else None
+
+    def wait(self, timeout: float = 30.0) -> Any:
+        """Settled already: its result, or the error it failed with, at once."""
+        return outcome(self._current)
 
     def cancel(
         self,

@@ -1,22 +1,24 @@
 """rq's ``Job`` for runfleet: the same names and meanings, read from the durable run.
 
 A ``Job`` is a snapshot of one run's row, refreshed on demand, as rq's is of its
-Redis hash. Statuses map onto run statuses (``job_status``); the one place the
-names differ in meaning is ``result``: rq's deprecated ``job.result`` property is
-runfleet's blocking ``result(timeout)`` method, so use ``return_value()`` (rq's own
-recommendation) in code meant to run on both.
+Redis hash. Statuses map onto run statuses (``job_status``). ``job.result`` is rq's
+(deprecated) property, the value or None; ``job.wait(timeout)`` is runfleet's call that
+waits for the settlement.
 """
 
 from __future__ import annotations
 
 import builtins
 import enum
+import sys
 import uuid
-from collections.abc import Callable, Iterable
+import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
+from runfleet.broker.call_site import called_at_site
 from runfleet.broker.names import load_from_path
 from runfleet.broker.rq_api import DEFAULT_JOB_TIMEOUT, InvalidJobOperation, refuse_pipeline
 from runfleet.broker.run import AsyncRun, is_dead, outcome
@@ -221,52 +223,14 @@ async def settled_row(queue: AsyncQueue, run_id: str) -> RunRow | None:
     return row
 
 
-_RESULT_AS_VALUE = (
-    "job.result is runfleet's blocking result(timeout) method, not rq's deprecated result "
-    "property: call job.return_value() for rq's meaning (the value, or None), or "
-    "job.result(timeout) to wait for it (docs/how-to/moving-from-rq.md)"
+_RESULT_READ = "job.result is deprecated, use job.return_value instead."
+"""rq 3's own warning for reading ``job.result``, word for word."""
+_RESULT_CALLED = (
+    "job.result(timeout) is deprecated, use job.wait(timeout): it waits the same way "
+    "(job.result is rq's property now: the return value, or None)"
 )
-
-
-class ResultMethod:
-    """``job.result``: runfleet's blocking ``result(timeout)``, to be called.
-
-    rq's deprecated ``job.result`` is a property (the value, or None). rq code that reads
-    it as a value here would get a bound method, truthy and unequal to everything, and go
-    on silently; this object raises ``TypeError`` naming ``return_value()`` as soon as it
-    is used as a value (truth, ``==``/``!=``, ``str``, formatting, hashing). Only ``job.result
-    is None`` cannot be caught. Calling it, or handing it on as a callable
-    (``asyncio.to_thread(job.result, 30)``), is runfleet's method as before.
-    """
-
-    __slots__ = ("_wait",)
-
-    def __init__(self, wait: Callable[[float], Any]) -> None:
-        self._wait = wait
-
-    def __call__(self, timeout: float = 30.0) -> Any:
-        return self._wait(timeout)
-
-    def __repr__(self) -> str:
-        return "<runfleet Job.result: call it, or job.return_value() for rq's property>"
-
-    def __bool__(self) -> bool:
-        raise TypeError(_RESULT_AS_VALUE)
-
-    def __eq__(self, other: object) -> bool:
-        raise TypeError(_RESULT_AS_VALUE)
-
-    def __ne__(self, other: object) -> bool:
-        raise TypeError(_RESULT_AS_VALUE)
-
-    def __hash__(self) -> int:
-        raise TypeError(_RESULT_AS_VALUE)
-
-    def __str__(self) -> str:
-        raise TypeError(_RESULT_AS_VALUE)
-
-    def __format__(self, spec: str) -> str:
-        raise TypeError(_RESULT_AS_VALUE)
+_EXC_INFO_READ = "job.exc_info is deprecated, use job.latest_result() instead."
+"""rq 3's own warning for reading ``job.exc_info``, word for word."""
 
 
 class Job:
@@ -429,29 +393,44 @@ class Job:
     # ---- results -----------------------------------------------------------
 
     @property
-    def result(self) -> ResultMethod:
-        """``job.result(timeout=30.0)``: wait until the run settles; its result, or RunFailed
-        / RunCancelled / TimeoutError.
+    def result(self) -> Any:
+        """rq's ``job.result``: the return value of the latest successful execution, None
+        until there is one (before it finished, or when it failed or was cancelled).
 
-        Not rq's deprecated ``result`` property: use ``return_value()`` for that meaning
-        (used as a value, ``job.result`` raises ``TypeError`` saying so: ``ResultMethod``).
-        Waits on the round that answers for this id (a requeued run's new round).
+        rq 3 deprecates it for ``return_value()`` and warns so; this warns the same. The
+        spelling ``job.result(timeout)`` / ``job.result()``, which waited before the waiting
+        call was named ``wait``, still waits and warns ``DeprecationWarning`` naming
+        ``job.wait``: the call is told from a read at its site (``called_at_site``). A
+        result is JSON, never callable, so no rq code calls it. Handed on uncalled
+        (``to_thread(job.result, 30)``) it is the value: hand on ``job.wait``.
         """
-        return ResultMethod(self._result)
+        if called_at_site(sys._getframe(1), "result"):
+            warnings.warn(_RESULT_CALLED, DeprecationWarning, stacklevel=2)
+            return self.wait
+        warnings.warn(_RESULT_READ, DeprecationWarning, stacklevel=2)
+        return self.return_value()
 
-    def _result(self, timeout: float) -> Any:
+    def wait(self, timeout: float = 30.0) -> Any:
+        """Wait until the run settles; its result, or RunFailed / RunCancelled / TimeoutError.
+
+        Waits on the round that answers for this id (a requeued run's new round); a
+        settled run answers from one indexed read. ``AsyncRun.wait`` is its async twin.
+        """
         settled = self._queue._now(lambda q: settled_row(q, self.id))
         if settled is not None:  # one indexed read, in this thread
             return outcome(settled)
         self.refresh()
         answering = AsyncRun(self._queue._async, self._current.id)
-        return self._queue._call(answering.result(timeout))
+        return self._queue._call(answering.wait(timeout))
 
     def return_value(self, refresh: bool = False) -> Any:
         """The result if the run completed, else None (never waits), as rq's.
 
-        rq caches a settled result; so does this: a run not yet completed is re-read.
+        rq caches a settled result; so does this: a run not yet completed is re-read. A
+        job ``Job.create`` made and no queue admitted yet has none.
         """
+        if self._created is not None:
+            return None
         if refresh or self._row is None or self._row.status is not RunStatus.COMPLETED:
             settled = self._queue._now(lambda q: settled_row(q, self.id))
             if settled is not None:  # one indexed read answers it
@@ -464,7 +443,7 @@ class Job:
         """rq's ``latest_result``: None until the run settled (waits up to ``timeout`` s)."""
         if timeout > 0:
             try:
-                self.result(timeout)
+                self.wait(timeout)
             except Exception:  # failed, cancelled or still open: read below
                 pass
         if self._row is None or self._row.status is not RunStatus.COMPLETED:
@@ -480,7 +459,11 @@ class Job:
 
     @property
     def exc_info(self) -> str | None:
-        """The failure's traceback text (rq's ``exc_info``), None unless the run failed."""
+        """The failure's traceback text (rq's ``exc_info``), None unless the run failed.
+
+        rq 3 deprecates it for ``latest_result().exc_string`` and warns so; this warns the
+        same."""
+        warnings.warn(_EXC_INFO_READ, DeprecationWarning, stacklevel=2)
         return _exc_text(self._current)
 
     # ---- meta --------------------------------------------------------------

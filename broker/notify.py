@@ -2,7 +2,7 @@
 
 ``cancel`` lets an owner act on a durable cancel request in milliseconds rather
 than at its next heartbeat poll; ``settled`` wakes producers blocked in
-``run.result()``. Pub/sub is fire-and-forget: a notice published while nobody
+``run.wait()``. Pub/sub is fire-and-forget: a notice published while nobody
 listens, or while Redis is away, is simply lost, so every consumer of these
 notices also polls Postgres and a failure to publish is logged, never raised.
 
@@ -287,7 +287,7 @@ class SettledWatch:
     ``await w.wait(t)`` and check again. If Redis is unavailable ``wait`` sleeps out
     its timeout and returns ``None``, so a caller's poll loop keeps its pace. Neither
     entering nor ``wait`` raises for Redis or for hostile payloads on the channel:
-    ``result()`` always reaches its next Postgres poll.
+    ``run.wait()`` always reaches its next Postgres poll.
     """
 
     def __init__(self, notifier: Notifier, run_ids: frozenset[str]) -> None:

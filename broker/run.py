@@ -1,4 +1,4 @@
-"""A producer's handle on one run (``AsyncRun``) and how a settled run answers ``result``.
+"""A producer's handle on one run (``AsyncRun``) and how a settled run answers ``wait``.
 
 A completed run answers with its result, a cancelled one raises ``RunCancelled``, a
 failed one ``RunFailed`` and one parked dead ``RunDead`` (a ``RunFailed``, at once); a run
@@ -110,7 +110,7 @@ def _with_builtin(record: dict[str, Any]) -> type[RunFailed]:
 class RunDead(RunFailed):
     """The run is parked ``dead``: its executions kept ending in a lost process until the
     recovery limit (docs/how-to/failure-handling.md). Nothing moves it but a resume
-    (``q.resume_run(run_id)``) or a cancel, so waiting for it is pointless: ``result``
+    (``q.resume_run(run_id)``) or a cancel, so waiting for it is pointless: ``wait``
     raises this at once. A ``RunFailed``, so code written for a failed run handles it."""
 
     def __init__(self, run_id: str, evidence: Any) -> None:
@@ -133,7 +133,7 @@ class RunCancelled(RunfleetError):
 
 
 class AsyncRun:
-    """A handle on one run: id, status, result, cancel."""
+    """A handle on one run: id, status, ``wait`` for the outcome, ``return_value``, cancel."""
 
     def __init__(self, queue: AsyncQueue, run_id: str) -> None:
         self._queue = queue
@@ -166,7 +166,7 @@ class AsyncRun:
         row = await self._last_round(await self.fetch())
         return row.result if row.status is RunStatus.COMPLETED else None
 
-    async def result(self, timeout: float = 30.0) -> Any:
+    async def wait(self, timeout: float = 30.0) -> Any:
         """Wait until the run settles; its result, or RunFailed / RunCancelled / TimeoutError.
 
         Woken by the settled notification; polls Postgres as a fallback, so a lost
@@ -194,6 +194,11 @@ class AsyncRun:
                     raise TimeoutError(f"run {self.id!r} is still {row.status.value}")
                 await watch.wait(min(remaining, 0.5))
 
+    async def result(self, timeout: float = 30.0) -> Any:
+        """``wait(timeout)`` under its first name. The sync ``Job``/``Run`` calls it ``wait``
+        (its ``result`` is rq's property, a value); here no rq name competes, so it stays."""
+        return await self.wait(timeout)
+
     async def _last_round(self, row: RunRow) -> RunRow:
         """A run that handed off is answered by the last round of its lineage; one that
         was resumed, by the round that resumed it."""
@@ -210,7 +215,7 @@ class AsyncRun:
 
 
 def outcome(row: RunRow) -> Any:
-    """What ``result`` answers for a settled row: its result, or the error it settled with
+    """What ``wait`` answers for a settled row: its result, or the error it settled with
     (a run parked dead raises ``RunDead``, with the wait's evidence)."""
     if is_dead(row):
         assert row.waiting is not None

@@ -36,7 +36,7 @@ TASKS = "def add(a: int, b: int) -> int:\n    return a + b\n"
 RUNFLEET_PRODUCER = """\
 from runfleet import Queue
 from tasks import add
-print(Queue("default").enqueue(add, 1, 2).result(timeout=120))
+print(Queue("default").enqueue(add, 1, 2).wait(timeout=120))
 """
 RQ_PRODUCER = """\
 import sys

@@ -116,7 +116,7 @@ class Lifecycle:
         both cancelled and completed.
 
         A ``result`` key in ``state_patch`` is the run's result: it is stored as its
-        canonical text in the ``result`` column (``store.values``), so ``result()``
+        canonical text in the ``result`` column (``store.values``), so ``wait()``
         hands back exactly the value the flow returned, floats and big ints included.
         A patch that cannot be stored raises UnstorableValue and writes nothing.
 

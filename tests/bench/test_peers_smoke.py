@@ -53,7 +53,7 @@ TARGETS = {"drain >= 3x rq SimpleWorker", "enqueue, one call each >= 0.5x rq",
 @pytest.mark.timeout(300)
 def test_fleet_bench_runs_every_phase(services: Endpoints) -> None:
     """One invocation, every phase: the added ones (process counts, fsync on the given
-    server as found, history, result(), soak) share the headline's enqueue and drain."""
+    server as found, history, wait(), soak) share the headline's enqueue and drain."""
     out = _bench(services, "fleet", "--plan", str(TINY))
     assert out["plan"] == json.loads(FleetPlan.read(TINY).model_dump_json())
     assert out["runfleet"]["drain"]["runs"] == 41  # two enqueue phases and one warm-up run
@@ -136,9 +136,9 @@ def test_producer_bench_runs_every_phase(services: Endpoints) -> None:
         "single enqueue >= 1x rq",
         "single enqueue >= 0.6x rq (the floor)",
         "enqueue_many >= 1.5x rq",
-        "loop of enqueue then result(), no-op jobs >= 3x rq",
-        "loop of enqueue then result(), three-step flows >= 4x DBOS",
-        "result() of a settled run p50 <= 0.5 ms",
+        "loop of enqueue then wait(), no-op jobs >= 3x rq",
+        "loop of enqueue then wait(), three-step flows >= 4x DBOS",
+        "wait() of a settled run p50 <= 0.5 ms",
         "idle enqueue -> start p50 <= 3 ms",
         "idle enqueue -> start p99 <= 6 ms",
     }

@@ -1,7 +1,7 @@
 """The sync ``Queue``'s one-statement calls run in the caller's thread (``store.inline``).
 
 Counted on the wire of the blocking pool's one connection: an ``enqueue`` is one
-statement and one round trip, ``result()`` and ``return_value()`` of a settled run one
+statement and one round trip, ``wait()`` and ``return_value()`` of a settled run one
 read each, and the queue's event-loop thread never connects for any of them (no thread
 hop). A transient error is retried in the caller's thread, with no loop to sleep on.
 """
@@ -75,7 +75,7 @@ async def test_a_sync_enqueue_is_one_statement_in_the_callers_thread(
     assert [r.kind for r in await store.journal.records("sync-1")] == [Kind.CREATED]
 
 
-async def test_result_and_return_value_of_a_settled_run_are_one_read_each(
+async def test_wait_and_return_value_of_a_settled_run_are_one_read_each(
     settings: Settings, store: Store
 ) -> None:
     with Queue("default", settings=settings) as producer:
@@ -89,13 +89,13 @@ async def test_result_and_return_value_of_a_settled_run_are_one_read_each(
             job = queue.fetch("done")
             job.return_value(refresh=True)  # prepare on first use
             wire.reset()
-            result = job.result(timeout=5)
+            result = job.wait(timeout=5)
             result_reads = wire.statements
             wire.reset()
             value = job.return_value(refresh=True)
             value_reads = wire.statements
             with pytest.raises(RunFailed):
-                queue.fetch("broken").result(timeout=5)
+                queue.fetch("broken").wait(timeout=5)
             broken = queue.fetch("broken").return_value(refresh=True) is None
             return result, result_reads, value, value_reads, broken, queue._driver.connected
 
@@ -107,10 +107,10 @@ async def test_result_and_return_value_of_a_settled_run_are_one_read_each(
 
 
 async def test_an_open_run_still_waits_on_the_loop_thread(settings: Settings, store: Store) -> None:
-    """result() of a run not yet settled subscribes and waits: that is the loop's work."""
+    """wait() of a run not yet settled subscribes and waits: that is the loop's work."""
     with Queue("default", settings=settings) as queue:
         job = await asyncio.to_thread(queue.enqueue, noop, 5, job_id="later")
-        waiting = asyncio.create_task(asyncio.to_thread(job.result, 30))
+        waiting = asyncio.create_task(asyncio.to_thread(job.wait, 30))
         await asyncio.sleep(0.2)
         assert not waiting.done()
         await _settle(store, "later", RunStatus.COMPLETED)

@@ -29,7 +29,7 @@ from tasks import add
 
 q = Queue("default")
 job = q.enqueue(add, 1, 2, job_id=sys.argv[1])
-print(job.result(timeout=90))
+print(job.wait(timeout=90))
 """
 
 

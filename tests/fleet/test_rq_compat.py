@@ -54,8 +54,8 @@ async def test_producer_snippet_on_runfleet(settings: Settings) -> None:
         )
         job, batch = await asyncio.to_thread(produce, q, "rf")
         assert job.id == "compat-rf"
-        assert await asyncio.to_thread(job.result, 15) == 5
-        assert [await asyncio.to_thread(j.result, 15) for j in batch] == [0, 2, 4]
+        assert await asyncio.to_thread(job.wait, 15) == 5
+        assert [await asyncio.to_thread(j.wait, 15) for j in batch] == [0, 2, 4]
         assert await asyncio.to_thread(job.return_value) == 5
         # Re-enqueueing the same id joins the run instead of duplicating it.
         again = await asyncio.to_thread(q.enqueue, add, 2, 3, job_id="compat-rf")

@@ -72,7 +72,7 @@ async def test_sync_queue_raises_the_same(worker: Worker, settings: Settings) ->
         with Queue("default", settings=settings) as q:
             job = q.enqueue(flows.boom, "bad input")
             with pytest.raises(ValueError, match=r"^ValueError: bad input") as caught:
-                job.result(timeout=10)
+                job.wait(timeout=10)
         return caught.value
 
     # The blocking producer in a thread of its own: the worker runs on this loop.

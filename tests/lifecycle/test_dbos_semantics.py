@@ -48,7 +48,7 @@ async def test_awaiting_a_dead_run_raises_at_once_and_its_status_reads_dead(
             job = q.fetch_job("poison")
             assert job is not None
             with pytest.raises(RunDead):
-                job.result(timeout=30)
+                job.wait(timeout=30)
             return job.get_status()
 
     assert await asyncio.to_thread(sync_side) is JobStatus.DEAD

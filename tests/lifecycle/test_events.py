@@ -52,7 +52,7 @@ async def test_the_sync_queue_reads_events_and_sends(
         assert await asyncio.to_thread(q.get_event, run.id, "ready", 20) is True
         for value in ("a", "b"):
             assert isinstance(await asyncio.to_thread(q.send, run.id, "in", value), MessageSent)
-        result = await asyncio.to_thread(run.result, 20)
+        result = await asyncio.to_thread(run.wait, 20)
         assert result == ["a", "b", True]
         assert await asyncio.to_thread(q.get_event, run.id, "ready") is False
     finally:

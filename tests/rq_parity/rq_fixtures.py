@@ -40,6 +40,10 @@ def do_nothing() -> None:
     pass
 
 
+def say_pid() -> int:
+    return os.getpid()
+
+
 def div_by_zero(x: int = 1) -> float:
     return x / 0
 

@@ -33,7 +33,7 @@ def test_a_chain_runs_in_order(q: Queue, tmp_path: Path) -> None:
     c = q.enqueue(jobs.record, path, "c", depends_on=[b.id])
     assert b.is_deferred and c.is_deferred  # a is still sleeping
     assert b.id not in q.job_ids and c.id not in q.job_ids
-    assert c.result(30) == "bc"
+    assert c.wait(30) == "bc"
     assert a.is_finished and b.is_finished and c.is_finished
     assert a.ended_at and b.started_at and b.ended_at and c.started_at
     # started_at is when the run was first taken; the function itself ran after the gate
@@ -54,7 +54,7 @@ def test_a_failed_dependency_leaves_the_dependent_deferred(
         time.sleep(0.1)
     marker.write_text("")
     q.failed_job_registry.requeue(dependency.id)
-    assert dependent.result(30) == 3
+    assert dependent.wait(30) == 3
     assert dependency.is_finished and dependent.is_finished
 
 

@@ -49,7 +49,7 @@ def test_a_queued_job_reads_as_rq_reads_it(q: Queue, thread_worker: ThreadWorker
     assert Job.fetch("handle-1", connection=q).meta == {"owner": "ann", "progress": 50}
 
     thread_worker.start()
-    assert job.result(20) == {"args": [1, "two"], "kwargs": {"flag": True}}
+    assert job.wait(20) == {"args": [1, "two"], "kwargs": {"flag": True}}
     assert job.is_finished and job.get_status(refresh=False) is JobStatus.FINISHED
     assert job.return_value() == {"args": [1, "two"], "kwargs": {"flag": True}}
     latest = job.latest_result()
@@ -78,7 +78,7 @@ def test_failure_exc_info_and_the_failed_registry(
     marker.write_text("")
     again = registry.requeue("handle-fails")
     assert again.id == "handle-fails"  # rq keeps the id across a requeue; so does this
-    assert job.result(20) == "ok"  # waits on the new round, not the failed one
+    assert job.wait(20) == "ok"  # waits on the new round, not the failed one
     until_sync(lambda: job.is_finished, 20, "the job to finish")
     assert job.return_value() == "ok" and registry.count == 0
     # Requeueing a run that no longer failed is refused, as rq refuses a job not in the registry.

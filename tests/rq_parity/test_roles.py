@@ -35,7 +35,7 @@ async def test_a_scoped_producer_role_meta_registry_requeue(
             assert q.failed_job_registry.get_job_ids() == [job.id]
             marker.write_text("")
             q.failed_job_registry.requeue(job.id)
-            return job.id, Job.fetch(job.id, connection=q).meta, str(job.result(20))
+            return job.id, Job.fetch(job.id, connection=q).meta, str(job.wait(20))
 
     job_id, meta, value = await asyncio.to_thread(as_mine)
     assert meta == {"a": 1, "b": 2} and value == "ok"

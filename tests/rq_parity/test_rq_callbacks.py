@@ -124,7 +124,17 @@ def test_sync_success_callback(rqx: Side) -> None:
     queue = rqx.Queue(is_async=False)
     job = queue.enqueue(fixtures.say_hello, on_success=fixtures.save_result)
     assert job.get_status() == rqx.JobStatus.FINISHED
-    assert fixtures.saved(f"success_callback:{job.id}") == job.return_value()
+    assert fixtures.saved(f"success_callback:{job.id}") == job.result
+
+    job = queue.enqueue(fixtures.div_by_zero, on_success=fixtures.save_result)
+    assert job.get_status() == rqx.JobStatus.FAILED
+    assert fixtures.saved(f"success_callback:{job.id}") is None
+
+    job = queue.enqueue(
+        fixtures.say_hello, on_success=rqx.Callback("tests.rq_parity.rq_fixtures.save_result")
+    )
+    assert job.get_status() == rqx.JobStatus.FINISHED
+    assert fixtures.saved(f"success_callback:{job.id}") == job.result
 
 
 def test_sync_failure_callback(rqx: Side) -> None:

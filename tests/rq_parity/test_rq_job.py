@@ -152,7 +152,15 @@ def test_job_access_within_synchronous_job_function(rqx: Side) -> None:
 def test_job_async_status_finished(rqx: Side) -> None:
     queue = rqx.Queue(is_async=False)
     job = queue.enqueue(fixtures.say_hello)
-    assert job.return_value() == "Hi there, Stranger!"
+    assert job.result == "Hi there, Stranger!"
+    assert job.get_status() == rqx.JobStatus.FINISHED
+
+
+def test_enqueue_job_async_status_finished(rqx: Side) -> None:
+    queue = rqx.Queue(is_async=False)
+    job = rqx.Job.create(func=fixtures.say_hello, connection=rqx.connection)
+    job = queue.enqueue_job(job)
+    assert job.result == "Hi there, Stranger!"
     assert job.get_status() == rqx.JobStatus.FINISHED
 
 

@@ -1,10 +1,10 @@
 """rq's tests/test_worker.py, the cases a producer's code observes, ported: each test runs
 on real rq and on runfleet (``rqx``). Only the import, the connection and the worker
-differ; rq's ``job.result`` property is read as ``return_value()`` (rq's own spelling of
-that value; runfleet's ``job.result`` is the waiting call)."""
+differ. ``job.result`` is read as rq reads it, a property (the value, or None)."""
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime, timedelta
 
 from tests.rq_parity import rq_fixtures as fixtures
@@ -15,6 +15,33 @@ def _utc(moment: datetime) -> datetime:
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
 
 
+def test_work_via_string_argument(rqx: Side) -> None:
+    q = rqx.Queue("foo")
+    job = q.enqueue("tests.rq_parity.rq_fixtures.say_hello", name="Frank")
+    rqx.work(q)
+    expected_result = "Hi there, Frank!"
+    assert job.result == expected_result
+    assert job.latest_result().return_value == expected_result
+    # rq then asserts job.worker_name is None: its job object, never refreshed, still holds
+    # what enqueue wrote; runfleet's reads the run (test_rq_results: the worker's name)
+
+
+def test_work_via_simpleworker(rqx: Side) -> None:
+    """rq's SimpleWorker does not fork; ``rqx.work`` runs either side's worker in this process."""
+    fooq, barq = rqx.Queue("foo"), rqx.Queue("bar")
+    job = fooq.enqueue(fixtures.say_pid)
+    rqx.work(fooq, barq)
+    assert job.result == os.getpid(), "PID mismatch, fork() is not supposed to happen here"
+
+
+def test_work_unicode_friendly(rqx: Side) -> None:
+    q = rqx.Queue("foo")
+    job = q.enqueue("tests.rq_parity.rq_fixtures.say_hello", name="Adam", description="你好 世界!")
+    rqx.work(q)
+    assert job.result == "Hi there, Adam!"
+    assert job.description == "你好 世界!"
+
+
 def test_job_times(rqx: Side) -> None:
     q = rqx.Queue("foo")
     before = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=1)
@@ -23,7 +50,7 @@ def test_job_times(rqx: Side) -> None:
     assert job.started_at is None
     assert job.ended_at is None
     rqx.work(q)
-    assert job.return_value() == "Hi there, Stranger!"
+    assert job.result == "Hi there, Stranger!"
     after = datetime.now(UTC) + timedelta(seconds=1)
     done = rqx.Job.fetch(job.id, connection=rqx.connection)
     assert before <= _utc(done.enqueued_at) <= after
@@ -92,12 +119,29 @@ def test_cancel_dependent_job(rqx: Side) -> None:
     job.cancel()
     rqx.work(q)
     assert job.is_canceled
-    assert parent.return_value() is not None
+    assert parent.result is not None
     assert job.get_status() == rqx.JobStatus.CANCELED
-    assert job.return_value() is None
-    assert job2.return_value() is None
+    assert job.result is None
+    assert job2.result is None
     assert job2.get_status() == rqx.JobStatus.DEFERRED
     assert q.count == 0
+
+
+def test_cancel_job_enqueue_dependent(rqx: Side) -> None:
+    q = rqx.Queue("low")
+    parent = q.enqueue(fixtures.long_running_job, 1, job_id="parent_job")
+    job = q.enqueue(fixtures.say_hello, depends_on=parent, job_id="job1")
+    job2 = q.enqueue(fixtures.say_hello, depends_on=job, job_id="job2")
+    job3 = q.enqueue(fixtures.say_hello, depends_on=job2, job_id="job3")
+    job.cancel(enqueue_dependents=True)
+    rqx.work(q)
+    assert job.is_canceled
+    assert parent.result is not None
+    assert job.get_status() == rqx.JobStatus.CANCELED
+    assert job.result is None
+    assert job2.result is not None
+    assert job2.get_status() == rqx.JobStatus.FINISHED
+    assert job3.get_status() == rqx.JobStatus.FINISHED
 
 
 def test_deleted_jobs_arent_executed(rqx: Side) -> None:

@@ -20,18 +20,17 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from runfleet.store import journal_records as jr
-from runfleet.store import validate, values
+import runfleet.store.journal_records as jr
+import runfleet.store.validate as validate
+import runfleet.store.values as values
 from runfleet.store.config import Settings
 from runfleet.store.dag import Dag
 from runfleet.store.db import Database
 from runfleet.store.errors import DuplicateRun, ExecutionIdentityConflict, InvalidInput
 from runfleet.store.journal import Journal, Kind, digest
 from runfleet.store.rows import run_row
-from runfleet.store.types import (
-    Created,
-    CreateOutcome,
-    Joined,
+from runfleet.store.types.outcomes import Created, CreateOutcome, Joined
+from runfleet.store.types.run import (
     NewRun,
     OnDuplicate,
     OnParentExit,

@@ -27,13 +27,15 @@ import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from runfleet.store import journal_records as jr
-from runfleet.store import validate, values
+import runfleet.store.journal_records as jr
+import runfleet.store.validate as validate
+import runfleet.store.values as values
 from runfleet.store.errors import InvalidInput
 from runfleet.store.journal import Kind
 from runfleet.store.rounds import next_ordinal, next_round
 from runfleet.store.steps import StepRecord
-from runfleet.store.types import Created, Joined, NewRun, RunRow, RunStatus
+from runfleet.store.types.outcomes import Created, Joined
+from runfleet.store.types.run import NewRun, RunRow, RunStatus
 
 if TYPE_CHECKING:
     from runfleet.store import Store

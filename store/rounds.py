@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runfleet.store.types import JsonValue, NewRun, OnParentExit, RunRow
+from runfleet.store.types.run import JsonValue, NewRun, OnParentExit, RunRow
 
 
 def round_id(lineage_id: str, ordinal: int) -> str:

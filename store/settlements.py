@@ -13,8 +13,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from runfleet.store import journal_records as jr
-from runfleet.store.types import Owner, RunStatus, Settle
+import runfleet.store.journal_records as jr
+from runfleet.store.types.outcomes import Settle
+from runfleet.store.types.run import Owner, RunStatus
+
+
+def journaled(item: Settle) -> jr.Settled:
+    """The record ``item`` journals: its own, or a plain ``transitioned``, ``to`` and
+    ``epoch`` the item's."""
+    return jr.settled_record(item.record, item.status, item.epoch)
 
 
 def completed(run_id: str, epoch: int, result: Any) -> Settle:

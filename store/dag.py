@@ -26,7 +26,7 @@ def child_outcome(child: RunRow) -> str:
         {
             "status": child.status.value,
             "result": child.result,
-            "error": child.error,
+            "error": None if child.error is None else child.error.to_json(),
             "handed_off_to": child.handed_off_to,
         }
     )

@@ -4,6 +4,7 @@
   admission request (``NewRun``);
 - ``types.outcomes``: what each compare-and-swap answers (admission, claim, steal,
   settlement, cancel, park, wake, the lease's renewal), one frozen dataclass per outcome;
+- ``types.failure``: how a failed run failed (``RunError``);
 - ``types.waits``: deferred completions, event answers, clocks;
 - ``types.journal``: a journal record, and what emitting one answers;
 - ``types.dag``: parent edges.
@@ -19,6 +20,7 @@ from runfleet.store.types.dag import (
     EdgeRecorded,
     ParentEdge,
 )
+from runfleet.store.types.failure import RunError
 from runfleet.store.types.journal import (
     Accepted,
     Conflict,
@@ -155,6 +157,7 @@ __all__ = [
     "PendingCursor",
     "Reconfirmation",
     "RowLocked",
+    "RunError",
     "RunRow",
     "RunStatus",
     "Settle",

@@ -10,6 +10,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
+from runfleet.store.types.failure import RunError
+
 JsonValue: TypeAlias = Any
 """A value that round-trips through JSON (validated at the store boundary)."""
 
@@ -181,9 +183,9 @@ class RunRow:
     # module spells ``state["key"]``. State is JSON the store wrote: absent is None.
 
     @property
-    def error(self) -> JsonValue:
-        """How a failed run failed (``{"type", "message", "traceback"}`` from the worker)."""
-        return self.state.get("error")
+    def error(self) -> RunError | None:
+        """How a failed run failed (what the worker recorded, ``worker.settle.error_of``)."""
+        return RunError.from_json(self.state.get("error"))
 
     @property
     def cancellation(self) -> JsonValue:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from runfleet.store import Kind, Store, settlements
 from runfleet.store import journal_records as jr
-from runfleet.store.types import RunStatus, Settle, Transitioned
+from runfleet.store.types import RunError, RunStatus, Settle, Transitioned
 from tests.store.helpers import OWNER_A, make_running, must_get
 
 
@@ -24,7 +24,7 @@ def test_each_ending_carries_its_status_kind_and_record() -> None:
     assert done.patch == {"result": {"x": 1}} and done.guard
     assert done.record == jr.Transitioned(to=RunStatus.COMPLETED, epoch=3)
 
-    failed = settlements.failed("r", 3, {"type": "ValueError"})
+    failed = settlements.failed("r", 3, RunError(type="ValueError"))
     assert failed.status is RunStatus.FAILED and kind(failed) == Kind.TRANSITIONED
     assert failed.patch == {"error": {"type": "ValueError"}} and failed.guard
     assert failed.record == jr.Transitioned(to=RunStatus.FAILED, epoch=3)
@@ -52,7 +52,7 @@ def test_each_ending_carries_its_status_kind_and_record() -> None:
         "message": "max_rounds=4 reached",
     }
 
-    invalid = settlements.round_invalid("r", 3, {"type": "InvalidHandoff"}, "r@1")
+    invalid = settlements.round_invalid("r", 3, RunError(type="InvalidHandoff"), "r@1")
     assert invalid.status is RunStatus.FAILED and kind(invalid) == Kind.ROUND_INVALID
     assert invalid.record == jr.RoundInvalid(to=RunStatus.FAILED, epoch=3, successor="r@1")
     assert invalid.patch == {"error": {"type": "InvalidHandoff"}}

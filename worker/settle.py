@@ -46,7 +46,7 @@ from runfleet.worker.retry import with_retry
 from runfleet.worker.wake_hints import HintFn
 
 log = logging.getLogger("runfleet.worker.settle")
-AnnounceFn = Callable[[str, str], Awaitable[None]]
+AnnounceFn = Callable[[str, RunStatus], Awaitable[None]]
 
 
 def _storable(text: str, limit: int, *, keep_end: bool = False) -> str:
@@ -234,7 +234,7 @@ class Settlement:
         others."""
         self._log_settled(row, status, error)
         if self._announce is not None:
-            await self._announce(row.id, status.value)
+            await self._announce(row.id, status)
         if self._hint is None:
             return
         for parent in moved.woke:  # as the waking statement left them: nothing to re-read

@@ -91,7 +91,7 @@ class InlineJob(Job):
 def run_inline(queue: Queue, new: NewRun) -> InlineJob:
     """Run an admission's function now, in this thread; the outcome as an ``InlineJob``."""
     now = int(time.time() * 1000)
-    state: dict[str, Any] = dict(new.extra or {})
+    state: dict[str, Any] = new.options.state()
     state["payload"] = new.payload
     row = _row(new, RunStatus.RUNNING, state, now, now)
     job = InlineJob(queue, row, now)

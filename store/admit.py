@@ -123,8 +123,7 @@ class Admission:
     # ---- the request, checked --------------------------------------------------
 
     def _state(self, new: NewRun) -> dict[str, Any]:
-        state: dict[str, Any] = dict(new.extra)
-        state.pop("payload", None)  # the payload has its own column (see _insert_params)
+        state: dict[str, Any] = new.options.state()
         state.update(
             scopes=sorted(set(new.scopes)),
             parent=new.parent_id,
@@ -139,7 +138,7 @@ class Admission:
         validate.identifier("run_id", new.id)
         validate.identifier("flow", new.flow)
         validate.identifier("queue", new.queue)
-        validate.json_value("extra", new.extra, self._settings.max_payload_bytes)
+        validate.json_value("options", new.options.state(), self._settings.max_payload_bytes)
         for scope in new.scopes:
             validate.identifier("scopes", scope)
         if new.parent_id is not None:

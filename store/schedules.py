@@ -33,6 +33,7 @@ from runfleet.store.db import Database
 from runfleet.store.errors import ExecutionIdentityConflict
 from runfleet.store.runs import Runs
 from runfleet.store.stats import Stats
+from runfleet.store.types.options import AdmissionOptions, Tick
 from runfleet.store.types.outcomes import Created, CreateOutcome, Joined
 from runfleet.store.types.run import JsonValue, NewRun, RunRow
 
@@ -375,7 +376,7 @@ class Schedules:
             max_rounds=spec.max_rounds,
             # In the run's state, for explain and tests: which tick, and whether it was
             # admitted late (caught up, or the latest tick after an outage).
-            extra={"schedule": spec.name, "tick_ms": tick_ms, "late": late},
+            options=AdmissionOptions(origin=Tick(spec.name, tick_ms, late)),
         )
         try:
             return await self._admission.create(new)

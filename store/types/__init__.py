@@ -2,6 +2,8 @@
 
 - ``types.run``: a run's statuses and policies, its owner, snapshot and row, an
   admission request (``NewRun``);
+- ``types.options``: what an admission keeps in a run's state besides its columns
+  (``AdmissionOptions``: rq's options, the ``@flow`` declaration, where it came from);
 - ``types.outcomes``: what each compare-and-swap answers (admission, claim, steal,
   settlement, cancel, park, wake, the lease's renewal), one frozen dataclass per outcome;
 - ``types.failure``: how a failed run failed (``RunError``);
@@ -27,6 +29,16 @@ from runfleet.store.types.journal import (
     Duplicate,
     EmitOutcome,
     JournalRecord,
+)
+from runfleet.store.types.options import (
+    AdmissionOptions,
+    Forked,
+    Origin,
+    Requeued,
+    Resumed,
+    RqOptions,
+    RqRetry,
+    Tick,
 )
 from runfleet.store.types.outcomes import (
     Activated,
@@ -105,6 +117,7 @@ __all__ = [
     "Accepted",
     "ActivateOutcome",
     "Activated",
+    "AdmissionOptions",
     "AlreadyRequested",
     "AlreadySatisfied",
     "AlreadyTerminal",
@@ -137,6 +150,7 @@ __all__ = [
     "EventExisting",
     "EventRunSettled",
     "EventTimedOut",
+    "Forked",
     "GuardFailed",
     "Heartbeat",
     "Joined",
@@ -150,13 +164,18 @@ __all__ = [
     "NotWaiting",
     "OnDuplicate",
     "OnParentExit",
+    "Origin",
     "Owner",
     "ParentEdge",
     "ParkOutcome",
     "Parked",
     "PendingCursor",
     "Reconfirmation",
+    "Requeued",
+    "Resumed",
     "RowLocked",
+    "RqOptions",
+    "RqRetry",
     "RunError",
     "RunRow",
     "RunStatus",
@@ -165,6 +184,7 @@ __all__ = [
     "SnapshotChanged",
     "StealOutcome",
     "Stolen",
+    "Tick",
     "TransitionOutcome",
     "Transitioned",
     "Waiting",

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from runfleet.store.types.failure import RunError
+from runfleet.store.types.options import AdmissionOptions
 
 JsonValue: TypeAlias = Any
 """A value that round-trips through JSON (validated at the store boundary)."""
@@ -278,7 +279,9 @@ class NewRun:
     delay_until_ms: int | None = None
     timeout_ms: int | None = None
     """Deadline relative to admission, on the database clock (``@flow(timeout=...)``)."""
-    extra: dict[str, JsonValue] = field(default_factory=dict)
+    options: AdmissionOptions = field(default_factory=AdmissionOptions)
+    """What the run's state keeps besides these: rq's options, the ``@flow`` it was
+    admitted with, the trace context, where it came from."""
     priority: int | None = None
     """Higher starts first within the queue (docs/queues.md); None: the queue's default."""
     dedup_key: str | None = None

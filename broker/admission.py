@@ -20,7 +20,7 @@ from runfleet.broker.trust import already_loaded
 from runfleet.store import validate
 from runfleet.store.errors import InstanceNotAllowed, InvalidInput, NotImportable, UnknownFlow
 from runfleet.store.roles import WILDCARD
-from runfleet.store.types import OnDuplicate
+from runfleet.store.types import OnDuplicate, RqOptions, RqRetry
 
 
 class FlowTarget(NamedTuple):
@@ -51,7 +51,7 @@ def flow_target(target: Any, *, elsewhere: bool = True) -> FlowTarget:
     declared = getattr(target, "runfleet_flow", None)
     if declared is not None:
         name, queue = declared
-        admission_state(target)  # a class-level flow of a FlowInstance class is refused
+        admission_instance(target)  # a class-level flow of a FlowInstance class is refused
         return FlowTarget(name, queue, getattr(target, "fn", None), True)
     if isinstance(target, str):
         return FlowTarget(validate.identifier("flow", target), None, None, False)
@@ -77,9 +77,10 @@ INSTANCE_STATE_KEY = "flow_instance"
 (``worker.instances``)."""
 
 
-def admission_state(target: Any, scopes: Sequence[str] | None = None) -> dict[str, str]:
-    """The run-state key a class-bound ``@flow`` admits a run with: the instance's name
-    for a bound one (``instance.method``); a class-level one names no instance: refused.
+def admission_instance(target: Any, scopes: Sequence[str] | None = None) -> str | None:
+    """The instance a class-bound ``@flow`` admits a run for (``AdmissionOptions.
+    flow_instance``): its name for a bound one (``instance.method``), None for a flow of
+    no instance; a class-level one names no instance: refused.
 
     ``scopes``: the run's; an instance declared for other scopes refuses it here
     (``InstanceNotAllowed``), as every worker does again before it runs it
@@ -93,11 +94,11 @@ def admission_state(target: Any, scopes: Sequence[str] | None = None) -> dict[st
         )
     name = getattr(target, "instance", None)
     if not isinstance(name, str):
-        return {}
+        return None
     allowed = getattr(target, "instance_scopes", None)
     if scopes is not None and isinstance(allowed, tuple) and not instance_allows(allowed, scopes):
         raise InstanceNotAllowed(name, allowed, scopes)
-    return {INSTANCE_STATE_KEY: name}
+    return name
 
 
 def instance_allows(allowed: Sequence[str], scopes: object) -> bool:
@@ -324,11 +325,11 @@ BUILTIN_CALLBACKS = frozenset({"print"})
 its documentation uses). Others are refused: a name is resolved in the worker."""
 
 
-class RqOptions(NamedTuple):
+class RqAdmission(NamedTuple):
     """What rq's ``enqueue`` options become (``rq_options``)."""
 
-    state: dict[str, Any]
-    """The run-state keys they set."""
+    options: RqOptions
+    """The options the run keeps in its state."""
     timeout_ms: int | None
     """``job_timeout`` in milliseconds, or None."""
 
@@ -347,36 +348,26 @@ def rq_options(
     on_failure: Any = None,
     meta: dict[str, Any] | None = None,
     description: str | None = None,
-) -> RqOptions:
-    """The run-state keys rq's ``enqueue`` options become, and the timeout in milliseconds."""
-    state: dict[str, Any] = {}
+) -> RqAdmission:
+    """The options rq's ``enqueue`` options become, and the timeout in milliseconds."""
     if timeout is not None and job_timeout is None:  # enqueue_call's rq 1.x spelling
         job_timeout = timeout
     if job_timeout is not None and not isinstance(job_timeout, bool):
         if isinstance(job_timeout, int | float) and job_timeout == 0:
             raise InvalidInput("job_timeout", "0 is not allowed (rq's rule); -1 means none")
-    if ttl is not None:
-        seconds = parse_timeout("ttl", ttl)
-        if seconds is not None and seconds <= 0:
-            raise InvalidInput("ttl", "must be a positive number of seconds (rq's rule)")
-        state["ttl"] = seconds
-    if allow_failure:
-        state["allow_failure"] = True
-    if meta is not None:
-        if not isinstance(meta, dict):
-            raise InvalidInput("meta", "must be a dict")
-        state["meta"] = meta
-    if description is not None:
-        state["description"] = str(description)
-    for field_name, value in (("result_ttl", result_ttl), ("failure_ttl", failure_ttl)):
-        seconds = parse_timeout(field_name, value)
-        if seconds is not None:
-            state[field_name] = seconds
+    ttl_s = parse_timeout("ttl", ttl)
+    if ttl_s is not None and ttl_s <= 0:
+        raise InvalidInput("ttl", "must be a positive number of seconds (rq's rule)")
+    if meta is not None and not isinstance(meta, dict):
+        raise InvalidInput("meta", "must be a dict")
+    result_ttl_s = parse_timeout("result_ttl", result_ttl)
+    failure_ttl_s = parse_timeout("failure_ttl", failure_ttl)
+    retried = None
     if retry is not None:
         max_tries, intervals = getattr(retry, "max", None), getattr(retry, "intervals", None)
         if not isinstance(max_tries, int) or not isinstance(intervals, list):
             raise InvalidInput("retry", f"{retry!r} is not a Retry(max=, interval=)")
-        state["retry"] = {"max": max_tries, "intervals": [float(i) for i in intervals]}
+        retried = RqRetry(max_tries, tuple(float(i) for i in intervals))
     callbacks = {
         k: v
         for k, v in (
@@ -386,26 +377,36 @@ def rq_options(
         )
         if v
     }
+    timeouts: dict[str, int] = {}
     if callbacks:
-        state["callbacks"] = callbacks
-        timeouts = {
-            k: parse_timeout(k, getattr(v, "timeout", None))
-            for k, v in (
-                ("on_success", on_success),
-                ("on_failure", on_failure),
-                ("on_stopped", on_stopped),
-            )
-            if v is not None and getattr(v, "timeout", None) is not None
-        }
-        if timeouts:
-            state["callback_timeouts"] = timeouts
+        for k, v in (
+            ("on_success", on_success),
+            ("on_failure", on_failure),
+            ("on_stopped", on_stopped),
+        ):
+            seconds = parse_timeout(k, getattr(v, "timeout", None)) if v is not None else None
+            if seconds is not None:
+                timeouts[k] = seconds
     timeout_ms = parse_timeout_ms("job_timeout", job_timeout)
     if timeout_ms is not None and timeout_ms < 0:
         timeout_ms = None  # rq's -1: no timeout
+    kept_timeout: int | float | None = None
     if job_timeout is not None:
         given = _seconds("job_timeout", job_timeout)
-        state["job_timeout"] = int(given) if given is not None and given == int(given) else given
-    return RqOptions(state, timeout_ms)
+        kept_timeout = int(given) if given is not None and given == int(given) else given
+    options = RqOptions(
+        job_timeout=kept_timeout,
+        ttl=ttl_s,
+        result_ttl=result_ttl_s,
+        failure_ttl=failure_ttl_s,
+        retry=retried,
+        callbacks=callbacks,
+        callback_timeouts=timeouts,
+        meta=meta,
+        description=None if description is None else str(description),
+        allow_failure=allow_failure,
+    )
+    return RqAdmission(options, timeout_ms)
 
 
 RQ_OPTIONS = (

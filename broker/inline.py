@@ -25,7 +25,7 @@ from runfleet.broker.names import load_from_path
 from runfleet.broker.run import outcome
 from runfleet.broker.trust import already_loaded
 from runfleet.store.errors import InvalidInput, UnknownFlow
-from runfleet.store.types import NewRun, RunRow, RunStatus
+from runfleet.store.types import NewRun, RunError, RunRow, RunStatus
 
 if TYPE_CHECKING:
     from runfleet.broker.sync import Queue
@@ -101,7 +101,7 @@ class InlineJob(Job):
 def run_inline(queue: Queue, new: NewRun) -> InlineJob:
     """Run an admission's function now, in this thread; the outcome as an ``InlineJob``."""
     now = int(time.time() * 1000)
-    state: dict[str, Any] = dict(new.extra or {})
+    state: dict[str, Any] = new.options.state()
     state["payload"] = new.payload
     row = _row(new, RunStatus.RUNNING, state, now, now)
     job = InlineJob(queue, row, now)
@@ -117,12 +117,9 @@ def run_inline(queue: Queue, new: NewRun) -> InlineJob:
             current_job.reset(token)
     except Exception as exc:
         text = "".join(traceback.format_exception(exc))
-        state["error"] = {
-            "type": type(exc).__name__,
-            "module": type(exc).__module__,
-            "message": str(exc),
-            "traceback": text,
-        }
+        state["error"] = RunError(
+            type=type(exc).__name__, module=type(exc).__module__, message=str(exc), traceback=text
+        ).to_json()
         job._row = _row(new, RunStatus.FAILED, state, now, int(time.time() * 1000))
         if callbacks.get("on_failure"):
             _function(callbacks["on_failure"])(job, None, type(exc), exc, text)

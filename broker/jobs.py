@@ -784,9 +784,9 @@ class Job:
 def _exc_text(row: RunRow) -> str | None:
     """A failed run's traceback text (rq's ``exc_info``), None unless it failed."""
     error = row.error
-    if row.status is not RunStatus.FAILED or not isinstance(error, dict):
+    if row.status is not RunStatus.FAILED or error is None:
         return None
-    return str(error.get("traceback") or f"{error.get('type')}: {error.get('message')}")
+    return error.traceback or f"{error.type}: {error.message}"
 
 
 def _result_of(job_id: str, row: RunRow, worker: str | None) -> Result | None:

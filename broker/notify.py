@@ -150,17 +150,19 @@ class Notifier:
         """Tell the owner of ``run_id`` to look at its (already durable) cancel request."""
         return await self._publish("cancel", {"run": run_id}, "notify.cancel_failed")
 
-    async def publish_settled(self, run_id: str, status: str) -> bool:
+    async def publish_settled(self, run_id: str, status: RunStatus) -> bool:
         """Wake producers waiting on ``run_id``; call after the settling transaction committed."""
-        payload = {"run": run_id, "status": status}
+        payload = {"run": run_id, "status": status.value}
         return await self._publish("settled", payload, "notify.settled_failed")
 
-    async def publish_settled_many(self, settled: Sequence[tuple[str, str]]) -> bool:
+    async def publish_settled_many(self, settled: Sequence[tuple[str, RunStatus]]) -> bool:
         """``publish_settled`` for every (run id, status), in order, in one script call
         (``SETTLED_SCRIPT``); never raises."""
         if not settled:
             return True
-        notices = [json.dumps({"run": run_id, "status": status}) for run_id, status in settled]
+        notices = [
+            json.dumps({"run": run_id, "status": status.value}) for run_id, status in settled
+        ]
         try:
             async with asyncio.timeout(self._timeout):
                 await self._settled_script(keys=[self.channel("settled")], args=notices)

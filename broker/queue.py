@@ -23,6 +23,7 @@ import functools
 import time
 import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -31,7 +32,7 @@ from redis.asyncio import Redis
 from runfleet.broker.admission import (
     QUEUE_OPTIONS,
     EnqueueSpec,
-    admission_state,
+    admission_instance,
     check_signature,
     dependencies,
     flow_target,
@@ -52,7 +53,7 @@ from runfleet.broker.rq_api import DuplicateJobError, rq_job_id
 from runfleet.broker.run import AsyncRun
 from runfleet.broker.session import ProducerSession
 from runfleet.broker.streams import Lane, Streams
-from runfleet.broker.trace_context import with_carrier
+from runfleet.broker.trace_context import current_carrier
 from runfleet.broker.trust import producer_run_id
 from runfleet.runtime.batching import GroupCommit, ThreadGroupCommit
 from runfleet.store import Store, inline, validate
@@ -67,6 +68,7 @@ from runfleet.store.registries import Registries
 from runfleet.store.steps import StepEntry
 from runfleet.store.transient import is_transient
 from runfleet.store.types import (
+    AdmissionOptions,
     CancelOutcome,
     CreateOutcome,
     EventAnswer,
@@ -277,35 +279,37 @@ class AsyncQueue:
         wanted = dependencies(spec.options.get("depends_on"))
         depends_on, allow_failure = wanted.ids, wanted.allow_failure
         rq = rq_options(**options, allow_failure=allow_failure)
-        extra, job_timeout_ms = rq.state, rq.timeout_ms
+        kept, job_timeout_ms = rq.options, rq.timeout_ms
         if spec.options.get("at_front"):
-            extra["at_front"] = True  # rq's job_ids order: at_front runs first
+            kept = replace(kept, at_front=True)  # rq's job_ids order: at_front runs first
         if depends_on:
             if takes_ctx:
                 raise InvalidInput("depends_on", "is for plain functions (a flow awaits ctx.child)")
             for dependency in depends_on:
                 await self.session.authorized(dependency)  # exists, and this producer may see it
-            extra["dependency_ids"] = depends_on
+            kept = replace(kept, dependency_ids=tuple(depends_on))
             registries = Registries(self.store)
             gate = await self.session.available(
                 lambda: registries.dependencies_met(depends_on, allow_failure)
             )
             if not gate.met:  # rq enqueues a job whose dependencies are met at once
-                extra["depends_on"] = depends_on
+                kept = replace(kept, depends_on=tuple(depends_on))
         if fn is not None and not takes_ctx:
             # A plain function's job_timeout is rq's: execution time, enforced by the worker
             # around the call (worker/rq_compat.py), failing it with JobTimeoutException.
             job_timeout_ms = None
-        ttl = extra.get("ttl")
-        # rq's ttl: a deadline from admission (docs/how-to/moving-from-rq.md)
-        if isinstance(ttl, int):
+        ttl = kept.ttl
+        if ttl is not None:  # rq's ttl: a deadline from admission (docs/how-to/moving-from-rq.md)
             job_timeout_ms = min(job_timeout_ms or ttl * 1000, ttl * 1000)
-        if self.settings.otel:  # the producer's current span becomes the run's parent
-            extra = with_carrier(extra)
+        # the producer's current span becomes the run's parent
+        trace = current_carrier() if self.settings.otel else None
         version = getattr(spec.target, "version", None)  # a versioned @flow's code
-        if isinstance(version, str):
-            extra["flow_version"] = version
-        extra.update(admission_state(spec.target, self.scopes))  # a class-bound @flow's instance
+        admitted = AdmissionOptions(
+            rq=kept,
+            flow_version=version if isinstance(version, str) else None,
+            flow_instance=admission_instance(spec.target, self.scopes),  # a class-bound @flow's
+            trace=trace,
+        )
         declared = getattr(spec.target, "timeout", None)  # a @flow's timeout, in seconds
         if job_timeout_ms is None and isinstance(declared, int | float):
             job_timeout_ms = validate.timeout_ms(declared)
@@ -318,7 +322,7 @@ class AsyncQueue:
             delay_until_ms=delay_until_ms,
             timeout_ms=job_timeout_ms,
             max_rounds=getattr(spec.target, "max_rounds", None),
-            extra=extra,
+            options=admitted,
             # docs/how-to/queues.md: the call's priority, else the @flow's, else the queue's
             priority=spec.options.get("priority", getattr(spec.target, "priority", None)),
             dedup_key=spec.options.get("dedup_key"),

@@ -16,7 +16,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from runfleet.store.errors import InvalidInput, RunfleetError
-from runfleet.store.types import CancelOutcome, RunRow, RunStatus, WaitingReason
+from runfleet.store.types import (
+    CancelOutcome,
+    JsonValue,
+    RunError,
+    RunRow,
+    RunStatus,
+    WaitingReason,
+)
 
 if TYPE_CHECKING:
     from runfleet.broker.queue import AsyncQueue  # broker.queue imports this module
@@ -26,25 +33,27 @@ class RunFailed(RunfleetError):
     """The run settled ``failed``; it reads as the run's own error, first line ``Type: message``.
 
     ``exc_type``, ``exc_message`` and ``remote_traceback`` are what the worker recorded
-    (``error`` is the whole record). A run that raised a builtin exception raises here as
-    an instance of that type too (``except ValueError`` catches it, as DBOS re-raises the
-    workflow's own error); every failure is a ``RunFailed``. Only builtins are used: a
+    (``error`` is the whole record, a ``RunError``). A run that raised a builtin exception
+    raises here as an instance of that type too (``except ValueError`` catches it, as DBOS
+    re-raises the workflow's own error); every failure is a ``RunFailed``. Only builtins are used: a
     type named by a row is never imported (docs/explanation/trust-model.md).
     """
 
-    def __new__(cls, run_id: str, error: Any) -> RunFailed:
+    error: RunError | None
+
+    def __new__(cls, run_id: str, error: RunError | None) -> RunFailed:
         if cls is RunFailed:
-            cls = _with_builtin(_record(error))
+            cls = _with_builtin(error or RunError())
         return super().__new__(cls, run_id, error)
 
-    def __init__(self, run_id: str, error: Any) -> None:
-        record = _record(error)
+    def __init__(self, run_id: str, error: RunError | None) -> None:
+        record = error or RunError()
         self.run_id = run_id
         self.error = error
-        self.exc_type: str | None = _text(record.get("type"))
-        self.exc_module: str | None = _text(record.get("module"))
-        self.exc_message: str = _text(record.get("message")) or ""
-        self.remote_traceback: str | None = _text(record.get("traceback"))
+        self.exc_type: str | None = record.type or None
+        self.exc_module: str | None = record.module or None
+        self.exc_message: str = record.message or ""
+        self.remote_traceback: str | None = record.traceback or None
         self._text = self._describe()
         super().__init__(self._text)
 
@@ -60,7 +69,7 @@ class RunFailed(RunfleetError):
         elif self.error is None:
             head = "the run failed with no error recorded"
         else:
-            head = str(self.error)
+            head = str(self.error.to_json())  # no type recorded: the object as stored
         tail = f"run {self.run_id!r} failed"
         if self.remote_traceback:
             trace = textwrap.indent(self.remote_traceback.rstrip("\n"), "    ")
@@ -72,22 +81,14 @@ _UNMIXED = (StopIteration, StopAsyncIteration)  # generators turn these into Run
 _MIXED: dict[type[Exception], type[RunFailed]] = {}
 
 
-def _record(error: Any) -> dict[str, Any]:
-    return error if isinstance(error, dict) else {}
-
-
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-def _with_builtin(record: dict[str, Any]) -> type[RunFailed]:
+def _with_builtin(record: RunError) -> type[RunFailed]:
     """``RunFailed`` mixed with the builtin exception type the run raised, if it was one.
 
     A record without ``module`` (written before the worker recorded it) is taken as a
     builtin when its type name is one; a builtin that needs more than a message to be
     made (``UnicodeDecodeError``) stays a plain ``RunFailed``."""
-    name, module = record.get("type"), record.get("module", "builtins")
-    if not isinstance(name, str) or module != "builtins" or name.startswith("_"):
+    name, module = record.type, "builtins" if record.module is None else record.module
+    if name is None or module != "builtins" or name.startswith("_"):
         return RunFailed
     builtin = getattr(builtins, name, None)
     if (
@@ -100,7 +101,7 @@ def _with_builtin(record: dict[str, Any]) -> type[RunFailed]:
     if mixed is None:
         try:
             mixed = type("RunFailed", (RunFailed, builtin), {"__module__": __name__})
-            mixed(run_id="probe", error={"type": name})
+            mixed(run_id="probe", error=RunError(type=name))
         except Exception:  # a layout or constructor that cannot take a message alone
             mixed = RunFailed
         _MIXED[builtin] = mixed
@@ -111,14 +112,22 @@ class RunDead(RunFailed):
     """The run is parked ``dead``: its executions kept ending in a lost process until the
     recovery limit (docs/how-to/failure-handling.md). Nothing moves it but a resume
     (``q.resume_run(run_id)``) or a cancel, so waiting for it is pointless: ``wait``
-    raises this at once. A ``RunFailed``, so code written for a failed run handles it."""
+    raises this at once. A ``RunFailed``, so code written for a failed run handles it;
+    ``evidence`` is the wait's request (recoveries, the limit, the owners lost), and
+    ``error`` None: the run raised nothing."""
 
-    def __init__(self, run_id: str, evidence: Any) -> None:
+    def __init__(self, run_id: str, evidence: JsonValue) -> None:
         RunfleetError.__init__(
             self, f"run {run_id!r} is parked dead (recovery limit reached): resume or cancel it"
         )
         self.run_id = run_id
-        self.error = evidence
+        self.error = None
+        self.evidence = evidence
+        self.exc_type, self.exc_module, self.exc_message = None, None, ""
+        self.remote_traceback = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RunDead, (self.run_id, self.evidence))
 
 
 def is_dead(row: RunRow) -> bool:

@@ -8,8 +8,6 @@ rounds get their parent's span the same way. Off, nothing here is imported.
 
 from __future__ import annotations
 
-from typing import Any
-
 TRACE_STATE_KEY = "trace"
 """Where a run's state keeps the carrier (``{"traceparent": …, "tracestate": …}``)."""
 
@@ -24,11 +22,3 @@ def current_carrier() -> dict[str, str] | None:
     carrier: dict[str, str] = {}
     TraceContextTextMapPropagator().inject(carrier)
     return carrier or None
-
-
-def with_carrier(extra: dict[str, Any]) -> dict[str, Any]:
-    """``extra`` (a NewRun's extra state) with the current trace context, if there is one."""
-    carrier = current_carrier()
-    if carrier is None:
-        return extra
-    return {**extra, TRACE_STATE_KEY: carrier}

@@ -20,18 +20,17 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from runfleet.store import journal_records as jr
-from runfleet.store import validate, values
+import runfleet.store.journal_records as jr
+import runfleet.store.validate as validate
+import runfleet.store.values as values
 from runfleet.store.config import Settings
 from runfleet.store.dag import Dag
 from runfleet.store.db import Database
 from runfleet.store.errors import DuplicateRun, ExecutionIdentityConflict, InvalidInput
 from runfleet.store.journal import Journal, Kind, digest
 from runfleet.store.rows import run_row
-from runfleet.store.types import (
-    Created,
-    CreateOutcome,
-    Joined,
+from runfleet.store.types.outcomes import Created, CreateOutcome, Joined
+from runfleet.store.types.run import (
     NewRun,
     OnDuplicate,
     OnParentExit,
@@ -124,8 +123,7 @@ class Admission:
     # ---- the request, checked --------------------------------------------------
 
     def _state(self, new: NewRun) -> dict[str, Any]:
-        state: dict[str, Any] = dict(new.extra)
-        state.pop("payload", None)  # the payload has its own column (see _insert_params)
+        state: dict[str, Any] = new.options.state()
         state.update(
             scopes=sorted(set(new.scopes)),
             parent=new.parent_id,
@@ -140,7 +138,7 @@ class Admission:
         validate.identifier("run_id", new.id)
         validate.identifier("flow", new.flow)
         validate.identifier("queue", new.queue)
-        validate.json_value("extra", new.extra, self._settings.max_payload_bytes)
+        validate.json_value("options", new.options.state(), self._settings.max_payload_bytes)
         for scope in new.scopes:
             validate.identifier("scopes", scope)
         if new.parent_id is not None:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from runfleet.store import journal_records as jr
-from runfleet.store import validate
+import runfleet.store.journal_records as jr
+import runfleet.store.validate as validate
 from runfleet.store.db import Database
 from runfleet.store.errors import FlowCycleDetected
 from runfleet.store.journal import Journal
 from runfleet.store.rows import edge, run_row
-from runfleet.store.types import EdgeExisting, EdgeRecorded, ParentEdge, RunRow
+from runfleet.store.types.dag import EdgeExisting, EdgeRecorded, ParentEdge
+from runfleet.store.types.run import RunRow
 
 
 def child_outcome(child: RunRow) -> str:
@@ -25,7 +26,7 @@ def child_outcome(child: RunRow) -> str:
         {
             "status": child.status.value,
             "result": child.result,
-            "error": child.error,
+            "error": None if child.error is None else child.error.to_json(),
             "handed_off_to": child.handed_off_to,
         }
     )

@@ -16,16 +16,17 @@ from typing import Any, assert_never
 import psycopg
 from psycopg.types.json import Jsonb
 
-from runfleet.store import journal_records as jr
-from runfleet.store import validate, values
+import runfleet.store.journal_records as jr
+import runfleet.store.validate as validate
+import runfleet.store.values as values
 from runfleet.store.config import Settings
 from runfleet.store.db import Database
 from runfleet.store.errors import InvalidInput, LimitExceeded, NotAnswerable
 from runfleet.store.journal import Journal
 from runfleet.store.rows import deferred_row, run_row
-from runfleet.store.types import (
+from runfleet.store.types.outcomes import AlreadyTerminal
+from runfleet.store.types.waits import (
     TIMED_OUT,
-    AlreadyTerminal,
     DeferredCompleted,
     DeferredExisting,
     DeferredRow,

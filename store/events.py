@@ -18,25 +18,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from runfleet.store import journal_records as jr
-from runfleet.store import validate, values
+import runfleet.store.journal_records as jr
+import runfleet.store.validate as validate
+import runfleet.store.values as values
 from runfleet.store.config import Settings
 from runfleet.store.db import Database
 from runfleet.store.errors import InvalidInput
 from runfleet.store.journal import Journal
 from runfleet.store.rows import Row, run_row
 from runfleet.store.steps import StepRecord, Steps, StepWrite
-from runfleet.store.types import (
-    AlreadySatisfied,
-    GuardFailed,
-    NotFound,
-    NotOwner,
-    Owner,
-    Parked,
-    RunStatus,
-    Waiting,
-    WaitingReason,
-)
+from runfleet.store.types.outcomes import AlreadySatisfied, GuardFailed, NotFound, NotOwner, Parked
+from runfleet.store.types.run import Owner, RunStatus, Waiting, WaitingReason
 from runfleet.store.waits import Waits
 
 MESSAGE_TOKEN = "message:"

@@ -27,20 +27,35 @@ import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from runfleet.store import journal_records as jr
-from runfleet.store import validate, values
+import runfleet.store.journal_records as jr
+import runfleet.store.validate as validate
+import runfleet.store.values as values
 from runfleet.store.errors import InvalidInput
 from runfleet.store.journal import Kind
 from runfleet.store.rounds import next_ordinal, next_round
 from runfleet.store.steps import StepRecord
-from runfleet.store.types import Created, Joined, NewRun, RunRow, RunStatus
+from runfleet.store.types.options import AdmissionOptions, Forked, Resumed, RqOptions
+from runfleet.store.types.outcomes import Created, Joined
+from runfleet.store.types.run import NewRun, RunRow, RunStatus
 
 if TYPE_CHECKING:
     from runfleet.store import Store
 
-CARRIED = ("meta", "description", "result_ttl", "failure_ttl", "flow_version", "flow_instance")
-"""Options a resumed round or a fork keeps from its source (the version its history was
-recorded by, and a class-bound flow's instance, so the same workers take it)."""
+
+def carried(source: RunRow, origin: Forked | Resumed) -> AdmissionOptions:
+    """The options a resumed round or a fork keeps from ``source``: rq's meta, description
+    and TTLs, the version its history was recorded by, and a class-bound flow's instance
+    (so the same workers take it)."""
+    was = AdmissionOptions.from_state(source.state)
+    kept = RqOptions(
+        meta=was.rq.meta,
+        description=was.rq.description,
+        result_ttl=was.rq.result_ttl,
+        failure_ttl=was.rq.failure_ttl,
+    )
+    return AdmissionOptions(
+        rq=kept, flow_version=was.flow_version, flow_instance=was.flow_instance, origin=origin
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +116,6 @@ class Forks:
                     "from_step", f"run {run_id!r} recorded {len(records)} calls, not {upto}"
                 )
             fork_id = new_id or f"{run_id[:200]}~fork-{secrets.token_hex(6)}"
-            extra: dict[str, Any] = {k: source.state[k] for k in CARRIED if k in source.state}
-            extra.update(forked_from=run_id, replays=upto)
             outcome = await self._store.admission.create(
                 NewRun(
                     id=fork_id,
@@ -111,7 +124,7 @@ class Forks:
                     payload=source.payload,
                     scopes=source.scopes,
                     max_rounds=source.max_rounds,
-                    extra=extra,
+                    options=carried(source, Forked(run_id, upto)),
                 )
             )
             match outcome:
@@ -155,10 +168,9 @@ class Forks:
                     break
                 records.append(record)
             latest = await self._store.runs.latest_round(row.lineage_id)
-            extra: dict[str, Any] = {k: row.state[k] for k in CARRIED if k in row.state}
-            extra.update(resumed_from=row.id, replays=len(records))
+            resumed = carried(row, Resumed(row.id, len(records)))
             outcome = await self._store.admission.create(
-                next_round(row, next_ordinal(row, latest), extra=extra)
+                next_round(row, next_ordinal(row, latest), options=resumed)
             )
             match outcome:
                 case Joined(row=new):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from runfleet.store.db import Database
 from runfleet.store.rows import run_row
-from runfleet.store.types import RunRow, RunStatus, WaitingReason
+from runfleet.store.types.run import RunRow, RunStatus, WaitingReason
 
 DEFAULT_REACTIVATED_OVER = 3
 """Restarts from an interruption after which ``stuck`` and ``explain`` call a run looping."""

@@ -16,22 +16,26 @@ from psycopg.types.json import Jsonb
 from runfleet.store import validate
 from runfleet.store.errors import InvalidInput
 from runfleet.store.rounds import next_ordinal, next_round
-from runfleet.store.types import RunRow, RunStatus
+from runfleet.store.types import AdmissionOptions, Requeued, RqOptions, RunRow, RunStatus
 
 if TYPE_CHECKING:
     from runfleet.store import Store
 
-CARRIED = (
-    "meta",
-    "description",
-    "retry",
-    "callbacks",
-    "result_ttl",
-    "failure_ttl",
-    "depends_on",
-)
-"""rq options a requeued round keeps from the failed one."""
 
+def requeued(row: RunRow, actor: str | None) -> AdmissionOptions:
+    """The options a requeued round keeps from the failed one ``row``: rq's meta,
+    description, retry, callbacks, TTLs and dependencies."""
+    was = RqOptions.from_state(row.state)
+    kept = RqOptions(
+        meta=was.meta,
+        description=was.description,
+        retry=was.retry,
+        callbacks=was.callbacks,
+        result_ttl=was.result_ttl,
+        failure_ttl=was.failure_ttl,
+        depends_on=was.depends_on,
+    )
+    return AdmissionOptions(rq=kept, origin=Requeued(row.id, actor))
 
 class Activation(NamedTuple):
     """``Jobs.activation``'s answer (rq's ``started_at`` and ``worker_name``)."""
@@ -92,10 +96,8 @@ class Jobs:
             if row.status is not RunStatus.FAILED:
                 raise InvalidInput("run_id", f"run {run_id!r} is {row.status.value}, not failed")
             latest = await self._store.runs.latest_round(row.lineage_id)
-            extra: dict[str, Any] = {k: row.state[k] for k in CARRIED if k in row.state}
-            extra.update(requeued_from=row.id, requeued_by=actor)
             created = await self._store.admission.create(
-                next_round(row, next_ordinal(row, latest), extra=extra)
+                next_round(row, next_ordinal(row, latest), options=requeued(row, actor))
             )
             await self._db.one("jobs.mark_requeued", {"id": row.id, "to": created.row.id})
             return created.row

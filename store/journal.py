@@ -9,19 +9,12 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from runfleet.store import journal_records as jr
+import runfleet.store.journal_records as jr
 from runfleet.store.db import Database
 from runfleet.store.journal_records import Kind as Kind  # its home; imported from here too
 from runfleet.store.rows import journal_record, owner_params
-from runfleet.store.types import (
-    Accepted,
-    Conflict,
-    Duplicate,
-    EmitOutcome,
-    JournalRecord,
-    Owner,
-    canonical_json,
-)
+from runfleet.store.types.journal import Accepted, Conflict, Duplicate, EmitOutcome, JournalRecord
+from runfleet.store.types.run import Owner, canonical_json
 
 log = logging.getLogger("runfleet.store.journal")
 

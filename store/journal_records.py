@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self, TypeAlias, Union, assert_never
 
-from runfleet.store.types import RunStatus, WaitingReason
+from runfleet.store.types.run import RunStatus, WaitingReason
 
 
 class Kind(enum.StrEnum):

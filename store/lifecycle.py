@@ -13,8 +13,10 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from runfleet.store import journal_records as jr
-from runfleet.store import settlements, validate, values
+import runfleet.store.journal_records as jr
+import runfleet.store.settlements as settlements
+import runfleet.store.validate as validate
+import runfleet.store.values as values
 from runfleet.store.admit import Admission
 from runfleet.store.config import Settings
 from runfleet.store.dag import Dag
@@ -22,26 +24,21 @@ from runfleet.store.db import Database
 from runfleet.store.errors import InvalidInput
 from runfleet.store.journal import Journal, digest
 from runfleet.store.rows import owner_params, run_row
-from runfleet.store.types import (
+from runfleet.store.types.outcomes import (
     AlreadyRequested,
     AlreadyTerminal,
     CancelOutcome,
     CancelRequested,
     CheckedSettle,
     GuardFailed,
-    NewRun,
     NotFound,
     NotOwner,
-    Owner,
     RowLocked,
-    RunRow,
-    RunStatus,
     Settle,
     Transitioned,
     TransitionOutcome,
-    Waiting,
-    canonical_json,
 )
+from runfleet.store.types.run import NewRun, Owner, RunRow, RunStatus, Waiting, canonical_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +203,7 @@ class Lifecycle:
         A caller that batches settlements checks each one first, so an unstorable value
         fails its own run alone, and hands the batch the result: nothing is encoded twice.
         """
-        record = item.payload
+        record = settlements.journaled(item)
         _, patch_text, result = self._texts(item.patch)
         payload = canonical_json(record.dump())
         return CheckedSettle(item, record, patch_text, result, payload, values.text_digest(payload))

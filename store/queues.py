@@ -15,7 +15,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from runfleet.store import validate
+import runfleet.store.validate as validate
 from runfleet.store.db import Database
 from runfleet.store.errors import InvalidInput
 

@@ -17,7 +17,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import DictRow, dict_row
 
-from runfleet.store import validate
+import runfleet.store.validate as validate
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput, RunfleetError
 from runfleet.store.queries import q

@@ -10,9 +10,8 @@ differs is passed in.
 
 from __future__ import annotations
 
-from typing import Any
-
-from runfleet.store.types import JsonValue, NewRun, OnParentExit, RunRow
+from runfleet.store.types.options import AdmissionOptions
+from runfleet.store.types.run import JsonValue, NewRun, OnParentExit, RunRow
 
 
 def round_id(lineage_id: str, ordinal: int) -> str:
@@ -33,7 +32,7 @@ def next_round(
     payload: JsonValue | None = None,
     max_rounds: int | None = None,
     in_family: bool = False,
-    extra: dict[str, Any] | None = None,
+    options: AdmissionOptions | None = None,
     deadline_ms: int | None = None,
     timeout_ms: int | None = None,
 ) -> NewRun:
@@ -58,5 +57,5 @@ def next_round(
         max_rounds=max_rounds if max_rounds is not None else previous.max_rounds,
         deadline_ms=deadline_ms,
         timeout_ms=timeout_ms,
-        extra=dict(extra or {}),
+        options=options or AdmissionOptions(),
     )

@@ -5,18 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from runfleet.store.journal_records import Kind
-from runfleet.store.types import (
-    ClockRow,
-    DeferredRow,
-    JournalRecord,
-    Owner,
-    ParentEdge,
-    RunRow,
-    RunStatus,
-    Waiting,
-    WaitingReason,
-    WaitingRow,
-)
+from runfleet.store.types.dag import ParentEdge
+from runfleet.store.types.journal import JournalRecord
+from runfleet.store.types.run import Owner, RunRow, RunStatus, Waiting, WaitingReason, WaitingRow
+from runfleet.store.types.waits import ClockRow, DeferredRow
 
 Row = dict[str, Any]
 

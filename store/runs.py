@@ -12,14 +12,14 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from runfleet.store import journal_records as jr
-from runfleet.store import validate
+import runfleet.store.journal_records as jr
+import runfleet.store.validate as validate
 from runfleet.store.config import Settings
 from runfleet.store.db import Database
 from runfleet.store.errors import InvalidInput
 from runfleet.store.journal import Journal, Kind
 from runfleet.store.rows import owner_params, run_row
-from runfleet.store.types import (
+from runfleet.store.types.outcomes import (
     Activated,
     ActivateOutcome,
     AtLimit,
@@ -31,16 +31,13 @@ from runfleet.store.types import (
     LeaseFresh,
     NotFound,
     NotServed,
-    Owner,
     Reconfirmation,
     RowLocked,
-    RunRow,
-    RunStatus,
-    Snapshot,
     SnapshotChanged,
     StealOutcome,
     Stolen,
 )
+from runfleet.store.types.run import Owner, RunRow, RunStatus, Snapshot
 
 
 def _expected(expected: Snapshot) -> dict[str, Any]:

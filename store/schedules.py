@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, assert_never
 from psycopg.rows import DictRow
 from psycopg.types.json import Jsonb
 
-from runfleet.store import validate, values
+import runfleet.store.validate as validate
+import runfleet.store.values as values
 from runfleet.store.admit import Admission
 from runfleet.store.config import Settings
 from runfleet.store.cron import Cron, InvalidSchedule, iso
@@ -32,7 +33,9 @@ from runfleet.store.db import Database
 from runfleet.store.errors import ExecutionIdentityConflict
 from runfleet.store.runs import Runs
 from runfleet.store.stats import Stats
-from runfleet.store.types import Created, CreateOutcome, Joined, JsonValue, NewRun, RunRow
+from runfleet.store.types.options import AdmissionOptions, Tick
+from runfleet.store.types.outcomes import Created, CreateOutcome, Joined
+from runfleet.store.types.run import JsonValue, NewRun, RunRow
 
 if TYPE_CHECKING:
     from runfleet.store import Store
@@ -373,7 +376,7 @@ class Schedules:
             max_rounds=spec.max_rounds,
             # In the run's state, for explain and tests: which tick, and whether it was
             # admitted late (caught up, or the latest tick after an outage).
-            extra={"schedule": spec.name, "tick_ms": tick_ms, "late": late},
+            options=AdmissionOptions(origin=Tick(spec.name, tick_ms, late)),
         )
         try:
             return await self._admission.create(new)

@@ -13,8 +13,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from runfleet.store import journal_records as jr
-from runfleet.store.types import Owner, RunStatus, Settle
+import runfleet.store.journal_records as jr
+from runfleet.store.types.failure import RunError
+from runfleet.store.types.outcomes import Settle
+from runfleet.store.types.run import Owner, RunStatus
+
+
+def journaled(item: Settle) -> jr.Settled:
+    """The record ``item`` journals: its own, or a plain ``transitioned``, ``to`` and
+    ``epoch`` the item's."""
+    return jr.settled_record(item.record, item.status, item.epoch)
 
 
 def completed(run_id: str, epoch: int, result: Any) -> Settle:
@@ -25,10 +33,11 @@ def completed(run_id: str, epoch: int, result: Any) -> Settle:
     )
 
 
-def failed(run_id: str, epoch: int, error: dict[str, Any]) -> Settle:
+def failed(run_id: str, epoch: int, error: RunError) -> Settle:
     """The body raised (``error`` as ``worker.settle.error_of`` records it)."""
     status = RunStatus.FAILED
-    return Settle(run_id, epoch, status, {"error": error}, jr.Transitioned(to=status, epoch=epoch))
+    patch = {"error": error.to_json()}
+    return Settle(run_id, epoch, status, patch, jr.Transitioned(to=status, epoch=epoch))
 
 
 def cancelled(run_id: str, epoch: int, me: Owner, *, found_at: str | None = None) -> Settle:
@@ -53,17 +62,17 @@ def cancelled(run_id: str, epoch: int, me: Owner, *, found_at: str | None = None
 def lineage_exhausted(run_id: str, epoch: int, max_rounds: int) -> Settle:
     """A handoff past the lineage's ``max_rounds``: the round fails, no successor."""
     status = RunStatus.FAILED
-    error = {"type": "LineageExhausted", "message": f"max_rounds={max_rounds} reached"}
+    error = RunError(type="LineageExhausted", message=f"max_rounds={max_rounds} reached")
     return Settle(
         run_id,
         epoch,
         status,
-        {"error": error},
+        {"error": error.to_json()},
         jr.LineageExhausted(to=status, epoch=epoch, max_rounds=max_rounds),
     )
 
 
-def round_invalid(run_id: str, epoch: int, error: dict[str, Any], successor: str) -> Settle:
+def round_invalid(run_id: str, epoch: int, error: RunError, successor: str) -> Settle:
     """A handoff no next round can be made from (an unknown flow, a malformed handoff,
     arguments the flow does not take, the successor's id taken): the round fails once."""
     status = RunStatus.FAILED
@@ -71,6 +80,6 @@ def round_invalid(run_id: str, epoch: int, error: dict[str, Any], successor: str
         run_id,
         epoch,
         status,
-        {"error": error},
+        {"error": error.to_json()},
         jr.RoundInvalid(to=status, epoch=epoch, successor=successor),
     )

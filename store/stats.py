@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from runfleet.store.db import Database
 from runfleet.store.rows import journal_record
-from runfleet.store.types import JournalRecord, Owner, RunStatus
+from runfleet.store.types.journal import JournalRecord
+from runfleet.store.types.run import Owner, RunStatus
 
 
 @dataclass(frozen=True)

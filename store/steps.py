@@ -10,14 +10,15 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from runfleet.store import journal_records as jr
-from runfleet.store import validate, values
+import runfleet.store.journal_records as jr
+import runfleet.store.validate as validate
+import runfleet.store.values as values
 from runfleet.store.config import Settings
 from runfleet.store.db import Database
 from runfleet.store.errors import InvalidInput
 from runfleet.store.journal import Journal, Kind, digest
 from runfleet.store.rows import Row, owner_params
-from runfleet.store.types import JsonValue, Owner, WaitingReason
+from runfleet.store.types.run import JsonValue, Owner, WaitingReason
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,8 @@ from typing import Generic, TypeVar
 from runfleet.store.config import Settings
 from runfleet.store.db import Database
 from runfleet.store.rows import clock_row, run_row
-from runfleet.store.types import ClockRow, Owner, PendingCursor, RunRow
+from runfleet.store.types.run import Owner, PendingCursor, RunRow
+from runfleet.store.types.waits import ClockRow
 
 T = TypeVar("T")
 

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 
 from runfleet.store.errors import InvalidInput
-from runfleet.store.types import RunStatus
+from runfleet.store.types.run import RunStatus
 from runfleet.store.values import jsonb_text_size
 
 MAX_ID_LENGTH = 255

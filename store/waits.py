@@ -12,35 +12,33 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from runfleet.store import journal_records as jr
-from runfleet.store import validate
+import runfleet.store.journal_records as jr
+import runfleet.store.validate as validate
 from runfleet.store.config import Settings
 from runfleet.store.db import Database
 from runfleet.store.deferreds import Deferreds
 from runfleet.store.errors import InvalidInput
 from runfleet.store.journal import Journal, Kind
 from runfleet.store.rows import clock_row, owner_params, run_row, waiting_row
-from runfleet.store.types import (
+from runfleet.store.types.outcomes import (
     AlreadySatisfied,
+    GuardFailed,
+    NotFound,
+    NotOwner,
+    NotWaiting,
+    Parked,
+    ParkOutcome,
+    WakeOutcome,
+    Woken,
+)
+from runfleet.store.types.run import Owner, RunStatus, Waiting, WaitingReason, WaitingRow
+from runfleet.store.types.waits import (
     ClockAlreadyCompleted,
     ClockCompleted,
     ClockExisting,
     ClockFiring,
     ClockRow,
     ClockScheduled,
-    GuardFailed,
-    NotFound,
-    NotOwner,
-    NotWaiting,
-    Owner,
-    Parked,
-    ParkOutcome,
-    RunStatus,
-    Waiting,
-    WaitingReason,
-    WaitingRow,
-    WakeOutcome,
-    Woken,
 )
 
 CHILD_DEFERRED = "child:"

@@ -17,7 +17,14 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from runfleet.store import validate
-from runfleet.store.types import NewRun, OnParentExit, RunStatus, Waiting, WaitingReason
+from runfleet.store.types import (
+    AdmissionOptions,
+    NewRun,
+    OnParentExit,
+    RunStatus,
+    Waiting,
+    WaitingReason,
+)
 from runfleet.worker import tracing
 from runfleet.worker.durable import ChildFailed
 from runfleet.worker.flows import Flow, registered
@@ -104,7 +111,11 @@ class Children:
             parent_id=self._replay.run.id,
             on_parent_exit=policy,
             timeout_ms=_timeout_ms(flow, name),
-            extra={**tracing.child_extra(), **child_version(flow), **child_instance(flow)},
+            options=AdmissionOptions(
+                flow_version=child_version(flow),
+                flow_instance=child_instance(flow),
+                trace=tracing.child_carrier(),
+            ),
         )  # a retried create of the same id joins the run its first try admitted
         outcome = await self._replay.durable(
             "runs.create", lambda: self._replay.store.admission.create(new)

@@ -38,7 +38,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from runfleet.broker.admission import INSTANCE_STATE_KEY, admission_state, instance_allows
+from runfleet.broker.admission import INSTANCE_STATE_KEY, admission_instance, instance_allows
 from runfleet.store import validate
 from runfleet.store.errors import InvalidInput
 
@@ -144,6 +144,6 @@ def for_run(flow: Flow, row: Any, warned: Unrunnable) -> Flow | None:
     return None
 
 
-def child_instance(flow: Any) -> dict[str, str]:
-    """A child's extra state: the instance of the bound ``@flow`` it was started with."""
-    return admission_state(flow)
+def child_instance(flow: Any) -> str | None:
+    """A child's ``flow_instance``: the instance of the bound ``@flow`` it was started with."""
+    return admission_instance(flow)

@@ -20,7 +20,7 @@ from runfleet.broker.notify import Notifier
 from runfleet.broker.streams import Delivery, Lane, Streams, lane_for
 from runfleet.broker.wake_reasons import WakeReason
 from runfleet.runtime.batching import Coalesce
-from runfleet.store.types import RunRow
+from runfleet.store.types import RunRow, RunStatus
 from runfleet.worker.retry import INFRA_ERRORS
 
 log = logging.getLogger("runfleet.worker.outbox")
@@ -73,7 +73,7 @@ class Outbox:
         self._streams = streams
         self._gate = gate
         self._acks: Coalesce[Delivery] = Coalesce(self._ack_many, name="acks")
-        self._announcements: Coalesce[tuple[str, str]] = Coalesce(
+        self._announcements: Coalesce[tuple[str, RunStatus]] = Coalesce(
             notifier.publish_settled_many, name="settled"
         )
         self._wakes: Coalesce[RunRow] = Coalesce(self._publish_wakes, name="wakes")
@@ -107,7 +107,7 @@ class Outbox:
         """An execution of a limited queue ended here: one gated wake of it may move."""
         self._freed.add(queue)
 
-    async def settled(self, run_id: str, status: str) -> None:
+    async def settled(self, run_id: str, status: RunStatus) -> None:
         """Announce a committed settlement to the producers waiting on it."""
         self._announcements.add((run_id, status))
 

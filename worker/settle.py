@@ -14,6 +14,7 @@ import logging
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any, assert_never
 
 from runfleet.broker.queue import check_signature, flow_target
@@ -28,6 +29,7 @@ from runfleet.store.types import (
     NotOwner,
     Owner,
     RowLocked,
+    RunError,
     RunRow,
     RunStatus,
     Settle,
@@ -44,7 +46,7 @@ from runfleet.worker.retry import with_retry
 from runfleet.worker.wake_hints import HintFn
 
 log = logging.getLogger("runfleet.worker.settle")
-AnnounceFn = Callable[[str, str], Awaitable[None]]
+AnnounceFn = Callable[[str, RunStatus], Awaitable[None]]
 
 
 def _storable(text: str, limit: int, *, keep_end: bool = False) -> str:
@@ -59,7 +61,7 @@ def _storable(text: str, limit: int, *, keep_end: bool = False) -> str:
     return "…" + text[-limit:] if keep_end else text[:limit] + "…"
 
 
-def error_of(exc: BaseException) -> dict[str, Any]:
+def error_of(exc: BaseException) -> RunError:
     """A failure as the run's ``error``: always storable, whatever the exception holds.
 
     A ``UserBaseException`` is recorded as the BaseException the run's code raised (its
@@ -79,15 +81,13 @@ def error_of(exc: BaseException) -> dict[str, Any]:
         trace = "<traceback too deep to format>"
     except BaseException:  # a hostile __str__ again, inside the formatting
         trace = f"<traceback of {type(exc).__name__} could not be formatted>"
-    error: dict[str, Any] = {
-        "type": type(exc).__name__,
-        "module": _storable(type(exc).__module__, 200),
-        "message": _storable(message, 8000),
-        "traceback": _storable(trace, 4000, keep_end=True),
-    }
-    if contained:
-        error["base_exception"] = True
-    return error
+    return RunError(
+        type=type(exc).__name__,
+        module=_storable(type(exc).__module__, 200),
+        message=_storable(message, 8000),
+        traceback=_storable(trace, 4000, keep_end=True),
+        base_exception=contained,
+    )
 
 
 class Settlement:
@@ -147,7 +147,7 @@ class Settlement:
     async def finish(self, row: RunRow, item: Settle) -> None:
         """Commit ``item`` (one ``store.settlements`` ending) and act on its outcome."""
         epoch, status = item.epoch, item.status
-        error = item.patch.get("error") if status is RunStatus.FAILED else None
+        error = RunError.from_json(item.patch.get("error")) if status is RunStatus.FAILED else None
         try:
             outcome = await self._transition(item)
         except UnstorableValue as exc:
@@ -187,19 +187,19 @@ class Settlement:
         return await self._store.lifecycle.settle_many(self._owner, items)
 
     async def _fail_unstorable(
-        self, row: RunRow, epoch: int, exc: UnstorableValue, failure: Any
+        self, row: RunRow, epoch: int, exc: UnstorableValue, failure: RunError | None
     ) -> TransitionOutcome:
         """Fail the run, with the error shrunk until it fits the payload limit.
 
         ``failure`` is the error the run was failing with, if it was (a huge message or
         traceback): it is kept, shortened, in preference to the storage error.
         """
-        errors: list[dict[str, Any]] = []
-        if isinstance(failure, dict):
-            kept = {"type": failure.get("type"), "message": failure.get("message")}
-            errors += [kept, {**kept, "message": str(kept["message"])[:300]}]
+        errors: list[RunError] = []
+        if failure is not None:
+            kept = RunError(type=failure.type, message=failure.message)
+            errors += [kept, replace(kept, message=str(kept.message)[:300])]
         unstorable = error_of(exc)
-        errors += [unstorable, {**unstorable, "traceback": ""}, {"type": unstorable["type"]}]
+        errors += [unstorable, replace(unstorable, traceback=""), RunError(type=unstorable.type)]
         for error in errors[:-1]:
             try:
                 return await self._transition(settlements.failed(row.id, epoch, error))
@@ -213,7 +213,7 @@ class Settlement:
         epoch: int,
         status: RunStatus,
         outcome: TransitionOutcome,
-        error: Any = None,
+        error: RunError | None = None,
     ) -> None:
         match outcome:
             case Transitioned():
@@ -225,7 +225,7 @@ class Settlement:
                 log.warning("run.fence_lost", extra={"run_id": row.id, "epoch": epoch})
 
     async def _settled(
-        self, row: RunRow, status: RunStatus, moved: Transitioned, error: Any = None
+        self, row: RunRow, status: RunStatus, moved: Transitioned, error: RunError | None = None
     ) -> None:
         """Log and announce a settlement; hint the parents it woke (of every round of this
         lineage) and the descendants it asked to cancel, so each closes through its own
@@ -234,7 +234,7 @@ class Settlement:
         others."""
         self._log_settled(row, status, error)
         if self._announce is not None:
-            await self._announce(row.id, status.value)
+            await self._announce(row.id, status)
         if self._hint is None:
             return
         for parent in moved.woke:  # as the waking statement left them: nothing to re-read
@@ -245,7 +245,7 @@ class Settlement:
             if not other.status.terminal:
                 await self._hint(other)
 
-    def _log_settled(self, row: RunRow, status: RunStatus, error: Any) -> None:
+    def _log_settled(self, row: RunRow, status: RunStatus, error: RunError | None) -> None:
         """One line per settlement: ``run.completed`` / ``run.cancelled`` (info) with the
         milliseconds since its body started here, ``run.failed`` (warning) with the error's
         ``Type: message`` and its traceback, so a failing job leaves its trace in the
@@ -258,11 +258,10 @@ class Settlement:
         if began is not None:
             fields["ms"] = round((time.monotonic() - began) * 1000)
         if status is RunStatus.FAILED:
-            failure = error if isinstance(error, dict) else {}
-            kind, message = failure.get("type", "Error"), failure.get("message", "")
-            fields["error"] = f"{kind}: {message}" if message else str(kind)
-            if failure.get("traceback"):
-                fields["traceback"] = failure["traceback"]
+            failure = error or RunError()
+            fields["error"] = str(failure)
+            if failure.traceback:
+                fields["traceback"] = failure.traceback
         match status:
             case RunStatus.COMPLETED:
                 log.info("run.completed", extra=fields)
@@ -317,7 +316,7 @@ class Settlement:
                     row.id,
                     self._owner,
                     epoch,
-                    jr.StepCompensationFailed(key=record.key, error=error_of(exc)["message"]),
+                    jr.StepCompensationFailed(key=record.key, error=str(error_of(exc).message)),
                 )
                 continue
             if not await self._store.steps.mark_compensated(row.id, self._owner, epoch, record.key):

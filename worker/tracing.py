@@ -189,12 +189,12 @@ def child_span(child_id: str, flow: str, detached: bool) -> contextlib.AbstractC
     return tracing.span("runfleet.child", child_id=child_id, child_flow=flow, detached=detached)
 
 
-def child_extra() -> dict[str, Any]:
-    """A child's extra state: the carrier of the current (``runfleet.child``) span."""
+def child_carrier() -> dict[str, str] | None:
+    """A child's trace context: the carrier of the current (``runfleet.child``) span."""
     tracing = TRACING
     if tracing is None:
-        return {}
-    return {TRACE_STATE_KEY: tracing.carrier()}
+        return None
+    return tracing.carrier()
 
 
 def parked(reason: str, token: str | None, wake_at_ms: int | None) -> None:

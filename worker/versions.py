@@ -111,7 +111,7 @@ def version_carried(flow: Any, row: Any, warned: Unrunnable) -> bool:
     return False
 
 
-def child_version(flow: Any) -> dict[str, str]:
-    """A child's extra state: the version of the ``@flow`` object it was started with."""
+def child_version(flow: Any) -> str | None:
+    """A child's ``flow_version``: the version of the ``@flow`` object it was started with."""
     version = getattr(flow, "version", None)
-    return {VERSION_STATE_KEY: version} if isinstance(version, str) else {}
+    return version if isinstance(version, str) else None

@@ -32,7 +32,14 @@ from runfleet.store import journal_records as jr
 from runfleet.store.inspect import DEFAULT_REACTIVATED_OVER
 from runfleet.store.journal_records import Kind
 from runfleet.store.queues import KeyState
-from runfleet.store.types import JournalRecord, Owner, RunRow, RunStatus, WaitingReason
+from runfleet.store.types import (
+    JournalRecord,
+    Owner,
+    RunError,
+    RunRow,
+    RunStatus,
+    WaitingReason,
+)
 from runfleet.store.waits import masked_payload, shown_waiting_token
 
 JOURNAL_SHOWN = 12
@@ -246,11 +253,8 @@ def _outcome(row: RunRow) -> list[str]:
             return [f"result: round handed off to {row.handed_off_to}."]
         return [f"result: {text}."]
     if row.status is RunStatus.FAILED:
-        error = row.error or {}
-        if isinstance(error, dict):
-            message = error.get("message", "")
-            return [f"error: {error.get('type', '?')}" + (f": {message}" if message else "")]
-        return [f"error: {_preview(error)}"]
+        error = row.error or RunError()
+        return [f"error: {error.type or '?'}" + (f": {error.message}" if error.message else "")]
     if row.status is RunStatus.CANCELLED:
         cancellation = row.cancellation or {}
         return [f"cancellation: {_preview(cancellation)}."]

@@ -2,8 +2,11 @@
 
 - ``types.run``: a run's statuses and policies, its owner, snapshot and row, an
   admission request (``NewRun``);
+- ``types.options``: what an admission keeps in a run's state besides its columns
+  (``AdmissionOptions``: rq's options, the ``@flow`` declaration, where it came from);
 - ``types.outcomes``: what each compare-and-swap answers (admission, claim, steal,
   settlement, cancel, park, wake, the lease's renewal), one frozen dataclass per outcome;
+- ``types.failure``: how a failed run failed (``RunError``);
 - ``types.waits``: deferred completions, event answers, clocks;
 - ``types.journal``: a journal record, and what emitting one answers;
 - ``types.dag``: parent edges.
@@ -19,12 +22,23 @@ from runfleet.store.types.dag import (
     EdgeRecorded,
     ParentEdge,
 )
+from runfleet.store.types.failure import RunError
 from runfleet.store.types.journal import (
     Accepted,
     Conflict,
     Duplicate,
     EmitOutcome,
     JournalRecord,
+)
+from runfleet.store.types.options import (
+    AdmissionOptions,
+    Forked,
+    Origin,
+    Requeued,
+    Resumed,
+    RqOptions,
+    RqRetry,
+    Tick,
 )
 from runfleet.store.types.outcomes import (
     Activated,
@@ -103,6 +117,7 @@ __all__ = [
     "Accepted",
     "ActivateOutcome",
     "Activated",
+    "AdmissionOptions",
     "AlreadyRequested",
     "AlreadySatisfied",
     "AlreadyTerminal",
@@ -135,6 +150,7 @@ __all__ = [
     "EventExisting",
     "EventRunSettled",
     "EventTimedOut",
+    "Forked",
     "GuardFailed",
     "Heartbeat",
     "Joined",
@@ -148,13 +164,19 @@ __all__ = [
     "NotWaiting",
     "OnDuplicate",
     "OnParentExit",
+    "Origin",
     "Owner",
     "ParentEdge",
     "ParkOutcome",
     "Parked",
     "PendingCursor",
     "Reconfirmation",
+    "Requeued",
+    "Resumed",
     "RowLocked",
+    "RqOptions",
+    "RqRetry",
+    "RunError",
     "RunRow",
     "RunStatus",
     "Settle",
@@ -162,6 +184,7 @@ __all__ = [
     "SnapshotChanged",
     "StealOutcome",
     "Stolen",
+    "Tick",
     "TransitionOutcome",
     "Transitioned",
     "Waiting",

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 from runfleet.store.types.run import JsonValue
 
-if TYPE_CHECKING:  # store.journal_records builds on store.types: imported for types only
+if TYPE_CHECKING:  # store.journal_records builds on store.types.run: for annotations only
     from runfleet.store.journal_records import Kind
 
 

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, TypeAlias
 
 from runfleet.store.types.run import JsonValue, Owner, RunRow, RunStatus, WaitingRow
 
-if TYPE_CHECKING:  # store.journal_records builds on store.types: imported for types only
-    from runfleet.store import journal_records as jr
+if TYPE_CHECKING:  # store.journal_records builds on store.types.run: for annotations only
+    import runfleet.store.journal_records as jr
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +119,8 @@ class Settle:
     ``Lifecycle.settle_many`` applies each with ``transition_owned``'s rules: fenced by
     the owner and ``epoch``, cancel-guarded when ``guard``, its own journal record:
     ``record`` (``store.settlements`` builds each ending's), a plain ``transitioned``
-    when None. The store stamps the record's ``to`` and ``epoch`` with the item's.
+    when None. The store stamps the record's ``to`` and ``epoch`` with the item's
+    (``store.settlements.journaled``).
     """
 
     run_id: str
@@ -128,17 +129,6 @@ class Settle:
     patch: dict[str, JsonValue]
     record: jr.Settled | None = None
     guard: bool = True
-
-    @property
-    def payload(self) -> jr.Settled:
-        """The record this settlement journals, ``to`` and ``epoch`` its own."""
-        from runfleet.store import journal_records as jr  # below it at import time
-
-        return jr.settled_record(self.record, self.status, self.epoch)
-
-    @property
-    def kind(self) -> jr.Kind:
-        return self.payload.KIND
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,9 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
+from runfleet.store.types.failure import RunError
+from runfleet.store.types.options import AdmissionOptions
+
 JsonValue: TypeAlias = Any
 """A value that round-trips through JSON (validated at the store boundary)."""
 
@@ -181,9 +184,9 @@ class RunRow:
     # module spells ``state["key"]``. State is JSON the store wrote: absent is None.
 
     @property
-    def error(self) -> JsonValue:
-        """How a failed run failed (``{"type", "message", "traceback"}`` from the worker)."""
-        return self.state.get("error")
+    def error(self) -> RunError | None:
+        """How a failed run failed (what the worker recorded, ``worker.settle.error_of``)."""
+        return RunError.from_json(self.state.get("error"))
 
     @property
     def cancellation(self) -> JsonValue:
@@ -276,7 +279,9 @@ class NewRun:
     delay_until_ms: int | None = None
     timeout_ms: int | None = None
     """Deadline relative to admission, on the database clock (``@flow(timeout=...)``)."""
-    extra: dict[str, JsonValue] = field(default_factory=dict)
+    options: AdmissionOptions = field(default_factory=AdmissionOptions)
+    """What the run's state keeps besides these: rq's options, the ``@flow`` it was
+    admitted with, the trace context, where it came from."""
     priority: int | None = None
     """Higher starts first within the queue (docs/how-to/queues.md); None: the queue's default."""
     dedup_key: str | None = None

@@ -171,7 +171,7 @@ async def test_deep_json_on_the_settled_channel_does_not_break_a_watch(
     async with notifier.watch_settled("r1") as watch:
         for payload in HOSTILE_PAYLOADS:
             await redis.publish(notifier.channel("settled"), payload)
-        await notifier.publish_settled("r1", "completed")
+        await notifier.publish_settled("r1", RunStatus.COMPLETED)
         assert await watch.wait(5.0) == Notice("settled", "r1", RunStatus.COMPLETED)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from runfleet.broker.admission import (
     Dependencies,
     FlowTarget,
+    RqAdmission,
     RqCall,
-    RqOptions,
     dependencies,
     flow_target,
     rq_options,
@@ -45,8 +45,9 @@ def test_split_rq_call_names_arguments_and_options() -> None:
 
 def test_rq_options_and_dependencies_name_their_parts() -> None:
     options = rq_options(job_timeout=3, meta={"k": 1})
-    assert isinstance(options, RqOptions)
-    assert options.timeout_ms == 3000 and options.state["meta"] == {"k": 1}
+    assert isinstance(options, RqAdmission)
+    assert options.timeout_ms == 3000 and options.options.meta == {"k": 1}
+    assert options.options.state() == {"job_timeout": 3, "meta": {"k": 1}}
     deps = dependencies(["a", "b", "a"])
     assert isinstance(deps, Dependencies)
     assert deps == Dependencies(["a", "b"], False)

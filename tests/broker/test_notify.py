@@ -30,8 +30,8 @@ async def named_redis(redis_url: str, redis_prefix: str) -> AsyncIterator[Redis]
 async def test_publish_settled_wakes_a_watch(notifier: Notifier) -> None:
     async with notifier.watch_settled("r1", "r2") as watch:
         # Subscribed on entry: a settle right after (the caller's Postgres check) is seen.
-        assert await notifier.publish_settled("other", "completed")
-        assert await notifier.publish_settled("r2", "failed")
+        assert await notifier.publish_settled("other", RunStatus.COMPLETED)
+        assert await notifier.publish_settled("r2", RunStatus.FAILED)
         assert await watch.wait(2.0) == Notice("settled", "r2", RunStatus.FAILED)
 
 
@@ -44,7 +44,9 @@ async def test_a_batch_of_settled_notices_is_each_its_own_message_in_order(
     try:
         confirmed = await pubsub.get_message(timeout=2.0)
         assert confirmed is not None and confirmed["type"] in ("subscribe", b"subscribe")
-        settled = [(f"r{i}", "failed" if i % 3 == 0 else "completed") for i in range(7)]
+        settled = [
+            (f"r{i}", RunStatus.FAILED if i % 3 == 0 else RunStatus.COMPLETED) for i in range(7)
+        ]
         async with notifier.watch_settled("r4") as watch:
             assert await notifier.publish_settled_many(settled)
             assert await watch.wait(2.0) == Notice("settled", "r4", RunStatus.COMPLETED)
@@ -63,7 +65,7 @@ async def test_wait_settled_returns_the_notice(notifier: Notifier) -> None:
     waiter = asyncio.create_task(notifier.wait_settled("r1", timeout=5.0))
 
     async def publish_until_woken() -> bool:
-        await notifier.publish_settled("r1", "completed")
+        await notifier.publish_settled("r1", RunStatus.COMPLETED)
         await asyncio.sleep(0.02)
         return waiter.done()
 
@@ -74,7 +76,7 @@ async def test_wait_settled_returns_the_notice(notifier: Notifier) -> None:
 async def test_wait_settled_times_out_with_none(notifier: Notifier, redis: Redis) -> None:
     async with notifier.watch_settled("r1") as watch:
         await redis.publish(notifier.channel("settled"), b"\xc1 not json")
-        await notifier.publish_settled("someone-else", "completed")
+        await notifier.publish_settled("someone-else", RunStatus.COMPLETED)
         started = time.monotonic()
         assert await watch.wait(0.2) is None
         assert 0.15 < time.monotonic() - started < 1.5
@@ -87,8 +89,8 @@ async def test_publish_with_redis_down_does_not_raise(
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="runfleet.broker.notify"):
         assert await offline.publish_cancel("r1") is False
-        assert await offline.publish_settled("r1", "completed") is False
-        assert await offline.publish_settled_many([("r1", "completed")]) is False
+        assert await offline.publish_settled("r1", RunStatus.COMPLETED) is False
+        assert await offline.publish_settled_many([("r1", RunStatus.COMPLETED)]) is False
     assert time.monotonic() - started < 3.0
     events = [r.getMessage() for r in caplog.records]
     assert events == ["notify.cancel_failed", "notify.settled_failed"]  # rate-limited per event
@@ -152,7 +154,7 @@ async def test_subscription_resubscribes_after_its_connection_is_killed(
     try:
         await signals.subscribed.wait(3.0)
         publisher = Notifier(redis, redis_prefix)
-        await publisher.publish_settled("before", "completed")
+        await publisher.publish_settled("before", RunStatus.COMPLETED)
         assert (await signals.handled.wait()).run_id == "before"
 
         victims = [
@@ -165,7 +167,7 @@ async def test_subscription_resubscribes_after_its_connection_is_killed(
             await redis.client_kill_filter(_id=client_id)
 
         await signals.subscribed.wait(10.0)  # resubscribed: nothing published now is missed
-        await publisher.publish_settled("after", "completed")
+        await publisher.publish_settled("after", RunStatus.COMPLETED)
         assert (await signals.handled.wait()).run_id == "after"
     finally:
         sub.stop()

@@ -24,11 +24,11 @@ async def test_flow_failure_and_unencodable_result(worker: Worker, queue: AsyncQ
     failing = await queue.enqueue(flows.boom, "kaput")
     with pytest.raises(RunFailed) as info:
         await failing.result(timeout=10)
-    assert info.value.error["type"] == "ValueError"
+    assert info.value.exc_type == "ValueError"
     odd = await queue.enqueue(flows.unencodable)
     with pytest.raises(RunFailed) as info:
         await odd.result(timeout=10)
-    assert info.value.error["type"] == "UnstorableValue"
+    assert info.value.exc_type == "UnstorableValue"
 
 
 async def test_cancel_running(worker: Worker, queue: AsyncQueue, store: Store) -> None:

@@ -74,7 +74,7 @@ async def test_a_failed_child_fails_the_awaiting_parent(
     await queue.cancel(attached)
     with pytest.raises(RunFailed) as info:
         await run.result(timeout=10)
-    assert info.value.error["type"] == "ChildFailed"
+    assert info.value.exc_type == "ChildFailed"
 
 
 async def test_a_second_parent_joining_a_finished_child_gets_its_result_at_once(
@@ -143,7 +143,7 @@ async def test_max_rounds_exhausted_fails_the_round(worker: Worker, queue: Async
     run = await queue.enqueue(f.rounds, 5)
     with pytest.raises(RunFailed) as info:
         await run.result(timeout=10)
-    assert info.value.error["type"] == "LineageExhausted"
+    assert info.value.exc_type == "LineageExhausted"
 
 
 @pytest.mark.parametrize("parent_first", [True, False])

@@ -77,7 +77,7 @@ async def test_a_handoff_whose_successor_id_is_taken_fails_the_round(
     run = await queue.enqueue(f.rounds, 2, run_id="lin")
     with pytest.raises(RunFailed) as info:
         await run.result(timeout=10)
-    assert info.value.error["type"] == "ExecutionIdentityConflict"
+    assert info.value.exc_type == "ExecutionIdentityConflict"
     assert [r.kind for r in await store.journal.records(run.id)][-1] == "round-invalid"
     squat = await store.runs.get("lin@1")
     assert squat is not None and squat.flow == "t.leaf" and squat.lineage_id == "elsewhere"

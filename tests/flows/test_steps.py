@@ -59,9 +59,9 @@ async def test_different_call_at_a_recorded_position_is_nondeterminism(
     await queue.complete(run.id, "go")
     with pytest.raises(RunFailed) as info:
         await run.result(timeout=10)
-    assert info.value.error["type"] == "NonDeterminism"
-    assert "'step:x#1'" in info.value.error["message"]
-    assert "'step:y#1'" in info.value.error["message"]
+    assert info.value.exc_type == "NonDeterminism"
+    assert "'step:x#1'" in info.value.exc_message
+    assert "'step:y#1'" in info.value.exc_message
 
 
 async def test_cancel_runs_compensations_in_reverse_once(

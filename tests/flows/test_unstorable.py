@@ -34,12 +34,10 @@ async def _worker(spawn: Spawn) -> WorkerProc:
     return proc
 
 
-async def _failed(run: AsyncRun) -> dict[str, str]:
+async def _failed(run: AsyncRun) -> RunFailed:
     with pytest.raises(RunFailed) as caught:
         await run.result(timeout=20)
-    error = caught.value.error
-    assert isinstance(error, dict)
-    return error
+    return caught.value
 
 
 async def _settled_once(
@@ -71,9 +69,9 @@ async def test_unstorable_result_fails_once(
     runs = [await queue.enqueue(vf.unstorable_result, k, LIMIT, str(ledger)) for k in KINDS]
     for kind, run in zip(KINDS, runs, strict=True):
         error = await _failed(run)
-        assert error["type"] == "UnstorableValue", (kind, error)
-        assert error["message"].startswith('cannot store state: $["result"]'), error
-    errors = {k: (await _failed(r))["message"] for k, r in zip(KINDS, runs, strict=True)}
+        assert error.exc_type == "UnstorableValue", (kind, error)
+        assert error.exc_message.startswith('cannot store state: $["result"]'), error
+    errors = {k: (await _failed(r)).exc_message for k, r in zip(KINDS, runs, strict=True)}
     assert f"the limit is {LIMIT}" in errors["big"]
     assert "NUL" in errors["nul"] and "lone surrogate" in errors["surrogate"]
     assert "nested deeper than 512" in errors["deep"] and "is nan" in errors["nan"]
@@ -94,8 +92,8 @@ async def test_unstorable_step_output_fails_step_once(
     caught = [await queue.enqueue(vf.unstorable_step, k, LIMIT, str(ledger), True) for k in KINDS]
     for kind, run in zip(KINDS, failing, strict=True):
         error = await _failed(run)
-        assert error["type"] == "UnstorableValue", (kind, error)
-        assert "cannot store step output of step:bad#1" in error["message"], error
+        assert error.exc_type == "UnstorableValue", (kind, error)
+        assert "cannot store step output of step:bad#1" in error.exc_message, error
     for kind, run in zip(KINDS, caught, strict=True):
         seen = await run.result(timeout=20)  # the flow itself caught the typed error
         assert seen["caught"] == "UnstorableValue", (kind, seen)
@@ -111,8 +109,8 @@ async def test_an_error_message_nothing_could_store_still_fails_the_run_once(
     """The flow's own exception may carry a NUL or a lone surrogate: escaped, not a loop."""
     run = await queue.enqueue(vf.raises)
     error = await _failed(run)
-    assert error["type"] == "ValueError"
-    assert error["message"] == "nul \\x00 and a lone \\ud800 in the message"
+    assert error.exc_type == "ValueError"
+    assert error.exc_message == "nul \\x00 and a lone \\ud800 in the message"
     row = await store.runs.get(run.id)
     assert row is not None and row.status is RunStatus.FAILED and row.epoch == 1
 
@@ -124,7 +122,7 @@ async def test_a_handoff_that_cannot_be_admitted_fails_the_round_once(
     for how, error_type in (("surrogate", "UnstorableValue"), ("arity", "InvalidInput")):
         run = await queue.enqueue(vf.hands_off_badly, how)
         error = await _failed(run)
-        assert error["type"] == error_type and "payload" in error["message"], error
+        assert error.exc_type == error_type and "payload" in error.exc_message, error
         row = await store.runs.get(run.id)
         assert row is not None and row.status is RunStatus.FAILED and row.epoch == 1
         assert "round-invalid" in [r.kind for r in await store.journal.records(run.id)]
@@ -145,8 +143,8 @@ async def test_a_malformed_handoff_fails_the_round_once_naming_the_field(
     for how, (run, ledger) in runs.items():
         field = vf.MALFORMED_HANDOFFS[how][0]
         error = await _failed(run)
-        assert error["type"] == "InvalidHandoff", (how, error)
-        assert error["message"].startswith(f"invalid Handoff.{field}: "), (how, error)
+        assert error.exc_type == "InvalidHandoff", (how, error)
+        assert error.exc_message.startswith(f"invalid Handoff.{field}: "), (how, error)
         row = await store.runs.get(run.id)
         assert row is not None and row.status is RunStatus.FAILED and row.epoch == 1, how
         (invalid,) = [r for r in await store.journal.records(run.id) if r.kind == "round-invalid"]

@@ -41,7 +41,9 @@ async def test_awaiting_a_dead_run_raises_at_once_and_its_status_reads_dead(
         await queue.run("poison").result(timeout=30)
     assert time.monotonic() - started < 5, "waited for a run nothing will move"
     assert isinstance(caught.value, RunFailed) and caught.value.run_id == "poison"
-    assert isinstance(caught.value.error, dict) and caught.value.error["recoveries"] == 0
+    assert caught.value.error is None, "a dead run raised nothing"
+    evidence = caught.value.evidence
+    assert isinstance(evidence, dict) and evidence["recoveries"] == 0
 
     def sync_side() -> JobStatus:
         with Queue("default", settings=settings) as q:

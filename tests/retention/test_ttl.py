@@ -15,7 +15,7 @@ from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.queries import q
 from runfleet.store.retention import MIN_KEY, Pass
-from runfleet.store.types import NewRun
+from runfleet.store.types import AdmissionOptions, NewRun, RqOptions
 from runfleet.worker.process import Worker
 from runfleet.worker.retention import RetentionLoop
 from tests.retention.test_prune import runs_by_status
@@ -134,14 +134,18 @@ async def test_a_ttl_child_of_an_open_parent_waits_for_the_parent(
     worker: Worker, queue: AsyncQueue, store: Store, settings: Settings
 ) -> None:
     # Children take no rq options, so the TTL'd child is admitted through the store.
-    parent = NewRun(id="ttl-parent", flow="retention.waits", extra={"result_ttl": 0})
+    parent = NewRun(
+        id="ttl-parent",
+        flow="retention.waits",
+        options=AdmissionOptions(rq=RqOptions(result_ttl=0)),
+    )
     await store.admission.create(parent)
     child = NewRun(
         id="ttl-child",
         flow="retention.leaf",
         payload={"args": [7], "kwargs": {}},
         parent_id=parent.id,
-        extra={"result_ttl": 0},
+        options=AdmissionOptions(rq=RqOptions(result_ttl=0)),
     )
     await store.admission.create(child)
     # No stream hint: the worker's sweep finds pending runs in Postgres.

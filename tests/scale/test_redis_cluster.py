@@ -26,7 +26,7 @@ from runfleet.ops.cli.doctor import Doctor
 from runfleet.ops.servers.redis import ThrowawayRedisCluster
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput
-from runfleet.store.types import Owner
+from runfleet.store.types import Owner, RunStatus
 from tests.chaos.conftest import chaos_settings
 from tests.chaos.harness import assert_clean, run_scenario
 from tests.fleet.procs import WorkerProc
@@ -70,11 +70,11 @@ async def test_pubsub_and_liveness_through_the_cluster(
     publisher, subscriber = connect(ours), connect(ours)
     try:
         async with Notifier(subscriber, PREFIX).watch_settled("run-1") as watch:
-            assert await Notifier(publisher, PREFIX).publish_settled("run-1", "completed")
+            assert await Notifier(publisher, PREFIX).publish_settled("run-1", RunStatus.COMPLETED)
             notice = await watch.wait(5)
         assert notice is not None and notice.run_id == "run-1"
         async with Notifier(subscriber, PREFIX).watch_settled("run-3") as watch:
-            batch = [("run-2", "completed"), ("run-3", "failed")]
+            batch = [("run-2", RunStatus.COMPLETED), ("run-3", RunStatus.FAILED)]
             assert await Notifier(publisher, PREFIX).publish_settled_many(batch)  # one script
             notice = await watch.wait(5)
         assert notice is not None and notice.run_id == "run-3"

@@ -26,7 +26,7 @@ import pytest
 import tests.security.user_code_flows as uc
 from runfleet.broker import AsyncQueue
 from runfleet.broker.run import AsyncRun
-from runfleet.store.types import RunRow, RunStatus, WaitingReason
+from runfleet.store.types import RunError, RunRow, RunStatus, WaitingReason
 from tests.fleet.procs import Spawn, WorkerProc
 from tests.support.polling import until
 
@@ -83,14 +83,15 @@ async def test_base_exceptions_fail_their_run_and_the_worker_goes_on(
         where = f"{getattr(fn, 'name', fn)}({kind!r})"
         assert row.status is RunStatus.FAILED, (where, row.status, row.state)
         error = row.error
-        assert isinstance(error, dict), (where, error)
-        assert error["type"] == EXPECTED[kind], (where, error)
-        assert "raised by the run's own code" in error["message"], (where, error)
-        assert EXPECTED[kind] in error["traceback"], (where, error)
+        assert isinstance(error, RunError), (where, error)
+        assert error.type == EXPECTED[kind], (where, error)
+        assert "raised by the run's own code" in str(error.message), (where, error)
+        assert EXPECTED[kind] in str(error.traceback), (where, error)
         _alive(proc)
 
     row = await _settled(rq_style)
-    assert row.status is RunStatus.FAILED and row.error["type"] == "SystemExit", row.state
+    assert row.status is RunStatus.FAILED and row.error is not None, row.state
+    assert row.error.type == "SystemExit", row.state
     assert report.read_text() == "SystemExit"  # rq's on_failure ran, as for any failure
     assert await swallowed.result(timeout=30) == "caught KeyboardInterrupt"
 

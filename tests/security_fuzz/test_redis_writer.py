@@ -17,6 +17,7 @@ from runfleet.broker import AsyncQueue
 from runfleet.broker.codec import message_for
 from runfleet.broker.wake_reasons import WakeReason
 from runfleet.store import Store
+from runfleet.store.types import RunStatus
 from runfleet.worker.process import Worker
 from tests.flows.conftest import parked
 
@@ -27,7 +28,7 @@ async def test_forged_notices_and_messages_decide_nothing(
     run = await queue.enqueue(tf.waiter)
     await parked(store, run.id, "event")
     for _ in range(3):
-        await queue.notifier.publish_settled(run.id, "completed")
+        await queue.notifier.publish_settled(run.id, RunStatus.COMPLETED)
         await queue.notifier.publish_cancel(run.id)
         await queue.streams.publish(
             "default", message_for(run.id, "trust.waiter", WakeReason.CANCEL)

@@ -13,11 +13,13 @@ from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.errors import ExecutionIdentityConflict, InvalidInput
 from runfleet.store.types import (
+    AdmissionOptions,
     CancelRequested,
     Created,
     Joined,
     NewRun,
     OnParentExit,
+    RqOptions,
     RunStatus,
     Transitioned,
 )
@@ -50,7 +52,7 @@ async def test_create_admits_a_pending_row_with_its_state(store: Store) -> None:
             payload={"order": 42},
             scopes=("b", "a", "b"),
             max_rounds=3,
-            extra={"note": "x"},
+            options=AdmissionOptions(rq=RqOptions(meta={"note": "x"})),
         )
     )
     assert isinstance(outcome, Created)
@@ -63,7 +65,7 @@ async def test_create_admits_a_pending_row_with_its_state(store: Store) -> None:
     )
     assert row.payload == {"order": 42}
     assert row.scopes == ("a", "b")
-    assert row.state["max_rounds"] == 3 and row.state["note"] == "x"
+    assert row.state["max_rounds"] == 3 and row.state["meta"] == {"note": "x"}
     assert row.owner is None and row.claim is None and row.epoch == 0
     assert row.lineage_id == "r1" and row.round_ordinal == 0
     assert row.cancel_requested_at_ms is None and row.waiting is None

@@ -12,7 +12,15 @@ import pytest
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput
-from runfleet.store.types import Created, NewRun, RunStatus, Waiting, WaitingReason
+from runfleet.store.types import (
+    AdmissionOptions,
+    Created,
+    NewRun,
+    RqOptions,
+    RunStatus,
+    Waiting,
+    WaitingReason,
+)
 from tests.store.helpers import OWNER_A, counts, create, make_running, must_get
 
 GOOD = NewRun(id="r-new", flow="tests.flow", queue="default", payload={"ok": True})
@@ -76,12 +84,12 @@ async def test_create_refuses_an_oversized_payload(
     assert isinstance(await store.admission.create(replace(GOOD, payload=just_fits)), Created)
 
 
-async def test_create_refuses_oversized_or_non_json_extra(
+async def test_create_refuses_oversized_or_non_json_options(
     store: Store, settings: Settings, database_url: str
 ) -> None:
-    for extra in ({"blob": "y" * settings.max_payload_bytes}, {"s": {1}}):
-        new = replace(GOOD, extra=extra)
-        await _refused(database_url, "extra", partial(store.admission.create, new))
+    for meta in ({"blob": "y" * settings.max_payload_bytes}, {"s": {1}}):
+        new = replace(GOOD, options=AdmissionOptions(rq=RqOptions(meta=meta)))
+        await _refused(database_url, "options", partial(store.admission.create, new))
 
 
 async def test_create_accepts_the_longest_identifier_and_odd_but_legal_json(store: Store) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from runfleet.store import Store
 from runfleet.store.queries import q
-from runfleet.store.types import RunStatus, Settle, Transitioned, Waiting, WaitingReason
+from runfleet.store.types import RunError, RunStatus, Settle, Transitioned, Waiting, WaitingReason
 from tests.store.helpers import OWNER_A, activate, create, make_running, must_get
 
 ARRAYS = {
@@ -73,7 +73,7 @@ async def test_awkward_texts_survive_the_batch_claim_settlement_and_parents(
     outcomes = await store.lifecycle.settle_many(OWNER_A, [store.lifecycle.check(i) for i in items])
     assert all(isinstance(outcome, Transitioned) for outcome in outcomes)
     assert (await must_get(store, ids[0])).result == {AWKWARD: [AWKWARD]}
-    assert (await must_get(store, ids[1])).error == {"message": AWKWARD}
+    assert (await must_get(store, ids[1])).error == RunError(message=AWKWARD)
     assert (await must_get(store, ids[2])).status is RunStatus.COMPLETED
     (deferred,) = [
         d for d in await store.deferreds.completed_deferreds("waiter") if d.name == "child:awaited"

@@ -23,6 +23,7 @@ from runfleet.store.types import (
     JournalRecord,
     NewRun,
     Reconfirmation,
+    RunError,
     RunStatus,
     Settle,
     Stolen,
@@ -346,9 +347,9 @@ async def _drive_the_writers(store: Store) -> None:
     await store.lifecycle.settle_many(
         OWNER_A,
         [
-            settlements.failed("e2", ends["e2"].epoch, {"type": "E"}),
+            settlements.failed("e2", ends["e2"].epoch, RunError(type="E")),
             settlements.lineage_exhausted("e3", ends["e3"].epoch, 2),
-            settlements.round_invalid("e4", ends["e4"].epoch, {"type": "X"}, "e4@1"),
+            settlements.round_invalid("e4", ends["e4"].epoch, RunError(type="X"), "e4@1"),
         ],
     )
     # a handoff: the round settles with its successor named

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from runfleet.store import Store
 from runfleet.store.rounds import next_ordinal, next_round, round_id
-from runfleet.store.types import OnParentExit
+from runfleet.store.types import AdmissionOptions, OnParentExit, Requeued
 from tests.store.helpers import create
 
 
@@ -23,7 +23,7 @@ async def test_a_next_round_continues_the_lineage_and_keeps_what_is_not_given(
         max_rounds=5,
     )
     assert next_ordinal(row, None) == row.round_ordinal + 1
-    again = next_round(row, 1, extra={"requeued_from": row.id})
+    again = next_round(row, 1, options=AdmissionOptions(origin=Requeued(row.id, "ops")))
     assert again.id == round_id(row.lineage_id, 1) == f"{row.lineage_id}@1"
     assert (again.flow, again.queue, again.payload) == (row.flow, row.queue, row.payload)
     assert (again.lineage_id, again.previous_round_id, again.round_ordinal) == (
@@ -32,7 +32,7 @@ async def test_a_next_round_continues_the_lineage_and_keeps_what_is_not_given(
         1,
     )
     assert again.scopes == ("s",) and again.max_rounds == 5
-    assert again.extra == {"requeued_from": row.id}
+    assert again.options.state() == {"requeued_from": row.id, "requeued_by": "ops"}
     assert again.parent_id is None, "a requeue or a resume is not its parent's child again"
     assert again.on_parent_exit is OnParentExit.CANCEL
 

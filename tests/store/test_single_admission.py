@@ -21,7 +21,7 @@ from psycopg.rows import dict_row
 
 from runfleet.store import Store
 from runfleet.store.errors import DuplicateRun
-from runfleet.store.types import Created, Joined, NewRun, OnDuplicate
+from runfleet.store.types import AdmissionOptions, Created, Joined, NewRun, OnDuplicate, RqOptions
 
 KEYED = "tests.keyed"
 
@@ -53,7 +53,7 @@ def _new(run_id: str, now_ms: int, **over: Any) -> NewRun:
         "timeout_ms": 90_000,
         "deadline_ms": now_ms + 600_000,
         "delay_until_ms": now_ms + 60_000,
-        "extra": {"meta": {"m": 1}},
+        "options": AdmissionOptions(rq=RqOptions(meta={"m": 1})),
     }
     return NewRun(**(fields | over))
 

@@ -17,7 +17,15 @@ from hypothesis import strategies as st
 
 from runfleet.store import Store, values
 from runfleet.store.errors import ExecutionIdentityConflict
-from runfleet.store.types import Created, Joined, NewRun, RunStatus, Transitioned
+from runfleet.store.types import (
+    AdmissionOptions,
+    Created,
+    Joined,
+    NewRun,
+    RqOptions,
+    RunStatus,
+    Transitioned,
+)
 from runfleet.store.values import UnstorableValue, encode_canonical
 from tests.store.helpers import OWNER_A, make_running, must_get
 
@@ -51,6 +59,11 @@ JSON = st.recursive(
     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(_KEYS, inner, max_size=5),
     max_leaves=25,
 )
+
+
+def _meta(meta: dict[str, Any]) -> AdmissionOptions:
+    """Options carrying ``meta`` (any JSON the producer gave)."""
+    return AdmissionOptions(rq=RqOptions(meta=meta))
 
 
 def identical(a: Any, b: Any) -> bool:
@@ -317,18 +330,23 @@ async def test_a_payload_that_cannot_be_stored_is_a_typed_error_not_a_driver_err
 ) -> None:
     """The producer, a parent admitting a child or a handoff gets UnstorableValue, once:
     refused before writing (the payload), or refused by Postgres (jsonb rejects a lone
-    surrogate in ``extra``, which only the JSON syntax check saw)."""
+    surrogate in ``meta``, which only the JSON syntax check saw)."""
     with pytest.raises(UnstorableValue) as caught:
         await store.admission.create(NewRun(id="s", flow="tests.flow", payload={"s": "\ud800"}))
     assert caught.value.field == "payload" and "lone surrogate" in caught.value.problem
     with pytest.raises(UnstorableValue) as refused:
-        await store.admission.create(NewRun(id="s", flow="tests.flow", extra={"note": "\ud800"}))
+        await store.admission.create(
+            NewRun(id="s", flow="tests.flow", options=_meta({"note": "\ud800"}))
+        )
     assert "Postgres refused it" in refused.value.problem
     assert isinstance(refused.value.__cause__, psycopg.DataError)
     assert await store.runs.get("s") is None
     with pytest.raises(UnstorableValue):
         await store.admission.create_many(
-            [NewRun(id=f"s{i}", flow="tests.flow", extra={"x": ["\udc00"]}) for i in range(2)]
+            [
+                NewRun(id=f"s{i}", flow="tests.flow", options=_meta({"x": ["\udc00"]}))
+                for i in range(2)
+            ]
         )
     assert await store.runs.get_many(["s0", "s1"]) == []
 

@@ -36,8 +36,8 @@ async def test_children_per_run_are_capped(tight: Settings, store: Store) -> Non
         run = await q.enqueue(tf.spawner, 3)
         with pytest.raises(RunFailed) as caught:
             await run.result(timeout=15)
-    assert caught.value.error["type"] == "LimitExceeded"
-    assert "max_children_per_run=2" in caught.value.error["message"]
+    assert caught.value.exc_type == "LimitExceeded"
+    assert "max_children_per_run=2" in caught.value.exc_message
     children = await store.runs.get_many([f"{run.id}/spawn:trust.leaf#{i}" for i in (1, 2, 3)])
     assert sorted(c.id[-1] for c in children) == ["1", "2"]  # the third was never admitted
 
@@ -49,7 +49,7 @@ async def test_steps_per_run_are_capped(tight: Settings, store: Store) -> None:
         run = await q.enqueue(tf.stepper, 5)
         with pytest.raises(RunFailed) as caught:
             await run.result(timeout=15)
-    assert caught.value.error["type"] == "LimitExceeded"
+    assert caught.value.exc_type == "LimitExceeded"
     assert len(await store.steps.of_run(run.id)) == 4  # nothing past the cap was recorded
 
 

@@ -23,6 +23,7 @@ from runfleet.store.runs import FreshClaim
 from runfleet.store.types import (
     Activated,
     ActivateOutcome,
+    AdmissionOptions,
     Claimed,
     NotFound,
     Owner,
@@ -748,12 +749,16 @@ async def test_a_delivered_run_of_a_version_not_carried_is_never_claimed(
     """A versioned flow's delivery is decided by the usual read (the run's admitted version
     first), never claimed blind by the delivery statement."""
     mine = driver(store, settings)
-    await create(store, "old", flow="decisions.versioned", extra={"flow_version": "v1"})
+    await create(
+        store, "old", flow="decisions.versioned", options=AdmissionOptions(flow_version="v1")
+    )
     assert await mine.decider.delivered("old", "decisions.versioned") == Decision(
         DriveOutcome.UNKNOWN_FLOW
     )
     assert (await must_get(store, "old")).claim is None
-    await create(store, "new", flow="decisions.versioned", extra={"flow_version": "v2"})
+    await create(
+        store, "new", flow="decisions.versioned", options=AdmissionOptions(flow_version="v2")
+    )
     decided = await mine.decider.delivered("new", "decisions.versioned")
     assert decided.outcome is DriveOutcome.ACTIVATED and decided.activation is not None
     assert decided.activation.flow is not None
@@ -817,12 +822,12 @@ async def test_a_class_bound_run_is_claimed_bound_to_its_instance_or_not_at_all(
     caplog.set_level(logging.WARNING, logger="runfleet.worker.flows")
     mine = driver(store, settings)
     name = tenants.ACME.welcome.name
-    await create(store, "acme", flow=name, extra={"flow_instance": "acme"})
+    await create(store, "acme", flow=name, options=AdmissionOptions(flow_instance="acme"))
     decided = await mine.decider.decide("acme")
     assert decided.outcome is DriveOutcome.ACTIVATED and decided.activation is not None
     assert decided.activation.flow is not None
     assert decided.activation.flow.instance == "acme"
-    await create(store, "nobody", flow=name, extra={"flow_instance": "nobody"})
+    await create(store, "nobody", flow=name, options=AdmissionOptions(flow_instance="nobody"))
     for _ in range(2):
         assert await mine.decider.decide("nobody") == Decision(DriveOutcome.UNKNOWN_FLOW)
     (line,) = [r for r in caplog.records if r.getMessage() == "run.instance_unknown"]

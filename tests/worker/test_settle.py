@@ -28,6 +28,7 @@ from runfleet.store.types import (
     OnParentExit,
     Owner,
     RowLocked,
+    RunError,
     RunRow,
     RunStatus,
     Settle,
@@ -102,9 +103,10 @@ def test_an_error_is_its_type_message_and_the_end_of_its_traceback() -> None:
         raise ValueError("bad " + "m" * 9000)
     except ValueError as exc:
         error = error_of(exc)
-    assert error["type"] == "ValueError"
-    assert error["message"] == ("bad " + "m" * 9000)[:8000] + "…"
-    trace = error["traceback"]
+    assert error.type == "ValueError"
+    assert error.message == ("bad " + "m" * 9000)[:8000] + "…"
+    trace = error.traceback
+    assert trace is not None
     assert len(trace) == 4001 and trace.startswith("…"), "the end of it, where the error is"
     assert trace.endswith("m" * 100 + "\n")
 
@@ -112,9 +114,9 @@ def test_an_error_is_its_type_message_and_the_end_of_its_traceback() -> None:
         def __str__(self) -> str:
             raise RuntimeError("no")
 
-    assert error_of(Hostile())["message"] == "<Hostile whose str() raised>"
+    assert error_of(Hostile()).message == "<Hostile whose str() raised>"
     short = error_of(KeyError("k"))
-    assert short["message"] == "'k'" and "KeyError" in short["traceback"]
+    assert short.message == "'k'" and "KeyError" in str(short.traceback)
 
 
 # ---- endings ------------------------------------------------------------------------
@@ -145,7 +147,9 @@ async def test_a_settlement_wakes_and_hints_its_parent_and_hints_live_cascaded_c
     assert hasattr(activated, "row")
     await store.lifecycle.transition_owned("done-child", OWNER_B, 1, RunStatus.COMPLETED)
     calls = Calls()
-    await settlement(store, calls).finish(parent, settlements.failed(parent.id, parent.epoch, {}))
+    await settlement(store, calls).finish(
+        parent, settlements.failed(parent.id, parent.epoch, RunError())
+    )
     assert calls.announced == [("p", "failed")]
     assert calls.hinted == ["child"], "the live child it asked to cancel, not the settled one"
 
@@ -172,7 +176,7 @@ async def test_a_handoff_at_the_budget_fails_the_lineage_exhausted(
     await settlement(store, group=group).hand_off(row, row.epoch, Handoff(sr.lineage, (0,)), 1)
     done = await must_get(store, "L")
     assert done.status is RunStatus.FAILED
-    assert done.error == {"type": "LineageExhausted", "message": "max_rounds=1 reached"}
+    assert done.error == RunError(type="LineageExhausted", message="max_rounds=1 reached")
     (record,) = await journal(store, "L", Kind.LINEAGE_EXHAUSTED)
     assert record["max_rounds"] == 1
     assert await store.runs.get("L@1") is None
@@ -187,10 +191,8 @@ async def test_a_handoff_to_a_flow_that_cannot_take_it_fails_the_round_invalid(
     row = await make_running(store, "L", OWNER_A, flow="sr.lineage")
     await settlement(store).hand_off(row, row.epoch, Handoff(sr.lineage, (1, 2, 3)), 10)
     done = await must_get(store, "L")
-    assert isinstance(done.error, dict) and done.status is RunStatus.FAILED
-    assert done.error["type"] == "InvalidInput" and "too many positional" in str(
-        done.error["message"]
-    )
+    assert isinstance(done.error, RunError) and done.status is RunStatus.FAILED
+    assert done.error.type == "InvalidInput" and "too many positional" in str(done.error.message)
     (record,) = await journal(store, "L", Kind.ROUND_INVALID)
     assert record["successor"] == "L@1"
     assert await store.runs.get("L@1") is None
@@ -199,8 +201,8 @@ async def test_a_handoff_to_a_flow_that_cannot_take_it_fails_the_round_invalid(
     other = await make_running(store, "N", OWNER_A, flow="sr.lineage")
     await settlement(store).hand_off(other, other.epoch, Handoff(sr.lineage, (0,)), 10)
     failed = await must_get(store, "N")
-    assert failed.status is RunStatus.FAILED and isinstance(failed.error, dict)
-    assert failed.error["type"] == "ExecutionIdentityConflict"
+    assert failed.status is RunStatus.FAILED and isinstance(failed.error, RunError)
+    assert failed.error.type == "ExecutionIdentityConflict"
     (invalid,) = await journal(store, "N", Kind.ROUND_INVALID)
     assert invalid["successor"] == "N@1"
     assert (await must_get(store, "N@1")).flow == "sr.waiter"
@@ -233,7 +235,7 @@ async def test_an_unstorable_result_fails_the_run_once_and_says_why(
     await settlement(store, calls).result(row, row.epoch, {"bad": "\x00"}, None)
     failed = await must_get(store, "r")
     assert failed.status is RunStatus.FAILED and failed.error is not None
-    assert failed.error["type"] == "UnstorableValue"
+    assert failed.error.type == "UnstorableValue"
     assert calls.announced == [("r", "failed")]
     assert sample("runfleet_settlements_total", status="failed") == before + 1
     (line,) = [r for r in caplog.records if r.getMessage() == "run.unstorable"]
@@ -243,11 +245,11 @@ async def test_an_unstorable_result_fails_the_run_once_and_says_why(
 
 async def test_a_failure_too_big_to_store_is_kept_shortened(store: Store) -> None:
     row = await make_running(store, "r", OWNER_A, flow="sr.waiter")
-    huge = {"type": "Boom", "message": "m" * (store.settings.max_payload_bytes + 10)}
+    huge = RunError(type="Boom", message="m" * (store.settings.max_payload_bytes + 10))
     await settlement(store).finish(row, settlements.failed(row.id, row.epoch, huge))
     failed = await must_get(store, "r")
     assert failed.status is RunStatus.FAILED and failed.error is not None
-    assert failed.error == {"type": "Boom", "message": "m" * 300}, "the run's own error, cut"
+    assert failed.error == RunError(type="Boom", message="m" * 300), "the run's own error, cut"
 
 
 async def test_a_settlement_after_a_cancel_request_cancels_instead(store: Store) -> None:
@@ -420,13 +422,13 @@ def test_an_error_keeps_its_traceback_as_formatted_or_says_it_could_not(
         raise KeyError("k")
     except KeyError as exc:
         caught = exc
-    assert error_of(caught)["traceback"] == "".join(traceback.format_exception(caught))
+    assert error_of(caught).traceback == "".join(traceback.format_exception(caught))
 
     def too_deep(_exc: BaseException) -> list[str]:
         raise RecursionError("maximum recursion depth exceeded")
 
     monkeypatch.setattr(settle_module, "traceback", SimpleNamespace(format_exception=too_deep))
-    assert error_of(caught)["traceback"] == "<traceback too deep to format>"
+    assert error_of(caught).traceback == "<traceback too deep to format>"
 
 
 @pytest.mark.parametrize(
@@ -444,13 +446,13 @@ async def test_an_unstorable_failure_is_shrunk_step_by_step_until_it_fits(
     small = await Store.open(settings.model_copy(update={"max_payload_bytes": limit}))
     try:
         row = await make_running(small, "r", OWNER_A, flow="sr.waiter")
-        huge = {"type": "Boom", "message": "m" * 1000}
+        huge = RunError(type="Boom", message="m" * 1000)
         await settlement(small).finish(row, settlements.failed(row.id, row.epoch, huge))
         failed = await must_get(small, "r")
-        assert failed.status is RunStatus.FAILED and isinstance(failed.error, dict)
-        assert {k: v for k, v in failed.error.items() if k != "message"} == stored
+        assert failed.status is RunStatus.FAILED and isinstance(failed.error, RunError)
+        assert {k: v for k, v in failed.error.to_json().items() if k != "message"} == stored
         if "traceback" in stored:
-            assert failed.error["message"], "the storage error's message is what fits"
+            assert failed.error.message, "the storage error's message is what fits"
     finally:
         await small.close()
 
@@ -541,8 +543,8 @@ async def test_an_unstorable_settlement_in_a_group_commit_fails_alone(
     assert ["good"] in flushes[1:], flushes  # then each alone: the good one commits
     assert (await must_get(store, "good")).status is RunStatus.COMPLETED
     failed = await must_get(store, "bad")
-    assert failed.status is RunStatus.FAILED and isinstance(failed.error, dict)
-    assert failed.error["type"] == "UnstorableValue"
+    assert failed.status is RunStatus.FAILED and isinstance(failed.error, RunError)
+    assert failed.error.type == "UnstorableValue"
 
 
 # ---- the run's own BaseExceptions, and a hard stop during a compensation ---------------
@@ -554,14 +556,14 @@ def test_a_base_exception_of_the_runs_code_is_recorded_as_itself_and_marked() ->
     except SystemExit as exc:
         original = exc
     error = error_of(UserBaseException(original))
-    assert error["type"] == "SystemExit"
-    assert error["message"] == "SystemExit raised by the run's own code: bye"
-    assert error["base_exception"] is True
-    assert error["traceback"] == "".join(traceback.format_exception(original))
+    assert error.type == "SystemExit"
+    assert error.message == "SystemExit raised by the run's own code: bye"
+    assert error.base_exception is True
+    assert error.traceback == "".join(traceback.format_exception(original))
     silent = error_of(UserBaseException(KeyboardInterrupt()))
-    assert silent["message"] == "KeyboardInterrupt raised by the run's own code", "no ': '"
-    assert silent["type"] == "KeyboardInterrupt" and silent["base_exception"] is True
-    assert "base_exception" not in error_of(ValueError("plain")), "only for BaseExceptions"
+    assert silent.message == "KeyboardInterrupt raised by the run's own code", "no ': '"
+    assert silent.type == "KeyboardInterrupt" and silent.base_exception is True
+    assert not error_of(ValueError("plain")).base_exception, "only for BaseExceptions"
 
 
 def test_a_traceback_whose_formatting_raises_is_said_to_be_unformattable(
@@ -572,7 +574,7 @@ def test_a_traceback_whose_formatting_raises_is_said_to_be_unformattable(
 
     monkeypatch.setattr(settle_module, "traceback", SimpleNamespace(format_exception=hostile))
     error = error_of(KeyError("k"))
-    assert error["traceback"] == "<traceback of KeyError could not be formatted>"
+    assert error.traceback == "<traceback of KeyError could not be formatted>"
 
 
 COMPENSATING: list[asyncio.Event] = []

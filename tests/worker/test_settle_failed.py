@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from runfleet.store import Kind, Store
-from runfleet.store.types import RunStatus
+from runfleet.store.types import RunError, RunStatus
 from runfleet.worker.durable import Handoff
 from tests.seed_rules import flows as sr
 from tests.store.helpers import OWNER_A, make_running, must_get
@@ -27,9 +27,9 @@ async def test_a_body_that_raised_fails_the_run_with_its_error_counted_and_annou
     except ValueError as exc:
         await settlement(store, calls, group=group).failed(row, row.epoch, exc)
     failed = await must_get(store, "r")
-    assert failed.status is RunStatus.FAILED and isinstance(failed.error, dict)
-    assert failed.error["type"] == "ValueError" and failed.error["message"] == "boom"
-    assert 'raise ValueError("boom")' in str(failed.error["traceback"])
+    assert failed.status is RunStatus.FAILED and isinstance(failed.error, RunError)
+    assert failed.error.type == "ValueError" and failed.error.message == "boom"
+    assert 'raise ValueError("boom")' in str(failed.error.traceback)
     assert sample("runfleet_settlements_total", status="failed") == before + 1
     assert calls.announced == [("r", "failed")]
     (record,) = await journal(store, "r", Kind.TRANSITIONED)

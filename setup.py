@@ -18,7 +18,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-TOPS = ("store", "broker", "worker", "ops", "runtime")
+TOPS = ("store", "broker", "worker", "ops", "runtime", "declaration")
 # Checked by tests/packaging/test_wheel.py against the wheel and ops/bench/__main__.py.
 LAB = {
     "runfleet.ops.bench": {

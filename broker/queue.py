@@ -31,10 +31,7 @@ from redis.asyncio import Redis
 from runfleet.broker.admission import (
     QUEUE_OPTIONS,
     EnqueueSpec,
-    admission_state,
-    check_signature,
     dependencies,
-    flow_target,
     importable,
     on_duplicate,
     rq_dotted,
@@ -54,6 +51,7 @@ from runfleet.broker.session import ProducerSession
 from runfleet.broker.streams import Lane, Streams
 from runfleet.broker.trace_context import with_carrier
 from runfleet.broker.trust import producer_run_id
+from runfleet.declaration import flow_target
 from runfleet.runtime.batching import GroupCommit, ThreadGroupCommit
 from runfleet.store import Store, inline, validate
 from runfleet.store.config import Settings
@@ -82,8 +80,6 @@ __all__ = [
     "AsyncRun",
     "EnqueueSpec",
     "Unavailable",
-    "check_signature",
-    "flow_target",
 ]
 
 
@@ -245,9 +241,9 @@ class AsyncQueue:
         if spec.run_id is not None:
             producer_run_id(spec.run_id)  # never an id in the derived namespace
         target = flow_target(spec.target, elsewhere=not inline)
-        name, fn, takes_ctx = target.name, target.fn, target.takes_ctx
+        name, fn, takes_ctx = target.name, target.fn, target.takes_context
         args, kwargs = list(spec.args), dict(spec.kwargs)
-        check_signature(fn, takes_ctx, args, kwargs)
+        target.check(args, kwargs)
         if isinstance(spec.target, str) and not importable(name):
             dotted = rq_dotted(name)  # rq's 'module.func' spelling, when no flow has the name
             if not self.late_binding or dotted is not None:
@@ -301,13 +297,11 @@ class AsyncQueue:
             job_timeout_ms = min(job_timeout_ms or ttl * 1000, ttl * 1000)
         if self.settings.otel:  # the producer's current span becomes the run's parent
             extra = with_carrier(extra)
-        version = getattr(spec.target, "version", None)  # a versioned @flow's code
-        if isinstance(version, str):
-            extra["flow_version"] = version
-        extra.update(admission_state(spec.target, self.scopes))  # a class-bound @flow's instance
-        declared = getattr(spec.target, "timeout", None)  # a @flow's timeout, in seconds
-        if job_timeout_ms is None and isinstance(declared, int | float):
-            job_timeout_ms = validate.timeout_ms(declared)
+        if target.version is not None:  # a versioned @flow's code
+            extra["flow_version"] = target.version
+        extra.update(target.instance_state(self.scopes))  # a class-bound @flow's instance
+        if job_timeout_ms is None and target.timeout is not None:  # a @flow's, in seconds
+            job_timeout_ms = validate.timeout_ms(target.timeout)
         return NewRun(
             id=spec.run_id or uuid.uuid4().hex,
             flow=name,
@@ -316,10 +310,10 @@ class AsyncQueue:
             scopes=self.scopes,
             delay_until_ms=delay_until_ms,
             timeout_ms=job_timeout_ms,
-            max_rounds=getattr(spec.target, "max_rounds", None),
+            max_rounds=target.max_rounds,
             extra=extra,
             # docs/queues.md: the call's priority, else the @flow's, else the queue's
-            priority=spec.options.get("priority", getattr(spec.target, "priority", None)),
+            priority=spec.options.get("priority", target.priority),
             dedup_key=spec.options.get("dedup_key"),
             on_duplicate=on_duplicate(spec.options.get("on_duplicate", "join")),
         )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from runfleet.declaration import flow_target
 from runfleet.store import validate
 from runfleet.store.types import NewRun, OnParentExit, RunStatus, Waiting, WaitingReason
 from runfleet.worker import tracing
@@ -68,14 +69,13 @@ class Children:
         run_id: str | None,
         policy: OnParentExit,
     ) -> str:
-        from runfleet.broker.queue import check_signature, flow_target
-
-        name, queue, fn, takes_ctx = flow_target(flow)
+        target = flow_target(flow)
+        name, queue = target.name, target.queue
         call = await self._replay.next(kind, name)
         position, key, record = call.position, call.key, call.record
         if record is not None:
             return str(record.output["run_id"])
-        check_signature(fn, takes_ctx, list(args), kwargs)
+        target.check(list(args), kwargs)
         child_id = run_id or f"{self._replay.run.id}/{key}"
         with tracing.child_span(child_id, name, policy is not OnParentExit.CANCEL):
             return await self._admit_traced(

@@ -11,7 +11,7 @@ from typing import Any
 
 from tenacity import RetryCallState, retry_if_exception_type, wait_exponential
 
-from runfleet.broker.names import importable_name
+from runfleet.declaration.names import importable_name
 from runfleet.store.errors import InvalidInput, RunfleetError
 from runfleet.store.steps import StepRecord
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, replace
 from types import MethodType, ModuleType
 from typing import Any, Literal, overload
 
-from runfleet.broker.admission import check_signature
-from runfleet.broker.names import load_from_path, qualified_name
+from runfleet.declaration import FlowDeclaration, check_signature
+from runfleet.declaration.names import load_from_path, qualified_name
 from runfleet.store import validate
 from runfleet.store.errors import InvalidInput, UnknownFlow
 from runfleet.store.schedules import ScheduleSpec, for_flow
@@ -35,32 +35,19 @@ NEVER: Literal["never"] = "never"
 
 
 @dataclass(frozen=True)
-class Flow:
-    """A registered flow: how to call it and where its runs are queued by default."""
+class Flow(FlowDeclaration):
+    """A registered flow: its declaration (``runfleet.declaration``, what producers read),
+    how to call it, and what only workers read (schedule, compatible versions, recoveries)."""
 
-    name: str
     fn: Callable[..., Any]
     queue: str = "default"
-    takes_context: bool = True
-    max_rounds: int | None = None
-    timeout: float | None = None
-    priority: int | None = None
-    """Its runs' priority when the enqueue names none (docs/queues.md); None: the queue's."""
     schedule: ScheduleSpec | None = None
     """Periodic runs (``@flow(schedule=...)``); workers write it at start (worker/scheduler.py)."""
-    version: str | None = None
-    """The version of this code (``worker.versions``); None: unversioned, takes any run."""
     compatible: tuple[str, ...] = ()
     """Earlier versions whose runs this code can replay (with ``ctx.patched``)."""
-    owner: type | None = None
-    """The ``FlowInstance`` class whose method this is (``worker.instances``); None: none."""
-    instance: str | None = None
-    """The instance this flow object is bound to (``instance.method``); None: unbound."""
     max_recoveries: int | Literal["never"] | None = None
     """Takeovers after lost processes in a row before a run is parked dead (the fleet's
     ``RUNFLEET_MAX_RECOVERIES`` when None; ``NEVER``: never dead-lettered)."""
-    instance_scopes: tuple[str, ...] | None = None
-    """The run scopes that instance was declared for (``FlowInstance(scopes=...)``)."""
 
     def __set_name__(self, owner: type, attribute: str) -> None:
         """A ``@flow`` in a ``FlowInstance`` class's body becomes a class-bound flow."""
@@ -92,21 +79,11 @@ class Flow:
             instance_scopes=obj.scopes,
         )
 
-    @property
-    def runfleet_needs_instance(self) -> bool:
-        """A class-level flow of a ``FlowInstance`` class: no instance to run it on."""
-        return self.owner is not None and self.instance is None
-
     def accepts(self, version: str | None) -> bool:
         """Whether this code may run a run admitted with ``version`` (None: any code)."""
         if self.version is None or version is None:
             return True
         return version == self.version or version in self.compatible
-
-    @property
-    def runfleet_flow(self) -> tuple[str, str]:
-        """(name, queue): how producers (``broker.Queue``) recognise a flow without importing us."""
-        return self.name, self.queue
 
     @property
     def is_async(self) -> bool:

@@ -38,7 +38,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from runfleet.broker.admission import INSTANCE_STATE_KEY, admission_state, instance_allows
+from runfleet.declaration import INSTANCE_STATE_KEY, admission_state, instance_allows
 from runfleet.store import validate
 from runfleet.store.errors import InvalidInput
 

@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, assert_never
 
-from runfleet.broker.queue import check_signature, flow_target
+from runfleet.declaration import flow_target
 from runfleet.runtime.batching import GroupCommit
 from runfleet.store import Store, rounds, settlements, validate
 from runfleet.store import journal_records as jr
@@ -340,9 +340,10 @@ class Settlement:
             await self.finish(row, settlements.lineage_exhausted(row.id, epoch, limit))
             return
         try:
-            name, queue, fn, takes_ctx = flow_target(handoff.flow)
+            target = flow_target(handoff.flow)
+            name, queue = target.name, target.queue
             call = checked_handoff(handoff)  # InvalidHandoff names a malformed field
-            check_signature(fn, takes_ctx, call.args, call.kwargs)
+            target.check(call.args, call.kwargs)
         except RunfleetError as exc:  # an unknown flow, a malformed handoff, or arguments
             # the next flow does not take: permanent, so the round fails once
             successor_id = rounds.round_id(row.lineage_id, next_round)

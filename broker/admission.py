@@ -44,7 +44,7 @@ def importable(name: str) -> bool:
     """Whether ``module:function`` names a function of a module this process already loaded.
 
     Never imports: a producer must not run the code of a module a string names
-    (``os:system``). Workers decide again by their own allow-list (``worker.flows``).
+    (``os:system``). Workers decide again by their own allow-list (``worker.resolver``).
     """
     return load_from_path(name, already_loaded) is not None
 

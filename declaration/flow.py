@@ -1,6 +1,6 @@
 """What a flow declares, read alike by the producer that admits its runs and the worker.
 
-A ``@flow`` (``worker.flows.Flow``) is a ``FlowDeclaration`` with a registry's extras; a
+A ``@flow`` (``worker.authoring.flows.Flow``) is a ``FlowDeclaration`` with a registry's extras; a
 plain function or a ``module:function`` name is declared on the spot (``declaration.targets``).
 The producer reads these fields to admit a run (its queue, timeout, version, priority,
 rounds, instance) and checks the arguments against the signature before any write; the
@@ -20,7 +20,7 @@ from runfleet.store.roles import WILDCARD
 
 INSTANCE_STATE_KEY = "flow_instance"
 """Where a run's state keeps the instance a class-bound flow was admitted for
-(``worker.instances``)."""
+(``worker.authoring.instances``)."""
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,11 @@ class FlowDeclaration:
     priority: int | None = None
     """Its runs' priority when the enqueue names none (docs/queues.md); None: the queue's."""
     version: str | None = None
-    """The version of this code (``worker.versions``); None: unversioned, takes any run."""
+    """The version of this code (``worker.authoring.versions``); None: unversioned, takes
+    any run."""
     owner: type | None = None
-    """The ``FlowInstance`` class whose method this is (``worker.instances``); None: none."""
+    """The ``FlowInstance`` class whose method this is (``worker.authoring.instances``);
+    None: none."""
     instance: str | None = None
     """The instance this flow is bound to (``instance.method``); None: unbound."""
     instance_scopes: tuple[str, ...] | None = None
@@ -66,7 +68,8 @@ class FlowDeclaration:
 
         ``scopes``: the run's; an instance declared for other scopes refuses it here
         (``InstanceNotAllowed``), as every worker does again before it runs it
-        (``worker.instances.for_run``: the worker's own instance decides, not the producer's).
+        (``worker.authoring.instances.for_run``: the worker's own instance decides, not the
+        producer's).
         """
         if self.needs_instance:
             raise InvalidInput(

@@ -6,7 +6,7 @@ path, one colon, a dotted attribute path) and the rule for what a name may resol
 live here once, as procrastinate's ``utils.load_from_path``. What a process may import
 while resolving is its caller's policy, passed as ``load``: producers import nothing
 (their trust module's ``already_loaded``), workers only their ``--flows`` and
-``--allow-import`` modules (``worker.flows``).
+``--allow-import`` modules (``worker.resolver``).
 """
 
 from __future__ import annotations

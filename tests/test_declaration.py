@@ -7,7 +7,7 @@ import pytest
 from runfleet import flow
 from runfleet.declaration import INSTANCE_STATE_KEY, FlowDeclaration, flow_target
 from runfleet.store.errors import InvalidInput
-from runfleet.worker.instances import FlowInstance
+from runfleet.worker.authoring.instances import FlowInstance
 
 
 @flow(name="declared.charge", queue="billing", timeout=30, priority=7, max_rounds=3)

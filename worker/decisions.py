@@ -23,6 +23,7 @@ import time
 from collections.abc import Awaitable, Callable, Container, Mapping, Sequence
 from typing import assert_never
 
+import runfleet.worker.metrics as metrics
 from runfleet.broker import hostile
 from runfleet.store import Store
 from runfleet.store import journal_records as jr
@@ -43,15 +44,15 @@ from runfleet.store.types import (
     SnapshotChanged,
     WaitingReason,
 )
-from runfleet.worker import metrics
+from runfleet.worker.authoring.flows import Flow
+from runfleet.worker.authoring.instances import for_run
+from runfleet.worker.authoring.versions import admitted_version, version_carried
 from runfleet.worker.evidence import journal_evidence
-from runfleet.worker.flows import Flow, resolve, runnable
 from runfleet.worker.hand_on import HandOn
-from runfleet.worker.instances import for_run
 from runfleet.worker.outcomes import Decision, DriveOutcome
+from runfleet.worker.resolver import resolve, runnable
 from runfleet.worker.takeover import Takeover
 from runfleet.worker.unrunnable import Unrunnable
-from runfleet.worker.versions import admitted_version, version_carried
 from runfleet.worker.wake_hints import HintFn
 
 log = logging.getLogger("runfleet.worker.decisions")

@@ -18,6 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
+import runfleet.worker.containment as containment
+import runfleet.worker.metrics as metrics
+import runfleet.worker.tracing as tracing
 from runfleet.broker.rq_api import DEFAULT_JOB_TIMEOUT
 from runfleet.store import Store
 from runfleet.store.config import Settings
@@ -29,16 +32,18 @@ from runfleet.store.types import (
     ParkOutcome,
     RunRow,
 )
-from runfleet.worker import containment, metrics, tracing
+from runfleet.worker.authoring.context import Context
+from runfleet.worker.authoring.durable import Cause, Interrupted, Suspended
+from runfleet.worker.authoring.flows import Flow
+from runfleet.worker.authoring.replay import Replay
+from runfleet.worker.authoring.step_timeouts import ABANDONED
+from runfleet.worker.authoring.sync_context import SyncContext
 from runfleet.worker.bookkeeping import Bookkeeping
 from runfleet.worker.containment import UserBaseException
-from runfleet.worker.context import Context
 from runfleet.worker.decisions import Decider
-from runfleet.worker.durable import Suspended
 from runfleet.worker.evidence import RefusalLadder
-from runfleet.worker.flows import Flow
-from runfleet.worker.outcomes import Cause, Decision, DriveOutcome
-from runfleet.worker.replay import Interrupted, Replay
+from runfleet.worker.outcomes import Decision, DriveOutcome
+from runfleet.worker.resolver import function
 from runfleet.worker.retry import is_transient, with_retry
 from runfleet.worker.rq_compat import (
     asking_retry,
@@ -49,8 +54,6 @@ from runfleet.worker.rq_compat import (
     wants_rq_call,
 )
 from runfleet.worker.settle import AnnounceFn, Settlement
-from runfleet.worker.step_timeouts import ABANDONED
-from runfleet.worker.sync_context import SyncContext
 from runfleet.worker.takeover import ProbeFn, Takeover
 from runfleet.worker.threads import in_thread
 from runfleet.worker.wake_hints import HintFn, WakeHints
@@ -181,7 +184,7 @@ class Driver:
             lease_ok=self._lease_ok,
             bookkeeping=self.bookkeeping,
         )
-        ctx = Context(replay, hint=self._hint)
+        ctx = Context(replay, resolve_function=function, hint=self._hint)
         execution = Execution(ctx)
         self.owned[row.id] = execution
         metrics.RUNS_IN_FLIGHT.inc()

@@ -18,6 +18,9 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+import runfleet.worker.metrics as metrics
+import runfleet.worker.otel_metrics as otel_metrics
+import runfleet.worker.tracing as tracing
 from runfleet.broker.client import connect
 from runfleet.broker.gate import Gate
 from runfleet.broker.liveness import Liveness
@@ -28,7 +31,8 @@ from runfleet.runtime.service import Service
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import Owner
-from runfleet.worker import metrics, otel_metrics, tracing
+from runfleet.worker.authoring.durable import Cause
+from runfleet.worker.authoring.flows import registered
 from runfleet.worker.burst import EXIT_DRAINED, EXIT_LEFT_BEHIND, stop_when_drained
 from runfleet.worker.carried import advertised
 from runfleet.worker.containment import contain_callbacks, contain_tasks
@@ -37,9 +41,9 @@ from runfleet.worker.driver import Driver
 from runfleet.worker.intake import Intake
 from runfleet.worker.lease import Lease, LeaseGate
 from runfleet.worker.outbox import Outbox
-from runfleet.worker.outcomes import Cause
 from runfleet.worker.queue_gauges import QueueGauges
 from runfleet.worker.rate_pump import RatePump
+from runfleet.worker.resolver import flow_modules, import_prefixes
 from runfleet.worker.retention import RetentionLoop
 from runfleet.worker.retry import INFRA_ERRORS
 from runfleet.worker.scheduler import Scheduler, register_schedules
@@ -167,8 +171,6 @@ class Worker:
     def _announce(self) -> None:
         """The start line: what this process serves and what it may run (Celery's
         ``[tasks]``), so a worker started without its flows says so at once."""
-        from runfleet.worker.flows import flow_modules, import_prefixes, registered
-
         flows, modules, prefixes = sorted(registered()), flow_modules(), import_prefixes()
         log.info(
             "worker.started",
@@ -289,8 +291,6 @@ class Worker:
     async def _register_flows(self) -> None:
         """Tell producers which flow names exist (they refuse unknown names at enqueue)."""
         import inspect
-
-        from runfleet.worker.flows import registered
 
         for flow in registered().values():
             try:

@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, assert_never
 
+import runfleet.worker.metrics as metrics
 from runfleet.declaration import flow_target
 from runfleet.runtime.batching import GroupCommit
 from runfleet.store import Store, rounds, settlements, validate
@@ -35,11 +36,10 @@ from runfleet.store.types import (
     TransitionOutcome,
 )
 from runfleet.store.values import UnstorableValue
-from runfleet.worker import metrics
+from runfleet.worker.authoring.durable import Handoff, HandoffCall, checked_handoff
 from runfleet.worker.containment import UserBaseException, safe_str
-from runfleet.worker.durable import Handoff, HandoffCall, checked_handoff
-from runfleet.worker.flows import function as compensation
-from runfleet.worker.flows import resolve
+from runfleet.worker.resolver import function as compensation
+from runfleet.worker.resolver import resolve
 from runfleet.worker.retry import with_retry
 from runfleet.worker.wake_hints import HintFn
 
@@ -298,7 +298,7 @@ class Settlement:
             if record.compensate is None or record.compensated_at_ms is not None:
                 continue
             try:
-                # Only registered code runs (worker.flows.function: --flows modules and
+                # Only registered code runs (worker.resolver.function: --flows modules and
                 # --allow-import prefixes), and only on the output its digest vouches for.
                 target = compensation(record.compensate)
                 if not record.intact:

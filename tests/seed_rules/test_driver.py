@@ -18,10 +18,11 @@ from runfleet.broker.liveness import Probe
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.types import Claimed, Owner, RunStatus, Waiting, WaitingReason
+from runfleet.worker.authoring.durable import Cause
 from runfleet.worker.coordinator import Coordinator
 from runfleet.worker.driver import Driver
 from runfleet.worker.lease import Lease, LeaseGate, LeaseSignals
-from runfleet.worker.outcomes import Cause, Decision, DriveOutcome
+from runfleet.worker.outcomes import Decision, DriveOutcome
 from tests.seed_rules import flows as sr
 from tests.seed_rules.test_lineage import in_lock_order
 from tests.store.helpers import (

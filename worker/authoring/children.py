@@ -1,7 +1,7 @@
 """A flow's children: ``child`` (attached, awaited) and ``spawn`` (detached).
 
-``Children`` is one of ``worker.context.Context``'s parts, built with the execution's
-``worker.replay.Replay`` and the worker's wake hint. A child is admitted
+``Children`` is one of ``context.Context``'s parts, built with the execution's
+``replay.Replay`` and the worker's wake hint. A child is admitted
 at most once per position: its id is recorded as the parent's step, so a replay finds
 the same child instead of starting another, and the parent parks until the child's
 outcome is delivered as a completion (following a handed-off child to its successor).
@@ -16,15 +16,15 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+import runfleet.worker.tracing as tracing
 from runfleet.declaration import flow_target
 from runfleet.store import validate
 from runfleet.store.types import NewRun, OnParentExit, RunStatus, Waiting, WaitingReason
-from runfleet.worker import tracing
-from runfleet.worker.durable import ChildFailed
-from runfleet.worker.flows import Flow, registered
-from runfleet.worker.instances import child_instance
-from runfleet.worker.replay import Replay
-from runfleet.worker.versions import child_version
+from runfleet.worker.authoring.durable import ChildFailed
+from runfleet.worker.authoring.flows import Flow, registered
+from runfleet.worker.authoring.instances import child_instance
+from runfleet.worker.authoring.replay import Replay
+from runfleet.worker.authoring.versions import child_version
 from runfleet.worker.wake_hints import HintFn
 
 T = TypeVar("T")

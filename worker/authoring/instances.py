@@ -45,7 +45,7 @@ from runfleet.store.errors import InvalidInput
 __all__ = ["INSTANCE_STATE_KEY", "FlowInstance", "for_run", "instance"]
 
 if TYPE_CHECKING:
-    from runfleet.worker.flows import Flow
+    from runfleet.worker.authoring.flows import Flow
     from runfleet.worker.unrunnable import Unrunnable
 
 log = logging.getLogger("runfleet.worker.flows")

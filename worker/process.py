@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import runfleet.worker.metrics as metrics
 import runfleet.worker.otel_metrics as otel_metrics
@@ -75,6 +76,21 @@ class StreamLag(Service):
                     log.debug("stream.lag_failed", extra={"queue": queue, "error": repr(exc)})
             if await self._pause(LAG_INTERVAL_S):
                 return
+
+
+@dataclass(frozen=True)
+class QueueSlots:
+    """The driver's ``Slots`` in a worker process: a freed slot opens one gated wake (the
+    outbox), a rate's refusal pumps the queue's gate at its next token (the rate pump)."""
+
+    outbox: Outbox
+    pump: RatePump
+
+    def slot_freed(self, queue: str) -> None:
+        self.outbox.slot_freed(queue)
+
+    def rate_due(self, queue: str, after_ms: int) -> None:
+        self.pump.due(queue, after_ms)
 
 
 class Worker:
@@ -230,15 +246,9 @@ class Worker:
             owner,
             settings,
             probe=self.liveness.probe,
-            on_settled=self.outbox.settled,
-            hint=self.outbox.hint,
-            hint_front=self.outbox.hint_front,
-            gate=self.outbox.gate,
-            started=self.outbox.started,
-            slot_freed=self.outbox.slot_freed,
-            rate_due=self.rate_pump.due,
-            lease_ok=gate.open,
-            lease_gap=gate.unconfirmed_ms,
+            hints=self.outbox,
+            lease=gate,
+            slots=QueueSlots(self.outbox, self.rate_pump),
         )
         self.coordinator = Coordinator(driver)
         self.intake = Intake(

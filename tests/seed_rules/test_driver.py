@@ -230,7 +230,7 @@ async def test_a_lapsed_lease_releases_with_cause_lease_lapsed(
     await create(store, "r", flow="sr.holds")
     gate = LeaseGate(settings)
     signals = LeaseSignals()
-    mine = Driver(store, ME, settings, lease_ok=gate.open)
+    mine = Driver(store, ME, settings, lease=gate)
     async with extra_stores(settings, 1) as (lease_store,):
         lease = Lease(lease_store, mine, ME, settings, gate=gate, signals=signals)
         assert await lease.tick() is not None and gate.open()

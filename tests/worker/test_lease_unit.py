@@ -83,7 +83,7 @@ async def rig(store: Store, settings: Settings, clock: Clock) -> AsyncIterator[R
     sr.STARTED.clear()
     sr.STOPPED.clear()
     gate = LeaseGate(settings)
-    driver = Driver(store, ME, settings, lease_ok=gate.open)
+    driver = Driver(store, ME, settings, lease=gate)
     signals = LeaseSignals()
     published: list[tuple[int, bool, int]] = []
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from setuptools import setup
 
 ROOT = Path(__file__).resolve().parent
-TOPS = ("store", "broker", "worker", "ops", "runtime")
+TOPS = ("store", "broker", "worker", "ops", "runtime", "declaration")
 
 
 def subpackages() -> list[str]:

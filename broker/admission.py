@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 import reprlib
@@ -10,142 +9,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from runfleet.broker.names import (
-    importable_name,
-    load_from_path,
-    main_module_name,
-    qualified_name,
-)
 from runfleet.broker.trust import already_loaded
+from runfleet.declaration import FlowDeclaration, flow_target
+from runfleet.declaration.names import load_from_path
 from runfleet.store import validate
-from runfleet.store.errors import InstanceNotAllowed, InvalidInput, NotImportable, UnknownFlow
-from runfleet.store.roles import WILDCARD
+from runfleet.store.errors import InvalidInput, UnknownFlow
 from runfleet.store.types import OnDuplicate, RqOptions, RqRetry
-
-
-class FlowTarget(NamedTuple):
-    """What an enqueue target names (``flow_target``)."""
-
-    name: str
-    """The flow's name, as a worker resolves it."""
-    queue: str | None
-    """The queue a ``@flow`` declared, or None."""
-    fn: Callable[..., Any] | None
-    """The function to check the arguments against; None for a name (late binding)."""
-    takes_ctx: bool
-    """Whether it is a ``@flow`` (its body takes ``ctx``), not a plain function."""
-
-
-def flow_target(target: Any, *, elsewhere: bool = True) -> FlowTarget:
-    """The flow name, its declared queue, the function to check arguments against, and
-    whether it takes ``ctx``.
-
-    Accepts a ``@flow`` object (recognised by its ``runfleet_flow`` attribute, so
-    the broker never imports the worker), a plain function (rq-style implicit
-    single-step flow) or a ``"module:function"`` name (late binding). A plain function
-    a worker could not import by its name is refused with ``NotImportable`` (a lambda,
-    a nested function, one of the producer's ``__main__``), unless ``elsewhere`` is
-    False: it runs in this very process (rq's ``is_async=False``). A function of a
-    ``__main__`` run as ``python -m pkg.mod`` is named by that module.
-    """
-    declared = getattr(target, "runfleet_flow", None)
-    if declared is not None:
-        name, queue = declared
-        admission_instance(target)  # a class-level flow of a FlowInstance class is refused
-        return FlowTarget(name, queue, getattr(target, "fn", None), True)
-    if isinstance(target, str):
-        return FlowTarget(validate.identifier("flow", target), None, None, False)
-    if callable(target) and hasattr(target, "__module__") and hasattr(target, "__qualname__"):
-        name = importable_name(target)
-        if name is None:
-            lambda_ = getattr(target, "__name__", None) == "<lambda>"
-            why = "is a lambda" if lambda_ else "is defined inside another function"
-            raise NotImportable(qualified_name(target), why)
-        if elsewhere and target.__module__ == "__main__":
-            main = main_module_name()
-            if main is None:
-                raise NotImportable(name, "is defined in __main__, the script being run")
-            name = f"{main}:{target.__qualname__}"
-        return FlowTarget(name, None, target, False)
-    raise InvalidInput(
-        "flow", f"cannot enqueue {reprlib.repr(target)}: pass a flow, a function or 'mod:fn'"
-    )
-
-
-INSTANCE_STATE_KEY = "flow_instance"
-"""Where a run's state keeps the instance a class-bound flow was admitted for
-(``worker.instances``)."""
-
-
-def admission_instance(target: Any, scopes: Sequence[str] | None = None) -> str | None:
-    """The instance a class-bound ``@flow`` admits a run for (``AdmissionOptions.
-    flow_instance``): its name for a bound one (``instance.method``), None for a flow of
-    no instance; a class-level one names no instance: refused.
-
-    ``scopes``: the run's; an instance declared for other scopes refuses it here
-    (``InstanceNotAllowed``), as every worker does again before it runs it
-    (``worker.instances.for_run``: the worker's own instance decides, not the producer's).
-    """
-    if getattr(target, "runfleet_needs_instance", False):
-        raise InvalidInput(
-            "flow",
-            f"{getattr(target, 'name', target)!r} is a method of a FlowInstance class: "
-            "enqueue it from an instance (instance.method)",
-        )
-    name = getattr(target, "instance", None)
-    if not isinstance(name, str):
-        return None
-    allowed = getattr(target, "instance_scopes", None)
-    if scopes is not None and isinstance(allowed, tuple) and not instance_allows(allowed, scopes):
-        raise InstanceNotAllowed(name, allowed, scopes)
-    return name
-
-
-def instance_allows(allowed: Sequence[str], scopes: object) -> bool:
-    """Whether an instance declared for ``allowed`` may run a run of ``scopes``: every
-    scope of the run is allowed (``*`` allows any run, unscoped ones too), and a run of
-    no scopes only by ``*``. A run's scopes name who reads and controls it: a run readable
-    by another tenant never uses this tenant's instance."""
-    if WILDCARD in allowed:
-        return True
-    if not isinstance(scopes, list | tuple) or not scopes:
-        return False
-    return all(isinstance(s, str) and s in allowed for s in scopes)
-
-
-def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
-    """``fn``'s signature, computed once per function (``inspect.signature`` costs more
-    than the rest of an admission's Python); None when it has none to check against."""
-    try:
-        return _signatures(fn)
-    except TypeError:  # unhashable: not cached
-        try:
-            return inspect.signature(fn)
-        except (TypeError, ValueError):
-            return None
-    except ValueError:
-        return None
-
-
-@functools.lru_cache(maxsize=1024)
-def _signatures(fn: Callable[..., Any]) -> inspect.Signature:
-    return inspect.signature(fn)
-
-
-def check_signature(
-    fn: Callable[..., Any] | None, takes_ctx: bool, args: Sequence[Any], kwargs: dict[str, Any]
-) -> None:
-    if fn is None:
-        return
-    signature = _signature(fn)
-    if signature is None:
-        return
-    try:
-        signature.bind(*([None] if takes_ctx else []), *args, **kwargs)
-    except TypeError as exc:
-        raise InvalidInput(
-            "payload", f"does not match {fn.__qualname__}{signature}: {exc}"
-        ) from None
 
 
 @dataclass(frozen=True)
@@ -175,7 +44,7 @@ def importable(name: str) -> bool:
     """Whether ``module:function`` names a function of a module this process already loaded.
 
     Never imports: a producer must not run the code of a module a string names
-    (``os:system``). Workers decide again by their own allow-list (``worker.flows``).
+    (``os:system``). Workers decide again by their own allow-list (``worker.resolver``).
     """
     return load_from_path(name, already_loaded) is not None
 
@@ -311,11 +180,11 @@ def callback_name(field: str, fn: Any) -> str | None:
     builtin = getattr(fn, "__name__", None)
     if getattr(fn, "__module__", None) == "builtins" and builtin in BUILTIN_CALLBACKS:
         return f"builtins:{builtin}"
-    if not inspect.isfunction(fn) and getattr(fn, "runfleet_flow", None) is None:
+    if not inspect.isfunction(fn) and not isinstance(fn, FlowDeclaration):
         # rq: "Callback `func` must be a function or builtin" (a bound method is neither)
         raise InvalidInput(field, f"{reprlib.repr(fn)} is not a function")
     name = flow_target(fn, elsewhere=False).name  # a callback keeps the name it had
-    if getattr(fn, "runfleet_flow", None) is not None:
+    if isinstance(fn, FlowDeclaration):
         raise InvalidInput(field, "a callback is a plain function, not a flow")
     return name
 

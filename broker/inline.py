@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 from runfleet.broker.admission import callback_name
 from runfleet.broker.current import current_job
 from runfleet.broker.jobs import Job
-from runfleet.broker.names import load_from_path
 from runfleet.broker.run import outcome
 from runfleet.broker.trust import already_loaded
+from runfleet.declaration.names import load_from_path
 from runfleet.store.errors import InvalidInput, UnknownFlow
 from runfleet.store.types import NewRun, RunError, RunRow, RunStatus
 

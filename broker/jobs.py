@@ -19,10 +19,10 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from runfleet.broker.call_site import called_at_site
-from runfleet.broker.names import load_from_path
 from runfleet.broker.rq_api import DEFAULT_JOB_TIMEOUT, InvalidJobOperation, refuse_pipeline
 from runfleet.broker.run import AsyncRun, is_dead, outcome
 from runfleet.broker.trust import already_loaded
+from runfleet.declaration.names import load_from_path
 from runfleet.store.errors import RunNotFound
 from runfleet.store.jobs import Activation, Jobs
 from runfleet.store.registries import Registries

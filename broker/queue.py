@@ -32,10 +32,7 @@ from redis.asyncio import Redis
 from runfleet.broker.admission import (
     QUEUE_OPTIONS,
     EnqueueSpec,
-    admission_instance,
-    check_signature,
     dependencies,
-    flow_target,
     importable,
     on_duplicate,
     rq_dotted,
@@ -55,6 +52,7 @@ from runfleet.broker.session import ProducerSession
 from runfleet.broker.streams import Lane, Streams
 from runfleet.broker.trace_context import current_carrier
 from runfleet.broker.trust import producer_run_id
+from runfleet.declaration import flow_target
 from runfleet.runtime.batching import GroupCommit, ThreadGroupCommit
 from runfleet.store import Store, inline, validate
 from runfleet.store.config import Settings
@@ -84,8 +82,6 @@ __all__ = [
     "AsyncRun",
     "EnqueueSpec",
     "Unavailable",
-    "check_signature",
-    "flow_target",
 ]
 
 
@@ -247,9 +243,9 @@ class AsyncQueue:
         if spec.run_id is not None:
             producer_run_id(spec.run_id)  # never an id in the derived namespace
         target = flow_target(spec.target, elsewhere=not inline)
-        name, fn, takes_ctx = target.name, target.fn, target.takes_ctx
+        name, fn, takes_ctx = target.name, target.fn, target.takes_context
         args, kwargs = list(spec.args), dict(spec.kwargs)
-        check_signature(fn, takes_ctx, args, kwargs)
+        target.check(args, kwargs)
         if isinstance(spec.target, str) and not importable(name):
             dotted = rq_dotted(name)  # rq's 'module.func' spelling, when no flow has the name
             if not self.late_binding or dotted is not None:
@@ -303,16 +299,14 @@ class AsyncQueue:
             job_timeout_ms = min(job_timeout_ms or ttl * 1000, ttl * 1000)
         # the producer's current span becomes the run's parent
         trace = current_carrier() if self.settings.otel else None
-        version = getattr(spec.target, "version", None)  # a versioned @flow's code
         admitted = AdmissionOptions(
             rq=kept,
-            flow_version=version if isinstance(version, str) else None,
-            flow_instance=admission_instance(spec.target, self.scopes),  # a class-bound @flow's
+            flow_version=target.version,  # a versioned @flow's code
+            flow_instance=target.admitted_instance(self.scopes),  # a class-bound @flow's
             trace=trace,
         )
-        declared = getattr(spec.target, "timeout", None)  # a @flow's timeout, in seconds
-        if job_timeout_ms is None and isinstance(declared, int | float):
-            job_timeout_ms = validate.timeout_ms(declared)
+        if job_timeout_ms is None and target.timeout is not None:  # a @flow's, in seconds
+            job_timeout_ms = validate.timeout_ms(target.timeout)
         return NewRun(
             id=spec.run_id or uuid.uuid4().hex,
             flow=name,
@@ -321,10 +315,10 @@ class AsyncQueue:
             scopes=self.scopes,
             delay_until_ms=delay_until_ms,
             timeout_ms=job_timeout_ms,
-            max_rounds=getattr(spec.target, "max_rounds", None),
+            max_rounds=target.max_rounds,
             options=admitted,
             # docs/how-to/queues.md: the call's priority, else the @flow's, else the queue's
-            priority=spec.options.get("priority", getattr(spec.target, "priority", None)),
+            priority=spec.options.get("priority", target.priority),
             dedup_key=spec.options.get("dedup_key"),
             on_duplicate=on_duplicate(spec.options.get("on_duplicate", "join")),
         )

@@ -41,7 +41,7 @@ def producer_scopes(scopes: object) -> tuple[str, ...]:
 
 
 def already_loaded(module_name: str) -> ModuleType | None:
-    """A producer's ``load`` (``broker.names.load_from_path``): a module this process
+    """A producer's ``load`` (``declaration.names.load_from_path``): a module this process
     imported itself, never the stdlib.
 
     Producers never import a module named by a string (importing runs its code)."""

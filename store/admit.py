@@ -86,7 +86,7 @@ def _deduplicated(new: NewRun, holder: RunRow | None) -> Joined:
 
 
 INSTANCE_KEY = "flow_instance"
-"""The run-state key of a class-bound flow's instance (``broker.admission.INSTANCE_STATE_KEY``):
+"""The run-state key of a class-bound flow's instance (``declaration.INSTANCE_STATE_KEY``):
 part of the run's identity, since it decides which configured instance's code runs."""
 
 

@@ -77,7 +77,8 @@ class ReleaseCause(enum.StrEnum):
     LEASE_LAPSED = "lease-lapsed"
     """This process could not confirm its lease in time."""
     INTERRUPTED = "interrupted"
-    """Shutdown, a failed drive, an outage: ``detail`` names which (``worker.outcomes.Cause``)."""
+    """Shutdown, a failed drive, an outage: ``detail`` names which
+    (``worker.authoring.durable.Cause``)."""
 
 
 class CascadeCause(enum.StrEnum):

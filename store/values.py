@@ -174,8 +174,8 @@ class Undecodable(str):
     Postgres accepts nesting far deeper than Python's ``json`` (which gives up past
     ~1,000 levels), so a row written before the depth cap (migration 0030), or by a role
     the cap does not hold, may carry one. Every reader renders it (``<undecodable: ...>``)
-    and goes on; a worker fails a run whose payload is one (store/rows.py, worker/context.py)
-    rather than run it with a string in place of its arguments.
+    and goes on; a worker fails a run whose payload is one (store/rows.py,
+    worker/authoring/context.py) rather than run it with a string in place of its arguments.
     """
 
     __slots__ = ()

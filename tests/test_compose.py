@@ -213,7 +213,7 @@ def test_the_producer_enqueues_a_flow_the_workers_serve(
 ) -> None:
     import importlib
 
-    from runfleet.worker.flows import registered
+    from runfleet.worker.authoring.flows import registered
 
     worker = _parse(_runfleet_argvs(services)["worker"][0])
     producer = _parse(_runfleet_argvs(services)["producer"][0])

@@ -231,7 +231,7 @@ def test_every_runfleet_command_line_parses() -> None:
 
 
 def test_the_worker_serves_flows_on_the_queues_it_reads() -> None:
-    from runfleet.worker.flows import registered
+    from runfleet.worker.authoring.flows import registered
 
     worker = _parse(_worker_argv())
     for module in str(worker["flows"]).split(","):

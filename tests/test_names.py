@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from runfleet.broker.names import importable_name, load_from_path, qualified_name
+from runfleet.declaration.names import importable_name, load_from_path, qualified_name
 from runfleet.store.types import Owner
 
 

@@ -1,18 +1,21 @@
-"""Executing runs: the driver, leases, sweeps, the flow API and the worker process."""
+"""Executing runs: the driver, leases, sweeps and the worker process, over the flow
+author's API (``runfleet.worker.authoring``), whose names are re-exported here."""
 
-from runfleet.worker.context import Context, Interrupted
-from runfleet.worker.durable import (
+from runfleet.worker.authoring import (
     ChildFailed,
+    Context,
     Decision,
+    Flow,
+    FlowInstance,
     Handoff,
+    Interrupted,
     NonDeterminism,
     Retry,
+    StepTimeout,
+    SyncContext,
     WaitTimeout,
+    flow,
 )
-from runfleet.worker.flows import Flow, flow
-from runfleet.worker.instances import FlowInstance
-from runfleet.worker.step_timeouts import StepTimeout
-from runfleet.worker.sync_context import SyncContext
 
 __all__ = [
     "ChildFailed",

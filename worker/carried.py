@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import json
 
+import runfleet.worker.authoring.instances as instances
 from runfleet.broker.liveness_keys import InfoValue
-from runfleet.worker import instances
-from runfleet.worker.flows import flow_modules, import_prefixes, registered
+from runfleet.worker.authoring.flows import registered
+from runfleet.worker.resolver import flow_modules, import_prefixes
 
 LIMIT = 4096
 """The characters each field may take."""

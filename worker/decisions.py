@@ -20,9 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Container, Mapping, Sequence
+from collections.abc import Awaitable, Container, Mapping, Sequence
 from typing import assert_never
 
+import runfleet.worker.metrics as metrics
 from runfleet.broker import hostile
 from runfleet.store import Store
 from runfleet.store import journal_records as jr
@@ -43,16 +44,16 @@ from runfleet.store.types import (
     SnapshotChanged,
     WaitingReason,
 )
-from runfleet.worker import metrics
+from runfleet.worker.authoring.flows import Flow
+from runfleet.worker.authoring.instances import for_run
+from runfleet.worker.authoring.versions import admitted_version, version_carried
 from runfleet.worker.evidence import journal_evidence
-from runfleet.worker.flows import Flow, resolve, runnable
 from runfleet.worker.hand_on import HandOn
-from runfleet.worker.instances import for_run
 from runfleet.worker.outcomes import Decision, DriveOutcome
+from runfleet.worker.ports import Hints, LeaseView, Slots
+from runfleet.worker.resolver import resolve, runnable
 from runfleet.worker.takeover import Takeover
 from runfleet.worker.unrunnable import Unrunnable
-from runfleet.worker.versions import admitted_version, version_carried
-from runfleet.worker.wake_hints import HintFn
 
 log = logging.getLogger("runfleet.worker.decisions")
 
@@ -65,7 +66,8 @@ class Decider:
 
     Built alone (a test needs a store, an owner, settings and a ``Takeover``); the
     driver hands it the set of runs it executes (``owned``: a run held here is never
-    claimed again) and its hints. ``close`` makes it claim nothing by any path.
+    claimed again) and its ports (``worker.ports``: hints, lease, slots). ``close`` makes
+    it claim nothing by any path.
     """
 
     def __init__(
@@ -76,33 +78,26 @@ class Decider:
         takeover: Takeover,
         *,
         owned: Container[str] = frozenset(),
-        lease_ok: Callable[[], bool] | None = None,
-        hint: HintFn | None = None,
-        hint_front: HintFn | None = None,
-        gate: HintFn | None = None,
-        started: HintFn | None = None,
-        rate_due: Callable[[str, int], None] | None = None,
+        hints: Hints | None = None,
+        lease: LeaseView | None = None,
+        slots: Slots | None = None,
     ) -> None:
         self.store = store
         self.owner = owner
         self.settings = settings
         self.takeover = takeover
         self.owned = owned
-        self._lease_ok = lease_ok
-        self._hint = hint
-        self._hint_front = hint_front
-        """A displaced run's wake, ahead of the backlog (``_took_slot``)."""
-        self._gate = gate
-        """Park the wake of a run its queue's limit refused (``broker.gate``)."""
-        self._started = started
-        """A limited queue's run started: drop its parked wake (``Gate.unpark``)."""
-        self._rate_due = rate_due
+        self._hints = hints
+        """Wakes (a displaced run's ahead of the backlog: ``_took_slot``), the queue gates
+        (a refused run's wake parked, a started one's dropped: ``broker.gate``)."""
+        self._lease = lease
+        self._slots = slots
         """A rate-refused queue's next token is due in so many ms (``worker.rate_pump``)."""
         self.unrunnable = Unrunnable()
         """Runs this process cannot execute, and why (each logged once; ``worker.burst``)."""
         self._rehinted: dict[str, float] = {}
-        handed = hint_front or hint  # ahead of the backlog: the run keeps its place
-        self._hand_on = HandOn(handed) if handed is not None else None
+        # ahead of the backlog: the run keeps its place
+        self._hand_on = HandOn(hints.hint_front) if hints is not None else None
         """Wakes of runs of a version this process does not carry (``worker.hand_on``)."""
         self.closed = False
         """The worker is stopping: no claim by any path (``Driver.close``)."""
@@ -156,7 +151,7 @@ class Decider:
                 or row.id in self.owned
                 or not fresh_admission(row)
                 or row.cancel_requested_at_ms is not None
-                or (self._lease_ok is not None and not self._lease_ok())
+                or (self._lease is not None and not self._lease.open())
             ):
                 continue
             flow = self._flow(row)
@@ -191,7 +186,7 @@ class Decider:
         if (
             self.closed
             or run_id in self.owned
-            or (self._lease_ok is not None and not self._lease_ok())
+            or (self._lease is not None and not self._lease.open())
         ):
             return None
         fresh = await self.store.runs.claim_if_fresh(
@@ -228,7 +223,7 @@ class Decider:
             return Decision(DriveOutcome.ALREADY_OWNED)
         if self.closed:
             return await self._hand_back_wake(row)
-        if self._lease_ok is not None and not self._lease_ok():
+        if self._lease is not None and not self._lease.open():
             # A process that cannot confirm its own lease takes nothing new: nobody
             # would renew what it claims, and another worker would soon steal it.
             return Decision(DriveOutcome.LEASE_CLOSED)
@@ -258,7 +253,7 @@ class Decider:
             queue=row.queue,
             serves=sorted(self.store.runs.serves or ()),
         )
-        if self._hint is None or row.status not in (RunStatus.PENDING, RunStatus.SUSPENDED):
+        if self._hints is None or row.status not in (RunStatus.PENDING, RunStatus.SUSPENDED):
             return DriveOutcome.NOT_SERVED
         now = time.monotonic()
         last = self._rehinted.get(row.id)
@@ -267,7 +262,7 @@ class Decider:
         if len(self._rehinted) >= REHINTS_KEPT:
             self._rehinted.clear()
         self._rehinted[row.id] = now
-        await self._hint(row)
+        await self._hints.hint(row)
         return DriveOutcome.NOT_SERVED
 
     def cannot_run(self, row: RunRow) -> str | None:
@@ -340,8 +335,8 @@ class Decider:
         """A stopping worker claims nothing: the wake that brought this run (acknowledged
         once the drive has decided) goes back to the fleet's stream so another worker
         takes the run now, not at the next sweep."""
-        if self._hint is not None and (row.waiting is None or self._wakeable(row)):
-            await self._hint(row)
+        if self._hints is not None and (row.waiting is None or self._wakeable(row)):
+            await self._hints.hint(row)
         return Decision(DriveOutcome.STOPPING)
 
     async def _claimed(self, row: RunRow, flow: Flow | None, outcome: ActivateOutcome) -> Decision:
@@ -350,8 +345,8 @@ class Decider:
             case Activated(row=activated):
                 if activated.id != row.id:
                     flow = await self._took_slot(row, activated)
-                if activated.limited and self._started is not None:
-                    await self._started(activated)
+                if activated.limited and self._hints is not None:
+                    await self._hints.started(activated)
                 if activated.epoch == 1:
                     metrics.ENQUEUE_TO_START.observe(
                         max(0, activated.now_ms - activated.created_at_ms) / 1000
@@ -372,10 +367,10 @@ class Decider:
                 # Nothing changed; the wake waits at the queue's gate for a freed slot, or
                 # for the rate's next token: then this process opens the gate itself (every
                 # refused worker may: a wake too many is refused again, never lost).
-                if self._gate is not None:
-                    await self._gate(current)
-                if retry_after_ms is not None and self._rate_due is not None:
-                    self._rate_due(current.queue, retry_after_ms)  # worker.rate_pump
+                if self._hints is not None:
+                    await self._hints.gate(current)
+                if retry_after_ms is not None and self._slots is not None:
+                    self._slots.rate_due(current.queue, retry_after_ms)  # worker.rate_pump
                 return Decision(DriveOutcome.AT_LIMIT)
             case RowLocked():
                 # Another transaction holds the row (a claim in flight elsewhere, or its
@@ -396,9 +391,8 @@ class Decider:
             "run.ahead",
             extra={"run_id": activated.id, "ahead_of": named.id, "priority": activated.priority},
         )
-        hint = self._hint_front or self._hint
-        if hint is not None:
-            await hint(named)
+        if self._hints is not None:
+            await self._hints.hint_front(named)
         return self._flow(activated)
 
     def _wakeable(self, row: RunRow) -> bool:

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
+import runfleet.worker.containment as containment
+import runfleet.worker.metrics as metrics
+import runfleet.worker.tracing as tracing
 from runfleet.broker.rq_api import DEFAULT_JOB_TIMEOUT
 from runfleet.store import Store
 from runfleet.store.config import Settings
@@ -29,16 +31,19 @@ from runfleet.store.types import (
     ParkOutcome,
     RunRow,
 )
-from runfleet.worker import containment, metrics, tracing
+from runfleet.worker.authoring.context import Context
+from runfleet.worker.authoring.durable import Cause, Interrupted, Suspended
+from runfleet.worker.authoring.flows import Flow
+from runfleet.worker.authoring.replay import Replay
+from runfleet.worker.authoring.step_timeouts import ABANDONED
+from runfleet.worker.authoring.sync_context import SyncContext
 from runfleet.worker.bookkeeping import Bookkeeping
 from runfleet.worker.containment import UserBaseException
-from runfleet.worker.context import Context
 from runfleet.worker.decisions import Decider
-from runfleet.worker.durable import Suspended
 from runfleet.worker.evidence import RefusalLadder
-from runfleet.worker.flows import Flow
-from runfleet.worker.outcomes import Cause, Decision, DriveOutcome
-from runfleet.worker.replay import Interrupted, Replay
+from runfleet.worker.outcomes import Decision, DriveOutcome
+from runfleet.worker.ports import Hints, LeaseView, Slots
+from runfleet.worker.resolver import function
 from runfleet.worker.retry import is_transient, with_retry
 from runfleet.worker.rq_compat import (
     asking_retry,
@@ -48,12 +53,10 @@ from runfleet.worker.rq_compat import (
     timed,
     wants_rq_call,
 )
-from runfleet.worker.settle import AnnounceFn, Settlement
-from runfleet.worker.step_timeouts import ABANDONED
-from runfleet.worker.sync_context import SyncContext
+from runfleet.worker.settle import Settlement
 from runfleet.worker.takeover import ProbeFn, Takeover
 from runfleet.worker.threads import in_thread
-from runfleet.worker.wake_hints import HintFn, WakeHints
+from runfleet.worker.wake_hints import WakeHints
 
 log = logging.getLogger("runfleet.worker.driver")
 
@@ -68,6 +71,15 @@ class Execution:
 
 
 class Driver:
+    """Decide, execute and settle runs, handed the rest of the process as named ports.
+
+    Built alone (a test needs a store, an owner and settings); the worker process passes
+    the liveness ``probe`` and its ports (``worker.ports``): ``hints`` (what it tells
+    Redis: the outbox), ``lease`` (whether it may act for its runs: the lease gate) and
+    ``slots`` (limited queues' freed slots and rate tokens). Left out: no Redis hints, a
+    lease taken as held, nothing to pump.
+    """
+
     def __init__(
         self,
         store: Store,
@@ -75,31 +87,18 @@ class Driver:
         settings: Settings,
         *,
         probe: ProbeFn | None = None,
-        on_settled: AnnounceFn | None = None,
-        hint: HintFn | None = None,
-        hint_front: HintFn | None = None,
-        gate: HintFn | None = None,
-        started: HintFn | None = None,
-        slot_freed: Callable[[str], None] | None = None,
-        rate_due: Callable[[str, int], None] | None = None,
-        lease_ok: Callable[[], bool] | None = None,
-        lease_gap: Callable[[], int | None] | None = None,
+        hints: Hints | None = None,
+        lease: LeaseView | None = None,
+        slots: Slots | None = None,
     ) -> None:
         self.store = store
         self.owner = owner
         self.settings = settings
-        self._on_settled = on_settled
-        self._hint = hint
-        self._slot_freed = slot_freed
-        """An execution of a limited queue ended here: a gated wake may move."""
-        self._rate_due = rate_due
-        """A rate refused a claim: pump the queue's gate at its tokens (``worker.rate_pump``)."""
+        self._lease = lease
+        self._slots = slots
         self.owned: dict[str, Execution] = {}
         self.executing: set[str] = set()
         """Runs whose body may still run here (a task or its thread not yet ended)."""
-        self._lease_ok = lease_ok
-        self._lease_gap = lease_gap
-        """How long the lease went unconfirmed in its newest lapse (``LeaseGate``)."""
         self.takeover = Takeover(store, owner, settings, probe)
         self.decider = Decider(
             store,
@@ -107,14 +106,16 @@ class Driver:
             settings,
             self.takeover,
             owned=self.owned,
-            lease_ok=lease_ok,
-            hint=hint,
-            hint_front=hint_front,
-            gate=gate,
-            started=started,
-            rate_due=rate_due,
+            hints=hints,
+            lease=lease,
+            slots=slots,
         )
-        self.settlement = Settlement(store, owner, hint=hint, announce=on_settled)
+        hint = hints.hint if hints is not None else None
+        self._hint = hint
+        """A run released here can move now (``Hints.hint``); also each ``Context``'s."""
+        self.settlement = Settlement(
+            store, owner, hint=hint, announce=hints.settled if hints is not None else None
+        )
         self.bookkeeping = Bookkeeping(store, owner)
         self.wake_hints = WakeHints(hint)
 
@@ -178,10 +179,10 @@ class Driver:
             row.epoch,
             store=self.store,
             settings=self.settings,
-            lease_ok=self._lease_ok,
+            lease_ok=self._lease.open if self._lease is not None else None,
             bookkeeping=self.bookkeeping,
         )
-        ctx = Context(replay, hint=self._hint)
+        ctx = Context(replay, resolve_function=function, hint=self._hint)
         execution = Execution(ctx)
         self.owned[row.id] = execution
         metrics.RUNS_IN_FLIGHT.inc()
@@ -217,8 +218,8 @@ class Driver:
             self.settlement.ended(row.id)
             self.owned.pop(row.id, None)
             metrics.RUNS_IN_FLIGHT.dec()
-            if row.limited and self._slot_freed is not None:
-                self._slot_freed(row.queue)  # settled, parked or released: its slot is free
+            if row.limited and self._slots is not None:
+                self._slots.slot_freed(row.queue)  # settled, parked or released: its slot is free
 
     async def _unstarted(self, row: RunRow, cause: Cause) -> None:
         """Settle by ``cause`` a run interrupted between its activation and its body."""
@@ -371,7 +372,9 @@ class Driver:
             cause=ReleaseCause.LEASE_LAPSED if lapsed else ReleaseCause.INTERRUPTED,
             detail=cause,
             guard=guard,
-            unconfirmed_ms=self._lease_gap() if lapsed and self._lease_gap is not None else None,
+            unconfirmed_ms=(
+                self._lease.unconfirmed_ms() if lapsed and self._lease is not None else None
+            ),
         )
 
     async def release(self, row: RunRow, cause: Cause) -> bool:

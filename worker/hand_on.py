@@ -2,7 +2,7 @@
 
 During a rolling deploy workers of two versions read the same stream, and a run's wake
 reaches whichever is reading. A worker that cannot run the run's version
-(``worker.versions``: ``run.version_not_carried``) publishes the wake again at once, on
+(``worker.authoring.versions``: ``run.version_not_carried``) publishes the wake again at once, on
 the recovery lane that every worker reads before its backlog (the run keeps its place
 in line), so a worker that carries the version takes the run now rather than at the
 lost-wake sweep.
@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from runfleet.store.types import RunRow, RunStatus
-from runfleet.worker.versions import admitted_version
+from runfleet.worker.authoring.versions import admitted_version
 from runfleet.worker.wake_hints import HintFn
 
 log = logging.getLogger("runfleet.worker.flows")

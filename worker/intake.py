@@ -14,12 +14,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
+import runfleet.worker.metrics as metrics
 from runfleet.broker.streams import Delivery, Lane, Streams
 from runfleet.broker.wake_reasons import WakeReason
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import Owner, RunStatus
-from runfleet.worker import metrics
 from runfleet.worker.coordinator import Coordinator
 from runfleet.worker.outbox import BROKER_ERRORS, Outbox, lane_of, publish_checked_wakes
 

@@ -33,13 +33,13 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+import runfleet.worker.metrics as metrics
 from runfleet.runtime.service import Service, Signal
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import Heartbeat, Owner, Reconfirmation
-from runfleet.worker import metrics
+from runfleet.worker.authoring.durable import Cause
 from runfleet.worker.driver import Driver
-from runfleet.worker.outcomes import Cause
 
 log = logging.getLogger("runfleet.worker.lease")
 

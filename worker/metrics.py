@@ -72,7 +72,8 @@ SCHEDULE_TICKS = Counter(
 )
 ABANDONED_STEP_THREADS = Gauge(
     "runfleet_abandoned_step_threads",
-    "Sync step threads past their timeout that are still running (runfleet.worker.step_timeouts).",
+    "Sync step threads past their timeout that are still running "
+    "(runfleet.worker.authoring.step_timeouts).",
 )
 
 # Queues that shape load (docs/how-to/queues.md), read by worker.queue_gauges every 5 s.

@@ -68,8 +68,8 @@ every default ``enable`` (a second worker in the process) keeps one bridge."""
 
 
 def _modules() -> list[ModuleType]:
+    import runfleet.worker.metrics as metrics
     from runfleet.broker import hostile
-    from runfleet.worker import metrics
 
     return [metrics, hostile]
 

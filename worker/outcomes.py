@@ -1,7 +1,8 @@
-"""The words a drive answers with and the causes that stop a run, as types.
+"""The words a drive answers with, and the decision that carries them, as types.
 
-Both are StrEnums: their values are the stable strings the metrics label and the journal
-records carry, and mypy proves every ``match`` over them handles every case.
+``DriveOutcome`` is a StrEnum: its values are the stable strings the metrics label
+carries, and mypy proves every ``match`` over it handles every case. Why a run stops
+executing (``Cause``) is the flow's side of it: ``worker.authoring.durable``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from runfleet.store.types import RunRow
-    from runfleet.worker.flows import Flow
+    from runfleet.worker.authoring.flows import Flow
 
 
 class DriveOutcome(enum.StrEnum):
@@ -63,23 +64,6 @@ class DriveOutcome(enum.StrEnum):
     DEAD_LETTERED = "dead_lettered"
     """A stale run already recovered ``max_recoveries`` times in a row after lost processes:
     parked ``dead`` for an operator instead of taken over (journaled ``dead-lettered``)."""
-
-
-class Cause(enum.StrEnum):
-    """Why a run stopped executing in this process before its body ended."""
-
-    CANCELLED = "cancelled"
-    """A cancel request: compensations run, then the run settles cancelled."""
-    LOST_FENCE = "lost-fence"
-    """Another owner holds the run: this process writes nothing more for it."""
-    LEASE_LAPSED = "lease-lapsed"
-    """This process could not confirm its lease in time: the run is handed back."""
-    SHUTDOWN = "shutdown"
-    """The worker is stopping: the run is handed back (released), not cancelled."""
-    DRIVE_FAILED = "drive-failed"
-    """The drive itself failed after activation: the run is handed back at once."""
-    INFRA_UNAVAILABLE = "infra-unavailable"
-    """runfleet's own store call gave up (an outage, not the flow): handed back."""
 
 
 @dataclass(frozen=True, slots=True)

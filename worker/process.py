@@ -17,7 +17,11 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
+import runfleet.worker.metrics as metrics
+import runfleet.worker.otel_metrics as otel_metrics
+import runfleet.worker.tracing as tracing
 from runfleet.broker.client import connect
 from runfleet.broker.gate import Gate
 from runfleet.broker.liveness import Liveness
@@ -28,7 +32,8 @@ from runfleet.runtime.service import Service
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import Owner
-from runfleet.worker import metrics, otel_metrics, tracing
+from runfleet.worker.authoring.durable import Cause
+from runfleet.worker.authoring.flows import registered
 from runfleet.worker.burst import EXIT_DRAINED, EXIT_LEFT_BEHIND, stop_when_drained
 from runfleet.worker.carried import advertised
 from runfleet.worker.containment import contain_callbacks, contain_tasks
@@ -37,9 +42,9 @@ from runfleet.worker.driver import Driver
 from runfleet.worker.intake import Intake
 from runfleet.worker.lease import Lease, LeaseGate
 from runfleet.worker.outbox import Outbox
-from runfleet.worker.outcomes import Cause
 from runfleet.worker.queue_gauges import QueueGauges
 from runfleet.worker.rate_pump import RatePump
+from runfleet.worker.resolver import flow_modules, import_prefixes
 from runfleet.worker.retention import RetentionLoop
 from runfleet.worker.retry import INFRA_ERRORS
 from runfleet.worker.scheduler import Scheduler, register_schedules
@@ -71,6 +76,21 @@ class StreamLag(Service):
                     log.debug("stream.lag_failed", extra={"queue": queue, "error": repr(exc)})
             if await self._pause(LAG_INTERVAL_S):
                 return
+
+
+@dataclass(frozen=True)
+class QueueSlots:
+    """The driver's ``Slots`` in a worker process: a freed slot opens one gated wake (the
+    outbox), a rate's refusal pumps the queue's gate at its next token (the rate pump)."""
+
+    outbox: Outbox
+    pump: RatePump
+
+    def slot_freed(self, queue: str) -> None:
+        self.outbox.slot_freed(queue)
+
+    def rate_due(self, queue: str, after_ms: int) -> None:
+        self.pump.due(queue, after_ms)
 
 
 class Worker:
@@ -167,8 +187,6 @@ class Worker:
     def _announce(self) -> None:
         """The start line: what this process serves and what it may run (Celery's
         ``[tasks]``), so a worker started without its flows says so at once."""
-        from runfleet.worker.flows import flow_modules, import_prefixes, registered
-
         flows, modules, prefixes = sorted(registered()), flow_modules(), import_prefixes()
         log.info(
             "worker.started",
@@ -228,15 +246,9 @@ class Worker:
             owner,
             settings,
             probe=self.liveness.probe,
-            on_settled=self.outbox.settled,
-            hint=self.outbox.hint,
-            hint_front=self.outbox.hint_front,
-            gate=self.outbox.gate,
-            started=self.outbox.started,
-            slot_freed=self.outbox.slot_freed,
-            rate_due=self.rate_pump.due,
-            lease_ok=gate.open,
-            lease_gap=gate.unconfirmed_ms,
+            hints=self.outbox,
+            lease=gate,
+            slots=QueueSlots(self.outbox, self.rate_pump),
         )
         self.coordinator = Coordinator(driver)
         self.intake = Intake(
@@ -289,8 +301,6 @@ class Worker:
     async def _register_flows(self) -> None:
         """Tell producers which flow names exist (they refuse unknown names at enqueue)."""
         import inspect
-
-        from runfleet.worker.flows import registered
 
         for flow in registered().values():
             try:

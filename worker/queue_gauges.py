@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+import runfleet.worker.metrics as metrics
 from runfleet.runtime.service import Service
 from runfleet.store import Store
-from runfleet.worker import metrics
 
 log = logging.getLogger("runfleet.worker.queue_gauges")
 

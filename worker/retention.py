@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import runfleet.worker.metrics as metrics
 from runfleet.broker.streams import Streams
 from runfleet.runtime.service import Service, Signal
 from runfleet.store import Store
@@ -36,7 +37,6 @@ from runfleet.store.retention import (
     Retention,
     Scan,
 )
-from runfleet.worker import metrics
 
 log = logging.getLogger("runfleet.worker.retention")
 

@@ -11,8 +11,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import runfleet.worker.metrics as metrics
 from runfleet.store.transient import TRANSIENT_TYPES, is_transient, retrying
-from runfleet.worker import metrics
 
 log = logging.getLogger("runfleet.worker.retry")
 T = TypeVar("T")

@@ -42,10 +42,10 @@ from runfleet.broker.current import current_job
 from runfleet.broker.jobs import JobStatus, job_status
 from runfleet.broker.rq_api import DEFAULT_JOB_TIMEOUT, JobTimeoutException, refuse_pipeline
 from runfleet.store.registries import Registries
-from runfleet.worker.context import Context
-from runfleet.worker.durable import Retry
-from runfleet.worker.flows import Flow, resolve
-from runfleet.worker.outcomes import Cause
+from runfleet.worker.authoring.context import Context
+from runfleet.worker.authoring.durable import Cause, Retry
+from runfleet.worker.authoring.flows import Flow
+from runfleet.worker.resolver import resolve
 from runfleet.worker.threads import in_thread
 
 

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import assert_never
 
+import runfleet.worker.metrics as metrics
 from runfleet.broker.codec import message_for
 from runfleet.broker.streams import Streams
 from runfleet.broker.wake_reasons import WakeReason
@@ -28,8 +29,7 @@ from runfleet.runtime.service import Service, Signal
 from runfleet.store import Store
 from runfleet.store.config import Settings, jittered
 from runfleet.store.schedules import Fired, NotDue, Schedules
-from runfleet.worker import metrics
-from runfleet.worker.flows import Flow
+from runfleet.worker.authoring.flows import Flow
 from runfleet.worker.retry import INFRA_ERRORS
 
 log = logging.getLogger("runfleet.worker.scheduler")

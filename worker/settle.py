@@ -17,7 +17,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, assert_never
 
-from runfleet.broker.queue import check_signature, flow_target
+import runfleet.worker.metrics as metrics
+from runfleet.declaration import flow_target
 from runfleet.runtime.batching import GroupCommit
 from runfleet.store import Store, rounds, settlements, validate
 from runfleet.store import journal_records as jr
@@ -37,11 +38,10 @@ from runfleet.store.types import (
     TransitionOutcome,
 )
 from runfleet.store.values import UnstorableValue
-from runfleet.worker import metrics
+from runfleet.worker.authoring.durable import Handoff, HandoffCall, checked_handoff
 from runfleet.worker.containment import UserBaseException, safe_str
-from runfleet.worker.durable import Handoff, HandoffCall, checked_handoff
-from runfleet.worker.flows import function as compensation
-from runfleet.worker.flows import resolve
+from runfleet.worker.resolver import function as compensation
+from runfleet.worker.resolver import resolve
 from runfleet.worker.retry import with_retry
 from runfleet.worker.wake_hints import HintFn
 
@@ -297,7 +297,7 @@ class Settlement:
             if record.compensate is None or record.compensated_at_ms is not None:
                 continue
             try:
-                # Only registered code runs (worker.flows.function: --flows modules and
+                # Only registered code runs (worker.resolver.function: --flows modules and
                 # --allow-import prefixes), and only on the output its digest vouches for.
                 target = compensation(record.compensate)
                 if not record.intact:
@@ -339,9 +339,10 @@ class Settlement:
             await self.finish(row, settlements.lineage_exhausted(row.id, epoch, limit))
             return
         try:
-            name, queue, fn, takes_ctx = flow_target(handoff.flow)
+            target = flow_target(handoff.flow)
+            name, queue = target.name, target.queue
             call = checked_handoff(handoff)  # InvalidHandoff names a malformed field
-            check_signature(fn, takes_ctx, call.args, call.kwargs)
+            target.check(call.args, call.kwargs)
         except RunfleetError as exc:  # an unknown flow, a malformed handoff, or arguments
             # the next flow does not take: permanent, so the round fails once
             successor_id = rounds.round_id(row.lineage_id, next_round)

@@ -16,8 +16,8 @@ import logging
 import time
 from collections.abc import Callable
 
+import runfleet.worker.metrics as metrics
 from runfleet.store import Store
-from runfleet.worker import metrics
 
 log = logging.getLogger("runfleet.worker.statistics")
 

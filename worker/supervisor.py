@@ -49,9 +49,9 @@ def run_foreground(settings: Settings, options: WorkerOptions) -> NoReturn:
     the process with its exit status (``Worker.exit_code``); StopGuard ends it within
     ``Settings.stop_deadline`` of the first stop, whatever the runs left. A database that
     cannot be reached at start is raised to the caller (nothing ran: no thread to skip)."""
-    from runfleet.worker.flows import load_flows
     from runfleet.worker.logs import configure
     from runfleet.worker.process import Worker
+    from runfleet.worker.resolver import load_flows
 
     configure(options.log_level, json_lines=options.log_json)
     load_flows(options.flows, options.allow_import or settings.allow_import_prefixes)

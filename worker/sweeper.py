@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TypeVar, assert_never
 
+import runfleet.worker.metrics as metrics
 from runfleet.broker.wake_reasons import WakeReason
 from runfleet.runtime.service import Service, Signal
 from runfleet.store import Store, SweepKind
@@ -53,7 +54,6 @@ from runfleet.store.sweeps import (
     Swept,
 )
 from runfleet.store.types import ClockRow, PendingCursor, RunRow
-from runfleet.worker import metrics
 from runfleet.worker.statistics import StatisticsRefresh
 from runfleet.worker.wake_marks import WakeMarks
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
+import runfleet.worker.metrics as metrics
 from runfleet.broker.liveness import Probe
 from runfleet.store import Store
 from runfleet.store import journal_records as jr
@@ -23,9 +24,8 @@ from runfleet.store.types import (
     SnapshotChanged,
     Stolen,
 )
-from runfleet.worker import metrics
+from runfleet.worker.authoring.flows import NEVER, Flow
 from runfleet.worker.evidence import RefusalLadder, journal_evidence
-from runfleet.worker.flows import NEVER, Flow
 from runfleet.worker.outcomes import Decision, DriveOutcome
 
 log = logging.getLogger("runfleet.worker.takeover")

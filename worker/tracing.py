@@ -151,7 +151,7 @@ def start_task(
 
 def bind(coro: Coroutine[Any, Any, T]) -> Coroutine[Any, Any, T]:
     """``coro``, to run on the loop in the calling thread's trace context (a sync body's
-    durable calls: ``worker.sync_context``); itself when tracing is off."""
+    durable calls: ``worker.authoring.sync_context``); itself when tracing is off."""
     if TRACING is None:
         return coro
     from opentelemetry import context as otel_context

@@ -50,12 +50,12 @@ from dataclasses import dataclass, field
 
 from redis.exceptions import ResponseError
 
+import runfleet.worker.metrics as metrics
 from runfleet.broker.stream_health import StreamHealth
 from runfleet.broker.streams import ZERO_ID, EntryId, Lane, LanePosition, Streams
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.sweeps import MIN_KEY
-from runfleet.worker import metrics
 
 log = logging.getLogger("runfleet.worker.wake_marks")
 

@@ -1,4 +1,4 @@
--- Step attempts that ran past their timeout (worker/step_timeouts.py records the error).
+-- Step attempts that ran past their timeout (worker/authoring/step_timeouts.py records the error).
 
 -- name: timed_out
 SELECT key, attempt, started_at_ms, finished_at_ms, error FROM runfleet.attempts

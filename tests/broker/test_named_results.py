@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from runfleet.broker.admission import (
     Dependencies,
-    FlowTarget,
     RqAdmission,
     RqCall,
     dependencies,
-    flow_target,
     rq_options,
     split_rq_call,
 )
@@ -20,6 +18,7 @@ from runfleet.broker.registries import (
     ScheduledJobRegistry,
     StartedJobRegistry,
 )
+from runfleet.declaration import FlowDeclaration, flow_target
 from runfleet.store.registries import RegistryKind
 
 
@@ -29,11 +28,11 @@ def plain(a: int, b: int = 0) -> int:
 
 def test_flow_target_names_its_parts() -> None:
     target = flow_target(plain)
-    assert isinstance(target, FlowTarget)
+    assert isinstance(target, FlowDeclaration)
     assert target.name.endswith("plain") and target.queue is None
-    assert target.fn is plain and not target.takes_ctx
+    assert target.fn is plain and not target.takes_context
     late = flow_target("mod:fn")
-    assert (late.name, late.fn, late.takes_ctx) == ("mod:fn", None, False)
+    assert (late.name, late.fn, late.takes_context) == ("mod:fn", None, False)
 
 
 def test_split_rq_call_names_arguments_and_options() -> None:

@@ -14,7 +14,7 @@ import threading
 from psycopg_pool import ConnectionPool
 
 from runfleet.worker import Context, flow
-from runfleet.worker.sync_context import SyncContext
+from runfleet.worker.authoring.sync_context import SyncContext
 
 STEPS = 5
 _pool: ConnectionPool | None = None

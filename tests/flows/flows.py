@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 
 from runfleet.worker import Context, Handoff, Retry, flow
-from runfleet.worker.durable import ChildFailed, WaitTimeout
+from runfleet.worker.authoring.durable import ChildFailed, WaitTimeout
 
 CALLS: dict[str, int] = {}
 """In-process call counts (in-process workers only): proves recorded steps never re-run."""

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from runfleet.worker import Context, Retry, StepTimeout, WaitTimeout, flow
-from runfleet.worker.sync_context import SyncContext
+from runfleet.worker.authoring.sync_context import SyncContext
 
 
 async def _mark(path: str, what: str) -> None:

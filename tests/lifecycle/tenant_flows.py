@@ -1,4 +1,4 @@
-"""A class-bound flow (``worker.instances``): one definition, one configured instance per
+"""A class-bound flow (``worker.authoring.instances``): one definition, one configured instance per
 tenant. The instances are made by ``tenants_all`` / ``tenants_acme`` (a worker's
 ``--flows`` module decides which tenants it serves)."""
 
@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from runfleet.worker import Context, FlowInstance, flow
-from runfleet.worker.sync_context import SyncContext
+from runfleet.worker.authoring.sync_context import SyncContext
 
 
 def _mark(path: str, what: str) -> None:

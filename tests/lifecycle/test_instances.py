@@ -1,4 +1,4 @@
-"""Class-bound flows (``worker.instances``): one flow definition serves several configured
+"""Class-bound flows (``worker.authoring.instances``): one flow definition serves several configured
 tenants; the run records its instance and every activation (a takeover after a SIGKILL
 included) resolves it again, in real worker processes."""
 
@@ -16,8 +16,9 @@ from runfleet.store import Store
 from runfleet.store.errors import ExecutionIdentityConflict, InvalidInput
 from runfleet.store.types import RunStatus
 from runfleet.worker import FlowInstance, flow
-from runfleet.worker.flows import registered, runnable
+from runfleet.worker.authoring.flows import registered
 from runfleet.worker.process import Worker
+from runfleet.worker.resolver import runnable
 from tests.fleet.procs import Spawn, records, running_on
 from tests.lifecycle.tenant_flows import Tenant
 from tests.ops.conftest import Cli

@@ -13,8 +13,8 @@ import tests.lifecycle.flows as flows
 from runfleet.broker import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.types import RunStatus
+from runfleet.worker.authoring.step_timeouts import ABANDONED
 from runfleet.worker.process import Worker
-from runfleet.worker.step_timeouts import ABANDONED
 from tests.fleet.procs import Spawn, records, running_on
 from tests.support.polling import until
 

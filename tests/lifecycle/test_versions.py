@@ -14,7 +14,7 @@ from runfleet.store import Store
 from runfleet.store.errors import InvalidInput
 from runfleet.store.types import RunStatus
 from runfleet.worker import flow
-from runfleet.worker.versions import code_version
+from runfleet.worker.authoring.versions import code_version
 from tests.fleet.procs import Spawn
 from tests.flows.conftest import parked
 from tests.ops.conftest import Cli
@@ -102,7 +102,7 @@ def test_a_versioned_flow_is_never_a_priority_look_ahead() -> None:
     """A claim's look-ahead (docs/how-to/queues.md) may take a fresh run of any flow runnable()
     names in a lower-priority run's place, before its version is read; so a versioned
     flow is left out, and its runs are decided by the path that checks the version."""
-    from runfleet.worker.flows import runnable
+    from runfleet.worker.resolver import runnable
 
     assert v1.versioned.version == "v1"
     assert "lifecycle.versioned" not in runnable()

@@ -16,7 +16,7 @@ from pathlib import Path
 from tests.packaging.test_wheel import WHEELHOUSE, _fetch, _run
 
 ROOT = Path(__file__).resolve().parents[2]
-TOPS = ("store", "broker", "worker", "ops", "runtime")
+TOPS = ("store", "broker", "worker", "ops", "runtime", "declaration")
 
 FIND = """
 import importlib.util, json, sys

@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from runfleet.worker import Context, flow
-from runfleet.worker.context import Interrupted
-from runfleet.worker.durable import Suspended
-from runfleet.worker.outcomes import Cause
+from runfleet.worker.authoring.context import Interrupted
+from runfleet.worker.authoring.durable import Cause, Suspended
 
 
 class Hostile(BaseException):

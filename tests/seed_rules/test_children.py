@@ -24,7 +24,7 @@ from runfleet.store.types import (
     Waiting,
     WaitingReason,
 )
-from runfleet.worker.durable import Handoff
+from runfleet.worker.authoring.durable import Handoff
 from tests.seed_rules import flows as sr
 from tests.seed_rules.test_lineage import handed_off
 from tests.store.helpers import (

@@ -18,10 +18,11 @@ from runfleet.broker.liveness import Probe
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.types import Claimed, Owner, RunStatus, Waiting, WaitingReason
+from runfleet.worker.authoring.durable import Cause
 from runfleet.worker.coordinator import Coordinator
 from runfleet.worker.driver import Driver
 from runfleet.worker.lease import Lease, LeaseGate, LeaseSignals
-from runfleet.worker.outcomes import Cause, Decision, DriveOutcome
+from runfleet.worker.outcomes import Decision, DriveOutcome
 from tests.seed_rules import flows as sr
 from tests.seed_rules.test_lineage import in_lock_order
 from tests.store.helpers import (
@@ -229,7 +230,7 @@ async def test_a_lapsed_lease_releases_with_cause_lease_lapsed(
     await create(store, "r", flow="sr.holds")
     gate = LeaseGate(settings)
     signals = LeaseSignals()
-    mine = Driver(store, ME, settings, lease_ok=gate.open)
+    mine = Driver(store, ME, settings, lease=gate)
     async with extra_stores(settings, 1) as (lease_store,):
         lease = Lease(lease_store, mine, ME, settings, gate=gate, signals=signals)
         assert await lease.tick() is not None and gate.open()

@@ -25,7 +25,7 @@ from runfleet.store.types import (
     RunStatus,
     Transitioned,
 )
-from runfleet.worker.durable import Handoff
+from runfleet.worker.authoring.durable import Handoff
 from runfleet.worker.settle import Settlement
 from tests.seed_rules import flows as sr
 from tests.store.helpers import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from runfleet.worker import flow
-from runfleet.worker.context import Context
+from runfleet.worker.authoring.context import Context
 
 TOKENS: dict[str, str] = {}
 """Approval tokens as ``on_token`` delivered them, by run id: the tests are the approver."""

@@ -17,8 +17,8 @@ from runfleet.broker import AsyncQueue, RunCancelled
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.errors import UnknownFlow
-from runfleet.worker.flows import import_allowed, resolve
 from runfleet.worker.process import Worker
+from runfleet.worker.resolver import import_allowed, resolve
 from tests.flows.conftest import parked
 from tests.ops.conftest import Cli
 from tests.support.polling import until

@@ -61,9 +61,21 @@ def sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
+class Lease:
+    """A ``LeaseView`` a test opens and closes (``held[0]``)."""
+
+    def __init__(self, held: list[bool]) -> None:
+        self.held = held
+
+    def open(self) -> bool:
+        return self.held[0]
+
+    def unconfirmed_ms(self) -> int | None:
+        return None
+
+
 def driver(store: Store, settings: Settings, *, lease: list[bool] | None = None) -> Driver:
-    gate = lease if lease is not None else [True]
-    return Driver(store, ME, settings, lease_ok=lambda: gate[0])
+    return Driver(store, ME, settings, lease=Lease(lease if lease is not None else [True]))
 
 
 def hold(mine: Driver, run_id: str) -> None:
@@ -435,13 +447,43 @@ class Clock:
 
 
 class Hints:
-    """The driver's ``hint``: records the id of every run it was asked to wake."""
+    """The driver's ``Hints``: records the id of every run it was asked about, by call
+    (``ids``: ``hint``, a wake on its queue's stream)."""
 
     def __init__(self) -> None:
         self.ids: list[str] = []
+        self.front: list[str] = []
+        self.gated: list[str] = []
+        self.ungated: list[str] = []
+        self.settled_ids: list[str] = []
 
-    async def __call__(self, row: RunRow) -> None:
+    async def hint(self, row: RunRow) -> None:
         self.ids.append(row.id)
+
+    async def hint_front(self, row: RunRow) -> None:
+        self.front.append(row.id)
+
+    async def gate(self, row: RunRow) -> None:
+        self.gated.append(row.id)
+
+    async def started(self, row: RunRow) -> None:
+        self.ungated.append(row.id)
+
+    async def settled(self, run_id: str, status: RunStatus) -> None:
+        self.settled_ids.append(run_id)
+
+
+class Slots:
+    """The driver's ``Slots``: records the rate refusals it hears (queue, ms to a token)."""
+
+    def __init__(self) -> None:
+        self.due: list[tuple[str, int]] = []
+
+    def slot_freed(self, queue: str) -> None:
+        pass
+
+    def rate_due(self, queue: str, after_ms: int) -> None:
+        self.due.append((queue, after_ms))
 
 
 async def test_a_run_of_a_queue_not_served_is_dropped_logged_and_rehinted_once_per_stale_after(
@@ -457,7 +499,7 @@ async def test_a_run_of_a_queue_not_served_is_dropped_logged_and_rehinted_once_p
     served = await Store.open(settings, serves=["b-queue", "a-queue"], min_size=1, max_size=2)
     try:
         hints = Hints()
-        mine = Driver(served, ME, settings, hint=hints)
+        mine = Driver(served, ME, settings, hints=hints)
         await create(store, "elsewhere", flow="sr.waiter")  # queue "default"
         row = await must_get(store, "elsewhere")
         assert await mine.decider._decide(row, "elsewhere") == Decision(DriveOutcome.NOT_SERVED)
@@ -508,7 +550,7 @@ async def test_a_stopping_worker_claims_nothing_and_hands_the_wake_back(
     store: Store, settings: Settings
 ) -> None:
     hints = Hints()
-    mine = Driver(store, ME, settings, hint=hints)
+    mine = Driver(store, ME, settings, hints=hints)
     await create(store, "fresh", flow="sr.waiter")
     await make_parked(store, "released", Waiting(WaitingReason.RELEASED), OWNER_B, flow="sr.waiter")
     await make_parked(store, "on-event", Waiting(WaitingReason.EVENT), OWNER_B, flow="sr.waiter")
@@ -531,7 +573,7 @@ async def test_a_stop_that_begins_while_the_drive_wakes_the_run_claims_nothing(
     store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hints = Hints()
-    mine = Driver(store, ME, settings, hint=hints)
+    mine = Driver(store, ME, settings, hints=hints)
     await make_parked(store, "r", Waiting(WaitingReason.RELEASED), OWNER_B, flow="sr.waiter")
     wake = store.waits.wake
 
@@ -555,7 +597,7 @@ async def test_a_claim_refused_as_not_served_is_dropped_as_not_served(
     process does not serve, and says so."""
     served = await Store.open(settings, serves=["a-queue"], min_size=1, max_size=2)
     try:
-        mine = Driver(served, ME, settings, hint=Hints())
+        mine = Driver(served, ME, settings, hints=Hints())
         await create(store, "r", flow="sr.waiter")  # queue "default"
         await store.lifecycle.request_cancel("r")
         seen = await must_get(store, "r")
@@ -682,41 +724,31 @@ async def test_a_keyed_run_is_claimed_by_the_batch_and_its_key_holds_its_limit(
 
     monkeypatch.setattr(store.runs, "claim_and_activate_many", spy)
     gated = Hints()
-    decider = Decider(store, ME, settings, Takeover(store, ME, settings, None), gate=gated)
+    decider = Decider(store, ME, settings, Takeover(store, ME, settings, None), hints=gated)
     decided = await decider.decide_many(["k1", "plain"])
     assert set(decided) == {"k1", "plain"}
     k1 = decided["k1"]
     assert k1.outcome is DriveOutcome.ACTIVATED and k1.activation is not None
     assert k1.activation.row.id == "k1" and k1.activation.flow is sr.waiter
     assert batched == [["k1", "plain"]], "one claim statement for the keyed and the plain run"
-    assert gated.ids == []
+    assert gated.gated == []
     decided = await decider.decide_many(["k2"])
     assert decided == {"k2": Decision(DriveOutcome.AT_LIMIT)}, "its key holds its one slot"
-    assert gated.ids == ["k2"], "its wake waits at the queue's gate"
+    assert gated.gated == ["k2"], "its wake waits at the queue's gate"
     assert (await must_get(store, "k2")).status is RunStatus.PENDING
 
 
-@pytest.mark.parametrize(
-    ("front", "path"),
-    [(True, "delivered"), (False, "delivered"), (True, "batch"), (True, "read")],
-)
+@pytest.mark.parametrize("path", ["delivered", "batch", "read"])
 async def test_a_run_that_took_the_delivered_slot_re_wakes_the_delivered_one_ahead(
-    store: Store, settings: Settings, caplog: pytest.LogCaptureFixture, front: bool, path: str
+    store: Store, settings: Settings, caplog: pytest.LogCaptureFixture, path: str
 ) -> None:
     """A delivery is a slot offered to its queue: a fresh run of a higher priority takes
     it (a single delivery's statement, a batch's, and a drive from a read alike: a
     displaced run driven again must not skip the rule), and the delivered run is woken
     again ahead of the backlog."""
     caplog.set_level(logging.INFO, logger="runfleet.worker.decisions")
-    hints, ahead = Hints(), Hints()
-    decider = Decider(
-        store,
-        ME,
-        settings,
-        Takeover(store, ME, settings, None),
-        hint=hints,
-        hint_front=ahead if front else None,
-    )
+    hints = Hints()
+    decider = Decider(store, ME, settings, Takeover(store, ME, settings, None), hints=hints)
     await create(store, "low", flow="sr.waiter")
     await create(store, "high", flow="sr.waiter", priority=5)
     if path == "batch":
@@ -728,10 +760,7 @@ async def test_a_run_that_took_the_delivered_slot_re_wakes_the_delivered_one_ahe
     assert decided.outcome is DriveOutcome.ACTIVATED and decided.activation is not None
     assert decided.activation.row.id == "high" and decided.activation.flow is sr.waiter
     assert (await must_get(store, "low")).status is RunStatus.PENDING
-    if front:
-        assert (ahead.ids, hints.ids) == (["low"], []), "woken ahead of the backlog"
-    else:
-        assert hints.ids == ["low"], "without a front lane: its queue's stream"
+    assert (hints.front, hints.ids) == (["low"], []), "woken ahead of the backlog"
     (line,) = [r for r in caplog.records if r.getMessage() == "run.ahead"]
     assert (line.__dict__["run_id"], line.__dict__["ahead_of"]) == ("high", "low")
     assert line.__dict__["priority"] == 5
@@ -771,16 +800,11 @@ async def test_a_rate_refused_claim_tells_the_rate_pump_when_the_next_token_is_d
     """A queue's rate refuses a claim with the wait for its next token: the rate pump hears
     the queue and the wait; a concurrency limit has no token to wait for and tells it
     nothing. Either way the wake waits at the queue's gate."""
-    due: list[tuple[str, int]] = []
-    gated = Hints()
+    gated, slots = Hints(), Slots()
     decider = Decider(
-        store,
-        ME,
-        settings,
-        Takeover(store, ME, settings, None),
-        gate=gated,
-        rate_due=lambda queue, ms: due.append((queue, ms)),
+        store, ME, settings, Takeover(store, ME, settings, None), hints=gated, slots=slots
     )
+    due = slots.due
     await store.queues.set("metered", rate_per_s=0.2)  # a bucket of one, a token every 5 s
     await store.queues.set("capped", concurrency=1)
     for run_id, queue in (("m1", "metered"), ("m2", "metered"), ("c1", "capped"), ("c2", "capped")):
@@ -788,9 +812,9 @@ async def test_a_rate_refused_claim_tells_the_rate_pump_when_the_next_token_is_d
     for run_id in ("m1", "c1"):
         assert (await decider.decide(run_id)).outcome is DriveOutcome.ACTIVATED, run_id
     assert await decider.decide("c2") == Decision(DriveOutcome.AT_LIMIT)
-    assert (due, gated.ids) == ([], ["c2"]), "a concurrency limit: no token to wait for"
+    assert (due, gated.gated) == ([], ["c2"]), "a concurrency limit: no token to wait for"
     assert await decider.decide("m2") == Decision(DriveOutcome.AT_LIMIT)
-    assert gated.ids == ["c2", "m2"]
+    assert gated.gated == ["c2", "m2"]
     ((queue, wait_ms),) = due
     assert queue == "metered" and 0 < wait_ms <= 5_000
 

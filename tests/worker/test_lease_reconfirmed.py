@@ -59,7 +59,7 @@ async def test_the_renewal_ending_a_lapse_journals_only_the_runs_still_held(
         statement_timeout_ms=int(settings.renew_timeout * 1000),
     )
     gate = LeaseGate(settings)
-    a = Driver(store, a_owner, settings, lease_ok=gate.open, lease_gap=gate.unconfirmed_ms)
+    a = Driver(store, a_owner, settings, lease=gate)
     signals = LeaseSignals()
     lease = Lease(lease_store, a, a_owner, settings, gate=gate, signals=signals)
     b = Driver(store, Owner.for_this_process(settings.host_id), settings)

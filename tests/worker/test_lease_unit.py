@@ -22,9 +22,9 @@ from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.journal_records import ReleaseCause
 from runfleet.store.types import Owner, Parked, RunStatus
+from runfleet.worker.authoring.durable import Cause
 from runfleet.worker.driver import Driver
 from runfleet.worker.lease import Lease, LeaseGate, LeaseSignals, _wait
-from runfleet.worker.outcomes import Cause
 from tests.seed_rules import flows as sr
 from tests.store.helpers import create, must_get
 from tests.support.polling import until
@@ -83,7 +83,7 @@ async def rig(store: Store, settings: Settings, clock: Clock) -> AsyncIterator[R
     sr.STARTED.clear()
     sr.STOPPED.clear()
     gate = LeaseGate(settings)
-    driver = Driver(store, ME, settings, lease_ok=gate.open)
+    driver = Driver(store, ME, settings, lease=gate)
     signals = LeaseSignals()
     published: list[tuple[int, bool, int]] = []
 

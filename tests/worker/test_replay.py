@@ -1,4 +1,4 @@
-"""The replay collaborator alone (``worker.replay.Replay``), and a part built with it.
+"""The replay collaborator alone (``worker.authoring.replay.Replay``), and a part built with it.
 
 No driver and no Context: a running row, its owner and epoch, and the store make a
 ``Replay``; positions, records, the interrupt, the lease gate and parks are checked on it
@@ -14,10 +14,9 @@ import pytest
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import RunStatus, WaitingReason
-from runfleet.worker.durable import NonDeterminism, Suspended
-from runfleet.worker.outcomes import Cause
-from runfleet.worker.replay import Interrupted, Replay
-from runfleet.worker.waits import Waits
+from runfleet.worker.authoring.durable import Cause, Interrupted, NonDeterminism, Suspended
+from runfleet.worker.authoring.replay import Replay
+from runfleet.worker.authoring.waits import Waits
 from tests.store.helpers import OWNER_A, make_running, must_get
 
 

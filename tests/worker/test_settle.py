@@ -37,8 +37,8 @@ from runfleet.store.types import (
     WaitingReason,
 )
 from runfleet.worker import Context, flow
+from runfleet.worker.authoring.durable import Handoff
 from runfleet.worker.containment import UserBaseException
-from runfleet.worker.durable import Handoff
 from runfleet.worker.settle import Settlement, _storable, error_of
 from tests.seed_rules import flows as sr
 from tests.store.helpers import OWNER_A, OWNER_B, create, make_parked, make_running, must_get

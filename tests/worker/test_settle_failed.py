@@ -9,7 +9,7 @@ import pytest
 
 from runfleet.store import Kind, Store
 from runfleet.store.types import RunError, RunStatus
-from runfleet.worker.durable import Handoff
+from runfleet.worker.authoring.durable import Handoff
 from tests.seed_rules import flows as sr
 from tests.store.helpers import OWNER_A, make_running, must_get
 from tests.worker.test_settle import Calls, journal, sample, settlement

@@ -16,7 +16,7 @@ from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput
 from runfleet.store.types import Claimed, Owner, RunRow
-from runfleet.worker.flows import flow
+from runfleet.worker.authoring.flows import flow
 from runfleet.worker.outcomes import Decision, DriveOutcome
 from runfleet.worker.takeover import UNKNOWN_PROBE, Takeover
 from tests.seed_rules import flows as sr

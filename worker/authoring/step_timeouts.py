@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import runfleet.worker.metrics as metrics
 from runfleet.store.errors import InvalidInput
-from runfleet.worker import metrics
 
 log = logging.getLogger("runfleet.flow")
 

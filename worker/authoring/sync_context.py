@@ -14,9 +14,9 @@ from collections.abc import Callable, Coroutine
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from runfleet.worker import tracing
-from runfleet.worker.context import Context
-from runfleet.worker.durable import Decision, Retry
+import runfleet.worker.tracing as tracing
+from runfleet.worker.authoring.context import Context
+from runfleet.worker.authoring.durable import Decision, Retry
 
 T = TypeVar("T")
 INTERRUPT_POLL_S = 0.05

@@ -1,7 +1,7 @@
 """A flow's timers and waits: ``sleep``, ``sleep_until``, ``wait_for``, ``approval``, ``quota``.
 
-``Waits`` is one of ``worker.context.Context``'s parts, built with the execution's
-``worker.replay.Replay``; it holds only the calls that park a run on a clock, an event, a
+``Waits`` is one of ``context.Context``'s parts, built with the execution's
+``replay.Replay``; it holds only the calls that park a run on a clock, an event, a
 person's answer or a quota window, and asks the replay for positions, records, parks and
 clocks. Each call is replay-safe the way every durable call is: its record is written
 once, and a resumed body finds it at the same position.
@@ -23,8 +23,8 @@ from runfleet.store.errors import InvalidInput
 from runfleet.store.types import DeferredRow, Waiting, WaitingReason
 from runfleet.store.values import Undecodable
 from runfleet.store.waits import token_hash
-from runfleet.worker.durable import Decision, WaitTimeout
-from runfleet.worker.replay import Replay
+from runfleet.worker.authoring.durable import Decision, WaitTimeout
+from runfleet.worker.authoring.replay import Replay
 from runfleet.worker.threads import in_thread
 
 T = TypeVar("T")

@@ -7,10 +7,10 @@ matches parks the run in ``quarantine``. A call that must wait parks the run
 (``Suspended``) and the body resumes by replay when answered.
 
 ``Context`` is the flow's face only: the replay bookkeeping (positions, records, durable
-retry, parks, clocks, the interrupt) is ``worker.replay.Replay``, which the driver builds
-for each activation; ``step`` is here, and the timers and waits (``worker.waits``), child
-runs (``worker.children``), events and messages (``worker.messages``) and patches
-(``worker.versions``) are parts built with that same replay, each call handed on to them.
+retry, parks, clocks, the interrupt) is ``replay.Replay``, which the driver builds for
+each activation; ``step`` is here, and the timers and waits (``waits``), child runs
+(``children``), events and messages (``messages``) and patches (``versions``) are parts
+built with that same replay, each call handed on to them.
 """
 
 from __future__ import annotations
@@ -23,23 +23,28 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
+import runfleet.worker.tracing as tracing
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput
 from runfleet.store.types import Owner, RunRow, Waiting, WaitingReason
 from runfleet.store.values import Undecodable
-from runfleet.worker import tracing
-from runfleet.worker.children import Children
+from runfleet.worker.authoring.children import Children
+from runfleet.worker.authoring.durable import (
+    NO_RETRY,
+    Cause,
+    Decision,
+    Interrupted,
+    Retry,
+    reference,
+)
+from runfleet.worker.authoring.messages import Messages
+from runfleet.worker.authoring.replay import Replay
+from runfleet.worker.authoring.step_timeouts import call_with_timeout, checked_timeout
+from runfleet.worker.authoring.versions import Versions
+from runfleet.worker.authoring.waits import Waits
 from runfleet.worker.containment import closed_from_outside, safe_str
-from runfleet.worker.durable import NO_RETRY, Decision, Retry, reference
-from runfleet.worker.flows import function as resolve_function
-from runfleet.worker.messages import Messages
-from runfleet.worker.outcomes import Cause
-from runfleet.worker.replay import Interrupted, Replay
-from runfleet.worker.step_timeouts import call_with_timeout, checked_timeout
 from runfleet.worker.threads import in_thread
-from runfleet.worker.versions import Versions
-from runfleet.worker.waits import Waits
 from runfleet.worker.wake_hints import HintFn
 
 __all__ = ["Context", "Interrupted"]
@@ -48,11 +53,23 @@ log = logging.getLogger("runfleet.flow")
 
 
 class Context:
-    """The durable calls of one activation of a run, built with its ``Replay``."""
+    """The durable calls of one activation of a run, built with its ``Replay``.
 
-    def __init__(self, replay: Replay, *, hint: HintFn | None = None) -> None:
+    ``resolve_function`` is how the worker resolves a compensation's ``module:qualname``
+    (``worker.resolver.function``, by the same allow-list as a plain flow): a step whose
+    compensation could not run fails when it is declared, not when a cancel comes.
+    """
+
+    def __init__(
+        self,
+        replay: Replay,
+        *,
+        resolve_function: Callable[[str], object],
+        hint: HintFn | None = None,
+    ) -> None:
         self.replay = replay
         self.hint = hint
+        self._resolve_function = resolve_function
         self._waits = Waits(replay)
         self._children = Children(replay, hint)
         self._messages = Messages(replay, hint)
@@ -137,7 +154,7 @@ class Context:
             and not closed_from_outside(exc, self.run_id)
         )
 
-    # ---- timers and waits (worker.waits) ---------------------------------------
+    # ---- timers and waits (worker.authoring.waits) ---------------------------------------
 
     async def sleep(self, duration: timedelta | float) -> None:
         await self._waits.sleep(duration)
@@ -164,7 +181,7 @@ class Context:
         """Park until ``wake_at`` (a provider's quota window); a datetime or epoch ms."""
         await self._waits.quota(wake_at)
 
-    # ---- children (worker.children) --------------------------------------------
+    # ---- children (worker.authoring.children) --------------------------------------------
 
     async def child(self, flow: Any, *args: Any, run_id: str | None = None, **kwargs: Any) -> Any:
         """Start an attached child (ends with this run) and wait for its result."""
@@ -174,7 +191,7 @@ class Context:
         """Start a detached child that outlives this run; returns its run id."""
         return await self._children.spawn(flow, *args, run_id=run_id, **kwargs)
 
-    # ---- events and messages (worker.messages) ---------------------------------
+    # ---- events and messages (worker.authoring.messages) ---------------------------------
 
     async def set_event(self, key: str, value: Any) -> None:
         """Publish ``value`` as this run's event ``key`` (``Queue.get_event`` reads it)."""
@@ -192,7 +209,7 @@ class Context:
         """Run ``run_id``'s event ``key`` (None if unset), waiting up to ``timeout`` s."""
         return await self._messages.get_event(run_id, key, timeout)
 
-    # ---- versions (worker.versions) --------------------------------------------
+    # ---- versions (worker.authoring.versions) --------------------------------------------
 
     async def patched(self, patch_id: str) -> bool:
         """Whether this execution takes the code path added by patch ``patch_id``."""
@@ -213,7 +230,7 @@ class Context:
         """Run ``fn`` once for this run and record its output; replays return the record.
 
         ``timeout`` (seconds) bounds each attempt: ``StepTimeout`` past it, retried under
-        ``retry`` like any failure (``worker.step_timeouts``)."""
+        ``retry`` like any failure (``step_timeouts``)."""
         limit = checked_timeout(timeout) if timeout is not None else None
         call = await self.replay.next("step", name)
         position, key, record = call.position, call.key, call.record
@@ -222,7 +239,7 @@ class Context:
         policy = retry or NO_RETRY
         undo = reference(compensate) if compensate is not None else None
         if undo is not None:
-            resolve_function(undo)  # UnknownFlow now, not a failed compensation at cancel
+            self._resolve_function(undo)  # UnknownFlow now, not a failed compensation at cancel
         steps = self.replay.store.steps
         with tracing.step_span(name, key):
             while True:

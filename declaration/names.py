@@ -5,8 +5,8 @@ stores its compensation by name and a later process resolves it. The grammar (a 
 path, one colon, a dotted attribute path) and the rule for what a name may resolve to
 live here once, as procrastinate's ``utils.load_from_path``. What a process may import
 while resolving is its caller's policy, passed as ``load``: producers import nothing
-(``broker.trust.already_loaded``), workers only their ``--flows`` and ``--allow-import``
-modules (``worker.flows``).
+(their trust module's ``already_loaded``), workers only their ``--flows`` and
+``--allow-import`` modules (``worker.resolver``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
+
+from runfleet.declaration.flow import FlowDeclaration
 
 
 def qualified_name(fn: Callable[..., Any]) -> str:
@@ -70,7 +72,7 @@ def load_from_path(name: str, load: Callable[[str], ModuleType | None]) -> Any |
         target = getattr(target, part, None)
         if target is None or isinstance(target, ModuleType):
             return None
-    if getattr(target, "runfleet_flow", None) is not None:
+    if isinstance(target, FlowDeclaration):
         return target
     if not inspect.isfunction(target) or target.__module__ != module_name:
         return None

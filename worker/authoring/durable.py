@@ -1,7 +1,12 @@
-"""The vocabulary of durable flows: retry policy, handoff, decisions, and control exceptions."""
+"""The vocabulary of durable flows: retry policy, handoff, decisions, and control exceptions.
+
+``Suspended`` and ``Interrupted`` are BaseExceptions so that a flow's own ``except
+Exception`` cannot swallow them; ``Cause`` says why an ``Interrupted`` stops a run.
+"""
 
 from __future__ import annotations
 
+import enum
 import random
 import reprlib
 from collections.abc import Callable
@@ -11,7 +16,7 @@ from typing import Any
 
 from tenacity import RetryCallState, retry_if_exception_type, wait_exponential
 
-from runfleet.broker.names import importable_name
+from runfleet.declaration.names import importable_name
 from runfleet.store.errors import InvalidInput, RunfleetError
 from runfleet.store.steps import StepRecord
 
@@ -52,6 +57,40 @@ class Call:
     position: int
     key: str
     record: StepRecord | None
+
+
+class Cause(enum.StrEnum):
+    """Why a run stopped executing in this process before its body ended.
+
+    A StrEnum: its values are the stable strings the journal records and the metrics
+    labels carry, and mypy proves every ``match`` over it handles every case.
+    """
+
+    CANCELLED = "cancelled"
+    """A cancel request: compensations run, then the run settles cancelled."""
+    LOST_FENCE = "lost-fence"
+    """Another owner holds the run: this process writes nothing more for it."""
+    LEASE_LAPSED = "lease-lapsed"
+    """This process could not confirm its lease in time: the run is handed back."""
+    SHUTDOWN = "shutdown"
+    """The worker is stopping: the run is handed back (released), not cancelled."""
+    DRIVE_FAILED = "drive-failed"
+    """The drive itself failed after activation: the run is handed back at once."""
+    INFRA_UNAVAILABLE = "infra-unavailable"
+    """runfleet's own store call gave up (an outage, not the flow): handed back."""
+
+
+class Interrupted(BaseException):
+    """Raised into a flow whose run this process must stop executing.
+
+    ``cause`` (``Cause``) is ``cancelled`` (commit ``cancelled``),
+    ``lost-fence`` (another owner holds the run: write nothing), or one that releases
+    the run so another worker resumes it (``lease-lapsed``, ``shutdown``...).
+    """
+
+    def __init__(self, cause: Cause) -> None:
+        super().__init__(cause)
+        self.cause = cause
 
 
 class Suspended(BaseException):

@@ -1,8 +1,8 @@
 """A flow's events and messages: ``ctx.set_event``, ``ctx.recv``, ``ctx.send`` and
 ``ctx.get_event`` (store/events.py decides).
 
-``Messages`` is one of ``worker.context.Context``'s parts, built with the execution's
-``worker.replay.Replay``, as ``Waits`` and ``Children`` are. Both calls take a position
+``Messages`` is one of ``context.Context``'s parts, built with the execution's
+``replay.Replay``, as ``Waits`` and ``Children`` are. Both calls take a position
 like every durable call, and both record it in the transaction that does their work (the
 event's new value; the message's consumption), so a replay returns the record and does
 nothing again: an event is never set back to an older value, and a message is never taken
@@ -16,6 +16,7 @@ import hashlib
 import time
 from typing import Any
 
+import runfleet.worker.tracing as tracing
 from runfleet.store import validate
 from runfleet.store.events import MESSAGE_TOKEN, MessageSent, Received
 from runfleet.store.steps import StepRecord, StepWrite
@@ -28,12 +29,10 @@ from runfleet.store.types import (
     RunStatus,
     WaitingReason,
 )
-from runfleet.worker import tracing
-from runfleet.worker.durable import WaitTimeout
-from runfleet.worker.outcomes import Cause
-from runfleet.worker.replay import Replay
-from runfleet.worker.step_timeouts import checked_timeout
-from runfleet.worker.waits import _timeout_at
+from runfleet.worker.authoring.durable import Cause, WaitTimeout
+from runfleet.worker.authoring.replay import Replay
+from runfleet.worker.authoring.step_timeouts import checked_timeout
+from runfleet.worker.authoring.waits import _timeout_at
 from runfleet.worker.wake_hints import HintFn
 
 

@@ -54,7 +54,7 @@ def declared(fn: Callable[..., Any], version: str | None) -> str | None:
 
 
 if TYPE_CHECKING:
-    from runfleet.worker.replay import Replay
+    from runfleet.worker.authoring.replay import Replay
 
 
 class Versions:

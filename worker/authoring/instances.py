@@ -38,14 +38,14 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from runfleet.broker.admission import INSTANCE_STATE_KEY, admission_instance, instance_allows
+from runfleet.declaration import INSTANCE_STATE_KEY, admission_instance, instance_allows
 from runfleet.store import validate
 from runfleet.store.errors import InvalidInput
 
 __all__ = ["INSTANCE_STATE_KEY", "FlowInstance", "for_run", "instance"]
 
 if TYPE_CHECKING:
-    from runfleet.worker.flows import Flow
+    from runfleet.worker.authoring.flows import Flow
     from runfleet.worker.unrunnable import Unrunnable
 
 log = logging.getLogger("runfleet.worker.flows")

@@ -1,7 +1,7 @@
 """A flow's children: ``child`` (attached, awaited) and ``spawn`` (detached).
 
-``Children`` is one of ``worker.context.Context``'s parts, built with the execution's
-``worker.replay.Replay`` and the worker's wake hint. A child is admitted
+``Children`` is one of ``context.Context``'s parts, built with the execution's
+``replay.Replay`` and the worker's wake hint. A child is admitted
 at most once per position: its id is recorded as the parent's step, so a replay finds
 the same child instead of starting another, and the parent parks until the child's
 outcome is delivered as a completion (following a handed-off child to its successor).
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+import runfleet.worker.tracing as tracing
+from runfleet.declaration import flow_target
 from runfleet.store import validate
 from runfleet.store.types import (
     AdmissionOptions,
@@ -25,12 +27,11 @@ from runfleet.store.types import (
     Waiting,
     WaitingReason,
 )
-from runfleet.worker import tracing
-from runfleet.worker.durable import ChildFailed
-from runfleet.worker.flows import Flow, registered
-from runfleet.worker.instances import child_instance
-from runfleet.worker.replay import Replay
-from runfleet.worker.versions import child_version
+from runfleet.worker.authoring.durable import ChildFailed
+from runfleet.worker.authoring.flows import Flow, registered
+from runfleet.worker.authoring.instances import child_instance
+from runfleet.worker.authoring.replay import Replay
+from runfleet.worker.authoring.versions import child_version
 from runfleet.worker.wake_hints import HintFn
 
 T = TypeVar("T")
@@ -75,14 +76,13 @@ class Children:
         run_id: str | None,
         policy: OnParentExit,
     ) -> str:
-        from runfleet.broker.queue import check_signature, flow_target
-
-        name, queue, fn, takes_ctx = flow_target(flow)
+        target = flow_target(flow)
+        name, queue = target.name, target.queue
         call = await self._replay.next(kind, name)
         position, key, record = call.position, call.key, call.record
         if record is not None:
             return str(record.output["run_id"])
-        check_signature(fn, takes_ctx, list(args), kwargs)
+        target.check(list(args), kwargs)
         child_id = run_id or f"{self._replay.run.id}/{key}"
         with tracing.child_span(child_id, name, policy is not OnParentExit.CANCEL):
             return await self._admit_traced(

@@ -6,11 +6,11 @@ different call there is ``NonDeterminism``, and a record whose digest no longer 
 parks the run in ``quarantine``. A call that must wait parks the run (``park``:
 ``Suspended``) and the body resumes by replay when answered.
 
-``Replay`` is the collaborator ``Context``'s parts are built with (``worker.waits.Waits``,
-``worker.children.Children``, ``worker.messages.Messages``, ``worker.versions.Versions``
-and ``Context.step``), as Temporal's workflow context hands its instance to each API and
-River's executor holds its job's state: one object owns the history and the fence, the
-parts only ask it. The driver builds one per activation and stops it with ``interrupt``.
+``Replay`` is the collaborator ``Context``'s parts are built with (``waits.Waits``,
+``children.Children``, ``messages.Messages``, ``versions.Versions`` and ``Context.step``),
+as Temporal's workflow context hands its instance to each API and River's executor holds
+its job's state: one object owns the history and the fence, the parts only ask it. The
+driver builds one per activation and stops it with ``interrupt``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
+import runfleet.worker.tracing as tracing
 from runfleet.store import Store
 from runfleet.store import journal_records as jr
 from runfleet.store.config import Settings
@@ -41,27 +42,12 @@ from runfleet.store.types import (
     Waiting,
     WaitingReason,
 )
-from runfleet.worker import tracing
+from runfleet.worker.authoring.durable import Call, Cause, Interrupted, NonDeterminism, Suspended
 from runfleet.worker.bookkeeping import Bookkeeping
-from runfleet.worker.durable import Call, NonDeterminism, Suspended
-from runfleet.worker.outcomes import Cause
 from runfleet.worker.retry import durable_call, is_transient
 
 log = logging.getLogger("runfleet.flow")
 T = TypeVar("T")
-
-
-class Interrupted(BaseException):
-    """Raised into a flow whose run this process must stop executing.
-
-    ``cause`` (``worker.outcomes.Cause``) is ``cancelled`` (commit ``cancelled``),
-    ``lost-fence`` (another owner holds the run: write nothing), or one that releases
-    the run so another worker resumes it (``lease-lapsed``, ``shutdown``...).
-    """
-
-    def __init__(self, cause: Cause) -> None:
-        super().__init__(cause)
-        self.cause = cause
 
 
 class Replay:

@@ -1,8 +1,9 @@
 """What pyproject.toml cannot say: the wheel's subpackages, and the modules it leaves out.
 
-The repository keeps store/, broker/, worker/, ops/ and runtime/ at its top;
-``package-dir`` in pyproject.toml maps them to ``runfleet.store`` etc. Every folder with an
-``__init__.py`` under them is a subpackage, found here so that a new one needs no edit.
+The repository keeps store/, broker/, producer/, rqface/, declaration/, worker/, ops/ and
+runtime/ at its top; ``package-dir`` in pyproject.toml maps them to ``runfleet.store`` etc.
+Every folder with an ``__init__.py`` under them is a subpackage, found here so that a new one
+needs no edit.
 
 The benchmarks that compare runfleet with its peers (rq, DBOS, Celery) are lab equipment:
 they run from a checkout (``pip install -e '.[bench]'``), not from an installed runfleet,
@@ -18,7 +19,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-TOPS = ("store", "broker", "worker", "ops", "runtime", "declaration")
+TOPS = ("store", "broker", "worker", "ops", "runtime", "declaration", "producer", "rqface")
 # Checked by tests/packaging/test_wheel.py against the wheel and ops/bench/__main__.py.
 LAB = {
     "runfleet.ops.bench": {

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
-from runfleet.broker.rq_api import DEFAULT_JOB_TIMEOUT
+from runfleet.rqface.rq_api import DEFAULT_JOB_TIMEOUT
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.journal_records import ReleaseCause

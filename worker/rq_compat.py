@@ -1,6 +1,6 @@
 """rq's per-job options for plain functions: ``retry=Retry(max, interval)``, the
 ``on_success`` / ``on_failure`` callbacks and ``depends_on``, as a producer gave them
-at enqueue (broker/admission.py).
+at enqueue (producer/admission.py).
 
 A run with ``depends_on`` first waits, durably, until its dependencies are met
 (``await_dependencies``, rq's ``dependencies_are_met``: completed, or failed under
@@ -38,9 +38,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from runfleet.broker.current import current_job
-from runfleet.broker.jobs import JobStatus, job_status
-from runfleet.broker.rq_api import DEFAULT_JOB_TIMEOUT, JobTimeoutException, refuse_pipeline
+from runfleet.rqface.current import current_job
+from runfleet.rqface.jobs import JobStatus, job_status
+from runfleet.rqface.rq_api import DEFAULT_JOB_TIMEOUT, JobTimeoutException, refuse_pipeline
 from runfleet.store.registries import Registries
 from runfleet.worker.context import Context
 from runfleet.worker.durable import Retry

@@ -17,11 +17,11 @@ from collections.abc import Sequence
 import psycopg
 from psycopg.rows import dict_row
 
-from runfleet.broker import AsyncQueue, EnqueueSpec
 from runfleet.ops.bench.fleet_procs import Proc, runfleet_worker
 from runfleet.ops.bench.noop import QUEUE, noop_flow
 from runfleet.ops.bench.rq_side import Drain
 from runfleet.ops.bench.scratch import BenchError
+from runfleet.producer import AsyncQueue, EnqueueSpec
 from runfleet.store.config import Settings
 from runfleet.store.queries import q
 

@@ -25,7 +25,6 @@ from typing import Any
 
 from rich.table import Table
 
-from runfleet.broker import AsyncQueue, EnqueueSpec
 from runfleet.ops.bench import dbos_side
 from runfleet.ops.bench.dbos_side import Throughput
 from runfleet.ops.bench.drain import drop_keys
@@ -41,6 +40,7 @@ from runfleet.ops.bench.fleet_procs import (
 from runfleet.ops.bench.runfleet_side import wait_completed
 from runfleet.ops.bench.scratch import BenchError, scratch_database
 from runfleet.ops.bench.three_steps import QUEUE, sleep_once, three_steps
+from runfleet.producer import AsyncQueue, EnqueueSpec
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate

@@ -25,7 +25,6 @@ from typing import Any, cast
 
 from rich.table import Table
 
-from runfleet.broker import EnqueueSpec, Queue
 from runfleet.ops.bench import dbos_side, rq_side
 from runfleet.ops.bench.drain import drop_keys
 from runfleet.ops.bench.fleet_procs import (
@@ -41,6 +40,8 @@ from runfleet.ops.bench.noop import QUEUE, noop, noop_flow
 from runfleet.ops.bench.scratch import BenchError, scratch_database
 from runfleet.ops.bench.three_steps import QUEUE as FLOWS_QUEUE
 from runfleet.ops.bench.three_steps import three_steps
+from runfleet.producer import EnqueueSpec
+from runfleet.rqface import Queue
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate

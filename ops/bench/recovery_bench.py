@@ -17,11 +17,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from runfleet.broker import AsyncQueue, EnqueueSpec
 from runfleet.ops.bench import runfleet_side
 from runfleet.ops.bench.fleet_procs import Proc, percentile, runfleet_worker, wait_workers_started
 from runfleet.ops.bench.noop import QUEUE, nap
 from runfleet.ops.bench.scratch import BenchError
+from runfleet.producer import AsyncQueue, EnqueueSpec
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.types import JournalRecord, Owner, RunStatus

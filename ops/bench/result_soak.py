@@ -26,7 +26,6 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from runfleet.broker import AsyncQueue, EnqueueSpec, Queue
 from runfleet.ops.bench import rq_side
 from runfleet.ops.bench.drain import FLOWS_MODULE, admit, journal_tail, wait_settled
 from runfleet.ops.bench.fleet_procs import (
@@ -38,6 +37,8 @@ from runfleet.ops.bench.fleet_procs import (
 )
 from runfleet.ops.bench.noop import QUEUE, nap, noop_flow
 from runfleet.ops.bench.scratch import BenchError
+from runfleet.producer import AsyncQueue, EnqueueSpec
+from runfleet.rqface import Queue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 

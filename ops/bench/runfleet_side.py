@@ -12,11 +12,12 @@ import asyncio
 import time
 from collections.abc import Sequence
 
-from runfleet.broker import EnqueueSpec, Queue
 from runfleet.ops.bench.fleet_procs import Proc, rate, runfleet_worker, wait_workers_started
 from runfleet.ops.bench.noop import QUEUE, noop_flow
 from runfleet.ops.bench.rq_side import Drain, SideResult
 from runfleet.ops.bench.scratch import BenchError
+from runfleet.producer import EnqueueSpec
+from runfleet.rqface import Queue
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.types import RunStatus

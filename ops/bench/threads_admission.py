@@ -25,11 +25,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from runfleet.broker import Queue
 from runfleet.ops.bench.drain import drop_keys
 from runfleet.ops.bench.fleet_procs import bench_prefix, rate
 from runfleet.ops.bench.noop import noop, noop_flow
 from runfleet.ops.bench.scratch import scratch_database
+from runfleet.rqface import Queue
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import psycopg
 
 import tests.ha.flows as hf
-from runfleet.broker import AsyncQueue, EnqueueSpec
 from runfleet.ops.servers.patroni import PatroniCluster
+from runfleet.producer import AsyncQueue, EnqueueSpec
 from runfleet.store.config import Settings
 from runfleet.store.errors import Unavailable
 from runfleet.store.migrate import migrate

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import runfleet.worker.rq_compat
-from runfleet.broker import Queue, RunNotFound
+from runfleet.producer import RunNotFound
+from runfleet.rqface import Queue
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput
 from tests.fleet.flows import sleepy

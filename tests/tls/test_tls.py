@@ -14,10 +14,10 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 import tests.tls.flows as flows
-from runfleet.broker import AsyncQueue
 from runfleet.broker.client import connect
 from runfleet.ops.models import DoctorView
 from runfleet.ops.servers.tls import TlsPostgres, TlsRedis
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.worker.process import Worker

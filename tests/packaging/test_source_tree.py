@@ -22,7 +22,8 @@ FIND = """
 import importlib.util, json, sys
 found = {}
 for name in ("runfleet", "runfleet.store", "runfleet.broker", "runfleet.worker",
-             "runfleet.ops", "runfleet.runtime", "runfleet.ops.bench.rq_side",
+             "runfleet.ops", "runfleet.runtime", "runfleet.declaration",
+             "runfleet.producer", "runfleet.rqface", "runfleet.ops.bench.rq_side",
              "runfleet.tests", "runfleet.pip",
              "runfleet.scripts", "store", "broker", "worker"):
     spec = importlib.util.find_spec(name)

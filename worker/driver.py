@@ -18,7 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, assert_never
 
+from runfleet.rqface.job_timeouts import timed
 from runfleet.rqface.rq_api import DEFAULT_JOB_TIMEOUT
+from runfleet.rqface.running import asking_retry, retrying_returned, running_job, wants_rq_call
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.journal_records import ReleaseCause
@@ -40,14 +42,7 @@ from runfleet.worker.flows import Flow
 from runfleet.worker.outcomes import Cause, Decision, DriveOutcome
 from runfleet.worker.replay import Interrupted, Replay
 from runfleet.worker.retry import is_transient, with_retry
-from runfleet.worker.rq_compat import (
-    asking_retry,
-    call_rq_style,
-    retrying_returned,
-    running_job,
-    timed,
-    wants_rq_call,
-)
+from runfleet.worker.rq_compat import call_rq_style
 from runfleet.worker.settle import AnnounceFn, Settlement
 from runfleet.worker.step_timeouts import ABANDONED
 from runfleet.worker.sync_context import SyncContext

@@ -611,7 +611,7 @@ class Job:
         self._queue._rq.mark("deleted", ids)
         self._row = None
 
-    # ---- rq's remaining Job surface (broker/rq_job.py holds the logic) -------
+    # ---- rq's remaining Job surface ----------------------------------------
 
     @classmethod
     def exists(cls, job_id: str, connection: Connection) -> bool:

@@ -290,7 +290,7 @@ class AsyncQueue:
                 extra["depends_on"] = depends_on
         if fn is not None and not takes_ctx:
             # A plain function's job_timeout is rq's: execution time, enforced by the worker
-            # around the call (worker/rq_compat.py), failing it with JobTimeoutException.
+            # around the call (rqface/job_timeouts.py), failing it with JobTimeoutException.
             job_timeout_ms = None
         ttl = extra.get("ttl")
         if isinstance(ttl, int):  # rq's ttl: a deadline from admission (docs/moving-from-rq.md)

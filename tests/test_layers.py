@@ -19,6 +19,9 @@ PACKAGES = tuple(layers.BENEATH)
 
 
 def test_every_package_is_read() -> None:
+    """Each folder ``runfleet/`` links to has its place in the table (a new one needs it)."""
+    linked = {p.name for p in (layers.ROOT / layers.TOP).iterdir() if p.is_symlink()}
+    assert linked == set(PACKAGES)
     found = layers.modules()
     assert {layers.package_of(m) for m in found} == {*PACKAGES, layers.TOP}
     assert "runfleet.declaration.flow" in found and "runfleet.rqface.sync" in found

@@ -1,10 +1,10 @@
 """What pyproject.toml cannot say: the wheel's subpackages.
 
-The repository keeps store/, broker/, worker/, ops/ and runtime/ at its top;
-``package-dir`` in pyproject.toml maps them to ``runfleet.store`` etc. Every folder with an
-``__init__.py`` under them is a subpackage, found here so that a new one needs no edit.
-The benchmarks beside runfleet's peers (bench/) and the servers only the test suites
-start (tests/servers/) are folders of the checkout beside these, never in the wheel.
+The repository keeps store/, broker/, producer/, rqface/, declaration/, worker/, ops/ and
+runtime/ at its top; ``package-dir`` in pyproject.toml maps them to ``runfleet.store`` etc.
+Every folder with an ``__init__.py`` under them is a subpackage, found here so that a new one
+needs no edit. The benchmarks beside runfleet's peers (bench/) and the servers only the test
+suites start (tests/servers/) are folders of the checkout beside these, never in the wheel.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from setuptools import setup
 
 ROOT = Path(__file__).resolve().parent
-TOPS = ("store", "broker", "worker", "ops", "runtime", "declaration")
+TOPS = ("store", "broker", "worker", "ops", "runtime", "declaration", "producer", "rqface")
 
 
 def subpackages() -> list[str]:

@@ -19,9 +19,9 @@ from psycopg.rows import dict_row
 
 from bench.noop import QUEUE, noop_flow
 from bench.rq_side import Drain
-from runfleet.broker import AsyncQueue, EnqueueSpec
 from runfleet.ops.bench.procs import Proc, runfleet_worker
 from runfleet.ops.bench.scratch import BenchError
+from runfleet.producer import AsyncQueue, EnqueueSpec
 from runfleet.store.config import Settings
 from runfleet.store.queries import q
 

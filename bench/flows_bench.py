@@ -32,10 +32,10 @@ from bench.durability import Target, targets
 from bench.figures import percentile
 from bench.runfleet_side import wait_completed
 from bench.servers import Servers, bench_prefix
-from runfleet.broker import AsyncQueue, EnqueueSpec
 from runfleet.ops.bench.procs import Proc, runfleet_worker, wait_workers_started
 from runfleet.ops.bench.scratch import BenchError, scratch_database
 from runfleet.ops.bench.three_steps import QUEUE, sleep_once, three_steps
+from runfleet.producer import AsyncQueue, EnqueueSpec
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate

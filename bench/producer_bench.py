@@ -32,11 +32,12 @@ from bench.figures import percentile, rate
 from bench.noop import QUEUE, noop, noop_flow
 from bench.servers import Servers, bench_prefix
 from bench.shapes import ShapesResult
-from runfleet.broker import EnqueueSpec, Queue
 from runfleet.ops.bench.procs import Proc, runfleet_worker, wait_workers_started
 from runfleet.ops.bench.scratch import BenchError, scratch_database
 from runfleet.ops.bench.three_steps import QUEUE as FLOWS_QUEUE
 from runfleet.ops.bench.three_steps import three_steps
+from runfleet.producer import EnqueueSpec
+from runfleet.rqface import Queue
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate

@@ -20,9 +20,9 @@ from typing import Any
 from bench import runfleet_side
 from bench.figures import percentile
 from bench.noop import QUEUE, nap
-from runfleet.broker import AsyncQueue, EnqueueSpec
 from runfleet.ops.bench.procs import Proc, runfleet_worker, wait_workers_started
 from runfleet.ops.bench.scratch import BenchError
+from runfleet.producer import AsyncQueue, EnqueueSpec
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.types import JournalRecord, Owner, RunStatus

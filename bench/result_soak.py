@@ -31,9 +31,10 @@ from bench import rq_side
 from bench.drain import FLOWS_MODULE, admit, journal_tail, wait_settled
 from bench.figures import percentile, rate, rss_mb
 from bench.noop import QUEUE, nap, noop_flow
-from runfleet.broker import AsyncQueue, EnqueueSpec, Queue
 from runfleet.ops.bench.procs import runfleet_worker, wait_workers_started
 from runfleet.ops.bench.scratch import BenchError
+from runfleet.producer import AsyncQueue, EnqueueSpec
+from runfleet.rqface import Queue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 

@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from bench.figures import rate
 from bench.noop import QUEUE, noop_flow
 from bench.rq_side import Drain, SideResult
-from runfleet.broker import EnqueueSpec, Queue
 from runfleet.ops.bench.procs import Proc, runfleet_worker, wait_workers_started
 from runfleet.ops.bench.scratch import BenchError
+from runfleet.producer import EnqueueSpec
+from runfleet.rqface import Queue
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.types import RunStatus

@@ -35,9 +35,10 @@ from bench.drain import drop_keys
 from bench.figures import percentile, rate
 from bench.noop import noop, noop_flow
 from bench.servers import Servers, bench_prefix
-from runfleet.broker import AsyncQueue, Queue
 from runfleet.ops.bench.procs import Proc, python_env, runfleet_worker, wait_workers_started
 from runfleet.ops.bench.scratch import BenchError, scratch_database
+from runfleet.producer import AsyncQueue
+from runfleet.rqface import Queue
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate
 

@@ -1,6 +1,6 @@
 """A blocking Redis client behind the awaitable surface the producer's calls use.
 
-``broker.sync.Queue`` drives its one-statement calls in the caller's thread
+``rqface.sync.Queue`` drives its one-statement calls in the caller's thread
 (``store.inline.drive``): the queue's own coroutines, which must never suspend. Their
 Redis writes (``Streams.publish``/``publish_many``, a wake hint) await ``xadd``, a
 pipeline, or a script; here each is a blocking redis-py call wrapped in a coroutine that
@@ -27,7 +27,7 @@ from runfleet.store.config import Settings
 
 # The producer's logger (docs/reference/logs.md): a wake refused is logged as any failed
 # publish of an enqueue's wake is.
-log = logging.getLogger("runfleet.broker.queue")
+log = logging.getLogger("runfleet.producer.queue")
 
 MAX_UNREAD = 512
 """The most replies ``UnansweredXadds`` leaves unread before it waits for them."""

@@ -7,8 +7,10 @@ The public API is this module's ``__all__``::
 Producers enqueue with ``Queue`` (rq-shaped, synchronous) or ``AsyncQueue``; flows are
 functions decorated with ``@flow`` whose steps a worker records (``Context``). Everything
 else lives in the subpackages, which are internals: ``runfleet.store`` (Postgres, the
-truth), ``runfleet.broker`` (Redis hints and the producer API), ``runfleet.worker``
-(executing runs) and ``runfleet.ops`` (the CLI, dashboard, demo and benchmarks).
+truth), ``runfleet.broker`` (Redis hints and liveness), ``runfleet.producer`` (the native
+producer API), ``runfleet.rqface`` (rq's face over it), ``runfleet.declaration`` (a flow's
+declaration), ``runfleet.worker`` (executing runs) and ``runfleet.ops`` (the CLI,
+dashboard, demo and benchmarks).
 
 Names load on first use, so a producer's ``from runfleet import Queue`` never imports the
 worker, and importing any ``runfleet.*`` module does not import them all.
@@ -26,20 +28,27 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from runfleet.broker import (
+    from runfleet.producer import (
         AsyncQueue,
         AsyncRun,
         Callback,
-        CanceledJobRegistry,
-        DeferredJobRegistry,
-        Dependency,
-        DuplicateJobError,
         EnqueueSpec,
         EventAnswer,
         EventCompleted,
         EventExisting,
         EventRunSettled,
         EventTimedOut,
+        Retry,
+        RunCancelled,
+        RunDead,
+        RunFailed,
+        RunNotFound,
+    )
+    from runfleet.rqface import (
+        CanceledJobRegistry,
+        DeferredJobRegistry,
+        Dependency,
+        DuplicateJobError,
         FailedJobRegistry,
         FinishedJobRegistry,
         InvalidJobOperation,
@@ -49,12 +58,7 @@ if TYPE_CHECKING:
         NoSuchJobError,
         Queue,
         Result,
-        Retry,
         Run,
-        RunCancelled,
-        RunDead,
-        RunFailed,
-        RunNotFound,
         ScheduledJobRegistry,
         StartedJobRegistry,
         cancel_job,
@@ -90,21 +94,30 @@ if TYPE_CHECKING:
 # Public name -> (module, attribute there).
 _WHERE: dict[str, tuple[str, str]] = {
     **{
-        name: ("runfleet.broker", name)
+        name: ("runfleet.producer", name)
         for name in (
             "AsyncQueue",
             "AsyncRun",
-            "Callback",
-            "CanceledJobRegistry",
-            "DeferredJobRegistry",
-            "Dependency",
-            "DuplicateJobError",
             "EnqueueSpec",
             "EventAnswer",
             "EventCompleted",
             "EventExisting",
             "EventRunSettled",
             "EventTimedOut",
+            "RunCancelled",
+            "RunDead",
+            "RunFailed",
+            "RunNotFound",
+        )
+    },
+    **{
+        name: ("runfleet.rqface", name)
+        for name in (
+            "Callback",
+            "CanceledJobRegistry",
+            "DeferredJobRegistry",
+            "Dependency",
+            "DuplicateJobError",
             "FailedJobRegistry",
             "FinishedJobRegistry",
             "InvalidJobOperation",
@@ -116,10 +129,6 @@ _WHERE: dict[str, tuple[str, str]] = {
             "Result",
             "Retry",
             "Run",
-            "RunCancelled",
-            "RunDead",
-            "RunFailed",
-            "RunNotFound",
             "ScheduledJobRegistry",
             "StartedJobRegistry",
             "cancel_job",

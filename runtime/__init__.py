@@ -5,5 +5,6 @@
 coalesced hints (``Coalesce``); ``runtime.embedded``: the embedded Postgres and Redis a
 user's processes share on one machine. They import nothing of runfleet, so every package
 may import them (``store.urls`` starts the embedded pair): the dependency rule is
-``ops → worker → broker → store``, with ``runtime`` beside them all.
+``ops → worker → rqface → producer → broker → store``, with ``declaration`` and
+``runtime`` beneath them (tests/test_layers.py).
 """

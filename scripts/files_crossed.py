@@ -28,7 +28,7 @@ import psycopg
 from psycopg import sql
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("store", "broker", "worker", "ops")
+PACKAGES = ("store", "broker", "producer", "rqface", "declaration", "worker", "ops")
 
 
 def _touched() -> tuple[set[str], Any]:
@@ -85,7 +85,7 @@ async def main(show: bool) -> None:
 
 async def _count(settings: Any, show: bool) -> None:
     import scripts.files_crossed_flows as flows
-    from runfleet.broker.sync import Queue
+    from runfleet.rqface.sync import Queue
     from runfleet.store import Store
     from runfleet.store.types import Owner
     from runfleet.worker.coordinator import Coordinator

@@ -51,7 +51,7 @@ class RunNotFound(RunfleetError):
     """No run with this id is visible to the caller: never admitted, deleted by retention,
     or hidden by row security (an invisible run and an unused id are told apart nowhere).
 
-    The one "no run with id" error: producers (``broker.RunNotFound``, rq's
+    The one "no run with id" error: producers (``producer.RunNotFound``, rq's
     ``NoSuchJobError``) and the CLI raise and catch this class."""
 
     def __init__(self, run_id: str) -> None:

@@ -2,7 +2,8 @@
 and requeueing a failed run.
 
 Kept apart from ``store.runs`` because these answer rq's questions ("what is in
-the queue", "which jobs failed") in rq's terms; ``broker`` is the only caller.
+the queue", "which jobs failed") in rq's terms; its callers are rq's face (``rqface``)
+and the rq options the producer and the worker honour.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 rq keeps each registry as a Redis sorted set beside the job hashes; here each one is a
 query of ``runfleet.runs`` (the one source of truth), narrowed in Python where the answer
 depends on other runs' statuses (a dependent is deferred until its dependencies are met).
-``broker.registries`` is the rq-shaped face; workers use ``dependencies_met`` for the gate
+``rqface.registries`` is the rq-shaped face; workers use ``dependencies_met`` for the gate
 and ``work_left`` for ``runfleet worker --burst``.
 """
 

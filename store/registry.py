@@ -2,7 +2,7 @@
 
 Workers write it at start (one row per ``@flow``, refreshed on every start); producers
 read it to refuse a late-bound ``"module:function"`` name that no worker knows, before
-any write (``broker.queue``), and ``runfleet schedule add`` checks a schedule's flow the
+any write (``producer.queue``), and ``runfleet schedule add`` checks a schedule's flow the
 same way. It is a catalogue, not a permission: a worker still resolves every name against
 its own code (``worker.resolver``).
 """

@@ -321,7 +321,7 @@ CREATE INDEX runs_settled_idx ON runfleet.runs (updated_at_ms, id)
 
 -- Per-run TTLs (0010): rq's result_ttl / failure_ttl, enforced by retention.
 -- A settled run's own expiry (rq's result_ttl / failure_ttl, kept in its state by
--- broker/admission.py): settlement time + the TTL of its status. NULL when the run has
+-- producer/admission.py): settlement time + the TTL of its status. NULL when the run has
 -- none (the fleet-wide RUNFLEET_RETENTION applies), the largest bigint when the TTL is
 -- negative (rq's -1: kept forever). Only a JSON number counts and it is clamped to a
 -- century, so no state a run can carry makes this index expression fail a write. One
@@ -440,7 +440,7 @@ BEGIN
 END
 $$;
 
--- What a producer may admit (broker/trust.py says the same first): never a derived id. A
+-- What a producer may admit (producer/trust.py says the same first): never a derived id. A
 -- child is `<parent>/child:<flow>#<n>` (`/spawn:` detached) and only workers create them;
 -- a first round is its own lineage and never ends in `@<number>`; a later round
 -- `<lineage>@<n>` only as the requeue of a failed round of that lineage the producer can

@@ -31,7 +31,7 @@ from runfleet.store.migrate import migrate
 from tests.support import tiers
 
 if TYPE_CHECKING:
-    from runfleet.broker import AsyncQueue
+    from runfleet.producer import AsyncQueue
     from runfleet.store import Store
     from runfleet.worker.process import Worker
     from tests.fleet.procs import Spawn
@@ -202,7 +202,7 @@ async def worker(settings: Settings) -> AsyncIterator[Worker]:
 
 @pytest.fixture
 async def queue(settings: Settings) -> AsyncIterator[AsyncQueue]:
-    from runfleet.broker import AsyncQueue
+    from runfleet.producer import AsyncQueue
 
     async with AsyncQueue("default", settings=settings) as q:
         yield q

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 import tests.fleet.flows as flows
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.config import LOOP_STALL_FLOOR, Settings
 from runfleet.worker.health import LIVENESS_PATH, READINESS_PATH, Health

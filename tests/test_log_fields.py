@@ -16,7 +16,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("store", "broker", "worker", "ops", "runtime", "runfleet", "tests", "scripts")
+FOLDERS = (
+    "store",
+    "broker",
+    "producer",
+    "rqface",
+    "declaration",
+    "worker",
+    "ops",
+    "runtime",
+    "runfleet",
+    "tests",
+    "scripts",
+)
 RESERVED = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 FIELD_LOGGERS = frozenset({"rate_limited", "dropped", "error_reply"})
 """Helpers whose ``**fields`` become a log call's ``extra`` (``broker.hostile``)."""

@@ -9,7 +9,19 @@ import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("store", "broker", "worker", "ops", "runtime", "runfleet", "tests", "scripts")
+FOLDERS = (
+    "store",
+    "broker",
+    "producer",
+    "rqface",
+    "declaration",
+    "worker",
+    "ops",
+    "runtime",
+    "runfleet",
+    "tests",
+    "scripts",
+)
 IGNORE = re.compile(r"#\s*type:\s*ignore")
 WITH_REASON = re.compile(r"#\s*type:\s*ignore\[[a-z0-9_,\- ]+\]\s+#\s*\S")
 

@@ -20,7 +20,9 @@ from typing import Any, assert_never
 import runfleet.worker.containment as containment
 import runfleet.worker.metrics as metrics
 import runfleet.worker.tracing as tracing
-from runfleet.broker.rq_api import DEFAULT_JOB_TIMEOUT
+from runfleet.rqface.job_timeouts import timed
+from runfleet.rqface.rq_api import DEFAULT_JOB_TIMEOUT
+from runfleet.rqface.running import asking_retry, retrying_returned, running_job, wants_rq_call
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.journal_records import ReleaseCause
@@ -45,14 +47,7 @@ from runfleet.worker.outcomes import Decision, DriveOutcome
 from runfleet.worker.ports import Hints, LeaseView, Slots
 from runfleet.worker.resolver import function
 from runfleet.worker.retry import is_transient, with_retry
-from runfleet.worker.rq_compat import (
-    asking_retry,
-    call_rq_style,
-    retrying_returned,
-    running_job,
-    timed,
-    wants_rq_call,
-)
+from runfleet.worker.rq_compat import call_rq_style
 from runfleet.worker.settle import Settlement
 from runfleet.worker.takeover import ProbeFn, Takeover
 from runfleet.worker.threads import in_thread

@@ -1,7 +1,7 @@
 """OpenTelemetry traces of runs: a span per activation, step, attempt, wait and child.
 
 One trace per run. Its root is the producer's span when the producer had one (the W3C
-carrier ``broker.trace_context`` wrote into the run's state), else a remote parent whose
+carrier ``runtime.trace_context`` wrote into the run's state), else a remote parent whose
 trace and span ids are derived from the run id: every activation of the run — the first,
 a resume after a wait, a takeover by another process — is a child of it, so they form one
 trace whichever processes executed them. A child run is admitted with the carrier of its
@@ -26,7 +26,7 @@ import hashlib
 from collections.abc import Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from runfleet.broker.trace_context import TRACE_STATE_KEY
+from runfleet.runtime.trace_context import TRACE_STATE_KEY
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context as OtelContext

@@ -21,13 +21,13 @@ from typing import Any
 import psycopg
 from rich.table import Table
 
-from runfleet.broker import AsyncQueue, EnqueueSpec
 from runfleet.ops.bench.capacity import BATCH, FLOWS_MODULE, zero_steps
 from runfleet.ops.bench.procs import runfleet_worker, wait_workers_started
 from runfleet.ops.bench.scratch import BenchError
 from runfleet.ops.bench.three_steps import QUEUE
 from runfleet.ops.servers.postgres import ThrowawayPostgres
 from runfleet.ops.servers.redis import ThrowawayRedis
+from runfleet.producer import AsyncQueue, EnqueueSpec
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate

@@ -1,7 +1,7 @@
 """Answering durable flows from a shell: ``complete``, ``approve``, ``deny``, ``resume``
 (``ops.cli.history`` for a failed or cancelled run).
 
-Each goes through ``broker.AsyncQueue`` as a producer's code would, so scope
+Each goes through ``producer.AsyncQueue`` as a producer's code would, so scope
 checks, the journal record (who answered, when, why) and the wake hint are the
 same whichever way an answer arrives.
 """
@@ -14,18 +14,18 @@ from typing import Annotated, Any, assert_never
 
 import typer
 
-from runfleet.broker import (
+from runfleet.ops.cli import common as c
+from runfleet.ops.cli import history
+from runfleet.ops.cli.produce import Scopes, actor
+from runfleet.ops.cli.text import say
+from runfleet.ops.models import AnswerResult
+from runfleet.producer import (
     AsyncQueue,
     EventCompleted,
     EventExisting,
     EventRunSettled,
     EventTimedOut,
 )
-from runfleet.ops.cli import common as c
-from runfleet.ops.cli import history
-from runfleet.ops.cli.produce import Scopes, actor
-from runfleet.ops.cli.text import say
-from runfleet.ops.models import AnswerResult
 
 Token = Annotated[
     str, typer.Option("--token", help="The token the flow sent its approver (on_token).")

@@ -1,7 +1,7 @@
 """A run's history from a shell: ``fork RUN --from-step N``, ``resume RUN`` (a failed or
 cancelled run), ``delete RUN`` (docs/explanation/lifecycle.md "Resume, fork, delete").
 
-Each goes through ``broker.AsyncQueue`` as a producer's code would, under the caller's
+Each goes through ``producer.AsyncQueue`` as a producer's code would, under the caller's
 database role and its row-security policies: a run the role cannot see is refused
 exactly like an id never used, and a role that may not write recorded steps or delete a
 run's rows (a producer, the operator) is refused by Postgres. Fork and resume journal the
@@ -16,11 +16,11 @@ from typing import Annotated
 
 import typer
 
-from runfleet.broker import AsyncQueue
 from runfleet.ops.cli import common as c
 from runfleet.ops.cli.produce import Scopes, actor
 from runfleet.ops.cli.text import say
 from runfleet.ops.models import AnswerResult, HistoryResult
+from runfleet.producer import AsyncQueue
 from runfleet.store.errors import InvalidInput
 from runfleet.store.types import RunStatus
 

@@ -1,6 +1,6 @@
 """Acting on runs from a shell: ``enqueue`` and ``cancel``, through the producer API.
 
-They go through ``broker.AsyncQueue`` exactly as a producer's code would, so the CLI
+They go through ``producer.AsyncQueue`` exactly as a producer's code would, so the CLI
 admits and cancels with the same transaction, journal record and stream hint.
 The durable-flow answers (``resume``, ``approve``, ``deny``, ``complete``) will sit
 beside these.
@@ -15,10 +15,10 @@ from typing import Annotated, Any, assert_never
 
 import typer
 
-from runfleet.broker import AsyncQueue, EnqueueSpec
 from runfleet.ops.cli import common as c
 from runfleet.ops.cli.text import say
 from runfleet.ops.models import CancelResult, EnqueueResult
+from runfleet.producer import AsyncQueue, EnqueueSpec
 from runfleet.store.config import Settings
 from runfleet.store.errors import RunNotFound
 from runfleet.store.types import (

@@ -2,7 +2,7 @@
 rq's ``failed_job_registry.requeue`` (one, or every one of a queue: django-rq's bulk action).
 
 A failed run stays failed (terminal is never left); the retry is the next round of
-its lineage with the same flow and arguments (``broker.AsyncQueue.requeue``), and
+its lineage with the same flow and arguments (``producer.AsyncQueue.requeue``), and
 every read of the old id answers with that round. A run parked ``dead`` (a poison run)
 is not failed: retrying it is ``runfleet resume``, the same run moving on with its
 recoveries in a row starting again.
@@ -15,12 +15,12 @@ from typing import Annotated
 import typer
 from pydantic import BaseModel, ConfigDict
 
-from runfleet.broker import AsyncQueue
 from runfleet.ops.cli import common as c
 from runfleet.ops.cli.options import LIST_MAX
 from runfleet.ops.cli.produce import Scopes, actor
 from runfleet.ops.cli.text import say
 from runfleet.ops.models import RequeueResult
+from runfleet.producer import AsyncQueue
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput, RunNotFound, ScopeDenied
 from runfleet.store.registries import Registries, RegistryKind

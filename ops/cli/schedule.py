@@ -13,11 +13,11 @@ from typing import Annotated, TypeVar
 import typer
 from pydantic import BaseModel
 
-from runfleet.broker.admission import importable, unknown
 from runfleet.ops.cli import common as c
 from runfleet.ops.cli.options import CATCH_UP_MAX
 from runfleet.ops.cli.produce import Scopes, parse_payload
 from runfleet.ops.cli.text import say
+from runfleet.producer.admission import importable, unknown
 from runfleet.store.config import Settings
 from runfleet.store.cron import Cron, iso
 from runfleet.store.errors import RunfleetError

@@ -1,7 +1,7 @@
 """The dashboard's buttons: cancel, approve, deny, resume, retry — the CLI's calls on the
 same queue, each shown only on a run whose state it fits (``fitting``).
 
-Each goes through ``broker.AsyncQueue`` with the scopes the dashboard was started with
+Each goes through ``producer.AsyncQueue`` with the scopes the dashboard was started with
 (``runfleet dashboard --scope``), so a run whose scopes they do not cover is refused
 exactly as ``runfleet cancel`` refuses it, and each decision is journaled with the
 actor ``dashboard:<login>@<host>``. The database role (RUNFLEET_DATABASE_URL) and its
@@ -16,10 +16,10 @@ import socket
 from enum import StrEnum
 from typing import Any, Literal, assert_never
 
-from runfleet.broker import AsyncQueue
 from runfleet.ops.cli import common as c
 from runfleet.ops.cli.produce import cancel_on
 from runfleet.ops.models import AnswerResult, CancelResult, RunSummary
+from runfleet.producer import AsyncQueue
 from runfleet.store.types import RunStatus, WaitingReason
 
 

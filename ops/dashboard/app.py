@@ -26,7 +26,6 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from runfleet.broker import AsyncQueue
 from runfleet.ops.cli import common as c
 from runfleet.ops.cli.options import LIST_MAX, since
 from runfleet.ops.cli.runs import detail_view, list_view, tree_view
@@ -37,6 +36,7 @@ from runfleet.ops.dashboard.lifecycle import lifecycle
 from runfleet.ops.dashboard.urls import action_id, api_id, page_id, run_url
 from runfleet.ops.explain.report import explain, gather
 from runfleet.ops.models import AnswerResult, ReadAnswer
+from runfleet.producer import AsyncQueue
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput, RunfleetError, RunNotFound, ScopeDenied, Unavailable
 from runfleet.store.topology import Role, Topology, read_topology

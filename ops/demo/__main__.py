@@ -28,9 +28,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import runfleet
-from runfleet.broker import AsyncQueue, EnqueueSpec
 from runfleet.ops.demo.flows import work
 from runfleet.ops.servers.resolve import Endpoints, database_url_for, resolve
+from runfleet.producer import AsyncQueue, EnqueueSpec
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate

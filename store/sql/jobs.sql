@@ -1,4 +1,4 @@
--- rq's producer surface over run rows (broker/jobs.py): what a queue holds, the
+-- rq's producer surface over run rows (rqface/jobs.py): what a queue holds, the
 -- failed registry, a job's meta. Scoped reads name only runs whose scopes the
 -- caller's cover (row-level security narrows them again for scoped roles).
 

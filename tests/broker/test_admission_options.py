@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runfleet.broker.admission import rq_options
+from runfleet.producer.admission import rq_options
 from runfleet.store.types import (
     AdmissionOptions,
     Forked,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from runfleet.broker.call_site import called_at_site
+from runfleet.rqface.call_site import called_at_site
 
 
 class Probe:

@@ -1,4 +1,4 @@
-"""A producer's calls on an existing run (``broker.control``): what each checks before it
+"""A producer's calls on an existing run (``producer.control``): what each checks before it
 writes, and what it says when it refuses. Real Postgres and Redis, the production
 ``AsyncQueue``; the runs are parked through the store, as a worker leaves them.
 """
@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from runfleet.broker import AsyncQueue
-from runfleet.broker.control import RunControl
 from runfleet.broker.streams import Lane
 from runfleet.broker.wake_reasons import WakeReason
+from runfleet.producer import AsyncQueue
+from runfleet.producer.control import RunControl
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.errors import CancelRequestFailed, InvalidInput, ScopeDenied

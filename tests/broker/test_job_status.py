@@ -3,7 +3,7 @@ once, whatever instant of its closing a reader catches (rq's ``cancel`` answers 
 
 from __future__ import annotations
 
-from runfleet.broker.jobs import JobStatus, job_status
+from runfleet.rqface.jobs import JobStatus, job_status
 from runfleet.store import Store
 from runfleet.store.types import RunStatus, Waiting, WaitingReason
 from tests.store.helpers import OWNER_A, activate, create, make_parked

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from runfleet.broker.admission import (
+from runfleet.declaration import FlowDeclaration, flow_target
+from runfleet.producer.admission import (
     Dependencies,
     RqAdmission,
     RqCall,
@@ -10,7 +11,7 @@ from runfleet.broker.admission import (
     rq_options,
     split_rq_call,
 )
-from runfleet.broker.registries import (
+from runfleet.rqface.registries import (
     CanceledJobRegistry,
     DeferredJobRegistry,
     FailedJobRegistry,
@@ -18,7 +19,6 @@ from runfleet.broker.registries import (
     ScheduledJobRegistry,
     StartedJobRegistry,
 )
-from runfleet.declaration import FlowDeclaration, flow_target
 from runfleet.store.registries import RegistryKind
 
 

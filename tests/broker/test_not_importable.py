@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from runfleet import NotImportable, Queue
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput

@@ -20,9 +20,9 @@ import psycopg
 import pytest
 from psycopg import pq
 
-from runfleet.broker import AsyncQueue
 from runfleet.broker.notify import SettledWatch
-from runfleet.broker.run import AsyncRun
+from runfleet.producer import AsyncQueue
+from runfleet.producer.run import AsyncRun
 from runfleet.store.config import Settings
 from runfleet.store.errors import ExecutionIdentityConflict, InvalidInput
 from runfleet.store.journal import Kind

@@ -13,12 +13,12 @@ import psycopg
 import pytest
 
 from runfleet.broker.client import connect
-from runfleet.broker.control import RunControl
-from runfleet.broker.history import RunHistory
-from runfleet.broker.messages import RunMessages
-from runfleet.broker.run import AsyncRun
-from runfleet.broker.session import ProducerSession
 from runfleet.broker.streams import Lane
+from runfleet.producer.control import RunControl
+from runfleet.producer.history import RunHistory
+from runfleet.producer.messages import RunMessages
+from runfleet.producer.run import AsyncRun
+from runfleet.producer.session import ProducerSession
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.errors import RunNotFound, ScopeDenied, Unavailable

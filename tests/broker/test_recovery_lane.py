@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from runfleet.broker import AsyncQueue
 from runfleet.broker.codec import StreamMessage
 from runfleet.broker.streams import Delivery, Lane, QueueDepth, Streams
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.types import Waiting, WaitingReason
 from tests.store.helpers import make_parked

@@ -15,8 +15,8 @@ from contextlib import contextmanager
 import psycopg
 import pytest
 
-from runfleet.broker import Queue
-from runfleet.broker.run import RunFailed
+from runfleet.producer.run import RunFailed
+from runfleet.rqface import Queue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.inline import Suspended, drive

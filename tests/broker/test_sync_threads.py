@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from runfleet.broker import Queue
 from runfleet.broker.streams import Lane
+from runfleet.rqface import Queue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.errors import ExecutionIdentityConflict

@@ -15,10 +15,10 @@ import time
 import pytest
 import redis
 
-from runfleet.broker import Queue
 from runfleet.broker.blocking import MAX_UNREAD, BlockingRedis, UnansweredXadds
 from runfleet.broker.codec import FIELD
 from runfleet.broker.streams import Lane
+from runfleet.rqface import Queue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import RunStatus
@@ -84,7 +84,7 @@ def test_an_error_reply_is_logged_and_fails_nothing(
         good = f"{settings.redis_prefix}:a-stream"
         client.set(key, "a string, so XADD answers WRONGTYPE")
         sender = UnansweredXadds(client)
-        with caplog.at_level(logging.WARNING, logger="runfleet.broker.queue"):
+        with caplog.at_level(logging.WARNING, logger="runfleet.producer.queue"):
             sender.send([(key, b"x")], maxlen=10)  # returns: nothing is waited for
             time.sleep(0.05)
             sender.send([(good, b"y")], maxlen=10)  # reads the error reply first
@@ -113,7 +113,7 @@ def test_a_connection_redis_closed_is_replaced_for_the_next_wake(
         killed = client.client_kill_filter(addr=f"{host}:{port}")  # Redis drops it
         assert killed == 1
         time.sleep(0.05)  # its FIN has reached the sender's socket
-        with caplog.at_level(logging.DEBUG, logger="runfleet.broker.queue"):
+        with caplog.at_level(logging.DEBUG, logger="runfleet.producer.queue"):
             sender.send([(key, b"second")], maxlen=100)  # on a new connection, not the dead one
         events = [r.getMessage() for r in caplog.records]
         assert "enqueue.wake_connection_replaced" in events, events

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import psycopg
 
 import tests.chaos.flows as cf
-from runfleet.broker import AsyncQueue, EnqueueSpec
+from runfleet.producer import AsyncQueue, EnqueueSpec
 from runfleet.store.config import Settings
 from tests.fleet.procs import WorkerProc
 from tests.support.polling import until

@@ -16,9 +16,9 @@ import psycopg
 import pytest
 import redis.asyncio as aioredis
 
-from runfleet.broker import AsyncQueue, EnqueueSpec
 from runfleet.broker.streams import Lane, Streams
 from runfleet.ops.servers.redis import ThrowawayRedis
+from runfleet.producer import AsyncQueue, EnqueueSpec
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from tests.chaos.conftest import chaos_settings

@@ -14,7 +14,7 @@ import pytest
 
 import runfleet.worker.retry as worker_retry
 import tests.chaos.flows as cf
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.steps import StepWrite
 from runfleet.store.types import RunStatus

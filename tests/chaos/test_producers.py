@@ -9,8 +9,9 @@ import time
 import pytest
 
 import tests.chaos.flows as cf
-from runfleet.broker import AsyncQueue, Queue
 from runfleet.ops.servers.postgres import ThrowawayPostgres, postgres_stop
+from runfleet.producer import AsyncQueue
+from runfleet.rqface import Queue
 from runfleet.store.config import Settings
 from runfleet.store.errors import Unavailable
 from runfleet.store.types import RunStatus

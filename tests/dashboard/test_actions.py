@@ -8,8 +8,8 @@ import psycopg
 
 import tests.dashboard.flows as d
 import tests.flows.flows as f
-from runfleet.broker import AsyncQueue
 from runfleet.ops.models import CancelResult
+from runfleet.producer import AsyncQueue
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.types import RunStatus

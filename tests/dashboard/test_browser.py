@@ -25,8 +25,8 @@ import uvicorn
 
 import tests.dashboard.flows as d
 import tests.flows.flows as f
-from runfleet.broker import AsyncQueue
 from runfleet.ops.dashboard.app import create_app
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import RunStatus

@@ -9,8 +9,8 @@ import sys
 import httpx
 
 import tests.dashboard.flows as d
-from runfleet.broker import AsyncQueue
 from runfleet.ops.models import RunList
+from runfleet.producer import AsyncQueue
 from runfleet.store.config import Settings
 from tests.fleet.procs import ROOT, settings_env
 from tests.ops.metrics import free_port

@@ -9,7 +9,7 @@ import pytest
 import tests.dashboard.flows as d
 import tests.fleet.flows as fleet_flows
 import tests.flows.flows as f
-from runfleet.broker import AsyncQueue, RunFailed
+from runfleet.producer import AsyncQueue, RunFailed
 from runfleet.store import Store
 from runfleet.store.types import RunStatus
 from runfleet.worker.process import Worker

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import tests.dashboard.flows as d
-from runfleet.broker import AsyncQueue
 from runfleet.ops.cli import common as c
 from runfleet.ops.dashboard.data import JournalTail
+from runfleet.producer import AsyncQueue
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.worker.process import Worker

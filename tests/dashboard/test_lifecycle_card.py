@@ -7,9 +7,9 @@ from pathlib import Path
 
 import tests.lifecycle.flows as lf
 import tests.lifecycle.versions_v1 as v1
-from runfleet.broker import AsyncQueue
 from runfleet.ops.dashboard.models import LifecycleView
 from runfleet.ops.dashboard.urls import run_url
+from runfleet.producer import AsyncQueue
 from runfleet.worker.process import Worker
 from tests.dashboard.conftest import Dash
 

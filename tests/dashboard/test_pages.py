@@ -7,10 +7,10 @@ import uuid
 
 import tests.dashboard.flows as d
 import tests.flows.flows as f
-from runfleet.broker import AsyncQueue
 from runfleet.ops.dashboard.models import OverviewView, StepsView
 from runfleet.ops.dashboard.urls import run_url
 from runfleet.ops.models import Explanation, FleetView, JournalView, RunDetail, RunList, TreeView
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.types import RunStatus
 from runfleet.worker.process import Worker

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 import tests.flows.flows as f
-from runfleet.broker import AsyncQueue
 from runfleet.ops.dashboard import app as dashboard_app
+from runfleet.producer import AsyncQueue
 from runfleet.store.config import Settings
 from runfleet.store.db import Database
 from runfleet.store.topology import Role, Topology

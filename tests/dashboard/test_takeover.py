@@ -7,8 +7,8 @@ import signal
 import pytest
 
 import tests.fleet.flows as flows
-from runfleet.broker import AsyncQueue
 from runfleet.ops.dashboard.models import OverviewView
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from tests.dashboard.conftest import Dash

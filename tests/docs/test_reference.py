@@ -76,7 +76,16 @@ def test_the_metrics_page_lists_every_metric_with_its_labels() -> None:
 
 def _log_events() -> set[str]:
     events: set[str] = set()
-    for folder in ("worker", "broker", "store", "ops", "runtime"):
+    for folder in (
+        "worker",
+        "rqface",
+        "producer",
+        "declaration",
+        "broker",
+        "store",
+        "ops",
+        "runtime",
+    ):
         for path in (ROOT / folder).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
                 if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):

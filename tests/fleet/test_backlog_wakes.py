@@ -14,10 +14,10 @@ import psycopg
 import pytest
 from redis.asyncio import Redis
 
-from runfleet.broker import AsyncQueue, EnqueueSpec
 from runfleet.broker.client import connect
 from runfleet.broker.codec import FIELD, decode
 from runfleet.broker.streams import Lane, Streams
+from runfleet.producer import AsyncQueue, EnqueueSpec
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from tests.fleet.flows import sleepy

@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from runfleet.broker import AsyncQueue, Queue
+from runfleet.producer import AsyncQueue
+from runfleet.rqface import Queue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import RunStatus

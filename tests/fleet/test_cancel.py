@@ -16,7 +16,7 @@ from functools import partial
 import pytest
 
 import tests.fleet.flows as flows
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.types import (

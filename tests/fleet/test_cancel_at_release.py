@@ -16,7 +16,7 @@ import pytest
 
 import tests.fleet.flows as flows
 import tests.flows.flows as f
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import RunStatus

@@ -21,9 +21,9 @@ import pytest
 from redis.asyncio import Redis
 
 import tests.fleet.flows as flows
-from runfleet.broker import AsyncQueue, RunCancelled
 from runfleet.broker.client import connect
 from runfleet.broker.liveness import Liveness
+from runfleet.producer import AsyncQueue, RunCancelled
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.transient import REDIS_TYPES

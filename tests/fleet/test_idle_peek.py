@@ -18,9 +18,9 @@ from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 
 import tests.fleet.flows as flows
-from runfleet.broker import AsyncQueue
 from runfleet.broker.client import connect
 from runfleet.broker.streams import Lane, Streams
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.worker.outcomes import DriveOutcome

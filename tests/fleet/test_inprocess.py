@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 import tests.fleet.flows as flows
-from runfleet.broker import AsyncQueue, RunCancelled, RunFailed
+from runfleet.producer import AsyncQueue, RunCancelled, RunFailed
 from runfleet.store import Store
 from runfleet.store.types import RunStatus
 from runfleet.worker.process import Worker

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 import tests.fleet.flows as flows
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from tests.fleet.procs import WorkerProc, records, running_on, writes_after_steal

@@ -14,10 +14,10 @@ import pytest
 from redis.asyncio import Redis
 
 import tests.fleet.flows as flows
-from runfleet.broker import AsyncQueue
 from runfleet.broker.client import connect
 from runfleet.broker.codec import FIELD
 from runfleet.broker.keys import GROUP
+from runfleet.producer import AsyncQueue
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.types import RunStatus

@@ -18,10 +18,10 @@ import pytest
 from redis.asyncio import Redis
 
 import tests.fleet.flows as flows
-from runfleet.broker import AsyncQueue, AsyncRun
 from runfleet.broker.client import connect
 from runfleet.ops.servers.postgres import ThrowawayPostgres
 from runfleet.ops.servers.redis import ThrowawayRedis
+from runfleet.producer import AsyncQueue, AsyncRun
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate

@@ -7,7 +7,7 @@ import signal
 import pytest
 
 import tests.fleet.recovery_flows as rec
-from runfleet.broker import AsyncQueue, EnqueueSpec
+from runfleet.producer import AsyncQueue, EnqueueSpec
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.types import JournalRecord, RunStatus

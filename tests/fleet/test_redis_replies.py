@@ -8,8 +8,8 @@ import pytest
 import redis.asyncio as aioredis
 
 import tests.fleet.flows as flows
-from runfleet.broker import AsyncQueue
 from runfleet.broker.keys import Keys
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from tests.fleet.procs import WorkerProc

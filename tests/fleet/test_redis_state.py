@@ -18,9 +18,9 @@ import pytest
 from redis.asyncio import Redis
 
 import tests.fleet.flows as flows
-from runfleet.broker import AsyncQueue, EnqueueSpec
 from runfleet.broker.client import connect
 from runfleet.broker.keys import GROUP, Keys
+from runfleet.producer import AsyncQueue, EnqueueSpec
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from tests.fleet.procs import WorkerProc

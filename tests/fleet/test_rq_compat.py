@@ -1,7 +1,7 @@
 """The same producer code against real rq and against runfleet: only setup differs.
 
 ``produce`` is what an rq user's web app does. It runs unchanged on an
-``rq.Queue`` (executed by rq's SimpleWorker) and on a ``broker.Queue``
+``rq.Queue`` (executed by rq's SimpleWorker) and on a ``rqface.Queue``
 (executed by a runfleet worker): moving is an import and a URL. The corpus of rq's
 documented patterns, each asserted to answer the same on both, is tests/rq_parity/.
 """
@@ -17,7 +17,7 @@ import redis
 from rq import Queue as RqQueue
 
 from bench.rq_worker import SimpleWorker  # rq's, its command channel polled promptly
-from runfleet import broker
+from runfleet import rqface
 from runfleet.store.config import Settings
 from runfleet.worker.process import Worker
 from tests.fleet.flows import add
@@ -46,7 +46,7 @@ async def test_producer_snippet_on_runfleet(settings: Settings) -> None:
     worker = Worker(settings, queues=["default"], concurrency=4)
     task = asyncio.create_task(worker.run())
     try:
-        q = broker.Queue(
+        q = rqface.Queue(
             "default",
             database_url=settings.database_url,
             redis_url=settings.redis_url,
@@ -69,7 +69,7 @@ async def test_producer_snippet_on_runfleet(settings: Settings) -> None:
 def test_conflicting_reuse_of_an_id_is_refused(settings: Settings) -> None:
     from runfleet.store.errors import ExecutionIdentityConflict
 
-    with broker.Queue("default", settings=settings) as q:
+    with rqface.Queue("default", settings=settings) as q:
         q.enqueue(add, 1, 1, job_id="same")
         with pytest.raises(ExecutionIdentityConflict) as info:
             q.enqueue(add, 1, 2, job_id="same")

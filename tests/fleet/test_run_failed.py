@@ -15,7 +15,7 @@ import pytest
 
 import tests.fleet.flows as flows
 from runfleet import Queue
-from runfleet.broker import AsyncQueue, RunFailed
+from runfleet.producer import AsyncQueue, RunFailed
 from runfleet.store.config import Settings
 from runfleet.worker import Context, flow
 from runfleet.worker.process import Worker

@@ -8,10 +8,10 @@ from functools import partial
 from typing import Any
 
 import tests.fleet.flows as flows
-from runfleet.broker import AsyncQueue
 from runfleet.broker.client import connect
 from runfleet.broker.streams import Lane, Streams
 from runfleet.broker.wake_reasons import WakeReason
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import JournalRecord, NewRun, Owner, RunStatus

@@ -17,9 +17,9 @@ import pytest
 
 import tests.fleet.recovery_flows as rec
 import tests.fleet.retired_flows as retired
-from runfleet.broker import AsyncQueue
 from runfleet.broker.client import connect
 from runfleet.broker.streams import Lane, Streams
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import RunRow, RunStatus

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 import tests.fleet.flows as flows
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store.config import Settings
 from tests.fleet.procs import Spawn
 

@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from runfleet.broker import AsyncQueue
 from runfleet.broker.client import connect
 from runfleet.broker.codec import FIELD, decode
 from runfleet.broker.keys import GROUP
+from runfleet.producer import AsyncQueue
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.types import CancelRequested, RunStatus

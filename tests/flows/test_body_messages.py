@@ -5,7 +5,7 @@ re-read on replay; a producer reads all of a run's events at once."""
 from __future__ import annotations
 
 import tests.flows.flows as f
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.worker.process import Worker
 from tests.flows.conftest import parked

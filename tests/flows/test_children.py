@@ -8,7 +8,7 @@ from functools import partial
 import pytest
 
 import tests.flows.flows as f
-from runfleet.broker import AsyncQueue, RunCancelled, RunFailed
+from runfleet.producer import AsyncQueue, RunCancelled, RunFailed
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import NewRun, OnParentExit, RunStatus, WaitingReason

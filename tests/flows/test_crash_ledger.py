@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 import tests.flows.flows as f
-from runfleet.broker import AsyncQueue, EnqueueSpec
+from runfleet.producer import AsyncQueue, EnqueueSpec
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from tests.fleet.procs import WorkerProc

@@ -10,7 +10,7 @@ import signal
 import pytest
 
 import tests.flows.flows as f
-from runfleet.broker import AsyncQueue, RunFailed
+from runfleet.producer import AsyncQueue, RunFailed
 from runfleet.store import Store
 from runfleet.store.types import NewRun, Owner, RunStatus
 from tests.fleet.procs import Spawn, records, running_on

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import tests.flows.values_flows as vf
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.errors import ExecutionIdentityConflict
 from runfleet.store.types import RunStatus

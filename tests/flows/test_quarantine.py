@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 import tests.flows.flows as f
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import tests.flows.flows as f
-from runfleet.broker import AsyncQueue, RunCancelled, RunFailed
+from runfleet.producer import AsyncQueue, RunCancelled, RunFailed
 from runfleet.store import Store
 from runfleet.store.errors import InvalidInput, UnknownFlow
 from runfleet.store.steps import StepState

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import tests.flows.values_flows as vf
-from runfleet.broker import AsyncQueue, AsyncRun, RunFailed
+from runfleet.producer import AsyncQueue, AsyncRun, RunFailed
 from runfleet.store import Store
 from runfleet.store.types import RunStatus
 from runfleet.worker.process import Worker

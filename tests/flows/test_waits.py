@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 import tests.flows.flows as f
-from runfleet.broker import AsyncQueue, EventCompleted, EventTimedOut, RunCancelled
+from runfleet.producer import AsyncQueue, EventCompleted, EventTimedOut, RunCancelled
 from runfleet.store import Store
 from runfleet.store.errors import InvalidInput
 from runfleet.store.waits import token_hash

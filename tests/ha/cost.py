@@ -17,8 +17,8 @@ import time
 import psycopg
 
 import tests.chaos.flows as cf
-from runfleet.broker import AsyncQueue, EnqueueSpec
 from runfleet.ops.servers.redis import ThrowawayRedis
+from runfleet.producer import AsyncQueue, EnqueueSpec
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate
 from tests.fleet.procs import WorkerProc

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 import tests.ha.flows as hf
-from runfleet.broker import AsyncQueue, EnqueueSpec
+from runfleet.producer import AsyncQueue, EnqueueSpec
 from runfleet.store.config import Settings
 from runfleet.store.errors import Unavailable
 from runfleet.store.migrate import migrate

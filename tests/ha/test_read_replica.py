@@ -17,8 +17,8 @@ import psycopg
 import pytest
 
 import tests.chaos.flows as cf
-from runfleet.broker import AsyncQueue
 from runfleet.ops.dashboard.app import create_app
+from runfleet.producer import AsyncQueue
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate
 from tests.ops.conftest import cli_env, invoke

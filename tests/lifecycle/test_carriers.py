@@ -7,9 +7,9 @@ import json
 
 import tests.lifecycle.tenants_all as tenants
 import tests.lifecycle.versions_v1 as v1
-from runfleet.broker import AsyncQueue
 from runfleet.broker.liveness import FleetMember
 from runfleet.ops.explain.carriers_text import instance_lines, version_lines
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.worker import carried
 

@@ -10,7 +10,8 @@ import time
 import pytest
 
 import tests.queues.flows as qf
-from runfleet.broker import AsyncQueue, JobStatus, Queue, RunDead, RunFailed
+from runfleet.producer import AsyncQueue, RunDead, RunFailed
+from runfleet.rqface import JobStatus, Queue
 from runfleet.store import Kind, Store
 from runfleet.store import journal_records as jr
 from runfleet.store.config import Settings

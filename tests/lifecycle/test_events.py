@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 import tests.lifecycle.flows as flows
-from runfleet.broker import AsyncQueue, Queue
+from runfleet.producer import AsyncQueue
+from runfleet.rqface import Queue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput

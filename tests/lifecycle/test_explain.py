@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import tests.lifecycle.flows as flows
-from runfleet.broker import AsyncQueue
 from runfleet.ops.models import Explanation
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.worker.process import Worker
 from tests.flows.conftest import parked

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import tests.lifecycle.flows as flows
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.errors import InvalidInput
 from runfleet.store.types import RunStatus

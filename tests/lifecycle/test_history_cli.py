@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import tests.lifecycle.flows as flows
-from runfleet.broker import AsyncQueue, AsyncRun
+from runfleet.producer import AsyncQueue, AsyncRun
 from runfleet.store import Store
 from runfleet.store.types import RunStatus
 from runfleet.worker.process import Worker

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import tests.lifecycle.tenants_all as tenants
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.errors import ExecutionIdentityConflict, InvalidInput
 from runfleet.store.types import RunStatus

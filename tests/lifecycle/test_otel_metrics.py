@@ -15,7 +15,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader, Sum
 
 import tests.lifecycle.traced_flows as traced
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store.config import Settings
 from runfleet.worker import metrics, otel_metrics
 from runfleet.worker.process import Worker

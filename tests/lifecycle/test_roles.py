@@ -8,7 +8,7 @@ import psycopg
 import pytest
 
 import tests.lifecycle.flows as flows
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store.errors import RunNotFound, ScopeDenied
 from runfleet.store.events import MessageSent
 from runfleet.store.roles import GroupRole

@@ -12,7 +12,7 @@ import time
 import pytest
 
 import tests.lifecycle.versions_v2 as v2
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import RunRow, RunStatus

@@ -9,7 +9,7 @@ import pytest
 
 import tests.lifecycle.versions_v1 as v1
 import tests.lifecycle.versions_v2 as v2
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.errors import InvalidInput
 from runfleet.store.types import RunStatus

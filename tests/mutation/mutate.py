@@ -45,6 +45,10 @@ SOURCES = (
     "runfleet/__init__.py",
     "runfleet/store",
     "runfleet/broker",
+    "runfleet/producer",
+    "runfleet/rqface",
+    "runfleet/declaration",
+    "runfleet/runtime",
     "runfleet/worker",
     "runfleet/ops",
 )

@@ -8,8 +8,8 @@ import uuid
 import psycopg
 
 import tests.flows.flows as f
-from runfleet.broker import AsyncQueue
 from runfleet.ops.models import AnswerResult
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.worker.process import Worker

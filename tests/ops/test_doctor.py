@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 import tests.fleet.flows as flows
-from runfleet.broker import AsyncQueue
 from runfleet.broker.client import connect
 from runfleet.broker.keys import Keys
 from runfleet.broker.streams import Streams
 from runfleet.ops.models import DoctorView
+from runfleet.producer import AsyncQueue
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrations
 from tests.broker.conftest import closed_port

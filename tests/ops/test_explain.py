@@ -7,8 +7,8 @@ import signal
 import pytest
 
 import tests.fleet.flows as flows
-from runfleet.broker import AsyncQueue
 from runfleet.ops.models import Explanation
+from runfleet.producer import AsyncQueue
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from tests.fleet.procs import Spawn, running_on

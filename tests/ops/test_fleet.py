@@ -8,8 +8,8 @@ import signal
 import pytest
 
 import tests.fleet.flows as flows
-from runfleet.broker import AsyncQueue
 from runfleet.ops.models import CancelResult, FleetView, JournalEntry
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from tests.fleet.procs import Spawn, running_on
 from tests.ops.conftest import Cli

@@ -21,8 +21,8 @@ from datetime import timedelta
 import pytest
 
 import tests.fleet.flows as flows
-from runfleet.broker import AsyncQueue, RunFailed
 from runfleet.ops.models import InfoView, RequeueResult, RunList
+from runfleet.producer import AsyncQueue, RunFailed
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.worker.process import Worker

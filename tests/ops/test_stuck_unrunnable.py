@@ -8,8 +8,8 @@ queue has is reported after ``stale_after`` (waiting will not help it), not afte
 
 from __future__ import annotations
 
-from runfleet.broker import AsyncQueue
 from runfleet.ops.models import StuckView
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from tests.fleet.procs import Spawn

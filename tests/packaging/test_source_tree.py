@@ -2,7 +2,7 @@
 
 The team works in git worktrees with ``PYTHONPATH=<worktree> pytest`` while the shared
 venv holds an editable install of another checkout: the worktree's ``store/`` must win.
-And ``runfleet`` must never hand out anything but its five subpackages: not the
+And ``runfleet`` must never hand out anything but its own subpackages: not the
 checkout's ``tests``, not a site-packages package such as PyPI's ``ops``.
 """
 
@@ -16,13 +16,14 @@ from pathlib import Path
 from tests.packaging.test_wheel import WHEELHOUSE, _fetch, _run
 
 ROOT = Path(__file__).resolve().parents[2]
-TOPS = ("store", "broker", "worker", "ops", "runtime", "declaration")
+TOPS = ("store", "broker", "worker", "ops", "runtime", "declaration", "producer", "rqface")
 
 FIND = """
 import importlib.util, json, sys
 found = {}
 for name in ("runfleet", "runfleet.store", "runfleet.broker", "runfleet.worker",
-             "runfleet.ops", "runfleet.runtime", "runfleet.ops.bench.store_bench",
+             "runfleet.ops", "runfleet.runtime", "runfleet.declaration",
+             "runfleet.producer", "runfleet.rqface", "runfleet.ops.bench.store_bench",
              "runfleet.bench",
              "runfleet.tests", "runfleet.pip",
              "runfleet.scripts", "store", "broker", "worker"):

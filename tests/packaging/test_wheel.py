@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WHEELHOUSE = Path(
     os.environ.get("RUNFLEET_WHEELHOUSE", Path.home() / ".cache" / "runfleet" / "wheelhouse")
 )
-TOPS = ("store", "broker", "worker", "ops", "runtime", "declaration")
+TOPS = ("store", "broker", "worker", "ops", "runtime", "declaration", "producer", "rqface")
 
 
 LAB = (ROOT / "bench", ROOT / "tests" / "servers")

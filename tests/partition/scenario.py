@@ -17,7 +17,7 @@ from enum import StrEnum
 from functools import partial
 
 import tests.partition.flows as flows
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store.types import JournalRecord, RunStatus
 from tests.partition.cluster import A_SLOTS, VICTIM, Cluster, now_ms
 from tests.partition.evidence import (

@@ -19,8 +19,8 @@ import pytest
 from psycopg import sql
 
 import tests.queues.flows as qf
-from runfleet.broker import AsyncQueue, EnqueueSpec
 from runfleet.ops.servers.resolve import database_url_for
+from runfleet.producer import AsyncQueue, EnqueueSpec
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import RunStatus

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 import tests.queues.flows as qf
-from runfleet.broker import AsyncQueue, EnqueueSpec
+from runfleet.producer import AsyncQueue, EnqueueSpec
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.errors import DuplicateRun, InvalidInput

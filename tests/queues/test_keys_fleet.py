@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import tests.queues.flows as qf
-from runfleet.broker import AsyncQueue, EnqueueSpec
+from runfleet.producer import AsyncQueue, EnqueueSpec
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.types import RunStatus

@@ -13,7 +13,7 @@ import itertools
 import pytest
 
 import tests.queues.flows as qf
-from runfleet.broker import AsyncQueue, AsyncRun, EnqueueSpec
+from runfleet.producer import AsyncQueue, AsyncRun, EnqueueSpec
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.types import RunStatus

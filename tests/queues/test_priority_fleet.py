@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import tests.queues.flows as qf
-from runfleet.broker import AsyncQueue, EnqueueSpec
+from runfleet.producer import AsyncQueue, EnqueueSpec
 from runfleet.store import Kind, Store
 from runfleet.store.types import RunStatus
 from tests.fleet.procs import Spawn

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import tests.queues.flows as qf
-from runfleet.broker import AsyncQueue, EnqueueSpec
+from runfleet.producer import AsyncQueue, EnqueueSpec
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import RunStatus

@@ -5,10 +5,10 @@ from __future__ import annotations
 from redis.asyncio import Redis
 
 import tests.retention.flows as flows
-from runfleet.broker import AsyncQueue
 from runfleet.broker.keys import GROUP
 from runfleet.broker.streams import Streams
 from runfleet.ops.models import PruneResult
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.worker.process import Worker

@@ -9,8 +9,8 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 
 import tests.retention.flows as flows
-from runfleet.broker import AsyncQueue
 from runfleet.broker.keys import GROUP
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.retention import Retention

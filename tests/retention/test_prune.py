@@ -8,7 +8,7 @@ from typing import Any
 from psycopg import sql
 
 import tests.retention.flows as flows
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.retention import PRUNED_TABLES, Retention
 from runfleet.worker.process import Worker

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from psycopg import AsyncConnection
 
 import tests.retention.flows as flows
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.retention import Retention

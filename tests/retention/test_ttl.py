@@ -10,7 +10,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 import tests.retention.flows as flows
-from runfleet.broker import AsyncQueue, Job, NoSuchJobError, Queue
+from runfleet.producer import AsyncQueue
+from runfleet.rqface import Job, NoSuchJobError, Queue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.queries import q

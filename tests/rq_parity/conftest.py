@@ -91,7 +91,7 @@ class Side:
     Callback: Any
     Dependency: Any
     registry: Any
-    """The module holding the registries (rq.registry / broker.registries)."""
+    """The module holding the registries (rq.registry / rqface.registries)."""
     exceptions: Any
     """The module holding InvalidJobOperation and NoSuchJobError."""
     get_current_job: Callable[[], Any]
@@ -207,17 +207,17 @@ def _rq_side(url: str) -> Side:
 
 
 def _runfleet_side(settings: Settings, opened: list[Any]) -> Side:
-    import runfleet.broker
-    import runfleet.broker.registries
+    import runfleet.rqface
+    import runfleet.rqface.registries
     from runfleet.worker.process import Worker
 
     def queue(name: str = "default", **kwargs: Any) -> Any:
         kwargs.setdefault("connection", conn)
-        q = runfleet.broker.Queue(name, **kwargs)
+        q = runfleet.rqface.Queue(name, **kwargs)
         opened.append(q)
         return q
 
-    conn = runfleet.broker.Queue("default", settings=settings)
+    conn = runfleet.rqface.Queue("default", settings=settings)
     opened.append(conn)
 
     def work_in_background(*queues: Any) -> threading.Thread:
@@ -235,20 +235,20 @@ def _runfleet_side(settings: Settings, opened: list[Any]) -> Side:
     return Side(
         name="runfleet",
         connection=conn,
-        Queue=_QueueClass(runfleet.broker.Queue, queue),
-        Job=runfleet.broker.Job,
-        JobStatus=runfleet.broker.JobStatus,
-        Result=runfleet.broker.Result,
-        Retry=runfleet.broker.Retry,
-        Callback=runfleet.broker.Callback,
-        Dependency=runfleet.broker.Dependency,
-        registry=runfleet.broker.registries,
-        exceptions=runfleet.broker,
-        get_current_job=runfleet.broker.get_current_job,
-        job=runfleet.broker.job,
-        cancel_job=runfleet.broker.cancel_job,
-        requeue_job=runfleet.broker.requeue_job,
-        send_stop_job_command=runfleet.broker.send_stop_job_command,
+        Queue=_QueueClass(runfleet.rqface.Queue, queue),
+        Job=runfleet.rqface.Job,
+        JobStatus=runfleet.rqface.JobStatus,
+        Result=runfleet.rqface.Result,
+        Retry=runfleet.rqface.Retry,
+        Callback=runfleet.rqface.Callback,
+        Dependency=runfleet.rqface.Dependency,
+        registry=runfleet.rqface.registries,
+        exceptions=runfleet.rqface,
+        get_current_job=runfleet.rqface.get_current_job,
+        job=runfleet.rqface.job,
+        cancel_job=runfleet.rqface.cancel_job,
+        requeue_job=runfleet.rqface.requeue_job,
+        send_stop_job_command=runfleet.rqface.send_stop_job_command,
         work=work,
         work_in_background=work_in_background,
         work_forking_in_background=work_in_background,

@@ -15,7 +15,7 @@ from typing import Any
 
 import rq
 
-from runfleet import broker
+from runfleet import rqface
 
 
 def _out(name: str) -> Path:
@@ -63,17 +63,17 @@ def long_running_job(timeout: float = 10) -> str:
 
 def access_self() -> list[str]:
     """Which of the two ``get_current_job`` answers inside a job (the running side's only)."""
-    return [j.id for j in (rq.get_current_job(), broker.get_current_job()) if j is not None]
+    return [j.id for j in (rq.get_current_job(), rqface.get_current_job()) if j is not None]
 
 
 def check_dependencies_are_met() -> bool:
-    job = rq.get_current_job() or broker.get_current_job()
+    job = rq.get_current_job() or rqface.get_current_job()
     assert job is not None
     return bool(job.dependencies_are_met())
 
 
 def modify_self(meta: dict[str, Any]) -> None:
-    job = rq.get_current_job() or broker.get_current_job()
+    job = rq.get_current_job() or rqface.get_current_job()
     assert job is not None
     job.meta.update(meta)
     job.save_meta()
@@ -81,7 +81,7 @@ def modify_self(meta: dict[str, Any]) -> None:
 
 def modify_self_and_save(meta: dict[str, Any]) -> str:
     """rq code that saves its job whole (``save()``, not ``save_meta()``)."""
-    job = rq.get_current_job() or broker.get_current_job()
+    job = rq.get_current_job() or rqface.get_current_job()
     assert job is not None
     job.meta.update(meta)
     job.save()
@@ -105,8 +105,8 @@ def returns_retry(name: str, times: int, max_retries: int = 3) -> Any:
     marker.write_text(str(calls))
     if calls > times:
         return f"done after {calls}"
-    on_runfleet = broker.get_current_job() is not None
-    return (broker.Retry if on_runfleet else rq.Retry)(max=max_retries)
+    on_runfleet = rqface.get_current_job() is not None
+    return (rqface.Retry if on_runfleet else rq.Retry)(max=max_retries)
 
 
 def modify_self_and_error(meta: dict[str, Any]) -> None:

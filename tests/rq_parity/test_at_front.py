@@ -3,8 +3,8 @@ workers read before the backlog; without it, the normal lane (FIFO)."""
 
 from __future__ import annotations
 
-from runfleet.broker import AsyncQueue
 from runfleet.broker.streams import Lane
+from runfleet.producer import AsyncQueue
 from tests.rq_parity import jobs
 
 

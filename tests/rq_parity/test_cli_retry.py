@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store.config import Settings
 from runfleet.store.types import RunStatus
 from runfleet.worker.process import Worker

@@ -19,7 +19,7 @@ import redis
 import rq
 
 from bench.rq_side import RQ_WORKER
-from runfleet import broker
+from runfleet import rqface
 from runfleet.store.config import Settings
 from tests.rq_parity.conftest import ThreadWorker
 from tests.rq_parity.snippets import SNIPPETS, Api
@@ -67,9 +67,9 @@ def on_rq(redis_url: str, queue_name: str, tmp: Path) -> Api:
     )
 
 
-def on_runfleet(settings: Settings, tmp: Path, opened: list[broker.Queue]) -> Api:
-    def queue(name: str) -> broker.Queue:
-        q = broker.Queue(
+def on_runfleet(settings: Settings, tmp: Path, opened: list[rqface.Queue]) -> Api:
+    def queue(name: str) -> rqface.Queue:
+        q = rqface.Queue(
             name,
             database_url=settings.database_url,
             redis_url=settings.redis_url,
@@ -80,9 +80,9 @@ def on_runfleet(settings: Settings, tmp: Path, opened: list[broker.Queue]) -> Ap
 
     return Api(
         Queue=queue,
-        Job=broker.Job,
-        Retry=broker.Retry,
-        Callback=broker.Callback,
+        Job=rqface.Job,
+        Retry=rqface.Retry,
+        Callback=rqface.Callback,
         conn=queue(RQ_QUEUE),
         queue_name=RQ_QUEUE,
         idle_queue_name=f"{RQ_QUEUE}-idle",
@@ -103,7 +103,7 @@ def test_snippet_answers_the_same(
     on_real_rq = snippet(on_rq(redis_url, rq_worker, tmp_path / "rq"))
 
     worker = ThreadWorker(settings, [RQ_QUEUE]).start()
-    opened: list[broker.Queue] = []
+    opened: list[rqface.Queue] = []
     try:
         on_ours = snippet(on_runfleet(settings, tmp_path / "runfleet", opened))
     finally:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-import runfleet.worker.rq_compat
-from runfleet.broker import Queue, RunNotFound
+import runfleet.rqface.running
+from runfleet.producer import RunNotFound
+from runfleet.rqface import Queue
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput
 from tests.fleet.flows import sleepy
@@ -43,7 +44,7 @@ def test_a_chain_runs_in_order(q: Queue, tmp_path: Path) -> None:
 def test_a_failed_dependency_leaves_the_dependent_deferred(
     q: Queue, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(runfleet.worker.rq_compat, "DEPENDENCY_POLL_BROKEN", 0.3)
+    monkeypatch.setattr(runfleet.rqface.running, "DEPENDENCY_POLL_BROKEN", 0.3)
     marker = tmp_path / "fixed"
     dependency = q.enqueue(jobs.fail_unless_exists, str(marker))
     dependent = q.enqueue(jobs.add, 1, 2, depends_on=dependency)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runfleet.broker import Job, JobStatus, Queue
+from runfleet.rqface import Job, JobStatus, Queue
 from runfleet.store.config import Settings
 from tests.rq_parity import jobs
 from tests.rq_parity import rq_fixtures as fixtures

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from runfleet.broker import Queue, Retry
+from runfleet.producer import Retry
+from runfleet.rqface import Queue
 from runfleet.store.config import Settings
 from tests.rq_parity import jobs
 from tests.rq_parity.conftest import ThreadWorker

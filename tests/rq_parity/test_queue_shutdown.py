@@ -16,9 +16,9 @@ from runfleet.store.config import Settings
 
 SCRIPT = """
 import gc, sys
-import runfleet.broker
+import runfleet.rqface
 from tests.rq_parity import jobs
-q = runfleet.broker.Queue("default", database_url=sys.argv[1], redis_url=sys.argv[2])
+q = runfleet.rqface.Queue("default", database_url=sys.argv[1], redis_url=sys.argv[2])
 job = q.enqueue(jobs.add, 1, 2)
 assert job.is_queued
 if sys.argv[3] == "collect":

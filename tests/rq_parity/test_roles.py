@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from runfleet.broker import Job, Queue, RunNotFound
+from runfleet.producer import RunNotFound
+from runfleet.rqface import Job, Queue
 from runfleet.store.roles import GroupRole
 from runfleet.worker.process import Worker
 from tests.rq_parity import jobs

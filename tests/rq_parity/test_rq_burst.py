@@ -8,7 +8,7 @@ import subprocess
 import sys
 from datetime import timedelta
 
-from runfleet.broker import Job, Queue
+from runfleet.rqface import Job, Queue
 from runfleet.store.config import Settings
 from tests.fleet.procs import ROOT, settings_env
 from tests.rq_parity import rq_fixtures as fixtures

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from runfleet.broker.run import RunFailed
+from runfleet.producer.run import RunFailed
 from tests.rq_parity import rq_fixtures as fixtures
 from tests.rq_parity.conftest import Side
 

@@ -20,8 +20,8 @@ import psycopg
 import pytest
 
 import tests.chaos.flows as cf
-from runfleet.broker import AsyncQueue, EnqueueSpec
 from runfleet.ops.servers.postgres import ThrowawayPgBouncer, ThrowawayPostgres
+from runfleet.producer import AsyncQueue, EnqueueSpec
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate
 from tests.chaos.harness import _outcome, _poll, assert_clean, wait_for_ledger

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from runfleet.broker import AsyncQueue
 from runfleet.ops.servers.postgres import ThrowawayPgBouncer, ThrowawayPostgres
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate

@@ -19,7 +19,8 @@ import pytest
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from runfleet.broker import AsyncQueue, Queue
+from runfleet.producer import AsyncQueue
+from runfleet.rqface import Queue
 from runfleet.store.queries import q
 from runfleet.store.roles import GroupRole
 from tests.security.conftest import Login, MakeLogin

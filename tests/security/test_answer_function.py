@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from runfleet.broker import AsyncQueue, EventCompleted
+from runfleet.producer import AsyncQueue, EventCompleted
 from runfleet.store.deferreds import INTERNAL_PREFIXES
 from runfleet.store.errors import InvalidInput, NotAnswerable
 from runfleet.store.migrate import migrations

@@ -16,7 +16,7 @@ from typing import LiteralString
 import psycopg
 import pytest
 
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store import roles
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate

@@ -19,9 +19,9 @@ from html import unescape
 import httpx
 import pytest
 
-from runfleet.broker import AsyncQueue
 from runfleet.ops.dashboard.app import create_app
 from runfleet.ops.models import RunDetail
+from runfleet.producer import AsyncQueue
 from runfleet.store.config import Settings
 from runfleet.store.roles import GroupRole
 from tests.dashboard.conftest import browser_path

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 import tests.security.instance_flows as tf
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store.errors import InstanceNotAllowed
 from runfleet.store.roles import GroupRole
 from runfleet.store.types import RunStatus

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from runfleet.broker import AsyncQueue, RunNotFound
+from runfleet.producer import AsyncQueue, RunNotFound
 from runfleet.store.errors import RunfleetError
 from runfleet.store.roles import GroupRole
 from runfleet.store.types import EventCompleted, RunStatus

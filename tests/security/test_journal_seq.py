@@ -15,7 +15,7 @@ from typing import Any, LiteralString
 import psycopg
 import pytest
 
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.roles import GroupRole
 from tests.security.conftest import Login, MakeLogin

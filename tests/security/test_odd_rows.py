@@ -18,8 +18,8 @@ import httpx
 import psycopg
 import pytest
 
-from runfleet.broker import AsyncQueue
 from runfleet.ops.dashboard.app import create_app
+from runfleet.producer import AsyncQueue
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput
 from runfleet.store.roles import GroupRole

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 import tests.security.user_code_flows as uc
-from runfleet.broker import AsyncQueue
-from runfleet.broker.run import AsyncRun
+from runfleet.producer import AsyncQueue
+from runfleet.producer.run import AsyncRun
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.types import Owner, RunRow, RunStatus, WaitingReason

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from runfleet.broker import AsyncQueue, RunNotFound
+from runfleet.producer import AsyncQueue, RunNotFound
 from runfleet.store import roles
 from runfleet.store.config import Settings
 from runfleet.store.migrate import canonical_schema, migrate

@@ -17,11 +17,11 @@ from functools import partial
 import pytest
 from redis.asyncio import Redis
 
-from runfleet.broker import AsyncQueue
 from runfleet.broker.client import connect
 from runfleet.broker.codec import FIELD, encode, message_for
 from runfleet.broker.keys import GROUP
 from runfleet.broker.wake_reasons import WakeReason
+from runfleet.producer import AsyncQueue
 from runfleet.store import Kind, Store
 from runfleet.store import journal_records as jr
 from runfleet.store.config import Settings

@@ -14,7 +14,7 @@ from typing import LiteralString
 import psycopg
 import pytest
 
-from runfleet.broker import AsyncQueue, EventCompleted
+from runfleet.producer import AsyncQueue, EventCompleted
 from runfleet.store.roles import GroupRole
 from runfleet.store.types import RunStatus
 from tests.security.conftest import Login, MakeLogin

@@ -6,7 +6,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from runfleet.broker import AsyncQueue, RunNotFound
+from runfleet.producer import AsyncQueue, RunNotFound
 from runfleet.store.roles import GroupRole
 from runfleet.store.types import EventCompleted, RunStatus
 from runfleet.worker.process import Worker

@@ -15,7 +15,7 @@ from typing import Any, LiteralString
 import psycopg
 import pytest
 
-from runfleet.broker import AsyncQueue, EventCompleted
+from runfleet.producer import AsyncQueue, EventCompleted
 from runfleet.store import roles
 from runfleet.store.errors import InvalidInput, LimitExceeded
 from runfleet.store.roles import GroupRole

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store.config import Settings
 from runfleet.store.types import RunStatus
 from runfleet.worker.stopping import STOP_OVERDUE_EXIT

@@ -15,8 +15,8 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from runfleet.broker import AsyncQueue
-from runfleet.broker.queue import AsyncRun
+from runfleet.producer import AsyncQueue
+from runfleet.producer.queue import AsyncRun
 from runfleet.store import Store
 from runfleet.store.journal_records import Kind
 from runfleet.store.roles import GroupRole

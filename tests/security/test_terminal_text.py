@@ -20,7 +20,7 @@ import pytest
 import runfleet.ops.cli
 import runfleet.ops.explain
 import tests.security.flows as sf
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store.roles import GroupRole
 from runfleet.store.types import RunStatus
 from runfleet.worker import Context, flow

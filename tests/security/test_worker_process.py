@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import signal
 
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store.roles import GroupRole
 from runfleet.store.types import RunStatus
 from tests.fleet.procs import Spawn

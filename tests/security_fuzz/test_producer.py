@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import tests.trust.flows as tf
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput, RunfleetError
 from tests.security_fuzz.strategies import (

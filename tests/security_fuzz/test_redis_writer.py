@@ -13,9 +13,9 @@ import asyncio
 import pytest
 
 import tests.trust.flows as tf
-from runfleet.broker import AsyncQueue
 from runfleet.broker.codec import message_for
 from runfleet.broker.wake_reasons import WakeReason
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.types import RunStatus
 from runfleet.worker.process import Worker

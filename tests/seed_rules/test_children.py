@@ -8,7 +8,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.errors import CancelRequestFailed, FlowCycleDetected
 from runfleet.store.types import (

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from runfleet.broker import AsyncQueue
 from runfleet.broker.streams import Lane, QueueDepth
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import CancelRequested, RunStatus, Waiting, WaitingReason

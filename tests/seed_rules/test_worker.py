@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 
-from runfleet.broker import AsyncQueue, RunCancelled
+from runfleet.producer import AsyncQueue, RunCancelled
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.types import CancelRequested, EventRunSettled, JournalRecord, RunStatus

@@ -14,9 +14,9 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 import tests.tls.flows as flows
-from runfleet.broker import AsyncQueue
 from runfleet.broker.client import connect
 from runfleet.ops.models import DoctorView
+from runfleet.producer import AsyncQueue
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.worker.process import Worker

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 import tests.trust.flows as tf
-from runfleet.broker import AsyncQueue, EventCompleted, EventExisting, EventRunSettled
+from runfleet.producer import AsyncQueue, EventCompleted, EventExisting, EventRunSettled
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput, LimitExceeded, NotAnswerable

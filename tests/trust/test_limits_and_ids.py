@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 import tests.trust.flows as tf
-from runfleet.broker import AsyncQueue, RunFailed
+from runfleet.producer import AsyncQueue, RunFailed
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.errors import ExecutionIdentityConflict, InvalidInput, ReservedRunId

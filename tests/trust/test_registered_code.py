@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 import tests.trust.flows as tf
-from runfleet.broker import AsyncQueue, RunCancelled
+from runfleet.producer import AsyncQueue, RunCancelled
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.errors import UnknownFlow

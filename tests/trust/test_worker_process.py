@@ -8,7 +8,7 @@ import pytest
 import tests.trust.allowed as allowed
 import tests.trust.flows as tf
 import tests.trust.outside as outside
-from runfleet.broker import AsyncQueue
+from runfleet.producer import AsyncQueue
 from tests.fleet.procs import Spawn
 from tests.support.polling import until
 

@@ -12,9 +12,9 @@ the producer's scopes cover the run's.
 
 This module holds admission (``enqueue`` and its rq-shaped variants) and the queue's
 registry reads; the calls on an existing run are collaborators built with the producer's
-session (``broker.session``): ``RunControl`` (``broker.control``), ``RunMessages``
-(``broker.messages``) and ``RunHistory`` (``broker.history``), which ``AsyncQueue``
-delegates to; the run handle is ``AsyncRun`` (``broker.run``).
+session (``producer.session``): ``RunControl`` (``producer.control``), ``RunMessages``
+(``producer.messages``) and ``RunHistory`` (``producer.history``), which ``AsyncQueue``
+delegates to; the run handle is ``AsyncRun`` (``producer.run``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,12 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from runfleet.broker.admission import (
+from runfleet.broker.blocking import UnansweredXadds
+from runfleet.broker.client import connect
+from runfleet.broker.notify import Notifier
+from runfleet.broker.streams import Lane, Streams
+from runfleet.declaration import flow_target
+from runfleet.producer.admission import (
     QUEUE_OPTIONS,
     EnqueueSpec,
     dependencies,
@@ -40,20 +45,15 @@ from runfleet.broker.admission import (
     split_rq_call,
     unknown,
 )
-from runfleet.broker.blocking import UnansweredXadds
-from runfleet.broker.client import connect
-from runfleet.broker.control import RunControl
-from runfleet.broker.history import RunHistory
-from runfleet.broker.messages import RunMessages
-from runfleet.broker.notify import Notifier
-from runfleet.broker.rq_api import DuplicateJobError, rq_job_id
-from runfleet.broker.run import AsyncRun
-from runfleet.broker.session import ProducerSession
-from runfleet.broker.streams import Lane, Streams
-from runfleet.broker.trace_context import current_carrier
-from runfleet.broker.trust import producer_run_id
-from runfleet.declaration import flow_target
+from runfleet.producer.control import RunControl
+from runfleet.producer.history import RunHistory
+from runfleet.producer.job_ids import DuplicateJobError, rq_job_id
+from runfleet.producer.messages import RunMessages
+from runfleet.producer.run import AsyncRun
+from runfleet.producer.session import ProducerSession
+from runfleet.producer.trust import producer_run_id
 from runfleet.runtime.batching import GroupCommit, ThreadGroupCommit
+from runfleet.runtime.trace_context import current_carrier
 from runfleet.store import Store, inline, validate
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput, Unavailable
@@ -105,7 +105,7 @@ class AsyncQueue:
 
     Admission is this class's own; the calls on an existing run are its collaborators'
     (``control``, ``messages``, ``history``), each built with the queue's ``session``
-    (``broker.session.ProducerSession``: connections, scopes, the retry budget), and the
+    (``producer.session.ProducerSession``: connections, scopes, the retry budget), and the
     queue delegates to them so that its surface stays rq's.
     """
 
@@ -183,7 +183,7 @@ class AsyncQueue:
         group_commit: bool = True,
         unanswered: UnansweredXadds | None = None,
     ) -> None:
-        """Use ``store`` and ``redis``. Without ``group_commit`` (``broker.sync``'s blocking
+        """Use ``store`` and ``redis``. Without ``group_commit`` (``rqface.sync``'s blocking
         face, driven in its callers' threads) an enqueue never waits for a batch to form:
         a lone thread's goes out at once, and threads that enqueue while it is in flight
         share the next statement (``ThreadGroupCommit``);
@@ -292,7 +292,7 @@ class AsyncQueue:
                 kept = replace(kept, depends_on=tuple(depends_on))
         if fn is not None and not takes_ctx:
             # A plain function's job_timeout is rq's: execution time, enforced by the worker
-            # around the call (worker/rq_compat.py), failing it with JobTimeoutException.
+            # around the call (rqface/job_timeouts.py), failing it with JobTimeoutException.
             job_timeout_ms = None
         ttl = kept.ttl
         if ttl is not None:  # rq's ttl: a deadline from admission (docs/how-to/moving-from-rq.md)
@@ -512,17 +512,17 @@ class AsyncQueue:
         return await self.session.authorized(run_id)
 
     async def cancel(self, run_id: str, *, actor: str | None = None) -> CancelOutcome:
-        """``broker.control.RunControl.cancel``: durable, lineage-wide, then a hint."""
+        """``producer.control.RunControl.cancel``: durable, lineage-wide, then a hint."""
         return await self.control.cancel(run_id, actor=actor)
 
     async def interrupt_unsafe(self, run_id: str) -> None:
-        """Refused: ``broker.control.RunControl.interrupt_unsafe``."""
+        """Refused: ``producer.control.RunControl.interrupt_unsafe``."""
         await self.control.interrupt_unsafe(run_id)
 
     async def complete(
         self, run_id: str, name: str, value: Any = None, *, actor: str | None = None
     ) -> EventAnswer:
-        """``broker.control.RunControl.complete``: answer the event ``name``."""
+        """``producer.control.RunControl.complete``: answer the event ``name``."""
         return await self.control.complete(run_id, name, value, actor=actor)
 
     async def approve(
@@ -543,17 +543,17 @@ class AsyncQueue:
         rerun_step: str | None = None,
         actor: str | None = None,
     ) -> None:
-        """``broker.control.RunControl.resume``: move a quarantined or dead run on."""
+        """``producer.control.RunControl.resume``: move a quarantined or dead run on."""
         await self.control.resume(
             run_id, accept_recorded=accept_recorded, rerun_step=rerun_step, actor=actor
         )
 
     async def get_event(self, run_id: str, key: str, timeout: float = 0.0) -> Any:
-        """``broker.messages.RunMessages.get_event``: the run's event ``key``, or None."""
+        """``producer.messages.RunMessages.get_event``: the run's event ``key``, or None."""
         return await self.messages.get_event(run_id, key, timeout)
 
     async def get_events(self, run_id: str) -> dict[str, Any]:
-        """``broker.messages.RunMessages.get_events``: every event of the run, by key."""
+        """``producer.messages.RunMessages.get_events``: every event of the run, by key."""
         return await self.messages.get_events(run_id)
 
     async def get_event_row(self, run_id: str, key: str, timeout: float = 0.0) -> EventRow | None:
@@ -562,7 +562,7 @@ class AsyncQueue:
     async def send(
         self, run_id: str, topic: str, value: Any = None, *, message_id: str | None = None
     ) -> SendOutcome:
-        """``broker.messages.RunMessages.send``: to the run's ``ctx.recv(topic)``."""
+        """``producer.messages.RunMessages.send``: to the run's ``ctx.recv(topic)``."""
         return await self.messages.send(run_id, topic, value, message_id=message_id)
 
     async def configure(
@@ -604,7 +604,7 @@ class AsyncQueue:
         """Resume the run under the id the caller holds (DBOS ``resume_workflow``).
 
         A failed or cancelled run continues in a new round replaying its recorded calls
-        (``broker.history.RunHistory.resume_run``); the id keeps answering for it (status,
+        (``producer.history.RunHistory.resume_run``); the id keeps answering for it (status,
         result, events, messages follow the round). A run parked dead moves on in place
         (``resume``). A run that is open or completed has nothing to resume: the handle
         is returned and nothing changes, so resuming twice is harmless. A quarantined run
@@ -629,11 +629,11 @@ class AsyncQueue:
         new_run_id: str | None = None,
         actor: str | None = None,
     ) -> AsyncRun:
-        """``broker.history.RunHistory.fork``: replay the first ``from_step`` calls."""
+        """``producer.history.RunHistory.fork``: replay the first ``from_step`` calls."""
         return await self.history.fork(run_id, from_step, new_run_id=new_run_id, actor=actor)
 
     async def delete_run(self, run_id: str, *, actor: str | None = None) -> Deleted:
-        """``broker.history.RunHistory.delete_run``: a settled run and all that is theirs.
+        """``producer.history.RunHistory.delete_run``: a settled run and all that is theirs.
         An id never used (or deleted already) deletes nothing (DBOS's answer): an empty
         ``Deleted``, so deleting twice is harmless."""
         return await self.history.delete_run(run_id, actor=actor)

@@ -1,7 +1,7 @@
 """Producer calls that act on a run's history: resume it, fork it, delete it.
 
-``RunHistory`` is built with the producer's session (``broker.session``), and
-``broker.queue.AsyncQueue`` delegates to it. Postgres decides (``store.forks``); the new
+``RunHistory`` is built with the producer's session (``producer.session``), and
+``producer.queue.AsyncQueue`` delegates to it. Postgres decides (``store.forks``); the new
 run's stream message is only a hint. Each writes rows a producer role may not write
 (recorded steps, every table of a run): run them as a role that may (the worker's or the
 migrator's), as ``runfleet`` does.
@@ -12,14 +12,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from runfleet.broker.run import AsyncRun
-from runfleet.broker.session import ProducerSession
 from runfleet.broker.streams import Lane
+from runfleet.producer.run import AsyncRun
+from runfleet.producer.session import ProducerSession
 from runfleet.store.errors import RunNotFound
 from runfleet.store.forks import Deleted, Forks
 from runfleet.store.types import RunRow
 
-log = logging.getLogger("runfleet.broker.queue")
+log = logging.getLogger("runfleet.producer.queue")
 
 
 class RunHistory:

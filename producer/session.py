@@ -1,8 +1,8 @@
 """A producer's session: its connections, its scopes, and how every call reaches Postgres.
 
 ``ProducerSession`` is what every producer collaborator is built with: admission
-(``broker.queue.AsyncQueue``), the calls on an existing run (``broker.control``), its
-events and messages (``broker.messages``) and its history (``broker.history``). It holds
+(``producer.queue.AsyncQueue``), the calls on an existing run (``producer.control``), its
+events and messages (``producer.messages``) and its history (``producer.history``). It holds
 the store and the Redis client once connected, the producer's scopes, and the three
 things each call shares:
 
@@ -29,8 +29,8 @@ from runfleet.broker.blocking import UnansweredXadds
 from runfleet.broker.codec import message_for
 from runfleet.broker.notify import Notifier
 from runfleet.broker.streams import Lane, Streams, lane_for
-from runfleet.broker.trust import producer_scopes
 from runfleet.broker.wake_reasons import WakeReason
+from runfleet.producer.trust import producer_scopes
 from runfleet.store import Store, reach, validate
 from runfleet.store.config import Settings
 from runfleet.store.errors import RunNotFound, ScopeDenied, Unavailable
@@ -38,7 +38,7 @@ from runfleet.store.transient import is_transient, retrying, service_of
 from runfleet.store.types import RunRow, RunStatus
 
 # The producer's logger: one name for every producer log event (docs/reference/logs.md).
-log = logging.getLogger("runfleet.broker.queue")
+log = logging.getLogger("runfleet.producer.queue")
 T = TypeVar("T")
 
 

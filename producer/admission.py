@@ -9,9 +9,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from runfleet.broker.trust import already_loaded
 from runfleet.declaration import FlowDeclaration, flow_target
 from runfleet.declaration.names import load_from_path
+from runfleet.producer.trust import already_loaded
 from runfleet.store import validate
 from runfleet.store.errors import InvalidInput, UnknownFlow
 from runfleet.store.types import OnDuplicate, RqOptions, RqRetry

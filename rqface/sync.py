@@ -29,12 +29,14 @@ from collections.abc import Callable, Coroutine, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from runfleet.broker.admission import split_rq_call
 from runfleet.broker.blocking import BlockingRedis
 from runfleet.broker.client import cluster_url
-from runfleet.broker.jobs import Job, JobStatus, NoSuchJobError
-from runfleet.broker.queue import AsyncQueue, EnqueueSpec, _chosen_id
-from runfleet.broker.registries import (
+from runfleet.producer.admission import split_rq_call
+from runfleet.producer.queue import AsyncQueue, EnqueueSpec, _chosen_id
+from runfleet.producer.run import AsyncRun
+from runfleet.rqface.in_process import run_inline
+from runfleet.rqface.jobs import Job, JobStatus, NoSuchJobError
+from runfleet.rqface.registries import (
     CanceledJobRegistry,
     DeferredJobRegistry,
     FailedJobRegistry,
@@ -42,9 +44,8 @@ from runfleet.broker.registries import (
     ScheduledJobRegistry,
     StartedJobRegistry,
 )
-from runfleet.broker.rq_api import DEFAULT_JOB_TIMEOUT, refuse_pipeline
-from runfleet.broker.rq_queue import RqReads
-from runfleet.broker.run import AsyncRun
+from runfleet.rqface.rq_api import DEFAULT_JOB_TIMEOUT, refuse_pipeline
+from runfleet.rqface.rq_queue import RqReads
 from runfleet.store import inline
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput
@@ -193,12 +194,12 @@ class Queue:
     ) -> None:
         """``connection``: another runfleet ``Queue`` whose settings, URLs, scopes and
         late binding this one takes (rq's ``connection=Redis(...)``). ``is_async=False``:
-        ``enqueue`` runs the function here, not durably (broker/inline.py).
+        ``enqueue`` runs the function here, not durably (rqface/in_process.py).
         ``job_class`` and ``serializer`` are rq's; only their defaults are taken."""
         if job_class is not None or serializer is not None:
             raise InvalidInput(
                 "serializer" if serializer is not None else "job_class",
-                "runfleet stores JSON and answers runfleet.broker.Job: rq's job_class=/serializer= "
+                "runfleet stores JSON and answers runfleet.rqface.Job: rq's job_class=/serializer= "
                 "have no runfleet meaning (docs/how-to/moving-from-rq.md)",
             )
         if connection is not None:
@@ -235,7 +236,11 @@ class Queue:
 
         self._inline = _Inline(twin, resolved)
         self._finalizer = weakref.finalize(self, _shutdown, self._driver, self._inline)
-        self._rq = RqReads(self)
+        self._rq = RqReads(self._async, self._call)
+
+    def sibling(self, name: str) -> Queue:
+        """The queue called ``name`` on this one's settings (rq's ``Queue(name, connection=)``)."""
+        return Queue(name, connection=self)
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         """``coro`` (of the loop's queue, ``_async``) on the loop thread, waited for."""
@@ -300,7 +305,7 @@ class Queue:
             run_id, job_id = kwargs.pop("run_id", None), kwargs.pop("job_id", None)
             call = split_rq_call(args, kwargs)
             spec = EnqueueSpec(f, call.args, call.kwargs, _chosen_id(run_id, job_id), call.options)
-            return self._rq.run_inline(spec)
+            return run_inline(self, self._call(self._async._new_run(spec, inline=True)))
         return self._wrap(self._now(lambda q: q.enqueue(f, *args, **kwargs)))
 
     def enqueue_call(
@@ -489,7 +494,7 @@ class Queue:
     def interrupt_unsafe(self, run_id: str) -> None:
         self._call(self._async.interrupt_unsafe(run_id))
 
-    # ---- events and messages (broker.messages) -------------------------------
+    # ---- events and messages (producer.messages) -------------------------------
 
     def get_event(self, run_id: str, key: str, timeout: float = 0.0) -> Any:
         return self._call(self._async.get_event(run_id, key, timeout))
@@ -517,7 +522,7 @@ class Queue:
     ) -> SendOutcome:
         return self._call(self._async.send(run_id, topic, value, message_id=message_id))
 
-    # ---- a run's history (broker.history) ------------------------------------
+    # ---- a run's history (producer.history) ------------------------------------
 
     def list_steps(self, run_id: str) -> list[StepEntry]:
         return self._call(self._async.list_steps(run_id))

@@ -1,7 +1,7 @@
 """Producer calls for a run's events and messages: ``get_event`` and ``send``.
 
-``RunMessages`` is built with the producer's session (``broker.session``), and
-``broker.queue.AsyncQueue`` delegates to it, as it does to ``RunControl``. Both read the run
+``RunMessages`` is built with the producer's session (``producer.session``), and
+``producer.queue.AsyncQueue`` delegates to it, as it does to ``RunControl``. Both read the run
 through ``authorized`` first (scopes), and Postgres decides (store/events.py); the wake a
 send publishes is only a hint.
 """
@@ -13,8 +13,8 @@ import math
 import time
 from typing import Any
 
-from runfleet.broker.session import ProducerSession
 from runfleet.broker.wake_reasons import WakeReason
+from runfleet.producer.session import ProducerSession
 from runfleet.store.errors import InvalidInput, RunNotFound
 from runfleet.store.events import EventRead, EventRow, MessageSent, SendOutcome
 

@@ -1,7 +1,7 @@
 """Producer calls on an existing run: read it, cancel it, answer its waits, resume it.
 
-``RunControl`` is built with the producer's session (``broker.session``), and
-``broker.queue.AsyncQueue`` delegates to it. Every call that reads or changes a run first
+``RunControl`` is built with the producer's session (``producer.session``), and
+``producer.queue.AsyncQueue`` delegates to it. Every call that reads or changes a run first
 reads it through the session's ``authorized``, so a producer acts only on runs its scopes
 cover. Postgres decides each change; the wake published after the commit is a hint that
 never fails the call (the lost-wake sweep covers a lost one). An answer or resume whose
@@ -15,8 +15,8 @@ from typing import Any
 
 import psycopg
 
-from runfleet.broker.session import ProducerSession
 from runfleet.broker.wake_reasons import WakeReason
+from runfleet.producer.session import ProducerSession
 from runfleet.store import journal_records as jr
 from runfleet.store.errors import (
     CancelRequestFailed,
@@ -37,7 +37,7 @@ from runfleet.store.waits import token_hash
 
 class RunControl:
     """A producer's calls on an existing run, built with its ``ProducerSession``
-    (``broker.queue.AsyncQueue`` delegates to one)."""
+    (``producer.queue.AsyncQueue`` delegates to one)."""
 
     def __init__(self, session: ProducerSession) -> None:
         self._session = session

@@ -13,8 +13,10 @@ import builtins
 import math
 import textwrap
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from runfleet.broker.notify import Notifier
+from runfleet.producer.session import ProducerSession
 from runfleet.store.errors import InvalidInput, RunfleetError
 from runfleet.store.types import (
     CancelOutcome,
@@ -25,8 +27,21 @@ from runfleet.store.types import (
     WaitingReason,
 )
 
-if TYPE_CHECKING:
-    from runfleet.broker.queue import AsyncQueue  # broker.queue imports this module
+
+class RunSource(Protocol):
+    """What a run handle asks of the queue it came from (``AsyncQueue``)."""
+
+    @property
+    def session(self) -> ProducerSession: ...
+
+    @property
+    def notifier(self) -> Notifier: ...
+
+    async def authorized(self, run_id: str) -> RunRow:
+        """The run's row, if the producer's scopes cover it."""
+        ...
+
+    async def cancel(self, run_id: str, *, actor: str | None = None) -> CancelOutcome: ...
 
 
 class RunFailed(RunfleetError):
@@ -144,7 +159,7 @@ class RunCancelled(RunfleetError):
 class AsyncRun:
     """A handle on one run: id, status, ``wait`` for the outcome, ``return_value``, cancel."""
 
-    def __init__(self, queue: AsyncQueue, run_id: str) -> None:
+    def __init__(self, queue: RunSource, run_id: str) -> None:
         self._queue = queue
         self.id = run_id
 

@@ -1,4 +1,4 @@
-"""rq's ``Queue(is_async=False)`` and ``job.perform()``: a job's function run in the caller.
+"""rq's ``Queue(is_async=False)``: an enqueued job's function run at once in the caller.
 
 ``is_async=False`` is what rq users' own unit tests rely on: ``enqueue`` runs the function
 at once and answers with the finished (or failed) job. Here that job is NOT durable: it is
@@ -12,56 +12,23 @@ passes (the traceback as formatted text).
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import time
 import traceback
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from runfleet.broker.admission import callback_name
-from runfleet.broker.current import current_job
-from runfleet.broker.jobs import Job
-from runfleet.broker.run import outcome
-from runfleet.broker.trust import already_loaded
-from runfleet.declaration.names import load_from_path
-from runfleet.store.errors import InvalidInput, UnknownFlow
+from runfleet.producer.run import outcome
+from runfleet.rqface.connection import Connection
+from runfleet.rqface.current import current_job
+from runfleet.rqface.jobs import Job
+from runfleet.rqface.perform import call, loaded_function
+from runfleet.store.errors import InvalidInput
 from runfleet.store.types import NewRun, RunError, RunRow, RunStatus
-
-if TYPE_CHECKING:
-    from runfleet.broker.sync import Queue
-
-
-def _function(name: str) -> Any:
-    if name.startswith("builtins:"):
-        import builtins
-
-        return getattr(builtins, name.partition(":")[2])
-    fn = load_from_path(name, already_loaded)
-    if fn is None:
-        raise UnknownFlow(name, "not a function of a module this process has loaded")
-    return getattr(fn, "fn", fn)  # a @flow object: its function
-
-
-def _call(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    if inspect.iscoroutinefunction(fn):
-        return asyncio.run(fn(*args, **kwargs))
-    return fn(*args, **kwargs)
-
-
-def call_function(job: Job) -> Any:
-    """``job``'s function on its arguments, here, with ``get_current_job()`` answering."""
-    fn = _function(job._current.flow)
-    token = current_job.set(job)
-    try:
-        return _call(fn, job.args, job.kwargs)
-    finally:
-        current_job.reset(token)
 
 
 class InlineJob(Job):
     """The answer of an ``is_async=False`` enqueue: an outcome in memory, never stored."""
 
-    def __init__(self, queue: Queue, row: RunRow, started_ms: int) -> None:
+    def __init__(self, queue: Connection, row: RunRow, started_ms: int) -> None:
         super().__init__(queue, row.id)
         self._row = row
         self._started_ms = started_ms
@@ -98,7 +65,7 @@ class InlineJob(Job):
         """Nothing stored, nothing to delete."""
 
 
-def run_inline(queue: Queue, new: NewRun) -> InlineJob:
+def run_inline(queue: Connection, new: NewRun) -> InlineJob:
     """Run an admission's function now, in this thread; the outcome as an ``InlineJob``."""
     now = int(time.time() * 1000)
     state: dict[str, Any] = new.options.state()
@@ -109,10 +76,10 @@ def run_inline(queue: Queue, new: NewRun) -> InlineJob:
     args, kwargs = tuple(payload.get("args") or ()), dict(payload.get("kwargs") or {})
     callbacks = state.get("callbacks") or {}
     try:
-        fn = _function(new.flow)
+        fn = loaded_function(new.flow)
         token = current_job.set(job)
         try:
-            result = _call(fn, args, kwargs)
+            result = call(fn, args, kwargs)
         finally:
             current_job.reset(token)
     except Exception as exc:
@@ -122,12 +89,12 @@ def run_inline(queue: Queue, new: NewRun) -> InlineJob:
         ).to_json()
         job._row = _row(new, RunStatus.FAILED, state, now, int(time.time() * 1000))
         if callbacks.get("on_failure"):
-            _function(callbacks["on_failure"])(job, None, type(exc), exc, text)
+            loaded_function(callbacks["on_failure"])(job, None, type(exc), exc, text)
         return job
     state["result"] = result
     job._row = _row(new, RunStatus.COMPLETED, state, now, int(time.time() * 1000))
     if callbacks.get("on_success"):
-        _function(callbacks["on_success"])(job, None, result)
+        loaded_function(callbacks["on_success"])(job, None, result)
     return job
 
 
@@ -156,4 +123,4 @@ def _row(
     )
 
 
-__all__ = ["InlineJob", "call_function", "callback_name", "run_inline"]
+__all__ = ["InlineJob", "run_inline"]

@@ -13,14 +13,12 @@ status puts it in (store/registries.py, store/sql/registries.sql).
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-from runfleet.broker.rq_api import InvalidJobOperation
+from runfleet.rqface.connection import Connection
+from runfleet.rqface.jobs import Job, NoSuchJobError
+from runfleet.rqface.rq_api import InvalidJobOperation
 from runfleet.store.registries import Registries, RegistryEntry, RegistryKind
-
-if TYPE_CHECKING:
-    from runfleet.broker.jobs import Job
-    from runfleet.broker.sync import Queue
 
 
 class BaseRegistry:
@@ -36,9 +34,9 @@ class BaseRegistry:
     def __init__(
         self,
         name: str = "default",
-        connection: Queue | None = None,
+        connection: Connection | None = None,
         job_class: Any = None,
-        queue: Queue | None = None,
+        queue: Connection | None = None,
         serializer: Any = None,
     ) -> None:
         if queue is not None:
@@ -64,10 +62,8 @@ class BaseRegistry:
     def __hash__(self) -> int:
         return hash((type(self), self.name))
 
-    def get_queue(self) -> Queue:
-        from runfleet.broker.sync import Queue
-
-        return self._queue or Queue(self.name, connection=self.connection)
+    def get_queue(self) -> Connection:
+        return self._queue or self.connection.sibling(self.name)
 
     def _entries(self) -> list[RegistryEntry]:
         conn = self.connection
@@ -89,8 +85,6 @@ class BaseRegistry:
         return ids[start:] if end < 0 else ids[start : end + 1]
 
     def get_jobs(self, start: int = 0, end: int = -1) -> list[Job]:
-        from runfleet.broker.jobs import Job
-
         found = Job.fetch_many(self.get_job_ids(start, end), connection=self.connection)
         return [j for j in found if j is not None]
 
@@ -133,8 +127,6 @@ class ScheduledJobRegistry(BaseRegistry, kind=RegistryKind.SCHEDULED):
 
     def get_scheduled_time(self, job_or_id: Job | str) -> datetime:
         """When the job is due (UTC, whole seconds as rq's); NoSuchJobError if not here."""
-        from runfleet.broker.jobs import NoSuchJobError
-
         job_id = getattr(job_or_id, "id", job_or_id)
         for entry in self._entries():
             if entry.rq_id == job_id and entry.wake_at_ms is not None:
@@ -150,8 +142,6 @@ class FailedJobRegistry(BaseRegistry, kind=RegistryKind.FAILED):
     def requeue(self, job_or_id: Job | str, at_front: bool = False) -> Job:
         """Run a failed job again: a new round of its run, read through the same id.
         InvalidJobOperation (rq's) if the job is not in this registry."""
-        from runfleet.broker.jobs import Job
-
         job_id = getattr(job_or_id, "id", job_or_id)
         conn = self.connection
         if job_id not in self.get_job_ids():

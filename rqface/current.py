@@ -1,8 +1,8 @@
 """rq's ``get_current_job()``: the job whose function is running in this context.
 
-A context variable the worker sets around a plain function's call (worker/rq_compat.py)
+A context variable the worker sets around a plain function's call (rqface/running.py)
 and copies into the function's thread; outside a job it is None, as in rq. It lives in
-``broker`` so producer code and job code import it from where they import ``Queue``.
+``rqface`` so producer code and job code import it from where they import ``Queue``.
 """
 
 from __future__ import annotations

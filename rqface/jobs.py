@@ -16,21 +16,18 @@ import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
-from runfleet.broker.call_site import called_at_site
-from runfleet.broker.rq_api import DEFAULT_JOB_TIMEOUT, InvalidJobOperation, refuse_pipeline
-from runfleet.broker.run import AsyncRun, is_dead, outcome
-from runfleet.broker.trust import already_loaded
-from runfleet.declaration.names import load_from_path
+from runfleet.producer.queue import AsyncQueue
+from runfleet.producer.run import AsyncRun, is_dead, outcome
+from runfleet.rqface.call_site import called_at_site
+from runfleet.rqface.connection import Connection
+from runfleet.rqface.perform import perform, resolve_loaded
+from runfleet.rqface.rq_api import DEFAULT_JOB_TIMEOUT, InvalidJobOperation, refuse_pipeline
 from runfleet.store.errors import RunNotFound
 from runfleet.store.jobs import Activation, Jobs
 from runfleet.store.registries import Registries
 from runfleet.store.types import CancelOutcome, RunRow, RunStatus, WaitingReason
-
-if TYPE_CHECKING:
-    from runfleet.broker.queue import AsyncQueue
-    from runfleet.broker.sync import Queue
 
 NoSuchJobError = RunNotFound
 """rq's name for "no job with this id" (``Job.fetch``)."""
@@ -237,13 +234,17 @@ class Job:
     """One run, as rq's ``Job``: status predicates, result, meta, timestamps, cancel."""
 
     def __init__(
-        self, queue: Queue | str, run_id: str | None = None, *, connection: Queue | None = None
+        self,
+        queue: Connection | str,
+        run_id: str | None = None,
+        *,
+        connection: Connection | None = None,
     ) -> None:
         # runfleet's Job(queue, run_id), or rq's Job(id, connection=queue)
         owner, job_id = (connection, queue) if isinstance(queue, str) else (queue, run_id)
         if owner is None or not isinstance(job_id, str):
             raise TypeError("Job(id, connection=<runfleet Queue>)")
-        self._queue: Queue = owner
+        self._queue: Connection = owner
         self.id = job_id
         self._row: RunRow | None = None
         self._started_ms: int | None = None
@@ -276,7 +277,7 @@ class Job:
     # ---- fetching ----------------------------------------------------------
 
     @classmethod
-    def fetch(cls, id: str, connection: Queue) -> Job:
+    def fetch(cls, id: str, connection: Connection) -> Job:
         """rq's ``Job.fetch``; ``connection`` is a runfleet ``Queue``. NoSuchJobError if absent."""
         job = cls(connection, id)
         job.refresh()
@@ -288,7 +289,7 @@ class Job:
         func: Any,
         args: Iterable[Any] | None = None,
         kwargs: dict[str, Any] | None = None,
-        connection: Queue | None = None,
+        connection: Connection | None = None,
         *,
         id: str | None = None,
         timeout: Any = None,
@@ -312,7 +313,7 @@ class Job:
         return job
 
     @classmethod
-    def fetch_many(cls, job_ids: Iterable[str], connection: Queue) -> list[Job | None]:
+    def fetch_many(cls, job_ids: Iterable[str], connection: Connection) -> list[Job | None]:
         """rq's ``Job.fetch_many``: a Job per id, None where no such run exists."""
         found: list[Job | None] = []
         for job_id in job_ids:
@@ -593,10 +594,10 @@ class Job:
         self._queue._rq.mark("deleted", ids)
         self._row = None
 
-    # ---- rq's remaining Job surface (broker/rq_job.py holds the logic) -------
+    # ---- rq's remaining Job surface ----------------------------------------
 
     @classmethod
-    def exists(cls, job_id: str, connection: Queue) -> bool:
+    def exists(cls, job_id: str, connection: Connection) -> bool:
         """rq's ``Job.exists``: a run with this id that rq's delete has not removed."""
         try:
             cls.fetch(job_id, connection)
@@ -723,9 +724,7 @@ class Job:
 
     @property
     def failed_job_registry(self) -> Any:
-        from runfleet.broker.registries import FailedJobRegistry
-
-        return FailedJobRegistry(self.origin, connection=self._queue)
+        return self._queue.sibling(self.origin).failed_job_registry
 
     def get_position(self) -> int | None:
         """rq's ``get_position``: the job's index in its queue, None if not queued."""
@@ -733,9 +732,7 @@ class Job:
             origin = self.origin
         except NoSuchJobError:
             return None
-        from runfleet.broker.sync import Queue
-
-        return Queue(origin, connection=self._queue).get_job_position(self.id)
+        return self._queue.sibling(origin).get_job_position(self.id)
 
     def get_call_string(self) -> str:
         return self.description
@@ -750,9 +747,7 @@ class Job:
     def perform(self) -> Any:
         """rq's ``perform``: run the job's function here, now, and return its value
         (nothing is recorded: the durable run is the worker's)."""
-        from runfleet.broker.inline import call_function
-
-        return call_function(self)
+        return perform(self, self._current.flow, self.args, self.kwargs)
 
     def requeue(self, at_front: bool = False) -> Job:
         """rq's ``job.requeue()``: the failed-registry requeue."""
@@ -801,16 +796,4 @@ def _result_of(job_id: str, row: RunRow, worker: str | None) -> Result | None:
     return None
 
 
-def resolve_loaded(name: str) -> Any:
-    """A callback's function from its stored name, among modules already loaded."""
-    module, _, attr = name.partition(":")
-    if module == "builtins":
-        import builtins
-
-        return getattr(builtins, attr, None)
-    return load_from_path(name, already_loaded)
-
-
-from runfleet.broker.registries import FailedJobRegistry  # noqa: E402 - rq's names from one module
-
-__all__ = ["FailedJobRegistry", "Job", "JobStatus", "NoSuchJobError", "Result", "ResultType"]
+__all__ = ["Job", "JobStatus", "NoSuchJobError", "Result", "ResultType"]

@@ -137,13 +137,13 @@ def test_an_import_planted_upward_in_a_copy_is_refused(tmp_path: Path) -> None:
         target.read_text()
         + "\n\ndef _planted() -> None:\n"
         + "    from runfleet.producer.queue import AsyncQueue  # noqa\n"
-        + "\n\nif TYPE_CHECKING:\n    from runfleet.worker import flows  # noqa\n"
+        + "\n\nif TYPE_CHECKING:\n    from runfleet.worker import resolver  # noqa\n"
     )
     after = {(e.source, e.target) for e in layers.upward(layers.edges(layers.modules(root)))}
     assert after - before == {
         ("runfleet.store.validate", "runfleet.producer.queue"),
         ("runfleet.store.validate", "runfleet.worker"),
-        ("runfleet.store.validate", "runfleet.worker.flows"),
+        ("runfleet.store.validate", "runfleet.worker.resolver"),
     }
 
 

@@ -1,14 +1,16 @@
-"""How many runfleet source files one run crosses, from ``Queue.enqueue`` to its settlement.
+"""How many runfleet source files one run crosses, from ``Queue.enqueue`` to ``wait()``.
 
 A newcomer's measure of the seams (STYLE, "At the seams"): enqueue one run of a flow with
 one step through the synchronous ``Queue`` (admission, its journal record, the stream
-hint), then drive the delivered run as a worker does (``Coordinator.drive_many`` with
-the message's flow: decide, claim, execute the body and its step, settle and journal it)
-and count the distinct files under the runfleet packages in which at least one Python
-function ran (``sys.setprofile`` in every thread). Modules are imported before the count
-starts, so import-time code is not counted; a worker's other loops (lease, sweeps, the
-reader) do not run. Needs Postgres and Redis (``RUNFLEET_DATABASE_URL``,
-``RUNFLEET_REDIS_URL``); makes and drops its own database.
+hint), wait for it from another thread (``job.wait``: the settled notification, the row),
+and drive the delivered run as a worker does (``Coordinator.drive_many`` with the
+message's flow: decide, claim, execute the body and its step, settle and journal it).
+Counted: the distinct files under runfleet's folders in which at least one Python function
+ran (``sys.setprofile`` in every thread), and the ``store/sql/*.sql`` files whose named
+statements were sent. Modules are imported before the count starts, so import-time code
+is not counted; a worker's other loops (lease, sweeps, the reader) do not run. Needs
+Postgres and Redis (``RUNFLEET_DATABASE_URL``, ``RUNFLEET_REDIS_URL``); makes and drops
+its own database.
 
     python scripts/files_crossed.py [--list]
 """
@@ -28,7 +30,20 @@ import psycopg
 from psycopg import sql
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("store", "broker", "producer", "rqface", "declaration", "worker", "ops")
+PACKAGES = tuple(sorted(p.name for p in (ROOT / "runfleet").iterdir() if p.is_symlink()))
+"""Every folder the package links (store, broker, producer, ..., runtime)."""
+
+
+class _Named(dict[str, str]):
+    """``store.queries``' table of named statements, noting each name looked up."""
+
+    def __init__(self, table: dict[str, str]) -> None:
+        super().__init__(table)
+        self.used: set[str] = set()
+
+    def __getitem__(self, name: str) -> str:
+        self.used.add(name)
+        return super().__getitem__(name)
 
 
 def _touched() -> tuple[set[str], Any]:
@@ -39,6 +54,20 @@ def _touched() -> tuple[set[str], Any]:
             seen.add(frame.f_code.co_filename)
 
     return seen, profile
+
+
+async def _one_run(queue: Any, coordinator: Any, flow: Any, n: int) -> tuple[Any, Any]:
+    """Enqueue ``flow(n)``, wait for it from another thread, and drive its delivery."""
+    job = await asyncio.to_thread(_in_new_thread, queue.enqueue, flow, n)
+    waited = asyncio.ensure_future(asyncio.to_thread(_in_new_thread, job.wait, 30))
+    coordinator.drive_many([(job.id, None, "files_crossed.one_step")])
+    await coordinator.join(30)
+    return job, await waited
+
+
+async def _profiled(profile: Any) -> None:
+    """Profile the thread this runs on (``sys.setprofile`` reaches only its own thread)."""
+    sys.setprofile(profile)
 
 
 def _in_new_thread(fn: Any, *args: Any) -> Any:
@@ -86,7 +115,7 @@ async def main(show: bool) -> None:
 async def _count(settings: Any, show: bool) -> None:
     import scripts.files_crossed_flows as flows
     from runfleet.rqface.sync import Queue
-    from runfleet.store import Store
+    from runfleet.store import Store, queries
     from runfleet.store.types import Owner
     from runfleet.worker.coordinator import Coordinator
     from runfleet.worker.driver import Driver
@@ -95,29 +124,34 @@ async def _count(settings: Any, show: bool) -> None:
     store = await Store.open(settings)
     driver = Driver(store, Owner("files-crossed", os.getpid(), "n"), settings)
     coordinator = Coordinator(driver)
-    warm = await asyncio.to_thread(
-        _in_new_thread, queue.enqueue, flows.one_step, 1
-    )  # imports, connections
-    coordinator.drive_many([(warm.id, None, "files_crossed.one_step")])
-    await coordinator.join(30)
+    for n in (1, 2):  # warm: imports, connections, and each lazily built part once
+        await _one_run(queue, coordinator, flows.one_step, n)
 
+    named = _Named(queries._all())
+    queries._all = lambda: named  # noting the names, not changing them
     seen, profile = _touched()
     threading.setprofile(profile)
     sys.setprofile(profile)
+    loop = queue._driver.loop  # the sync Queue's own loop thread, started before the count
+    await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_profiled(profile), loop))
     try:
-        job = await asyncio.to_thread(_in_new_thread, queue.enqueue, flows.one_step, 2)
-        coordinator.drive_many([(job.id, None, "files_crossed.one_step")])
-        await coordinator.join(30)
+        job, answer = await _one_run(queue, coordinator, flows.one_step, 2)
     finally:
         sys.setprofile(None)
         threading.setprofile(None)  # type: ignore[arg-type]  # None switches it off
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_profiled(None), loop))
+    assert answer == 4, answer
     row = await store.runs.get(job.id)
     assert row is not None and row.status.value == "completed", row
     kinds = [r.kind for r in await store.journal.records(job.id)]
     files = sorted({f for f in map(_ours, seen) if f is not None})
-    print(f"{len(files)} files (run {row.status.value}; journal: {', '.join(kinds)})")
+    sql_files = sorted({f"store/sql/{name.split('.')[0]}.sql" for name in named.used})
+    print(
+        f"{len(files)} Python files and {len(sql_files)} SQL files "
+        f"(run {row.status.value}; journal: {', '.join(kinds)})"
+    )
     if show:
-        print("\n".join(files))
+        print("\n".join([*files, *sql_files]))
     await store.close()
     queue.close()
 

@@ -128,7 +128,7 @@ async def _count(settings: Any, show: bool) -> None:
         await _one_run(queue, coordinator, flows.one_step, n)
 
     named = _Named(queries._all())
-    queries._all = lambda: named  # noting the names, not changing them
+    queries._all = lambda: named  # type: ignore[assignment]  # noting names, not changing them
     seen, profile = _touched()
     threading.setprofile(profile)
     sys.setprofile(profile)

@@ -97,6 +97,9 @@ def collisions(source: str) -> list[tuple[int, str]]:
     tree = ast.parse(source)
     found: list[tuple[int, str]] = []
     for call, scope in _calls(tree, tree):
+        callee = _callee(call)
+        if callee is not None and callee[:1].isupper():
+            continue  # a class built with an ``extra`` field of its own, not a log call
         keys: list[tuple[str, int]] = []
         for keyword in call.keywords:
             if keyword.arg == "extra":
@@ -121,6 +124,7 @@ def f(log, m, hostile):
     log.info("c", extra=fields)
     hostile.rate_limited(log, 30, "d", filename=m)
     log.info("e", extra={"run_id": m, "error": m})
+    RunError(type="Boom", extra={"message": m})
 """
     assert sorted(collisions(source)) == [
         (3, "module"),

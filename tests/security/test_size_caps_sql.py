@@ -99,7 +99,7 @@ async def test_the_api_refuses_first_with_its_typed_errors(
         assert payload.value.field == "payload"
         with pytest.raises(InvalidInput) as meta:
             await q.enqueue("sec.leaf", 1, meta={"blob": BIG})
-        assert meta.value.field == "extra"
+        assert meta.value.field == "options"
         # Within the cap as compact JSON, past it as Postgres stores it (jsonb writes
         # 1e300 as 301 digits): refused by the API as the database would, typed.
         wide = [1e300] * 20_000

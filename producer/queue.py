@@ -50,7 +50,7 @@ from runfleet.producer.history import RunHistory
 from runfleet.producer.job_ids import DuplicateJobError, rq_job_id
 from runfleet.producer.messages import RunMessages
 from runfleet.producer.run import AsyncRun
-from runfleet.producer.session import EarlyWake, ProducerSession
+from runfleet.producer.session import ProducerSession
 from runfleet.producer.trust import producer_run_id
 from runfleet.runtime.batching import GroupCommit, ThreadGroupCommit
 from runfleet.runtime.trace_context import current_carrier
@@ -136,8 +136,6 @@ class AsyncQueue:
         self.history = RunHistory(self.session, self.run)
         self._group_commit = True
         self._thread_groups: dict[Lane, ThreadGroupCommit[NewRun, AsyncRun]] = {}
-        self._fresh: set[str] = set()
-        """Runs being admitted whose ids this queue chose (``_enqueue``)."""
         # One batch per stream lane (rq's at_front runs go to the recovery lane).
         self._groups: dict[Lane, GroupCommit[NewRun, AsyncRun]] = {
             lane: GroupCommit(
@@ -206,12 +204,8 @@ class AsyncQueue:
         )
 
     def _admit_driven(self, news: Sequence[NewRun], *, lane: Lane) -> list[AsyncRun | Exception]:
-        """``_admit_each`` driven in the calling thread (the blocking face's batch). A lone
-        new run's wake goes out while its admission commits (``store.admission_locks``)."""
-        early = None
-        if len(news) == 1 and news[0].id in self._fresh:
-            early = self.session.early_wake(news[0], lane)
-        return inline.drive(self._admit_each(news, lane=lane, early=early))
+        """``_admit_each`` driven in the calling thread (the blocking face's batch)."""
+        return inline.drive(self._admit_each(news, lane=lane))
 
     async def close(self) -> None:
         for group in self._groups.values():
@@ -336,7 +330,7 @@ class AsyncQueue:
         return [AsyncRun(self, o.row.id) for o in rows]
 
     async def _admit_each(
-        self, news: Sequence[NewRun], *, lane: Lane, early: EarlyWake | None = None
+        self, news: Sequence[NewRun], *, lane: Lane
     ) -> list[AsyncRun | Exception]:
         """One group-commit batch of single enqueues: each caller its own run or error.
 
@@ -346,9 +340,7 @@ class AsyncQueue:
         """
         outcomes: list[CreateOutcome | Exception]
         try:
-            outcomes = await self.session.available(
-                lambda: self.store.admission.admit_each(news, on_locked=early)
-            )
+            outcomes = await self.session.available(lambda: self.store.admission.admit_each(news))
         except Unavailable:
             raise  # every caller of the batch would have waited out the same outage
         except Exception:
@@ -356,8 +348,6 @@ class AsyncQueue:
                 raise
             outcomes = [await self._admit_alone(new) for new in news]
         rows = [o.row for o in outcomes if not isinstance(o, Exception)]
-        if early is not None and early.sent:
-            rows = [row for row in rows if row.id != early.run_id]
         await self.session.publish_ready(rows, lane=lane)
         return [o if isinstance(o, Exception) else AsyncRun(self, o.row.id) for o in outcomes]
 
@@ -400,16 +390,7 @@ class AsyncQueue:
         if not self._group_commit:
             # The blocking face: threads sharing this queue follow one leading thread's
             # batch (the caller's thread is blocked here, this coroutine being driven).
-            # A run id chosen here is new to the database: its wake may go out before the
-            # commit (``_admit_driven``), as no existing run can be joined in its place.
-            fresh = run_id is None and new.delay_until_ms is None and new.dedup_key is None
-            if fresh:
-                self._fresh.add(new.id)
-            try:
-                return self._thread_groups[lane].submit(new)
-            finally:
-                if fresh:
-                    self._fresh.discard(new.id)
+            return self._thread_groups[lane].submit(new)
         return await self._groups[lane].submit(new)
 
     async def enqueue_call(

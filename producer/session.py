@@ -35,7 +35,7 @@ from runfleet.store import Store, reach, validate
 from runfleet.store.config import Settings
 from runfleet.store.errors import RunNotFound, ScopeDenied, Unavailable
 from runfleet.store.transient import is_transient, retrying, service_of
-from runfleet.store.types import NewRun, RunRow, RunStatus
+from runfleet.store.types import RunRow, RunStatus
 
 # The producer's logger: one name for every producer log event (docs/reference/logs.md).
 log = logging.getLogger("runfleet.producer.queue")
@@ -47,30 +47,6 @@ class Connections(NamedTuple):
 
     store: Store | None
     redis: Redis | None
-
-
-class EarlyWake:
-    """One run's wake, sent while its admission is in flight (``Admission.admit_each``'s
-    ``on_locked``), each time an attempt holds the run's lock: a retry after a broken
-    connection may admit the run only then, after a worker already read the first wake
-    and found no run. A hint like any wake (a failed send is logged, and the lost-wake
-    sweep covers it); ``sent``: the run needs no wake after its commit."""
-
-    def __init__(
-        self, run_id: str, unanswered: UnansweredXadds, packed: list[tuple[str, bytes]], maxlen: int
-    ) -> None:
-        self.run_id = run_id
-        self._unanswered = unanswered
-        self._packed = packed
-        self._maxlen = maxlen
-        self.sent = False
-
-    def __call__(self) -> None:
-        self.sent = True
-        try:
-            self._unanswered.send(self._packed, self._maxlen)
-        except Exception as exc:
-            log.warning("enqueue.publish_failed", extra={"runs": 1, "error": repr(exc)})
 
 
 class ProducerSession:
@@ -217,20 +193,6 @@ class ProducerSession:
             )
         except Exception as exc:  # the lost-wake sweep covers it
             log.warning("wake.publish_failed", extra={"run_id": run_id, "error": repr(exc)})
-
-    def early_wake(self, new: NewRun, lane: Lane) -> EarlyWake | None:
-        """The wake of a new run, sent once its admission holds its lock and before it
-        commits (``store.admission_locks``), or None where it cannot be sent without
-        waiting for Redis (no unanswered ``XADD`` here)."""
-        if self._unanswered is None:
-            return None
-        message = message_for(new.id, new.flow, WakeReason.ENQUEUE, "schedule")
-        return EarlyWake(
-            new.id,
-            self._unanswered,
-            self.streams.pack([(new.queue, message)], lane),
-            self.streams.maxlen,
-        )
 
     async def publish_ready(self, rows: list[RunRow], *, lane: Lane) -> None:
         """One stream message per admitted run that may start now (a hint: never fails);

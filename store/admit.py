@@ -14,7 +14,7 @@ conflict is not another's); ``create_many`` is all or nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import psycopg
@@ -23,7 +23,6 @@ from psycopg.types.json import Jsonb
 import runfleet.store.journal_records as jr
 import runfleet.store.validate as validate
 import runfleet.store.values as values
-from runfleet.store.admission_locks import lock_params
 from runfleet.store.config import Settings
 from runfleet.store.dag import Dag
 from runfleet.store.db import Database
@@ -246,32 +245,19 @@ class Admission:
             outcomes = await self._parentless(news, strict=True)
             return [o for o in outcomes if not isinstance(o, Exception)]
 
-    async def admit_each(
-        self, news: Sequence[NewRun], *, on_locked: Callable[[], None] | None = None
-    ) -> list[CreateOutcome | Exception]:
+    async def admit_each(self, news: Sequence[NewRun]) -> list[CreateOutcome | Exception]:
         """Admit parentless runs that are independent of each other, in one round trip.
 
         Each run gets its own outcome: an invalid run or an identity conflict is that
         run's exception, returned in its place, and the others are admitted. An error
         of the statement itself (the connection, a payload Postgres refuses) raises.
-
-        ``on_locked``, for a lone run: called once its admission holds the run's lock
-        (``store.admission_locks``) and before it inserts and commits, in a round trip of
-        its own ahead of the statement's: where the producer sends the run's wake, so the
-        wake's trip overlaps the commit.
         """
         if any(new.parent_id is not None for new in news):
             raise InvalidInput("parent_id", "admit_each is for parentless runs")
-        return await self._parentless(
-            news, strict=False, on_locked=on_locked if len(news) == 1 else None
-        )
+        return await self._parentless(news, strict=False)
 
     async def _parentless(
-        self,
-        news: Sequence[NewRun],
-        *,
-        strict: bool,
-        on_locked: Callable[[], None] | None = None,
+        self, news: Sequence[NewRun], *, strict: bool
     ) -> list[CreateOutcome | Exception]:
         """Parentless admission; ``strict`` raises the first run's error (in batch order,
         checks before writes), else each error is returned in its run's place."""
@@ -300,7 +286,7 @@ class Admission:
         inserted: set[str] = set()
         rows: dict[str, RunRow] = {}
         for chunk in _chunks([(news[i], states[i], payloads[i]) for i in firsts.values()]):
-            more, found = await self._write(chunk, on_locked)
+            more, found = await self._write(chunk)
             inserted |= more
             rows.update(found)
         holders = {  # the open run holding each (queue, dedup_key), as the write saw it
@@ -331,9 +317,7 @@ class Admission:
         return outcomes
 
     async def _write(
-        self,
-        batch: Sequence[tuple[NewRun, dict[str, Any], str]],
-        on_locked: Callable[[], None] | None = None,
+        self, batch: Sequence[tuple[NewRun, dict[str, Any], str]]
     ) -> tuple[set[str], dict[str, RunRow]]:
         """``admit.batch`` (one statement: rows and records), or ``admit.one`` for a batch
         of one: the ids inserted, and every batch run this role can see as it is after
@@ -390,11 +374,7 @@ class Admission:
                 "source_id": self._db.source_id,
             }
         try:
-            if on_locked is not None and len(batch) == 1:
-                lock = ("admit.lock", lock_params(batch[0][0].id))
-                found = await self._db.all_locked(lock, name, params, on_locked)
-            else:
-                found = await self._db.all(name, params)
+            found = await self._db.all(name, params)
         except psycopg.Error as exc:
             raise self._refused(exc) from exc
         inserted = {row["id"] for row in found if row["inserted"]}

@@ -163,30 +163,6 @@ class Database:
             cur = await conn.execute(q(name), params or {})
             return await cur.fetchall()
 
-    async def all_locked(
-        self,
-        lock: tuple[str, dict[str, Any]],
-        name: str,
-        params: dict[str, Any],
-        on_locked: Callable[[], None],
-    ) -> list[DictRow]:
-        """``all(name)`` in a transaction that first takes ``lock`` (a statement), calling
-        ``on_locked`` once the lock is held, before ``name`` runs and commits: two round
-        trips (BEGIN and the lock; the statement and COMMIT), pipelined."""
-        current = self._current.get()
-        if current is not None:
-            await current.execute(q(lock[0]), lock[1])
-            on_locked()
-            return await (await current.execute(q(name), params)).fetchall()
-        async with self._pooled() as conn:
-            async with conn.pipeline() as pipeline:
-                async with conn.transaction():
-                    await conn.execute(q(lock[0]), lock[1])
-                    await pipeline.sync()
-                    on_locked()
-                    cur = await conn.execute(q(name), params)
-            return await cur.fetchall()
-
 
 @asynccontextmanager
 async def _discard_if_desynced(conn: Conn) -> AsyncIterator[None]:

@@ -23,12 +23,11 @@ import itertools
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Self, TypeVar
 
 import psycopg
-from psycopg.generators import fetch_many
 from psycopg.rows import DictRow
 from psycopg_pool import ConnectionPool
 
@@ -161,42 +160,6 @@ class InlineDatabase(Database):
     async def all(self, name: str, params: dict[str, Any] | None = None) -> list[DictRow]:
         with self._conn() as conn:
             return conn.execute(q(name), params or {}).fetchall()
-
-    async def all_locked(
-        self,
-        lock: tuple[str, dict[str, Any]],
-        name: str,
-        params: dict[str, Any],
-        on_locked: Callable[[], None],
-    ) -> list[DictRow]:
-        """``Database.all_locked`` in one round trip: the lock, a flush request and the
-        statement go out together in one implicit transaction (pipeline mode, committed
-        at its Sync), and ``on_locked`` runs as soon as the lock's answer is back, while
-        the server runs the statement and flushes the commit. psycopg has no public flush request in a pipeline: the
-        request is queued between the lock and the statement, and the answers are read
-        up to the lock's (``_until``)."""
-        current = self._inline_current.get()
-        if current is not None:
-            current.execute(q(lock[0]), lock[1])
-            on_locked()
-            return current.execute(q(name), params).fetchall()
-        with self._checkout() as conn:
-            with conn.pipeline() as pipeline:  # one implicit transaction, to its Sync
-                locked = conn.execute(q(lock[0]), lock[1])
-                pipeline.command_queue.append(conn.pgconn.send_flush_request)
-                cur = conn.execute(q(name), params)
-                _until(conn, pipeline, locked)
-                on_locked()
-            return cur.fetchall()
-
-
-def _until(conn: BlockingConn, pipeline: psycopg.Pipeline, cursor: psycopg.Cursor[Any]) -> None:
-    """Read a pipeline's answers up to and including ``cursor``'s."""
-    while any(item is not None and item[0] is cursor for item in pipeline.result_queue):
-        results = conn.wait(fetch_many(conn.pgconn))
-        if not results:
-            break
-        pipeline._process_results(pipeline.result_queue.popleft(), results)
 
 
 @contextmanager

@@ -14,7 +14,6 @@ from psycopg.types.json import Jsonb
 
 import runfleet.store.journal_records as jr
 import runfleet.store.validate as validate
-from runfleet.store.admission_locks import lock_params, locks_params
 from runfleet.store.config import Settings
 from runfleet.store.db import Database
 from runfleet.store.errors import InvalidInput
@@ -113,21 +112,6 @@ class Runs:
 
     async def get_many(self, run_ids: list[str]) -> list[RunRow]:
         return [run_row(r) for r in await self._db.all("runs.get_many", {"ids": run_ids})]
-
-    async def delivered(self, run_id: str) -> RunRow | None:
-        """``get`` of a run a stream wake named: after its admission, if one is still in
-        flight, has committed (``store.admission_locks``); one round trip."""
-        _, found = await self._db.pipelined(
-            [("runs.await_admission", lock_params(run_id)), ("runs.get", {"id": run_id})]
-        )
-        return run_row(found[0]) if found else None
-
-    async def delivered_many(self, run_ids: list[str]) -> list[RunRow]:
-        """``get_many`` of the runs one stream read named, as ``delivered``."""
-        _, found = await self._db.pipelined(
-            [("runs.await_admissions", locks_params(run_ids)), ("runs.get_many", {"ids": run_ids})]
-        )
-        return [run_row(r) for r in found]
 
     async def get_for_update(self, run_id: str) -> RunRow | None:
         """Read and lock the row until the enclosing transaction ends."""
@@ -257,21 +241,19 @@ class Runs:
         Activated with that run, and the named run stays pending (its wake is the
         caller's to re-publish). None: only the named run is claimed.
         """
-        claim = {
-            "id": run_id,
-            "flow": flow,
-            "ahead_flows": None if ahead_flows is None else sorted(ahead_flows),
-            "owner_key": me.key,
-            "journal_kind": Kind.CLAIMED_AND_ACTIVATED,
-            "source_id": self._db.source_id,
-            "source_seq": self._db.next_source_seq(),
-            **owner_params(me),
-            **self._serving(),
-        }
-        # A wake may be read before its admission committed: the claim waits for that
-        # commit, in the same round trip (store.admission_locks).
-        _, found = await self._db.pipelined(
-            [("runs.await_admission", lock_params(run_id)), ("runs.claim_if_fresh", claim)]
+        found = await self._db.all(
+            "runs.claim_if_fresh",
+            {
+                "id": run_id,
+                "flow": flow,
+                "ahead_flows": None if ahead_flows is None else sorted(ahead_flows),
+                "owner_key": me.key,
+                "journal_kind": Kind.CLAIMED_AND_ACTIVATED,
+                "source_id": self._db.source_id,
+                "source_seq": self._db.next_source_seq(),
+                **owner_params(me),
+                **self._serving(),
+            },
         )
         seen = next((run_row(r) for r in found if not r["activated"]), None)
         activated = next((run_row(r) for r in found if r["activated"]), None)

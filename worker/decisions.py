@@ -117,11 +117,7 @@ class Decider:
         ``peeked``: the message came from an idle wait's doorbell, which rang for every
         idle reader, so a claim it loses is the expected race, journaled as nothing."""
         decision = await self._decide_delivered(run_id, flow_name, peeked)
-        if decision is not None:
-            return decision
-        # Read after the run's admission committed, if its wake came first (the
-        # producer's early wake: store.admission_locks).
-        return await self._decide(await self.store.runs.delivered(run_id), run_id)
+        return decision if decision is not None else await self.decide(run_id)
 
     async def from_batch(self, run_id: str, batch: Awaitable[Mapping[str, Decision]]) -> Decision:
         """This run's answer in a ``decide_many`` it was part of; decided alone (read, then
@@ -140,7 +136,7 @@ class Decider:
         check and record; settled and unknown ids are decided from the same read. Any
         other run is left out of the answer and its drive decides it alone, as before.
         """
-        rows = await self.store.runs.delivered_many(list(run_ids))  # after their admissions
+        rows = await self.store.runs.get_many(list(run_ids))
         decisions: dict[str, Decision] = {}
         fresh: list[tuple[RunRow, Flow]] = []
         for row in rows:

@@ -29,8 +29,3 @@ SELECT a.inserted, (a.run).*, runfleet.now_ms() AS now_ms
                           %(timeout_ms)s::bigint, %(priority)s::integer, %(dedup_key)s::text,
                           %(source_seq)s::bigint, %(record)s::jsonb, %(digest)s::text,
                           %(kind)s::text, %(source_id)s::text) AS a;
-
--- name: lock
--- Held until the admission commits (store/admission_locks.py): a worker that read the
--- run's wake before then waits on it (runs.await_admission) and reads the committed row.
-SELECT pg_advisory_xact_lock(%(lock_class)s::integer, %(key)s::integer);

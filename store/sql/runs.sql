@@ -639,14 +639,5 @@ RETURNING r.*, runfleet.now_ms() AS now_ms, session_user::text AS session_role;
 UPDATE runfleet.clocks SET completed_at_ms = runfleet.now_ms()
  WHERE run_id = ANY(%(ids)s) AND completed_at_ms IS NULL;
 
--- name: await_admission
--- Wait for an admission still in flight (store/admission_locks.py): the statement after
--- this one, in the same pipeline, then sees its committed row.
-SELECT pg_advisory_xact_lock_shared(%(lock_class)s::integer, %(key)s::integer);
-
--- name: await_admissions
-SELECT pg_advisory_xact_lock_shared(%(lock_class)s::integer, k)
-  FROM unnest(%(keys)s::integer[]) AS k;
-
 -- name: get_many
 SELECT r.*, runfleet.now_ms() AS now_ms FROM runfleet.runs r WHERE r.id = ANY(%(ids)b);

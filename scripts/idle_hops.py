@@ -117,6 +117,8 @@ async def _child(args: argparse.Namespace) -> dict[str, list[float]]:
                         queue.fetch(run_id).wait(timeout=60)
                     return calls
 
+            if args.threads:
+                return await asyncio.to_thread(_loaded, settings, args, out)
             calls = await asyncio.to_thread(drive)
             await asyncio.sleep(0.2)
         finally:
@@ -125,6 +127,81 @@ async def _child(args: argparse.Namespace) -> dict[str, list[float]]:
                 proc.close()
         floor = await asyncio.to_thread(_commits, url, args.samples, args.gap)
     return {**_hops(calls, out), **floor}
+
+
+LOADED = (
+    "enqueue", "to_body", "body_to_settled", "settled_to_returned", "settled_to_announced",
+    "announced_to_noticed", "noticed_to_returned", "noticed", "round_trip", "rate",
+)  # fmt: skip
+
+
+def _loaded(settings: Any, args: argparse.Namespace, out: Path) -> dict[str, list[float]]:
+    """``--threads`` threads share one ``Queue``, each enqueueing then waiting for its run,
+    ``--samples`` times: where a loaded run's round trip goes."""
+    import threading
+
+    import idle_probe
+
+    from runfleet.broker.notify import SettledWatch
+    from runfleet.rqface import Queue
+
+    noticed: dict[str, int] = {}
+    watch_wait = SettledWatch.wait
+
+    async def wait(self: Any, timeout: float) -> Any:
+        notice = await watch_wait(self, timeout)
+        if notice is not None:
+            noticed.setdefault(notice.run_id, time.monotonic_ns())
+        return notice
+
+    SettledWatch.wait = wait  # type: ignore[method-assign]
+    calls: list[tuple[str, int, int, int]] = []
+    with Queue(idle_probe.QUEUE, settings=settings) as queue:
+        for run in [queue.enqueue(idle_probe.probe_noop) for _ in range(20)]:
+            run.wait(timeout=60)
+
+        def loop() -> None:
+            for _ in range(args.samples):
+                began = time.monotonic_ns()
+                run = queue.enqueue(idle_probe.probe_noop)
+                admitted = time.monotonic_ns()
+                run.wait(timeout=120)
+                calls.append((run.id, began, admitted, time.monotonic_ns()))
+
+        threads = [threading.Thread(target=loop) for _ in range(args.threads)]
+        began = time.monotonic()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        wall = time.monotonic() - began
+    time.sleep(0.5)
+    stamps: dict[tuple[str, str], int] = {}
+    for path in out.glob("hops-*.txt"):
+        for line in path.read_text().splitlines():
+            t, _pid, event, *run = line.split(" ")
+            if run:
+                stamps.setdefault((event, run[0]), int(t))
+    hops: dict[str, list[float]] = {h: [] for h in LOADED}
+    hops["rate"].append(len(calls) / wall)
+    ms = 1e-6
+    for run_id, t0, t1, t2 in calls:
+        hops["enqueue"].append((t1 - t0) * ms)
+        hops["round_trip"].append((t2 - t0) * ms)
+        body, settled = stamps.get(("body", run_id)), stamps.get(("settled", run_id))
+        if body is None or settled is None:
+            continue
+        hops["to_body"].append((body - t1) * ms)
+        hops["body_to_settled"].append((settled - body) * ms)
+        hops["settled_to_returned"].append((t2 - settled) * ms)
+        announced = stamps.get(("announce", run_id))
+        if announced is not None:
+            hops["settled_to_announced"].append((announced - settled) * ms)
+            if run_id in noticed:
+                hops["announced_to_noticed"].append((noticed[run_id] - announced) * ms)
+                hops["noticed_to_returned"].append((t2 - noticed[run_id]) * ms)
+        hops["noticed"].append(float(run_id in noticed))
+    return hops
 
 
 def _commits(url: str, samples: int, gap: float) -> dict[str, list[float]]:
@@ -205,7 +282,8 @@ def _hops(calls: list[tuple[str, int, int, int]], out: Path) -> dict[str, list[f
 
 
 def _parent(args: argparse.Namespace) -> None:
-    found: dict[str, dict[str, list[float]]] = {tree: {h: [] for h in HOPS} for tree in args.trees}
+    names = LOADED if args.threads else HOPS
+    found: dict[str, dict[str, list[float]]] = {tree: {h: [] for h in names} for tree in args.trees}
     for round_ in range(args.rounds):
         for tree in args.trees:
             with tempfile.TemporaryDirectory(prefix="idle-hops-") as probe_dir:
@@ -215,7 +293,7 @@ def _parent(args: argparse.Namespace) -> None:
                 argv = [
                     sys.executable, str(HERE / "idle_hops.py"), "--child",
                     "--samples", str(args.samples), "--gap", str(args.gap),
-                    "--workers", str(args.workers),
+                    "--workers", str(args.workers), "--threads", str(args.threads),
                     *(["--async-commit"] if args.async_commit else []),
                     "--database-url", args.database_url, "--redis-url", args.redis_url,
                 ]  # fmt: skip
@@ -223,17 +301,17 @@ def _parent(args: argparse.Namespace) -> None:
                 if done.returncode != 0:
                     sys.exit(f"{tree}: round {round_} failed:\n{done.stderr[-3000:]}")
                 hops = json.loads(done.stdout.strip().splitlines()[-1])
-                start = hops["start"]
+                start = hops["round_trip" if args.threads else "start"]
                 load = os.getloadavg()[0]
                 print(
                     f"round {round_} {tree}: start p50 {_pct(start, 50):.2f} ms"
                     f" p99 {_pct(start, 99):.2f} ms (n={len(start)}, load {load:.1f})",
                     flush=True,
                 )
-                for h in HOPS:
+                for h in names:
                     found[tree][h] += hops[h]
     print(f"\n{'hop (ms)':<14}" + "".join(f"{Path(t).name + ' p50/p99':>26}" for t in args.trees))
-    for h in HOPS:
+    for h in names:
         row = f"{h:<14}"
         for tree in args.trees:
             v = found[tree][h]
@@ -251,6 +329,13 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=100)
     parser.add_argument("--gap", type=float, default=0.02, help="seconds between enqueues")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="loaded: this many threads share one Queue, each enqueueing then waiting,"
+        " --samples runs each (0: the idle start)",
+    )
     parser.add_argument("--database-url", default=os.environ.get("RUNFLEET_TEST_DATABASE_URL", ""))
     parser.add_argument("--redis-url", default=os.environ.get("RUNFLEET_TEST_REDIS_URL", ""))
     parser.add_argument("--json", action="store_true")

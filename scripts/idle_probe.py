@@ -9,7 +9,9 @@ process on the host) into this process's file under ``$IDLE_PROBE_DIR``:
 - ``script``: the group read's script answered;
 - ``claim_sent`` / ``claim_back``: the one statement that reads and claims a fresh run;
 - ``execute``: the driver began executing the activated run;
-- ``body``: the body's first line.
+- ``body``: the body's first line;
+- ``settle`` / ``settled``: its settlement asked and committed (group-committed with
+  the process's other settlements); ``announce``: its settled notice sent.
 
 Only the wrapped names are read, each looked up where it exists, so the same module
 stamps two checkouts side by side (``--trees``).
@@ -83,6 +85,28 @@ def _install() -> None:
     _wrap_async(psycopg_pool.AsyncConnectionPool, "getconn", None, "getconn", None)
     _wrap_async(psycopg_pool.AsyncConnectionPool, "check_connection", "pg_probe", None, None)
     _wrap_async(psycopg.AsyncConnection, "execute", "pg_sent", "pg_back", None)
+    from runfleet.worker.settle import Settlement
+
+    settle = Settlement.result
+
+    @functools.wraps(settle)
+    async def result(self: Any, row: Any, *args: Any) -> None:
+        stamp("settle", row.id)
+        await settle(self, row, *args)
+        stamp("settled", row.id)
+
+    Settlement.result = result  # type: ignore[method-assign]
+    from runfleet.broker.notify import Notifier
+
+    announce = Notifier.publish_settled_many
+
+    @functools.wraps(announce)
+    async def publish_settled_many(self: Any, settled: Any) -> bool:
+        for run_id, _ in settled:
+            stamp("announce", run_id)
+        return await announce(self, settled)
+
+    Notifier.publish_settled_many = publish_settled_many  # type: ignore[method-assign]
     try:
         from runfleet.worker.driver import Driver
     except ImportError:

@@ -156,25 +156,28 @@ def _loaded(settings: Any, args: argparse.Namespace, out: Path) -> dict[str, lis
 
     SettledWatch.wait = wait  # type: ignore[method-assign]
     calls: list[tuple[str, int, int, int]] = []
-    with Queue(idle_probe.QUEUE, settings=settings) as queue:
-        for run in [queue.enqueue(idle_probe.probe_noop) for _ in range(20)]:
-            run.wait(timeout=60)
+    if args.tasks:
+        wall = asyncio.run(_tasks(settings, args, calls))
+    else:
+        with Queue(idle_probe.QUEUE, settings=settings) as queue:
+            for run in [queue.enqueue(idle_probe.probe_noop) for _ in range(20)]:
+                run.wait(timeout=60)
 
-        def loop() -> None:
-            for _ in range(args.samples):
-                began = time.monotonic_ns()
-                run = queue.enqueue(idle_probe.probe_noop)
-                admitted = time.monotonic_ns()
-                run.wait(timeout=120)
-                calls.append((run.id, began, admitted, time.monotonic_ns()))
+            def loop() -> None:
+                for _ in range(args.samples):
+                    began = time.monotonic_ns()
+                    run = queue.enqueue(idle_probe.probe_noop)
+                    admitted = time.monotonic_ns()
+                    run.wait(timeout=120)
+                    calls.append((run.id, began, admitted, time.monotonic_ns()))
 
-        threads = [threading.Thread(target=loop) for _ in range(args.threads)]
-        began = time.monotonic()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        wall = time.monotonic() - began
+            threads = [threading.Thread(target=loop) for _ in range(args.threads)]
+            began = time.monotonic()
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            wall = time.monotonic() - began
     time.sleep(0.5)
     stamps: dict[tuple[str, str], int] = {}
     for path in out.glob("hops-*.txt"):
@@ -202,6 +205,31 @@ def _loaded(settings: Any, args: argparse.Namespace, out: Path) -> dict[str, lis
                 hops["noticed_to_returned"].append((t2 - noticed[run_id]) * ms)
         hops["noticed"].append(float(run_id in noticed))
     return hops
+
+
+async def _tasks(
+    settings: Any, args: argparse.Namespace, calls: list[tuple[str, int, int, int]]
+) -> float:
+    """``--tasks``: ``--threads`` asyncio tasks share one ``AsyncQueue`` instead."""
+    import idle_probe
+
+    from runfleet.producer import AsyncQueue
+
+    async with AsyncQueue(idle_probe.QUEUE, settings=settings) as queue:
+        for run in [await queue.enqueue(idle_probe.probe_noop) for _ in range(20)]:
+            await run.wait(timeout=60)
+
+        async def loop() -> None:
+            for _ in range(args.samples):
+                began = time.monotonic_ns()
+                run = await queue.enqueue(idle_probe.probe_noop)
+                admitted = time.monotonic_ns()
+                await run.wait(timeout=120)
+                calls.append((run.id, began, admitted, time.monotonic_ns()))
+
+        began = time.monotonic()
+        await asyncio.gather(*(loop() for _ in range(args.threads)))
+        return time.monotonic() - began
 
 
 def _commits(url: str, samples: int, gap: float) -> dict[str, list[float]]:
@@ -294,6 +322,7 @@ def _parent(args: argparse.Namespace) -> None:
                     sys.executable, str(HERE / "idle_hops.py"), "--child",
                     "--samples", str(args.samples), "--gap", str(args.gap),
                     "--workers", str(args.workers), "--threads", str(args.threads),
+                    *(["--tasks"] if args.tasks else []),
                     *(["--async-commit"] if args.async_commit else []),
                     "--database-url", args.database_url, "--redis-url", args.redis_url,
                 ]  # fmt: skip
@@ -338,6 +367,9 @@ def main() -> None:
     )
     parser.add_argument("--database-url", default=os.environ.get("RUNFLEET_TEST_DATABASE_URL", ""))
     parser.add_argument("--redis-url", default=os.environ.get("RUNFLEET_TEST_REDIS_URL", ""))
+    parser.add_argument(
+        "--tasks", action="store_true", help="--threads asyncio tasks sharing one AsyncQueue"
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
         "--async-commit",

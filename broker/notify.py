@@ -207,6 +207,7 @@ class Notifier:
         on_ready: Callable[[], None] | None = None,
         on_lost: Callable[[], None] | None = None,
         max_backoff: float = _BACKOFF_MAX,
+        log_subscribed: bool = True,
     ) -> AsyncGenerator[Notice, None]:
         """Yield notices forever, resubscribing with jittered backoff whenever Redis goes away.
 
@@ -226,7 +227,8 @@ class Notifier:
             try:
                 await self._subscribe(pubsub, channel)
                 backoff = _BACKOFF_INITIAL
-                log.info("notify.subscribed", extra={"channel": channel})
+                if log_subscribed:  # a producer's watches come and go: not worth a line
+                    log.info("notify.subscribed", extra={"channel": channel})
                 if on_ready is not None:
                     on_ready()
                 while True:
@@ -402,7 +404,7 @@ class _SettledHub:
 
     async def _listen(self) -> None:
         notices = self._notifier.listen(
-            "settled", on_ready=self._subscribed, on_lost=self._ready.clear
+            "settled", on_ready=self._subscribed, on_lost=self._ready.clear, log_subscribed=False
         )
         try:
             async for notice in notices:

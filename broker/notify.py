@@ -21,7 +21,7 @@ import inspect
 import json
 import logging
 import random
-import time
+import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -142,6 +142,9 @@ class Notifier:
         self._keys = Keys(prefix)
         self._timeout = timeout
         self._settled_script = self._redis.register_script(SETTLED_SCRIPT)
+        self._hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _SettledHub] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def channel(self, kind: ChannelKind) -> str:
         return self._keys.cancel_channel if kind == "cancel" else self._keys.settled_channel
@@ -197,20 +200,6 @@ class Notifier:
                 if msg is not None and msg.get("type") in ("subscribe", b"subscribe"):
                     return
 
-    async def _open(self, kind: ChannelKind) -> PubSub | None:
-        """A confirmed subscription to ``kind``, or ``None`` (logged) if Redis is unavailable."""
-        channel = self.channel(kind)
-        pubsub = self._redis.pubsub()
-        try:
-            await self._subscribe(pubsub, channel)
-        except Exception as exc:  # a hint, never a reason for a producer's call to fail
-            hostile.error_reply(
-                log, "notify-watch", "notify.watch_unavailable", exc, channel=channel
-            )
-            await _close_quietly(pubsub)
-            return None
-        return pubsub
-
     async def listen(
         self,
         kind: ChannelKind,
@@ -218,6 +207,7 @@ class Notifier:
         on_ready: Callable[[], None] | None = None,
         on_lost: Callable[[], None] | None = None,
         max_backoff: float = _BACKOFF_MAX,
+        log_subscribed: bool = True,
     ) -> AsyncGenerator[Notice, None]:
         """Yield notices forever, resubscribing with jittered backoff whenever Redis goes away.
 
@@ -237,7 +227,8 @@ class Notifier:
             try:
                 await self._subscribe(pubsub, channel)
                 backoff = _BACKOFF_INITIAL
-                log.info("notify.subscribed", extra={"channel": channel})
+                if log_subscribed:  # a producer's watches come and go: not worth a line
+                    log.info("notify.subscribed", extra={"channel": channel})
                 if on_ready is not None:
                     on_ready()
                 while True:
@@ -272,6 +263,19 @@ class Notifier:
         """Subscribe before checking Postgres, so a settle between check and wait is not missed."""
         return SettledWatch(self, frozenset(run_ids))
 
+    def _settled_hub(self) -> _SettledHub:
+        """The running loop's shared settled subscription (``SettledWatch``)."""
+        loop = asyncio.get_running_loop()
+        hub = self._hubs.get(loop)
+        if hub is None:
+            hub = self._hubs[loop] = _SettledHub(self)
+        return hub
+
+    def _drop_hub(self, hub: _SettledHub) -> None:
+        for loop, found in list(self._hubs.items()):
+            if found is hub:
+                del self._hubs[loop]
+
     async def wait_settled(self, run_id: str, timeout: float) -> Notice | None:
         """Return the settled notice for ``run_id``, or ``None`` after ``timeout``.
 
@@ -283,48 +287,44 @@ class Notifier:
 
 
 class SettledWatch:
-    """A settled-channel subscription scoped to some run ids.
+    """A settled-channel watch scoped to some run ids.
 
     Usage: ``async with notifier.watch_settled(rid) as w:`` check Postgres, then
-    ``await w.wait(t)`` and check again. If Redis is unavailable ``wait`` sleeps out
-    its timeout and returns ``None``, so a caller's poll loop keeps its pace. Neither
+    ``await w.wait(t)`` and check again. The watches of one notifier on one event loop
+    share one subscription (``_SettledHub``): entering waits until it is confirmed, so a
+    notice published after that reaches the watch. If Redis is unavailable ``wait`` sleeps
+    out its timeout and returns ``None``, so a caller's poll loop keeps its pace. Neither
     entering nor ``wait`` raises for Redis or for hostile payloads on the channel:
     ``run.wait()`` always reaches its next Postgres poll.
     """
 
     def __init__(self, notifier: Notifier, run_ids: frozenset[str]) -> None:
         self._notifier = notifier
-        self._run_ids = run_ids
-        self._pubsub: PubSub | None = None
+        self.run_ids = run_ids
+        self._hub: _SettledHub | None = None
+        self._notices: list[Notice] = []
+        self._arrived = asyncio.Event()
+
+    def deliver(self, notice: Notice) -> None:
+        self._notices.append(notice)
+        self._arrived.set()
+
+    def read_again(self) -> None:
+        """End the current ``wait`` with no notice: its caller reads Postgres again."""
+        self._arrived.set()
 
     async def __aenter__(self) -> SettledWatch:
-        self._pubsub = await self._notifier._open("settled")
+        self._hub = await self._notifier._settled_hub().enter(self)
         return self
 
     async def wait(self, timeout: float) -> Notice | None:
         """The first settled notice for a watched run within ``timeout``, else ``None``."""
-        deadline = time.monotonic() + max(0.0, timeout)
-        while (remaining := deadline - time.monotonic()) > 0:
-            if self._pubsub is None:
-                await asyncio.sleep(remaining)
-                return None
-            try:
-                msg = await self._pubsub.get_message(
-                    ignore_subscribe_messages=True, timeout=remaining
-                )
-            except Exception as exc:  # the caller polls Postgres: fall back to its pace
-                hostile.error_reply(log, "notify-watch", "notify.watch_unavailable", exc)
-                await self._close()
-                continue
-            notice = _notice_of("settled", msg)
-            if notice is not None and notice.run_id in self._run_ids:
-                return notice
-        return None
-
-    async def _close(self) -> None:
-        pubsub, self._pubsub = self._pubsub, None
-        if pubsub is not None:
-            await _close_quietly(pubsub)
+        if not self._notices:
+            await within(self._arrived, max(0.0, timeout))
+        notice = self._notices.pop(0) if self._notices else None
+        if not self._notices:
+            self._arrived.clear()
+        return notice
 
     async def __aexit__(
         self,
@@ -332,7 +332,86 @@ class SettledWatch:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self._close()
+        hub, self._hub = self._hub, None
+        if hub is not None:
+            await hub.leave(self)
+
+
+class _SettledHub:
+    """One subscription to the settled channel, shared by every ``SettledWatch`` entered
+    while it runs (one notifier, one event loop): each notice goes to the watches of its
+    run, where one subscription per watch had every watch receive (and parse) every
+    notice of the fleet, and each pay a subscription's round trips. Started by the first
+    watch and closed when the last one leaves; a resubscription after a lost connection
+    wakes every watch (a notice may have been missed: its caller reads Postgres again).
+    """
+
+    def __init__(self, notifier: Notifier) -> None:
+        self._notifier = notifier
+        self._watches: dict[str, set[SettledWatch]] = {}
+        self._users = 0
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._subscriptions = 0
+
+    async def enter(self, watch: SettledWatch) -> _SettledHub:
+        self._users += 1
+        for run_id in watch.run_ids:
+            self._watches.setdefault(run_id, set()).add(watch)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._listen(), name="notify-settled-shared"
+            )
+        try:
+            # Confirmed before the caller reads Postgres: nothing published after is missed.
+            await within(self._ready, self._notifier._timeout)
+        except BaseException:  # cancelled while entering: no exit will follow
+            self._unregister(watch)
+            raise
+        return self
+
+    async def leave(self, watch: SettledWatch) -> None:
+        task = self._unregister(watch)
+        if task is not None:
+            await asyncio.wait({task})  # its subscription closed (a cancel of ours still raises)
+
+    def _unregister(self, watch: SettledWatch) -> asyncio.Task[None] | None:
+        """Forget ``watch``; with the last one gone, stop listening. Returns the stopping
+        listener, if this was the last watch."""
+        for run_id in watch.run_ids:
+            watches = self._watches.get(run_id)
+            if watches is not None:
+                watches.discard(watch)
+                if not watches:
+                    del self._watches[run_id]
+        self._users -= 1
+        if self._users > 0:
+            return None
+        self._notifier._drop_hub(self)
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+        return task
+
+    def _subscribed(self) -> None:
+        self._ready.set()
+        self._subscriptions += 1
+        if self._subscriptions == 1:
+            return
+        for watches in list(self._watches.values()):
+            for watch in list(watches):
+                watch.read_again()  # anything published while away was lost
+
+    async def _listen(self) -> None:
+        notices = self._notifier.listen(
+            "settled", on_ready=self._subscribed, on_lost=self._ready.clear, log_subscribed=False
+        )
+        try:
+            async for notice in notices:
+                for watch in list(self._watches.get(notice.run_id, ())):
+                    watch.deliver(notice)
+        finally:
+            await notices.aclose()
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,40 @@ async def test_publish_settled_wakes_a_watch(notifier: Notifier) -> None:
         assert await watch.wait(2.0) == Notice("settled", "r2", RunStatus.FAILED)
 
 
+async def _subscribers(redis: Redis, channel: str) -> int:
+    counts = await redis.pubsub_numsub(channel)
+    return int(dict(counts).get(channel.encode(), dict(counts).get(channel, 0)))
+
+
+async def test_concurrent_watches_share_one_subscription_and_get_only_their_runs(
+    notifier: Notifier, redis: Redis
+) -> None:
+    """Sixteen waiting ``wait()`` calls are one subscriber of the channel, not sixteen each
+    parsing every notice of the fleet; each watch gets its own run's notice, and the
+    subscription ends with the last watch."""
+    channel = notifier.channel("settled")
+    entered = asyncio.Event()
+    ready: list[str] = []
+    got: dict[str, object] = {}
+
+    async def watch(run_id: str) -> None:
+        async with notifier.watch_settled(run_id) as w:
+            ready.append(run_id)
+            if len(ready) == 16:
+                entered.set()
+            got[run_id] = await w.wait(5.0)
+
+    waiters = [asyncio.create_task(watch(f"r{i}")) for i in range(16)]
+    await asyncio.wait_for(entered.wait(), 5.0)
+    assert await _subscribers(redis, channel) == 1
+    assert await notifier.publish_settled_many(
+        [(f"r{i}", RunStatus.COMPLETED) for i in reversed(range(16))]
+    )
+    await asyncio.wait_for(asyncio.gather(*waiters), 5.0)
+    assert got == {f"r{i}": Notice("settled", f"r{i}", RunStatus.COMPLETED) for i in range(16)}
+    assert await _subscribers(redis, channel) == 0
+
+
 async def test_a_batch_of_settled_notices_is_each_its_own_message_in_order(
     notifier: Notifier, redis: Redis
 ) -> None:
@@ -172,3 +206,32 @@ async def test_subscription_resubscribes_after_its_connection_is_killed(
     finally:
         sub.stop()
         await sub.wait_stopped(1.0)
+
+
+async def test_a_shared_watch_reads_again_after_its_subscription_is_killed(
+    named_redis: Redis, redis: Redis, redis_prefix: str
+) -> None:
+    """Notices published while the shared subscription was away are lost: once it is back,
+    every watch's ``wait`` returns at once (its caller reads Postgres again) instead of
+    sleeping out its timeout, and what is published from then on reaches it."""
+    notifier = Notifier(named_redis, redis_prefix)
+    publisher = Notifier(redis, redis_prefix)
+    async with notifier.watch_settled("r1") as watch:
+        victims = [
+            c["id"]
+            for c in await redis.client_list()
+            if c.get("name") == f"{redis_prefix}-sub" and "P" in c.get("flags", "")
+        ]
+        assert len(victims) == 1, "one shared subscription"
+        await redis.client_kill_filter(_id=victims[0])
+        started = time.monotonic()
+        assert await watch.wait(20.0) is None
+        assert time.monotonic() - started < 10.0, "woken by the resubscription"
+
+        async def notice_arrives() -> Notice | None:
+            await publisher.publish_settled("r1", RunStatus.COMPLETED)
+            return await watch.wait(0.2)
+
+        assert await until(notice_arrives, accept=bool) == Notice(
+            "settled", "r1", RunStatus.COMPLETED
+        )

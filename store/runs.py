@@ -15,7 +15,7 @@ from psycopg.types.json import Jsonb
 from runfleet.store import journal_records as jr
 from runfleet.store import validate
 from runfleet.store.config import Settings
-from runfleet.store.db import Database
+from runfleet.store.db import Database, LockWaitEnded
 from runfleet.store.errors import InvalidInput
 from runfleet.store.journal import Journal, Kind
 from runfleet.store.rows import owner_params, run_row
@@ -131,6 +131,12 @@ class Runs:
         current = await self.get(run_id)
         return self._lost(run_id, current)
 
+    async def _locked(self, run_id: str) -> RowLocked | NotFound:
+        """A statement on this run alone gave up on its row lock (``LockWaitEnded``): the
+        row as it is now, read without a lock (a read never waits on a row lock)."""
+        current = await self.get(run_id)
+        return NotFound(run_id) if current is None else RowLocked(current)
+
     def _lost(self, run_id: str, current: RunRow | None) -> SnapshotChanged | NotServed | NotFound:
         """Why a claim statement changed nothing, from the row as it is now."""
         if current is None:
@@ -209,20 +215,24 @@ class Runs:
     async def claim_and_activate(
         self, run_id: str, expected: Snapshot, me: Owner
     ) -> ActivateOutcome:
-        """The fast path: claim, activation and its record in one statement."""
-        row = await self._db.one(
-            "runs.claim_and_activate",
-            {
-                "id": run_id,
-                "owner_key": me.key,
-                "journal_kind": Kind.CLAIMED_AND_ACTIVATED,
-                "source_id": self._db.source_id,
-                "source_seq": self._db.next_source_seq(),
-                **owner_params(me),
-                **_expected(expected),
-                **self._serving(),
-            },
-        )
+        """The fast path: claim, activation and its record in one statement. A row another
+        transaction holds past the store's lock bound is ``RowLocked`` (set aside)."""
+        try:
+            row = await self._db.one(
+                "runs.claim_and_activate",
+                {
+                    "id": run_id,
+                    "owner_key": me.key,
+                    "journal_kind": Kind.CLAIMED_AND_ACTIVATED,
+                    "source_id": self._db.source_id,
+                    "source_seq": self._db.next_source_seq(),
+                    **owner_params(me),
+                    **_expected(expected),
+                    **self._serving(),
+                },
+            )
+        except LockWaitEnded:
+            return await self._locked(run_id)
         if row is None:
             return await self._waited(self._not_activated(run_id, await self.get(run_id), expected))
         return Activated(run_row(row))
@@ -341,7 +351,9 @@ class Runs:
         same precondition, so the count is decided in Postgres whoever else steals.
         ``max_recoveries``: the run's flow's own limit (``@flow(max_recoveries=)``; None:
         the fleet's); ``dead_letter=False``: the flow never dead-letters, every counted
-        takeover proceeds (the count still rises, for ``explain``).
+        takeover proceeds (the count still rises, for ``explain``). A row another
+        transaction holds past the store's lock bound is ``RowLocked``: nothing written,
+        the run set aside for a later sweep.
         """
         previous = expected.owner
         if expected.status is not RunStatus.RUNNING or previous is None:
@@ -361,9 +373,26 @@ class Runs:
             **_expected(expected),
             **self._serving(),
         }
+        try:
+            return await self._steal(run_id, expected, me, evidence, cas, counted and dead_letter)
+        except LockWaitEnded:
+            return await self._locked(run_id)
+
+    async def _steal(
+        self,
+        run_id: str,
+        expected: Snapshot,
+        me: Owner,
+        evidence: jr.ProbeEvidence,
+        cas: dict[str, Any],
+        bury: bool,
+    ) -> StealOutcome:
+        """``steal``'s transaction: the CAS, else the burial of a poison run (``bury``)."""
+        previous = expected.owner
+        assert previous is not None
         async with self._db.transaction():
             row = await self._db.one("runs.steal", {**cas, **owner_params(me)})
-            if row is None and counted and dead_letter:
+            if row is None and bury:
                 buried = await self._bury(run_id, previous, me, cas, evidence)
                 if buried is not None:
                     return buried

@@ -252,21 +252,29 @@ class Runs:
         with a higher priority takes the slot (docs/queues.md): ``outcome`` is then
         Activated with that run, and the named run stays pending (its wake is the
         caller's to re-publish). None: only the named run is claimed.
+
+        A row another transaction holds past the store's lock bound (its producer's
+        lock, or a claim in flight elsewhere) is ``RowLocked`` with the row as it is now
+        (read without a lock), nothing claimed: that run is set aside, not waited for.
         """
-        found = await self._db.all(
-            "runs.claim_if_fresh",
-            {
-                "id": run_id,
-                "flow": flow,
-                "ahead_flows": None if ahead_flows is None else sorted(ahead_flows),
-                "owner_key": me.key,
-                "journal_kind": Kind.CLAIMED_AND_ACTIVATED,
-                "source_id": self._db.source_id,
-                "source_seq": self._db.next_source_seq(),
-                **owner_params(me),
-                **self._serving(),
-            },
-        )
+        try:
+            found = await self._db.all(
+                "runs.claim_if_fresh",
+                {
+                    "id": run_id,
+                    "flow": flow,
+                    "ahead_flows": None if ahead_flows is None else sorted(ahead_flows),
+                    "owner_key": me.key,
+                    "journal_kind": Kind.CLAIMED_AND_ACTIVATED,
+                    "source_id": self._db.source_id,
+                    "source_seq": self._db.next_source_seq(),
+                    **owner_params(me),
+                    **self._serving(),
+                },
+            )
+        except LockWaitEnded:
+            current = await self.get(run_id)
+            return FreshClaim(None if current is None else RowLocked(current), current)
         seen = next((run_row(r) for r in found if not r["activated"]), None)
         activated = next((run_row(r) for r in found if r["activated"]), None)
         if activated is not None:

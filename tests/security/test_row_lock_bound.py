@@ -13,6 +13,7 @@ tenants' producer logins made as ``runfleet roles`` makes them.
 from __future__ import annotations
 
 import signal
+import time
 
 import psycopg
 
@@ -88,8 +89,11 @@ async def test_a_locked_running_run_does_not_hold_the_takeover_of_others(
             await raw.execute(LOCK_OWN_ROW, ("a-own",))
             second = spawn(flows="tests.security.flows", database_url=fleet.url, concurrency=1)
             await second.wait_started()
-            for run in others:  # while A still holds its row
-                assert await run.result(timeout=40) == "rested"
+            # Well before a steal waiting on A's row would give up on its own (a statement
+            # timeout of 30 s), while A still holds its row:
+            deadline = time.monotonic() + 25
+            for run in others:
+                assert await run.result(timeout=max(0.1, deadline - time.monotonic())) == "rested"
                 assert Kind.STOLEN_AND_ACTIVATED in await kinds(qb, run.id)
             assert (await own.fetch()).status is RunStatus.RUNNING
             await raw.rollback()

@@ -33,13 +33,13 @@ CARRIED = (
 """rq options a requeued round keeps from the failed one."""
 
 
-
 class Activation(NamedTuple):
     """``Jobs.activation``'s answer (rq's ``started_at`` and ``worker_name``)."""
 
     started_ms: int | None
     worker: str | None
     """The owner key (``host:pid:nonce``) of the last activation's worker process."""
+
 
 class Jobs:
     def __init__(self, store: Store) -> None:

@@ -2,6 +2,19 @@
 
 Each CAS states its full precondition in SQL and writes its journal record in the
 same transaction; zero rows updated is reported as the outcome that explains why.
+
+A statement that names one run waits for that run's row lock, but not for ever on a
+worker's store: its connections carry ``lock_timeout`` (``Settings.worker_lock_wait_ms``,
+a quarter interval), and a wait past it — a tenant's login holding its own run's row
+``FOR UPDATE`` — answers ``RowLocked`` with the row as read without a lock, nothing
+written: the caller sets that run aside and takes it up later. The bound is a wait, not
+``SKIP LOCKED``: a claim that meets another claimant's lock must wait for it to commit
+and then re-check the row (the race's loser reads the winner's change, not a row that
+looks untouched), which the lock-gate races prove (tests/store/test_claims.py,
+tests/store_model); a worker holds a run's row for one statement or one short
+transaction, far below the bound. Batch statements, which would otherwise hold every
+run they name behind one row, skip locked rows instead (``claim_and_activate_many``,
+the renewal, ``settle_many``).
 """
 
 from __future__ import annotations

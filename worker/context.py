@@ -268,9 +268,7 @@ class Context:
                 )
                 return output
 
-    async def _backoff(
-        self, key: str, attempt: int, delay: float, park_over: float | None
-    ) -> None:
+    async def _backoff(self, key: str, attempt: int, delay: float, park_over: float | None) -> None:
         """Wait before a retry: in-process if short, else park on a durable timer."""
         assert self.replay.settings is not None
         if park_over is None:

@@ -256,3 +256,26 @@ async def test_no_producer_or_operator_login_can_stop_retention_or_the_statistic
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 async with raw.transaction():
                     await raw.execute(take)
+
+
+@pytest.mark.parametrize("group", [GroupRole.PRODUCER, GroupRole.OPERATOR])
+async def test_no_producer_or_operator_login_can_stop_child_admissions(
+    login: MakeLogin, spawn: Spawn, group: GroupRole
+) -> None:
+    """A producer's or the read-only operator's login holds the advisory lock every parent
+    edge insert once took (7320112026), and cannot take the row that serializes them now:
+    a worker's run still admits its child, which completes, and so does the run."""
+    fleet = await login(GroupRole.WORKER)
+    tenant = await login(GroupRole.PRODUCER, "s1")
+    hostile = await login(group, "s1")
+    async with await psycopg.AsyncConnection.connect(hostile.url, autocommit=True) as raw:
+        cur = await raw.execute("SELECT pg_try_advisory_lock(7320112026)")
+        assert (await cur.fetchone()) == (True,)
+        worker = spawn(flows="tests.security.flows", database_url=fleet.url)
+        await worker.wait_started()
+        async with AsyncQueue("default", settings=tenant.settings, scopes=["s1"]) as q:
+            run = await q.enqueue("sec.parent", 21, run_id="with-child")
+            assert await run.result(timeout=10) == 42
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            async with raw.transaction():
+                await raw.execute("SELECT FROM runfleet.sweep_leases WHERE name = 'dag' FOR UPDATE")

@@ -63,20 +63,25 @@ class Store:
         min_size: int | None = None,
         max_size: int | None = None,
         statement_timeout_ms: int | None = None,
+        lock_timeout_ms: int | None = None,
         checkout_timeout: float = 30.0,
         serves: Collection[str] | None = None,
         pool_name: str = "runfleet",
         open_timeout: float = 30.0,
     ) -> Store:
         """Open a pool and the store over it; ``statement_timeout_ms`` overrides the setting
-        for this store's connections only, ``checkout_timeout`` bounds the wait for one
-        (see ``store.db.open_pool``). ``serves``: the queues a worker's claims are limited
+        for this store's connections only, ``lock_timeout_ms`` bounds every lock wait of
+        its statements (a worker's store: ``Settings.worker_lock_wait_ms``; a lock wait
+        past it fails LockNotAvailable, which the row writes a worker makes answer as
+        ``RowLocked``), ``checkout_timeout`` bounds the wait for one (see
+        ``store.db.open_pool``). ``serves``: the queues a worker's claims are limited
         to (``store.runs.Runs``); None for a store that claims nothing or serves all."""
         pool = await open_pool(
             settings,
             min_size=min_size,
             max_size=max_size,
             statement_timeout_ms=statement_timeout_ms,
+            lock_timeout_ms=lock_timeout_ms,
             checkout_timeout=checkout_timeout,
             name=pool_name,
             open_timeout=open_timeout,

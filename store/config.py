@@ -82,12 +82,18 @@ class Settings(BaseSettings):
 
     @property
     def worker_lock_wait_ms(self) -> int:
-        """How long a sweep's statement may wait on a row lock before its row is skipped.
+        """How long any statement of a worker may wait on a lock (its ``lock_timeout``).
 
         Any producer may hold its own run's row locked (``SELECT ... FOR UPDATE``): a
-        sweep that waited on it would hold its kind for the whole fleet. A quarter of a
-        heartbeat interval, at least 50 ms: far below the lease it protects, and far
-        above a worker's own row writes, which hold a lock for one statement.
+        sweep that waited on it would hold its kind for the whole fleet, a claim, steal,
+        settlement or release that waited would hold a slot and a connection of the
+        worker for as long as the tenant liked. Set on every connection of a worker's
+        pools (``store.db.connection_kwargs``) and again in a sweep tick's transaction;
+        a wait past it fails (``store.db.LockWaitEnded``) and that run alone is set aside
+        (``RowLocked``). A quarter of a heartbeat interval, at least 50 ms: far below the
+        lease it protects, and far above a worker's own row writes, which hold a lock
+        for one statement or one short transaction, so two workers still wait for each
+        other (the claim races' rule: the loser re-checks once the winner commits).
         """
         return max(50, self.heartbeat_interval_ms // 4)
 

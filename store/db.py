@@ -36,6 +36,12 @@ from runfleet.store.values import Undecodable
 
 Conn = AsyncConnection[DictRow]
 
+LockWaitEnded = psycopg.errors.LockNotAvailable
+"""What a statement raises when a lock it waited for stayed held past ``lock_timeout``
+(SQLSTATE 55P03): on a worker's connections, ``Settings.worker_lock_wait_ms``. The row
+writes a worker makes on one run answer it as ``RowLocked`` (that run is set aside);
+anywhere else it is transient (``store.transient``): the same call later may succeed."""
+
 log = logging.getLogger("runfleet.store.db")
 C = TypeVar("C", bound=AsyncConnection[DictRow])
 
@@ -186,6 +192,7 @@ async def open_pool(
     min_size: int | None = None,
     max_size: int | None = None,
     statement_timeout_ms: int | None = None,
+    lock_timeout_ms: int | None = None,
     checkout_timeout: float = 30.0,
     name: str = "runfleet",
     open_timeout: float = 30.0,
@@ -193,7 +200,9 @@ async def open_pool(
     """The store's pool; every connection gets ``connection_kwargs`` (timeouts, prepare).
 
     ``statement_timeout_ms`` overrides ``RUNFLEET_STATEMENT_TIMEOUT`` for this pool (a
-    heartbeat pool wants a renewal to fail in under a second, not in thirty).
+    heartbeat pool wants a renewal to fail in under a second, not in thirty);
+    ``lock_timeout_ms`` bounds every lock wait of this pool's statements (a worker's:
+    ``Settings.worker_lock_wait_ms``; None: no bound, Postgres's default).
     ``checkout_timeout`` bounds the wait for a free (or re-established) connection:
     a producer with a 10 s retry budget must not sit 30 s in one checkout, nor
     ``open_timeout`` s for its first connection.
@@ -202,7 +211,9 @@ async def open_pool(
         require(settings.database_url, "database"),
         min_size=min_size or settings.pool_min,
         max_size=max_size or settings.pool_max,
-        kwargs=connection_kwargs(settings, statement_timeout_ms=statement_timeout_ms),
+        kwargs=connection_kwargs(
+            settings, statement_timeout_ms=statement_timeout_ms, lock_timeout_ms=lock_timeout_ms
+        ),
         connection_class=_Connection,
         check=_check_if_idle,
         open=False,
@@ -321,7 +332,10 @@ set_json_loads(load_json, ADAPTERS)
 
 
 def connection_kwargs(
-    settings: Settings, *, statement_timeout_ms: int | None = None
+    settings: Settings,
+    *,
+    statement_timeout_ms: int | None = None,
+    lock_timeout_ms: int | None = None,
 ) -> dict[str, Any]:
     """psycopg/libpq arguments for every connection the store opens.
 
@@ -335,7 +349,9 @@ def connection_kwargs(
     warning. A ``SET`` per connection would not work there: in transaction mode it
     lands on whichever server connection runs it and leaks to other clients.
     ``tcp_user_timeout`` and keepalives make a silently dropped connection fail within
-    seconds instead of the kernel's minutes.
+    seconds instead of the kernel's minutes. ``lock_timeout_ms`` travels the same way:
+    a worker's pools bound every lock wait (``Settings.worker_lock_wait_ms``), so no
+    lock a tenant's login can take holds one of its statements for longer.
     """
     statement_ms = (
         statement_timeout_ms
@@ -348,6 +364,7 @@ def connection_kwargs(
         for name, value in (
             ("statement_timeout", statement_ms),
             ("idle_in_transaction_session_timeout", idle_ms),
+            ("lock_timeout", lock_timeout_ms or 0),
         )
         if value > 0
     ]

@@ -20,7 +20,7 @@ import runfleet.store.values as values
 from runfleet.store.admit import Admission
 from runfleet.store.config import Settings
 from runfleet.store.dag import Dag
-from runfleet.store.db import Database
+from runfleet.store.db import Database, LockWaitEnded
 from runfleet.store.errors import InvalidInput
 from runfleet.store.journal import Journal, digest
 from runfleet.store.rows import owner_params, run_row
@@ -184,18 +184,26 @@ class Lifecycle:
             result = values.encode_canonical(patch.pop("result"), limit, "state", ["result"])
         return patch, values.encode_canonical(patch, limit, "state"), result
 
-    async def settle(self, me: Owner, item: Settle) -> TransitionOutcome:
+    async def settle(self, me: Owner, item: Settle) -> TransitionOutcome | RowLocked:
         """Commit one ending (``store.settlements`` builds each) with ``transition_owned``'s
-        rules: fenced by ``me`` and the item's epoch, cancel-guarded when ``guard``."""
-        return await self.transition_owned(
-            item.run_id,
-            me,
-            item.epoch,
-            item.status,
-            state_patch=item.patch,
-            guard=item.guard,
-            record=item.record,
-        )
+        rules: fenced by ``me`` and the item's epoch, cancel-guarded when ``guard``.
+
+        ``RowLocked`` when another transaction held the run's row past the store's lock
+        bound (its producer may lock it; ``store.db.LockWaitEnded``): nothing was written,
+        the caller tries again later."""
+        try:
+            return await self.transition_owned(
+                item.run_id,
+                me,
+                item.epoch,
+                item.status,
+                state_patch=item.patch,
+                guard=item.guard,
+                record=item.record,
+            )
+        except LockWaitEnded:
+            current = await self._get(item.run_id)
+            return NotFound(item.run_id) if current is None else RowLocked(current)
 
     def check(self, item: Settle) -> CheckedSettle:
         """``item`` encoded for ``settle_many``; UnstorableValue now if it could not be stored.
@@ -409,7 +417,7 @@ class Lifecycle:
 
     async def acknowledge_cancel(
         self, run_id: str, me: Owner, epoch: int, *, found_at: str | None = None
-    ) -> TransitionOutcome:
+    ) -> TransitionOutcome | RowLocked:
         """The owner closes a run as cancelled: cascade, clocks and record included
         (``found_at``: the interrupt whose release found the request, as in
         ``settlements.cancelled``)."""

@@ -21,6 +21,7 @@ estimate from a second copy of the selection rules.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -54,6 +55,11 @@ class Scan(StrEnum):
 
 
 DEFAULT_BATCH = 500
+
+LEASE_MS = 60_000
+"""How long a retention pass's lease lasts unrenewed (database time). The pass renews it
+after every batch and gives it back at its end: only a process that dies mid-pass holds
+retention off, for at most this long."""
 """Runs scanned per batch: tens of milliseconds of locks on a small server."""
 
 
@@ -132,6 +138,8 @@ class Cutoff(NamedTuple):
 class Retention:
     def __init__(self, db: Database) -> None:
         self._db = db
+        self._holder: str | None = None
+        """This process's retention lease while ``exclusive`` holds it (renewed per batch)."""
 
     async def cutoff(self, older_than_ms: int) -> Cutoff:
         """Runs settled before database-now minus ``older_than_ms``, and database-now."""
@@ -150,7 +158,10 @@ class Retention:
     ) -> Batch:
         """One batch, committed on its own (a single statement on an autocommit connection)."""
         async with self._db.pool.connection() as conn:
-            return await _batch(conn, before_ms, after, limit, now_ms=now_ms, scan=scan)
+            done = await _batch(conn, before_ms, after, limit, now_ms=now_ms, scan=scan)
+        if self._holder is not None:  # the pass goes on: its lease with it
+            await self._take(self._holder)
+        return done
 
     async def prune(
         self,
@@ -230,21 +241,29 @@ class Retention:
 
     @asynccontextmanager
     async def exclusive(self) -> AsyncIterator[bool]:
-        """Hold the fleet's retention lock for a pass, if no other process holds it.
+        """Hold the fleet's retention lease for a pass, if no other process holds it.
 
-        Session-scoped on a connection of its own, kept for the whole pass (each batch
-        commits on its own, so a transaction-scoped lock would not span the pass); if
-        this process dies the connection closes and the lock goes with it.
+        The lease is the retention row of ``runfleet.sweep_leases`` (migration 0031),
+        which only the worker role may write: no producer or operator login can hold
+        retention off. Each batch commits on its own, so no transaction spans the pass:
+        the row is a timed lease (``LEASE_MS``, database time), renewed after every batch
+        and given back at the end; a process that dies mid-pass holds it until it expires.
         """
-        async with self._db.pool.connection() as conn:
-            cur = await conn.execute(q("retention.try_lock"))
-            row = await cur.fetchone()
-            locked = bool(row and row["locked"])
-            try:
-                yield locked
-            finally:
-                if locked:
-                    await conn.execute(q("retention.unlock"))
+        holder = f"{self._db.source_id}:{secrets.token_hex(4)}"
+        if not await self._take(holder):
+            yield False
+            return
+        self._holder = holder
+        try:
+            yield True
+        finally:
+            self._holder = None
+            await self._db.execute("retention.drop_lease", {"holder": holder})
+
+    async def _take(self, holder: str) -> bool:
+        """Take (or renew) the retention lease for ``holder``; False if another holds it."""
+        row = await self._db.one("retention.take_lease", {"holder": holder, "lease_ms": LEASE_MS})
+        return row is not None
 
     async def prune_keys(
         self, *, batch: int = DEFAULT_BATCH, should_stop: Callable[[], bool] = lambda: False

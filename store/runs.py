@@ -2,6 +2,19 @@
 
 Each CAS states its full precondition in SQL and writes its journal record in the
 same transaction; zero rows updated is reported as the outcome that explains why.
+
+A statement that names one run waits for that run's row lock, but not for ever on a
+worker's store: its connections carry ``lock_timeout`` (``Settings.worker_lock_wait_ms``,
+a quarter interval), and a wait past it — a tenant's login holding its own run's row
+``FOR UPDATE`` — answers ``RowLocked`` with the row as read without a lock, nothing
+written: the caller sets that run aside and takes it up later. The bound is a wait, not
+``SKIP LOCKED``: a claim that meets another claimant's lock must wait for it to commit
+and then re-check the row (the race's loser reads the winner's change, not a row that
+looks untouched), which the lock-gate races prove (tests/store/test_claims.py,
+tests/store_model); a worker holds a run's row for one statement or one short
+transaction, far below the bound. Batch statements, which would otherwise hold every
+run they name behind one row, skip locked rows instead (``claim_and_activate_many``,
+the renewal, ``settle_many``).
 """
 
 from __future__ import annotations
@@ -15,7 +28,7 @@ from psycopg.types.json import Jsonb
 import runfleet.store.journal_records as jr
 import runfleet.store.validate as validate
 from runfleet.store.config import Settings
-from runfleet.store.db import Database
+from runfleet.store.db import Database, LockWaitEnded
 from runfleet.store.errors import InvalidInput
 from runfleet.store.journal import Journal, Kind
 from runfleet.store.rows import owner_params, run_row
@@ -128,6 +141,12 @@ class Runs:
         current = await self.get(run_id)
         return self._lost(run_id, current)
 
+    async def _locked(self, run_id: str) -> RowLocked | NotFound:
+        """A statement on this run alone gave up on its row lock (``LockWaitEnded``): the
+        row as it is now, read without a lock (a read never waits on a row lock)."""
+        current = await self.get(run_id)
+        return NotFound(run_id) if current is None else RowLocked(current)
+
     def _lost(self, run_id: str, current: RunRow | None) -> SnapshotChanged | NotServed | NotFound:
         """Why a claim statement changed nothing, from the row as it is now."""
         if current is None:
@@ -207,20 +226,24 @@ class Runs:
     async def claim_and_activate(
         self, run_id: str, expected: Snapshot, me: Owner
     ) -> ActivateOutcome:
-        """The fast path: claim, activation and its record in one statement."""
-        row = await self._db.one(
-            "runs.claim_and_activate",
-            {
-                "id": run_id,
-                "owner_key": me.key,
-                "journal_kind": Kind.CLAIMED_AND_ACTIVATED,
-                "source_id": self._db.source_id,
-                "source_seq": self._db.next_source_seq(),
-                **owner_params(me),
-                **_expected(expected),
-                **self._serving(),
-            },
-        )
+        """The fast path: claim, activation and its record in one statement. A row another
+        transaction holds past the store's lock bound is ``RowLocked`` (set aside)."""
+        try:
+            row = await self._db.one(
+                "runs.claim_and_activate",
+                {
+                    "id": run_id,
+                    "owner_key": me.key,
+                    "journal_kind": Kind.CLAIMED_AND_ACTIVATED,
+                    "source_id": self._db.source_id,
+                    "source_seq": self._db.next_source_seq(),
+                    **owner_params(me),
+                    **_expected(expected),
+                    **self._serving(),
+                },
+            )
+        except LockWaitEnded:
+            return await self._locked(run_id)
         if row is None:
             return await self._waited(self._not_activated(run_id, await self.get(run_id), expected))
         return Activated(run_row(row))
@@ -240,21 +263,29 @@ class Runs:
         with a higher priority takes the slot (docs/how-to/queues.md): ``outcome`` is then
         Activated with that run, and the named run stays pending (its wake is the
         caller's to re-publish). None: only the named run is claimed.
+
+        A row another transaction holds past the store's lock bound (its producer's
+        lock, or a claim in flight elsewhere) is ``RowLocked`` with the row as it is now
+        (read without a lock), nothing claimed: that run is set aside, not waited for.
         """
-        found = await self._db.all(
-            "runs.claim_if_fresh",
-            {
-                "id": run_id,
-                "flow": flow,
-                "ahead_flows": None if ahead_flows is None else sorted(ahead_flows),
-                "owner_key": me.key,
-                "journal_kind": Kind.CLAIMED_AND_ACTIVATED,
-                "source_id": self._db.source_id,
-                "source_seq": self._db.next_source_seq(),
-                **owner_params(me),
-                **self._serving(),
-            },
-        )
+        try:
+            found = await self._db.all(
+                "runs.claim_if_fresh",
+                {
+                    "id": run_id,
+                    "flow": flow,
+                    "ahead_flows": None if ahead_flows is None else sorted(ahead_flows),
+                    "owner_key": me.key,
+                    "journal_kind": Kind.CLAIMED_AND_ACTIVATED,
+                    "source_id": self._db.source_id,
+                    "source_seq": self._db.next_source_seq(),
+                    **owner_params(me),
+                    **self._serving(),
+                },
+            )
+        except LockWaitEnded:
+            current = await self.get(run_id)
+            return FreshClaim(None if current is None else RowLocked(current), current)
         seen = next((run_row(r) for r in found if not r["activated"]), None)
         activated = next((run_row(r) for r in found if r["activated"]), None)
         if activated is not None:
@@ -339,7 +370,9 @@ class Runs:
         same precondition, so the count is decided in Postgres whoever else steals.
         ``max_recoveries``: the run's flow's own limit (``@flow(max_recoveries=)``; None:
         the fleet's); ``dead_letter=False``: the flow never dead-letters, every counted
-        takeover proceeds (the count still rises, for ``explain``).
+        takeover proceeds (the count still rises, for ``explain``). A row another
+        transaction holds past the store's lock bound is ``RowLocked``: nothing written,
+        the run set aside for a later sweep.
         """
         previous = expected.owner
         if expected.status is not RunStatus.RUNNING or previous is None:
@@ -359,9 +392,26 @@ class Runs:
             **_expected(expected),
             **self._serving(),
         }
+        try:
+            return await self._steal(run_id, expected, me, evidence, cas, counted and dead_letter)
+        except LockWaitEnded:
+            return await self._locked(run_id)
+
+    async def _steal(
+        self,
+        run_id: str,
+        expected: Snapshot,
+        me: Owner,
+        evidence: jr.ProbeEvidence,
+        cas: dict[str, Any],
+        bury: bool,
+    ) -> StealOutcome:
+        """``steal``'s transaction: the CAS, else the burial of a poison run (``bury``)."""
+        previous = expected.owner
+        assert previous is not None
         async with self._db.transaction():
             row = await self._db.one("runs.steal", {**cas, **owner_params(me)})
-            if row is None and counted and dead_letter:
+            if row is None and bury:
                 buried = await self._bury(run_id, previous, me, cas, evidence)
                 if buried is not None:
                     return buried

@@ -15,7 +15,7 @@ from psycopg.types.json import Jsonb
 import runfleet.store.journal_records as jr
 import runfleet.store.validate as validate
 from runfleet.store.config import Settings
-from runfleet.store.db import Database
+from runfleet.store.db import Database, LockWaitEnded
 from runfleet.store.deferreds import Deferreds
 from runfleet.store.errors import InvalidInput
 from runfleet.store.journal import Journal, Kind
@@ -28,6 +28,7 @@ from runfleet.store.types.outcomes import (
     NotWaiting,
     Parked,
     ParkOutcome,
+    RowLocked,
     WakeOutcome,
     Woken,
 )
@@ -113,16 +114,33 @@ class Waits:
         *,
         guard: bool = True,
         unconfirmed_ms: int | None = None,
-    ) -> ParkOutcome:
+    ) -> ParkOutcome | RowLocked:
         """Hand a run ``me`` owns back unsettled (shutdown, lapse, a failed drive): park it
         ``released`` and journal why, in one transaction. Parked, or NotOwner/NotFound when
-        the fence was already gone.
+        the fence was already gone; ``RowLocked`` when another transaction held the row
+        past the store's lock bound (``store.db.LockWaitEnded``): nothing was written.
 
         With ``guard``, the row's cancel request decides, not the caller's cause: a cancel
         committed before the release (and not yet delivered to the body) refuses it with
         GuardFailed, checked under the row lock with the fence, so the caller — which still
         holds the run at ``epoch`` — cancels it instead of handing it to another worker.
         ``unconfirmed_ms`` (a lapse's release): how long the lease went unconfirmed."""
+        try:
+            return await self._release(run_id, me, epoch, cause, detail, guard, unconfirmed_ms)
+        except LockWaitEnded:
+            row = await self._db.one("runs.get", {"id": run_id})
+            return NotFound(run_id) if row is None else RowLocked(run_row(row))
+
+    async def _release(
+        self,
+        run_id: str,
+        me: Owner,
+        epoch: int,
+        cause: jr.ReleaseCause,
+        detail: str,
+        guard: bool,
+        unconfirmed_ms: int | None,
+    ) -> ParkOutcome:
         async with self._db.transaction():
             outcome = await self.park(
                 run_id, me, epoch, Waiting(reason=WaitingReason.RELEASED), guard=guard

@@ -372,11 +372,16 @@ class Decider:
                 if retry_after_ms is not None and self._slots is not None:
                     self._slots.rate_due(current.queue, retry_after_ms)  # worker.rate_pump
                 return Decision(DriveOutcome.AT_LIMIT)
-            case RowLocked():
+            case RowLocked(current=current):
                 # Another transaction holds the row (a claim in flight elsewhere, or its
-                # producer's lock): the batch went on without it. Nothing is journaled: a
-                # claimer that commits journals its own activation; a run still pending
-                # once its row is free is woken by the lost-wake sweep.
+                # producer's lock): a batch went on without it, a claim of it alone gave up
+                # after worker_lock_wait_ms. Set aside: nothing is journaled (the journal's
+                # insert would wait on the same row); a claimer that commits journals its
+                # own activation; a run still runnable once its row is free is woken by
+                # the sweeps (lost wakes, runnable suspended, released).
+                hostile.rate_limited(
+                    log, logging.INFO, "run.set_aside", run_id=current.id, write="claim"
+                )
                 return Decision(DriveOutcome.ROW_LOCKED)
             case NotFound():
                 return Decision(DriveOutcome.NOT_FOUND)

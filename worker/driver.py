@@ -31,6 +31,7 @@ from runfleet.store.types import (
     Owner,
     Parked,
     ParkOutcome,
+    RowLocked,
     RunRow,
 )
 from runfleet.worker.authoring.context import Context
@@ -46,7 +47,7 @@ from runfleet.worker.evidence import RefusalLadder
 from runfleet.worker.outcomes import Decision, DriveOutcome
 from runfleet.worker.ports import Hints, LeaseView, Slots
 from runfleet.worker.resolver import function
-from runfleet.worker.retry import is_transient, with_retry
+from runfleet.worker.retry import is_transient, until_row_free
 from runfleet.worker.rq_compat import call_rq_style
 from runfleet.worker.settle import Settlement
 from runfleet.worker.takeover import ProbeFn, Takeover
@@ -358,7 +359,9 @@ class Driver:
             case _:
                 assert_never(cause)
 
-    async def _park_released(self, row: RunRow, cause: Cause, *, guard: bool = True) -> ParkOutcome:
+    async def _park_released(
+        self, row: RunRow, cause: Cause, *, guard: bool = True
+    ) -> ParkOutcome | RowLocked:
         lapsed = cause is Cause.LEASE_LAPSED
         return await self.store.waits.release(
             row.id,
@@ -382,8 +385,8 @@ class Driver:
         does. Returns False when the run was not released: the fence was already gone
         (another owner took the run meanwhile), or it was cancelled instead.
         """
-        outcome = await with_retry("release", lambda: self._park_released(row, cause))
-        if isinstance(outcome, GuardFailed):  # still owned at this epoch; cancel asked
+        outcome = await until_row_free("release", row.id, lambda: self._park_released(row, cause))
+        if isinstance(outcome, GuardFailed):  # still ours at this epoch, and cancel was asked
             log.info("run.cancel_found_at_release", extra={"run_id": row.id, "cause": cause})
             await self.settlement.cancelled(row, row.epoch, found_at=cause)
             return False

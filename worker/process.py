@@ -213,11 +213,15 @@ class Worker:
             tracing.enable()
             otel_metrics.enable()  # and the metrics, through the application's meter provider
         # The store claims only runs of the queues this process serves (the row's queue
-        # decides, whatever a stream message names: store.runs.Runs).
+        # decides, whatever a stream message names: store.runs.Runs). No statement of
+        # this process waits on a lock for longer than worker_lock_wait_ms: a tenant's
+        # login may hold its own runs' rows (docs/explanation/trust-model.md); a row
+        # write that meets one answers RowLocked and that run is set aside.
         self.store = await Store.open(
             settings,
             source_id=owner.key,
             max_size=max(4, settings.pool_max),
+            lock_timeout_ms=settings.worker_lock_wait_ms,
             serves=self.queues,
         )
         # The lease renews on its own small pool: a renewal never waits behind the
@@ -230,6 +234,7 @@ class Worker:
             min_size=1,
             max_size=2,
             statement_timeout_ms=max(1, int(settings.renew_timeout * 1000)),
+            lock_timeout_ms=settings.worker_lock_wait_ms,
             serves=self.queues,
         )
         self._redis = connect(settings, client_name=f"runfleet:{owner.key}")

@@ -7,12 +7,14 @@ Every retry is logged and counted so an outage is visible, not silent.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import runfleet.worker.metrics as metrics
 from runfleet.store.transient import TRANSIENT_TYPES, is_transient, retrying
+from runfleet.store.types.outcomes import RowLocked
 
 log = logging.getLogger("runfleet.worker.retry")
 T = TypeVar("T")
@@ -21,7 +23,11 @@ INFRA_ERRORS: tuple[type[BaseException], ...] = TRANSIENT_TYPES
 """Every exception type that may be infrastructure trouble, for ``except`` clauses
 (``is_transient`` tells a READONLY reply from a WRONGTYPE one within them)."""
 
-__all__ = ["INFRA_ERRORS", "durable_call", "is_transient", "with_retry"]
+__all__ = ["INFRA_ERRORS", "durable_call", "is_transient", "until_row_free", "with_retry"]
+
+SET_ASIDE_PAUSE_MAX = 1.0
+"""The longest pause between two tries of a write set aside on a locked row
+(``until_row_free``): the write lands within about this long of the row's release."""
 
 DURABLE_GIVE_UP_S = 120.0
 """How long a flow's bookkeeping call keeps retrying while its lease still holds.
@@ -51,6 +57,30 @@ async def with_retry(
     return await retrying(
         fn, give_up_after=give_up_after, on_retry=_log_retry(component), max_wait=2.0
     )
+
+
+async def until_row_free(
+    component: str, run_id: str, fn: Callable[[], Awaitable[T | RowLocked]]
+) -> T:
+    """``with_retry(fn)`` until it answers something else than ``RowLocked``.
+
+    ``RowLocked``: the write gave up on the run's row after ``worker_lock_wait_ms``
+    (another transaction holds it; a producer may lock its own run), wrote nothing and
+    holds no connection. The run is set aside (``run.set_aside``, once) and the write
+    tried again after a pause (0.05 s, doubling to ``SET_ASIDE_PAUSE_MAX``): this run
+    waits for its row, and no other run's statement waits with it. A lock race is not an
+    outage: none of this is counted or retried as infrastructure trouble.
+    """
+    pause, logged = 0.05, False
+    while True:
+        outcome = await with_retry(component, fn)
+        if not isinstance(outcome, RowLocked):
+            return outcome
+        if not logged:
+            log.info("run.set_aside", extra={"run_id": run_id, "write": component})
+            logged = True
+        await asyncio.sleep(pause)
+        pause = min(2 * pause, SET_ASIDE_PAUSE_MAX)
 
 
 async def durable_call(

@@ -42,7 +42,7 @@ from runfleet.worker.authoring.durable import Handoff, HandoffCall, checked_hand
 from runfleet.worker.containment import UserBaseException, safe_str
 from runfleet.worker.resolver import function as compensation
 from runfleet.worker.resolver import resolve
-from runfleet.worker.retry import with_retry
+from runfleet.worker.retry import until_row_free, with_retry
 from runfleet.worker.wake_hints import HintFn
 
 log = logging.getLogger("runfleet.worker.settle")
@@ -166,9 +166,7 @@ class Settlement:
     async def _transition(self, item: Settle) -> TransitionOutcome:
         batch = self._batch
         if batch is None:
-            return await with_retry(
-                "settle", lambda: self._store.lifecycle.settle(self._owner, item)
-            )
+            return await self._alone(item)
         checked = self._store.lifecycle.check(item)  # an unstorable value fails this run alone
         outcome = await with_retry("settle", lambda: batch.submit(checked))
         if not isinstance(outcome, RowLocked):
@@ -176,7 +174,15 @@ class Settlement:
         # Its row was locked elsewhere (its producer may hold it) and the batch went on
         # without it: settled alone, this run waits for its own row, and nothing else does.
         log.info("run.settle_alone_locked", extra={"run_id": item.run_id})
-        return await with_retry("settle", lambda: self._store.lifecycle.settle(self._owner, item))
+        return await self._alone(item)
+
+    async def _alone(self, item: Settle) -> TransitionOutcome:
+        """Settle ``item`` by itself. Its statement waits on the run's row at most
+        ``worker_lock_wait_ms``: while another transaction holds it, the run is set aside
+        and tried again (``until_row_free``), holding no connection meanwhile."""
+        return await until_row_free(
+            "settle", item.run_id, lambda: self._store.lifecycle.settle(self._owner, item)
+        )
 
     async def _settle_many(
         self, items: Sequence[CheckedSettle]
@@ -281,9 +287,7 @@ class Settlement:
         instead of delivering it; journaled with the cancellation."""
         await self._compensate(row, epoch)
         item = settlements.cancelled(row.id, epoch, self._owner, found_at=found_at)
-        outcome = await with_retry(
-            "settle", lambda: self._store.lifecycle.settle(self._owner, item)
-        )
+        outcome = await self._alone(item)
         match outcome:
             case Transitioned():
                 metrics.SETTLEMENTS.labels(RunStatus.CANCELLED.value).inc()

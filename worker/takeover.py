@@ -20,6 +20,7 @@ from runfleet.store.types import (
     NotFound,
     NotServed,
     Owner,
+    RowLocked,
     RunRow,
     SnapshotChanged,
     Stolen,
@@ -147,6 +148,12 @@ class Takeover:
                     ),
                 )
                 return Decision(DriveOutcome.ACTIVATION_LOST)
+            case RowLocked():
+                # Another transaction holds the row past worker_lock_wait_ms (its producer
+                # may lock its own run): set aside, nothing written; the stale sweep finds
+                # it again once a later tick comes round to it.
+                log.info("run.set_aside", extra={"run_id": row.id, "write": "steal"})
+                return Decision(DriveOutcome.ROW_LOCKED)
             case NotServed():
                 return Decision(DriveOutcome.NOT_SERVED)  # the driver checks first: not reached
             case NotFound():

@@ -2,8 +2,11 @@
 
 -- name: lock_dag
 -- Edge inserts serialize on one transaction-scoped lock, so two transactions
--- that jointly close a cycle cannot both pass their checks.
-SELECT pg_advisory_xact_lock(7320112026);
+-- that jointly close a cycle cannot both pass their checks: the `dag` row of
+-- runfleet.sweep_leases (migration 0031), which only the worker role and the owner may
+-- lock (an advisory lock, which any login may take, let a tenant stall every child
+-- admission of the fleet).
+SELECT kind FROM runfleet.sweep_leases WHERE name = 'dag' FOR UPDATE;
 
 -- name: insert_edge
 INSERT INTO runfleet.run_parents (child_id, parent_id) VALUES (%(child)s, %(parent)s)

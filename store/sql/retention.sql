@@ -131,13 +131,25 @@ SELECT (SELECT count(*) FROM scanned) AS scanned,
 -- The cutoff in database time: runs settled before it may go.
 SELECT runfleet.now_ms() - %(older_than_ms)s AS before_ms, runfleet.now_ms() AS now_ms;
 
--- name: try_lock
--- Session-scoped (held on a dedicated connection for one pass): one pruner per fleet
--- at a time; the lock goes with the connection if the process dies.
-SELECT pg_try_advisory_lock(732012, 1) AS locked;
+-- name: take_lease
+-- One pruner per fleet at a time: the retention row of runfleet.sweep_leases (migration
+-- 0031) held as a timed lease, since a pass commits batch by batch and no transaction
+-- spans it. Taken when nobody holds it, when its holder is the caller (a renewal), or
+-- when its lease expired (a holder that died mid-pass). Only the worker role and the
+-- owner may write that table: no producer or operator login can hold retention off, as
+-- any login could with the advisory lock this replaced. It never waits on the row: a
+-- taker committing meanwhile is the winner (SKIP LOCKED).
+UPDATE runfleet.sweep_leases AS l
+   SET holder = %(holder)s, held_until_ms = runfleet.now_ms() + %(lease_ms)s
+  FROM (SELECT kind FROM runfleet.sweep_leases WHERE name = 'retention'
+           FOR UPDATE SKIP LOCKED) AS free
+ WHERE l.kind = free.kind
+   AND (l.holder IS NULL OR l.holder = %(holder)s OR l.held_until_ms < runfleet.now_ms())
+RETURNING l.kind;
 
--- name: unlock
-SELECT pg_advisory_unlock(732012, 1) AS unlocked;
+-- name: drop_lease
+UPDATE runfleet.sweep_leases SET holder = NULL, held_until_ms = NULL
+ WHERE name = 'retention' AND holder = %(holder)s;
 
 -- name: run_keyed_tables
 -- Every runfleet table with a column that names a run; retention must know them all.

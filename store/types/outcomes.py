@@ -163,11 +163,14 @@ class NotOwner:
 
 @dataclass(frozen=True, slots=True)
 class RowLocked:
-    """A batch statement left the run out because another transaction held its row
-    locked (its producer may hold it ``FOR UPDATE``; another worker may be claiming it):
-    a batch never waits on one row. A settlement's: still ours at its epoch, no cancel
-    asked; the caller settles it alone. A claim's: the row as read, unchanged, on a queue
-    with no limit (on a limited one it reads as ``AtLimit``, its wake gated)."""
+    """Another transaction held the run's row locked (its producer may hold it ``FOR
+    UPDATE``; another worker may be writing it): a batch statement left the run out, or a
+    statement on this run alone gave up waiting after ``Settings.worker_lock_wait_ms``
+    (``store.db.LockWaitEnded``). Nothing was written; the run is set aside and tried
+    again later. A batch settlement's: still ours at its epoch, no cancel asked; the
+    caller settles it alone. A claim's: the row as read, unchanged (a batch's on a
+    limited queue reads as ``AtLimit``, its wake gated). A steal's, a lone settlement's,
+    a release's: the row as it is now, read without a lock."""
 
     current: RunRow
 
@@ -248,7 +251,7 @@ ActivateOutcome: TypeAlias = (
     Activated | SnapshotChanged | NotServed | AtLimit | RowLocked | NotFound
 )
 StealOutcome: TypeAlias = (
-    Stolen | DeadLettered | SnapshotChanged | LeaseFresh | NotServed | NotFound
+    Stolen | DeadLettered | SnapshotChanged | LeaseFresh | NotServed | RowLocked | NotFound
 )
 TransitionOutcome: TypeAlias = Transitioned | GuardFailed | NotOwner | NotFound
 CancelOutcome: TypeAlias = CancelRequested | AlreadyRequested | AlreadyTerminal | NotFound

@@ -25,6 +25,12 @@ async def full(ctx: Context, tag: str) -> dict[str, Any]:
     return {"upper": upper, "kid": kid, "answer": answer}
 
 
+@flow(name="sec.parent")
+async def parent(ctx: Context, n: int) -> int:
+    """One child: its admission records a parent edge (the run DAG's insert)."""
+    return int(await ctx.child(leaf, n))
+
+
 @flow(name="sec.slow")
 async def slow(ctx: Context, seconds: float) -> str:
     """Long enough in one step for its worker to be SIGKILLed while it owns the run."""

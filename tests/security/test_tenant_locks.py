@@ -2,7 +2,8 @@
 
 Each test does what a hostile tenant can do with its own login and raw SQL: a producer
 may ``SELECT ... FOR UPDATE`` its own runs' rows (it has UPDATE on them), and any login
-may take any advisory lock. Real worker processes, logged in as runfleet_worker.
+may take any advisory lock. Real worker processes (or, for retention and the statistics
+refresh, the store a worker runs them on), logged in as runfleet_worker.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from runfleet.store import Store
 from runfleet.store.journal_records import Kind
 from runfleet.store.roles import GroupRole
 from runfleet.store.types import RunStatus
+from runfleet.worker.retention import RetentionLoop
 from tests.fleet.procs import Spawn
 from tests.security.conftest import MakeLogin
+from tests.store.helpers import committed_rows_counted
 from tests.support.polling import until
 
 LOCK_OWN_ROW = "SELECT id FROM runfleet.runs WHERE id = %s FOR UPDATE"
@@ -209,3 +212,70 @@ async def test_more_locked_pending_runs_than_slots_do_not_take_every_slot(
             await raw.rollback()
         for run in held:
             assert await run.result(timeout=40) == "rested"  # delayed, not lost
+
+
+AGED = """
+INSERT INTO runfleet.runs (id, flow, queue, status, state, lineage_id, round_ordinal,
+                           created_at_ms, updated_at_ms)
+SELECT 'aged-' || g, 'f.x', 'q', 'completed', '{}'::jsonb, 'aged-' || g, 0, 1, 1
+  FROM generate_series(1, 3000) g
+"""
+
+
+@pytest.mark.parametrize("group", [GroupRole.PRODUCER, GroupRole.OPERATOR])
+async def test_no_producer_or_operator_login_can_stop_retention_or_the_statistics_refresh(
+    login: MakeLogin, database_url: str, group: GroupRole
+) -> None:
+    """A producer's or the read-only operator's login holds the advisory locks retention's
+    pass and the statistics refresh once took (732012, 732013), and cannot take their
+    leases: a worker's retention pass still prunes 3,000 expired runs and its refresh
+    still analyzes the table they grew."""
+    fleet = await login(GroupRole.WORKER)
+    hostile = await login(group, "s1")
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as admin:
+        await admin.execute(AGED)
+    await committed_rows_counted(database_url, "runfleet.runs", 3000)
+    async with await psycopg.AsyncConnection.connect(hostile.url, autocommit=True) as raw:
+        for key in (732012, 732013):
+            cur = await raw.execute("SELECT pg_try_advisory_lock(%s, 1)", (key,))
+            assert (await cur.fetchone()) == (True,)
+        store = await Store.open(fleet.settings, min_size=1, max_size=2)
+        try:
+            assert "runs" in [a.table for a in await store.sweeps.analyze_grown()]
+            aged = fleet.settings.model_copy(update={"retention": 0.001})
+            done = await RetentionLoop(store, aged, None, [], batch=5000).tick()
+            assert done is not None and done.deleted.runs == 3000, done
+        finally:
+            await store.close()
+        for take in (  # nor can it take what decides who prunes and who analyzes now
+            "SELECT FROM runfleet.sweep_leases WHERE name = 'retention' FOR UPDATE",
+            "UPDATE runfleet.sweep_leases SET holder = 'me', held_until_ms = 9e15"
+            " WHERE name = 'retention'",
+            "SELECT FROM runfleet.sweep_leases WHERE name = 'statistics' FOR UPDATE SKIP LOCKED",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                async with raw.transaction():
+                    await raw.execute(take)
+
+
+@pytest.mark.parametrize("group", [GroupRole.PRODUCER, GroupRole.OPERATOR])
+async def test_no_producer_or_operator_login_can_stop_child_admissions(
+    login: MakeLogin, spawn: Spawn, group: GroupRole
+) -> None:
+    """A producer's or the read-only operator's login holds the advisory lock every parent
+    edge insert once took (7320112026), and cannot take the row that serializes them now:
+    a worker's run still admits its child, which completes, and so does the run."""
+    fleet = await login(GroupRole.WORKER)
+    tenant = await login(GroupRole.PRODUCER, "s1")
+    hostile = await login(group, "s1")
+    async with await psycopg.AsyncConnection.connect(hostile.url, autocommit=True) as raw:
+        cur = await raw.execute("SELECT pg_try_advisory_lock(7320112026)")
+        assert (await cur.fetchone()) == (True,)
+        worker = spawn(flows="tests.security.flows", database_url=fleet.url)
+        await worker.wait_started()
+        async with AsyncQueue("default", settings=tenant.settings, scopes=["s1"]) as q:
+            run = await q.enqueue("sec.parent", 21, run_id="with-child")
+            assert await run.result(timeout=10) == 42
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            async with raw.transaction():
+                await raw.execute("SELECT FROM runfleet.sweep_leases WHERE name = 'dag' FOR UPDATE")

@@ -250,7 +250,9 @@ async def test_one_process_refreshes_at_a_time(database_url: str, store: Store) 
     (it does not queue behind an ANALYZE), and the next call does the work."""
     await _fill(database_url, GROWN)
     async with await psycopg.AsyncConnection.connect(database_url) as holder:
-        await holder.execute("SELECT pg_advisory_xact_lock(732013, 1)")
+        await holder.execute(  # the refresh's lease (migration 0031), as another caller holds it
+            "SELECT FROM runfleet.sweep_leases WHERE name = 'statistics' FOR UPDATE"
+        )
         assert await store.sweeps.analyze_grown() == []
         assert await _counted_pages(database_url, "runfleet.runs") == 0
     assert "runs" in [a.table for a in await store.sweeps.analyze_grown()]

@@ -79,7 +79,7 @@ async def _child(args: argparse.Namespace) -> dict[str, list[float]]:
         if packed:
             sent.append(time.monotonic_ns())
 
-    blocking.UnansweredXadds.send = send  # type: ignore[method-assign]
+    blocking.UnansweredXadds.send = send  # type: ignore[method-assign]  # the probe wraps it from outside
     async with scratch_database(args.database_url, "rf_idle_hops") as url:
         await migrate(url)
         if args.async_commit:
@@ -154,7 +154,7 @@ def _loaded(settings: Any, args: argparse.Namespace, out: Path) -> dict[str, lis
             noticed.setdefault(notice.run_id, time.monotonic_ns())
         return notice
 
-    SettledWatch.wait = wait  # type: ignore[method-assign]
+    SettledWatch.wait = wait  # type: ignore[method-assign]  # the probe wraps it from outside
     calls: list[tuple[str, int, int, int]] = []
     if args.tasks:
         wall = asyncio.run(_tasks(settings, args, calls))

@@ -95,7 +95,7 @@ def _install() -> None:
         await settle(self, row, *args)
         stamp("settled", row.id)
 
-    Settlement.result = result  # type: ignore[method-assign]
+    Settlement.result = result  # type: ignore[method-assign]  # the probe wraps it from outside
     from runfleet.broker.notify import Notifier
 
     announce = Notifier.publish_settled_many
@@ -106,7 +106,7 @@ def _install() -> None:
             stamp("announce", run_id)
         return await announce(self, settled)
 
-    Notifier.publish_settled_many = publish_settled_many  # type: ignore[method-assign]
+    Notifier.publish_settled_many = publish_settled_many  # type: ignore[method-assign]  # the probe wraps it from outside
     try:
         from runfleet.worker.driver import Driver
     except ImportError:
@@ -118,7 +118,7 @@ def _install() -> None:
         stamp("execute", row.id)
         await original(self, row, flow)
 
-    Driver._execute = execute  # type: ignore[method-assign]
+    Driver._execute = execute  # type: ignore[method-assign]  # the probe wraps it from outside
 
 
 _install()

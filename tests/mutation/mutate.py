@@ -33,6 +33,7 @@ import sys
 import tomllib
 from collections import Counter
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from pathlib import Path
 
 from runfleet.ops.servers.resolve import Endpoints, resolve
@@ -331,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         metavar="FUNCTION",
         help="mutate only this function (a method as Class.method; repeatable); the "
-        "other mutants stay not checked (with --keep: as the previous run left them)",
+        "other mutants stay not checked, or with --keep or --retest as the previous run "
+        "left them",
     )
     parser.add_argument("--no-diffs", action="store_true", help="do not print survivors' diffs")
     parser.add_argument("--list", action="store_true", help="list the targets and exit")
@@ -354,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         earlier: dict[str, int | None] = {}
         if args.retest:
             survivors = summarize(target, where, equivalent_mutants()).unexplained()
+            if args.only:
+                patterns = only_patterns(target, args.only)
+                survivors = [s for s in survivors if any(fnmatch(s, p) for p in patterns)]
             earlier = json.loads(_meta(target, where).read_text())["exit_code_by_key"]
             refresh_tests(where)
             prepare(target, where, keep=True)

@@ -82,7 +82,8 @@ async def test_a_run_whose_execution_ended_here_logs_no_milliseconds(
     store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
     """``ended`` forgets the start (the run parked, was released or lost): a settlement
-    after it, here or after a takeover, has no start to measure from."""
+    after it, here or after a takeover, has no start to measure from. A drive calls it
+    however the run ended, so it forgets a run it no longer (or never) knew quietly."""
     caplog.set_level(logging.INFO, logger=LOGGER)
     row = await make_running(store, "r", OWNER_A, flow="sr.waiter")
     other = await make_running(store, "o", OWNER_A, flow="sr.waiter")
@@ -92,6 +93,8 @@ async def test_a_run_whose_execution_ended_here_logs_no_milliseconds(
     settle.ended("r")
     await settle.result(row, row.epoch, "done", None)
     await settle.result(other, other.epoch, "done", None)
+    settle.ended("o")  # as a drive does once its settlement logged the ending
+    settle.ended("never-began")  # as one interrupted before its body started
     first, second = lines(caplog, "run.completed")
     assert first.run_id == "r" and not hasattr(first, "ms")  # type: ignore[attr-defined]
     assert second.run_id == "o" and second.ms >= 0, "only the run that ended was forgotten"  # type: ignore[attr-defined]

@@ -12,8 +12,8 @@ import logging
 
 import pytest
 
-from runfleet.store import Store
-from runfleet.store.types import RunStatus
+from runfleet.store import Store, settlements
+from runfleet.store.types import RunError, RunStatus
 from tests.store.helpers import OWNER_A, make_running, must_get
 from tests.worker.test_settle import settlement
 
@@ -113,3 +113,22 @@ async def test_at_warning_only_a_failure_is_logged(
     assert (await must_get(store, "r")).status is RunStatus.COMPLETED
     logged = [r for r in caplog.records if r.name == LOGGER]
     assert [(r.getMessage(), r.run_id) for r in logged] == [("run.failed", "b")]  # type: ignore[attr-defined]
+
+
+async def test_a_run_failed_for_an_unstorable_value_names_the_error_it_failed_with(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A result that cannot be stored fails the run: its line names the storage error. A
+    failure too big to store is stored cut, and its line names that failure, not the
+    storage error."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    row = await make_running(store, "r", OWNER_A, flow="sr.waiter")
+    await settlement(store).result(row, row.epoch, {"bad": "\x00"}, None)
+    (unstorable,) = lines(caplog, "run.failed")
+    assert unstorable.error.startswith("UnstorableValue: "), unstorable.error  # type: ignore[attr-defined]
+    caplog.clear()
+    big = await make_running(store, "b", OWNER_A, flow="sr.waiter")
+    huge = RunError(type="Boom", message="m" * (store.settings.max_payload_bytes + 10))
+    await settlement(store).finish(big, settlements.failed(big.id, big.epoch, huge))
+    (too_big,) = lines(caplog, "run.failed")
+    assert too_big.error.startswith("Boom: mmm"), too_big.error[:100]  # type: ignore[attr-defined]

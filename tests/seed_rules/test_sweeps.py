@@ -280,3 +280,26 @@ async def test_the_deadline_sweep_asks_one_batch_a_tick_and_walks_past_a_failing
     await sweeper.tick()
     assert (await must_get(store, "late-2")).cancel_requested_at_ms is not None
     assert (await must_get(store, "late-1")).cancel_requested_at_ms is None
+
+
+async def test_a_lost_pending_run_is_woken_once_a_cycle(store: Store, settings: Settings) -> None:
+    """A pending run admitted before its queue's wake mark (its message delivered or
+    destroyed, and never claimed) is lost: the lost-pending kind dispatches it, and not
+    again until ``lost_pending_after_ms`` of database time has passed since that cycle
+    began, although it is still lost (its mark is far ahead of its new wake)."""
+    await create(store, "lost")
+    queue = (await must_get(store, "lost")).queue
+    await store.sweeps.advance_wake_mark(queue, await store.stats.now_ms() + 3_600_000)
+    lost: list[list[str]] = []
+
+    async def dispatch(run_ids: list[str], reason: str) -> set[str]:
+        if reason == "sweep:lost_pending":
+            lost.append(sorted(run_ids))
+        return set(run_ids)
+
+    sweeper = Sweeper(store, settings, dispatch)
+    await sweeper.tick()
+    assert lost == [["lost"]]
+    await sweeper.tick()
+    await sweeper.tick()
+    assert lost == [["lost"]], "woken once a cycle, not once a tick"

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import psycopg
 import pytest
 
 from runfleet.store import Store, settlements
+from runfleet.store.config import Settings
 from runfleet.store.types import RunError, RunStatus
 from tests.store.helpers import OWNER_A, make_running, must_get
 from tests.worker.test_settle import settlement
@@ -132,3 +134,25 @@ async def test_a_run_failed_for_an_unstorable_value_names_the_error_it_failed_wi
     await settlement(store).finish(big, settlements.failed(big.id, big.epoch, huge))
     (too_big,) = lines(caplog, "run.failed")
     assert too_big.error.startswith("Boom: mmm"), too_big.error[:100]  # type: ignore[attr-defined]
+
+
+async def test_a_run_the_batch_left_out_for_its_locked_row_is_logged_and_settled_alone(
+    store: Store, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its row locked elsewhere (as its producer may hold it), the group commit goes on
+    without it: ``run.settle_alone_locked`` names the run, which then waits for its own row
+    and settles once the lock is let go."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    row = await make_running(store, "r", OWNER_A, flow="sr.waiter")
+    async with await psycopg.AsyncConnection.connect(settings.database_url) as holder:
+        await holder.execute("SELECT 1 FROM runfleet.runs WHERE id = 'r' FOR UPDATE")
+        settling = asyncio.create_task(settlement(store).result(row, row.epoch, "done", None))
+        for _ in range(200):
+            if lines(caplog, "run.settle_alone_locked"):
+                break
+            await asyncio.sleep(0.05)
+        (alone,) = lines(caplog, "run.settle_alone_locked")
+        assert alone.run_id == "r" and not settling.done()  # type: ignore[attr-defined]
+        await holder.commit()
+    await asyncio.wait_for(settling, 10)
+    assert (await must_get(store, "r")).status is RunStatus.COMPLETED

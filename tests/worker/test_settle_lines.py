@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from types import SimpleNamespace
 
 import psycopg
 import pytest
 
+import runfleet.worker.settle as settle_module
 from runfleet.store import Store, settlements
 from runfleet.store.config import Settings
 from runfleet.store.types import RunError, RunStatus
@@ -156,3 +158,17 @@ async def test_a_run_the_batch_left_out_for_its_locked_row_is_logged_and_settled
         await holder.commit()
     await asyncio.wait_for(settling, 10)
     assert (await must_get(store, "r")).status is RunStatus.COMPLETED
+
+
+async def test_the_ending_lines_ms_are_the_milliseconds_since_the_start(
+    store: Store, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    row = await make_running(store, "r", OWNER_A, flow="sr.waiter")
+    settle = settlement(store)
+    clock = iter([100.0, 112.5])  # the start, then the ending: 12.5 s apart
+    monkeypatch.setattr(settle_module, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    settle.began(row)
+    await settle.result(row, row.epoch, "done", None)
+    (completed,) = lines(caplog, "run.completed")
+    assert completed.ms == 12_500  # type: ignore[attr-defined]

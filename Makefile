@@ -74,8 +74,9 @@ bench: $(STAMP)
 
 # Mutation testing of ONE module against the tests tests/mutation/targets.toml maps it to
 # (`make mutate MODULE=worker/lease.py`; `make mutate` lists the targets; ARGS=--retest
-# re-runs only the last run's survivors). One mutant at a time, minutes per module;
-# results stay in build/mutate/. Not part of `make test`.
+# re-runs only the last run's survivors; ARGS='--only Class.method' only that function's
+# mutants). One mutant at a time, minutes per module; results stay in build/mutate/. Not
+# part of `make test`.
 MODULE ?=
 ARGS ?=
 mutate: $(STAMP)

@@ -4,11 +4,12 @@ Not part of ``make test``. One module at a time, against only the tests
 ``tests/mutation/targets.toml`` maps it to, one mutant at a time: it is sized for a 2-core
 machine shared with other work (minutes per module, not hours).
 
-How: a scratch project under ``build/mutate/<module>/`` links the four packages and the
-tests, and carries a ``pyproject.toml`` whose ``[tool.mutmut]`` table names the one module
-to mutate and the selected tests. mutmut copies all of it into ``mutants/`` there (the
-working tree is never touched), finds which selected tests reach each mutated function,
-and runs those tests against each mutant in a forked child. Postgres and Redis are
+How: a scratch project under ``build/mutate/<module>/`` links the package (every folder
+``runfleet/`` links to, through it) and the tests, and carries a ``pyproject.toml`` whose
+``[tool.mutmut]`` table names the one module to mutate and the selected tests. mutmut
+copies all of it into ``mutants/`` there (the working tree is never touched), finds which
+selected tests reach each mutated function, and runs those tests against each mutant in
+a forked child. Postgres and Redis are
 resolved once, as the test harness does, and shared by every mutant (each test still
 gets its own database and Redis prefix).
 
@@ -32,6 +33,7 @@ import sys
 import tomllib
 from collections import Counter
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from pathlib import Path
 
 from runfleet.ops.servers.resolve import Endpoints, resolve
@@ -184,6 +186,19 @@ def mutmut_command(names: list[str] | None = None) -> list[str]:
     return [found, "run", "--max-children", "1", *(names or [])]
 
 
+def only_patterns(target: Target, functions: list[str]) -> list[str]:
+    """mutmut's name patterns for the mutants of ``functions`` (``_unique``,
+    ``Sweeper._lost_pending``): mutmut names a method's mutants ``xǁClassǁmethod__mutmut_N``
+    and matches the patterns with fnmatch, against both the mutants' names and the mangled
+    function names it maps to their tests (so no ``__mutmut_`` in the pattern)."""
+    patterns = []
+    for function in functions:
+        owner, _, name = function.rpartition(".")
+        mangled = f"xǁ{owner}ǁ{name}" if owner else f"x_{name}"
+        patterns.append(f"{target.dotted}.{mangled}*")
+    return patterns
+
+
 def _meta(target: Target, where: Path) -> Path:
     return where / "mutants" / (target.scratch_path + ".meta")
 
@@ -312,6 +327,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="re-run only the previous run's survivors, against the tests as they are now",
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="FUNCTION",
+        help="mutate only this function (a method as Class.method; repeatable); the "
+        "other mutants stay not checked, or with --keep or --retest as the previous run "
+        "left them",
+    )
     parser.add_argument("--no-diffs", action="store_true", help="do not print survivors' diffs")
     parser.add_argument("--list", action="store_true", help="list the targets and exit")
     args = parser.parse_args(argv)
@@ -333,13 +356,16 @@ def main(argv: list[str] | None = None) -> int:
         earlier: dict[str, int | None] = {}
         if args.retest:
             survivors = summarize(target, where, equivalent_mutants()).unexplained()
+            if args.only:
+                patterns = only_patterns(target, args.only)
+                survivors = [s for s in survivors if any(fnmatch(s, p) for p in patterns)]
             earlier = json.loads(_meta(target, where).read_text())["exit_code_by_key"]
             refresh_tests(where)
             prepare(target, where, keep=True)
             command = mutmut_command(survivors) if survivors else []
         else:
             prepare(target, where, keep=args.keep)
-            command = mutmut_command()
+            command = mutmut_command(only_patterns(target, args.only) if args.only else None)
         env, endpoints = services_env()
         try:
             returncode = run_mutmut(command, where, env) if command else 0

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
-from runfleet.store import Store, SweepKind
+from runfleet.store import Kind, Store, SweepKind
 from runfleet.store.config import Settings
 from runfleet.store.types import Waiting, WaitingReason
 from runfleet.worker.sweeper import Sweeper, SweeperSignals
@@ -235,3 +235,71 @@ async def test_a_failed_dispatch_is_logged_with_its_kind(
     (line,) = [r for r in caplog.records if r.getMessage() == "sweep.dispatch_failed"]
     assert line.__dict__["kind"] == "PARKED"
     assert "Redis refused the wakes" in line.__dict__["error"]
+
+
+async def test_a_run_past_its_deadline_is_asked_to_cancel_by_the_deadline(
+    store: Store, settings: Settings
+) -> None:
+    """The deadline kind cancels through the ordinary cancel path, journaled as the
+    deadline's: ``note`` and ``reason`` both ``deadline``."""
+    await create(store, "overdue", deadline_ms=1)
+
+    async def dispatch(run_ids: list[str], reason: str) -> set[str]:
+        return set(run_ids)
+
+    await Sweeper(store, settings, dispatch).tick()
+    assert (await must_get(store, "overdue")).cancel_requested_at_ms is not None
+    (record,) = [
+        r for r in await store.journal.records("overdue") if r.kind == Kind.CANCEL_REQUESTED
+    ]
+    assert (record.payload["note"], record.payload["reason"]) == ("deadline", "deadline")
+
+
+async def test_the_deadline_sweep_asks_one_batch_a_tick_and_walks_past_a_failing_run(
+    store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of one: each tick asks at most one run past its deadline, after the
+    kind's cursor, so a run whose cancel keeps failing does not hold back the next."""
+    for run_id in ("late-1", "late-2"):
+        await create(store, run_id, deadline_ms=1)
+    real = store.lifecycle.request_cancel
+
+    async def refusing(run_id: str, **kwargs: Any) -> Any:
+        if run_id == "late-1":
+            raise psycopg.errors.DataError("a row Postgres refused")
+        return await real(run_id, **kwargs)
+
+    monkeypatch.setattr(store.lifecycle, "request_cancel", refusing)
+
+    async def dispatch(run_ids: list[str], reason: str) -> set[str]:
+        return set(run_ids)
+
+    sweeper = Sweeper(store, settings.model_copy(update={"sweep_batch": 1}), dispatch)
+    await sweeper.tick()
+    assert (await must_get(store, "late-2")).cancel_requested_at_ms is None, "one a tick"
+    await sweeper.tick()
+    assert (await must_get(store, "late-2")).cancel_requested_at_ms is not None
+    assert (await must_get(store, "late-1")).cancel_requested_at_ms is None
+
+
+async def test_a_lost_pending_run_is_woken_once_a_cycle(store: Store, settings: Settings) -> None:
+    """A pending run admitted before its queue's wake mark (its message delivered or
+    destroyed, and never claimed) is lost: the lost-pending kind dispatches it, and not
+    again until ``lost_pending_after_ms`` of database time has passed since that cycle
+    began, although it is still lost (its mark is far ahead of its new wake)."""
+    await create(store, "lost")
+    queue = (await must_get(store, "lost")).queue
+    await store.sweeps.advance_wake_mark(queue, await store.stats.now_ms() + 3_600_000)
+    lost: list[list[str]] = []
+
+    async def dispatch(run_ids: list[str], reason: str) -> set[str]:
+        if reason == "sweep:lost_pending":
+            lost.append(sorted(run_ids))
+        return set(run_ids)
+
+    sweeper = Sweeper(store, settings, dispatch)
+    await sweeper.tick()
+    assert lost == [["lost"]]
+    await sweeper.tick()
+    await sweeper.tick()
+    assert lost == [["lost"]], "woken once a cycle, not once a tick"

@@ -119,6 +119,16 @@ def test_an_error_is_its_type_message_and_the_end_of_its_traceback() -> None:
     assert short.message == "'k'" and "KeyError" in str(short.traceback)
 
 
+def test_an_errors_module_is_bounded_to_200_characters() -> None:
+    class Deep(Exception):
+        pass
+
+    Deep.__module__ = "m" * 201
+    assert error_of(Deep()).module == "m" * 200 + "…"
+    Deep.__module__ = "m" * 200
+    assert error_of(Deep()).module == "m" * 200, "at the limit: kept whole"
+
+
 # ---- endings ------------------------------------------------------------------------
 
 

@@ -38,6 +38,7 @@ def requeued(row: RunRow, actor: str | None) -> AdmissionOptions:
     )
     return AdmissionOptions(rq=kept, origin=Requeued(row.id, actor))
 
+
 class Activation(NamedTuple):
     """``Jobs.activation``'s answer (rq's ``started_at`` and ``worker_name``)."""
 

@@ -43,8 +43,8 @@ async def test_a_run_logs_its_start_and_its_completion_with_the_milliseconds_bet
     await settle.result(row, row.epoch, "done", None)
     (completed,) = lines(caplog, "run.completed")
     assert completed.levelno == logging.INFO
-    assert (completed.run_id, completed.flow) == ("r", "sr.waiter")  # type: ignore[attr-defined]
-    assert 50 <= completed.ms < 10_000, completed.ms  # type: ignore[attr-defined]
+    assert (completed.run_id, completed.flow) == ("r", "sr.waiter")  # type: ignore[attr-defined]  # a log record's extra fields
+    assert 50 <= completed.ms < 10_000, completed.ms  # type: ignore[attr-defined]  # a log record's extra fields
     assert not hasattr(completed, "error") and not hasattr(completed, "traceback")
 
 
@@ -59,9 +59,9 @@ async def test_a_failed_run_logs_its_error_and_traceback_as_a_warning(
         await settlement(store).failed(row, row.epoch, exc)
     (failed,) = lines(caplog, "run.failed")
     assert failed.levelno == logging.WARNING
-    assert (failed.run_id, failed.flow) == ("r", "sr.waiter")  # type: ignore[attr-defined]
-    assert failed.error == "ValueError: boom"  # type: ignore[attr-defined]
-    assert 'raise ValueError("boom")' in failed.traceback  # type: ignore[attr-defined]
+    assert (failed.run_id, failed.flow) == ("r", "sr.waiter")  # type: ignore[attr-defined]  # a log record's extra fields
+    assert failed.error == "ValueError: boom"  # type: ignore[attr-defined]  # a log record's extra fields
+    assert 'raise ValueError("boom")' in failed.traceback  # type: ignore[attr-defined]  # a log record's extra fields
     assert not hasattr(failed, "ms"), "its body never started in this process"
     assert not lines(caplog, "run.completed") and not lines(caplog, "run.cancelled")
 
@@ -77,8 +77,8 @@ async def test_a_cancelled_run_logs_run_cancelled_with_its_milliseconds(
     await settle.result(row, row.epoch, "late", None)
     assert (await must_get(store, "r")).status is RunStatus.CANCELLED
     (cancelled,) = lines(caplog, "run.cancelled")
-    assert cancelled.levelno == logging.INFO and cancelled.run_id == "r"  # type: ignore[attr-defined]
-    assert 0 <= cancelled.ms < 10_000  # type: ignore[attr-defined]
+    assert cancelled.levelno == logging.INFO and cancelled.run_id == "r"  # type: ignore[attr-defined]  # a log record's extra fields
+    assert 0 <= cancelled.ms < 10_000  # type: ignore[attr-defined]  # a log record's extra fields
     assert not lines(caplog, "run.completed") and not lines(caplog, "run.failed")
 
 
@@ -100,8 +100,8 @@ async def test_a_run_whose_execution_ended_here_logs_no_milliseconds(
     settle.ended("o")  # as a drive does once its settlement logged the ending
     settle.ended("never-began")  # as one interrupted before its body started
     first, second = lines(caplog, "run.completed")
-    assert first.run_id == "r" and not hasattr(first, "ms")  # type: ignore[attr-defined]
-    assert second.run_id == "o" and second.ms >= 0, "only the run that ended was forgotten"  # type: ignore[attr-defined]
+    assert first.run_id == "r" and not hasattr(first, "ms")  # type: ignore[attr-defined]  # a log record's extra fields
+    assert second.run_id == "o" and second.ms >= 0, "only the run that ended was forgotten"  # type: ignore[attr-defined]  # a log record's extra fields
 
 
 async def test_at_warning_only_a_failure_is_logged(
@@ -116,7 +116,7 @@ async def test_at_warning_only_a_failure_is_logged(
     await settle.failed(bad, bad.epoch, ValueError("boom"))
     assert (await must_get(store, "r")).status is RunStatus.COMPLETED
     logged = [r for r in caplog.records if r.name == LOGGER]
-    assert [(r.getMessage(), r.run_id) for r in logged] == [("run.failed", "b")]  # type: ignore[attr-defined]
+    assert [(r.getMessage(), r.run_id) for r in logged] == [("run.failed", "b")]  # type: ignore[attr-defined]  # a log record's extra fields
 
 
 async def test_a_run_failed_for_an_unstorable_value_names_the_error_it_failed_with(
@@ -129,13 +129,13 @@ async def test_a_run_failed_for_an_unstorable_value_names_the_error_it_failed_wi
     row = await make_running(store, "r", OWNER_A, flow="sr.waiter")
     await settlement(store).result(row, row.epoch, {"bad": "\x00"}, None)
     (unstorable,) = lines(caplog, "run.failed")
-    assert unstorable.error.startswith("UnstorableValue: "), unstorable.error  # type: ignore[attr-defined]
+    assert unstorable.error.startswith("UnstorableValue: "), unstorable.error  # type: ignore[attr-defined]  # a log record's extra fields
     caplog.clear()
     big = await make_running(store, "b", OWNER_A, flow="sr.waiter")
     huge = RunError(type="Boom", message="m" * (store.settings.max_payload_bytes + 10))
     await settlement(store).finish(big, settlements.failed(big.id, big.epoch, huge))
     (too_big,) = lines(caplog, "run.failed")
-    assert too_big.error.startswith("Boom: mmm"), too_big.error[:100]  # type: ignore[attr-defined]
+    assert too_big.error.startswith("Boom: mmm"), too_big.error[:100]  # type: ignore[attr-defined]  # a log record's extra fields
 
 
 async def test_a_run_the_batch_left_out_for_its_locked_row_is_logged_and_settled_alone(
@@ -154,7 +154,7 @@ async def test_a_run_the_batch_left_out_for_its_locked_row_is_logged_and_settled
                 break
             await asyncio.sleep(0.05)
         (alone,) = lines(caplog, "run.settle_alone_locked")
-        assert alone.run_id == "r" and not settling.done()  # type: ignore[attr-defined]
+        assert alone.run_id == "r" and not settling.done()  # type: ignore[attr-defined]  # a log record's extra fields
         await holder.commit()
     await asyncio.wait_for(settling, 10)
     assert (await must_get(store, "r")).status is RunStatus.COMPLETED
@@ -171,4 +171,4 @@ async def test_the_ending_lines_ms_are_the_milliseconds_since_the_start(
     settle.began(row)
     await settle.result(row, row.epoch, "done", None)
     (completed,) = lines(caplog, "run.completed")
-    assert completed.ms == 12_500  # type: ignore[attr-defined]
+    assert completed.ms == 12_500  # type: ignore[attr-defined]  # a log record's extra fields

@@ -19,7 +19,7 @@ from runfleet.broker.streams import Delivery, Lane, Streams
 from runfleet.broker.wake_reasons import WakeReason
 from runfleet.store import Store
 from runfleet.store.config import Settings
-from runfleet.store.types import Owner, RunStatus
+from runfleet.store.types import Owner, RunRow, RunStatus
 from runfleet.worker.coordinator import Coordinator
 from runfleet.worker.outbox import BROKER_ERRORS, Outbox, lane_of, publish_checked_wakes
 
@@ -54,6 +54,7 @@ class Intake:
         queues: Sequence[str],
         concurrency: int,
         may_claim: Callable[[], bool],
+        untrusted: Callable[[str], bool] = lambda queue: False,
     ) -> None:
         self._store = store
         self._streams = streams
@@ -64,6 +65,8 @@ class Intake:
         self._queues = list(queues)
         self._concurrency = concurrency
         self._may_claim = may_claim
+        self._untrusted = untrusted
+        """Whether a queue's stream was lately found unable to deliver (``WakeMarks``)."""
         self._peeked: OrderedDict[EntryKey, None] = OrderedDict()
 
     def free(self) -> int:
@@ -205,6 +208,16 @@ class Intake:
         }
         dispatched |= {run_id for run_id in closing if self._drive_here(run_id)}
         rows = [row for row in rows if row.id not in closing]
+        # A queue whose group was lately found set ahead: whoever did it may hide this
+        # wake too, after any check. Its runs served here are driven here (as slots allow).
+        held = [row for row in rows if row.queue in self._queues and self._untrusted(row.queue)]
+        if held:
+            log.warning(
+                "stream.untrusted",
+                extra={"runs": len(held), "queues": sorted({row.queue for row in held})},
+            )
+            dispatched |= self._drive_free(held)
+            rows = [row for row in rows if row not in held]
         if not rows:
             return dispatched
         rows.sort(key=lambda row: lane_of(row) is not Lane.RECOVERY)  # recovered runs first
@@ -222,12 +235,17 @@ class Intake:
             )
         except BROKER_ERRORS as exc:
             log.warning("stream.publish_failed", extra={"runs": len(rows), "error": repr(exc)})
+        return dispatched | self._drive_free([row for row in rows if row.queue in self._queues])
+
+    def _drive_free(self, rows: list[RunRow]) -> set[str]:
+        """Drive ``rows`` here as far as free slots go; the ids whose drive started."""
+        driven: set[str] = set()
         for row in rows:
             if self.free() <= 0:
                 break
-            if row.queue in self._queues and self._drive_here(row.id):
-                dispatched.add(row.id)
-        return dispatched
+            if self._drive_here(row.id):
+                driven.add(row.id)
+        return driven
 
     def _drive_here(self, run_id: str) -> bool:
         """Drive ``run_id`` in this process; True if a drive of it started or is under way."""

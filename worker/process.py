@@ -256,6 +256,9 @@ class Worker:
             slots=QueueSlots(self.outbox, self.rate_pump),
         )
         self.coordinator = Coordinator(driver)
+        marks = WakeMarks(
+            self.store, self.streams, self.queues, settings, StreamHealth(self._redis)
+        )
         self.intake = Intake(
             store=self.store,
             streams=self.streams,
@@ -266,6 +269,7 @@ class Worker:
             queues=self.queues,
             concurrency=self.concurrency,
             may_claim=gate.open,
+            untrusted=marks.untrusted,
         )
         self.lease = Lease(
             self._lease_store,
@@ -287,9 +291,7 @@ class Worker:
             self.store,
             settings,
             self.intake.dispatch,
-            marks=WakeMarks(
-                self.store, self.streams, self.queues, settings, StreamHealth(self._redis)
-            ),
+            marks=marks,
         )
         if self._stopping.is_set():  # stopped while assembling
             self._claim_nothing()

@@ -37,21 +37,26 @@ as long as that lasts, and its dispatch drives the runs locally.
 
 The same reading checks the lanes (``broker.stream_health``): a group ahead of its stream,
 a group or stream gone, a key of another type at the stream's name is repaired on the
-tick that sees it and logged ``stream.repaired``. A group ahead reads as "delivered" here,
-so the marks pass the runs it hid and the lost-pending sweep dispatches them again; the
-dispatch counts a wake only where the group will deliver it (``worker.intake``).
+tick that sees it and logged ``stream.repaired``. A group found ahead reads as having
+delivered everything its stream held then (whatever the rewind brings back), so the marks
+pass the runs it hid and the lost-pending sweep dispatches them again. Such a queue stays
+*untrusted* for ``lost_pending_after_ms`` after its last repair: a client that set its group
+ahead once may do so again right after any wake, so the sweep drives its lost runs in this
+process instead of publishing (``worker.intake``), and elsewhere counts a wake only where the
+group will deliver it.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from redis.exceptions import ResponseError
 
 import runfleet.worker.metrics as metrics
-from runfleet.broker.stream_health import StreamHealth
+from runfleet.broker.stream_health import Fault, LaneHealth, StreamHealth
 from runfleet.broker.streams import ZERO_ID, EntryId, Lane, LanePosition, Streams
 from runfleet.store import Store
 from runfleet.store.config import Settings
@@ -145,6 +150,8 @@ class WakeMarks:
         self._streams = streams
         self._health = health
         """Repairs the lanes a reading finds unable to deliver (None: only marks)."""
+        self._faulted: dict[str, float] = {}
+        """Each queue's last repair (monotonic time): ``untrusted``."""
         self._delivered: dict[tuple[str, Lane], EntryId] = {}
         """Each lane's last delivered id in its last sound reading: where a group found
         ahead is rewound to, so what the fault hid is delivered again at once."""
@@ -220,14 +227,27 @@ class WakeMarks:
                 self._delivered[(queue, lane)] = at.delivered
         if not suspect:
             return lanes
-        if await self._repair(queue, suspect):
-            return await self._streams.positions(queue)
-        return lanes
+        faults = await self._repair(queue, suspect)
+        if not faults:
+            return lanes
+        lanes = await self._streams.positions(queue)
+        return {lane: _through(at, faults.get(lane)) for lane, at in lanes.items()}
 
-    async def _repair(self, queue: str, lanes: list[Lane]) -> bool:
-        """Repair ``queue``'s ``lanes`` where the script finds a fault; whether it found one."""
+    def untrusted(self, queue: str) -> bool:
+        """Whether a lane of ``queue`` was found unable to deliver within the last
+        ``lost_pending_after_ms``: a wake published there now may be hidden again by
+        whoever did it (a client that keeps re-setting the group), so a sweep drives the
+        queue's lost runs in this process rather than through its stream."""
+        at = self._faulted.get(queue)
+        if at is None:
+            return False
+        return time.monotonic() - at < self._settings.lost_pending_after_ms / 1000
+
+    async def _repair(self, queue: str, lanes: list[Lane]) -> dict[Lane, LaneHealth]:
+        """Repair ``queue``'s ``lanes`` where the script finds a fault; the lanes it found
+        faulty, as found."""
         assert self._health is not None
-        repaired = False
+        faults: dict[Lane, LaneHealth] = {}
         for lane in lanes:
             rewind = self._delivered.get((queue, lane))
             found = await self._health.repair(
@@ -235,7 +255,8 @@ class WakeMarks:
             )
             if found.fault is None:
                 continue
-            repaired = True
+            faults[lane] = found
+            self._faulted[queue] = time.monotonic()
             metrics.STREAM_REPAIRS.labels(found.fault.value).inc()
             log.warning(
                 "stream.repaired",
@@ -248,7 +269,23 @@ class WakeMarks:
                     "found": found.found,
                 },
             )
-        return repaired
+        return faults
+
+
+def _through(at: LanePosition, found: LaneHealth | None) -> LanePosition:
+    """A lane's position after its repair. A group found ahead of its stream may have
+    hidden every entry up to the stream's last id then, for good (the rewind can only
+    bring back what it hid since the last sound reading, and a client may set it ahead
+    again at once): those entries count as delivered, so the marks pass their runs and
+    the lost-pending sweep wakes them again. (A missing stream or group is recreated
+    from id 0, and a stream that was another key's type is a new stream: ``covers``
+    reads both as they are.)"""
+    if found is None or found.fault is not Fault.GROUP_AHEAD:
+        return at
+    skipped = EntryId.parse(found.written)
+    if at.delivered is not None and at.delivered >= skipped:
+        return at
+    return LanePosition(at.written, skipped, at.first)
 
 
 def _suspect(at: LanePosition) -> bool:

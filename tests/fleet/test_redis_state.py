@@ -179,12 +179,6 @@ async def test_a_queue_survives_any_redis_command(
         worker.close()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known gap: while a client re-sets the group ahead every 20 ms, about half the "
-    "tries start no run within the lost-wake bound (2 of 4 tries, on this code and on the "
-    "code before it)",
-)
 async def test_a_group_held_ahead_does_not_stop_the_sweep(
     settings: Settings, store: Store, redis: Redis
 ) -> None:

@@ -234,8 +234,8 @@ class WakeMarks:
         return {lane: _through(at, faults.get(lane)) for lane, at in lanes.items()}
 
     def untrusted(self, queue: str) -> bool:
-        """Whether a lane of ``queue`` was found unable to deliver within the last
-        ``lost_pending_after_ms``: a wake published there now may be hidden again by
+        """Whether a lane of ``queue`` was found stranded (its group ahead of its stream, or
+        another type of key at its name) within the last ``lost_pending_after_ms``: a wake published there now may be hidden again by
         whoever did it (a client that keeps re-setting the group), so a sweep drives the
         queue's lost runs in this process rather than through its stream."""
         at = self._faulted.get(queue)
@@ -256,7 +256,8 @@ class WakeMarks:
             if found.fault is None:
                 continue
             faults[lane] = found
-            self._faulted[queue] = time.monotonic()
+            if found.fault.strands:  # a missing stream or group is recreated from id 0
+                self._faulted[queue] = time.monotonic()
             metrics.STREAM_REPAIRS.labels(found.fault.value).inc()
             log.warning(
                 "stream.repaired",

@@ -77,13 +77,20 @@ async def test_a_group_found_ahead_lets_the_marks_pass_what_its_stream_held(
     assert info[0]["last-delivered-id"] in (b"0-0", "0-0"), info  # rewound, not skipped
 
 
-async def test_a_sound_queue_stays_trusted(settings: Settings, store: Store, redis: Redis) -> None:
+async def test_a_queue_whose_group_was_only_destroyed_stays_trusted(
+    settings: Settings, store: Store, redis: Redis
+) -> None:
+    """A missing group is recreated from id 0 (everything its stream holds is delivered
+    again), so wakes published there are delivered: the queue stays trusted."""
     streams = Streams(redis, settings.redis_prefix)
     await streams.ensure_groups(["default"])
     marks = WakeMarks(store, streams, ["default"], settings, StreamHealth(redis))
     await _admit(settings, 1)
     await marks.sample()
+    assert not marks.untrusted("default")
+    await redis.xgroup_destroy(streams.stream_key("default"), GROUP)
     await marks.sample()
+    assert await redis.xinfo_groups(streams.stream_key("default"))  # repaired
     assert not marks.untrusted("default")
 
 

@@ -235,9 +235,10 @@ class WakeMarks:
 
     def untrusted(self, queue: str) -> bool:
         """Whether a lane of ``queue`` was found stranded (its group ahead of its stream, or
-        another type of key at its name) within the last ``lost_pending_after_ms``: a wake published there now may be hidden again by
-        whoever did it (a client that keeps re-setting the group), so a sweep drives the
-        queue's lost runs in this process rather than through its stream."""
+        another type of key at its name) within the last ``lost_pending_after_ms``: a wake
+        published there now may be hidden again by whoever did it (a client that keeps
+        re-setting the group), so a sweep drives the queue's lost runs in this process
+        rather than through its stream."""
         at = self._faulted.get(queue)
         if at is None:
             return False

@@ -61,6 +61,40 @@ class DependencyGate(NamedTuple):
     """Some dependency can no longer meet it (failed or cancelled: only a requeue can)."""
 
 
+class _Answer(NamedTuple):
+    """What the dependency gate reads of the round that answers for a dependency."""
+
+    status: RunStatus
+    dependents_released: bool
+    """Cancelled (or its cancel requested) with ``enqueue_dependents``: met at once."""
+    canceled: bool
+    """Failed by a cancel (rq's canceled): never met by ``allow_failure``."""
+
+
+def _depends_on(row: Any) -> list[str]:
+    ids = row["depends_on"]
+    return [str(run_id) for run_id in ids] if isinstance(ids, list) else []
+
+
+def _gate(
+    answers: dict[str, _Answer], run_ids: Sequence[str], allow_failure: bool
+) -> DependencyGate:
+    """``dependencies_met``'s rule over answers already read."""
+    met, broken = True, False
+    for run_id in run_ids:
+        answer = answers.get(run_id)
+        if answer is None or answer.dependents_released:
+            continue
+        status = answer.status
+        if status is RunStatus.COMPLETED:
+            continue
+        if status is RunStatus.FAILED and allow_failure and not answer.canceled:
+            continue
+        met = False
+        broken = broken or status in (RunStatus.FAILED, RunStatus.CANCELLED)
+    return DependencyGate(met, broken)
+
+
 class Registries:
     def __init__(self, store: Store) -> None:
         self._db = store.db
@@ -79,23 +113,27 @@ class Registries:
         rows = await self._db.all("registries.by_status", params)
         if kind not in (RegistryKind.STARTED, RegistryKind.DEFERRED):
             return [RegistryEntry(r["rq_id"], r["wake_at_ms"]) for r in rows]
-        found = []
-        for r in rows:
-            ids = r["depends_on"] if isinstance(r["depends_on"], list) else []
-            met = not ids or (await self.dependencies_met(ids, r["allow_failure"])).met
-            if met == (kind is RegistryKind.STARTED):
-                found.append(RegistryEntry(r["rq_id"], r["wake_at_ms"]))
-        return found
+        met = await self._met(rows)
+        return [
+            RegistryEntry(r["rq_id"], r["wake_at_ms"])
+            for r, ok in zip(rows, met, strict=True)
+            if ok == (kind is RegistryKind.STARTED)
+        ]
 
     async def queued(self, queue: str, scopes: Sequence[str], limit: int = 100_000) -> list[str]:
         """rq's queue contents, oldest first: a dependent only once its dependencies are met."""
         params = {"queue": queue, "scopes": Jsonb(sorted(scopes)), "limit": limit}
-        found = []
-        for r in await self._db.all("registries.queued", params):
-            ids = r["depends_on"] if isinstance(r["depends_on"], list) else []
-            if not ids or (await self.dependencies_met(ids, r["allow_failure"])).met:
-                found.append(r["rq_id"])
-        return found
+        rows = await self._db.all("registries.queued", params)
+        return [r["rq_id"] for r, ok in zip(rows, await self._met(rows), strict=True) if ok]
+
+    async def _met(self, rows: Sequence[Any]) -> list[bool]:
+        """Whether each row's ``depends_on`` is met; every dependency of every row read in
+        one statement (a listing of many dependents is two statements, not one a run)."""
+        wanted = [_depends_on(r) for r in rows]
+        answers = await self._answers([run_id for ids in wanted for run_id in ids])
+        return [
+            _gate(answers, ids, r["allow_failure"]).met for r, ids in zip(rows, wanted, strict=True)
+        ]
 
     async def queues(self, scopes: Sequence[str]) -> list[str]:
         rows = await self._db.all("registries.queues", {"scopes": Jsonb(sorted(scopes))})
@@ -136,30 +174,31 @@ class Registries:
         (rq leaves the dependent deferred) and "broken": only a requeue of it can change
         that.
         """
-        met, broken = True, False
-        for run_id in run_ids:
-            row = await self.answering(str(run_id))
-            if row is None:
-                continue
-            status = row.status
-            if row.state.get("dependents_released"):
-                continue  # cancelled (or its cancel requested) with enqueue_dependents
-            if status is RunStatus.COMPLETED:
-                continue
-            if status is RunStatus.FAILED and allow_failure and not row.state.get("canceled"):
-                continue
-            met = False
-            broken = broken or status in (RunStatus.FAILED, RunStatus.CANCELLED)
-        return DependencyGate(met, broken)
+        ids = [str(run_id) for run_id in run_ids]
+        return _gate(await self._answers(ids), ids, allow_failure)
+
+    async def _answers(self, run_ids: Sequence[str]) -> dict[str, _Answer]:
+        """What answers for each id (``answering``), in one statement; an id nothing answers
+        for (absent, hidden, deleted by rq's delete) is left out."""
+        if not run_ids:
+            return {}
+        rows = await self._db.all("registries.answering_many", {"ids": sorted(set(run_ids))})
+        return {
+            r["origin"]: _Answer(
+                RunStatus(r["status"]), bool(r["dependents_released"]), bool(r["canceled"])
+            )
+            for r in rows
+            if r["following"] is None and not r["deleted"]
+        }
 
     async def work_left(
         self, queues: Sequence[str], horizon_ms: int, excluding: Sequence[str] = ()
     ) -> AsyncIterator[str]:
         """The runs (at most 200) a burst worker of ``queues`` may still have to run, but
         ``excluding``; one at a time, as the caller decides from the first which it can
-        execute (a dependent's dependencies are read only when it gets that far)."""
+        execute (the dependents' dependencies are all read in one statement)."""
         params = {"queues": list(queues), "horizon_ms": horizon_ms, "excluding": list(excluding)}
-        for r in await self._db.all("registries.work_left", params):
-            ids = r["depends_on"] if isinstance(r["depends_on"], list) else []
-            if not ids or (await self.dependencies_met(ids, r["allow_failure"])).met:
+        rows = await self._db.all("registries.work_left", params)
+        for r, ok in zip(rows, await self._met(rows), strict=True):
+            if ok:
                 yield r["id"]

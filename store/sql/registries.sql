@@ -136,3 +136,26 @@ WITH RECURSIVE walk AS (
      WHERE w.depth < 10000
 )
 SELECT w.*, runfleet.now_ms() AS now_ms FROM walk w ORDER BY w.depth DESC LIMIT 1;
+
+-- name: answering_many
+-- ``answering`` for many rq ids in one statement, with only what the dependency gate
+-- reads of each answering round: its status and its markers (never its payload). One row
+-- per id found; ``following`` not null means nothing answers for it.
+WITH RECURSIVE walk AS (
+    SELECT r.id AS origin, r.status, r.state, 0 AS depth,
+           nullif(CASE r.status WHEN 'failed' THEN r.state->>'requeued_as'
+                                WHEN 'completed' THEN r.state->>'handed_off_to' END, '')
+             AS following
+      FROM runfleet.runs r WHERE r.id = ANY(%(ids)s::text[])
+    UNION ALL
+    SELECT w.origin, n.status, n.state, w.depth + 1,
+           nullif(CASE n.status WHEN 'failed' THEN n.state->>'requeued_as'
+                                WHEN 'completed' THEN n.state->>'handed_off_to' END, '')
+      FROM walk w JOIN runfleet.runs n ON n.id = w.following
+     WHERE w.depth < 10000
+)
+SELECT DISTINCT ON (w.origin) w.origin, w.status, w.following,
+       w.state->'deleted' AS deleted,
+       w.state->'dependents_released' AS dependents_released,
+       w.state->'canceled' AS canceled
+  FROM walk w ORDER BY w.origin, w.depth DESC;

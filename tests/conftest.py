@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import psycopg
 import pytest
 import redis
+import redis.asyncio
 from psycopg import sql
 
 from runfleet.ops.servers.resolve import Endpoints, database_url_for, resolve
@@ -126,6 +127,18 @@ async def new_empty_database(services: Endpoints) -> AsyncIterator[NewDatabase]:
 @pytest.fixture(scope="session")
 def redis_url(services: Endpoints) -> str:
     return services.redis_url
+
+
+@pytest.fixture
+async def redis_client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
+    """An asyncio client of the test Redis, as runfleet connects (``broker.client``)."""
+    from runfleet.broker.client import connect
+
+    client = connect(redis_url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
 
 
 @pytest.fixture

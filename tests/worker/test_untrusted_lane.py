@@ -11,14 +11,12 @@ queue are driven in the process instead of published where they could be hidden 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import pytest
 from redis.asyncio import Redis
 
 import tests.fleet.flows as flows
-from runfleet.broker.client import connect
 from runfleet.broker.keys import GROUP
 from runfleet.broker.stream_health import StreamHealth
 from runfleet.broker.streams import Lane, Streams
@@ -36,12 +34,8 @@ AHEAD = "99999999999999-0"
 
 
 @pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[Redis]:
-    client = connect(redis_url)
-    try:
-        yield client
-    finally:
-        await client.aclose()
+def redis(redis_client: Redis) -> Redis:
+    return redis_client
 
 
 async def _admit(settings: Settings, count: int) -> list[str]:

@@ -1,9 +1,9 @@
 """``python -m bench COMMAND`` from the repository's root: runfleet beside its peers.
 
 Each benchmark is one command of this typer app: ``fleet`` (rq), ``backlog`` (rq and
-Celery), ``flows`` (DBOS), ``producer`` (rq, Celery and DBOS). They run from a checkout
-(``pip install -e '.[dev,bench]'`` installs the peers), never from the wheel; what an
-operator measures on their own servers is ``runfleet bench store|capacity|limits``.
+Celery), ``flows`` (DBOS), ``producer`` (rq, Celery, procrastinate and DBOS). They run
+from a checkout (``pip install -e '.[dev,bench]'`` installs the peers), never from the
+wheel; what an operator measures on their own servers is ``runfleet bench store|capacity|limits``.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from runfleet.ops.bench.scratch import BenchError
 T = TypeVar("T")
 
 app = typer.Typer(
-    help="runfleet beside its peers (rq, Celery, DBOS), each run in scratch databases and "
-    "Redis keys it drops. Run from the repository's root: python -m bench COMMAND."
+    help="runfleet beside its peers (rq, Celery, procrastinate, DBOS), each run in scratch "
+    "databases and Redis keys it drops. Run from the repository's root: python -m bench COMMAND."
 )
 
 DatabaseUrl = Annotated[
@@ -311,7 +311,10 @@ def producer(
     ] = 300,
     workers: Workers = 2,
     concurrency: Annotated[
-        int, typer.Option("--concurrency", "-k", min=1, help="Slots per runfleet/DBOS process.")
+        int,
+        typer.Option(
+            "--concurrency", "-k", min=1, help="Slots per runfleet/DBOS/procrastinate process."
+        ),
     ] = 32,
     samples: Annotated[
         int, typer.Option("--samples", min=1, help="Settled reads and idle starts timed.")
@@ -333,23 +336,30 @@ def producer(
     skip_celery: Annotated[
         bool, typer.Option("--skip-celery", help="Leave Celery out of the shapes.")
     ] = False,
+    skip_procrastinate: Annotated[
+        bool,
+        typer.Option(
+            "--skip-procrastinate", help="Leave procrastinate out (shapes and idle start)."
+        ),
+    ] = False,
     only: Annotated[
         ProducerPhase | None,
         typer.Option(
             "--only",
             help="Run one phase alone: 'flows' (the three-step flows loop, runfleet and "
             "DBOS alternated round by round) or 'shapes' (one thread, threads, tasks; "
-            "enqueue alone and enqueue then wait(), beside rq and Celery).",
+            "enqueue alone and enqueue then wait(), beside rq, Celery and procrastinate).",
         ),
     ] = None,
     database_url: DatabaseUrl = None,
     redis_url: RedisUrl = None,
     as_json: AsJson = False,
 ) -> None:
-    """The producer's path as users write it, vs rq, Celery and DBOS in one invocation:
-    single enqueue, enqueue_many, the loop of enqueue then wait() (no-op jobs vs rq,
-    three-step flows vs DBOS), wait() of a settled run, idle enqueue -> start; then each
-    service shape (one thread, threads, asyncio tasks) with its rate, p50 and p99."""
+    """The producer's path as users write it, vs rq, Celery, procrastinate and DBOS in one
+    invocation: single enqueue, enqueue_many, the loop of enqueue then wait() (no-op jobs
+    vs rq, three-step flows vs DBOS), wait() of a settled run, idle enqueue -> start (vs rq
+    and procrastinate); then each service shape (one thread, threads, asyncio tasks) with
+    its rate, p50 and p99."""
     from bench import producer_bench, shapes
 
     if only is ProducerPhase.SHAPES:
@@ -359,6 +369,7 @@ def producer(
             lambda found: shapes.run(
                 found, runs=runs, threads=threads, tasks=tasks, workers=workers,
                 concurrency=concurrency, rounds=rounds, celery=not skip_celery,
+                procrastinate=not skip_procrastinate,
             ),
         )  # fmt: skip
         _emit({"benchmark": "producer", "only": "shapes", **shaped.as_json()},
@@ -397,6 +408,7 @@ def producer(
             threads=threads,
             tasks=tasks,
             skip_celery=skip_celery,
+            skip_procrastinate=skip_procrastinate,
         ),
     )
     tables = [producer_bench.table(result)]

@@ -6,8 +6,10 @@ threads or tasks (``bench.shapes``). Measured that way, in one invocation on one
 ``enqueue`` (no workers), ``enqueue_many``, ``wait()``/``return_value()`` of a settled
 run, the loop then ``wait()`` of each with two idle worker processes each side (no-op
 jobs against rq ``SimpleWorker``s; three-step durable flows against DBOS executors on the
-same Postgres), and the idle enqueue -> start latency. Every runfleet run is durable
-before ``enqueue`` returns (row and ``created`` record committed), on the server as found.
+same Postgres), and the idle enqueue -> start latency (rq's ``enqueued_at`` ->
+``started_at``; procrastinate's ``deferred`` -> ``started`` events, ``bench.procrastinate_side``).
+Every runfleet run is durable before ``enqueue`` returns (row and ``created`` record
+committed), on the server as found.
 
 Rounds alternate runfleet and its peer (``--rounds``) and each figure is the median of
 its rounds, so a burst of load from elsewhere falls on both sides alike.
@@ -26,7 +28,7 @@ from typing import Any, cast
 
 from rich.table import Table
 
-from bench import dbos_side, rq_side, shapes
+from bench import dbos_side, procrastinate_side, rq_side, shapes
 from bench.drain import drop_keys
 from bench.figures import percentile, rate
 from bench.noop import QUEUE, noop, noop_flow
@@ -140,6 +142,8 @@ class ProducerBenchResult:
     raw: dict[str, list[float]] = field(default_factory=dict)
     start_parts: StartParts = field(default_factory=StartParts)
     shapes: ShapesResult | None = None
+    procrastinate_start_ms: tuple[float, ...] | None = None
+    """procrastinate's idle starts; None when it was left out."""
 
     def ratio(self, name: str) -> float:
         mine, theirs = getattr(self.runfleet, name), getattr(self.rq, name)
@@ -187,6 +191,13 @@ class ProducerBenchResult:
             "load_average_after": list(self.load_after),
             "runfleet": self.runfleet.as_json(),
             "rq": self.rq.as_json(),
+            "procrastinate": None
+            if self.procrastinate_start_ms is None
+            else {
+                "idle_start_p50_ms": round(percentile(self.procrastinate_start_ms, 50), 3),
+                "idle_start_p99_ms": round(percentile(self.procrastinate_start_ms, 99), 3),
+                "idle_start_samples": len(self.procrastinate_start_ms),
+            },
             "flows_loop": {
                 "runfleet_per_s": round(self.runfleet_flows_per_s, 1),
                 "dbos_per_s": None
@@ -608,9 +619,11 @@ async def run(
     tasks: int = 64,
     skip_shapes: bool = False,
     skip_celery: bool = False,
+    skip_procrastinate: bool = False,
 ) -> ProducerBenchResult:
-    """Every phase, rounds alternating runfleet and rq; then the producer shapes
-    (``bench.shapes``: ``threads`` threads, ``tasks`` asyncio tasks, beside rq and Celery)
+    """Every phase, rounds alternating runfleet and rq; procrastinate's idle starts (unless
+    ``skip_procrastinate`` or not installed); then the producer shapes (``bench.shapes``:
+    ``threads`` threads, ``tasks`` asyncio tasks, beside rq, Celery and procrastinate)
     unless ``skip_shapes``; scratch databases dropped after."""
     if min(runs, flows, workers, concurrency, samples, rounds) < 1:
         raise BenchError("runs, flows, workers, concurrency, samples and rounds must be >= 1")
@@ -678,6 +691,10 @@ async def run(
             await store.close()
             await drop_keys(servers.redis_url, settings.redis_prefix)
     rq_starts = await asyncio.to_thread(_rq_latency, servers.redis_url, workers, samples, gap_s)
+    pr_starts: tuple[float, ...] | None = None
+    if not skip_procrastinate and procrastinate_side.available():
+        pr_starts = tuple(await procrastinate_side.idle_starts(
+            servers.database_url, workers, concurrency, samples, gap_s))  # fmt: skip
     dbos: float | None = None
     if not skip_dbos:
         dbos_rounds = [
@@ -691,6 +708,7 @@ async def run(
         shaped = await shapes.run(
             servers, runs=runs, threads=threads, tasks=tasks, workers=workers,
             concurrency=concurrency, rounds=rounds, celery=not skip_celery,
+            procrastinate=not skip_procrastinate,
         )  # fmt: skip
     med = {k: statistics.median(v) for k, v in raw.items()}
     ours = Side(
@@ -703,7 +721,7 @@ async def run(
     )  # fmt: skip
     return ProducerBenchResult(
         runs, flows, workers, rounds, ours, theirs, med["runfleet.flows_loop"], dbos, load,
-        os.getloadavg(), raw, parts, shaped,
+        os.getloadavg(), raw, parts, shaped, pr_starts,
     )  # fmt: skip
 
 
@@ -766,6 +784,14 @@ def table(result: ProducerBenchResult) -> Table:
               f"{parts.commit_ms[0]:.3f} / {parts.commit_ms[1]:.3f}", "", "")  # fmt: skip
     t.add_row(f"hop: XADD p50 (ms), back to back / after {gap} idle",
               f"{parts.xadd_ms[0]:.3f} / {parts.xadd_ms[1]:.3f}", "", "")  # fmt: skip
+    if result.procrastinate_start_ms is not None:
+        for pct in (50, 99):
+            t.add_row(
+                f"idle enqueue -> start p{pct} (ms) vs procrastinate (deferred -> started)",
+                f"{percentile(rf.start_ms, pct):.1f}",
+                f"{percentile(result.procrastinate_start_ms, pct):.1f}",
+                "",
+            )
     for name, (measured, met) in result.targets().items():
         t.add_row(f"target: {name}", measured, "", "met" if met else "MISSED")
     return t

@@ -1,4 +1,5 @@
-"""Producer services of every shape, beside rq's and Celery's: rate, p50 and p99 per shape.
+"""Producer services of every shape, beside rq's, Celery's and procrastinate's: rate, p50
+and p99 per shape.
 
 A service enqueues from one thread (a script), from threads sharing one sync ``Queue`` (a
 WSGI server's request threads) or from asyncio tasks sharing one ``AsyncQueue`` (an ASGI
@@ -9,8 +10,11 @@ processes a side). Every call is timed, so each figure is a rate and its p50 / p
 
 rq's and Celery's producers are sync: they run the one-thread and threads shapes (threads
 sharing one rq ``Queue`` on one Redis connection pool; one Celery app's producer pool),
-and have no tasks shape. Rounds alternate the systems; a rate is the median of its
-rounds, a percentile is over every call of every round.
+and have no tasks shape. procrastinate, the durable Postgres peer, runs all three:
+threads share one sync app (``defer``), tasks one async app (``defer_async``); it has no
+result, so its round trip polls the job's status (``bench.procrastinate_side``). Rounds
+alternate the systems; a rate is the median of its rounds, a percentile is over every
+call of every round.
 """
 
 from __future__ import annotations
@@ -23,14 +27,14 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from rich.table import Table
 
-from bench import rq_side
+from bench import procrastinate_side, rq_side
 from bench.drain import drop_keys
 from bench.figures import percentile, rate
 from bench.noop import noop, noop_flow
@@ -68,6 +72,7 @@ class System(StrEnum):
     RUNFLEET = "runfleet"
     RQ = "rq"
     CELERY = "celery"
+    PROCRASTINATE = "procrastinate"
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,6 +330,53 @@ def _celery_threaded(app: Any, threads: int, runs: int, mode: Mode) -> Calls:
     return threaded(threads, runs, lambda: app.send_task(TASK).get(timeout=RESULT_TIMEOUT))
 
 
+# ---- procrastinate -------------------------------------------------------------------------
+
+
+def _pr_queue(mode: Mode) -> str:
+    if mode is Mode.ENQUEUE:
+        return procrastinate_side.ADMIT_QUEUE
+    return procrastinate_side.TRIP_QUEUE
+
+
+def _pr_threaded(url: str, threads: int, runs: int, mode: Mode) -> Calls:
+    """Threads sharing one sync app: ``defer``, then (round trip) its status polled."""
+    with procrastinate_side.sync_app(url) as app:
+        task = procrastinate_side.deferrer(app, _pr_queue(mode))
+        warm = task.defer()  # connect untimed
+        if mode is Mode.ROUND_TRIP:
+            procrastinate_side.wait(app, warm)
+
+        def one() -> None:
+            job_id = task.defer()
+            if mode is Mode.ROUND_TRIP:
+                procrastinate_side.wait(app, job_id)
+
+        calls = threaded(threads, runs, one)
+    if mode is Mode.ENQUEUE:
+        procrastinate_side.clear_admitted(url)
+    return calls
+
+
+async def _pr_tasked(url: str, tasks: int, runs: int, mode: Mode) -> Calls:
+    """asyncio tasks sharing one async app: ``defer_async``, then its status polled."""
+    async with procrastinate_side.async_app(url) as app:
+        task = procrastinate_side.deferrer(app, _pr_queue(mode))
+        warm = await task.defer_async()
+        if mode is Mode.ROUND_TRIP:
+            await procrastinate_side.wait_async(app, warm)
+
+        async def one() -> None:
+            job_id = await task.defer_async()
+            if mode is Mode.ROUND_TRIP:
+                await procrastinate_side.wait_async(app, job_id)
+
+        calls = await tasked(tasks, runs, one)
+    if mode is Mode.ENQUEUE:
+        await asyncio.to_thread(procrastinate_side.clear_admitted, url)
+    return calls
+
+
 # ---- the whole phase -------------------------------------------------------------------
 
 
@@ -341,10 +393,11 @@ async def run(
     concurrency: int = 64,
     rounds: int = 3,
     celery: bool = True,
+    procrastinate: bool = True,
 ) -> ShapesResult:
-    """Every shape and mode, each round runfleet then rq then Celery; scratch database,
-    queues and keys dropped afterwards. ``celery`` False (or Celery not installed) leaves
-    its column out, saying why."""
+    """Every shape and mode, each round runfleet then rq then Celery then procrastinate;
+    scratch databases, queues and keys dropped afterwards. ``celery`` or ``procrastinate``
+    False (or the peer not installed) leaves its column out, saying why."""
     if min(runs, threads, tasks, workers, concurrency, rounds) < 1:
         raise BenchError("runs, threads, tasks, workers, concurrency and rounds must be >= 1")
     skipped: dict[System, str] = {}
@@ -352,6 +405,10 @@ async def run(
         skipped[System.CELERY] = "not installed (pip install -e '.[bench]')"
     elif not celery:
         skipped[System.CELERY] = "left out (--skip-celery)"
+    if procrastinate and not procrastinate_side.available():
+        skipped[System.PROCRASTINATE] = procrastinate_side.PROCRASTINATE_MISSING
+    elif not procrastinate:
+        skipped[System.PROCRASTINATE] = "left out (--skip-procrastinate)"
     load = os.getloadavg()
     raw: dict[Key, list[Calls]] = {}
 
@@ -359,7 +416,15 @@ async def run(
         raw.setdefault(key, []).append(calls)
 
     sizes = {Shape.ONE_THREAD: 1, Shape.THREADS: threads}
-    async with scratch_database(servers.database_url, "rf_bench_shapes") as url:
+    async with AsyncExitStack() as stack:
+        peer = None
+        if System.PROCRASTINATE not in skipped:  # its workers idle through the others' rounds
+            peer = await stack.enter_async_context(
+                procrastinate_side.side(servers.database_url, workers, concurrency)
+            )
+        url = await stack.enter_async_context(
+            scratch_database(servers.database_url, "rf_bench_shapes")
+        )
         await migrate(url)
         settings = Settings(
             database_url=url, redis_url=servers.redis_url, redis_prefix=bench_prefix("shapes")
@@ -381,6 +446,13 @@ async def run(
                          await _rf_tasked(settings, tasks, runs, mode))  # fmt: skip
                 await asyncio.to_thread(_peers_round, servers.redis_url, sizes, runs, workers,
                                         System.CELERY not in skipped, keep)  # fmt: skip
+                if peer is not None:
+                    for mode in Mode:
+                        for shape in SYNC_SHAPES:
+                            keep((System.PROCRASTINATE, shape, mode), await asyncio.to_thread(
+                                _pr_threaded, peer.url, sizes[shape], runs, mode))  # fmt: skip
+                        keep((System.PROCRASTINATE, Shape.TASKS, mode),
+                             await _pr_tasked(peer.url, tasks, runs, mode))  # fmt: skip
         finally:
             for proc in procs:
                 proc.terminate()

@@ -15,7 +15,7 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from bench import dbos_side, scaling, shapes
+from bench import dbos_side, procrastinate_side, scaling, shapes
 from bench.__main__ import app
 from bench.plan import FleetPlan
 from bench.servers import Servers
@@ -142,6 +142,8 @@ def test_producer_bench_runs_every_phase(services: Endpoints) -> None:
         "idle enqueue -> start p50 <= 3 ms",
         "idle enqueue -> start p99 <= 6 ms",
     }
+    if procrastinate_side.available():  # its idle starts: its own deferred -> started events
+        assert out["procrastinate"]["idle_start_samples"] == 5
     assert out["shapes"]["threads"] == 2 and out["shapes"]["tasks"] == 4
     assert set(out["shapes"]["shapes"]) == {"one_thread", "threads", "tasks"}
     assert _producer_keys(services) == []  # its streams are dropped with its database
@@ -153,17 +155,19 @@ def test_producer_shapes_report_rate_and_percentiles_beside_the_peers(
 ) -> None:
     """``--only shapes``: one thread, threads sharing one Queue and asyncio tasks sharing
     one AsyncQueue, each enqueueing alone and enqueueing then waiting for the result; rq
-    and Celery beside runfleet where their producers have the shape (sync ones only)."""
+    and Celery beside runfleet where their producers have the shape (sync ones only),
+    procrastinate in every shape."""
     out = _bench(
         services, "producer", "--only", "shapes", "--runs", "24", "--threads", "3",
         "--tasks", "6", "--rounds", "2",
     )  # fmt: skip
     assert out["only"] == "shapes" and out["threads"] == 3 and out["tasks"] == 6
     peers = {"rq", "celery"} if shapes.celery_available() else {"rq"}
+    durable = {"procrastinate"} if procrastinate_side.available() else set()
     for shape, systems in (
-        ("one_thread", {"runfleet"} | peers),
-        ("threads", {"runfleet"} | peers),
-        ("tasks", {"runfleet"}),
+        ("one_thread", {"runfleet"} | peers | durable),
+        ("threads", {"runfleet"} | peers | durable),
+        ("tasks", {"runfleet"} | durable),
     ):
         for mode in ("enqueue", "round_trip"):
             figures = out["shapes"][shape][mode]
@@ -172,6 +176,33 @@ def test_producer_shapes_report_rate_and_percentiles_beside_the_peers(
                 assert len(figure["rounds_per_s"]) == 2, (shape, mode, system)
                 assert figure["per_s"] > 0 and 0 < figure["p50_ms"] <= figure["p99_ms"], figure
     assert _producer_keys(services) == []
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(
+    not procrastinate_side.available(), reason="procrastinate (the bench extra) is not installed"
+)
+def test_producer_shapes_beside_procrastinate_at_their_smallest(services: Endpoints) -> None:
+    """The procrastinate side end to end: its schema in a scratch database of its own, its
+    worker processes, every shape in both modes (``defer``/``defer_async``, then its status
+    polled). ``--skip-procrastinate`` leaves its column out, saying why."""
+    out = _bench(
+        services, "producer", "--only", "shapes", "--runs", "4", "--threads", "2",
+        "--tasks", "2", "--rounds", "1", "--workers", "1", "--skip-celery",
+    )  # fmt: skip
+    assert out["skipped"] == {"celery": "left out (--skip-celery)"}
+    for shape in ("one_thread", "threads", "tasks"):
+        for mode in ("enqueue", "round_trip"):
+            figure = out["shapes"][shape][mode]["procrastinate"]
+            assert len(figure["rounds_per_s"]) == 1, (shape, mode)
+            assert figure["per_s"] > 0 and 0 < figure["p50_ms"] <= figure["p99_ms"], figure
+    left_out = _bench(
+        services, "producer", "--only", "shapes", "--runs", "2", "--threads", "1",
+        "--tasks", "1", "--rounds", "1", "--workers", "1", "--skip-celery",
+        "--skip-procrastinate",
+    )  # fmt: skip
+    assert "procrastinate" not in left_out["shapes"]["tasks"]["enqueue"]
+    assert left_out["skipped"]["procrastinate"] == "left out (--skip-procrastinate)"
 
 
 @pytest.mark.timeout(300)

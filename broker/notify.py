@@ -263,6 +263,17 @@ class Notifier:
         """Subscribe before checking Postgres, so a settle between check and wait is not missed."""
         return SettledWatch(self, frozenset(run_ids))
 
+    def settled_shared(self) -> bool:
+        """Whether the running loop's shared settled subscription is up and confirmed: a
+        ``watch_settled`` entered now costs no round trip (``AsyncRun.wait`` then skips
+        its read before subscribing)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # driven inline, in a caller's thread (``store.inline``)
+            return False
+        hub = self._hubs.get(loop)
+        return hub is not None and hub.live
+
     def _settled_hub(self) -> _SettledHub:
         """The running loop's shared settled subscription (``SettledWatch``)."""
         loop = asyncio.get_running_loop()
@@ -353,6 +364,11 @@ class _SettledHub:
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._subscriptions = 0
+
+    @property
+    def live(self) -> bool:
+        """Listening, with its subscription confirmed."""
+        return self._task is not None and self._ready.is_set()
 
     async def enter(self, watch: SettledWatch) -> _SettledHub:
         self._users += 1

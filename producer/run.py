@@ -197,6 +197,14 @@ class AsyncRun:
         notification (or no Redis at all) costs at most one poll interval. ``timeout``
         must be a finite number of seconds (``InvalidInput``: nan or inf never end).
         """
+        return await self.wait_open(timeout, seen_open=False)
+
+    async def wait_open(self, timeout: float, *, seen_open: bool) -> Any:
+        """``wait``. A settled run answers from one read without subscribing, unless the
+        subscription is already shared with other waits (then entering it is free, and one
+        read after it does). ``seen_open``: the caller has just read the run still open
+        (the sync ``Job.wait``), so no read is made before subscribing.
+        """
         if (
             isinstance(timeout, bool)
             or not isinstance(timeout, int | float)
@@ -205,10 +213,12 @@ class AsyncRun:
         ):
             raise InvalidInput("timeout", f"must be a finite number of seconds >= 0: {timeout!r}")
         deadline = time.monotonic() + timeout
-        row = await self._last_round(await self.fetch())
-        if row.status.terminal or is_dead(row):  # one indexed read, no subscription
-            return outcome(row)
-        async with self._queue.notifier.watch_settled(self.id) as watch:
+        notifier = self._queue.notifier
+        if not seen_open and not notifier.settled_shared():
+            row = await self._last_round(await self.fetch())
+            if row.status.terminal or is_dead(row):  # one indexed read, no subscription
+                return outcome(row)
+        async with notifier.watch_settled(self.id) as watch:
             while True:  # read again once subscribed: a settle in between is not missed
                 row = await self._last_round(await self.fetch())
                 if row.status.terminal or is_dead(row):

@@ -184,15 +184,7 @@ async def read_job(queue: AsyncQueue, run_id: str) -> JobRead:
     A run that handed off answers with its lineage's last round; a failed run that
     was requeued, with the round that replaced it (rq keeps one id across a requeue).
     """
-    row = await queue.authorized(run_id)
-    while True:
-        row = await AsyncRun(queue, row.id)._last_round(row)
-        following = row.requeued_as
-        if row.status is not RunStatus.FAILED or not following:
-            break
-        row = await queue.authorized(following)
-    if row.state.get("deleted") or _expired(row):
-        raise RunNotFound(run_id)  # rq's delete() or ttl: the job is gone (the row awaits prune)
+    row = await _answering(queue, run_id, await queue.authorized(run_id))
     jobs = Jobs(queue.store)
     activation, deferred = Activation(None, None), False
     if row.depends_on and not row.status.terminal:
@@ -206,18 +198,42 @@ async def read_job(queue: AsyncQueue, run_id: str) -> JobRead:
     return JobRead(row, activation.started_ms, activation.worker, deferred)
 
 
-async def settled_row(queue: AsyncQueue, run_id: str) -> RunRow | None:
-    """The run's row, scope-checked, if that one read settles what it answers: the run is
-    terminal and no other round answers for it (it did not hand off, nor was it requeued
-    after failing). None otherwise: ``read_job`` then follows the rounds."""
-    row = await queue.authorized(run_id)
-    if not row.status.terminal or row.handed_off_to:
-        return None
-    if row.status is RunStatus.FAILED and row.requeued_as:
-        return None
-    if row.resumed_as:  # resumed: the id answers through the round that resumed it
-        return None
+async def _answering(queue: AsyncQueue, run_id: str, row: RunRow) -> RunRow:
+    """The round that answers for ``run_id``, from its own ``row``: a run that handed off
+    answers with its lineage's last round; a failed run that was requeued, with the round
+    that replaced it (rq keeps one id across a requeue). RunNotFound once rq's delete or
+    ttl removed the job (the row awaits prune)."""
+    while True:
+        row = await AsyncRun(queue, row.id)._last_round(row)
+        following = row.requeued_as
+        if row.status is not RunStatus.FAILED or not following:
+            break
+        row = await queue.authorized(following)
+    if row.state.get("deleted") or _expired(row):
+        raise RunNotFound(run_id)
     return row
+
+
+def _settles(row: RunRow) -> bool:
+    """Whether the run's own row settles what its id answers: terminal, and no other round
+    answers for it (it did not hand off, was not requeued after failing, nor resumed)."""
+    if not row.status.terminal or row.handed_off_to or row.resumed_as:
+        return False
+    return not (row.status is RunStatus.FAILED and row.requeued_as)
+
+
+async def settled_row(queue: AsyncQueue, run_id: str) -> RunRow | None:
+    """The run's row, scope-checked, if that one read settles what it answers
+    (``_settles``). None otherwise: ``read_job`` then follows the rounds."""
+    row = await queue.authorized(run_id)
+    return row if _settles(row) else None
+
+
+async def waited_round(queue: AsyncQueue, run_id: str) -> RunRow:
+    """What ``Job.wait`` reads first: the run's row if it settles what it answers, else the
+    round that answers for it (``_answering``), usually from that one read."""
+    row = await queue.authorized(run_id)
+    return row if _settles(row) else await _answering(queue, run_id, row)
 
 
 _RESULT_READ = "job.result is deprecated, use job.return_value instead."
@@ -417,12 +433,11 @@ class Job:
         Waits on the round that answers for this id (a requeued run's new round); a
         settled run answers from one indexed read. ``AsyncRun.wait`` is its async twin.
         """
-        settled = self._queue._now(lambda q: settled_row(q, self.id))
-        if settled is not None:  # one indexed read, in this thread
-            return outcome(settled)
-        self.refresh()
-        answering = AsyncRun(self._queue._async, self._current.id)
-        return self._queue._call(answering.wait(timeout))
+        row = self._queue._now(lambda q: waited_round(q, self.id))  # in this thread
+        if row.status.terminal or is_dead(row):
+            return outcome(row)
+        answering = AsyncRun(self._queue._async, row.id)
+        return self._queue._call(answering.wait_open(timeout, seen_open=True))
 
     def return_value(self, refresh: bool = False) -> Any:
         """The result if the run completed, else None (never waits), as rq's.

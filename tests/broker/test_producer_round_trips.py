@@ -3,7 +3,8 @@
 One ``enqueue`` is one statement (``runfleet.admit``: the run row and its ``created``
 record): one round trip, no BEGIN/COMMIT. Concurrent enqueues on one ``AsyncQueue``
 share a round trip (group commit), each caller still getting its own run or its own
-error. ``result()`` on a settled run is one read and no subscription. The sync ``Queue``
+error. ``result()`` on a settled run is one read and no subscription; a wait that joins a
+live shared subscription reads once before its notice. The sync ``Queue``
 makes the same statements from the caller's own thread: its loop thread never connects.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -28,6 +29,7 @@ from runfleet.store.errors import ExecutionIdentityConflict, InvalidInput
 from runfleet.store.journal import Kind
 from runfleet.store.types import CreateOutcome, NewRun, RunStatus, Transitioned
 from tests.store.helpers import OWNER_A, activate
+from tests.support.polling import until
 
 
 def noop(n: int) -> int:
@@ -204,3 +206,40 @@ async def test_sequential_enqueues_are_not_held_back(settings: Settings) -> None
         for i in range(10):
             await queue.enqueue(noop, i)
         assert wire.round_trips == 10
+
+
+async def test_a_wait_that_joins_a_live_subscription_reads_once_before_its_notice(
+    settings: Settings,
+) -> None:
+    """With the settled subscription already shared (another wait holds it), entering it
+    costs no round trip, so a wait reads its run once after entering, not once before and
+    again after; an open run's wait then needs its notice (or the poll) and one more read."""
+    async with traced(settings) as (queue, wire):
+        first, second = await queue.enqueue(noop, 1), await queue.enqueue(noop, 2)
+        holder = asyncio.create_task(first.wait(timeout=30))
+        await until(_async(queue.notifier.settled_shared), 10, "the shared subscription")
+        wire.reset()
+        waiter = asyncio.create_task(second.wait(timeout=30))
+        await until(_async(lambda: _watched(queue, second.id)), 10, "the second wait to watch")
+        await asyncio.sleep(0.05)  # it has read its run and waits for the notice
+        assert wire.statements == 1, wire.queries()
+
+        for run in (first, second):
+            row = await activate(queue.store, run.id)
+            done = await queue.store.lifecycle.transition_owned(
+                run.id, OWNER_A, row.epoch, RunStatus.COMPLETED
+            )
+            assert isinstance(done, Transitioned), done
+        assert await waiter is None and await holder is None  # woken by the poll
+
+
+def _watched(queue: AsyncQueue, run_id: str) -> bool:
+    hub = queue.notifier._hubs.get(asyncio.get_running_loop())
+    return hub is not None and run_id in hub._watches
+
+
+def _async(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    async def checked() -> bool:
+        return check()
+
+    return checked

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+import runfleet.rqface.jobs as rq_jobs
 from runfleet.producer.run import RunFailed
 from tests.rq_parity import rq_fixtures as fixtures
 from tests.rq_parity.conftest import Side
@@ -220,3 +221,24 @@ def test_inline_job_result_and_wait(rf: Side) -> None:
     assert done.wait(1) == HELLO
     with pytest.raises(ZeroDivisionError):
         failed.wait(1)
+
+
+def test_wait_on_an_open_job_reads_it_once_then_waits_for_its_notice(
+    rf: Side, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Job.wait`` of a job still queued reads its row once in the caller's thread (the
+    round that answers for it) and waits on that; no ``refresh()`` of the whole job (its
+    activation and dependencies) on the way."""
+    q = rf.Queue()
+    job = q.enqueue(fixtures.say_hello)
+
+    def no_refresh(*args: object) -> None:
+        raise AssertionError("wait() refreshed the job")
+
+    monkeypatch.setattr(rq_jobs, "read_job", no_refresh)
+    answered: list[object] = []
+    waiter = threading.Thread(target=lambda: answered.append(job.wait(60)))
+    waiter.start()
+    rf.work(q)
+    waiter.join(60)
+    assert answered == [HELLO]

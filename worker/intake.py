@@ -66,7 +66,7 @@ class Intake:
         self._concurrency = concurrency
         self._may_claim = may_claim
         self._untrusted = untrusted
-        """Whether a queue's stream was lately found unable to deliver (``WakeMarks``)."""
+        """Whether a queue's lane was lately found stranded (``WakeMarks.untrusted``)."""
         self._peeked: OrderedDict[EntryKey, None] = OrderedDict()
 
     def free(self) -> int:
@@ -208,16 +208,20 @@ class Intake:
         }
         dispatched |= {run_id for run_id in closing if self._drive_here(run_id)}
         rows = [row for row in rows if row.id not in closing]
-        # A queue whose group was lately found set ahead: whoever did it may hide this
-        # wake too, after any check. Its runs served here are driven here (as slots allow).
-        held = [row for row in rows if row.queue in self._queues and self._untrusted(row.queue)]
+        # A queue whose lane was lately found stranded (its group set ahead): whoever did
+        # it may hide this wake too, after any check. Its runs served here are driven
+        # here, as slots allow.
+        held = {row.id for row in rows if row.queue in self._queues and self._untrusted(row.queue)}
         if held:
             log.warning(
                 "stream.untrusted",
-                extra={"runs": len(held), "queues": sorted({row.queue for row in held})},
+                extra={
+                    "runs": len(held),
+                    "queues": sorted({row.queue for row in rows if row.id in held}),
+                },
             )
-            dispatched |= self._drive_free(held)
-            rows = [row for row in rows if row not in held]
+            dispatched |= self._drive_free([row for row in rows if row.id in held])
+            rows = [row for row in rows if row.id not in held]
         if not rows:
             return dispatched
         rows.sort(key=lambda row: lane_of(row) is not Lane.RECOVERY)  # recovered runs first

@@ -5,6 +5,8 @@ writes, and what it says when it refuses. Real Postgres and Redis, the productio
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from runfleet.broker.streams import Lane
@@ -112,3 +114,134 @@ async def test_an_answered_approval_wakes_its_run_on_the_recovery_lane(
         await answer("ap", "tok", actor="alice")
     assert again.value.field == "token"
     assert again.value.problem == "run 'ap' is not waiting for an approval with it"
+
+
+@pytest.mark.parametrize("approved", [True, False])
+async def test_an_approval_answer_stores_its_decision_in_the_deferred(
+    store: Store, queue: AsyncQueue, approved: bool
+) -> None:
+    """The decision is stored as a boolean in the deferred the run parked on (what its
+    body reads on resuming), the same as the journal's record of it."""
+    approval = Waiting(WaitingReason.APPROVAL, token=token_hash("tok"))
+    await make_parked(store, "ap", approval, deferred="approval")
+    answer = queue.approve if approved else queue.deny
+    await answer("ap", "tok", {"limit": 5}, actor="alice")
+    deferred = await store.deferreds.deferred("ap", "approval")
+    assert deferred is not None and isinstance(deferred.value, dict), deferred
+    assert deferred.value["approved"] is approved, deferred.value
+    assert deferred.value["value"] == {"limit": 5}, deferred.value
+    kind = "approval-approved" if approved else "approval-denied"
+    assert [r.kind for r in await store.journal.records("ap") if r.kind.startswith("approval")] == [
+        kind
+    ]
+
+
+async def _resumed_dead(store: Store, queue: AsyncQueue) -> str:
+    await make_parked(store, "dead", Waiting(WaitingReason.DEAD))
+    await queue.resume("dead", actor="ops")
+    return "dead"
+
+
+async def _resumed_quarantined(store: Store, queue: AsyncQueue) -> str:
+    await make_parked(store, "quarantined", Waiting(WaitingReason.QUARANTINE))
+    await queue.resume("quarantined", accept_recorded=True, actor="ops")
+    return "quarantined"
+
+
+async def _completed(store: Store, queue: AsyncQueue) -> str:
+    await make_parked(store, "ev", Waiting(WaitingReason.EVENT), deferred="paid")
+    assert await queue.complete("ev", "paid", 1)
+    return "ev"
+
+
+async def _approved(store: Store, queue: AsyncQueue) -> str:
+    approval = Waiting(WaitingReason.APPROVAL, token=token_hash("tok"))
+    await make_parked(store, "ap", approval, deferred="approval")
+    await queue.approve("ap", "tok", actor="alice")
+    return "ap"
+
+
+CALLS = {
+    "resume dead": (_resumed_dead, WakeReason.RESUME),
+    "resume quarantined": (_resumed_quarantined, WakeReason.RESUME),
+    "complete": (_completed, WakeReason.EVENT),
+    "approve": (_approved, WakeReason.APPROVAL),
+}
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+async def test_a_call_that_lets_a_run_go_on_wakes_it_on_the_recovery_lane(
+    store: Store, queue: AsyncQueue, call: str
+) -> None:
+    """Resume (dead or quarantined), complete and approve each wake the run once they
+    committed: one wake, on the recovery lane (the run already started), for the run,
+    with the call's reason."""
+    act, reason = CALLS[call]
+    run_id = await act(store, queue)
+    (woken,) = await queue.streams.read("c1", [queue.name], count=4, block_ms=0)
+    assert (woken.message.run, woken.lane, woken.message.reason) == (
+        run_id,
+        Lane.RECOVERY,
+        reason,
+    )
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+async def test_a_wake_that_cannot_be_published_is_logged_with_its_run(
+    store: Store,
+    queue: AsyncQueue,
+    call: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The change commits and the call succeeds; the wake's publish fails (injected) and
+    is logged naming the run (the lost-wake sweep covers it)."""
+
+    async def refused(*_args: object, **_kwargs: object) -> None:
+        raise ConnectionError("Redis refused the wake")
+
+    monkeypatch.setattr(queue.streams, "publish", refused)
+    caplog.set_level(logging.WARNING, logger="runfleet.producer.queue")
+    act, _ = CALLS[call]
+    run_id = await act(store, queue)
+    (line,) = [r for r in caplog.records if r.getMessage() == "wake.publish_failed"]
+    assert line.__dict__["run_id"] == run_id
+    assert "Redis refused the wake" in line.__dict__["error"]
+
+
+async def test_a_resume_without_an_option_is_refused_by_what_the_run_waits_on(
+    store: Store, queue: AsyncQueue
+) -> None:
+    """Without either option only a dead run is resumed: a quarantined run is told to
+    choose one, a run waiting on anything else that it is neither; nothing is written."""
+    await make_parked(store, "quarantined", Waiting(WaitingReason.QUARANTINE))
+    await make_parked(store, "ev", Waiting(WaitingReason.EVENT))
+    with pytest.raises(InvalidInput) as choose:
+        await queue.resume("quarantined")
+    assert (choose.value.field, choose.value.problem) == (
+        "resume",
+        "run 'quarantined' is quarantined: choose exactly one of accept_recorded or "
+        "rerun_step (only a run parked dead is resumed without either)",
+    )
+    with pytest.raises(InvalidInput) as neither:
+        await queue.resume("ev")
+    assert (neither.value.field, neither.value.problem) == (
+        "run_id",
+        "run 'ev' is not quarantined or parked dead",
+    )
+    for run_id in ("quarantined", "ev"):
+        assert (await must_get(store, run_id)).waiting is not None, run_id
+        assert "resumed" not in [r.kind for r in await store.journal.records(run_id)]
+
+
+async def test_a_quarantined_run_given_both_options_is_not_resumed(
+    store: Store, queue: AsyncQueue
+) -> None:
+    """Trusting the record and re-running a step exclude each other: asked both, the
+    resume is refused and the quarantine stays."""
+    await make_parked(store, "quarantined", Waiting(WaitingReason.QUARANTINE))
+    with pytest.raises(InvalidInput) as refused:
+        await queue.resume("quarantined", accept_recorded=True, rerun_step="step:a#1")
+    assert refused.value.field == "resume", refused.value
+    row = await must_get(store, "quarantined")
+    assert row.waiting is not None and row.waiting.reason == WaitingReason.QUARANTINE

@@ -182,11 +182,10 @@ class RunControl:
 
     async def _last_record(self, run_id: str, *kinds: str) -> jr.Decoded | None:
         """The run's newest journal record of one of ``kinds``, decoded (None: there is none)."""
-        records = await self._session.available(
-            lambda: self._session.store.journal.records(run_id, limit=10_000)
+        found = await self._session.available(
+            lambda: self._session.store.journal.last_of(run_id, kinds)
         )
-        mine = [r for r in records if r.kind in kinds]
-        return jr.decode(mine[-1].kind, mine[-1].payload) if mine else None
+        return None if found is None else jr.decode(found.kind, found.payload)
 
     async def _journaled(self, run_id: str, token: str, actor: str, approved: bool) -> bool:
         """Whether the run's last decision is this one (a retried answer's own commit)."""

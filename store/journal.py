@@ -140,6 +140,11 @@ class Journal:
         )
         return [journal_record(r) for r in rows]
 
+    async def last_of(self, run_id: str, kinds: Sequence[str]) -> JournalRecord | None:
+        """The run's newest record of one of ``kinds`` (None: it has none)."""
+        row = await self._db.one("journal.last_of_kinds", {"run_id": run_id, "kinds": list(kinds)})
+        return None if row is None else journal_record(row)
+
     async def last(self, run_id: str, limit: int = 20) -> list[JournalRecord]:
         rows = await self._db.all("journal.last_records", {"run_id": run_id, "limit": limit})
         return [journal_record(r) for r in rows]

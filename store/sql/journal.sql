@@ -39,3 +39,9 @@ SELECT * FROM (
     SELECT seq, run_id, kind, source_id, source_seq, payload, at_ms FROM runfleet.journal
      WHERE run_id = %(run_id)s ORDER BY seq DESC LIMIT %(limit)s) AS last
  ORDER BY seq;
+
+-- name: last_of_kinds
+-- The run's newest record of one of ``kinds`` (journal_run_idx, newest first), however
+-- many records the run has.
+SELECT seq, run_id, kind, source_id, source_seq, payload, at_ms FROM runfleet.journal
+ WHERE run_id = %(run_id)s AND kind = ANY(%(kinds)s::text[]) ORDER BY seq DESC LIMIT 1;

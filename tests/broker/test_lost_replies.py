@@ -214,14 +214,14 @@ async def test_a_revive_that_lost_a_race_without_a_lost_reply_is_refused(
 async def test_a_lost_reply_is_recognised_on_a_run_with_a_long_journal(
     queue: AsyncQueue, store: Store, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A run with more than a thousand journal records before its revive (a long life of
+    """A run with more than ten thousand journal records before its revive (a long life of
     steps): the retry still finds the revive's own record, the newest, and succeeds."""
     await make_parked(store, "dead", Waiting(WaitingReason.DEAD))
     async with await psycopg.AsyncConnection.connect(settings.database_url, autocommit=True) as c:
         await c.execute(
             "INSERT INTO runfleet.journal (run_id, kind, source_id, source_seq, payload,"
             " digest, at_ms) SELECT 'dead', 'transitioned', 'bulk', g, '{}'::jsonb, 'x',"
-            " runfleet.now_ms() FROM generate_series(1, 1100) AS g"
+            " runfleet.now_ms() FROM generate_series(1, 10100) AS g"
         )
     calls = reply_lost_once(monkeypatch, queue.store.runs, "revive")
     await queue.resume("dead", actor="ops")

@@ -5,12 +5,16 @@ Real Postgres and Redis; the worker is the production ``Worker`` in this event l
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
 
+from runfleet.broker.client import connect
+from runfleet.broker.liveness import FleetMember, Liveness
 from runfleet.producer import AsyncQueue, RunCancelled
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
@@ -106,3 +110,30 @@ async def _true_if(value: bool) -> bool:
 
 async def _records(store: Store, run_id: str, kind: str) -> list[JournalRecord]:
     return [r for r in await store.journal.records(run_id) if r.kind == kind]
+
+
+async def test_a_started_worker_describes_itself_in_its_liveness_key(settings: Settings) -> None:
+    """The key the worker's lease writes (``Worker._refresh``): its owner, not lapsed, a
+    confirmed renewal, when it started, the queues it serves (two here) and the runs it
+    holds (none), for at most the liveness TTL."""
+    worker = Worker(settings, queues=["default", "second"], concurrency=2)
+    task = asyncio.create_task(worker.run())
+    redis = connect(settings)
+    try:
+        await asyncio.wait_for(worker.started.wait(), 10)
+        liveness = Liveness.for_settings(redis, settings)
+
+        async def mine() -> FleetMember | None:
+            found = [m for m in await liveness.fleet() if m.owner == worker.owner]
+            return found[0] if found else None
+
+        member = await until(mine, 10, "the worker's liveness key")
+    finally:
+        await redis.aclose()
+        worker.stop(hard=True)
+        await asyncio.wait_for(task, 15)
+    assert member.lapsed is False and member.confirmed_ms > 0, member
+    assert (member.queues, member.runs) == (("default", "second"), 0), member
+    assert member.started_ms is not None
+    assert abs(member.started_ms - time.time() * 1000) < 60_000, member
+    assert 0 < member.ttl_ms <= settings.liveness_ttl * 1000, member

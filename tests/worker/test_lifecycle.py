@@ -202,3 +202,19 @@ async def test_a_signal_fired_from_a_thread_wakes_an_async_waiter() -> None:
     threading.Timer(0.05, signal.fire, args=("from a thread",)).start()
     assert await signal.wait(2) == "from a thread"
     assert time.monotonic() - began < 1.0
+
+
+def test_a_worker_runs_16_at_a_time_and_stays_until_stopped_by_default(
+    settings: Settings,
+) -> None:
+    """``Worker(settings)``: concurrency 16, not in burst mode, nothing left behind, and
+    stoppable before it runs; any concurrency of at least one is taken, and less is
+    refused before anything is built."""
+    from runfleet.worker.process import Worker
+
+    worker = Worker(settings)
+    assert (worker.concurrency, worker.burst, worker.left_behind) == (16, False, {})
+    worker.stop()  # before it runs: nothing built yet, nothing to close
+    assert Worker(settings, concurrency=1).concurrency == 1
+    with pytest.raises(ValueError, match=r"^concurrency must be >= 1$"):
+        Worker(settings, concurrency=0)

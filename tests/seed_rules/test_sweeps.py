@@ -181,16 +181,7 @@ async def test_pending_cancellations_are_walked_in_creation_order_across_ticks(
         await create(store, run_id)
         await store.lifecycle.request_cancel(run_id)
     small = settings.model_copy(update={"sweep_batch": 2})
-    batches: list[list[str]] = []
-
-    async def dispatch(run_ids: list[str], reason: str) -> set[str]:
-        if reason == "sweep:pending_cancellations":
-            batches.append(list(run_ids))
-        return set(run_ids)
-
-    sweeper = Sweeper(store, small, dispatch)
-    for _ in range(3):
-        await sweeper.tick()
+    batches = await _handed(store, small, "sweep:pending_cancellations")
     assert batches == [["pc-0", "pc-1"], ["pc-2", "pc-3"], ["pc-4", "pc-0"]], batches
 
 
@@ -364,16 +355,9 @@ async def test_pending_cancellations_created_in_one_millisecond_are_each_dispatc
             " FROM runfleet.runs WHERE id IN ('same-a', 'same-b'))"
             " WHERE id IN ('same-a', 'same-b')"
         )
-    batches: list[list[str]] = []
-
-    async def dispatch(run_ids: list[str], reason: str) -> set[str]:
-        if reason == "sweep:pending_cancellations":
-            batches.append(list(run_ids))
-        return set(run_ids)
-
-    sweeper = Sweeper(store, settings.model_copy(update={"sweep_batch": 1}), dispatch)
-    for _ in range(3):
-        await sweeper.tick()
+    batches = await _handed(
+        store, settings.model_copy(update={"sweep_batch": 1}), "sweep:pending_cancellations"
+    )
     assert batches == [["same-a"], ["same-b"], ["same-a"]], batches
 
 
@@ -585,17 +569,8 @@ async def test_stale_running_runs_are_handed_on_one_batch_a_tick_oldest_lease_fi
     await _backdate(
         settings, "heartbeat_at_ms", {"stale-1": 120_000, "stale-2": 90_000, "stale-3": 90_000}
     )
-    handed: list[list[str]] = []
-
-    async def dispatch(run_ids: list[str], reason: str) -> set[str]:
-        if reason == "sweep:stale_running":
-            handed.append(sorted(run_ids))
-        return set(run_ids)
-
     slow = settings.model_copy(update={"stale_after": 30.0, "sweep_batch": 1})
-    sweeper = Sweeper(store, slow, dispatch)
-    for _ in range(3):
-        await sweeper.tick()
+    handed = await _handed(store, slow, "sweep:stale_running")
     assert handed == [["stale-1"], ["stale-2"], ["stale-3"]], handed
 
 
@@ -609,18 +584,9 @@ async def test_runnable_suspended_runs_are_handed_on_one_batch_a_tick_after_the_
         await make_parked(store, run_id, Waiting(WaitingReason.EVENT))
         await store.waits.wake(run_id)
     await _backdate(settings, "updated_at_ms", {"woken-1": 120_000, "woken-2": 90_000})
-    handed: list[list[str]] = []
-
-    async def dispatch(run_ids: list[str], reason: str) -> set[str]:
-        if reason == "sweep:runnable_suspended":
-            handed.append(sorted(run_ids))
-        return set(run_ids)
-
     slow = settings.model_copy(update={"sweep_interval": 30.0, "sweep_batch": 1})
     assert slow.woken_grace_ms == 60_000
-    sweeper = Sweeper(store, slow, dispatch)
-    for _ in range(3):
-        await sweeper.tick()
+    handed = await _handed(store, slow, "sweep:runnable_suspended")
     assert handed == [["woken-1"], ["woken-2"], ["woken-1"]], handed
 
 
@@ -708,16 +674,7 @@ async def test_due_waits_are_handed_on_one_batch_a_tick(store: Store, settings: 
     after the kind's cursor, in wake time order, and the walk starts again after the last."""
     for run_id, wake_at_ms in (("timer-1", 1), ("timer-2", 2)):
         await make_parked(store, run_id, Waiting(WaitingReason.TIMER, wake_at_ms=wake_at_ms))
-    handed: list[list[str]] = []
-
-    async def dispatch(run_ids: list[str], reason: str) -> set[str]:
-        if reason == "sweep:due_waits":
-            handed.append(sorted(run_ids))
-        return set(run_ids)
-
-    sweeper = Sweeper(store, settings.model_copy(update={"sweep_batch": 1}), dispatch)
-    for _ in range(3):
-        await sweeper.tick()
+    handed = await _handed(store, settings.model_copy(update={"sweep_batch": 1}), "sweep:due_waits")
     assert handed == [["timer-1"], ["timer-2"], ["timer-1"]], handed
 
 
@@ -778,3 +735,19 @@ async def test_a_lost_pending_run_whose_dispatch_failed_is_offered_again_next_ti
     for _ in range(2):
         await sweeper.tick()
     assert offered == [["lost-a", "lost-b"], ["lost-b"]], offered
+
+
+async def _handed(store: Store, settings: Settings, reason: str) -> list[list[str]]:
+    """What three ticks of a sweeper with ``settings`` hand on for ``reason``: each
+    dispatch's runs in the order given (every run counts as dispatched)."""
+    handed: list[list[str]] = []
+
+    async def dispatch(run_ids: list[str], why: str) -> set[str]:
+        if why == reason:
+            handed.append(list(run_ids))
+        return set(run_ids)
+
+    sweeper = Sweeper(store, settings, dispatch)
+    for _ in range(3):
+        await sweeper.tick()
+    return handed

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from psycopg.types.json import Jsonb
 
-from runfleet.store.rows import run_row
-from runfleet.store.types import RunRow, RunStatus
+from runfleet.store.types import RunStatus
 
 if TYPE_CHECKING:
     from runfleet.store import Store
@@ -151,16 +150,6 @@ class Registries:
     async def dependents(self, run_id: str) -> list[str]:
         return [r["id"] for r in await self._db.all("registries.dependents", {"id": run_id})]
 
-    async def answering(self, run_id: str) -> RunRow | None:
-        """The row that answers for an rq id: a requeued failure's replacing round, a
-        handed-off round's successor; None if there is none or rq's delete removed it.
-        One statement (``registries.answering``) walks the rounds."""
-        found = await self._db.one("registries.answering", {"id": run_id})
-        if found is None or found["following"] is not None:
-            return None
-        row = run_row(found)
-        return None if row.state.get("deleted") else row
-
     async def dependencies_met(
         self, run_ids: Sequence[Any], allow_failure: bool = False
     ) -> DependencyGate:
@@ -178,8 +167,8 @@ class Registries:
         return _gate(await self._answers(ids), ids, allow_failure)
 
     async def _answers(self, run_ids: Sequence[str]) -> dict[str, _Answer]:
-        """What answers for each id (``answering``), in one statement; an id nothing answers
-        for (absent, hidden, deleted by rq's delete) is left out."""
+        """What answers for each id, in one statement (``registries.answering_many``); an id
+        nothing answers for (absent, hidden, deleted by rq's delete) is left out."""
         if not run_ids:
             return {}
         rows = await self._db.all("registries.answering_many", {"ids": sorted(set(run_ids))})

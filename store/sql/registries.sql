@@ -116,31 +116,14 @@ SELECT r.id, r.state->'depends_on' AS depends_on,
             AND r.waiting_wake_at_ms <= runfleet.now_ms() + %(horizon_ms)s))
  LIMIT 200;
 
--- name: answering
--- The row that answers for an rq id, in one statement: from ``id``, a failed round that
--- was requeued hops to the round that replaced it, a completed round that handed off to
--- its successor, until a round that does neither. ``following`` is the hop the last row
--- found would take: not null means its target is gone or hidden from this role (row-level
--- security), and nothing answers. The depth bound only guards against a cycle.
-WITH RECURSIVE walk AS (
-    SELECT r.*, 0 AS depth,
-           nullif(CASE r.status WHEN 'failed' THEN r.state->>'requeued_as'
-                                WHEN 'completed' THEN r.state->>'handed_off_to' END, '')
-             AS following
-      FROM runfleet.runs r WHERE r.id = %(id)s
-    UNION ALL
-    SELECT n.*, w.depth + 1,
-           nullif(CASE n.status WHEN 'failed' THEN n.state->>'requeued_as'
-                                WHEN 'completed' THEN n.state->>'handed_off_to' END, '')
-      FROM walk w JOIN runfleet.runs n ON n.id = w.following
-     WHERE w.depth < 10000
-)
-SELECT w.*, runfleet.now_ms() AS now_ms FROM walk w ORDER BY w.depth DESC LIMIT 1;
-
 -- name: answering_many
--- ``answering`` for many rq ids in one statement, with only what the dependency gate
--- reads of each answering round: its status and its markers (never its payload). One row
--- per id found; ``following`` not null means nothing answers for it.
+-- The round that answers for each of many rq ids, in one statement: from each id, a
+-- failed round that was requeued hops to the round that replaced it, a completed round
+-- that handed off to its successor, until a round that does neither. ``following`` is the
+-- hop the last row found would take: not null means its target is gone or hidden from
+-- this role (row-level security), and nothing answers. The depth bound only guards
+-- against a cycle. Only what the dependency gate reads of each answering round comes
+-- back: its status and its markers (never its payload). One row per id found.
 WITH RECURSIVE walk AS (
     SELECT r.id AS origin, r.status, r.state, 0 AS depth,
            nullif(CASE r.status WHEN 'failed' THEN r.state->>'requeued_as'

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import math
 import reprlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -338,9 +338,23 @@ def split_rq_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> RqCall:
     if "args" in kwargs or "kwargs" in kwargs:
         if args:
             raise InvalidInput("args", "give positional arguments or args=, not both")
-        args = tuple(kwargs.pop("args", None) or ())
-        kwargs = dict(kwargs.pop("kwargs", None) or {}) | kwargs
+        args, given = call_arguments(kwargs.pop("args", None), kwargs.pop("kwargs", None))
+        kwargs = given | kwargs
     return RqCall(args, kwargs, options)
+
+
+def call_arguments(args: Any, kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """rq's explicit ``args=``/``kwargs=`` as a tuple and a dict (None is none), or a
+    typed error naming which one is neither a list/tuple nor a mapping."""
+    if args is None:
+        args = ()
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(args, list | tuple):
+        raise InvalidInput("args", f"must be a list or tuple, not {type(args).__name__}")
+    if not isinstance(kwargs, Mapping):
+        raise InvalidInput("kwargs", f"must be a dict, not {type(kwargs).__name__}")
+    return tuple(args), dict(kwargs)
 
 
 def dependency_ids(depends_on: Any) -> list[str]:

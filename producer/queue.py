@@ -37,6 +37,7 @@ from runfleet.declaration import flow_target
 from runfleet.producer.admission import (
     QUEUE_OPTIONS,
     EnqueueSpec,
+    call_arguments,
     dependencies,
     importable,
     on_duplicate,
@@ -406,9 +407,8 @@ class AsyncQueue:
         (``timeout=`` is rq's older name of ``job_timeout=`` here)."""
         if "timeout" in options:
             options.setdefault("job_timeout", options.pop("timeout"))
-        return await self.enqueue(
-            func, args=tuple(args or ()), kwargs=dict(kwargs or {}), job_id=job_id, **options
-        )
+        args, kwargs = call_arguments(args, kwargs)
+        return await self.enqueue(func, args=args, kwargs=kwargs, job_id=job_id, **options)
 
     async def enqueue_at(
         self,
@@ -471,7 +471,8 @@ class AsyncQueue:
         if f is None:
             raise InvalidInput("func", "prepare_data needs the function to enqueue")
         checked = split_rq_call((), dict(options)).options
-        return EnqueueSpec(f, tuple(args), dict(kwargs or {}), _chosen_id(run_id, job_id), checked)
+        call_args, call_kwargs = call_arguments(args, kwargs)
+        return EnqueueSpec(f, call_args, call_kwargs, _chosen_id(run_id, job_id), checked)
 
     # ---- rq's queue and registry reads ----------------------------------------
 

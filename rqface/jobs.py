@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar, NamedTuple
 
+from runfleet.producer.admission import call_arguments
 from runfleet.producer.queue import AsyncQueue
 from runfleet.producer.run import AsyncRun, is_dead, outcome
 from runfleet.rqface.call_site import called_at_site
@@ -325,7 +326,7 @@ class Job:
         if timeout is not None:
             options["job_timeout"] = timeout
         job = cls(connection, id or uuid.uuid4().hex)
-        job._created = CreatedCall(func, tuple(args or ()), dict(kwargs or {}), options)
+        job._created = CreatedCall(func, *call_arguments(args, kwargs), options)
         return job
 
     @classmethod

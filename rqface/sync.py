@@ -317,7 +317,7 @@ class Queue:
     ) -> Job:
         """rq's ``enqueue_call``: arguments as a tuple and a dict, options as keywords."""
         if not self.is_async:  # run here, as enqueue does (rq's enqueue_job too)
-            return self.enqueue(func, args=tuple(args or ()), kwargs=dict(kwargs or {}), **options)
+            return self.enqueue(func, args=args, kwargs=kwargs, **options)
         return self._wrap(self._now(lambda q: q.enqueue_call(func, args, kwargs, **options)))
 
     def enqueue_job(self, job: Job, pipeline: Any = None, at_front: bool = False) -> Job:

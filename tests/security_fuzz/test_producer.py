@@ -67,9 +67,33 @@ def _judge(exc: BaseException | None, *fields: str) -> None:
 @example(args=[2**70], kwargs={})
 @example(args=[], kwargs={LONE_SURROGATE: 1})
 @example(args=[], kwargs={"f": 1})  # enqueue's own parameter name, as a keyword of the call
+@example(args=[], kwargs={"kwargs": 1})  # rq's explicit kwargs=, not a mapping
+@example(args=[], kwargs={"args": 1})  # rq's explicit args=, not a list
 async def test_enqueue_payloads(q: AsyncQueue, args: list[Any], kwargs: dict[str, Any]) -> None:
     exc = await _settles(q.enqueue(tf.leaf, *args, **kwargs))
     _judge(exc, "payload", "args", "kwargs")
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "field"),
+    [(1, None, "args"), ("ab", None, "args"), (None, 1, "kwargs"), (None, [("a", 1)], "kwargs")],
+)
+async def test_explicit_call_arguments_of_the_wrong_shape_are_named(
+    q: AsyncQueue, args: Any, kwargs: Any, field: str
+) -> None:
+    """rq's ``args=``/``kwargs=`` through each entry point that takes them: a typed error
+    naming the argument, before anything is written."""
+    calls = [
+        lambda: q.enqueue(tf.leaf, args=args, kwargs=kwargs),
+        lambda: q.enqueue_call(tf.leaf, args, kwargs),
+        lambda: q.enqueue_many([AsyncQueue.prepare_data(tf.leaf, args, kwargs)]),
+    ]
+    before = await q.queued_ids()
+    for call in calls:
+        with pytest.raises(InvalidInput) as caught:
+            await call()
+        assert caught.value.field == field
+    assert await q.queued_ids() == before
 
 
 @FUZZ

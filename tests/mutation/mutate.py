@@ -177,13 +177,14 @@ def prepare(target: Target, where: Path, *, keep: bool) -> None:
     (where / "pyproject.toml").write_text(pyproject + mutmut_table(target))
 
 
-def mutmut_command(names: list[str] | None = None) -> list[str]:
-    """``mutmut run``, one mutant at a time; with ``names``, only those mutants again."""
+def mutmut_command(names: list[str] | None = None, children: int = 1) -> list[str]:
+    """``mutmut run``, ``children`` mutants at a time (one by default); with ``names``, only
+    those mutants again."""
     script = Path(sys.executable).with_name("mutmut")
     found = str(script) if script.exists() else shutil.which("mutmut")
     if found is None:
         raise MutateError("mutmut is not installed: pip install -e '.[dev]'")
-    return [found, "run", "--max-children", "1", *(names or [])]
+    return [found, "run", "--max-children", str(children), *(names or [])]
 
 
 def only_patterns(target: Target, functions: list[str]) -> list[str]:
@@ -335,6 +336,14 @@ def main(argv: list[str] | None = None) -> int:
         "other mutants stay not checked, or with --keep or --retest as the previous run "
         "left them",
     )
+    parser.add_argument(
+        "--children",
+        type=int,
+        default=1,
+        help="mutants tested at once (each test still has its own database and Redis "
+        "prefix; more than the machine's cores makes slow tests time out, which counts as "
+        "killed)",
+    )
     parser.add_argument("--no-diffs", action="store_true", help="do not print survivors' diffs")
     parser.add_argument("--list", action="store_true", help="list the targets and exit")
     args = parser.parse_args(argv)
@@ -362,10 +371,11 @@ def main(argv: list[str] | None = None) -> int:
             earlier = json.loads(_meta(target, where).read_text())["exit_code_by_key"]
             refresh_tests(where)
             prepare(target, where, keep=True)
-            command = mutmut_command(survivors) if survivors else []
+            command = mutmut_command(survivors, args.children) if survivors else []
         else:
             prepare(target, where, keep=args.keep)
-            command = mutmut_command(only_patterns(target, args.only) if args.only else None)
+            only = only_patterns(target, args.only) if args.only else None
+            command = mutmut_command(only, args.children)
         env, endpoints = services_env()
         try:
             returncode = run_mutmut(command, where, env) if command else 0

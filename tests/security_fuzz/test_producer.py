@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -83,7 +83,7 @@ async def test_explicit_call_arguments_of_the_wrong_shape_are_named(
 ) -> None:
     """rq's ``args=``/``kwargs=`` through each entry point that takes them: a typed error
     naming the argument, before anything is written."""
-    calls = [
+    calls: list[Callable[[], Awaitable[Any]]] = [
         lambda: q.enqueue(tf.leaf, args=args, kwargs=kwargs),
         lambda: q.enqueue_call(tf.leaf, args, kwargs),
         lambda: q.enqueue_many([AsyncQueue.prepare_data(tf.leaf, args, kwargs)]),

@@ -263,14 +263,16 @@ class Notifier:
         """Subscribe before checking Postgres, so a settle between check and wait is not missed."""
         return SettledWatch(self, frozenset(run_ids))
 
-    def settled_shared(self) -> bool:
-        """Whether the running loop's shared settled subscription is up and confirmed: a
-        ``watch_settled`` entered now costs no round trip (``AsyncRun.wait`` then skips
-        its read before subscribing)."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # driven inline, in a caller's thread (``store.inline``)
-            return False
+    def settled_shared(self, loop: asyncio.AbstractEventLoop | None = None) -> bool:
+        """Whether the shared settled subscription of ``loop`` (default: the running loop)
+        is up and confirmed: a ``watch_settled`` entered on it now costs no round trip
+        (``AsyncRun.wait`` then skips its read before subscribing). Asked from another
+        thread it is a hint: entering still waits for the subscription if it went down."""
+        if loop is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # driven inline, in a caller's thread (``store.inline``)
+                return False
         hub = self._hubs.get(loop)
         return hub is not None and hub.live
 

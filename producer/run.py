@@ -13,6 +13,7 @@ import builtins
 import math
 import textwrap
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from runfleet.broker.notify import Notifier
@@ -199,11 +200,21 @@ class AsyncRun:
         """
         return await self.wait_open(timeout, seen_open=False)
 
-    async def wait_open(self, timeout: float, *, seen_open: bool) -> Any:
+    async def wait_open(
+        self,
+        timeout: float,
+        *,
+        seen_open: bool,
+        answering: Callable[[str], Awaitable[RunRow]] | None = None,
+    ) -> Any:
         """``wait``. A settled run answers from one read without subscribing, unless the
         subscription is already shared with other waits (then entering it is free, and one
-        read after it does). ``seen_open``: the caller has just read the run still open
-        (the sync ``Job.wait``), so no read is made before subscribing.
+        read after it does). ``seen_open``: no read is made before subscribing (the sync
+        ``Job.wait`` has just read the run still open, or found the subscription shared).
+
+        ``answering``: the row that answers for an id (default: the run's last round,
+        ``_last_round``; rq's ``Job`` also follows a requeue). When another round answers
+        and it is still open, the wait moves to that round's notices.
         """
         if (
             isinstance(timeout, bool)
@@ -214,24 +225,33 @@ class AsyncRun:
             raise InvalidInput("timeout", f"must be a finite number of seconds >= 0: {timeout!r}")
         deadline = time.monotonic() + timeout
         notifier = self._queue.notifier
+        read = answering or self._answering
         if not seen_open and not notifier.settled_shared():
-            row = await self._last_round(await self.fetch())
+            row = await read(self.id)
             if row.status.terminal or is_dead(row):  # one indexed read, no subscription
                 return outcome(row)
         async with notifier.watch_settled(self.id) as watch:
             while True:  # read again once subscribed: a settle in between is not missed
-                row = await self._last_round(await self.fetch())
+                row = await read(self.id)
                 if row.status.terminal or is_dead(row):
                     return outcome(row)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(f"run {self.id!r} is still {row.status.value}")
+                if row.id != self.id:
+                    break  # another round answers: its notices, not this id's, end the wait
                 await watch.wait(min(remaining, 0.5))
+        following = AsyncRun(self._queue, row.id)
+        return await following.wait_open(remaining, seen_open=True, answering=answering)
 
     async def result(self, timeout: float = 30.0) -> Any:
         """``wait(timeout)`` under its first name. The sync ``Job``/``Run`` calls it ``wait``
         (its ``result`` is rq's property, a value); here no rq name competes, so it stays."""
         return await self.wait(timeout)
+
+    async def _answering(self, run_id: str) -> RunRow:
+        """The row that answers for ``run_id`` by default: its last round."""
+        return await self._last_round(await self._queue.authorized(run_id))
 
     async def _last_round(self, row: RunRow) -> RunRow:
         """A run that handed off is answered by the last round of its lineage; one that

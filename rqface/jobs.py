@@ -434,10 +434,19 @@ class Job:
         Waits on the round that answers for this id (a requeued run's new round); a
         settled run answers from one indexed read. ``AsyncRun.wait`` is its async twin.
         """
+        queue = self._queue._async
+        if self._queue._settled_shared():
+            # Other waits keep the loop's settled subscription up: entering it is free, so
+            # the loop thread's one read answers a settled run as a read here would, and an
+            # open one waits with no second read.
+            run = AsyncRun(queue, self.id)
+            return self._queue._call(
+                run.wait_open(timeout, seen_open=True, answering=lambda i: waited_round(queue, i))
+            )
         row = self._queue._now(lambda q: waited_round(q, self.id))  # in this thread
         if row.status.terminal or is_dead(row):
             return outcome(row)
-        answering = AsyncRun(self._queue._async, row.id)
+        answering = AsyncRun(queue, row.id)
         return self._queue._call(answering.wait_open(timeout, seen_open=True))
 
     def return_value(self, refresh: bool = False) -> Any:

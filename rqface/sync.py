@@ -246,6 +246,10 @@ class Queue:
         """``coro`` (of the loop's queue, ``_async``) on the loop thread, waited for."""
         return self._driver.call(coro)
 
+    def _settled_shared(self) -> bool:
+        """Whether the loop thread's shared settled subscription is up (``Job.wait``)."""
+        return self._driver.connected and self._async.notifier.settled_shared(self._driver.loop)
+
     def _now(self, call: Callable[[AsyncQueue], Coroutine[Any, Any, T]]) -> T:
         """A call that is one statement and never waits, driven in this thread.
 

@@ -9,7 +9,7 @@ hop). A transient error is retried in the caller's thread, with no loop to sleep
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 
 import psycopg
@@ -24,6 +24,7 @@ from runfleet.store.journal import Kind
 from runfleet.store.types import RunStatus, Transitioned
 from tests.broker.test_producer_round_trips import Wire
 from tests.store.helpers import OWNER_A, activate
+from tests.support.polling import until
 
 
 def noop(n: int) -> int:
@@ -211,3 +212,77 @@ async def test_the_inline_pool_probes_an_idle_connection_only(
 
     assert await asyncio.to_thread(admit, 3600.0) == 0  # returned moments ago: trusted
     assert await asyncio.to_thread(admit, -1.0) == 3  # "idle" at once: one probe a checkout
+
+
+def _watching(queue: Queue, run_id: str) -> bool:
+    hub = queue._async.notifier._hubs.get(queue._driver.loop)
+    return hub is not None and run_id in hub._watches
+
+
+def _checked(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    async def checked() -> bool:
+        return check()
+
+    return checked
+
+
+async def _trace_loop_pool(queue: Queue, wire: Wire, on: bool) -> None:
+    async with queue._async.store.db.pool.connection() as conn:
+        if on:
+            wire.attach(conn)
+        else:
+            conn.pgconn.untrace()
+
+
+async def test_a_wait_joining_the_loops_live_subscription_reads_once_on_the_loop_thread(
+    settings: Settings, store: Store
+) -> None:
+    """While another wait holds the loop's settled subscription, ``wait()`` of an open run
+    reads nothing in the caller's thread: the loop thread's one read after entering the
+    subscription answers for it, then the notice (or the poll) and one more read."""
+    with Queue("default", settings=settings) as producer:
+        for name in ("holder", "joiner"):
+            await asyncio.to_thread(producer.enqueue, noop, 1, job_id=name)
+    with traced(settings) as (queue, caller_wire):
+        holder_job, joiner_job = [
+            await asyncio.to_thread(queue.fetch, n) for n in ("holder", "joiner")
+        ]
+        holder = asyncio.create_task(asyncio.to_thread(holder_job.wait, 30))
+        await until(_checked(queue._settled_shared), 10, "the shared subscription")
+        loop_wire = Wire()
+        await asyncio.to_thread(queue._call, _trace_loop_pool(queue, loop_wire, True))
+        caller_wire.reset()
+        joiner = asyncio.create_task(asyncio.to_thread(joiner_job.wait, 30))
+        await until(_checked(lambda: _watching(queue, "joiner")), 10, "the joiner to watch")
+        await asyncio.sleep(0.05)  # it has read its run and waits for the notice
+        assert (caller_wire.statements, loop_wire.statements) == (0, 1), loop_wire.queries()
+        for name in ("holder", "joiner"):
+            await _settle(store, name, RunStatus.COMPLETED)
+        assert await asyncio.wait_for(joiner, 30) == 7
+        assert await asyncio.wait_for(holder, 30) == 7
+        await asyncio.to_thread(queue._call, _trace_loop_pool(queue, loop_wire, False))
+        loop_wire.close()
+
+
+async def test_a_wait_joining_the_live_subscription_follows_a_requeued_round(
+    settings: Settings, store: Store
+) -> None:
+    """rq keeps one id across a requeue: a ``wait()`` that reads on the loop thread answers
+    with the round that replaced a failed run, as the caller-thread read does."""
+    with Queue("default", settings=settings) as queue:
+        for name in ("holder", "failing"):
+            await asyncio.to_thread(queue.enqueue, noop, 1, job_id=name)
+        await _settle(store, "failing", RunStatus.FAILED, error={"type": "E", "message": "no"})
+        again = await asyncio.to_thread(queue._call, queue._async.requeue("failing"))
+        holder_job, failing_job = [
+            await asyncio.to_thread(queue.fetch, n) for n in ("holder", "failing")
+        ]
+        holder = asyncio.create_task(asyncio.to_thread(holder_job.wait, 30))
+        await until(_checked(queue._settled_shared), 10, "the shared subscription")
+        waiting = asyncio.create_task(asyncio.to_thread(failing_job.wait, 30))
+        await until(_checked(lambda: _watching(queue, again.id)), 10, "the wait to follow")
+        assert not waiting.done()
+        for name in ("holder", again.id):
+            await _settle(store, name, RunStatus.COMPLETED)
+        assert await asyncio.wait_for(waiting, 30) == 7
+        assert await asyncio.wait_for(holder, 30) == 7

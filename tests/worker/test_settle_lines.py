@@ -160,6 +160,39 @@ async def test_a_run_the_batch_left_out_for_its_locked_row_is_logged_and_settled
     assert (await must_get(store, "r")).status is RunStatus.COMPLETED
 
 
+async def test_a_settlement_waiting_for_its_locked_row_is_set_aside_under_its_run_id(
+    store: Store, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Settled alone on a store whose lock waits are bounded (a worker's), a run whose row
+    stays locked is set aside and tried again: ``run.set_aside`` names the run and the
+    write, once, and the run settles when the lock is let go."""
+    caplog.set_level(logging.INFO, logger="runfleet.worker.retry")
+    row = await make_running(store, "r", OWNER_A, flow="sr.waiter")
+    bounded = await Store.open(settings, lock_timeout_ms=50)
+    try:
+        async with await psycopg.AsyncConnection.connect(settings.database_url) as holder:
+            await holder.execute("SELECT 1 FROM runfleet.runs WHERE id = 'r' FOR UPDATE")
+            settle = settlement(bounded)
+            settling = asyncio.create_task(settle.result(row, row.epoch, "done", None))
+            for _ in range(200):
+                if _set_aside(caplog):
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)  # tried again meanwhile, still locked: logged once
+            (aside,) = _set_aside(caplog)
+            assert (aside.run_id, aside.write) == ("r", "settle")  # type: ignore[attr-defined]  # a log record's extra fields
+            assert not settling.done()
+            await holder.commit()
+        await asyncio.wait_for(settling, 10)
+    finally:
+        await bounded.close()
+    assert (await must_get(store, "r")).status is RunStatus.COMPLETED
+
+
+def _set_aside(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.getMessage() == "run.set_aside"]
+
+
 async def test_the_ending_lines_ms_are_the_milliseconds_since_the_start(
     store: Store, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

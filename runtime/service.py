@@ -132,12 +132,18 @@ class Service:
         return self._stopping.is_set()
 
     async def _pause(self, seconds: float) -> bool:
-        """Sleep ``seconds`` or until ``stop()``; True if the service is stopping."""
-        if seconds > 0 and not self._stopping.is_set():
+        """Sleep ``seconds`` or until ``stop()``; True if the service is stopping.
+
+        A task asked to cancel counts as stopping too: a client library can lose the
+        ``CancelledError`` that arrived in one of its calls (redis-py, now and then, turns
+        it into a connection error that a pass survives), and the group that cancelled
+        this service after a sibling crashed would otherwise wait for it forever.
+        """
+        if seconds > 0 and not self._stopping.is_set() and not cancel_requested():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(seconds):
                     await self._stopping.wait()
-        return self._stopping.is_set()
+        return self._stopping.is_set() or cancel_requested()
 
     async def _until_stopped(self, work: Awaitable[None]) -> None:
         """Run ``work`` (a loop that never returns on its own) until ``stop()``, then cancel it.
@@ -181,6 +187,12 @@ class Service:
         self._stopped.set()
         if not task.cancelled():
             task.exception()  # kept in _failure; retrieved so asyncio does not warn
+
+
+def cancel_requested() -> bool:
+    """Whether the running task has a cancel it has not taken back (``Task.cancelling``)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 class Signal(Generic[T]):

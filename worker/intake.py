@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 import runfleet.worker.metrics as metrics
 from runfleet.broker.streams import Delivery, Lane, Streams
 from runfleet.broker.wake_reasons import WakeReason
+from runfleet.runtime.service import cancel_requested
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import Owner, RunRow, RunStatus
@@ -84,7 +85,7 @@ class Intake:
         backoff = 0.1
         last_reclaim = time.monotonic()
         coordinator, streams, settings = self._coordinator, self._streams, self._settings
-        while not stopping.is_set():
+        while not stopping.is_set() and not cancel_requested():  # a lost cancel: service.py
             free = self.free()
             if free <= 0:
                 coordinator.changed.clear()

@@ -12,9 +12,11 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import cast
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from runfleet.broker.client import connect
 from runfleet.broker.notify import Notifier
@@ -23,8 +25,11 @@ from runfleet.runtime.service import Lifecycle, Service, Signal
 from runfleet.store import Store
 from runfleet.store.config import Settings
 from runfleet.store.types import Owner
+from runfleet.worker.coordinator import Coordinator
 from runfleet.worker.driver import Driver
+from runfleet.worker.intake import Intake
 from runfleet.worker.lease import Lease
+from runfleet.worker.outbox import Outbox
 from runfleet.worker.retention import RetentionLoop, RetentionSignals
 from runfleet.worker.scheduler import Scheduler, SchedulerSignals
 from runfleet.worker.sweeper import Sweeper, SweeperSignals
@@ -138,6 +143,111 @@ async def test_a_crashed_service_ends_the_task_group(
     assert [(r.getMessage(), r.__dict__["service"]) for r in crashed] == [
         ("service.crashed", "sweeper")
     ]
+
+
+class _LosesItsCancel(Service):
+    """A service whose one library call loses the cancel that arrives in it (as redis-py
+    sometimes does mid-command) and whose pass goes on; it gives up after 5 s, so that a
+    regression fails the test instead of hanging it."""
+
+    name = "loses-its-cancel"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lost = 0
+
+    async def _serve(self) -> None:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                await asyncio.sleep(0.05)  # the library call: this loop's only await
+            except asyncio.CancelledError:
+                self.lost += 1
+            if await self._pause(0):
+                return
+
+
+async def test_a_crash_ends_the_group_even_when_a_siblings_cancel_is_lost(
+    store: Store, settings: Settings
+) -> None:
+    """A sibling cancelled by the group goes on if its cancel was lost in a call; its next
+    pause sees the cancel still requested and ends it, so the group ends with the crash."""
+    sibling = _LosesItsCancel()
+    began = time.monotonic()
+    with pytest.raises(ExceptionGroup) as raised:
+        async with asyncio.timeout(10), asyncio.TaskGroup() as group:
+            sibling.start(group)
+            await sibling.wait_started(5)
+            _Broken(store, settings, _no_dispatch).start(group)
+            await asyncio.Event().wait()
+    assert raised.group_contains(RuntimeError, match="a bug in the sweeper")
+    assert sibling.lost == 1 and await sibling.wait_stopped(0)
+    assert time.monotonic() - began < 2
+
+
+class _StreamsLosingACancel:
+    """A stream read that turns a cancel arriving mid-command into a connection error (as
+    redis-py sometimes does); after 5 s it lets cancels through, so a regression fails."""
+
+    def __init__(self) -> None:
+        self.lost = 0
+        self._give_up = time.monotonic() + 5
+
+    async def read(self, *_args: object, **_kwargs: object) -> list[object]:
+        try:
+            await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            if time.monotonic() > self._give_up:
+                raise
+            self.lost += 1
+            raise RedisConnectionError("connection lost mid-command") from None
+        return []
+
+    async def reclaim(self, *_args: object) -> list[object]:
+        return []
+
+    async def ensure_groups(self, _queues: object) -> None:
+        return None
+
+
+class _NothingRunning:
+    def __init__(self) -> None:
+        self.changed = asyncio.Event()
+
+    def active(self) -> int:
+        return 0
+
+    def drive_many(self, _deliveries: object) -> None:
+        return None
+
+
+async def test_the_reader_ends_when_its_cancel_is_lost_in_a_read(
+    store: Store, settings: Settings
+) -> None:
+    """The worker's reader, cancelled by its group while a read is under way, ends even
+    if the read lost the cancel as a connection error it retries."""
+    streams = _StreamsLosingACancel()
+    intake = Intake(
+        store=store,
+        streams=cast(Streams, streams),
+        outbox=cast(Outbox, None),
+        coordinator=cast(Coordinator, _NothingRunning()),
+        settings=settings,
+        owner=Owner.for_this_process(settings.host_id),
+        queues=["q"],
+        concurrency=1,
+        may_claim=lambda: True,
+    )
+    reader = asyncio.create_task(intake.read_loop(asyncio.Event()))
+    await asyncio.sleep(0.2)
+    began = time.monotonic()
+    reader.cancel()
+    try:
+        await asyncio.wait_for(asyncio.wait({reader}), 5)
+    finally:
+        reader.cancel()  # a regression's reader: past the fake's 5 s, its cancel goes through
+    assert streams.lost == 1
+    assert time.monotonic() - began < 2
 
 
 async def test_a_crash_through_the_run_adapter_ends_the_task_group(

@@ -14,7 +14,6 @@ the tests that must run alone (``serial``) and the tiers `make test-fast` leaves
 
 from __future__ import annotations
 
-import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -30,6 +29,7 @@ from runfleet.ops.servers.resolve import Endpoints, database_url_for, resolve
 from runfleet.store.config import Settings
 from runfleet.store.migrate import migrate
 from tests.support import tiers
+from tests.support.workers import running
 
 if TYPE_CHECKING:
     from runfleet.producer import AsyncQueue
@@ -204,13 +204,8 @@ async def worker(settings: Settings) -> AsyncIterator[Worker]:
     from runfleet.worker.process import Worker
 
     w = Worker(settings, queues=["default"], concurrency=8)
-    task = asyncio.create_task(w.run())
-    await asyncio.wait_for(w.started.wait(), 10)
-    try:
+    async with running(w):
         yield w
-    finally:
-        w.stop(hard=True)
-        await asyncio.wait_for(task, 15)
 
 
 @pytest.fixture

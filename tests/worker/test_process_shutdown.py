@@ -31,6 +31,7 @@ from runfleet.worker.authoring.durable import Cause
 from runfleet.worker.process import Worker
 from tests.fleet.procs import records
 from tests.support.polling import until
+from tests.support.workers import running
 
 PROCESS_LOG = "runfleet.worker.process"
 
@@ -76,13 +77,8 @@ def _token(name: str) -> str:
 async def _running(settings: Settings) -> AsyncIterator[tuple[Worker, asyncio.Task[None]]]:
     """A started worker; stopped hard and awaited on the way out if the test did not."""
     w = Worker(settings, queues=["default"], concurrency=4)
-    task = asyncio.create_task(w.run())
-    await asyncio.wait_for(w.started.wait(), 10)
-    try:
+    async with running(w) as task:
         yield w, task
-    finally:
-        w.stop(hard=True)
-        await asyncio.wait_for(task, 15)
 
 
 async def _started(queue: AsyncQueue, token: str) -> str:

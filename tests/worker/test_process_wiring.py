@@ -35,6 +35,7 @@ from runfleet.worker.retention import RetentionLoop
 from runfleet.worker.scheduler import Scheduler
 from runfleet.worker.sweeper import Sweeper
 from runfleet.worker.wake_marks import WakeMarks
+from tests.support.workers import running
 
 QUEUES = ["wired-a", "wired-b"]
 T = TypeVar("T")
@@ -222,17 +223,6 @@ def recording_tasks() -> Iterator[Tasks]:
         yield tasks
     finally:
         loop.set_task_factory(None)
-
-
-@contextlib.asynccontextmanager
-async def running(worker: Worker) -> AsyncIterator[asyncio.Task[None]]:
-    task = asyncio.create_task(worker.run())
-    await asyncio.wait_for(worker.started.wait(), 10)
-    try:
-        yield task
-    finally:
-        worker.stop(hard=True)
-        await asyncio.wait_for(task, 15)
 
 
 async def test_a_running_worker_gives_sync_bodies_a_named_pool_sized_to_its_concurrency(

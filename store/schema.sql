@@ -1143,6 +1143,24 @@ BEGIN
 END
 $$;
 
+-- A rate's tokens a claim took but started no run with (a concurrent claim of the same run
+-- committed first, a row skipped locked), handed back in the same statement (0032).
+CREATE FUNCTION runfleet.rate_refund(p_queue text, p_unused integer)
+    RETURNS integer LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS
+$$
+BEGIN
+    IF p_unused IS NULL OR p_unused <= 0 THEN
+        RETURN 0;
+    END IF;
+    -- The bucket as queue_free_slots left it (rate_at_ms is that call's instant): the tokens
+    -- go back on top, still at most one second's starts.
+    UPDATE runfleet.queues q
+       SET rate_tokens = least(greatest(q.rate_per_s, 1), coalesce(q.rate_tokens, 0) + p_unused)
+     WHERE q.name = p_queue AND q.rate_per_s IS NOT NULL;
+    RETURN p_unused;
+END
+$$;
+
 -- A token bucket's tokens at ``p_now``: refilled at ``p_rate`` per second up to one
 -- second's starts (at least one); a bucket never drawn from is full.
 CREATE FUNCTION runfleet.bucket_tokens(p_rate double precision, p_tokens double precision,

@@ -189,10 +189,16 @@ WITH seen AS (
                            || CASE WHEN a.id <> %(id)s  -- took the slot of a lower priority
                                    THEN jsonb_build_object('ahead_of', %(id)s::text)
                                    ELSE '{}'::jsonb END AS payload) AS p
+), refunded AS MATERIALIZED (
+    -- A rate's token taken for a run this statement did not start (a concurrent claim of
+    -- it committed first) goes back (runfleet.rate_refund, 0032); read by the last branch.
+    SELECT runfleet.rate_refund(s.queue, 1) AS n FROM seen s, slots
+     WHERE slots.free > 0 AND NOT EXISTS (SELECT FROM activated)
 )
 SELECT true AS activated, a.* FROM activated a
 UNION ALL
-SELECT false AS activated, s.*, (SELECT free FROM slots) IS NOT NULL AS limited FROM seen s;
+SELECT false AS activated, s.*, (SELECT free FROM slots) IS NOT NULL AS limited FROM seen s
+ WHERE (SELECT count(*) FROM refunded) >= 0;
 
 -- name: claim_and_activate_many
 -- claim_and_activate for every fresh admission a stream read delivered, in one statement:
@@ -326,8 +332,17 @@ WITH wanted AS (
                            || CASE WHEN a.id <> a.named_id  -- took a lower priority's slot
                                    THEN jsonb_build_object('ahead_of', a.named_id)
                                    ELSE '{}'::jsonb END AS payload) AS p
+), refunded AS MATERIALIZED (
+    -- A rate's tokens taken for runs this statement did not start (a concurrent claim
+    -- committed first, a row skipped locked, a look-ahead lost) go back
+    -- (runfleet.rate_refund, 0032), per queue, before the answer is read.
+    SELECT runfleet.rate_refund(m.queue, (m.free - coalesce(u.used, 0))::integer) AS n
+      FROM limits m
+      LEFT JOIN (SELECT a.queue, count(*) AS used FROM activated a GROUP BY a.queue) AS u
+        ON u.queue = m.queue
+     WHERE m.free > coalesce(u.used, 0)
 )
-SELECT * FROM activated;
+SELECT * FROM activated WHERE (SELECT count(*) FROM refunded) >= 0;
 
 -- name: claim
 UPDATE runfleet.runs AS r SET

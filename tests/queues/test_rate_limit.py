@@ -6,7 +6,12 @@ queue start R runs a second within 5 % over the measured window."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import pytest
+from psycopg import AsyncConnection
 
 import tests.queues.flows as qf
 from runfleet.producer import AsyncQueue, EnqueueSpec
@@ -54,6 +59,90 @@ async def test_the_bucket_holds_one_seconds_starts(store: Store, settings: Setti
     ), explained
     bad = await invoke(cli_env(settings), "queue", "set", "metered", "--rate", "5/week")
     assert bad.code == 1 and "period" in bad.stderr
+
+
+@asynccontextmanager
+async def _queue_row_held(database_url: str, queue: str) -> AsyncIterator[AsyncConnection]:
+    """Another transaction holding ``queue``'s row (as a claim in flight does): every claim
+    of the queue waits for it in runfleet.queue_free_slots, before any run row's lock."""
+    conn = await AsyncConnection.connect(database_url)
+    try:
+        await conn.execute(
+            "SELECT FROM runfleet.queues WHERE name = %s FOR UPDATE", (queue,), prepare=False
+        )
+        yield conn
+    finally:
+        await conn.rollback()
+        await conn.close()
+
+
+async def _waiting_on_locks(database_url: str, n: int) -> None:
+    async def waiting() -> bool:
+        async with await AsyncConnection.connect(database_url, autocommit=True) as conn:
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            row = await cur.fetchone()
+            return row is not None and row[0] >= n
+
+    await until(waiting, 10, f"{n} claims waiting on the queue's row")
+
+
+async def _tokens(store: Store) -> int:
+    bucket = await store.queues.bucket("metered")
+    assert bucket is not None
+    return bucket[0]
+
+
+async def test_a_claim_that_loses_its_race_hands_its_token_back(
+    store: Store, database_url: str
+) -> None:
+    """Two wakes of one run (its gated wake and the lost-wake sweep's) claimed at once: both
+    statements see the run fresh and ask a token, one starts it, and the other's token
+    goes back (runfleet.rate_refund). Taken and kept, it was a start lost: three workers
+    held 4/s at 87.7 %. Made to happen: both claims wait behind the queue row's lock, so
+    the second takes its token only after the first committed the run's start."""
+    await store.queues.set("metered", rate_per_s=2)  # a bucket of 2, refilled every 0.5 s
+    for run_id in ("x", "y"):
+        await store.admission.create(NewRun(id=run_id, flow=FLOW, queue="metered"))
+    other = Owner("host-b", 4343, "nonce-b")
+    async with _queue_row_held(database_url, "metered") as holder:
+        racing = asyncio.gather(
+            store.runs.claim_if_fresh("x", FLOW, ME), store.runs.claim_if_fresh("x", FLOW, other)
+        )
+        await _waiting_on_locks(database_url, 2)
+        await holder.rollback()
+        claims = await racing
+    outcomes = [type(c.outcome) for c in claims]
+    assert sorted(o.__name__ for o in outcomes) == ["Activated", "SnapshotChanged"], outcomes
+    assert await _tokens(store) == 1  # kept, the loser's token left 0 (refilled at 0.5 s)
+    assert isinstance((await store.runs.claim_if_fresh("y", FLOW, ME)).outcome, Activated)
+
+
+async def test_a_batch_claim_hands_back_the_tokens_of_runs_it_did_not_start(
+    store: Store, database_url: str
+) -> None:
+    """The batch claim (claim_and_activate_many) asks a token for every run its snapshot
+    shows fresh; a run another batch started first, or one it skipped locked, leaves its
+    token unused: it goes back, per queue, in the same statement."""
+    await store.queues.set("metered", rate_per_s=3)
+    for run_id in ("a", "b", "c"):
+        await store.admission.create(NewRun(id=run_id, flow=FLOW, queue="metered"))
+    rows = await store.runs.get_many(["a", "b"])
+    other = Owner("host-b", 4343, "nonce-b")
+    async with _queue_row_held(database_url, "metered") as holder:
+        racing = asyncio.gather(
+            store.runs.claim_and_activate_many(rows, ME),
+            store.runs.claim_and_activate_many(rows, other),
+        )
+        await _waiting_on_locks(database_url, 2)
+        await holder.rollback()
+        first, second = await racing
+    started = [o for batch in (first, second) for o in batch.values() if isinstance(o, Activated)]
+    assert len(started) == 2, (first, second)  # each run once
+    assert await _tokens(store) == 1  # 3 - the 2 starts; kept, the loser's 2 left none
+    assert isinstance((await store.runs.claim_if_fresh("c", FLOW, ME)).outcome, Activated)
 
 
 RATE = 4.0

@@ -59,6 +59,24 @@ class Notice:
 
 Callback: TypeAlias = Callable[[Notice], Awaitable[None] | None]
 
+RECENT_NOTICES = 16_384
+"""The settled notices a shared subscription remembers (``SettledMark``): at a fleet's 5,000
+settles a second, three seconds' worth; a wait that comes later reads Postgres first."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class SettledMark:
+    """Where a loop's shared settled subscription stood just before an admission committed
+    (``Notifier.settled_mark``): which hub, which confirmed subscription of it, how many
+    notices it had received. While that subscription lasts and has forgotten none of the
+    notices received since, it has every settle of the runs that admission created: a wait
+    of one of them need not read Postgres before its notice comes (``SettledWatch.caught_up``).
+    """
+
+    hub: weakref.ref[_SettledHub]  # a job kept for long keeps no closed subscription alive
+    subscription: int
+    received: int
+
 
 async def _close_quietly(pubsub: PubSub) -> None:
     """Release a pubsub connection; errors are moot, the connection is being dropped anyway."""
@@ -276,6 +294,21 @@ class Notifier:
         hub = self._hubs.get(loop)
         return hub is not None and hub.live
 
+    def settled_mark(self, loop: asyncio.AbstractEventLoop | None = None) -> SettledMark | None:
+        """Where the shared settled subscription of ``loop`` (default: the running loop)
+        stands now, if it is up and confirmed; taken before an admission commits
+        (``SettledMark``). Read from another thread it may be stale, never wrong: a
+        subscription lost meanwhile fails the mark's check at the wait."""
+        if loop is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # driven inline, in a caller's thread (``store.inline``)
+                return None
+        hub = self._hubs.get(loop)
+        if hub is None or not hub.live:
+            return None
+        return SettledMark(weakref.ref(hub), hub.subscriptions, hub.received)
+
     def _settled_hub(self) -> _SettledHub:
         """The running loop's shared settled subscription (``SettledWatch``)."""
         loop = asyncio.get_running_loop()
@@ -330,6 +363,17 @@ class SettledWatch:
         self._hub = await self._notifier._settled_hub().enter(self)
         return self
 
+    def caught_up(self, mark: SettledMark | None) -> bool:
+        """Whether this watch's notices are complete since ``mark``: the subscription it
+        entered is the one ``mark`` saw, still up, and has forgotten none of the notices
+        received since (those of its runs are handed to it now). True: a run admitted
+        after ``mark`` has not settled unless a notice says so, and its caller may wait
+        before reading Postgres. False: read first, as without a mark."""
+        hub = self._hub
+        if mark is None or hub is None or mark.hub() is not hub:
+            return False
+        return hub.caught_up(self, mark)
+
     async def wait(self, timeout: float) -> Notice | None:
         """The first settled notice for a watched run within ``timeout``, else ``None``."""
         if not self._notices:
@@ -366,11 +410,50 @@ class _SettledHub:
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._subscriptions = 0
+        self._received = 0
+        self._recent: dict[str, tuple[int, Notice]] = {}
+        """The latest notices received, by run (``RECENT_NOTICES``), each with its number."""
+        self._forgotten_through = 0
+        """The number of the newest notice forgotten to keep ``_recent`` bounded."""
 
     @property
     def live(self) -> bool:
         """Listening, with its subscription confirmed."""
         return self._task is not None and self._ready.is_set()
+
+    @property
+    def subscriptions(self) -> int:
+        """How many times the subscription was confirmed (a resubscription may have missed
+        notices)."""
+        return self._subscriptions
+
+    @property
+    def received(self) -> int:
+        """How many notices it has received."""
+        return self._received
+
+    def caught_up(self, watch: SettledWatch, mark: SettledMark) -> bool:
+        """``SettledWatch.caught_up``: hands ``watch`` the notices of its runs received
+        since ``mark``."""
+        if (
+            not self.live
+            or self._subscriptions != mark.subscription
+            or self._forgotten_through > mark.received
+        ):
+            return False
+        for run_id in watch.run_ids:
+            seen = self._recent.get(run_id)
+            if seen is not None and seen[0] > mark.received:
+                watch.deliver(seen[1])
+        return True
+
+    def _remember(self, notice: Notice) -> None:
+        self._received += 1
+        self._recent.pop(notice.run_id, None)  # the newest last, in the order received
+        self._recent[notice.run_id] = (self._received, notice)
+        if len(self._recent) > RECENT_NOTICES:
+            oldest = next(iter(self._recent))
+            self._forgotten_through = self._recent.pop(oldest)[0]
 
     async def enter(self, watch: SettledWatch) -> _SettledHub:
         self._users += 1
@@ -426,6 +509,7 @@ class _SettledHub:
         )
         try:
             async for notice in notices:
+                self._remember(notice)
                 for watch in list(self._watches.get(notice.run_id, ())):
                     watch.deliver(notice)
         finally:

@@ -31,7 +31,7 @@ from redis.asyncio import Redis
 
 from runfleet.broker.blocking import UnansweredXadds
 from runfleet.broker.client import connect
-from runfleet.broker.notify import Notifier
+from runfleet.broker.notify import Notifier, SettledMark
 from runfleet.broker.streams import Lane, Streams
 from runfleet.declaration import flow_target
 from runfleet.producer.admission import (
@@ -69,6 +69,7 @@ from runfleet.store.transient import is_transient
 from runfleet.store.types import (
     AdmissionOptions,
     CancelOutcome,
+    Created,
     CreateOutcome,
     EventAnswer,
     NewRun,
@@ -326,9 +327,14 @@ class AsyncQueue:
 
     async def _admit(self, news: list[NewRun], lane: Lane) -> list[AsyncRun]:
         # Run ids are fixed before the first try: a retry joins what an unseen commit admitted.
+        mark = self.notifier.settled_mark()  # before the commit (``SettledMark``)
         rows = await self.session.available(lambda: self.store.admission.create_many(news))
         await self.session.publish_ready([o.row for o in rows], lane=lane)
-        return [AsyncRun(self, o.row.id) for o in rows]
+        return [self._handle(o, mark) for o in rows]
+
+    def _handle(self, admitted: CreateOutcome, mark: SettledMark | None) -> AsyncRun:
+        created = isinstance(admitted, Created)
+        return AsyncRun(self, admitted.row.id, created=created, settled_mark=mark)
 
     async def _admit_each(
         self, news: Sequence[NewRun], *, lane: Lane
@@ -340,6 +346,7 @@ class AsyncQueue:
         privilege) is admitted run by run, so each caller learns its own outcome.
         """
         outcomes: list[CreateOutcome | Exception]
+        mark = self.notifier.settled_mark()  # before the commit (``SettledMark``)
         try:
             outcomes = await self.session.available(lambda: self.store.admission.admit_each(news))
         except Unavailable:
@@ -350,7 +357,7 @@ class AsyncQueue:
             outcomes = [await self._admit_alone(new) for new in news]
         rows = [o.row for o in outcomes if not isinstance(o, Exception)]
         await self.session.publish_ready(rows, lane=lane)
-        return [o if isinstance(o, Exception) else AsyncRun(self, o.row.id) for o in outcomes]
+        return [o if isinstance(o, Exception) else self._handle(o, mark) for o in outcomes]
 
     async def _admit_alone(self, new: NewRun) -> CreateOutcome | Exception:
         try:

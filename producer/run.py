@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from runfleet.broker.notify import Notifier
+from runfleet.broker.notify import Notifier, SettledMark
 from runfleet.producer.session import ProducerSession
 from runfleet.store.errors import InvalidInput, RunfleetError
 from runfleet.store.types import (
@@ -160,9 +160,22 @@ class RunCancelled(RunfleetError):
 class AsyncRun:
     """A handle on one run: id, status, ``wait`` for the outcome, ``return_value``, cancel."""
 
-    def __init__(self, queue: RunSource, run_id: str) -> None:
+    def __init__(
+        self,
+        queue: RunSource,
+        run_id: str,
+        *,
+        created: bool = False,
+        settled_mark: SettledMark | None = None,
+    ) -> None:
+        """``created``: this handle's admission created the run (not a join of an existing
+        one, nor a handle on an id). ``settled_mark``: where the shared settled
+        subscription stood before that admission committed (``Notifier.settled_mark``):
+        ``wait`` then waits for the run's notice before its first read."""
         self._queue = queue
         self.id = run_id
+        self.created = created
+        self._settled_mark = settled_mark if created else None
 
     def __repr__(self) -> str:
         return f"AsyncRun({self.id!r})"
@@ -231,6 +244,11 @@ class AsyncRun:
             if row.status.terminal or is_dead(row):  # one indexed read, no subscription
                 return outcome(row)
         async with notifier.watch_settled(self.id) as watch:
+            if watch.caught_up(self._settled_mark):
+                # Subscribed since before the run was admitted, nothing forgotten: it has not
+                # settled unless its notice came, so the first read waits for it (or for
+                # the poll interval). One read a wait instead of two.
+                await watch.wait(min(max(0.0, deadline - time.monotonic()), 0.5))
             while True:  # read again once subscribed: a settle in between is not missed
                 row = await read(self.id)
                 if row.status.terminal or is_dead(row):

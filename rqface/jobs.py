@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar, NamedTuple
 
+from runfleet.broker.notify import SettledMark
 from runfleet.producer.admission import call_arguments
 from runfleet.producer.queue import AsyncQueue
 from runfleet.producer.run import AsyncRun, is_dead, outcome
@@ -256,7 +257,9 @@ class Job:
         run_id: str | None = None,
         *,
         connection: Connection | None = None,
+        settled_mark: SettledMark | None = None,
     ) -> None:
+        """``settled_mark``: the admission's (``Queue._admitted``), for ``wait``."""
         # runfleet's Job(queue, run_id), or rq's Job(id, connection=queue)
         owner, job_id = (connection, queue) if isinstance(queue, str) else (queue, run_id)
         if owner is None or not isinstance(job_id, str):
@@ -269,6 +272,7 @@ class Job:
         self._created: CreatedCall | None = None
         self._deferred = False
         self._meta: dict[str, Any] | None = None
+        self._settled_mark = settled_mark
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -439,7 +443,12 @@ class Job:
             # Other waits keep the loop's settled subscription up: entering it is free, so
             # the loop thread's one read answers a settled run as a read here would, and an
             # open one waits with no second read.
-            run = AsyncRun(queue, self.id)
+            run = AsyncRun(
+                queue,
+                self.id,
+                created=self._settled_mark is not None,
+                settled_mark=self._settled_mark,
+            )
             return self._queue._call(
                 run.wait_open(timeout, seen_open=True, answering=lambda i: waited_round(queue, i))
             )

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 from runfleet.broker.blocking import BlockingRedis
 from runfleet.broker.client import cluster_url
+from runfleet.broker.notify import SettledMark
 from runfleet.producer.admission import split_rq_call
 from runfleet.producer.queue import AsyncQueue, EnqueueSpec, _chosen_id
 from runfleet.producer.run import AsyncRun
@@ -299,8 +300,17 @@ class Queue:
     def __hash__(self) -> int:
         return hash(self.name)
 
-    def _wrap(self, run: AsyncRun) -> Job:
-        return Job(self, run.id)
+    def _wrap(self, run: AsyncRun, mark: SettledMark | None = None) -> Job:
+        return Job(self, run.id, settled_mark=mark if run.created else None)
+
+    def _admitted(self, call: Callable[[AsyncQueue], Coroutine[Any, Any, AsyncRun]]) -> Job:
+        """One admission driven in this thread (``_now``), its job handed the loop's settled
+        subscription's mark from before the commit (``SettledMark``: its ``wait`` needs
+        no read before the run's notice)."""
+        mark = (
+            self._async.notifier.settled_mark(self._driver.loop) if self._driver.connected else None
+        )
+        return self._wrap(self._now(call), mark)
 
     # ---- admission (rq's keyword arguments: see AsyncQueue.enqueue) ---------
 
@@ -310,7 +320,7 @@ class Queue:
             call = split_rq_call(args, kwargs)
             spec = EnqueueSpec(f, call.args, call.kwargs, _chosen_id(run_id, job_id), call.options)
             return run_inline(self, self._call(self._async._new_run(spec, inline=True)))
-        return self._wrap(self._now(lambda q: q.enqueue(f, *args, **kwargs)))
+        return self._admitted(lambda q: q.enqueue(f, *args, **kwargs))
 
     def enqueue_call(
         self,
@@ -322,7 +332,7 @@ class Queue:
         """rq's ``enqueue_call``: arguments as a tuple and a dict, options as keywords."""
         if not self.is_async:  # run here, as enqueue does (rq's enqueue_job too)
             return self.enqueue(func, args=args, kwargs=kwargs, **options)
-        return self._wrap(self._now(lambda q: q.enqueue_call(func, args, kwargs, **options)))
+        return self._admitted(lambda q: q.enqueue_call(func, args, kwargs, **options))
 
     def enqueue_job(self, job: Job, pipeline: Any = None, at_front: bool = False) -> Job:
         """rq's ``enqueue_job``: admit a job made by ``Job.create`` on this queue."""
@@ -341,10 +351,10 @@ class Queue:
         return enqueued
 
     def enqueue_at(self, when: datetime, f: Any, /, *args: Any, **kwargs: Any) -> Job:
-        return self._wrap(self._now(lambda q: q.enqueue_at(when, f, *args, **kwargs)))
+        return self._admitted(lambda q: q.enqueue_at(when, f, *args, **kwargs))
 
     def enqueue_in(self, delay: timedelta, f: Any, /, *args: Any, **kwargs: Any) -> Job:
-        return self._wrap(self._now(lambda q: q.enqueue_in(delay, f, *args, **kwargs)))
+        return self._admitted(lambda q: q.enqueue_in(delay, f, *args, **kwargs))
 
     def enqueue_many(self, specs: Sequence[EnqueueSpec]) -> list[Job]:
         return [self._wrap(r) for r in self._call(self._async.enqueue_many(specs))]

@@ -235,3 +235,79 @@ async def test_a_shared_watch_reads_again_after_its_subscription_is_killed(
         assert await until(notice_arrives, accept=bool) == Notice(
             "settled", "r1", RunStatus.COMPLETED
         )
+
+
+async def _received(notifier: Notifier, n: int) -> None:
+    hub = notifier._settled_hub()
+
+    async def counted() -> bool:
+        return hub.received >= n
+
+    await until(counted, 10, f"{n} notices received")
+
+
+async def test_a_mark_hands_a_watch_the_notices_received_since_it(
+    notifier: Notifier, redis: Redis, redis_prefix: str
+) -> None:
+    """A run admitted under a live shared subscription (its mark taken before the commit)
+    has not settled unless a notice said so: a notice that came before its watch entered
+    is handed to the watch at once; one that comes later wakes it; one received before the
+    mark (an earlier run of the same id) is not handed on."""
+    publisher = Notifier(redis, redis_prefix)
+    assert notifier.settled_mark() is None, "no subscription up: nothing to trust"
+    async with notifier.watch_settled("holder"):
+        await publisher.publish_settled("old", RunStatus.FAILED)
+        await _received(notifier, 1)
+        mark = notifier.settled_mark()
+        assert mark is not None and mark.received == 1
+        await publisher.publish_settled("early", RunStatus.COMPLETED)
+        await _received(notifier, 2)
+        async with notifier.watch_settled("early", "late", "old") as watch:
+            assert watch.caught_up(mark)
+            assert await watch.wait(0) == Notice("settled", "early", RunStatus.COMPLETED)
+            assert await watch.wait(0) is None, "the notice before the mark is not handed on"
+            await publisher.publish_settled("late", RunStatus.COMPLETED)
+            assert await watch.wait(5) == Notice("settled", "late", RunStatus.COMPLETED)
+            assert not watch.caught_up(None)
+
+
+async def test_a_mark_is_not_trusted_across_a_resubscription_or_a_forgotten_notice(
+    named_redis: Redis, redis: Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Notices published while the subscription was away are lost, and a notice pushed out
+    of the bounded memory is forgotten: a mark from before either says nothing, so the
+    wait reads Postgres first. A mark of a subscription that closed says nothing either."""
+    notifier = Notifier(named_redis, redis_prefix)
+    publisher = Notifier(redis, redis_prefix)
+    async with notifier.watch_settled("holder"):
+        lost = notifier.settled_mark()
+        assert lost is not None
+        victims = [
+            c["id"]
+            for c in await redis.client_list()
+            if c.get("name") == f"{redis_prefix}-sub" and "P" in c.get("flags", "")
+        ]
+        await redis.client_kill_filter(_id=victims[0])
+        hub = notifier._settled_hub()
+
+        async def resubscribed() -> bool:
+            return hub.live and hub.subscriptions == 2
+
+        await until(resubscribed, 10, "the resubscription")
+        async with notifier.watch_settled("r1") as watch:
+            assert not watch.caught_up(lost)
+            kept = notifier.settled_mark()
+            assert kept is not None and watch.caught_up(kept)
+
+        monkeypatch.setattr("runfleet.broker.notify.RECENT_NOTICES", 2)
+        mark = notifier.settled_mark()
+        assert mark is not None
+        for run_id in ("a", "b", "c"):  # "a" is forgotten to keep two
+            await publisher.publish_settled(run_id, RunStatus.COMPLETED)
+        await _received(notifier, 3)
+        async with notifier.watch_settled("a") as watch:
+            assert not watch.caught_up(mark), "a notice since the mark was forgotten"
+            later = notifier.settled_mark()
+            assert later is not None and watch.caught_up(later)
+    async with notifier.watch_settled("r2") as watch:  # a new subscription
+        assert not watch.caught_up(later)

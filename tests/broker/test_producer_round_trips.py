@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -231,6 +232,61 @@ async def test_a_wait_that_joins_a_live_subscription_reads_once_before_its_notic
             )
             assert isinstance(done, Transitioned), done
         assert await waiter is None and await holder is None  # woken by the poll
+
+
+async def _settle(queue: AsyncQueue, run: AsyncRun, *, notice: bool) -> None:
+    row = await activate(queue.store, run.id)
+    done = await queue.store.lifecycle.transition_owned(
+        run.id, OWNER_A, row.epoch, RunStatus.COMPLETED
+    )
+    assert isinstance(done, Transitioned), done
+    if notice:  # as a worker announces its settlement, after the commit
+        await queue.notifier.publish_settled(run.id, RunStatus.COMPLETED)
+
+
+async def test_a_wait_of_a_run_admitted_under_a_live_subscription_reads_only_after_its_notice(
+    settings: Settings,
+) -> None:
+    """A run admitted while the settled subscription was shared and up (another wait holds
+    it) cannot settle unseen: its wait enters the subscription and waits for the notice
+    before its one read, where a run admitted before reads once after entering and once
+    after its notice. A notice that came before the wait is remembered; a run the
+    admission joined (its id taken) settled before anything was marked: it reads first."""
+    async with traced(settings) as (queue, wire):
+        first = await queue.enqueue(noop, 1)
+        holder = asyncio.create_task(first.wait(timeout=30))
+        await until(_async(queue.notifier.settled_shared), 10, "the shared subscription")
+        second, third = await queue.enqueue(noop, 2), await queue.enqueue(noop, 3)
+        assert second.created and second._settled_mark is not None
+
+        wire.reset()
+        waiter = asyncio.create_task(second.wait(timeout=30))
+        await until(_async(lambda: _watched(queue, second.id)), 10, "the second wait to watch")
+        await asyncio.sleep(0.05)
+        assert wire.statements == 0, wire.queries()  # waiting for its notice, not reading
+        await _settle(queue, second, notice=True)
+        wire.reset()
+        assert await waiter is None
+        assert wire.statements == 1, wire.queries()  # the one read, after the notice
+
+        await _settle(queue, third, notice=True)  # its notice comes before its wait
+        await until(_async(lambda: queue.notifier._settled_hub().received >= 2), 10, "notices")
+        wire.reset()
+        started = time.monotonic()
+        assert await third.wait(timeout=30) is None
+        assert time.monotonic() - started < 0.4, "answered by the remembered notice, not a poll"
+        assert wire.statements == 1, wire.queries()
+
+        joined = await queue.enqueue(noop, 2, run_id=second.id)  # the same call: joined
+        assert not joined.created and joined._settled_mark is None
+        wire.reset()
+        started = time.monotonic()
+        assert await joined.wait(timeout=30) is None
+        assert time.monotonic() - started < 0.4, "a joined run's wait reads at once"
+        assert wire.statements == 1, wire.queries()
+
+        await _settle(queue, first, notice=True)
+        assert await holder is None
 
 
 def _watched(queue: AsyncQueue, run_id: str) -> bool:

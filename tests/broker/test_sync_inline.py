@@ -264,6 +264,38 @@ async def test_a_wait_joining_the_loops_live_subscription_reads_once_on_the_loop
         loop_wire.close()
 
 
+async def test_a_job_enqueued_under_the_live_subscription_waits_with_no_read_before_its_notice(
+    settings: Settings, store: Store
+) -> None:
+    """A job whose admission came while the loop's settled subscription was up carries the
+    subscription's mark (taken in the caller's thread before the commit): its ``wait()``
+    reads nothing before the run's notice, then once on the loop thread. A job fetched by
+    id carries none."""
+    with traced(settings) as (queue, caller_wire):
+        holder_job = await asyncio.to_thread(queue.enqueue, noop, 1, job_id="holder")
+        assert holder_job._settled_mark is None, "nothing was listening yet"
+        holder = asyncio.create_task(asyncio.to_thread(holder_job.wait, 30))
+        await until(_checked(queue._settled_shared), 10, "the shared subscription")
+        job = await asyncio.to_thread(queue.enqueue, noop, 2, job_id="marked")
+        assert job._settled_mark is not None
+        assert (await asyncio.to_thread(queue.fetch, "marked"))._settled_mark is None
+        loop_wire = Wire()
+        await asyncio.to_thread(queue._call, _trace_loop_pool(queue, loop_wire, True))
+        caller_wire.reset()
+        waiting = asyncio.create_task(asyncio.to_thread(job.wait, 30))
+        await until(_checked(lambda: _watching(queue, "marked")), 10, "the wait to watch")
+        await asyncio.sleep(0.05)
+        assert (caller_wire.statements, loop_wire.statements) == (0, 0), loop_wire.queries()
+        await _settle(store, "marked", RunStatus.COMPLETED)
+        await queue._async.notifier.publish_settled("marked", RunStatus.COMPLETED)
+        assert await asyncio.wait_for(waiting, 30) == 7
+        assert (caller_wire.statements, loop_wire.statements) == (0, 1), loop_wire.queries()
+        await _settle(store, "holder", RunStatus.COMPLETED)
+        assert await asyncio.wait_for(holder, 30) == 7
+        await asyncio.to_thread(queue._call, _trace_loop_pool(queue, loop_wire, False))
+        loop_wire.close()
+
+
 async def test_a_wait_joining_the_live_subscription_follows_a_requeued_round(
     settings: Settings, store: Store
 ) -> None:

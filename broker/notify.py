@@ -286,28 +286,28 @@ class Notifier:
         is up and confirmed: a ``watch_settled`` entered on it now costs no round trip
         (``AsyncRun.wait`` then skips its read before subscribing). Asked from another
         thread it is a hint: entering still waits for the subscription if it went down."""
-        if loop is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # driven inline, in a caller's thread (``store.inline``)
-                return False
-        hub = self._hubs.get(loop)
-        return hub is not None and hub.live
+        return self._live_hub(loop) is not None
 
     def settled_mark(self, loop: asyncio.AbstractEventLoop | None = None) -> SettledMark | None:
         """Where the shared settled subscription of ``loop`` (default: the running loop)
         stands now, if it is up and confirmed; taken before an admission commits
         (``SettledMark``). Read from another thread it may be stale, never wrong: a
         subscription lost meanwhile fails the mark's check at the wait."""
+        hub = self._live_hub(loop)
+        if hub is None:
+            return None
+        return SettledMark(weakref.ref(hub), hub.subscriptions, hub.received)
+
+    def _live_hub(self, loop: asyncio.AbstractEventLoop | None) -> _SettledHub | None:
+        """The shared settled subscription of ``loop`` (default: the running loop), if it is
+        up and confirmed."""
         if loop is None:
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # driven inline, in a caller's thread (``store.inline``)
                 return None
         hub = self._hubs.get(loop)
-        if hub is None or not hub.live:
-            return None
-        return SettledMark(weakref.ref(hub), hub.subscriptions, hub.received)
+        return hub if hub is not None and hub.live else None
 
     def _settled_hub(self) -> _SettledHub:
         """The running loop's shared settled subscription (``SettledWatch``)."""

@@ -65,7 +65,19 @@ RETURNING r.*, runfleet.now_ms() AS now_ms;
 -- (pending or suspended, nobody's wait pending, no stranded claim) qualifies, and
 -- only if nothing in the caller's snapshot moved. The record's digest is computed
 -- here from jsonb's own canonical text: CAS records are never compared by digest.
-WITH activated AS (
+--
+-- The queue's slot (and its rate's token) is asked once, before the run row is locked
+-- (``slots``), for a row with no cancel and no key as this statement's snapshot has it;
+-- a token taken for a run this statement then did not start (a concurrent claim of it
+-- committed first, the caller's snapshot was stale) goes back (runfleet.rate_refund, 0032).
+-- Asked inside the UPDATE's WHERE, it was taken again at each re-check of a changed row,
+-- and kept when the re-check failed.
+WITH seen AS MATERIALIZED (
+    SELECT r.queue FROM runfleet.runs r
+     WHERE r.id = %(id)s AND r.cancel_requested_at_ms IS NULL AND r.concurrency_key IS NULL
+), slots AS MATERIALIZED (
+    SELECT s.queue, runfleet.queue_free_slots(s.queue) AS free FROM seen s
+), activated AS (
     UPDATE runfleet.runs AS r SET
         status = 'running', owner_host = %(host)s, owner_pid = %(pid)s,
         owner_nonce = %(nonce)s, epoch = r.epoch + 1, heartbeat_at_ms = runfleet.now_ms(),
@@ -84,8 +96,8 @@ WITH activated AS (
        -- the queue's fleet-wide limit and its key's (docs/how-to/queues.md); a cancel closes
        -- without a slot
        AND (r.cancel_requested_at_ms IS NOT NULL OR CASE
-            WHEN r.concurrency_key IS NULL  -- no key: the queue's own limit, from this row
-            THEN coalesce(runfleet.queue_free_slots(r.queue), 1) > 0
+            WHEN r.concurrency_key IS NULL  -- no key: the queue's own limit, asked in slots
+            THEN coalesce((SELECT s.free FROM slots s), 1) > 0
             ELSE runfleet.start_grant(%(id)s) END)
     RETURNING r.*, runfleet.now_ms() AS now_ms,
               EXISTS (SELECT FROM runfleet.queues q
@@ -100,8 +112,11 @@ WITH activated AS (
     SELECT id, %(journal_kind)s, %(source_id)s, %(source_seq)s, payload,
            left(encode(sha256(convert_to(payload::text, 'UTF8')), 'hex'), 32), now_ms
       FROM record
+), refunded AS MATERIALIZED (
+    SELECT runfleet.rate_refund(s.queue, 1) AS n FROM slots s
+     WHERE s.free > 0 AND NOT EXISTS (SELECT FROM activated)
 )
-SELECT * FROM activated;
+SELECT * FROM activated WHERE (SELECT count(*) FROM refunded) >= 0;
 
 -- name: claim_if_fresh
 -- A stream delivery's read and claim in one statement (an idle worker's start latency is

@@ -120,6 +120,33 @@ async def test_a_claim_that_loses_its_race_hands_its_token_back(
     assert isinstance((await store.runs.claim_if_fresh("y", FLOW, ME)).outcome, Activated)
 
 
+async def test_a_claim_by_snapshot_that_loses_its_race_hands_its_token_back(
+    store: Store, database_url: str
+) -> None:
+    """The same race through ``claim_and_activate`` (a resume, a released run): the slot is
+    asked once, before the run row is locked, and the loser's token goes back. Asked in
+    the UPDATE's WHERE, it was taken, the changed row re-checked, and the token kept."""
+    await store.queues.set("metered", rate_per_s=2)
+    for run_id in ("x", "y"):
+        await store.admission.create(NewRun(id=run_id, flow=FLOW, queue="metered"))
+    seen = await store.runs.get("x")
+    assert seen is not None
+    other = Owner("host-b", 4343, "nonce-b")
+    async with _queue_row_held(database_url, "metered") as holder:
+        racing = asyncio.gather(
+            store.runs.claim_and_activate("x", seen.snapshot, ME),
+            store.runs.claim_and_activate("x", seen.snapshot, other),
+        )
+        await _waiting_on_locks(database_url, 2)
+        await holder.rollback()
+        outcomes = await racing
+    assert sorted(type(o).__name__ for o in outcomes) == ["Activated", "SnapshotChanged"]
+    assert await _tokens(store) == 1
+    again = await store.runs.get("y")
+    assert again is not None
+    assert isinstance(await store.runs.claim_and_activate("y", again.snapshot, ME), Activated)
+
+
 async def test_a_batch_claim_hands_back_the_tokens_of_runs_it_did_not_start(
     store: Store, database_url: str
 ) -> None:

@@ -20,6 +20,7 @@ from runfleet.store.config import Settings
 from runfleet.worker import metrics, otel_metrics
 from runfleet.worker.process import Worker
 from tests.fleet.procs import ROOT
+from tests.support.workers import running
 
 _READER = InMemoryMetricReader()
 
@@ -105,13 +106,8 @@ def test_each_kind_of_metric_reads_as_prometheus_has_it(
 @pytest.fixture
 async def otel_worker(settings: Settings, reader: InMemoryMetricReader) -> AsyncIterator[Worker]:
     w = Worker(settings.model_copy(update={"otel": True}), queues=["default"], concurrency=4)
-    task = asyncio.create_task(w.run())
-    await asyncio.wait_for(w.started.wait(), 10)
-    try:
+    async with running(w):
         yield w
-    finally:
-        w.stop(hard=True)
-        await asyncio.wait_for(task, 15)
 
 
 async def test_a_worker_with_otel_on_exports_its_metrics(

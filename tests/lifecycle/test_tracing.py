@@ -25,6 +25,7 @@ from runfleet.worker import tracing
 from runfleet.worker.process import Worker
 from tests.fleet.procs import Spawn, running_on
 from tests.support.polling import until
+from tests.support.workers import running
 
 _EXPORTER = InMemorySpanExporter()
 
@@ -47,13 +48,8 @@ def spans(provider: TracerProvider) -> Iterator[InMemorySpanExporter]:
 @pytest.fixture
 async def traced_worker(settings: Settings, spans: InMemorySpanExporter) -> AsyncIterator[Worker]:
     w = Worker(settings.model_copy(update={"otel": True}), queues=["default"], concurrency=8)
-    task = asyncio.create_task(w.run())
-    await asyncio.wait_for(w.started.wait(), 10)
-    try:
+    async with running(w):
         yield w
-    finally:
-        w.stop(hard=True)
-        await asyncio.wait_for(task, 15)
 
 
 def _by_id(spans: tuple[ReadableSpan, ...]) -> dict[int, ReadableSpan]:

@@ -7,7 +7,6 @@ them afterwards, and never relies on one it did not create. The group roles them
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from runfleet.store import roles
 from runfleet.store.config import Settings
 from runfleet.store.roles import GroupRole
 from runfleet.worker.process import Worker
+from tests.support.workers import running
 
 
 @dataclass(frozen=True)
@@ -65,10 +65,5 @@ async def role_worker(login: MakeLogin) -> AsyncIterator[Worker]:
     """An in-process worker connected as a runfleet_worker login role (no grants)."""
     me = await login(GroupRole.WORKER)
     w = Worker(me.settings, queues=["default"], concurrency=8)
-    task = asyncio.create_task(w.run())
-    await asyncio.wait_for(w.started.wait(), 10)
-    try:
+    async with running(w):
         yield w
-    finally:
-        w.stop(hard=True)
-        await asyncio.wait_for(task, 15)

@@ -3,7 +3,6 @@ cannot pass scopes as one string, and a conflict never shows another run's data.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
@@ -16,19 +15,15 @@ from runfleet.store.config import Settings
 from runfleet.store.errors import ExecutionIdentityConflict, InvalidInput, ReservedRunId
 from runfleet.worker.process import Worker
 from tests.ops.conftest import Cli
+from tests.support.workers import running
 
 
 @pytest.fixture
 async def tight(settings: Settings) -> AsyncIterator[Settings]:
     capped = settings.model_copy(update={"max_children_per_run": 2, "max_steps_per_run": 4})
     w = Worker(capped, queues=["default"], concurrency=4)
-    task = asyncio.create_task(w.run())
-    await asyncio.wait_for(w.started.wait(), 10)
-    try:
+    async with running(w):
         yield capped
-    finally:
-        w.stop(hard=True)
-        await asyncio.wait_for(task, 15)
 
 
 async def test_children_per_run_are_capped(tight: Settings, store: Store) -> None:

@@ -212,6 +212,7 @@ class AsyncQueue:
     async def close(self) -> None:
         for group in self._groups.values():
             await group.drain()  # enqueues in flight finish on the store they began on
+        await self.session.drain_reads()
         store, redis = self.session.detach()
         if store is not None:
             await store.close()

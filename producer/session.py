@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import NamedTuple, TypeVar
 
 from psycopg_pool import PoolTimeout
@@ -31,6 +31,7 @@ from runfleet.broker.notify import Notifier
 from runfleet.broker.streams import Lane, Streams, lane_for
 from runfleet.broker.wake_reasons import WakeReason
 from runfleet.producer.trust import producer_scopes
+from runfleet.runtime.batching import GroupCommit
 from runfleet.store import Store, reach, validate
 from runfleet.store.config import Settings
 from runfleet.store.errors import RunNotFound, ScopeDenied, Unavailable
@@ -40,6 +41,9 @@ from runfleet.store.types import RunRow, RunStatus
 # The producer's logger: one name for every producer log event (docs/reference/logs.md).
 log = logging.getLogger("runfleet.producer.queue")
 T = TypeVar("T")
+
+READ_GROUP = 256
+"""The most reads of concurrent tasks one ``runs.get_many`` answers (``shared_read``)."""
 
 
 class Connections(NamedTuple):
@@ -60,6 +64,12 @@ class ProducerSession:
         self._streams: Streams | None = None
         self._notifier: Notifier | None = None
         self._unanswered: UnansweredXadds | None = None
+        # Reads of concurrent tasks (the waits woken by one settled batch's notices) share
+        # one statement: a read joins the next batch, sent after it was asked, so it sees
+        # every commit made before it was called (``shared_read``).
+        self._reads: GroupCommit[str, RunRow | None] = GroupCommit(
+            self._read_many, max_items=READ_GROUP, name="read"
+        )
 
     def attach(
         self, *, store: Store, redis: Redis, unanswered: UnansweredXadds | None = None
@@ -154,10 +164,32 @@ class ProducerSession:
                 cause = reach.last_attempt(pool_name) or exc
         return Unavailable(service, exc, reach.explain(service, url, cause, waited))
 
+    async def shared_read(self, run_id: str) -> RunRow | None:
+        """The run's row as one read sees it, read after this call began.
+
+        Reads asked while another is in flight, or in the same event-loop turn, go out
+        together as one ``runs.get_many``: the waits of one settled batch read their runs
+        in one statement instead of one each. A read inside this task's transaction, or
+        driven in a blocking caller's thread, is its own statement (``shares_reads``).
+        """
+        if not self.store.db.shares_reads:
+            return await self.available(lambda: self.store.runs.get(run_id))
+        return await self._reads.submit(run_id)
+
+    async def _read_many(self, run_ids: Sequence[str]) -> list[RunRow | None]:
+        wanted = sorted(set(run_ids))
+        rows = await self.available(lambda: self.store.runs.get_many(wanted))
+        found = {row.id: row for row in rows}
+        return [found.get(run_id) for run_id in run_ids]
+
+    async def drain_reads(self) -> None:
+        """Wait for the reads in flight (before the store they use is closed)."""
+        await self._reads.drain()
+
     async def authorized(self, run_id: str) -> RunRow:
         """The run's row, if it exists and this producer's scopes cover the run's."""
         validate.identifier("run_id", run_id)
-        row = await self.available(lambda: self.store.runs.get(run_id))
+        row = await self.shared_read(run_id)
         if row is None:
             raise RunNotFound(run_id)
         missing = sorted(set(row.scopes) - set(self.scopes))

@@ -66,6 +66,12 @@ class Database:
         """The pool's name in psycopg_pool's log lines (``store.reach``)."""
         return self.pool.name
 
+    @property
+    def shares_reads(self) -> bool:
+        """Whether a read of this task may join other tasks' reads in one statement: not
+        inside this task's transaction (its reads are that transaction's)."""
+        return self._current.get() is None
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Conn]:
         current = self._current.get()

@@ -73,6 +73,11 @@ def drive(coro: Coroutine[Any, Any, T]) -> T:
 class InlineDatabase(Database):
     """``Database`` over a blocking pool: every method completes without suspending."""
 
+    @property
+    def shares_reads(self) -> bool:
+        """Never: a blocking caller's coroutine must not suspend, so its reads are its own."""
+        return False
+
     def __init__(self, pool: ConnectionPool[BlockingConn], source_id: str) -> None:
         # Not Database.__init__: its pool is an asyncio one. The journal address space
         # is this object's own (a separate source id), so it never shares a counter.

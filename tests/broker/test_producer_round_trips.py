@@ -299,3 +299,87 @@ def _async(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
         return check()
 
     return checked
+
+
+async def test_the_waits_of_one_settled_batch_read_their_runs_in_one_statement(
+    settings: Settings,
+) -> None:
+    """Twenty waits under a live shared subscription, whose runs settle together with their
+    notices sent together (as a worker's group-committed settlement announces them):
+    their reads after the notices share ``runs.get_many`` statements, each wait getting
+    its own run's result."""
+    async with traced(settings) as (queue, wire):
+        first = await queue.enqueue(noop, 0)
+        holder = asyncio.create_task(first.wait(timeout=30))
+        await until(_async(queue.notifier.settled_shared), 10, "the shared subscription")
+        runs = [await queue.enqueue(noop, i) for i in range(1, 21)]
+        waits = [asyncio.create_task(run.wait(timeout=30)) for run in runs]
+        ids = [run.id for run in runs]
+        await until(_async(lambda: all(_watched(queue, i) for i in ids)), 10, "every wait")
+        for run in runs:
+            row = await activate(queue.store, run.id)
+            done = await queue.store.lifecycle.transition_owned(
+                run.id,
+                OWNER_A,
+                row.epoch,
+                RunStatus.COMPLETED,
+                state_patch={"result": int(run.id, 16) % 97},
+            )
+            assert isinstance(done, Transitioned), done
+        wire.reset()
+        await asyncio.gather(
+            *(queue.notifier.publish_settled(run.id, RunStatus.COMPLETED) for run in runs)
+        )
+        results = await asyncio.gather(*waits)
+        assert results == [int(run.id, 16) % 97 for run in runs]
+        # a read per arrival of notices (each batch forms while the last is in flight),
+        # not one per wait
+        assert wire.statements < len(runs) // 2, wire.queries()
+        await _settle(queue, first, notice=True)
+        assert await holder is None
+
+
+async def test_a_read_asked_while_a_batch_is_in_flight_sees_what_committed_before_it(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read never joins a batch already sent: it would answer from a snapshot taken
+    before the read was asked. The first batch's statement runs and its answer is held;
+    meanwhile the run settles, and a read asked now must see it settled."""
+    async with AsyncQueue("default", settings=settings) as queue:
+        run = await queue.enqueue(noop, 7)
+        real = queue.store.runs.get_many
+        answered, release = asyncio.Event(), asyncio.Event()
+        batches: list[list[str]] = []
+
+        async def held(run_ids: list[str]) -> list[Any]:
+            rows = await real(run_ids)
+            batches.append(run_ids)
+            if len(batches) == 1:
+                answered.set()
+                await release.wait()
+            return rows
+
+        monkeypatch.setattr(queue.store.runs, "get_many", held)
+        early = asyncio.create_task(queue.authorized(run.id))
+        await asyncio.wait_for(answered.wait(), 10)  # its statement ran: still pending there
+        await _settle(queue, run, notice=False)
+        late = asyncio.create_task(queue.authorized(run.id))
+        await asyncio.sleep(0.05)
+        release.set()
+        assert (await early).status is RunStatus.PENDING
+        assert (await late).status is RunStatus.COMPLETED
+        assert batches == [[run.id], [run.id]]
+
+
+async def test_a_read_inside_a_transaction_is_the_transactions_own(settings: Settings) -> None:
+    """Inside ``store.transaction()`` a read is made on that transaction's connection (it
+    sees the transaction's own writes), never joined to other tasks' reads."""
+    async with AsyncQueue("default", settings=settings) as queue:
+        run = await queue.enqueue(noop, 8)
+        async with queue.store.transaction() as conn:
+            await conn.execute(
+                "UPDATE runfleet.runs SET priority = 5 WHERE id = %(id)s", {"id": run.id}
+            )
+            assert (await queue.authorized(run.id)).priority == 5
+            raise psycopg.Rollback()
+        assert (await queue.authorized(run.id)).priority == 0

@@ -287,6 +287,14 @@ async def committed_rows_counted(url: str, table: str, rows: int) -> None:
     await until(counted, DEADLINE_S, f"{rows} live rows of {table} counted")
 
 
+ANALYZED_AS_JSON = (
+    "auto_explain.log_analyze = on",
+    "auto_explain.log_buffers = on",
+    "auto_explain.log_format = json",
+)
+"""``explain_every_statement``'s settings for executed plans (rows, buffers) in JSON."""
+
+
 async def explain_every_statement(
     conn: psycopg.AsyncConnection[Any], notices: list[str], *settings: str, local: bool = False
 ) -> None:

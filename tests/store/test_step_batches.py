@@ -21,7 +21,7 @@ from psycopg.types.json import Jsonb
 from runfleet.store import Store
 from runfleet.store.queries import q
 from runfleet.store.steps import StepWrite
-from tests.store.helpers import OWNER_A, explain_every_statement, make_running
+from tests.store.helpers import ANALYZED_AS_JSON, OWNER_A, explain_every_statement, make_running
 
 AWKWARD = 'a "quoted" \\ back\\slash, {braces}, NULL, é, ☃, \\u0000-lookalike, \t tab\nline'
 
@@ -148,9 +148,7 @@ async def _explained(conn: psycopg.AsyncConnection[Any], name: str, generic: boo
     await explain_every_statement(
         conn,
         notices,
-        "auto_explain.log_analyze = on",
-        "auto_explain.log_buffers = on",
-        "auto_explain.log_format = json",
+        *ANALYZED_AS_JSON,
         f"plan_cache_mode = {mode}",
         local=True,
     )

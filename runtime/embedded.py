@@ -196,6 +196,31 @@ def _postmaster(root: Path) -> Server | None:
     return server if alive else None
 
 
+def _wait_for_dead_postmaster(data: Path, timeout: float = STOP_TIMEOUT_S) -> None:
+    """Wait until the process ``postmaster.pid`` names is gone, if it is dead but not yet
+    reaped. A postmaster killed behind runfleet's back stays a zombie until the init
+    process reaps it (1.6 s after SIGKILL in one container measured), and a new
+    postmaster refuses the data directory while that pid exists: every start attempt in
+    that window failed with "lock file already exists". A live process under that pid
+    (a running postmaster, or another process that reuses the pid) is not waited for."""
+    try:
+        pid = int((data / "postmaster.pid").read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    deadline = time.monotonic() + timeout
+    while _is_zombie(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _is_zombie(pid: int) -> bool:
+    """``pid`` exists and has exited, its exit status not yet collected by its parent."""
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat_line.rpartition(")")[2].split()[:1] == ["Z"]  # the name may hold spaces
+
+
 def _start_postgres(root: Path, bindir: Path, port: int | None) -> Server:
     home = root / "postgres"
     data = home / "data"
@@ -212,6 +237,8 @@ def _start_postgres(root: Path, bindir: Path, port: int | None) -> Server:
              "--locale=C", "--no-sync", "--no-instructions"],
             user, cwd=home,
         )  # fmt: skip
+    _wait_for_dead_postmaster(data)
+    refused: list[str] = []  # each failed attempt's pg_ctl words, for the error
     for attempt in range(5):
         chosen = port if port and attempt == 0 and _port_free(port) else _free_port()
         # TCP only: a socket path under a deep HOME exceeds the 107 bytes a socket may have.
@@ -227,8 +254,11 @@ def _start_postgres(root: Path, bindir: Path, port: int | None) -> Server:
         if done.returncode == 0:
             pid = int((data / "postmaster.pid").read_text().splitlines()[0])
             return Server(chosen, pid)
+        words = (done.stdout + done.stderr).decode(errors="replace").strip()[-500:]
+        refused.append(f"pg_ctl on port {chosen} (exit {done.returncode}): {words}")
     tail = _tail(home / "server.log")
-    raise EmbeddedUnavailable(f"the embedded Postgres did not start (log {home}):\n{tail}")
+    tried = "\n".join(refused)
+    raise EmbeddedUnavailable(f"the embedded Postgres did not start (log {home}):\n{tried}\n{tail}")
 
 
 # ---- Redis ------------------------------------------------------------------------------

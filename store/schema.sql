@@ -1999,3 +1999,22 @@ BEGIN
      WHERE (SELECT count(*) FROM refunded) >= 0;
 END
 $$;
+
+-- The hot path reads by key whatever the statistics (0034).
+ALTER FUNCTION runfleet.admit(jsonb, jsonb, text, text) SET enable_seqscan = off;
+ALTER FUNCTION runfleet.admit_one(text, text, text, jsonb, text, text, integer, text, bigint,
+                                  bigint, integer, text, bigint, jsonb, text, text, text)
+    SET enable_seqscan = off;
+ALTER FUNCTION runfleet.settle_owned(text[], bigint[], text[], jsonb[], text[], boolean[], text[],
+                                     bigint[], jsonb[], text[], text, text, integer, text)
+    SET enable_seqscan = off;
+ALTER FUNCTION runfleet.settle_alone(text[], bigint[], text[], jsonb[], text[], boolean[], text[],
+                                     bigint[], jsonb[], text[], text, text, integer, text)
+    SET enable_seqscan = off;
+ALTER FUNCTION runfleet.notify_parents(text[], text[], text) SET enable_seqscan = off;
+ALTER FUNCTION runfleet.notify_parents(text[], text[], text) SET enable_hashjoin = off;
+ALTER FUNCTION runfleet.notify_parents(text[], text[], text) SET enable_mergejoin = off;
+ALTER FUNCTION runfleet.attached_descendants(text[]) SET enable_seqscan = off;
+ALTER FUNCTION runfleet.claim_fresh(text, text, text[], text[], text, integer, text, text, text,
+                                    text, bigint)
+    SET enable_seqscan = off;

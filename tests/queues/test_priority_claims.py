@@ -10,7 +10,7 @@ import pytest
 from runfleet.store import Kind, Store
 from runfleet.store.config import Settings
 from runfleet.store.errors import InvalidInput
-from runfleet.store.types import Activated, NewRun, Owner, RunRow, RunStatus
+from runfleet.store.types import Activated, Created, NewRun, Owner, RunRow, RunStatus
 
 FLOW = "tests.queues.flows:nap"
 ME = Owner("host-a", 4242, "nonce-a")
@@ -114,3 +114,28 @@ async def test_a_batch_takes_the_best_candidates_when_more_wait_than_it_has_slot
     outcomes = await store.runs.claim_and_activate_many(lows, ME, ahead_flows=[FLOW])
     taken = {o.row.id for o in outcomes.values() if isinstance(o, Activated)}
     assert taken == {"eight", "five"}
+
+
+async def test_an_admission_reads_its_queues_default_itself(
+    store: Store, database_url: str
+) -> None:
+    """runfleet.admit (a batch) and runfleet.admit_one (a single enqueue) take the queue's
+    default in their own INSERT (migration 0035): runs_default_priority, a trigger call per
+    row, is not what gives a producer's run its priority (disabled here, they still do)."""
+    await store.queues.set("prio-q", default_priority=4, note="test")
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        await conn.execute("ALTER TABLE runfleet.runs DISABLE TRIGGER runs_default_priority")
+    single = await store.admission.create(NewRun(id="single", flow=FLOW, queue="prio-q"))
+    batch = await store.admission.admit_each(
+        [NewRun(id=f"batch-{i}", flow=FLOW, queue="prio-q") for i in range(2)]
+        + [NewRun(id="called", flow=FLOW, queue="prio-q", priority=-3)]
+        + [NewRun(id="elsewhere", flow=FLOW, queue="other-q")]
+    )
+    rows = {o.row.id: o.row for o in [single, *batch] if isinstance(o, Created)}
+    assert {i: r.priority for i, r in rows.items()} == {
+        "single": 4,
+        "batch-0": 4,
+        "batch-1": 4,
+        "called": -3,
+        "elsewhere": 0,
+    }

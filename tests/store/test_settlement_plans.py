@@ -8,8 +8,10 @@ runs then read all of them twice (its row lock's ``id = ANY`` and the parents'
 hand-over, 1.5-2 ms each, growing with the table; auto_explain in the loop,
 docs/explanation/admission-path.md). The sweeper now has Postgres ANALYZE
 each runfleet table whose committed rows at least doubled since they were last counted
-(``runfleet.analyze_grown``, migration 0025), and the cached plans are made again. The
-transaction's own counters say what the statements read (no timing).
+(``runfleet.analyze_grown``, migration 0025), and the cached plans are made again. And
+since migration 0034 the settlement's functions plan with sequential scans off, so even a
+plan made young and never refreshed probes the grown table by key. The transaction's own
+counters say what the statements read (no timing).
 """
 
 from __future__ import annotations

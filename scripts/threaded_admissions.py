@@ -28,19 +28,7 @@ import sys
 from typing import Any
 
 import psutil
-
-
-def _postgres_cpu() -> float:
-    total = 0.0
-    for proc in psutil.process_iter(["name"]):
-        if not (proc.info["name"] or "").startswith("postgres"):
-            continue
-        try:
-            times = proc.cpu_times()
-        except psutil.Error:
-            continue
-        total += times.user + times.system
-    return total
+from round_trip_cost import _cpu, _named  # this script's own directory: scripts/
 
 
 async def _measure(
@@ -66,7 +54,7 @@ async def _measure(
             groups = queue._inline.queue()._thread_groups.values()
             for _ in range(rounds):
                 flushes = sum(g.flushes for g in groups)
-                producer, postgres = sum(me.cpu_times()[:2]), _postgres_cpu()
+                producer, postgres = sum(me.cpu_times()[:2]), _cpu(_named("postgres"))
                 calls = await asyncio.to_thread(
                     threaded, threads, runs, lambda: queue.enqueue(noop_flow)
                 )
@@ -74,7 +62,7 @@ async def _measure(
                     {
                         "runs_per_s": calls.per_s,
                         "producer_cpu_us": (sum(me.cpu_times()[:2]) - producer) / runs * 1e6,
-                        "postgres_cpu_us": (_postgres_cpu() - postgres) / runs * 1e6,
+                        "postgres_cpu_us": (_cpu(_named("postgres")) - postgres) / runs * 1e6,
                         "runs_per_flush": runs / max(1, sum(g.flushes for g in groups) - flushes),
                     }
                 )
